@@ -1,0 +1,45 @@
+//! `ztier` — the command-line front end. It parses arguments and wires the
+//! library crates together; the logic lives in those crates. Each subcommand
+//! has its own module under `cmd/`.
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+mod units;
+
+/// ztier: compressed caching in user space.
+///
+/// Keeps pages and blocks compressed in RAM (or on a fast device) instead of
+/// writing them to slow storage: compressed memory for unmodified programs,
+/// a compressed block device, a trace-driven simulator and benchmarks against
+/// the kernel's and other peers'.
+#[derive(Parser, Debug)]
+#[command(name = "ztier", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the end-to-end demonstration on built-in defaults.
+    Demo(cmd::demo::DemoArgs),
+    /// Measure ztier's components side by side with their peers.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(a) => cmd::demo::run(a),
+        Command::Bench(b) => cmd::bench::run(b),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("ztier: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
