@@ -1,0 +1,27 @@
+# ztier: `make test` runs every test (installing the Debian packages the
+# tests need when run as root); `cargo run --release -- demo` runs the demo.
+
+CARGO ?= cargo
+FUZZ_SECONDS ?= 20
+
+.PHONY: test deps lint unit fuzz-ci bench
+
+test: deps lint unit fuzz-ci
+	@echo "make test: all steps passed"
+
+deps:
+	./scripts/install-deps.sh
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+
+unit:
+	$(CARGO) test --workspace --release
+
+# Every fuzz target for a short time (FUZZ_SECONDS each).
+fuzz-ci:
+	./scripts/fuzz-ci.sh $(FUZZ_SECONDS)
+
+bench:
+	$(CARGO) run --release -- bench codecs --corpus ../shared/corpus/*.pages
