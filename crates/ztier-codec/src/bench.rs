@@ -1,1 +1,420 @@
-//! Codec benchmark (being written).
+//! The measurement behind `ztier bench codecs`.
+//!
+//! For each codec, on the same pages:
+//!
+//! * **ratio** — uncompressed bytes / stored bytes, where a page costs its
+//!   compressed size, capped at the page size (a page never costs more than
+//!   storing it raw);
+//! * **compress / decompress MB/s** — 10^6 bytes of *uncompressed* data per
+//!   second; each pass runs over every page once, passes repeat until
+//!   `min_seconds` have elapsed (at least `min_passes`), and the **median**
+//!   pass is reported (the machines are shared and noisy);
+//! * **×memcpy** — codec time / time to `memcpy` the same pages page by page
+//!   (the CCache paper's Table 2 view);
+//! * **histogram** — compressed sizes in the buckets 0–512, 512–1K, 1–2K,
+//!   2–3K, 3–4K bytes, and `raw` for pages the codec could not shrink below
+//!   the page size (the CCache paper's Figure 7 view);
+//! * **stored_raw_pages** — pages the [`crate::page::PageEncoder`] would keep
+//!   uncompressed under the default 3/4 threshold.
+//!
+//! Zero and same-filled pages are counted and left out of the codec runs:
+//! they never reach a codec ([`crate::samefill`]). Every page is round-tripped
+//! and compared with the original; a mismatch is an error, not a number.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::corpus::Corpus;
+use crate::samefill::{self, Fill};
+use crate::{new_codec, Codec, CodecId, PAGE_SIZE};
+
+/// How to run the benchmark.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Codecs to measure, in report order.
+    pub codecs: Vec<CodecId>,
+    /// Minimum time per codec and direction, in seconds.
+    pub min_seconds: f64,
+    /// Minimum passes over the corpus per codec and direction.
+    pub min_passes: usize,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig { codecs: CodecId::MEASURED.to_vec(), min_seconds: 0.5, min_passes: 5 }
+    }
+}
+
+/// Compressed-size histogram; field names are the JSON keys.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Histogram {
+    /// Compressed to fewer than 512 bytes.
+    #[serde(rename = "0-512")]
+    pub b0_512: u64,
+    /// 512 to 1023 bytes.
+    #[serde(rename = "512-1024")]
+    pub b512_1024: u64,
+    /// 1024 to 2047 bytes.
+    #[serde(rename = "1024-2048")]
+    pub b1024_2048: u64,
+    /// 2048 to 3071 bytes.
+    #[serde(rename = "2048-3072")]
+    pub b2048_3072: u64,
+    /// 3072 to 4095 bytes.
+    #[serde(rename = "3072-4096")]
+    pub b3072_4096: u64,
+    /// Not smaller than the page.
+    pub raw: u64,
+}
+
+impl Histogram {
+    fn add(&mut self, size: usize, page: usize) {
+        // Buckets are for 4 KiB pages; scale other sizes to that.
+        let s = size * PAGE_SIZE / page;
+        let slot = match s {
+            _ if size >= page => &mut self.raw,
+            0..=511 => &mut self.b0_512,
+            512..=1023 => &mut self.b512_1024,
+            1024..=2047 => &mut self.b1024_2048,
+            2048..=3071 => &mut self.b2048_3072,
+            _ => &mut self.b3072_4096,
+        };
+        *slot += 1;
+    }
+
+    /// The buckets in order, with their labels.
+    pub fn buckets(&self) -> [(&'static str, u64); 6] {
+        [
+            ("0-512", self.b0_512),
+            ("512-1024", self.b512_1024),
+            ("1024-2048", self.b1024_2048),
+            ("2048-3072", self.b2048_3072),
+            ("3072-4096", self.b3072_4096),
+            ("raw", self.raw),
+        ]
+    }
+}
+
+/// One codec's results. Field names are the JSON keys of DESIGN.md.
+#[derive(Debug, Clone, Serialize)]
+pub struct CodecReport {
+    /// Codec name.
+    pub codec: String,
+    /// Uncompressed bytes / stored bytes.
+    pub ratio: f64,
+    /// Compression speed, MB/s of uncompressed data.
+    pub compress_mb_s: f64,
+    /// Decompression speed, MB/s of uncompressed data.
+    pub decompress_mb_s: f64,
+    /// Compression time / memcpy time.
+    pub compress_vs_memcpy: f64,
+    /// Decompression time / memcpy time.
+    pub decompress_vs_memcpy: f64,
+    /// Compressed-size histogram.
+    pub histogram: Histogram,
+    /// Pages the page encoder would store raw (3/4 threshold).
+    pub stored_raw_pages: u64,
+    /// Passes timed in each direction.
+    pub passes: usize,
+}
+
+/// The whole report (DESIGN.md's `bench codecs` JSON object).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Where the pages came from.
+    pub corpus: Vec<String>,
+    /// Pages in the corpus, including zero and same-filled ones.
+    pub pages: usize,
+    /// All-zero pages (not given to codecs).
+    pub zero_pages: usize,
+    /// Same-filled, non-zero pages (not given to codecs).
+    pub same_filled_pages: usize,
+    /// memcpy speed on the codec pages, MB/s.
+    pub memcpy_mb_s: f64,
+    /// One entry per codec.
+    pub codecs: Vec<CodecReport>,
+}
+
+/// Why a benchmark failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The corpus holds no page a codec has to work on.
+    #[error("the corpus has no pages other than zero or same-filled ones")]
+    NothingToCompress,
+    /// A codec failed to compress a page into a buffer of its own bound.
+    #[error("{codec}: compressing page {page} failed: {source}")]
+    Compress {
+        /// Codec name.
+        codec: String,
+        /// Page index among the codec pages.
+        page: usize,
+        /// The codec's error.
+        source: crate::CompressError,
+    },
+    /// A codec failed to decompress its own output.
+    #[error("{codec}: decompressing page {page} failed: {source}")]
+    Decompress {
+        /// Codec name.
+        codec: String,
+        /// Page index among the codec pages.
+        page: usize,
+        /// The codec's error.
+        source: crate::DecompressError,
+    },
+    /// A round trip returned different bytes.
+    #[error("{codec}: page {page} did not round-trip (first difference at byte {byte})")]
+    Mismatch {
+        /// Codec name.
+        codec: String,
+        /// Page index among the codec pages.
+        page: usize,
+        /// First differing byte.
+        byte: usize,
+    },
+}
+
+/// Times `pass` (one pass over all pages) until both minimums are met and
+/// returns the median pass time in seconds.
+fn time_passes(cfg: &BenchConfig, mut pass: impl FnMut(), mut tick: impl FnMut()) -> (f64, usize) {
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < cfg.min_passes || start.elapsed().as_secs_f64() < cfg.min_seconds {
+        let t = Instant::now();
+        pass();
+        times.push(t.elapsed().as_secs_f64());
+        tick();
+        if times.len() >= 1000 {
+            break;
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2].max(1e-9), times.len())
+}
+
+/// Runs the benchmark. `progress` is called with (codec name, step, steps)
+/// as work advances, for a progress bar.
+pub fn run(
+    corpus: &Corpus,
+    cfg: &BenchConfig,
+    mut progress: impl FnMut(&str, usize, usize),
+) -> Result<Report, BenchError> {
+    let mut zero = 0;
+    let mut same = 0;
+    let mut work: Vec<&[u8]> = Vec::with_capacity(corpus.len());
+    for p in corpus.pages() {
+        match samefill::detect(p) {
+            Some(Fill::Zero) => zero += 1,
+            Some(Fill::Same(_)) => same += 1,
+            None => work.push(p),
+        }
+    }
+    if work.is_empty() {
+        return Err(BenchError::NothingToCompress);
+    }
+    let bytes = (work.len() * PAGE_SIZE) as f64;
+    let mb_s = |secs: f64| bytes / secs / 1e6;
+    let steps = cfg.codecs.len() + 1;
+
+    // memcpy baseline: page by page into one destination page, as a codec
+    // writes one page at a time.
+    let mut out = vec![0u8; PAGE_SIZE];
+    let (memcpy_s, _) = time_passes(
+        cfg,
+        || {
+            for p in &work {
+                out.copy_from_slice(black_box(p));
+                black_box(&mut out);
+            }
+        },
+        || {},
+    );
+    progress("memcpy", 1, steps);
+
+    let mut reports = Vec::new();
+    for (ci, &id) in cfg.codecs.iter().enumerate() {
+        let name = id.name().to_string();
+        let mut codec: Box<dyn Codec> = new_codec(id);
+        let bound = codec.max_compressed_len(PAGE_SIZE);
+        let mut store = vec![0u8; bound * work.len()];
+        let mut sizes = vec![0usize; work.len()];
+        // Compression: every page into its own slot.
+        let mut err = None;
+        let (c_s, passes) = time_passes(
+            cfg,
+            || {
+                for (i, (p, slot)) in work.iter().zip(store.chunks_exact_mut(bound)).enumerate() {
+                    match codec.compress(p, slot) {
+                        Ok(n) => sizes[i] = n,
+                        Err(e) => {
+                            err.get_or_insert((i, e));
+                        }
+                    }
+                }
+            },
+            || {},
+        );
+        if let Some((page, source)) = err {
+            return Err(BenchError::Compress { codec: name, page, source });
+        }
+        // Round trip check, outside the timing.
+        let mut back = vec![0u8; PAGE_SIZE];
+        for (i, p) in work.iter().enumerate() {
+            let src = &store[i * bound..i * bound + sizes[i]];
+            codec.decompress(src, &mut back).map_err(|source| BenchError::Decompress {
+                codec: name.clone(),
+                page: i,
+                source,
+            })?;
+            if let Some(byte) = back.iter().zip(p.iter()).position(|(a, b)| a != b) {
+                return Err(BenchError::Mismatch { codec: name, page: i, byte });
+            }
+        }
+        let mut derr = None;
+        let (d_s, _) = time_passes(
+            cfg,
+            || {
+                for (i, n) in sizes.iter().enumerate() {
+                    if let Err(e) = codec.decompress(black_box(&store[i * bound..i * bound + n]), &mut back) {
+                        derr.get_or_insert((i, e));
+                    }
+                    black_box(&mut back);
+                }
+            },
+            || {},
+        );
+        if let Some((page, source)) = derr {
+            return Err(BenchError::Decompress { codec: name, page, source });
+        }
+        let mut hist = Histogram::default();
+        let mut stored = 0usize;
+        let limit = PAGE_SIZE * 3 / 4;
+        let mut stored_raw = 0;
+        for &n in &sizes {
+            hist.add(n, PAGE_SIZE);
+            stored += n.min(PAGE_SIZE);
+            if n > limit {
+                stored_raw += 1;
+            }
+        }
+        reports.push(CodecReport {
+            codec: name.clone(),
+            ratio: bytes / stored as f64,
+            compress_mb_s: mb_s(c_s),
+            decompress_mb_s: mb_s(d_s),
+            compress_vs_memcpy: c_s / memcpy_s,
+            decompress_vs_memcpy: d_s / memcpy_s,
+            histogram: hist,
+            stored_raw_pages: stored_raw,
+            passes,
+        });
+        progress(&name, ci + 2, steps);
+    }
+    Ok(Report {
+        corpus: corpus.sources.clone(),
+        pages: corpus.len(),
+        zero_pages: zero,
+        same_filled_pages: same,
+        memcpy_mb_s: mb_s(memcpy_s),
+        codecs: reports,
+    })
+}
+
+/// Renders a report as an aligned, human-readable table.
+pub fn render_table(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "corpus: {}\npages: {} ({} zero, {} same-filled; those are stored as metadata only)\nmemcpy: {:.0} MB/s\n",
+        r.corpus.join(", "),
+        r.pages,
+        r.zero_pages,
+        r.same_filled_pages,
+        r.memcpy_mb_s
+    );
+    let _ = writeln!(
+        s,
+        "{:<8} {:>6} {:>10} {:>10} {:>9} {:>9}   {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
+        "codec",
+        "ratio",
+        "comp MB/s",
+        "dec MB/s",
+        "comp×cpy",
+        "dec×cpy",
+        "<512",
+        "<1K",
+        "<2K",
+        "<3K",
+        "<4K",
+        "raw"
+    );
+    for c in &r.codecs {
+        let h = &c.histogram;
+        let _ = writeln!(
+            s,
+            "{:<8} {:>6.2} {:>10.0} {:>10.0} {:>9.1} {:>9.1}   {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
+            c.codec,
+            c.ratio,
+            c.compress_mb_s,
+            c.decompress_mb_s,
+            c.compress_vs_memcpy,
+            c.decompress_vs_memcpy,
+            h.b0_512,
+            h.b512_1024,
+            h.b1024_2048,
+            h.b2048_3072,
+            h.b3072_4096,
+            h.raw
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::corpus::synth;
+
+    #[test]
+    fn report_counts_and_round_trips_synthetic_pages() {
+        let mut c = synth::corpus(40, 7);
+        // Add 3 zero pages and 2 same-filled pages.
+        let mut extra = vec![0u8; 5 * PAGE_SIZE];
+        extra[3 * PAGE_SIZE..].fill(0xab);
+        let mut data = c.bytes().to_vec();
+        data.extend_from_slice(&extra);
+        c = Corpus::from_bytes("t", data);
+        let cfg = BenchConfig {
+            codecs: vec![CodecId::Lz4, CodecId::Zstd, CodecId::Raw],
+            min_seconds: 0.0,
+            min_passes: 1,
+        };
+        let r = run(&c, &cfg, |_, _, _| {}).unwrap();
+        assert_eq!((r.pages, r.zero_pages, r.same_filled_pages), (45, 3, 2));
+        assert_eq!(r.codecs.len(), 3);
+        let raw = &r.codecs[2];
+        assert!((raw.ratio - 1.0).abs() < 1e-9, "raw ratio {}", raw.ratio);
+        assert_eq!(raw.histogram.raw, 40);
+        for cr in &r.codecs {
+            let total: u64 = cr.histogram.buckets().iter().map(|b| b.1).sum();
+            assert_eq!(total, 40, "{}", cr.codec);
+        }
+        // Random pages (1 in 5) do not compress; the rest do.
+        let lz4 = &r.codecs[0];
+        assert_eq!(lz4.histogram.raw, 8);
+        assert!(lz4.ratio > 1.3, "lz4 ratio {}", lz4.ratio);
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json["codecs"][0]["histogram"]["0-512"].is_u64());
+        assert!(json["memcpy_mb_s"].as_f64().unwrap() > 0.0);
+        let table = render_table(&r);
+        assert!(table.contains("lz4") && table.contains("zstd"));
+    }
+
+    #[test]
+    fn all_filled_corpus_is_an_error() {
+        let c = Corpus::from_bytes("z", vec![0u8; 2 * PAGE_SIZE]);
+        assert!(matches!(run(&c, &BenchConfig::default(), |_, _, _| {}), Err(BenchError::NothingToCompress)));
+    }
+}
