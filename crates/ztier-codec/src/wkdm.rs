@@ -65,11 +65,11 @@ use crate::{check_input_len, check_output_len, Codec, CodecId, CompressError, De
 pub const VERSION: u8 = 1;
 /// Header length in bytes.
 pub const HEADER: usize = 10;
-const MAX_WORDS: usize = MAX_INPUT / 4;
+pub(crate) const MAX_WORDS: usize = MAX_INPUT / 4;
 /// Words between two early-abort checks while compressing.
-const CHECK_EVERY: usize = 256;
+pub(crate) const CHECK_EVERY: usize = 256;
 
-const LOW_MASK: u32 = 0x3ff;
+pub(crate) const LOW_MASK: u32 = 0x3ff;
 
 /// Dictionary slot of a word: a multiplicative hash of its high 22 bits.
 #[inline(always)]
@@ -79,16 +79,13 @@ fn slot(w: u32) -> usize {
 
 /// Size of the packed output for the given counts.
 #[inline]
-fn packed_len(n_words: usize, n_full: usize, n_index: usize, n_low: usize) -> usize {
+pub(crate) fn packed_len(n_words: usize, n_full: usize, n_index: usize, n_low: usize) -> usize {
     HEADER + n_words.div_ceil(4) + 4 * n_full + n_index.div_ceil(2) + 5 * n_low.div_ceil(4)
 }
 
 /// WKdm with its work buffers.
 pub struct Wkdm {
-    tags: Box<[u8; MAX_WORDS]>,
-    index: Box<[u8; MAX_WORDS + 1]>,
-    low: Box<[u16; MAX_WORDS + 4]>,
-    full: Box<[u32; MAX_WORDS + 1]>,
+    seg: Segments,
 }
 
 impl std::fmt::Debug for Wkdm {
@@ -110,63 +107,46 @@ fn boxed<T: Copy + Default, const N: usize>() -> Box<[T; N]> {
 impl Wkdm {
     /// A new codec.
     pub fn new() -> Self {
-        Wkdm { tags: boxed(), index: boxed(), low: boxed(), full: boxed() }
+        Wkdm { seg: Segments::new() }
     }
 }
 
-impl Codec for Wkdm {
-    fn id(&self) -> CodecId {
-        CodecId::Wkdm
+/// The unpacked segments of a WK-format page, reused between calls. WK4x4
+/// shares this layout and code; only the dictionary differs.
+pub(crate) struct Segments {
+    pub(crate) tags: Box<[u8; MAX_WORDS]>,
+    pub(crate) index: Box<[u8; MAX_WORDS + 1]>,
+    pub(crate) low: Box<[u16; MAX_WORDS + 4]>,
+    pub(crate) full: Box<[u32; MAX_WORDS + 1]>,
+}
+
+impl Segments {
+    pub(crate) fn new() -> Self {
+        Segments { tags: boxed(), index: boxed(), low: boxed(), full: boxed() }
     }
 
-    fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, CompressError> {
-        check_input_len(src.len())?;
-        let n = src.len() / 4;
-        let cap = dst.len();
-        let overflow = Err(CompressError::Overflow { capacity: cap });
-        if packed_len(n, 0, 0, 0) > cap {
-            return overflow;
-        }
-        // Slot 16 is a scratch slot: zero words "write" there, so a store's
-        // data is always the input word and no chain of dependent loads and
-        // stores forms through the dictionary.
-        let mut dict = [0u32; 17];
-        let mut counts = Counts::default();
-        for (block, tags) in src.chunks(4 * CHECK_EVERY).zip(self.tags[..n].chunks_mut(CHECK_EVERY)) {
-            model_block(
-                block,
-                tags,
-                &mut self.index[..],
-                &mut self.low[..],
-                &mut self.full[..],
-                &mut dict,
-                &mut counts,
-            );
-            if packed_len(n, counts.full, counts.index, counts.low) > cap {
-                return overflow;
-            }
-        }
-        let Counts { full: nf, index: ni, low: nl } = counts;
+    /// Writes header and segments for `n` words with the given counts into
+    /// `dst`, which must hold `packed_len` bytes. Returns that length.
+    pub(crate) fn pack(&mut self, version: u8, n: usize, c: Counts, dst: &mut [u8]) -> usize {
+        let Counts { full: nf, index: ni, low: nl } = c;
         let total = packed_len(n, nf, ni, nl);
-        if total > cap {
-            return overflow;
-        }
         let out = &mut dst[..total];
-        out[0] = VERSION;
+        out[0] = version;
         out[1] = 0;
         out[2..4].copy_from_slice(&(n as u16).to_le_bytes());
         out[4..6].copy_from_slice(&(nf as u16).to_le_bytes());
         out[6..8].copy_from_slice(&(ni as u16).to_le_bytes());
         out[8..10].copy_from_slice(&(nl as u16).to_le_bytes());
         let mut at = HEADER;
-        // Tags, 4 per byte.
+        // Zero the padding entries so that unused bits come out zero.
         let tag_bytes = n.div_ceil(4);
-        for (o, t) in out[at..at + tag_bytes].iter_mut().zip(self.tags[..n].chunks(4)) {
-            let mut b = 0u8;
-            for (k, &x) in t.iter().enumerate() {
-                b |= x << (2 * k);
-            }
-            *o = b;
+        self.tags[n..4 * tag_bytes].fill(0);
+        self.index[ni..ni.next_multiple_of(2)].fill(0);
+        self.low[nl..nl.next_multiple_of(4)].fill(0);
+        // Tags, 4 per byte: four tag bytes read as one word, folded.
+        for (o, t) in out[at..at + tag_bytes].iter_mut().zip(self.tags.chunks_exact(4)) {
+            let x = u32::from_le_bytes(t.try_into().expect("4 bytes"));
+            *o = (x | (x >> 6) | (x >> 12) | (x >> 18)) as u8;
         }
         at += tag_bytes;
         // Full words.
@@ -176,50 +156,56 @@ impl Codec for Wkdm {
         at += 4 * nf;
         // Indices, 2 per byte.
         let idx_bytes = ni.div_ceil(2);
-        for (o, p) in out[at..at + idx_bytes].iter_mut().zip(self.index[..ni].chunks(2)) {
-            *o = p[0] | p.get(1).map_or(0, |x| x << 4);
+        for (o, p) in out[at..at + idx_bytes].iter_mut().zip(self.index.chunks_exact(2)) {
+            *o = p[0] | (p[1] << 4);
         }
         at += idx_bytes;
         // Low bits, 4 per 5-byte group.
-        for (o, g) in out[at..].chunks_exact_mut(5).zip(self.low[..nl].chunks(4)) {
-            let mut v = 0u64;
-            for (k, &x) in g.iter().enumerate() {
-                v |= (x as u64) << (10 * k);
-            }
+        for (o, g) in out[at..].chunks_exact_mut(5).zip(self.low.chunks_exact(4)) {
+            let v = g[0] as u64 | (g[1] as u64) << 10 | (g[2] as u64) << 20 | (g[3] as u64) << 30;
             o.copy_from_slice(&v.to_le_bytes()[..5]);
         }
-        Ok(total)
+        total
     }
 
-    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), DecompressError> {
-        check_output_len(dst.len())?;
+    /// Validates `src` as a page of `dst_len` bytes written with `version`
+    /// and unpacks its segments. On success the tags, full words, indices
+    /// and low bits are in the buffers and the counts are consistent with
+    /// the tags, which is what the unchecked decode loops rely on.
+    pub(crate) fn unpack(
+        &mut self,
+        version: u8,
+        src: &[u8],
+        dst_len: usize,
+    ) -> Result<Counts, DecompressError> {
+        check_output_len(dst_len)?;
         if src.len() < HEADER {
-            return Err(DecompressError::Truncated("WKdm header"));
+            return Err(DecompressError::Truncated("WK header"));
         }
-        if src[0] != VERSION {
-            return Err(DecompressError::WrongFormat { expected: VERSION, found: src[0] });
+        if src[0] != version {
+            return Err(DecompressError::WrongFormat { expected: version, found: src[0] });
         }
         let rd = |o: usize| u16::from_le_bytes([src[o], src[o + 1]]) as usize;
         let (n, nf, ni, nl) = (rd(2), rd(4), rd(6), rd(8));
-        if n != dst.len() / 4 {
-            return Err(DecompressError::LengthMismatch { expected: dst.len(), actual: n * 4 });
+        if n != dst_len / 4 {
+            return Err(DecompressError::LengthMismatch { expected: dst_len, actual: n * 4 });
         }
         if src[1] != 0 || nl > ni || nf + ni > n {
-            return Err(DecompressError::Corrupt("WKdm header counts are inconsistent"));
+            return Err(DecompressError::Corrupt("WK header counts are inconsistent"));
         }
         let total = packed_len(n, nf, ni, nl);
         if src.len() < total {
-            return Err(DecompressError::Truncated("WKdm segments"));
+            return Err(DecompressError::Truncated("WK segments"));
         }
         if src.len() > total {
-            return Err(DecompressError::Corrupt("trailing bytes after WKdm segments"));
+            return Err(DecompressError::Corrupt("trailing bytes after WK segments"));
         }
         let tag_bytes = n.div_ceil(4);
         let mut at = HEADER;
         let packed_tags = &src[at..at + tag_bytes];
         let (misses, partials, exacts) = count_tags(packed_tags);
         if misses != nf || exacts + partials != ni || partials != nl {
-            return Err(DecompressError::Corrupt("WKdm tag counts disagree with the header"));
+            return Err(DecompressError::Corrupt("WK tag counts disagree with the header"));
         }
         // Unpack tags, one byte per word (4 at a time through a table).
         for (t4, &b) in self.tags.chunks_exact_mut(4).zip(packed_tags) {
@@ -242,7 +228,58 @@ impl Codec for Wkdm {
                 *x = ((v >> (10 * k)) & LOW_MASK as u64) as u16;
             }
         }
-        decode_words_fast(&self.tags[..n], &self.full[..nf], &self.index[..ni], &self.low[..nl], dst);
+        Ok(Counts { full: nf, index: ni, low: nl })
+    }
+}
+
+impl Codec for Wkdm {
+    fn id(&self) -> CodecId {
+        CodecId::Wkdm
+    }
+
+    fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, CompressError> {
+        check_input_len(src.len())?;
+        let n = src.len() / 4;
+        let cap = dst.len();
+        let overflow = Err(CompressError::Overflow { capacity: cap });
+        if packed_len(n, 0, 0, 0) > cap {
+            return overflow;
+        }
+        // Slot 16 is a scratch slot: zero words "write" there, so a store's
+        // data is always the input word and no chain of dependent loads and
+        // stores forms through the dictionary.
+        let mut dict = [0u32; 17];
+        let mut counts = Counts::default();
+        for (block, tags) in src.chunks(4 * CHECK_EVERY).zip(self.seg.tags[..n].chunks_mut(CHECK_EVERY)) {
+            model_block(
+                block,
+                tags,
+                &mut self.seg.index[..],
+                &mut self.seg.low[..],
+                &mut self.seg.full[..],
+                &mut dict,
+                &mut counts,
+            );
+            if packed_len(n, counts.full, counts.index, counts.low) > cap {
+                return overflow;
+            }
+        }
+        if packed_len(n, counts.full, counts.index, counts.low) > cap {
+            return overflow;
+        }
+        Ok(self.seg.pack(VERSION, n, counts, dst))
+    }
+
+    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), DecompressError> {
+        let c = self.seg.unpack(VERSION, src, dst.len())?;
+        let seg = &self.seg;
+        decode_words_fast(
+            &seg.tags[..dst.len() / 4],
+            &seg.full[..c.full],
+            &seg.index[..c.index],
+            &seg.low[..c.low],
+            dst,
+        );
         Ok(())
     }
 
@@ -254,12 +291,12 @@ impl Codec for Wkdm {
     }
 }
 
-/// Entries written so far to each segment while compressing.
+/// Entries in each segment.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Counts {
-    full: usize,
-    index: usize,
-    low: usize,
+pub(crate) struct Counts {
+    pub(crate) full: usize,
+    pub(crate) index: usize,
+    pub(crate) low: usize,
 }
 
 /// Models one block of words: writes each word's tag to `tags` and appends
@@ -283,31 +320,44 @@ fn model_block(
     let words = block.len() / 4;
     assert!(tags.len() >= words);
     assert!(index.len() > c.index + words && low.len() > c.low + words && full.len() > c.full + words);
-    let (mut ip, mut lp, mut fp) = (c.index, c.low, c.full);
-    for (i, w) in block.chunks_exact(4).enumerate() {
+    // Raw cursors keep the loop's live values within the registers.
+    let (ib, lb, fb) = (index.as_mut_ptr(), low.as_mut_ptr(), full.as_mut_ptr());
+    // SAFETY: the counts are within the slices (asserted above).
+    let (mut ip, mut lp, mut fp) = unsafe { (ib.add(c.index), lb.add(c.low), fb.add(c.full)) };
+    let mut tp = tags.as_mut_ptr();
+    let dp = dict.as_mut_ptr();
+    for w in block.chunks_exact(4) {
         let w = u32::from_le_bytes(w.try_into().expect("4 bytes"));
         let h = slot(w);
-        // SAFETY: h < 16 (a 4-bit hash) and h | 16 < 17; i < words <=
-        // tags.len(); each cursor starts at its count and advances at most
-        // once per word, so it stays below count + words < slice length
-        // (asserted above).
+        // SAFETY: h < 16 (a 4-bit hash) and h | 16 < 17 index the 17-entry
+        // dictionary; tp advances once per word over `words` <= tags.len()
+        // entries; each segment cursor starts at its count and advances at
+        // most once per word, so it stays below count + words < slice
+        // length (asserted above).
         unsafe {
-            let d = *dict.get_unchecked(h);
-            let nonzero = (w != 0) as u8;
-            let exact = (d == w) as u8;
-            let partial = ((d ^ w) <= LOW_MASK) as u8;
-            // zero → 0, exact → 1, partial → 2, miss → 3 (exact implies partial).
-            let t = nonzero * (3 - partial - exact);
-            *tags.get_unchecked_mut(i) = t;
-            *index.get_unchecked_mut(ip) = h as u8;
-            *low.get_unchecked_mut(lp) = (w & LOW_MASK) as u16;
-            *full.get_unchecked_mut(fp) = w;
-            ip += (((t >> 1) ^ t) & 1) as usize;
-            lp += ((t >> 1) & !t & 1) as usize;
-            fp += ((t >> 1) & t & 1) as usize;
-            *dict.get_unchecked_mut(h | (16 * (1 - nonzero as usize))) = w;
+            let d = *dp.add(h);
+            // Flags as machine words: no byte-register shuffling.
+            let nz = (w != 0) as usize;
+            let ex = (d == w) as usize;
+            let pm = ((d ^ w) <= LOW_MASK) as usize; // exact implies pm
+            let has_ix = nz & pm;
+            let is_partial = has_ix & (ex ^ 1);
+            let miss = nz & (pm ^ 1);
+            // zero → 0, exact → 1, partial → 2, miss → 3.
+            *tp = (has_ix + is_partial + 3 * miss) as u8;
+            *ip = h as u8;
+            *lp = (w & LOW_MASK) as u16;
+            *fp = w;
+            tp = tp.add(1);
+            ip = ip.add(has_ix);
+            lp = lp.add(is_partial);
+            fp = fp.add(miss);
+            *dp.add(h | ((nz ^ 1) << 4)) = w;
         }
     }
+    // SAFETY: each cursor was derived from its slice's base pointer.
+    let (ni, nl, nf) = unsafe { (ip.offset_from(ib), lp.offset_from(lb), fp.offset_from(fb)) };
+    let (ip, lp, fp) = (ni as usize, nl as usize, nf as usize);
     *c = Counts { full: fp, index: ip, low: lp };
 }
 
@@ -492,7 +542,13 @@ mod tests {
             let mut fast = vec![0u8; 4096];
             c.decompress(&out[..n], &mut fast).unwrap();
             let mut safe = vec![0u8; 4096];
-            decode_words_safe(&c.tags[..1024], &c.full[..nf], &c.index[..ni], &c.low[..nl], &mut safe);
+            decode_words_safe(
+                &c.seg.tags[..1024],
+                &c.seg.full[..nf],
+                &c.seg.index[..ni],
+                &c.seg.low[..nl],
+                &mut safe,
+            );
             assert_eq!(fast, page);
             assert_eq!(safe, page);
         }

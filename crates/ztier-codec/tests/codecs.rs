@@ -8,7 +8,6 @@ use ztier_codec::{new_codec, CodecId, CompressError, PAGE_SIZE};
 
 /// The codecs these generic tests cover.
 fn codecs() -> Vec<CodecId> {
-    // WK codecs join once they are implemented.
     CodecId::ALL
         .into_iter()
         .filter(|c| !matches!(c, CodecId::Wkdm | CodecId::Wk4x4 | CodecId::Wk64 | CodecId::Hybrid))
