@@ -252,8 +252,8 @@ mod tests {
                 2,
                 0,
                 1,
-                0,                      // header: 3 words, 0 full, 2 indices, 1 low
-                2 | (1 << 2),           // tags: partial, exact, zero
+                0,                        // header: 3 words, 0 full, 2 indices, 1 low
+                2 | (1 << 2),             // tags: partial, exact, zero
                 (s * 4) | ((s * 4) << 4), // indices
                 5,
                 0,
