@@ -14,7 +14,19 @@ mod units;
 /// a compressed block device, a trace-driven simulator and benchmarks against
 /// the kernel's and other peers'.
 #[derive(Parser, Debug)]
-#[command(name = "ztier", version, about, long_about)]
+#[command(
+    name = "ztier",
+    version,
+    about,
+    long_about,
+    after_long_help = "Examples:\n  \
+    ztier demo                                   compare every codec on the bundled corpus\n  \
+    ztier bench codecs --corpus a.pages --json   one JSON object with ratio and MB/s per codec\n  \
+    ztier bench codecs --pid 1234 --codecs wkdm,lz4\n\n\
+Codecs: wkdm, wk4x4, wk64 (word codecs for memory pages), lzo (LZO1X-1), lz4, zstd, deflate,\n\
+hybrid (WKdm, then LZ4 for pages WKdm does poorly on), raw.\n\
+Sizes take K, M, G suffixes (powers of 1024); lists are comma-separated."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,0 +1,135 @@
+//! `ztier bench codecs` and `ztier demo` as users run them.
+
+use std::process::Command;
+
+fn ztier() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ztier"))
+}
+
+fn tmpdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("ztier-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn write_pages(path: &std::path::Path) {
+    let c = ztier_codec::corpus::synth::corpus(50, 9);
+    let mut data = c.bytes().to_vec();
+    data.extend_from_slice(&[0u8; 4096 * 2]); // two zero pages
+    std::fs::write(path, data).unwrap();
+}
+
+#[test]
+fn json_report_has_the_documented_fields_for_every_codec() {
+    let d = tmpdir("json");
+    let f = d.join("s.pages");
+    write_pages(&f);
+    let out =
+        ztier().args(["bench", "codecs", "--seconds", "0", "--json", "--corpus"]).arg(&f).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+    assert_eq!(v["pages"], 52);
+    assert_eq!(v["zero_pages"], 2);
+    assert_eq!(v["same_filled_pages"], 0);
+    assert!(v["memcpy_mb_s"].as_f64().unwrap() > 0.0);
+    let codecs = v["codecs"].as_array().unwrap();
+    let names: Vec<&str> = codecs.iter().map(|c| c["codec"].as_str().unwrap()).collect();
+    assert_eq!(names, ["wkdm", "wk4x4", "wk64", "lzo", "lz4", "zstd", "deflate", "hybrid"]);
+    for c in codecs {
+        for k in ["ratio", "compress_mb_s", "decompress_mb_s", "compress_vs_memcpy", "decompress_vs_memcpy"] {
+            assert!(c[k].as_f64().unwrap() > 0.0, "{k} of {}", c["codec"]);
+        }
+        let h = &c["histogram"];
+        let total: u64 = ["0-512", "512-1024", "1024-2048", "2048-3072", "3072-4096", "raw"]
+            .iter()
+            .map(|k| h[k].as_u64().unwrap())
+            .sum();
+        assert_eq!(total, 50, "histogram of {}", c["codec"]);
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn table_output_and_codec_selection() {
+    let d = tmpdir("table");
+    let f = d.join("s.pages");
+    write_pages(&f);
+    let out = ztier()
+        .args(["bench", "codecs", "--seconds", "0", "--codecs", "wkdm,lz4", "--corpus"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("wkdm") && text.contains("lz4") && !text.contains("zstd"), "{text}");
+    assert!(text.contains("2 zero"), "{text}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let d = tmpdir("bad");
+    let f = d.join("bad.pages");
+    std::fs::write(&f, [1u8; 100]).unwrap();
+    let out = ztier().args(["bench", "codecs", "--corpus"]).arg(&f).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a whole number of 4096-byte pages"), "{err}");
+    let out = ztier().args(["bench", "codecs", "--codecs", "nope", "--corpus"]).arg(&f).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown codec"));
+    let out = ztier().args(["bench", "codecs"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--corpus"));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn pid_sampling_reads_a_live_process() {
+    // A child python process holding a recognisable heap.
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import sys,time; x=[i*7 for i in range(300000)]; print('ready', flush=True); time.sleep(30)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 is needed for this test (make test installs it)");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let out = ztier()
+        .args([
+            "bench",
+            "codecs",
+            "--seconds",
+            "0",
+            "--codecs",
+            "lz4",
+            "--json",
+            "--max-pages",
+            "2000",
+            "--pid",
+        ])
+        .arg(child.id().to_string())
+        .output()
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pages = v["pages"].as_u64().unwrap();
+    assert!(pages > 100 && pages <= 2000, "{pages} pages sampled");
+    assert_eq!(v["corpus"][0], format!("pid:{}", child.id()));
+}
+
+#[test]
+fn demo_runs_on_built_in_defaults() {
+    let out = ztier().args(["demo", "--seconds", "0"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for c in ["wkdm", "wk4x4", "wk64", "lzo", "lz4", "zstd", "deflate", "hybrid"] {
+        assert!(text.contains(c), "demo output lacks {c}:\n{text}");
+    }
+}
