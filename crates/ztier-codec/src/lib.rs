@@ -176,3 +176,26 @@ pub fn new_codec(id: CodecId) -> Box<dyn Codec> {
         CodecId::Hybrid => Box::new(hybrid::Hybrid::default()),
     }
 }
+
+/// Helpers shared by the codecs' unit tests.
+#[cfg(test)]
+pub(crate) mod testutil {
+    use super::Codec;
+
+    /// Compresses `src` with `c`, checks it decompresses back, and returns
+    /// the compressed bytes.
+    pub fn round_trip(c: &mut dyn Codec, src: &[u8]) -> Vec<u8> {
+        let mut out = vec![0u8; c.max_compressed_len(src.len())];
+        let n = c.compress(src, &mut out).unwrap();
+        out.truncate(n);
+        let mut back = vec![0u8; src.len()];
+        c.decompress(&out, &mut back).unwrap();
+        assert_eq!(back, src);
+        out
+    }
+
+    /// Little-endian bytes of 32-bit words.
+    pub fn words(w: &[u32]) -> Vec<u8> {
+        w.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+}

@@ -207,15 +207,7 @@ mod tests {
     use super::*;
 
     fn enc(words: &[u32]) -> Vec<u8> {
-        let src: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let mut c = Wk4x4::new();
-        let mut out = vec![0u8; c.max_compressed_len(src.len())];
-        let n = c.compress(&src, &mut out).unwrap();
-        out.truncate(n);
-        let mut back = vec![0u8; src.len()];
-        c.decompress(&out, &mut back).unwrap();
-        assert_eq!(back, src);
-        out
+        crate::testutil::round_trip(&mut Wk4x4::new(), &crate::testutil::words(words))
     }
 
     #[test]

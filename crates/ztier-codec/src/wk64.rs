@@ -252,14 +252,7 @@ mod tests {
         if let Some(t) = tail {
             src.extend_from_slice(&t.to_le_bytes());
         }
-        let mut c = Wk64::new();
-        let mut out = vec![0u8; c.max_compressed_len(src.len())];
-        let n = c.compress(&src, &mut out).unwrap();
-        out.truncate(n);
-        let mut back = vec![0u8; src.len()];
-        c.decompress(&out, &mut back).unwrap();
-        assert_eq!(back, src);
-        out
+        crate::testutil::round_trip(&mut Wk64::new(), &src)
     }
 
     #[test]
