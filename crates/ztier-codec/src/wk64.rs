@@ -257,9 +257,10 @@ mod tests {
 
     #[test]
     fn golden_vectors() {
-        // A pointer (miss), the next object's pointer (partial: same high
-        // 48 bits), the first again (exact? no: the partial replaced the
-        // entry, so it is a partial again), zero, and a 4-byte tail.
+        // A pointer (a miss), the next object's pointer (a partial match:
+        // same high 48 bits), the first pointer again (partial too: the
+        // previous partial replaced the dictionary entry), zero, and a
+        // 4-byte tail.
         let p = 0x0000_5555_1234_0010u64;
         let h = slot(p) as u8;
         let out = enc(&[p, p + 0x20, p, 0], Some(0xdead_beef));

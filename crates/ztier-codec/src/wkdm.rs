@@ -492,7 +492,6 @@ mod tests {
         // 5 is a partial match of the zero-initialised slot(5) = slot(0) = 0:
         // tag 2, index 0, low bits 5. Then 5 again: exact, index 0.
         // Then 0x12345678: miss (tag 3), full word. Then 0: zero.
-        let h = slot(0x1234_5678) as u8;
         assert_eq!(slot(5), 0);
         let out = enc(&[5, 5, 0x1234_5678, 0]);
         let tags = 2 | (1 << 2) | (3 << 4); // 0b00_11_01_10
@@ -514,7 +513,6 @@ mod tests {
         assert_eq!(&out[11..15], &w.to_le_bytes());
         assert_eq!(out[15], slot(w) as u8);
         assert_eq!(&out[16..21], &[0xff, 0x03, 0, 0, 0]);
-        let _ = h;
     }
 
     #[test]
