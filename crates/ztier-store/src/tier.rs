@@ -1,0 +1,431 @@
+//! The next tier: where the store's oldest entries go when it is full,
+//! **still compressed**.
+//!
+//! A [`NextTier`] receives an entry's bytes exactly as the store held them
+//! (codec output, raw page, or nothing for zero/same-filled pages) together
+//! with the [`SpillMeta`] needed to check and decode them later. The store
+//! calls a tier only while it holds the lock of the shard that owns the key,
+//! so a tier sees the operations on one key in order.
+//!
+//! Tiers in this crate:
+//!
+//! * no tier at all (`Option::None` in [`crate::Store::with_tier`]):
+//!   ephemeral entries are dropped; entries of persistent pools are never
+//!   evicted (a put that does not fit is refused instead).
+//! * [`MemoryTier`] — a bounded map in RAM (tests; stand-in for a remote
+//!   tier).
+//! * [`FileTier`] — de Castro's compressed swap: a spill file in which each
+//!   entry takes its compressed size rounded up to 256 bytes, with free
+//!   space reused best-fit and neighbours merged.
+//!
+//! A remote-RAM tier and a backing block device implement the same trait.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use parking_lot::Mutex;
+
+use crate::Key;
+
+/// What the store knows about a spilled entry besides its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpillMeta {
+    /// The entry's form/codec tag (see [`crate::store`] docs).
+    pub tag: u8,
+    /// Entry flags (dirty, file-backed).
+    pub flags: u8,
+    /// Stored length in bytes (0 for zero/same-filled pages).
+    pub len: u16,
+    /// crc32c of the stored bytes.
+    pub crc: u32,
+    /// The fill pattern of a same-filled page (0 otherwise).
+    pub pattern: u64,
+}
+
+/// Errors of a next tier.
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    /// The tier has no room for the entry.
+    #[error("next tier is full")]
+    Full,
+    /// I/O on the tier's medium failed.
+    #[error("next tier I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A place for entries the store evicts, kept compressed.
+pub trait NextTier: Send + Sync {
+    /// A short name for reports.
+    fn name(&self) -> String;
+    /// Stores (or replaces) the entry for `key`.
+    fn put(&self, key: Key, meta: SpillMeta, data: &[u8]) -> Result<(), TierError>;
+    /// Copies the entry for `key` into `out` (resized to its length) and
+    /// returns its metadata; `remove` also deletes it. `Ok(None)` if absent.
+    fn get(&self, key: Key, out: &mut Vec<u8>, remove: bool) -> Result<Option<SpillMeta>, TierError>;
+    /// Deletes the entry for `key`; returns whether there was one.
+    fn remove(&self, key: Key) -> bool;
+    /// Deletes every entry of `object` in `pool`; returns how many.
+    fn remove_object(&self, pool: u32, object: u64) -> usize;
+    /// Deletes every entry of `pool`; returns how many.
+    fn remove_pool(&self, pool: u32) -> usize;
+    /// Entries held.
+    fn entries(&self) -> usize;
+    /// Bytes of the tier's medium in use for entries.
+    fn bytes_used(&self) -> u64;
+}
+
+fn remove_where<V>(
+    map: &mut HashMap<Key, V>,
+    mut f: impl FnMut(&Key) -> bool,
+    mut on: impl FnMut(V),
+) -> usize {
+    let keys: Vec<Key> = map.keys().filter(|k| f(k)).copied().collect();
+    for k in &keys {
+        if let Some(v) = map.remove(k) {
+            on(v);
+        }
+    }
+    keys.len()
+}
+
+/// Entries of a [`MemoryTier`] and the bytes they hold.
+type MemoryMap = (HashMap<Key, (SpillMeta, Box<[u8]>)>, u64);
+
+/// A next tier in RAM, holding at most `capacity` bytes of entry data.
+pub struct MemoryTier {
+    inner: Mutex<MemoryMap>,
+    capacity: u64,
+}
+
+impl MemoryTier {
+    /// A tier that holds up to `capacity` bytes of entry data.
+    pub fn new(capacity: u64) -> Self {
+        MemoryTier { inner: Mutex::new((HashMap::new(), 0)), capacity }
+    }
+}
+
+impl NextTier for MemoryTier {
+    fn name(&self) -> String {
+        "memory".into()
+    }
+
+    fn put(&self, key: Key, meta: SpillMeta, data: &[u8]) -> Result<(), TierError> {
+        let mut g = self.inner.lock();
+        let (map, used) = &mut *g;
+        let old = map.get(&key).map_or(0, |v| v.1.len() as u64);
+        if *used - old + data.len() as u64 > self.capacity {
+            return Err(TierError::Full);
+        }
+        *used = *used - old + data.len() as u64;
+        map.insert(key, (meta, data.into()));
+        Ok(())
+    }
+
+    fn get(&self, key: Key, out: &mut Vec<u8>, remove: bool) -> Result<Option<SpillMeta>, TierError> {
+        let mut g = self.inner.lock();
+        let (map, used) = &mut *g;
+        let meta = match map.get(&key) {
+            None => return Ok(None),
+            Some((m, d)) => {
+                out.clear();
+                out.extend_from_slice(d);
+                *m
+            }
+        };
+        if remove {
+            *used -= out.len() as u64;
+            map.remove(&key);
+        }
+        Ok(Some(meta))
+    }
+
+    fn remove(&self, key: Key) -> bool {
+        let mut g = self.inner.lock();
+        let (map, used) = &mut *g;
+        match map.remove(&key) {
+            Some((_, d)) => {
+                *used -= d.len() as u64;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn remove_object(&self, pool: u32, object: u64) -> usize {
+        let mut g = self.inner.lock();
+        let (map, used) = &mut *g;
+        remove_where(map, |k| k.pool == pool && k.object == object, |(_, d)| *used -= d.len() as u64)
+    }
+
+    fn remove_pool(&self, pool: u32) -> usize {
+        let mut g = self.inner.lock();
+        let (map, used) = &mut *g;
+        remove_where(map, |k| k.pool == pool, |(_, d)| *used -= d.len() as u64)
+    }
+
+    fn entries(&self) -> usize {
+        self.inner.lock().0.len()
+    }
+
+    fn bytes_used(&self) -> u64 {
+        self.inner.lock().1
+    }
+}
+
+/// Space unit of the spill file.
+pub const FILE_UNIT: u64 = 256;
+
+/// Free space of the spill file: extents by offset (for merging) and by
+/// (length, offset) (for best fit).
+#[derive(Default)]
+struct FreeSpace {
+    by_off: BTreeMap<u64, u64>,
+    by_len: BTreeSet<(u64, u64)>,
+    end: u64,
+}
+
+impl FreeSpace {
+    fn take(&mut self, len: u64) -> u64 {
+        if let Some(&(l, off)) = self.by_len.range((len, 0)..).next() {
+            self.by_len.remove(&(l, off));
+            self.by_off.remove(&off);
+            if l > len {
+                self.insert(off + len, l - len);
+            }
+            return off;
+        }
+        let off = self.end;
+        self.end += len;
+        off
+    }
+
+    fn insert(&mut self, off: u64, len: u64) {
+        self.by_off.insert(off, len);
+        self.by_len.insert((len, off));
+    }
+
+    fn give(&mut self, mut off: u64, mut len: u64) {
+        if let Some((&p, &pl)) = self.by_off.range(..off).next_back() {
+            if p + pl == off {
+                self.by_off.remove(&p);
+                self.by_len.remove(&(pl, p));
+                off = p;
+                len += pl;
+            }
+        }
+        if let Some(&nl) = self.by_off.get(&(off + len)) {
+            self.by_off.remove(&(off + len));
+            self.by_len.remove(&(nl, off + len));
+            len += nl;
+        }
+        if off + len == self.end {
+            self.end = off;
+        } else {
+            self.insert(off, len);
+        }
+    }
+}
+
+struct FileInner {
+    index: HashMap<Key, (u64, SpillMeta)>,
+    free: FreeSpace,
+    used: u64,
+}
+
+/// A spill file: entries kept compressed on a file (de Castro's
+/// compressed swap). The index lives in RAM; the file is scratch space
+/// (truncated when opened), not a persistent format.
+pub struct FileTier {
+    file: File,
+    max_bytes: u64,
+    inner: Mutex<FileInner>,
+}
+
+impl FileTier {
+    /// Creates (or truncates) the spill file at `path`, holding at most
+    /// `max_bytes` of file space.
+    pub fn create(path: &Path, max_bytes: u64) -> std::io::Result<Self> {
+        let file =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        Ok(FileTier {
+            file,
+            max_bytes,
+            inner: Mutex::new(FileInner { index: HashMap::new(), free: FreeSpace::default(), used: 0 }),
+        })
+    }
+
+    fn units(len: u16) -> u64 {
+        (len as u64).div_ceil(FILE_UNIT) * FILE_UNIT
+    }
+
+    /// Bytes of file space reached (the file's logical end).
+    pub fn file_end(&self) -> u64 {
+        self.inner.lock().free.end
+    }
+}
+
+impl NextTier for FileTier {
+    fn name(&self) -> String {
+        "file".into()
+    }
+
+    fn put(&self, key: Key, meta: SpillMeta, data: &[u8]) -> Result<(), TierError> {
+        let mut g = self.inner.lock();
+        if let Some((off, m)) = g.index.remove(&key) {
+            g.free.give(off, Self::units(m.len));
+            g.used -= Self::units(m.len);
+        }
+        let size = Self::units(meta.len);
+        let off = if size == 0 { 0 } else { g.free.take(size) };
+        if size > 0 && g.free.end > self.max_bytes {
+            g.free.give(off, size);
+            return Err(TierError::Full);
+        }
+        if size > 0 {
+            if let Err(e) = self.file.write_all_at(data, off) {
+                g.free.give(off, size);
+                return Err(e.into());
+            }
+        }
+        g.used += size;
+        g.index.insert(key, (off, meta));
+        Ok(())
+    }
+
+    fn get(&self, key: Key, out: &mut Vec<u8>, remove: bool) -> Result<Option<SpillMeta>, TierError> {
+        let mut g = self.inner.lock();
+        let Some(&(off, meta)) = g.index.get(&key) else { return Ok(None) };
+        out.resize(meta.len as usize, 0);
+        self.file.read_exact_at(out, off)?;
+        if remove {
+            g.index.remove(&key);
+            g.free.give(off, Self::units(meta.len));
+            g.used -= Self::units(meta.len);
+        }
+        Ok(Some(meta))
+    }
+
+    fn remove(&self, key: Key) -> bool {
+        let mut g = self.inner.lock();
+        match g.index.remove(&key) {
+            Some((off, m)) => {
+                g.free.give(off, Self::units(m.len));
+                g.used -= Self::units(m.len);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn remove_object(&self, pool: u32, object: u64) -> usize {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        remove_where(
+            &mut g.index,
+            |k| k.pool == pool && k.object == object,
+            |(off, m)| {
+                g.free.give(off, Self::units(m.len));
+                g.used -= Self::units(m.len);
+            },
+        )
+    }
+
+    fn remove_pool(&self, pool: u32) -> usize {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        remove_where(
+            &mut g.index,
+            |k| k.pool == pool,
+            |(off, m)| {
+                g.free.give(off, Self::units(m.len));
+                g.used -= Self::units(m.len);
+            },
+        )
+    }
+
+    fn entries(&self) -> usize {
+        self.inner.lock().index.len()
+    }
+
+    fn bytes_used(&self) -> u64 {
+        self.inner.lock().used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(len: u16) -> SpillMeta {
+        SpillMeta { tag: 5, flags: 0, len, crc: len as u32, pattern: 0 }
+    }
+
+    fn exercise(t: &dyn NextTier) {
+        let k = |o: u64, i: u32| Key { pool: 1, object: o, index: i };
+        for o in 0..20u64 {
+            for i in 0..10u32 {
+                let len = ((o * 37 + i as u64 * 101) % 4000 + 1) as u16;
+                let d = vec![(o + i as u64) as u8; len as usize];
+                t.put(k(o, i), meta(len), &d).unwrap();
+            }
+        }
+        assert_eq!(t.entries(), 200);
+        let mut out = Vec::new();
+        let m = t.get(k(3, 4), &mut out, false).unwrap().unwrap();
+        assert_eq!(out, vec![7u8; m.len as usize]);
+        assert_eq!(t.remove_object(1, 3), 10);
+        assert!(t.get(k(3, 4), &mut out, false).unwrap().is_none());
+        // Replace with a different size, then take it exclusively.
+        t.put(k(5, 5), meta(17), &[9u8; 17]).unwrap();
+        assert_eq!(t.get(k(5, 5), &mut out, true).unwrap(), Some(meta(17)));
+        assert_eq!(out, vec![9u8; 17]);
+        assert!(!t.remove(k(5, 5)));
+        assert!(t.remove(k(6, 6)));
+        assert_eq!(t.remove_pool(1), 188);
+        assert_eq!(t.entries(), 0);
+        assert_eq!(t.bytes_used(), 0);
+    }
+
+    #[test]
+    fn memory_tier_semantics_and_capacity() {
+        exercise(&MemoryTier::new(1 << 30));
+        let t = MemoryTier::new(100);
+        let k = Key { pool: 0, object: 0, index: 0 };
+        assert!(matches!(t.put(k, meta(101), &[0; 101]), Err(TierError::Full)));
+        t.put(k, meta(100), &[0; 100]).unwrap();
+    }
+
+    #[test]
+    fn file_tier_semantics_reuse_and_capacity() {
+        let dir = std::env::temp_dir().join(format!("ztier-tier-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let t = FileTier::create(&dir.join("spill"), 1 << 30).unwrap();
+        exercise(&t);
+        // Everything freed: the file space shrinks back to nothing.
+        assert_eq!(t.file_end(), 0);
+        let small = FileTier::create(&dir.join("small"), 512).unwrap();
+        let k = |i| Key { pool: 0, object: 0, index: i };
+        small.put(k(0), meta(300), &[1; 300]).unwrap();
+        assert!(matches!(small.put(k(1), meta(300), &[2; 300]), Err(TierError::Full)));
+        let mut out = Vec::new();
+        assert_eq!(small.get(k(0), &mut out, false).unwrap(), Some(meta(300)));
+        assert_eq!(out, vec![1; 300]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn free_space_merges_neighbours() {
+        let mut f = FreeSpace::default();
+        let a = f.take(256);
+        let b = f.take(512);
+        let c = f.take(256);
+        f.give(a, 256);
+        f.give(c, 256);
+        assert_eq!(f.end, 768);
+        f.give(b, 512);
+        assert_eq!(f.end, 0);
+        assert!(f.by_off.is_empty() && f.by_len.is_empty());
+    }
+}

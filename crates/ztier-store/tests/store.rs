@@ -1,0 +1,544 @@
+//! Store behaviour: a model-based property test against a `BTreeMap`,
+//! concurrency, corruption, next tiers, caps, limits, order and resizing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use ztier_codec::corpus::synth::{self, Kind};
+use ztier_store::alloc::AllocatorKind;
+use ztier_store::tier::{FileTier, MemoryTier, NextTier};
+use ztier_store::{
+    Key, Order, PageKind, PoolKind, PoolOptions, PutFlags, Refusal, Store, StoreConfig, StoreError,
+};
+
+const PAGE: usize = 4096;
+
+fn page(kind: Kind, seed: u64) -> Vec<u8> {
+    synth::page(kind, seed)
+}
+
+fn cfg(budget: usize, allocator: AllocatorKind, shards: usize) -> StoreConfig {
+    StoreConfig { shards, allocator, ..StoreConfig::new(budget) }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put { pool: usize, object: u64, index: u32, kind: usize, seed: u64, clean: bool, file: bool },
+    Get { pool: usize, object: u64, index: u32, exclusive: bool },
+    FlushPage { pool: usize, object: u64, index: u32 },
+    FlushObject { pool: usize, object: u64 },
+    Resize { budget_kb: usize },
+    Compact,
+    Destroy { pool: usize },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let pool = 0..2usize;
+    let object = 0..4u64;
+    let index = 0..12u32;
+    prop_oneof![
+        8 => (pool.clone(), object.clone(), index.clone(), 0..5usize, any::<u64>(), any::<bool>(), any::<bool>())
+            .prop_map(|(pool, object, index, kind, seed, clean, file)| Op::Put { pool, object, index, kind, seed, clean, file }),
+        6 => (pool.clone(), object.clone(), index.clone(), any::<bool>())
+            .prop_map(|(pool, object, index, exclusive)| Op::Get { pool, object, index, exclusive }),
+        1 => (pool.clone(), object.clone(), index).prop_map(|(pool, object, index)| Op::FlushPage { pool, object, index }),
+        1 => (pool.clone(), object).prop_map(|(pool, object)| Op::FlushObject { pool, object }),
+        1 => (16..160usize).prop_map(|budget_kb| Op::Resize { budget_kb }),
+        1 => Just(Op::Compact),
+        1 => pool.prop_map(|pool| Op::Destroy { pool }),
+    ]
+}
+
+fn allocator() -> impl Strategy<Value = AllocatorKind> {
+    prop_oneof![
+        Just(AllocatorKind::Cells(1)),
+        Just(AllocatorKind::Cells(2)),
+        Just(AllocatorKind::Cells(4)),
+        Just(AllocatorKind::Chunks),
+        Just(AllocatorKind::Classes),
+    ]
+}
+
+fn run_model(ops: Vec<Op>, alloc: AllocatorKind, budget_kb: usize, shards: usize, lru: bool, tier: u8) {
+    // Budgets are per shard: a shard has a fixed cost (allocator tables).
+    let mut c = cfg(budget_kb * 1024 * shards, alloc, shards);
+    c.order = if lru { Order::Lru } else { Order::Fifo };
+    let big_tier = tier == 1;
+    let tier: Option<Box<dyn NextTier>> = match tier {
+        0 => None,
+        1 => Some(Box::new(MemoryTier::new(1 << 30))),
+        _ => Some(Box::new(MemoryTier::new(20_000))),
+    };
+    let store = Store::with_tier(c, tier);
+    let opts = [
+        PoolOptions::new(PoolKind::Ephemeral),
+        PoolOptions { store_raw: true, ..PoolOptions::new(PoolKind::Persistent) },
+    ];
+    let mut ids: Vec<u32> = opts.iter().map(|o| store.create_pool(*o).unwrap()).collect();
+    let mut model: BTreeMap<(usize, u64, u32), Vec<u8>> = BTreeMap::new();
+    let mut out = vec![0u8; PAGE];
+    let mut over_allowed = false;
+    for op in ops {
+        match op {
+            Op::Put { pool, object, index, kind, seed, clean, file } => {
+                let data = page(synth::KINDS[kind], seed);
+                let flags =
+                    PutFlags { dirty: !clean, kind: if file { PageKind::File } else { PageKind::Anon } };
+                let key = Key { pool: ids[pool], object, index };
+                match store.put(key, &data, flags) {
+                    Ok(()) => {
+                        model.insert((pool, object, index), data);
+                    }
+                    Err(StoreError::Refused(r)) => {
+                        if pool == 1 {
+                            assert_ne!(r, Refusal::PoorCompression, "persistent pool stores raw");
+                        }
+                        model.remove(&(pool, object, index));
+                    }
+                    Err(e) => panic!("put: {e}"),
+                }
+            }
+            Op::Get { pool, object, index, exclusive } => {
+                let key = Key { pool: ids[pool], object, index };
+                let hit = store.get(key, &mut out, exclusive).expect("get");
+                let want = model.get(&(pool, object, index));
+                match (hit, want) {
+                    (true, Some(w)) => assert!(out == *w, "wrong data for {key:?}"),
+                    (true, None) => panic!("hit for {key:?}, which holds nothing"),
+                    (false, Some(_)) => {
+                        assert_eq!(pool, 0, "persistent page {key:?} lost");
+                    }
+                    (false, None) => {}
+                }
+                if exclusive || !hit {
+                    model.remove(&(pool, object, index));
+                }
+            }
+            Op::FlushPage { pool, object, index } => {
+                let key = Key { pool: ids[pool], object, index };
+                let found = store.flush_page(key).unwrap();
+                let had = model.remove(&(pool, object, index)).is_some();
+                if pool == 1 {
+                    assert_eq!(found, had);
+                } else {
+                    assert!(!found || had);
+                }
+            }
+            Op::FlushObject { pool, object } => {
+                let n = store.flush_object(ids[pool], object).unwrap();
+                let before = model.len();
+                model.retain(|k, _| !(k.0 == pool && k.1 == object));
+                let had = before - model.len();
+                if pool == 1 {
+                    assert_eq!(n, had);
+                } else {
+                    assert!(n <= had);
+                }
+            }
+            Op::Resize { budget_kb } => {
+                let ok = store.set_budget(budget_kb * 1024 * store.shards());
+                // Only pinned persistent pages (no next tier) can keep the
+                // store above a smaller budget.
+                assert!(ok || !big_tier, "shrink failed with a roomy next tier");
+                over_allowed = !ok;
+            }
+            Op::Compact => {
+                store.compact();
+            }
+            Op::Destroy { pool } => {
+                store.destroy_pool(ids[pool]).unwrap();
+                assert!(matches!(
+                    store.get(Key { pool: ids[pool], object: 0, index: 0 }, &mut out, false),
+                    Err(StoreError::NoSuchPool(_))
+                ));
+                model.retain(|k, _| k.0 != pool);
+                ids[pool] = store.create_pool(opts[pool]).unwrap();
+            }
+        }
+        // Each shard within its share (so the whole within the budget),
+        // except while pinned pages hold a shard above a shrunk share.
+        let shards = store.shard_memory();
+        let within = shards.iter().all(|(used, share)| used <= share);
+        if within {
+            over_allowed = false;
+        }
+        assert!(over_allowed || within, "over budget: {shards:?}");
+        assert!(over_allowed || store.memory_used() <= store.budget());
+    }
+    // Every persistent page of the model is still there, exactly.
+    for ((pool, object, index), data) in &model {
+        let key = Key { pool: ids[*pool], object: *object, index: *index };
+        let hit = store.get(key, &mut out, false).unwrap();
+        if *pool == 1 {
+            assert!(hit, "persistent page {key:?} lost");
+        }
+        if hit {
+            assert!(out == *data);
+        }
+    }
+    let s = store.stats();
+    assert_eq!(s.orig_bytes, s.pages * PAGE as u64);
+    assert!(s.memory_used >= s.compressed_bytes);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #[test]
+    fn store_matches_model(
+        ops in prop::collection::vec(op(), 1..300),
+        alloc in allocator(),
+        budget_kb in 24..120usize,
+        shards in prop_oneof![Just(1usize), Just(4)],
+        lru in any::<bool>(),
+        tier in 0..3u8,
+    ) {
+        run_model(ops, alloc, budget_kb, shards, lru, tier);
+    }
+}
+
+#[test]
+fn corrupt_byte_is_a_checksum_error_and_loses_nothing() {
+    for alloc in [AllocatorKind::Cells(2), AllocatorKind::Chunks, AllocatorKind::Classes] {
+        let store = Store::new(cfg(1 << 20, alloc, 2));
+        let pool = store.create_pool(PoolOptions::new(PoolKind::Persistent)).unwrap();
+        let key = Key { pool, object: 1, index: 2 };
+        let data = page(Kind::Text, 9);
+        store.put(key, &data, PutFlags::default()).unwrap();
+        assert!(store.corrupt(key, 17));
+        let mut out = vec![0u8; PAGE];
+        for exclusive in [false, true] {
+            match store.get(key, &mut out, exclusive) {
+                Err(StoreError::Checksum { key: k, .. }) => assert_eq!(k, key),
+                other => panic!("{alloc:?}: expected a checksum error, got {other:?}"),
+            }
+        }
+        assert!(store.contains(key), "a failed exclusive get must keep the entry");
+        assert_eq!(store.stats().checksum_errors, 2);
+        // Flipping the same byte back restores it.
+        assert!(store.corrupt(key, 17));
+        assert!(store.get(key, &mut out, true).unwrap());
+        assert_eq!(out, data);
+    }
+}
+
+fn spill_all_and_read_back(tier: Box<dyn NextTier>) {
+    let store = Store::with_tier(cfg(256 << 10, AllocatorKind::Classes, 2), Some(tier));
+    let pool =
+        store.create_pool(PoolOptions { store_raw: true, ..PoolOptions::new(PoolKind::Persistent) }).unwrap();
+    let n = 200u32;
+    let data = |i: u32| page(synth::KINDS[i as usize % 5], i as u64);
+    for i in 0..n {
+        if let Err(e) = store.put(Key { pool, object: 0, index: i }, &data(i), PutFlags::default()) {
+            panic!("put {i}: {e}: {:#?}", store.stats());
+        }
+        assert!(store.memory_used() <= store.budget());
+    }
+    let s = store.stats();
+    assert!(s.evicted_to_tier > 0, "{s:?}");
+    assert_eq!(s.evicted_dropped, 0);
+    assert_eq!(s.pages + s.tier_entries, n as u64);
+    let mut out = vec![0u8; PAGE];
+    for i in 0..n {
+        assert!(store.get(Key { pool, object: 0, index: i }, &mut out, false).unwrap(), "page {i}");
+        assert_eq!(out, data(i), "page {i}");
+    }
+    assert!(store.stats().tier_hits > 0);
+    // Exclusive gets empty both levels.
+    for i in 0..n {
+        assert!(store.get(Key { pool, object: 0, index: i }, &mut out, true).unwrap());
+    }
+    let s = store.stats();
+    assert_eq!((s.pages, s.tier_entries, s.tier_bytes), (0, 0, 0));
+}
+
+#[test]
+fn persistent_pages_spill_to_memory_tier_compressed() {
+    spill_all_and_read_back(Box::new(MemoryTier::new(1 << 30)));
+}
+
+#[test]
+fn persistent_pages_spill_to_file_tier_compressed() {
+    let dir = std::env::temp_dir().join(format!("ztier-store-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    spill_all_and_read_back(Box::new(FileTier::create(&dir.join("spill"), 1 << 30).unwrap()));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn persistent_pool_without_tier_refuses_instead_of_losing() {
+    let store = Store::new(cfg(48 << 10, AllocatorKind::Chunks, 1));
+    let pool = store.create_pool(PoolOptions::new(PoolKind::Persistent)).unwrap();
+    let mut ok = Vec::new();
+    let mut refused = 0;
+    for i in 0..100u32 {
+        let key = Key { pool, object: 0, index: i };
+        match store.put(key, &page(Kind::Text, i as u64), PutFlags::default()) {
+            Ok(()) => ok.push(i),
+            Err(StoreError::Refused(Refusal::Budget)) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(refused > 0 && !ok.is_empty());
+    assert_eq!(store.stats().rejects.budget, refused);
+    let mut out = vec![0u8; PAGE];
+    for i in ok {
+        assert!(store.get(Key { pool, object: 0, index: i }, &mut out, false).unwrap());
+        assert_eq!(out, page(Kind::Text, i as u64));
+    }
+}
+
+#[test]
+fn refusal_reasons_poor_compression_and_pool_limit() {
+    let store = Store::new(cfg(1 << 20, AllocatorKind::Classes, 2));
+    let eph = store
+        .create_pool(PoolOptions { max_pages: Some(3), ..PoolOptions::new(PoolKind::Ephemeral) })
+        .unwrap();
+    let raw =
+        store.create_pool(PoolOptions { store_raw: true, ..PoolOptions::new(PoolKind::Persistent) }).unwrap();
+    let random = page(Kind::Random, 1);
+    let k = |pool, index| Key { pool, object: 0, index };
+    assert!(matches!(
+        store.put(k(eph, 0), &random, PutFlags::default()),
+        Err(StoreError::Refused(Refusal::PoorCompression))
+    ));
+    store.put(k(raw, 0), &random, PutFlags::default()).unwrap();
+    for i in 0..3 {
+        store.put(k(eph, i), &page(Kind::Pointers, i as u64), PutFlags::default()).unwrap();
+    }
+    assert!(matches!(
+        store.put(k(eph, 3), &page(Kind::Pointers, 3), PutFlags::default()),
+        Err(StoreError::Refused(Refusal::PoolLimit))
+    ));
+    // Replacing a page of a full pool is allowed.
+    store.put(k(eph, 2), &page(Kind::SmallInts, 5), PutFlags::default()).unwrap();
+    store.put(k(eph, 5), &vec![0u8; PAGE], PutFlags::default()).unwrap_err();
+    let s = store.stats();
+    assert_eq!(s.rejects.poor_compression, 1);
+    assert_eq!(s.rejects.pool_limit, 2);
+    assert_eq!(s.raw_pages, 1);
+    assert_eq!(s.pools.iter().find(|p| p.id == eph).unwrap().pages, 3);
+    let mut out = vec![0u8; PAGE];
+    assert!(store.get(k(raw, 0), &mut out, false).unwrap());
+    assert_eq!(out, random);
+    assert!(matches!(store.put(k(99, 0), &random, PutFlags::default()), Err(StoreError::NoSuchPool(99))));
+    assert!(matches!(
+        store.put(k(eph, 0), &random[..100], PutFlags::default()),
+        Err(StoreError::PageSize(100))
+    ));
+}
+
+#[test]
+fn zero_and_same_filled_pages_cost_metadata_only() {
+    let store = Store::new(cfg(1 << 20, AllocatorKind::Classes, 1));
+    let pool = store.create_pool(PoolOptions::new(PoolKind::Persistent)).unwrap();
+    let empty = store.memory_used();
+    let same: Vec<u8> = std::iter::repeat_n(0xdead_beef_0102_0304u64.to_le_bytes(), 512).flatten().collect();
+    for i in 0..100 {
+        let p = if i % 2 == 0 { vec![0u8; PAGE] } else { same.clone() };
+        store.put(Key { pool, object: 0, index: i }, &p, PutFlags::default()).unwrap();
+    }
+    let s = store.stats();
+    assert_eq!((s.zero_pages, s.same_pages, s.compressed_bytes), (50, 50, 0));
+    assert!(s.memory_used as usize - empty < 100 * 80, "metadata only: {} (empty {empty})", s.memory_used);
+    let mut out = vec![1u8; PAGE];
+    assert!(store.get(Key { pool, object: 0, index: 3 }, &mut out, false).unwrap());
+    assert_eq!(out, same);
+    assert!(store.get(Key { pool, object: 0, index: 4 }, &mut out, false).unwrap());
+    assert_eq!(out, vec![0u8; PAGE]);
+}
+
+#[test]
+fn kind_caps_are_separate() {
+    let mut c = cfg(4 << 20, AllocatorKind::Classes, 1);
+    c.anon_cap = Some(20_000);
+    let store = Store::new(c);
+    let pool = store.create_pool(PoolOptions::new(PoolKind::Ephemeral)).unwrap();
+    let file = PutFlags { dirty: false, kind: PageKind::File };
+    for i in 0..200u32 {
+        store
+            .put(Key { pool, object: 1, index: i }, &page(Kind::Text, i as u64), PutFlags::default())
+            .unwrap();
+        store.put(Key { pool, object: 2, index: i }, &page(Kind::Text, i as u64), file).unwrap();
+    }
+    let s = store.stats();
+    assert_eq!(s.file_pages, 200, "file pages are not limited by the anon cap");
+    assert!(s.anon_pages < 200 && s.anon_pages > 0, "{s:?}");
+    assert!(s.evicted_dropped >= 200 - s.anon_pages);
+    // The newest anon pages are the ones kept (FIFO).
+    let mut out = vec![0u8; PAGE];
+    assert!(store.get(Key { pool, object: 1, index: 199 }, &mut out, false).unwrap());
+    assert!(!store.get(Key { pool, object: 1, index: 0 }, &mut out, false).unwrap());
+}
+
+fn survivors(order: Order) -> (bool, bool) {
+    let mut c = cfg(96 << 10, AllocatorKind::Classes, 1);
+    c.order = order;
+    let store = Store::new(c);
+    let pool = store.create_pool(PoolOptions::new(PoolKind::Ephemeral)).unwrap();
+    let k = |i| Key { pool, object: 0, index: i };
+    let mut out = vec![0u8; PAGE];
+    let mut i = 0;
+    store.put(k(0), &page(Kind::Pointers, 0), PutFlags::default()).unwrap();
+    store.put(k(1), &page(Kind::Pointers, 1), PutFlags::default()).unwrap();
+    // Keep touching page 0 while filling past the budget until page 1 goes.
+    while store.contains(k(1)) {
+        i += 1;
+        assert!(store.get(k(0), &mut out, false).unwrap() || order == Order::Fifo);
+        store.put(k(1 + i), &page(Kind::Pointers, 1 + i as u64), PutFlags::default()).unwrap();
+        assert!(i < 1000);
+    }
+    (store.contains(k(0)), store.stats().evicted_dropped > 0)
+}
+
+#[test]
+fn fifo_evicts_in_put_order_lru_keeps_touched_pages() {
+    assert_eq!(survivors(Order::Fifo), (false, true));
+    assert_eq!(survivors(Order::Lru), (true, true));
+}
+
+#[test]
+fn clean_ephemeral_pages_are_dropped_dirty_ones_spilled() {
+    let store =
+        Store::with_tier(cfg(64 << 10, AllocatorKind::Classes, 1), Some(Box::new(MemoryTier::new(1 << 30))));
+    let pool = store.create_pool(PoolOptions::new(PoolKind::Ephemeral)).unwrap();
+    for i in 0..100u32 {
+        let flags = PutFlags { dirty: i % 2 == 0, kind: PageKind::File };
+        store.put(Key { pool, object: 0, index: i }, &page(Kind::Text, i as u64), flags).unwrap();
+    }
+    let s = store.stats();
+    assert!(s.evicted_to_tier > 0 && s.evicted_dropped > 0, "{s:?}");
+    let mut out = vec![0u8; PAGE];
+    for i in (0..100u32).step_by(2) {
+        assert!(store.get(Key { pool, object: 0, index: i }, &mut out, false).unwrap(), "dirty page {i}");
+        assert_eq!(out, page(Kind::Text, i as u64));
+    }
+}
+
+#[test]
+fn shrinking_compacts_then_evicts_and_growing_takes_more() {
+    for alloc in [AllocatorKind::Cells(2), AllocatorKind::Chunks, AllocatorKind::Classes] {
+        let store = Store::new(cfg(2 << 20, alloc, 2));
+        let pool = store.create_pool(PoolOptions::new(PoolKind::Ephemeral)).unwrap();
+        for i in 0..800u32 {
+            store
+                .put(
+                    Key { pool, object: 0, index: i },
+                    &page(
+                        [Kind::SmallInts, Kind::Pointers, Kind::Text, Kind::Sparse][i as usize % 4],
+                        i as u64,
+                    ),
+                    PutFlags::default(),
+                )
+                .unwrap();
+        }
+        // Punch holes so that compaction has work.
+        for i in (0..800u32).step_by(3) {
+            store.flush_page(Key { pool, object: 0, index: i }).unwrap();
+        }
+        let before = store.stats();
+        assert!(store.set_budget(before.memory_used as usize / 2));
+        let after = store.stats();
+        assert!(after.memory_used <= before.memory_used / 2, "{alloc:?}");
+        assert!(after.compactions > before.compactions, "{alloc:?}: shrinking compacts first");
+        assert!(after.evicted_dropped > 0);
+        assert!(store.set_budget(8 << 20));
+        let pages = after.pages;
+        for i in 800..1600u32 {
+            store
+                .put(Key { pool, object: 0, index: i }, &page(Kind::Pointers, i as u64), PutFlags::default())
+                .unwrap();
+        }
+        assert!(store.stats().pages > pages + 700, "{alloc:?}: grown budget used");
+    }
+}
+
+#[test]
+fn destroy_pool_removes_everything_and_ids_are_reused_safely() {
+    let store =
+        Store::with_tier(cfg(40 << 10, AllocatorKind::Chunks, 2), Some(Box::new(MemoryTier::new(1 << 30))));
+    let a = store.create_pool(PoolOptions::new(PoolKind::Persistent)).unwrap();
+    for i in 0..60u32 {
+        store
+            .put(
+                Key { pool: a, object: i as u64 % 3, index: i },
+                &page(Kind::Text, i as u64),
+                PutFlags::default(),
+            )
+            .unwrap();
+    }
+    assert_eq!(store.flush_object(a, 1).unwrap(), 20);
+    assert_eq!(store.destroy_pool(a).unwrap(), 40);
+    let s = store.stats();
+    assert_eq!((s.pages, s.tier_entries), (0, 0));
+    let b = store.create_pool(PoolOptions::new(PoolKind::Persistent)).unwrap();
+    assert_eq!(a, b, "ids are reused");
+    let mut out = vec![0u8; PAGE];
+    assert!(!store.get(Key { pool: b, object: 0, index: 0 }, &mut out, false).unwrap());
+    assert!(matches!(store.destroy_pool(77), Err(StoreError::NoSuchPool(77))));
+}
+
+#[test]
+fn concurrent_threads_never_see_wrong_or_torn_pages() {
+    let store = Arc::new(Store::with_tier(
+        cfg(512 << 10, AllocatorKind::Classes, 8),
+        Some(Box::new(MemoryTier::new(1 << 30))),
+    ));
+    let pool =
+        store.create_pool(PoolOptions { store_raw: true, ..PoolOptions::new(PoolKind::Persistent) }).unwrap();
+    let shared = store.create_pool(PoolOptions::new(PoolKind::Ephemeral)).unwrap();
+    // Page content names its key and version, so a get can check it.
+    fn content(obj: u64, idx: u32, ver: u64) -> Vec<u8> {
+        let mut p = synth::page(synth::KINDS[(ver % 4) as usize], obj * 1000 + idx as u64 + ver);
+        p[..8].copy_from_slice(&obj.to_le_bytes());
+        p[8..12].copy_from_slice(&idx.to_le_bytes());
+        p[16..24].copy_from_slice(&ver.to_le_bytes());
+        p
+    }
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let mut versions = vec![0u64; 64];
+                let mut out = vec![0u8; PAGE];
+                let mut x = t + 1;
+                for step in 0..6000u64 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let idx = (x >> 33) as u32 % 64;
+                    let own = Key { pool, object: t, index: idx };
+                    match (x >> 20) % 4 {
+                        0 | 1 => {
+                            versions[idx as usize] += 1;
+                            store
+                                .put(own, &content(t, idx, versions[idx as usize]), PutFlags::default())
+                                .unwrap();
+                        }
+                        2 => {
+                            let hit = store.get(own, &mut out, false).unwrap();
+                            assert_eq!(hit, versions[idx as usize] > 0);
+                            if hit {
+                                assert_eq!(out, content(t, idx, versions[idx as usize]));
+                            }
+                        }
+                        _ => {
+                            // Everyone writes and reads the same shared keys.
+                            let key = Key { pool: shared, object: 99, index: idx % 8 };
+                            if step % 2 == 0 {
+                                let _ = store.put(key, &content(99, idx % 8, step), PutFlags::default());
+                            } else if store.get(key, &mut out, false).unwrap() {
+                                let ver = u64::from_le_bytes(out[16..24].try_into().unwrap());
+                                assert_eq!(out, content(99, idx % 8, ver), "torn page");
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(store.memory_used() <= store.budget());
+    let s = store.stats();
+    assert!(s.evicted_to_tier > 0, "the test must exercise eviction: {s:?}");
+}
