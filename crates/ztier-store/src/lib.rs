@@ -33,6 +33,7 @@
 //! ```
 
 pub mod alloc;
+pub mod bench;
 pub mod store;
 pub mod tier;
 

@@ -34,7 +34,8 @@
 //! allocator's [`crate::alloc::Allocator::memory_used`] (backing pages and
 //! allocator metadata) plus the capacity of its slab and hash table; a put
 //! never leaves it above the shard's share: when the put does not fit,
-//! the shard compacts (if its allocator wastes more than 1/32 of the share)
+//! the shard compacts (if its allocator's waste grew by more than 1/64 of
+//! the share since the last compaction)
 //! and then evicts oldest entries until it does. Growth of the slab or
 //! table is treated the same way, before it happens. Changing the budget
 //! at run time ([`Store::set_budget`]) compacts first, then evicts.
@@ -78,6 +79,8 @@ const F_DIRTY: u8 = 1;
 const F_FILE: u8 = 2;
 const F_PINNED: u8 = 4;
 const NIL: u32 = u32::MAX;
+/// Budget per shard below which [`StoreConfig::new`] uses fewer shards.
+pub const MIN_SHARD_BUDGET: usize = 16 << 20;
 /// Most pools a store can have at once.
 pub const MAX_POOLS: usize = 64;
 
@@ -127,15 +130,20 @@ pub struct StoreConfig {
 }
 
 impl StoreConfig {
-    /// A configuration with defaults: classes, LZ4, FIFO, 2 shards per CPU.
+    /// A configuration with defaults: classes, LZ4, FIFO, and 2 shards per
+    /// CPU but at least [`MIN_SHARD_BUDGET`] of budget per shard (a shard
+    /// has fixed costs: an allocator's partly filled slabs or cells).
     pub fn new(budget: usize) -> Self {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let by_budget = (budget / MIN_SHARD_BUDGET).max(1);
+        let shards = (cpus * 2).min(by_budget).min(64);
         StoreConfig {
             budget,
             allocator: AllocatorKind::Classes,
             codec: CodecId::Lz4,
             order: Order::Fifo,
-            shards: (cpus * 2).next_power_of_two().min(64),
+            // The largest power of two not above `shards`.
+            shards: 1 << shards.ilog2(),
             anon_cap: None,
             file_cap: None,
             raw_fraction: (3, 4),
@@ -308,6 +316,8 @@ pub struct Stats {
     pub memory_used: u64,
     /// Of `memory_used`, metadata (store entries, tables, allocator metadata).
     pub metadata_bytes: u64,
+    /// Of `metadata_bytes`, the allocators' own.
+    pub allocator_metadata_bytes: u64,
     /// Allocator memory not holding data nor metadata (rounding, holes).
     pub fragmentation_bytes: u64,
     /// All-zero pages held (metadata only).
@@ -453,6 +463,8 @@ struct Shard {
     budget: usize,
     caps: [usize; 2],
     frees_since_compact: u32,
+    /// Allocator waste right after the last compaction.
+    waste_floor: usize,
     c: Counters,
     buf: Vec<u8>,
 }
@@ -481,6 +493,28 @@ fn hash_key(k: &Key) -> u64 {
 
 thread_local! {
     static ENCODERS: RefCell<Vec<PageEncoder>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A page-sized buffer borrowed from this thread (not zeroed on every
+/// use; the codec writes what is read back), returned when dropped.
+struct Scratch(Vec<u8>);
+
+impl Scratch {
+    fn take() -> Self {
+        let mut v = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+        if v.len() < PAGE_SIZE {
+            v = vec![0; PAGE_SIZE];
+        }
+        Scratch(v)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        SCRATCH.with(|s| *s.borrow_mut() = v);
+    }
 }
 
 /// Runs `f` with this thread's encoder for `codec` (and raw fraction).
@@ -526,6 +560,7 @@ impl Shard {
             budget,
             caps,
             frees_since_compact: 0,
+            waste_floor: 0,
             c: Counters::default(),
             buf: vec![0; PAGE_SIZE],
         }
@@ -688,13 +723,17 @@ impl Shard {
         self.c.compaction_moves += moves;
         self.c.compaction_ns += t.elapsed().as_nanos() as u64;
         self.frees_since_compact = 0;
+        self.waste_floor = self.waste();
         freed
     }
 
-    /// Compacts if the allocator wastes more than 1/32 of the share and
-    /// enough has been freed since the last compaction to make it worth it.
+    /// Compacts if the allocator's waste grew by more than 1/64 of the
+    /// share since the last compaction (what compaction cannot recover —
+    /// class rounding, slab tails, cell remainders — stays in the floor)
+    /// and enough has been freed since to make it worth it.
     fn maybe_compact(&mut self) -> bool {
-        if self.frees_since_compact >= 32 && self.waste() > (self.budget / 32).max(4 * PAGE_SIZE) {
+        let floor = self.waste_floor + (self.budget / 64).max(4 * PAGE_SIZE);
+        if self.frees_since_compact >= 32 && self.waste() > floor {
             self.compact();
             true
         } else {
@@ -709,6 +748,7 @@ impl Shard {
         }
         while self.memory() > self.budget {
             if let Evict::Nothing = self.evict(None, pools, tier) {
+                self.compact();
                 self.slab.shrink_to_fit();
                 self.table.shrink_to_fit(|&s| hash_key(&self.slab[s as usize].key()));
                 return self.memory() <= self.budget;
@@ -825,8 +865,9 @@ impl Store {
             return Err(StoreError::PageSize(page.len()));
         }
         let state = self.pool_state(key.pool)?;
-        let mut buf = [0u8; PAGE_SIZE];
-        let enc = with_encoder(self.cfg.codec, self.cfg.raw_fraction, |e| e.encode(page, &mut buf))
+        let mut scratch = Scratch::take();
+        let buf = &mut scratch.0[..PAGE_SIZE];
+        let enc = with_encoder(self.cfg.codec, self.cfg.raw_fraction, |e| e.encode(page, buf))
             .expect("a 4096-byte page always encodes (raw fallback)");
         let (tag, loc) = match enc.form {
             Form::Zero => (TAG_ZERO, 0),
@@ -1001,7 +1042,8 @@ impl Store {
         }
         self.pool_state(key.pool)?;
         let h = hash_key(&key);
-        let mut buf = [0u8; PAGE_SIZE];
+        let mut scratch = Scratch::take();
+        let buf = &mut scratch.0[..PAGE_SIZE];
         let (tag, len, pattern) = {
             let mut g = self.shard(h).lock();
             let g = &mut *g;
@@ -1009,7 +1051,7 @@ impl Store {
             match g.find(h, &key) {
                 Some(s) => {
                     let e = g.slab[s as usize];
-                    g.read_stored(&e, &mut buf);
+                    g.read_stored(&e, buf);
                     let computed = crc32c::crc32c(&buf[..e.len as usize]);
                     if computed != e.crc {
                         g.c.checksum_errors += 1;
@@ -1197,6 +1239,7 @@ impl Store {
             s.compressed_bytes += c.compressed;
             s.memory_used += g.memory() as u64;
             s.metadata_bytes += (g.meta_bytes() + g.alloc.metadata_bytes()) as u64;
+            s.allocator_metadata_bytes += g.alloc.metadata_bytes() as u64;
             s.fragmentation_bytes += g.waste() as u64;
             s.zero_pages += c.zero;
             s.same_pages += c.same;

@@ -2,16 +2,30 @@
 //!
 //! An object of `len` bytes is rounded up to the next multiple of
 //! [`GRANULE`] (32 bytes) — its *class* — and stored in a slot of a *slab*
-//! of that class. A slab is 1 to 4 contiguous pages cut into equal slots;
-//! for each class the slab size that wastes least is chosen once:
+//! of that class. A slab is 1 to [`MAX_SLAB_PAGES`] (16) contiguous pages
+//! cut into equal slots:
 //!
 //! ```text
-//!  class 1504 B, slab of 3 pages (12288 B): 8 slots, 256 B unused tail
+//!  class 1504 B in a 3-page slab (12288 B): 8 slots, 256 B tail (2.1%)
 //! +--------+--------+--------+--------+--------+--------+--------+--------+----+
 //! | slot 0 | slot 1 | slot 2 | slot 3 | slot 4 | slot 5 | slot 6 | slot 7 |tail|
 //! +--------+--------+--------+--------+--------+--------+--------+--------+----+
 //!   owners: [u64; 8] (who is in each slot), free: stack of free slot numbers
 //! ```
+//!
+//! # Slab size
+//!
+//! Two costs pull against each other. The unused *tail* of a slab is lost
+//! for every slab of the class, so a populous class wants the slab size
+//! whose tail is smallest (class 1504 B: 7 pages, 96 B tail, 0.3%). But each
+//! class also keeps about half a slab of free slots (its partly used
+//! slab), and with ~100 classes in use that half-slab floor is what
+//! dominates a small store (measured: 6% of memory with every slab chosen
+//! for least tail, at 17 MiB per shard). So each **new slab** is sized for
+//! the class as it is now: the k pages (1..=16) minimising
+//! `(tail(k) + slab metadata) × slabs the class needs + k pages / 2`. A sparse class gets
+//! small slabs, a populous one long slabs with little tail. Slabs of one
+//! class may thus differ in size; slots are the same.
 //!
 //! Memory lost: on average half a granule per object plus the slab tails,
 //! plus free slots in partly used slabs, which [`Allocator::compact`]
@@ -19,8 +33,10 @@
 //! fullest and releasing the emptied slabs. An empty slab is released at
 //! once.
 //!
-//! Metadata per object: 8 bytes (owner) + 2 bytes (free-stack entry) per
-//! slot, and ~64 bytes per slab.
+//! Metadata per object: 4 bytes (owner; owners must fit in 32 bits) + 2
+//! bytes (free-stack entry) per slot, and ~120 bytes per slab (record and
+//! heap blocks), which the slab-size rule also weighs; kept as running totals so that
+//! [`Allocator::memory_used`] is O(1) (the store asks on every put).
 //!
 //! A location packs class (8 bits), slab (40 bits) and slot (16 bits).
 
@@ -28,30 +44,69 @@ use super::{vec_bytes, Allocator, Loc, Moved};
 
 /// Class granularity in bytes.
 pub const GRANULE: usize = 32;
+/// Largest slab, in pages.
+pub const MAX_SLAB_PAGES: usize = 16;
 const CLASSES: usize = 4096 / GRANULE;
 const PAGE: usize = 4096;
 
 struct Slab {
-    buf: Vec<u8>,
-    owners: Vec<u64>,
+    buf: Box<[u8]>,
+    /// Owner of each slot (the store's entry ids fit in 32 bits).
+    owners: Box<[u32]>,
     free: Vec<u16>,
+    slots: usize,
 }
 
 struct Class {
     size: usize,
-    slab_pages: usize,
-    slots: usize,
     slabs: Vec<Option<Slab>>,
     /// Slabs that may have a free slot (checked on use).
     partial: Vec<usize>,
     /// Released slab numbers, reused first.
     holes: Vec<usize>,
+    /// Pages of the live slabs.
+    pages: usize,
+    /// Metadata of the live slabs (owners, free stacks, slab records).
+    slab_meta: usize,
+}
+
+impl Class {
+    fn meta(&self) -> usize {
+        self.slab_meta + vec_bytes(&self.slabs) + vec_bytes(&self.partial) + vec_bytes(&self.holes)
+    }
+
+    /// Pages of the next slab: the k minimising the class's expected loss
+    /// `(tail(k) + per-slab metadata) × slabs needed + half a slab`.
+    fn next_slab_pages(&self) -> usize {
+        let held = (self.pages * PAGE).max(PAGE) as u128;
+        (1..=MAX_SLAB_PAGES)
+            .filter(|&k| k * PAGE >= self.size)
+            .min_by_key(|&k| {
+                let bytes = (k * PAGE) as u128;
+                let per_slab = (bytes % self.size as u128) + SLAB_FIXED as u128;
+                per_slab * held / bytes + bytes / 2
+            })
+            .expect("a 16-page slab holds any class")
+    }
+}
+
+/// Fixed metadata of one slab: its record in `Class::slabs` and ~16 bytes
+/// of malloc overhead for each of its three heap blocks.
+const SLAB_FIXED: usize = std::mem::size_of::<Option<Slab>>() + 3 * 16;
+
+/// Heap metadata of a slab with `slots` slots: owner and free-stack
+/// entries plus malloc overhead. (Records are counted by the capacity of
+/// `Class::slabs`.)
+fn slab_meta(slots: usize) -> usize {
+    slots * (4 + 2) + 3 * 16
 }
 
 /// The size-class allocator.
 pub struct Classes {
     classes: Vec<Class>,
     data_bytes: usize,
+    /// Sum of the classes' `meta()`.
+    meta_bytes: usize,
 }
 
 impl Default for Classes {
@@ -71,42 +126,38 @@ fn unloc(l: Loc) -> (usize, usize, usize) {
 impl Classes {
     /// An empty allocator.
     pub fn new() -> Self {
-        let classes = (0..CLASSES)
-            .map(|c| {
-                let size = (c + 1) * GRANULE;
-                // The slab size (1..=4 pages) that wastes the smallest share.
-                let slab_pages = (1..=4)
-                    .min_by_key(|&k| {
-                        let bytes = k * PAGE;
-                        (bytes % size) * 1000 / bytes
-                    })
-                    .expect("non-empty range");
-                Class {
-                    size,
-                    slab_pages,
-                    slots: slab_pages * PAGE / size,
-                    slabs: Vec::new(),
-                    partial: Vec::new(),
-                    holes: Vec::new(),
-                }
+        let classes: Vec<Class> = (0..CLASSES)
+            .map(|c| Class {
+                size: (c + 1) * GRANULE,
+                slabs: Vec::new(),
+                partial: Vec::new(),
+                holes: Vec::new(),
+                pages: 0,
+                slab_meta: 0,
             })
             .collect();
-        Classes { classes, data_bytes: 0 }
+        let meta_bytes = vec_bytes(&classes);
+        Classes { classes, data_bytes: 0, meta_bytes }
     }
 
     fn class_of(len: usize) -> usize {
         len.div_ceil(GRANULE).max(1) - 1
     }
 
-    fn slab_meta(c: &Class) -> usize {
-        c.slots * (8 + 2) + std::mem::size_of::<Option<Slab>>()
+    /// Runs `f` on class `ci`, keeping the metadata total up to date.
+    fn with_class<R>(&mut self, ci: usize, f: impl FnOnce(&mut Class, &mut usize) -> R) -> R {
+        let c = &mut self.classes[ci];
+        let before = c.meta();
+        let r = f(c, &mut self.data_bytes);
+        self.meta_bytes = self.meta_bytes - before + c.meta();
+        r
     }
 
     fn take_slot(c: &mut Class, owner: u64) -> Option<(usize, usize)> {
         while let Some(&s) = c.partial.last() {
             if let Some(slab) = c.slabs[s].as_mut() {
                 if let Some(slot) = slab.free.pop() {
-                    slab.owners[slot as usize] = owner;
+                    slab.owners[slot as usize] = u32::try_from(owner).expect("owner ids fit in 32 bits");
                     if slab.free.is_empty() {
                         c.partial.pop();
                     }
@@ -116,6 +167,14 @@ impl Classes {
             c.partial.pop();
         }
         None
+    }
+
+    fn release(c: &mut Class, s: usize, data_bytes: &mut usize) {
+        let slab = c.slabs[s].take().expect("slab in use");
+        c.holes.push(s);
+        c.pages -= slab.buf.len() / PAGE;
+        c.slab_meta -= slab_meta(slab.slots);
+        *data_bytes -= slab.buf.len();
     }
 }
 
@@ -127,35 +186,44 @@ impl Allocator for Classes {
     fn alloc(&mut self, data: &[u8], owner: u64, limit: usize, _moved: &mut dyn FnMut(Moved)) -> Option<Loc> {
         assert!(!data.is_empty() && data.len() <= PAGE);
         let ci = Self::class_of(data.len());
-        let (s, slot) = match Self::take_slot(&mut self.classes[ci], owner) {
-            Some(x) => x,
-            None => {
-                let c = &self.classes[ci];
-                let grow = c.slab_pages * PAGE + Self::slab_meta(c);
-                if self.memory_used() + grow > limit {
-                    return None;
-                }
-                let c = &mut self.classes[ci];
-                let slab = Slab {
-                    buf: vec![0u8; c.slab_pages * PAGE],
-                    owners: vec![0; c.slots],
-                    free: (0..c.slots as u16).rev().collect(),
-                };
-                let s = match c.holes.pop() {
-                    Some(h) => {
-                        c.slabs[h] = Some(slab);
-                        h
-                    }
-                    None => {
-                        c.slabs.push(Some(slab));
-                        c.slabs.len() - 1
-                    }
-                };
-                self.data_bytes += c.slab_pages * PAGE;
-                c.partial.push(s);
-                Self::take_slot(c, owner).expect("a new slab has free slots")
+        let used = self.memory_used();
+        let (s, slot) = self.with_class(ci, |c, data_bytes| {
+            if let Some(x) = Self::take_slot(c, owner) {
+                return Some(x);
             }
-        };
+            let pages = c.next_slab_pages();
+            let slots = pages * PAGE / c.size;
+            // Room for the slab, its metadata and the record vectors' growth.
+            let grow = pages * PAGE + slab_meta(slots) + 3 * std::mem::size_of::<usize>() + 64;
+            if used + grow > limit {
+                return None;
+            }
+            let slab = Slab {
+                buf: vec![0u8; pages * PAGE].into_boxed_slice(),
+                owners: vec![0; slots].into_boxed_slice(),
+                free: (0..slots as u16).rev().collect(),
+                slots,
+            };
+            let s = match c.holes.pop() {
+                Some(h) => {
+                    c.slabs[h] = Some(slab);
+                    h
+                }
+                None => {
+                    // Grow the records by an eighth, not by doubling.
+                    if c.slabs.len() == c.slabs.capacity() {
+                        c.slabs.reserve_exact(c.slabs.len() / 8 + 4);
+                    }
+                    c.slabs.push(Some(slab));
+                    c.slabs.len() - 1
+                }
+            };
+            c.pages += pages;
+            c.slab_meta += slab_meta(slots);
+            *data_bytes += pages * PAGE;
+            c.partial.push(s);
+            Some(Self::take_slot(c, owner).expect("a new slab has free slots"))
+        })?;
         let c = &mut self.classes[ci];
         let slab = c.slabs[s].as_mut().expect("slab in use");
         let at = slot * c.size;
@@ -180,83 +248,93 @@ impl Allocator for Classes {
 
     fn free(&mut self, l: Loc, _len: usize) {
         let (ci, s, slot) = unloc(l);
-        let c = &mut self.classes[ci];
-        let slab = c.slabs[s].as_mut().expect("free in a released slab");
-        debug_assert!(!slab.free.contains(&(slot as u16)), "double free");
-        if slab.free.is_empty() {
-            c.partial.push(s);
-        }
-        slab.free.push(slot as u16);
-        if slab.free.len() == c.slots {
-            // Empty: release it now.
-            c.slabs[s] = None;
-            c.holes.push(s);
-            self.data_bytes -= c.slab_pages * PAGE;
-        }
+        self.with_class(ci, |c, data_bytes| {
+            let slab = c.slabs[s].as_mut().expect("free in a released slab");
+            debug_assert!(!slab.free.contains(&(slot as u16)), "double free");
+            if slab.free.is_empty() {
+                c.partial.push(s);
+            }
+            slab.free.push(slot as u16);
+            if slab.free.len() == slab.slots {
+                // Empty: release it now.
+                Self::release(c, s, data_bytes);
+            }
+        });
     }
 
     fn memory_used(&self) -> usize {
-        self.data_bytes + self.metadata_bytes()
+        self.data_bytes + self.meta_bytes
     }
 
     fn metadata_bytes(&self) -> usize {
-        self.classes
-            .iter()
-            .map(|c| {
-                let live = c.slabs.len() - c.holes.len();
-                live * Self::slab_meta(c) + vec_bytes(&c.slabs) + vec_bytes(&c.partial) + vec_bytes(&c.holes)
-            })
-            .sum::<usize>()
-            + vec_bytes(&self.classes)
+        self.meta_bytes
     }
 
     fn compact(&mut self, moved: &mut dyn FnMut(Moved)) -> usize {
         let before = self.memory_used();
         for ci in 0..CLASSES {
-            let c = &mut self.classes[ci];
-            // Slabs in use, fullest first.
-            let mut order: Vec<usize> = (0..c.slabs.len()).filter(|&s| c.slabs[s].is_some()).collect();
-            if order.len() < 2 {
-                continue;
-            }
-            order.sort_by_key(|&s| c.slabs[s].as_ref().map_or(0, |x| x.free.len()));
-            let (mut dst_i, mut src_i) = (0usize, order.len() - 1);
-            while dst_i < src_i {
-                let (d, s) = (order[dst_i], order[src_i]);
-                let dst_free = c.slabs[d].as_ref().map_or(0, |x| x.free.len());
-                if dst_free == 0 {
-                    dst_i += 1;
-                    continue;
+            self.with_class(ci, |c, data_bytes| {
+                // Slabs in use, fullest (fewest free slots) first.
+                let mut order: Vec<usize> = (0..c.slabs.len()).filter(|&s| c.slabs[s].is_some()).collect();
+                if order.len() < 2 && c.slabs.len() == order.len() {
+                    return;
                 }
-                // Move one live object from slab s into slab d.
-                let src = c.slabs[s].as_ref().expect("slab");
-                let live_slot = (0..c.slots).find(|k| !src.free.contains(&(*k as u16)));
-                let Some(k) = live_slot else {
-                    src_i -= 1;
-                    continue;
-                };
-                let owner = src.owners[k];
-                let bytes = src.buf[k * c.size..(k + 1) * c.size].to_vec();
-                let dslab = c.slabs[d].as_mut().expect("slab");
-                let slot = dslab.free.pop().expect("free slot") as usize;
-                dslab.owners[slot] = owner;
-                dslab.buf[slot * c.size..(slot + 1) * c.size].copy_from_slice(&bytes);
-                moved(Moved { owner, to: loc(ci, d, slot) });
-                let sslab = c.slabs[s].as_mut().expect("slab");
-                sslab.free.push(k as u16);
-                if sslab.free.len() == c.slots {
-                    c.slabs[s] = None;
-                    c.holes.push(s);
-                    self.data_bytes -= c.slab_pages * PAGE;
-                    src_i -= 1;
+                order.sort_by_key(|&s| c.slabs[s].as_ref().map_or(0, |x| x.free.len()));
+                let (mut dst_i, mut src_i) = (0usize, order.len().saturating_sub(1));
+                // Live slots of the slab being emptied, computed once per slab.
+                let mut live: Vec<usize> = Vec::new();
+                let mut live_of = usize::MAX;
+                let size = c.size;
+                let mut bytes = [0u8; PAGE];
+                while dst_i < src_i {
+                    let (d, s) = (order[dst_i], order[src_i]);
+                    if c.slabs[d].as_ref().map_or(0, |x| x.free.len()) == 0 {
+                        dst_i += 1;
+                        continue;
+                    }
+                    if live_of != s {
+                        let src = c.slabs[s].as_ref().expect("slab");
+                        let mut is_free = vec![false; src.slots];
+                        for &f in &src.free {
+                            is_free[f as usize] = true;
+                        }
+                        live = (0..src.slots).filter(|&k| !is_free[k]).collect();
+                        live_of = s;
+                    }
+                    // Move one live object from slab s into slab d.
+                    let Some(k) = live.pop() else {
+                        src_i -= 1;
+                        continue;
+                    };
+                    let src = c.slabs[s].as_ref().expect("slab");
+                    let owner = src.owners[k];
+                    bytes[..size].copy_from_slice(&src.buf[k * size..(k + 1) * size]);
+                    let dslab = c.slabs[d].as_mut().expect("slab");
+                    let slot = dslab.free.pop().expect("free slot") as usize;
+                    dslab.owners[slot] = owner;
+                    dslab.buf[slot * size..(slot + 1) * size].copy_from_slice(&bytes[..size]);
+                    moved(Moved { owner: owner as u64, to: loc(ci, d, slot) });
+                    let sslab = c.slabs[s].as_mut().expect("slab");
+                    sslab.free.push(k as u16);
+                    if sslab.free.len() == sslab.slots {
+                        Self::release(c, s, data_bytes);
+                        src_i -= 1;
+                    }
                 }
-            }
-            // Rebuild the partial list.
-            c.partial = (0..c.slabs.len())
-                .filter(|&s| c.slabs[s].as_ref().is_some_and(|x| !x.free.is_empty()))
-                .collect();
-            c.partial.shrink_to_fit();
-            c.holes.shrink_to_fit();
+                // Drop released records at the end, then rebuild the
+                // partial list.
+                while matches!(c.slabs.last(), Some(None)) {
+                    c.slabs.pop();
+                }
+                let n = c.slabs.len();
+                c.holes.retain(|&h| h < n);
+                c.slabs.shrink_to_fit();
+                c.partial = (0..c.slabs.len())
+                    .filter(|&s| c.slabs[s].as_ref().is_some_and(|x| !x.free.is_empty()))
+                    .collect();
+                c.partial.shrink_to_fit();
+                c.holes.shrink_to_fit();
+            });
         }
         before.saturating_sub(self.memory_used())
     }
@@ -272,18 +350,23 @@ mod tests {
     }
 
     #[test]
-    fn each_class_uses_its_least_wasteful_slab_size() {
-        let c = Classes::new();
-        for class in &c.classes {
-            let waste = |k: usize| (k * PAGE) % class.size * 1000 / (k * PAGE);
-            let best = (1..=4).map(waste).min().unwrap();
-            assert_eq!(waste(class.slab_pages), best, "class {}", class.size);
-            assert_eq!(class.slots, class.slab_pages * PAGE / class.size);
+    fn slabs_grow_longer_as_a_class_fills() {
+        let mut a = Classes::new();
+        let ci = Classes::class_of(1500);
+        assert_eq!(a.classes[ci].next_slab_pages(), 1, "an empty class starts small");
+        for o in 0..2000u64 {
+            a.alloc(&[1u8; 1500], o, usize::MAX, &mut |_| {}).unwrap();
         }
-        // Small and middle classes waste little; classes above ~3 KiB
-        // cannot share pages in this design (objects never straddle slots).
-        let small = &c.classes[Classes::class_of(1500)];
-        assert!((small.slab_pages * PAGE) % small.size * 100 / (small.slab_pages * PAGE) <= 5);
+        let c = &a.classes[ci];
+        let pages = c.next_slab_pages();
+        let tail = |k: usize| (k * PAGE) % c.size * 1000 / (k * PAGE);
+        assert!(pages > 1 && tail(pages) <= 5, "populous class: {pages} pages, tail {}‰", tail(pages));
+        // Slots never straddle the end of a slab and memory adds up.
+        let data: usize = c.slabs.iter().flatten().map(|s| s.buf.len()).sum();
+        assert_eq!(data, a.data_bytes);
+        let slab_slots: usize = c.slabs.iter().flatten().map(|s| s.slots).sum();
+        assert!(slab_slots >= 2000);
+        assert_eq!(a.meta_bytes, a.classes.iter().map(Class::meta).sum::<usize>() + vec_bytes(&a.classes));
     }
 
     #[test]

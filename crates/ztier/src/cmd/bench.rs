@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 
-use super::bench_codecs;
+use super::{bench_codecs, bench_store};
 
 /// The benchmarks.
 #[derive(Subcommand, Debug)]
@@ -15,11 +15,21 @@ pub enum BenchCommand {
     /// is round-tripped and compared. Zero and same-filled pages are counted
     /// and stored as metadata only.
     Codecs(bench_codecs::CodecsArgs),
+    /// The compressed page store: allocators compared on the same pages.
+    ///
+    /// Fills a store past its budget with corpus pages, then runs put+get
+    /// pairs (timed against the codec alone on the same pages) and a skewed
+    /// random workload of puts, gets, overwrites and flushes on 1 and N
+    /// threads. Reports the effective ratio after all overhead, metadata
+    /// bytes per page, fragmentation, put/get rates and compaction time.
+    /// Every get that hits is checked against what was put.
+    Store(bench_store::StoreArgs),
 }
 
 /// Runs a benchmark.
 pub fn run(c: BenchCommand) -> Result<i32> {
     match c {
         BenchCommand::Codecs(a) => bench_codecs::run(a),
+        BenchCommand::Store(a) => bench_store::run(a),
     }
 }

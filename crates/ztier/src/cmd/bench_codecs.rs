@@ -39,7 +39,7 @@ pub struct CodecsArgs {
     pub json: bool,
 }
 
-fn progress_bar(steps: usize, label: &str) -> Option<ProgressBar> {
+pub(crate) fn progress_bar(steps: usize, label: &str) -> Option<ProgressBar> {
     if !std::io::stderr().is_terminal() {
         return None;
     }

@@ -2,4 +2,5 @@
 
 pub mod bench;
 pub mod bench_codecs;
+pub mod bench_store;
 pub mod demo;
