@@ -24,4 +24,5 @@ fuzz-ci:
 	./scripts/fuzz-ci.sh $(FUZZ_SECONDS)
 
 bench:
-	$(CARGO) run --release -- bench codecs --corpus ../shared/corpus/*.pages
+	$(CARGO) run --release -- bench codecs --each --corpus ../shared/corpus/*.pages
+	$(CARGO) run --release -- bench store --each --allocator all --scale 16 --corpus ../shared/corpus/*.pages

@@ -132,4 +132,9 @@ fn demo_runs_on_built_in_defaults() {
     for c in ["wkdm", "wk4x4", "wk64", "lzo", "lz4", "zstd", "deflate", "hybrid"] {
         assert!(text.contains(c), "demo output lacks {c}:\n{text}");
     }
+    // Part 2: the store, one row per allocator.
+    let part2 = text.split("part 2").nth(1).expect("demo has a store part");
+    for a in ["cells1", "cells2", "cells4", "chunks", "classes"] {
+        assert!(part2.lines().any(|l| l.starts_with(a)), "store table lacks {a}:\n{part2}");
+    }
 }
