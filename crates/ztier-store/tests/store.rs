@@ -542,3 +542,66 @@ fn concurrent_threads_never_see_wrong_or_torn_pages() {
     let s = store.stats();
     assert!(s.evicted_to_tier > 0, "the test must exercise eviction: {s:?}");
 }
+
+#[test]
+fn destroying_pools_while_threads_put_leaves_nothing_behind() {
+    let store = Arc::new(Store::new(cfg(4 << 20, AllocatorKind::Chunks, 4)));
+    let keep = store.create_pool(PoolOptions::new(PoolKind::Persistent)).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..3u64)
+        .map(|t| {
+            let (store, stop) = (Arc::clone(&store), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut i = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Pool ids 1..4 come and go; puts to a dead pool fail cleanly.
+                    let pool = 1 + (i % 3);
+                    match store.put(
+                        Key { pool, object: t, index: i % 64 },
+                        &page(Kind::Pointers, i as u64),
+                        PutFlags::default(),
+                    ) {
+                        Ok(()) | Err(StoreError::NoSuchPool(_)) | Err(StoreError::Refused(_)) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                    store
+                        .put(
+                            Key { pool: keep, object: t, index: i % 16 },
+                            &page(Kind::Text, i as u64),
+                            PutFlags::default(),
+                        )
+                        .unwrap();
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    for round in 0..600 {
+        let mut made = Vec::new();
+        for _ in 0..3 {
+            made.push(store.create_pool(PoolOptions::new(PoolKind::Ephemeral)).unwrap());
+        }
+        std::thread::yield_now();
+        for p in made {
+            store.destroy_pool(p).unwrap();
+        }
+        if round % 50 == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    // Only the kept pool holds pages, and the counts agree.
+    let s = store.stats();
+    assert_eq!(s.pools.len(), 1);
+    assert_eq!(s.pools[0].pages, s.pages, "{s:?}");
+    assert_eq!(
+        store.flush_object(keep, 0).unwrap()
+            + store.flush_object(keep, 1).unwrap()
+            + store.flush_object(keep, 2).unwrap(),
+        s.pages as usize
+    );
+    assert_eq!(store.stats().pages, 0);
+}
