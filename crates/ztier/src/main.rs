@@ -39,6 +39,9 @@ enum Command {
     /// Measure ztier's components side by side with their peers.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// Record, import and inspect page traces of real programs.
+    #[command(subcommand)]
+    Trace(cmd::trace::TraceCommand),
 }
 
 fn main() {
@@ -46,6 +49,7 @@ fn main() {
     let result = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Bench(b) => cmd::bench::run(b),
+        Command::Trace(t) => cmd::trace::run(t),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -4,3 +4,4 @@ pub mod bench;
 pub mod bench_codecs;
 pub mod bench_store;
 pub mod demo;
+pub mod trace;

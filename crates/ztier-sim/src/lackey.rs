@@ -1,0 +1,358 @@
+//! Page traces from valgrind's lackey, and compression traces from the
+//! traced program's own memory.
+//!
+//! `valgrind --tool=lackey --trace-mem=yes` prints one line per memory
+//! access:
+//!
+//! ```text
+//! I  0401ab70,3          instruction fetch      (ignored: data references only)
+//!  L 1fff000838,8        load  of 8 bytes at 0x1fff000838
+//!  S 1fff000770,8        store
+//!  M 0421c3f0,4          modify (load + store): recorded as a write
+//! ==18439== ...          valgrind's own messages (ignored)
+//! ```
+//!
+//! Addresses are hex without `0x`. An access that straddles a page
+//! boundary references both pages.
+//!
+//! # Compression traces
+//!
+//! A reference alone says nothing about how well the page compresses; the
+//! 1999 study needed both. [`record`] gets them from the program's real
+//! memory: valgrind runs the program in its own address space at the
+//! program's own addresses, so the recorder reads `/proc/PID/mem` of the
+//! valgrind process. Every `snapshot_every` references it reads each page
+//! referenced since the previous snapshot, compresses it with every codec
+//! column, and writes a compression record at that point of the trace.
+//! The simulator uses a page's latest record for the references after it.
+//!
+//! Approximations (documented, not hidden): lackey's output is buffered,
+//! so a snapshot sees the program slightly *ahead* of the reference at
+//! which its record is placed; a page's content between two snapshots is
+//! taken to be the later one; pages referenced only after the last
+//! snapshot before exit have no record (the simulator then uses the mean
+//! of the trace's records for that codec and counts such references).
+//! Valgrind's own memory is never read: only pages the program referenced.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::{Command, ExitStatus};
+use std::time::Instant;
+
+use ztier_codec::page::PageEncoder;
+use ztier_codec::{CodecId, PAGE_SIZE};
+
+use crate::trace::{CodecColumn, TraceWriter};
+
+/// Errors of lackey import and recording.
+#[derive(Debug, thiserror::Error)]
+pub enum LackeyError {
+    /// I/O failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// A lackey data line did not parse.
+    #[error("line {line}: not a lackey data reference: {text:?}")]
+    BadLine {
+        /// 1-based line number.
+        line: u64,
+        /// The line.
+        text: String,
+    },
+    /// valgrind could not be started.
+    #[error("cannot run valgrind ({0}); install the Debian package `valgrind`")]
+    NoValgrind(io::Error),
+    /// The output did not look like lackey's.
+    #[error("valgrind produced no lackey data references (is the command valid? valgrind said: {0})")]
+    NoReferences(String),
+}
+
+/// One parsed data reference: pages `first..=last`, a write if `write`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// First page touched.
+    pub first: u64,
+    /// Last page touched (== first unless the access straddles pages).
+    pub last: u64,
+    /// Store or modify.
+    pub write: bool,
+}
+
+/// A line that looks like a lackey data reference but does not parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadLine;
+
+/// Parses one lackey line: `Ok(None)` for lines that are not data
+/// references (instruction fetches, valgrind messages, blank lines).
+pub fn parse_line(line: &str) -> Result<Option<Access>, BadLine> {
+    let b = line.as_bytes();
+    if b.len() < 4 || b[0] != b' ' || b[2] != b' ' {
+        return Ok(None);
+    }
+    let write = match b[1] {
+        b'L' => false,
+        b'S' | b'M' => true,
+        _ => return Ok(None),
+    };
+    let rest = &line[3..];
+    let (addr, size) = rest.trim_end().split_once(',').ok_or(BadLine)?;
+    let addr = u64::from_str_radix(addr.trim_start(), 16).map_err(|_| BadLine)?;
+    let size: u64 = size.parse().map_err(|_| BadLine)?;
+    if size == 0 {
+        return Err(BadLine);
+    }
+    let end = addr.checked_add(size - 1).ok_or(BadLine)?;
+    Ok(Some(Access { first: addr >> 12, last: end >> 12, write }))
+}
+
+/// What a conversion saw.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ConvertStats {
+    /// Lines read.
+    pub lines: u64,
+    /// Page references written.
+    pub references: u64,
+    /// Compression records written.
+    pub size_records: u64,
+    /// Exit code of the traced command (recording only).
+    pub exit_code: Option<i32>,
+}
+
+/// Converts lackey text (a file or a pipe) into a trace without
+/// compression records.
+pub fn import<R: BufRead, W: Write>(input: R, out: W) -> Result<ConvertStats, LackeyError> {
+    let mut w = TraceWriter::new(out, &[])?;
+    let mut st = ConvertStats::default();
+    convert(input, &mut w, &mut st, |_, _| Ok(()))?;
+    w.finish()?;
+    Ok(st)
+}
+
+fn convert<R: BufRead, W: Write>(
+    mut input: R,
+    w: &mut TraceWriter<W>,
+    st: &mut ConvertStats,
+    mut each: impl FnMut(&mut TraceWriter<W>, u64) -> io::Result<()>,
+) -> Result<(), LackeyError> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if input.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        st.lines += 1;
+        match parse_line(&line) {
+            Ok(None) => {}
+            Ok(Some(a)) => {
+                for p in a.first..=a.last {
+                    w.reference(p, a.write)?;
+                    st.references += 1;
+                    each(w, p)?;
+                }
+            }
+            Err(BadLine) => {
+                return Err(LackeyError::BadLine { line: st.lines, text: line.trim_end().to_string() })
+            }
+        }
+    }
+}
+
+/// How to record.
+#[derive(Debug, Clone)]
+pub struct RecordOptions {
+    /// Codec columns to measure.
+    pub codecs: Vec<CodecId>,
+    /// References between memory snapshots.
+    pub snapshot_every: u64,
+}
+
+impl Default for RecordOptions {
+    fn default() -> Self {
+        RecordOptions { codecs: vec![CodecId::Wkdm, CodecId::Lz4, CodecId::Zstd], snapshot_every: 1_000_000 }
+    }
+}
+
+struct Snapshotter {
+    mem: Option<File>,
+    encoders: Vec<PageEncoder>,
+    touched: HashSet<u64>,
+    page: Vec<u8>,
+    out: Vec<u8>,
+    back: Vec<u8>,
+    compress_ns: Vec<u128>,
+    decompress_ns: Vec<u128>,
+    pages: u64,
+}
+
+impl Snapshotter {
+    /// Reads every page touched since the last snapshot and writes its
+    /// compressed sizes.
+    fn snapshot<W: Write>(&mut self, w: &mut TraceWriter<W>, st: &mut ConvertStats) -> io::Result<()> {
+        let Some(mem) = &self.mem else { return Ok(()) };
+        let mut pages: Vec<u64> = self.touched.drain().collect();
+        pages.sort_unstable();
+        let mut sizes = vec![0u16; self.encoders.len()];
+        for p in pages {
+            // A page the program has unmapped meanwhile cannot be read: skip.
+            if mem.read_exact_at(&mut self.page, p << 12).is_err() {
+                continue;
+            }
+            for (i, e) in self.encoders.iter_mut().enumerate() {
+                let t = Instant::now();
+                let enc = e.encode(&self.page, &mut self.out).map_err(io::Error::other)?;
+                self.compress_ns[i] += t.elapsed().as_nanos();
+                let t = Instant::now();
+                e.decode(enc.form, &self.out[..enc.len], &mut self.back).map_err(io::Error::other)?;
+                self.decompress_ns[i] += t.elapsed().as_nanos();
+                if self.back != self.page {
+                    return Err(io::Error::other(format!(
+                        "codec {} did not round-trip a page",
+                        e.codec_id().name()
+                    )));
+                }
+                sizes[i] = match enc.form {
+                    ztier_codec::page::Form::Raw => PAGE_SIZE as u16,
+                    _ => enc.len as u16,
+                };
+            }
+            w.sizes(p, &sizes)?;
+            st.size_records += 1;
+            self.pages += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `cmd` under valgrind lackey, writing its page trace with
+/// compression records to `out` (a file: the codec costs are patched into
+/// the header at the end). The command's stdin/stdout/stderr are the
+/// caller's.
+pub fn record(cmd: &[OsString], out: File, opts: &RecordOptions) -> Result<ConvertStats, LackeyError> {
+    let dir = std::env::temp_dir().join(format!("ztier-record-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&dir)?;
+    let fifo = dir.join("lackey.fifo");
+    let result = record_in(cmd, out, opts, &fifo);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn record_in(
+    cmd: &[OsString],
+    mut out: File,
+    opts: &RecordOptions,
+    fifo: &Path,
+) -> Result<ConvertStats, LackeyError> {
+    let mk = Command::new("mkfifo").arg("-m").arg("600").arg(fifo).status()?;
+    if !mk.success() {
+        return Err(io::Error::other("mkfifo failed").into());
+    }
+    let mut log = OsString::from("--log-file=");
+    log.push(fifo);
+    let mut child = Command::new("valgrind")
+        .args(["--tool=lackey", "--trace-mem=yes"])
+        .arg(log)
+        .args(cmd)
+        .spawn()
+        .map_err(LackeyError::NoValgrind)?;
+    let pid = child.id();
+    // The waiter reaps valgrind. Opening the FIFO below blocks until
+    // valgrind opens it; if valgrind exits without doing so (bad command
+    // line), the waiter connects as a writer and closes, so the read side
+    // sees end of file instead of blocking forever.
+    let fifo_w = fifo.to_path_buf();
+    let waiter = std::thread::spawn(move || {
+        let status = child.wait();
+        let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo_w);
+        status
+    });
+    let reader = File::open(fifo)?;
+    // Only now is the process running the tool (the launcher has exec'd):
+    // its memory is the program's.
+    let mem = File::open(format!("/proc/{pid}/mem")).ok();
+    let columns: Vec<CodecColumn> =
+        opts.codecs.iter().map(|&c| CodecColumn { codec: c, compress_ns: 0, decompress_ns: 0 }).collect();
+    let mut w = TraceWriter::new(io::BufWriter::new(&mut out), &columns)?;
+    let mut snap = Snapshotter {
+        mem,
+        encoders: opts.codecs.iter().map(|&c| PageEncoder::new(c)).collect(),
+        touched: HashSet::new(),
+        page: vec![0; PAGE_SIZE],
+        out: vec![0; PAGE_SIZE],
+        back: vec![0; PAGE_SIZE],
+        compress_ns: vec![0; opts.codecs.len()],
+        decompress_ns: vec![0; opts.codecs.len()],
+        pages: 0,
+    };
+    let mut st = ConvertStats::default();
+    let every = opts.snapshot_every.max(1);
+    let mut since = 0u64;
+    let r = {
+        let snap = &mut snap;
+        let st_ptr = &mut st;
+        let mut local = ConvertStats::default();
+        let res = convert(BufReader::with_capacity(1 << 20, reader), &mut w, &mut local, |w, p| {
+            snap.touched.insert(p);
+            since += 1;
+            if since >= every {
+                since = 0;
+                snap.snapshot(w, st_ptr)?;
+            }
+            Ok(())
+        });
+        st.lines = local.lines;
+        st.references = local.references;
+        res
+    };
+    let status: ExitStatus = waiter.join().map_err(|_| io::Error::other("waiter thread panicked"))??;
+    r?;
+    if st.references == 0 {
+        return Err(LackeyError::NoReferences(format!("exit status {status}")));
+    }
+    st.exit_code = status.code();
+    w.finish()?;
+    // Patch the measured codec costs into the header.
+    for (i, _) in opts.codecs.iter().enumerate() {
+        let n = snap.pages.max(1) as u128;
+        let c = (snap.compress_ns[i] / n).min(u32::MAX as u128) as u32;
+        let d = (snap.decompress_ns[i] / n).min(u32::MAX as u128) as u32;
+        out.seek(SeekFrom::Start(16 + 9 * i as u64 + 1))?;
+        out.write_all(&c.to_le_bytes())?;
+        out.write_all(&d.to_le_bytes())?;
+    }
+    out.flush()?;
+    Ok(st)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lackey_lines() {
+        assert_eq!(
+            parse_line(" L 1fff000838,8\n"),
+            Ok(Some(Access { first: 0x1fff000, last: 0x1fff000, write: false }))
+        );
+        assert_eq!(
+            parse_line(" S 0421cffc,8"),
+            Ok(Some(Access { first: 0x421c, last: 0x421d, write: true }))
+        );
+        assert_eq!(
+            parse_line(" M 0421c3f0,4"),
+            Ok(Some(Access { first: 0x421c, last: 0x421c, write: true }))
+        );
+        assert_eq!(parse_line("I  0401ab70,3"), Ok(None));
+        assert_eq!(parse_line("==18439== Lackey, an example Valgrind tool"), Ok(None));
+        assert_eq!(parse_line(""), Ok(None));
+        assert_eq!(parse_line(" L zz,8"), Err(BadLine));
+        assert_eq!(parse_line(" L 1000,0"), Err(BadLine));
+        assert_eq!(parse_line(" L ffffffffffffffff,8"), Err(BadLine));
+    }
+}

@@ -1,0 +1,132 @@
+//! `ztier trace ...`: page traces of real programs.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use ztier_codec::CodecId;
+use ztier_sim::{lackey, trace};
+
+/// Page-trace commands.
+#[derive(Subcommand, Debug)]
+pub enum TraceCommand {
+    /// Run a command under valgrind lackey and write its page trace, with
+    /// the compressed sizes of its real pages (compression records).
+    ///
+    /// Every N references the recorder reads the pages the program touched
+    /// since the last snapshot from /proc/PID/mem, compresses each with
+    /// every codec column and records the sizes at that point of the trace;
+    /// the codecs' measured costs per page go into the header. Exits with
+    /// the command's exit status. Valgrind slows programs ~100×: trace
+    /// small runs.
+    Record(RecordArgs),
+    /// Convert a lackey log (`valgrind --tool=lackey --trace-mem=yes
+    /// --log-file=LOG`) into a trace. It carries no compression records.
+    ImportLackey(ImportArgs),
+    /// Summarise a trace: references, writes, footprint, compression records.
+    Info(InfoArgs),
+}
+
+/// Arguments of `ztier trace record`.
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// Trace file to write.
+    #[arg(short, long, value_name = "T.trace")]
+    pub output: PathBuf,
+    /// Codec columns to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "wkdm,lz4,zstd", value_name = "LIST")]
+    pub codecs: Vec<CodecId>,
+    /// References between memory snapshots.
+    #[arg(long, default_value_t = 1_000_000, value_name = "N")]
+    pub snapshot_every: u64,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub cmd: Vec<OsString>,
+}
+
+/// Arguments of `ztier trace import-lackey`.
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    /// Lackey log (`-` for stdin).
+    #[arg(value_name = "LOG")]
+    pub input: PathBuf,
+    /// Trace file to write.
+    #[arg(short, long, value_name = "T.trace")]
+    pub output: PathBuf,
+}
+
+/// Arguments of `ztier trace info`.
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    /// The trace.
+    #[arg(value_name = "T.trace")]
+    pub trace: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs a trace command.
+pub fn run(c: TraceCommand) -> Result<i32> {
+    match c {
+        TraceCommand::Record(a) => {
+            if a.snapshot_every == 0 {
+                bail!("--snapshot-every must be at least 1");
+            }
+            let out = File::create(&a.output).with_context(|| format!("creating {}", a.output.display()))?;
+            let opts = lackey::RecordOptions { codecs: a.codecs, snapshot_every: a.snapshot_every };
+            let st = lackey::record(&a.cmd, out, &opts)?;
+            eprintln!(
+                "ztier trace: {} references, {} compression records -> {}",
+                st.references,
+                st.size_records,
+                a.output.display()
+            );
+            Ok(st.exit_code.unwrap_or(1))
+        }
+        TraceCommand::ImportLackey(a) => {
+            let out = BufWriter::new(
+                File::create(&a.output).with_context(|| format!("creating {}", a.output.display()))?,
+            );
+            let st = if a.input.as_os_str() == "-" {
+                lackey::import(std::io::stdin().lock(), out)?
+            } else {
+                let f = File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
+                lackey::import(BufReader::with_capacity(1 << 20, f), out)?
+            };
+            eprintln!(
+                "ztier trace: {} lines, {} references -> {}",
+                st.lines,
+                st.references,
+                a.output.display()
+            );
+            Ok(0)
+        }
+        TraceCommand::Info(a) => {
+            let f = File::open(&a.trace).with_context(|| format!("opening {}", a.trace.display()))?;
+            let i = trace::info(BufReader::with_capacity(1 << 20, f))
+                .with_context(|| format!("reading {}", a.trace.display()))?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&i)?);
+            } else {
+                println!("references      {}", i.references);
+                println!("writes          {}", i.writes);
+                println!("distinct pages  {}", i.distinct_pages);
+                println!("size records    {}", i.size_records);
+                for (k, c) in i.codecs.iter().enumerate() {
+                    let m = i.mean_sizes[k];
+                    println!(
+                        "{c:<8} mean size {m:.0} B (ratio {:.2}), {} ns/page compress, {} ns/page decompress",
+                        4096.0 / m.max(1.0),
+                        i.compress_ns[k],
+                        i.decompress_ns[k]
+                    );
+                }
+            }
+            Ok(0)
+        }
+    }
+}

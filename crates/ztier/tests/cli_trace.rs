@@ -1,0 +1,114 @@
+//! `ztier trace` with real valgrind runs of real programs.
+
+use std::process::Command;
+
+fn ztier() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ztier"))
+}
+
+fn tmpdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("ztier-cli-trace-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn info(path: &std::path::Path) -> serde_json::Value {
+    let out = ztier().args(["trace", "info", "--json"]).arg(path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn record_sort_with_compression_records_from_its_real_pages() {
+    let d = tmpdir("record");
+    let input = d.join("in.txt");
+    let lines: Vec<String> = (0..2000).map(|i| format!("line {:05}", (i * 7919) % 2000)).collect();
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let t = d.join("sort.trace");
+    let out = ztier()
+        .args(["trace", "record", "--snapshot-every", "50000", "--codecs", "wkdm,lz4", "-o"])
+        .arg(&t)
+        .args(["--", "sort"])
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The program ran for real: its output is sorted.
+    let mut want = lines.clone();
+    want.sort();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), want.join("\n") + "\n");
+    let v = info(&t);
+    assert!(v["references"].as_u64().unwrap() > 100_000, "{v}");
+    assert!(v["writes"].as_u64().unwrap() > 1000);
+    assert!(v["distinct_pages"].as_u64().unwrap() > 30);
+    assert!(v["size_records"].as_u64().unwrap() > 10);
+    assert_eq!(v["codecs"], serde_json::json!(["wkdm", "lz4"]));
+    for k in 0..2 {
+        let m = v["mean_sizes"][k].as_f64().unwrap();
+        assert!(m > 0.0 && m <= 4096.0, "{v}");
+        assert!(v["compress_ns"][k].as_u64().unwrap() > 0, "codec costs measured: {v}");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn record_passes_on_the_exit_status() {
+    let d = tmpdir("status");
+    let t = d.join("sh.trace");
+    let out =
+        ztier().args(["trace", "record", "-o"]).arg(&t).args(["--", "sh", "-c", "exit 3"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = ztier()
+        .args(["trace", "record", "-o"])
+        .arg(&t)
+        .args(["--", "/nonexistent/program"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn import_of_real_lackey_output_counts_every_data_reference() {
+    let d = tmpdir("import");
+    let log = d.join("lackey.log");
+    let st = Command::new("valgrind")
+        .args(["--tool=lackey", "--trace-mem=yes"])
+        .arg(format!("--log-file={}", log.display()))
+        .args(["ls", "/"])
+        .output()
+        .expect("valgrind is installed by the test command");
+    assert!(st.status.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    // Count page references independently: data lines, plus one more for
+    // each access that straddles a page boundary.
+    let mut expected = 0u64;
+    for l in text.lines() {
+        if l.starts_with(" L ") || l.starts_with(" S ") || l.starts_with(" M ") {
+            let (a, n) = l[3..].split_once(',').unwrap();
+            let a = u64::from_str_radix(a, 16).unwrap();
+            let n: u64 = n.parse().unwrap();
+            expected += ((a + n - 1) >> 12) - (a >> 12) + 1;
+        }
+    }
+    assert!(expected > 10_000);
+    let t = d.join("ls.trace");
+    let out = ztier().args(["trace", "import-lackey"]).arg(&log).arg("-o").arg(&t).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = info(&t);
+    assert_eq!(v["references"].as_u64().unwrap(), expected);
+    assert_eq!(v["size_records"], 0);
+
+    // Damaged input gets a clear error naming the line.
+    std::fs::write(&log, "==1== hello\n L 1000,8\n L zz,8\n").unwrap();
+    let out = ztier().args(["trace", "import-lackey"]).arg(&log).arg("-o").arg(&t).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("line 3"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = ztier().args(["trace", "info"]).arg(&log).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a ztier trace"));
+    std::fs::remove_dir_all(&d).unwrap();
+}
