@@ -33,6 +33,12 @@
 //! snapshot before exit have no record (the simulator then uses the mean
 //! of the trace's records for that codec and counts such references).
 //! Valgrind's own memory is never read: only pages the program referenced.
+//!
+//! One address space is traced: valgrind follows `exec` (a launcher script
+//! that execs the real program is traced as the program, with the memory
+//! file reopened after the exec), while forked children run untraced. To
+//! trace a program that a driver forks (gcc's cc1), trace the child's
+//! command line directly (see `examples/traces/gcc.sh`).
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -176,6 +182,7 @@ impl Default for RecordOptions {
 }
 
 struct Snapshotter {
+    pid: u32,
     mem: Option<File>,
     encoders: Vec<PageEncoder>,
     touched: HashSet<u64>,
@@ -191,14 +198,24 @@ impl Snapshotter {
     /// Reads every page touched since the last snapshot and writes its
     /// compressed sizes.
     fn snapshot<W: Write>(&mut self, w: &mut TraceWriter<W>, st: &mut ConvertStats) -> io::Result<()> {
-        let Some(mem) = &self.mem else { return Ok(()) };
         let mut pages: Vec<u64> = self.touched.drain().collect();
         pages.sort_unstable();
         let mut sizes = vec![0u16; self.encoders.len()];
+        let mut reopened = false;
         for p in pages {
-            // A page the program has unmapped meanwhile cannot be read: skip.
-            if mem.read_exact_at(&mut self.page, p << 12).is_err() {
-                continue;
+            let ok = self.mem.as_ref().is_some_and(|m| m.read_exact_at(&mut self.page, p << 12).is_ok());
+            if !ok {
+                // After an exec the old memory file reads nothing: reopen
+                // once per snapshot. A page the program has unmapped
+                // meanwhile cannot be read at all: skip it.
+                if reopened {
+                    continue;
+                }
+                reopened = true;
+                self.mem = File::open(format!("/proc/{}/mem", self.pid)).ok();
+                if !self.mem.as_ref().is_some_and(|m| m.read_exact_at(&mut self.page, p << 12).is_ok()) {
+                    continue;
+                }
             }
             for (i, e) in self.encoders.iter_mut().enumerate() {
                 let t = Instant::now();
@@ -256,7 +273,10 @@ fn record_in(
     let mut log = OsString::from("--log-file=");
     log.push(fifo);
     let mut child = Command::new("valgrind")
-        .args(["--tool=lackey", "--trace-mem=yes"])
+        // Follow exec (a shell or launcher script becomes the program, same
+        // process, same log); forked children run untraced and silent, so
+        // one address space is traced.
+        .args(["--tool=lackey", "--trace-mem=yes", "--trace-children=yes", "--child-silent-after-fork=yes"])
         .arg(log)
         .args(cmd)
         .spawn()
@@ -280,6 +300,7 @@ fn record_in(
         opts.codecs.iter().map(|&c| CodecColumn { codec: c, compress_ns: 0, decompress_ns: 0 }).collect();
     let mut w = TraceWriter::new(io::BufWriter::new(&mut out), &columns)?;
     let mut snap = Snapshotter {
+        pid,
         mem,
         encoders: opts.codecs.iter().map(|&c| PageEncoder::new(c)).collect(),
         touched: HashSet::new(),

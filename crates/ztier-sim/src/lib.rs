@@ -4,9 +4,12 @@
 //!   compression records), writer, reader and summary.
 //! * [`lackey`] — valgrind lackey import, and recording a program's trace
 //!   together with the compressed sizes of its real pages.
-//!
-//! Still to come (issue "Adaptive sizing policies and the trace-driven
-//! simulator"): the replay, cost model, sweep and plots behind `ztier sim`.
+//! * [`sim`] — the replay (the 1999 cost model: one LRU stack split into
+//!   uncompressed and compressed regions by a policy), sweeps over memory
+//!   sizes, policies and disk costs, and the table behind `ztier sim`.
+//! * [`plot`] — the sweep as SVG plots.
 
 pub mod lackey;
+pub mod plot;
+pub mod sim;
 pub mod trace;

@@ -39,6 +39,9 @@ enum Command {
     /// Measure ztier's components side by side with their peers.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// Replay a page trace through compressed-cache policies: faults,
+    /// compressed hits and paging time per memory size, policy and disk cost.
+    Sim(cmd::sim::SimArgs),
     /// Record, import and inspect page traces of real programs.
     #[command(subcommand)]
     Trace(cmd::trace::TraceCommand),
@@ -49,6 +52,7 @@ fn main() {
     let result = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Bench(b) => cmd::bench::run(b),
+        Command::Sim(a) => cmd::sim::run(a),
         Command::Trace(t) => cmd::trace::run(t),
     };
     match result {

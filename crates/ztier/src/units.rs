@@ -29,7 +29,6 @@ pub fn parse_size(s: &str) -> Result<u64> {
 
 /// Parses a comma-separated list of sizes where each element may also be a
 /// range `A..B:STEP` (inclusive of both ends when B is reached).
-#[allow(dead_code)]
 pub fn parse_size_list(s: &str) -> Result<Vec<u64>> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {

@@ -4,4 +4,5 @@ pub mod bench;
 pub mod bench_codecs;
 pub mod bench_store;
 pub mod demo;
+pub mod sim;
 pub mod trace;

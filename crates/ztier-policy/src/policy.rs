@@ -1,0 +1,74 @@
+//! The policy interface: a state machine fed references, answering how
+//! much memory the compressed region should take.
+//!
+//! The simulator and the live frontends call it the same way: for every
+//! reference deeper in the LRU stack than [`Policy::interest_depth`] (the
+//! others cannot change any decision) they pass a [`Reference`], and after
+//! every reference that was not a plain hit they read [`Policy::target`]
+//! and resize the compressed region towards it.
+
+/// Where a reference landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// In the uncompressed region.
+    Hit,
+    /// In the compressed region: decompressed (and another page compressed).
+    CompressedHit,
+    /// Not in memory: read from the backing store.
+    Fault,
+}
+
+/// One reference as a policy sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Reference {
+    /// LRU stack depth before the reference (1 = most recent), `None` for
+    /// a page not seen (or forgotten) before.
+    pub depth: Option<usize>,
+    /// What happened.
+    pub outcome: Outcome,
+    /// Compressed size of the page's content in bytes (current estimate).
+    pub size: u16,
+}
+
+/// Costs the policy weighs, per page.
+#[derive(Debug, Clone, Copy)]
+pub struct Costs {
+    /// Reading a page from the backing store (a fault), ns.
+    pub disk_ns: f64,
+    /// Compressing a page, ns.
+    pub compress_ns: f64,
+    /// Decompressing a page, ns.
+    pub decompress_ns: f64,
+}
+
+/// A sizing policy.
+pub trait Policy: Send {
+    /// The name as given on the command line (`static:0.25`).
+    fn name(&self) -> String;
+    /// References at or above this depth are not passed (they cannot
+    /// change the policy's view); `usize::MAX` = none are needed.
+    fn interest_depth(&self) -> usize;
+    /// Feeds one reference.
+    fn reference(&mut self, r: &Reference);
+    /// Pages of memory the compressed region should take now.
+    fn target(&self) -> usize;
+}
+
+/// Builds a policy from its command-line name for a memory of
+/// `memory_pages` pages: `none`, `static:FRACTION`, `kaplan`.
+pub fn build(spec: &str, memory_pages: usize, costs: Costs) -> Result<Box<dyn Policy>, String> {
+    match spec {
+        "none" => Ok(Box::new(crate::none::NoCompression)),
+        "kaplan" => Ok(Box::new(crate::kaplan::Kaplan::new(memory_pages, costs))),
+        _ => {
+            if let Some(f) = spec.strip_prefix("static:") {
+                let f: f64 = f.parse().map_err(|_| format!("bad fraction in '{spec}' (e.g. static:0.25)"))?;
+                if !(0.0..1.0).contains(&f) {
+                    return Err(format!("'{spec}': the compressed fraction must be in [0, 1)"));
+                }
+                return Ok(Box::new(crate::static_size::Static::new(spec.to_string(), f, memory_pages)));
+            }
+            Err(format!("unknown policy '{spec}' (none, static:FRACTION, kaplan)"))
+        }
+    }
+}

@@ -1,0 +1,562 @@
+//! The trace-driven simulator: replay a page trace through a memory of M
+//! pages split by a policy into an uncompressed and a compressed region.
+//!
+//! # Model (Wilson, Kaplan & Smaragdakis 1999, §4)
+//!
+//! Memory is one LRU stack. Its top `u` pages are uncompressed (`u` ≤
+//! U = M − C, C being the policy's target for the compressed region, in
+//! pages); the next K pages are held compressed, K being as many as fit in
+//! C × 4096 bytes at their compressed sizes; deeper pages are on the
+//! backing store. A reference at stack depth d:
+//!
+//! ```text
+//!   d ≤ u             hit             no cost
+//!   u < d ≤ u + K     compressed hit  decompress the page
+//!   otherwise         fault           disk_ms
+//! ```
+//!
+//! Either miss puts the page on top; when that pushes `u` above U the page
+//! at depth U + 1 is compressed into the region (a compression), and the
+//! region's deepest pages go to the backing store while it holds more than
+//! C × 4096 bytes. When the policy shrinks U, pages are compressed until
+//! `u` ≤ U; when it grows U, later misses fill the room. Paging time =
+//! disk_ms × faults + compressions × compress cost + decompressions ×
+//! decompress cost, with the codec costs measured when the trace was
+//! recorded. Write-backs of dirty pages to the backing store are not
+//! charged (as in the 1999 study's main results); the compressed region's
+//! allocator overhead is not modelled (see `ztier bench store` for it).
+//!
+//! A page's compressed size is its latest compression record in the trace;
+//! pages without any record yet take the mean of all the trace's records
+//! for the codec, and such compressions are counted (`unsized_compressions`).
+
+use std::fs::File;
+use std::hash::BuildHasherDefault;
+use std::io::BufReader;
+use std::path::Path;
+use std::time::Instant;
+
+use hashbrown::HashMap;
+use serde::Serialize;
+use ztier_codec::CodecId;
+use ztier_policy::kaplan::Kaplan;
+use ztier_policy::recency::{PageHasher, Recency};
+use ztier_policy::{Costs, Outcome, Reference};
+
+use crate::trace::{self, Event, TraceError, TraceReader};
+
+type PageMap<V> = HashMap<u64, V, BuildHasherDefault<PageHasher>>;
+
+/// Errors of the simulator.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The trace could not be read.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// I/O failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The trace cannot answer the question.
+    #[error("{0}")]
+    Unusable(String),
+    /// A policy name did not parse.
+    #[error("{0}")]
+    Policy(String),
+}
+
+/// What a trace offers for one codec column.
+#[derive(Debug, Clone)]
+pub struct TraceSummary {
+    /// Data references.
+    pub references: u64,
+    /// Distinct pages.
+    pub distinct_pages: u64,
+    /// Column of the chosen codec.
+    pub column: usize,
+    /// Mean compressed size of the column's records.
+    pub mean_size: u16,
+    /// Per-page costs of the codec, from the trace header.
+    pub compress_ns: f64,
+    /// Per-page decompress cost.
+    pub decompress_ns: f64,
+}
+
+/// Reads the trace once to find the codec column, footprint and mean size.
+pub fn summarize(path: &Path, codec: CodecId) -> Result<TraceSummary, SimError> {
+    let f = BufReader::with_capacity(1 << 20, File::open(path)?);
+    let t = TraceReader::new(f)?;
+    let column = t.columns.iter().position(|c| c.codec == codec).ok_or_else(|| {
+        let have: Vec<&str> = t.columns.iter().map(|c| c.codec.name()).collect();
+        SimError::Unusable(if have.is_empty() {
+            "the trace has no compression records (an imported lackey log?): record it with `ztier trace record` \
+             so that compressed sizes come from the program's real pages"
+                .to_string()
+        } else {
+            format!("the trace has no compression records for {}; it has: {}", codec.name(), have.join(", "))
+        })
+    })?;
+    let col = t.columns[column];
+    drop(t);
+    let i = trace::info(BufReader::with_capacity(1 << 20, File::open(path)?))?;
+    if i.size_records == 0 {
+        return Err(SimError::Unusable("the trace has no compression records".into()));
+    }
+    if col.compress_ns == 0 || col.decompress_ns == 0 {
+        return Err(SimError::Unusable(format!("the trace has no measured costs for {}", codec.name())));
+    }
+    Ok(TraceSummary {
+        references: i.references,
+        distinct_pages: i.distinct_pages,
+        column,
+        mean_size: i.mean_sizes[column].round() as u16,
+        compress_ns: col.compress_ns as f64,
+        decompress_ns: col.decompress_ns as f64,
+    })
+}
+
+/// Counts of one replay.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Counts {
+    /// References replayed.
+    pub references: u64,
+    /// Faults (reads from the backing store).
+    pub disk_faults: u64,
+    /// Hits in the compressed region.
+    pub compressed_hits: u64,
+    /// Pages compressed.
+    pub compressions: u64,
+    /// Pages decompressed.
+    pub decompressions: u64,
+    /// Compressions of pages that had no compression record yet.
+    pub unsized_compressions: u64,
+    /// Mean compressed-region target over the misses, in pages.
+    pub mean_target_pages: f64,
+}
+
+/// One replay of `path` through a memory of `memory_pages` pages under
+/// `policy` (built from its name), with `costs` given to the policy.
+/// Returns the counts and the references per second achieved.
+pub fn replay(
+    path: &Path,
+    summary: &TraceSummary,
+    memory_pages: usize,
+    policy: &str,
+    costs: Costs,
+) -> Result<(Counts, f64), SimError> {
+    let m = memory_pages.max(2);
+    let mut pol = ztier_policy::build(policy, m, costs).map_err(SimError::Policy)?;
+    let interest = pol.interest_depth();
+    let mut rec = Recency::new(Kaplan::reach(m) + 1);
+    let mut sizes: PageMap<u16> = PageMap::default();
+    let mut csize: PageMap<u16> = PageMap::default();
+    let (mut u, mut k, mut bytes) = (0usize, 0usize, 0usize);
+    let mut c = Counts::default();
+    let mut target_sum = 0f64;
+    let mut misses = 0u64;
+    let mut t = TraceReader::new(BufReader::with_capacity(1 << 20, File::open(path)?))?;
+    let col = summary.column;
+    let start = Instant::now();
+    while let Some(e) = t.next_event()? {
+        let page = match e {
+            Event::Sizes { page, sizes: s } => {
+                sizes.insert(page, s[col]);
+                continue;
+            }
+            Event::Ref { page, .. } => page,
+        };
+        c.references += 1;
+        let d = rec.access(page);
+        let outcome = match d {
+            Some(d) if d <= u => Outcome::Hit,
+            Some(d) if d <= u + k => Outcome::CompressedHit,
+            _ => Outcome::Fault,
+        };
+        if d.is_none_or(|d| d > interest) {
+            let size = sizes.get(&page).copied().unwrap_or(summary.mean_size);
+            pol.reference(&Reference { depth: d, outcome, size });
+        }
+        if outcome == Outcome::Hit {
+            continue;
+        }
+        match outcome {
+            Outcome::CompressedHit => {
+                c.compressed_hits += 1;
+                c.decompressions += 1;
+                bytes -= csize.remove(&page).expect("a compressed hit is in the region") as usize;
+                k -= 1;
+            }
+            _ => c.disk_faults += 1,
+        }
+        u += 1;
+        let target = pol.target().min(m - 1);
+        target_sum += target as f64;
+        misses += 1;
+        let cap_u = m - target;
+        if target == 0 {
+            // No compressed region: it empties, and the page pushed out of
+            // memory goes to the backing store uncompressed.
+            while k > 0 {
+                let p = rec.page_at(u + k).expect("depth within the stack");
+                bytes -= csize.remove(&p).expect("the deepest compressed page is in the region") as usize;
+                k -= 1;
+            }
+            u = u.min(cap_u);
+            continue;
+        }
+        // Compress from the bottom of the uncompressed region down to U.
+        while u > cap_u {
+            let p = rec.page_at(u).expect("depth within the stack");
+            let s = match sizes.get(&p) {
+                Some(&s) => s,
+                None => {
+                    c.unsized_compressions += 1;
+                    summary.mean_size
+                }
+            };
+            csize.insert(p, s);
+            bytes += s as usize;
+            k += 1;
+            u -= 1;
+            c.compressions += 1;
+        }
+        // The region's deepest pages go to the backing store.
+        let cap_bytes = target * 4096;
+        while bytes > cap_bytes {
+            let p = rec.page_at(u + k).expect("depth within the stack");
+            bytes -= csize.remove(&p).expect("the deepest compressed page is in the region") as usize;
+            k -= 1;
+        }
+        // Pages beyond the tracked stack are forgotten by the tracker; the
+        // region never reaches that deep (K ≤ 8 × C by the ratio cap).
+        debug_assert!(u + k <= rec.len());
+    }
+    let secs = start.elapsed().as_secs_f64();
+    c.mean_target_pages = if misses == 0 { 0.0 } else { target_sum / misses as f64 };
+    Ok((c.clone(), c.references as f64 / secs.max(1e-9)))
+}
+
+/// One result row (DESIGN.md's fields plus counts).
+#[derive(Debug, Clone, Serialize)]
+pub struct SimRow {
+    /// Memory size in 4 KiB pages.
+    pub memory_pages: usize,
+    /// Policy as given.
+    pub policy: String,
+    /// Disk cost per fault, ms.
+    pub disk_ms: f64,
+    /// Faults.
+    pub disk_faults: u64,
+    /// Compressed hits.
+    pub compressed_hits: u64,
+    /// Compressions.
+    pub compressions: u64,
+    /// Decompressions.
+    pub decompressions: u64,
+    /// disk_ms × faults + codec costs, in seconds.
+    pub paging_time_s: f64,
+    /// paging time / `none`'s at the same memory and disk cost.
+    pub normalized: f64,
+    /// Compressions of pages without a compression record yet.
+    pub unsized_compressions: u64,
+    /// Mean compressed-region target over misses, pages.
+    pub mean_target_pages: f64,
+}
+
+/// Paging time in seconds for `counts` at `disk_ms`.
+pub fn paging_time(c: &Counts, disk_ms: f64, s: &TraceSummary) -> f64 {
+    c.disk_faults as f64 * disk_ms / 1e3
+        + c.compressions as f64 * s.compress_ns / 1e9
+        + c.decompressions as f64 * s.decompress_ns / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{CodecColumn, TraceWriter};
+
+    fn write_trace(path: &Path, refs: &[u64], size: u16) {
+        let cols = [CodecColumn { codec: CodecId::Lz4, compress_ns: 10_000, decompress_ns: 2_000 }];
+        let mut w = TraceWriter::new(std::io::BufWriter::new(File::create(path).unwrap()), &cols).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for &p in refs {
+            if seen.insert(p) {
+                w.sizes(p, &[size]).unwrap();
+            }
+            w.reference(p, false).unwrap();
+        }
+        w.finish().unwrap();
+    }
+
+    fn costs() -> Costs {
+        Costs { disk_ns: 5e6, compress_ns: 10_000.0, decompress_ns: 2_000.0 }
+    }
+
+    /// The naive model of the same thing: an LRU list of uncompressed
+    /// pages and an LRU list of compressed ones, fixed sizes.
+    fn naive(refs: &[u64], m: usize, c: usize, size: usize) -> Counts {
+        let mut unc: Vec<u64> = Vec::new();
+        let mut comp: Vec<u64> = Vec::new();
+        let mut out = Counts::default();
+        let u_cap = m - c;
+        let k_cap = if c == 0 { 0 } else { c * 4096 / size };
+        for &p in refs {
+            out.references += 1;
+            if let Some(i) = unc.iter().position(|&x| x == p) {
+                unc.remove(i);
+                unc.insert(0, p);
+                continue;
+            }
+            if let Some(i) = comp.iter().position(|&x| x == p) {
+                comp.remove(i);
+                out.compressed_hits += 1;
+                out.decompressions += 1;
+            } else {
+                out.disk_faults += 1;
+            }
+            unc.insert(0, p);
+            while unc.len() > u_cap {
+                let q = unc.pop().unwrap();
+                if c > 0 {
+                    comp.insert(0, q);
+                    out.compressions += 1;
+                }
+            }
+            comp.truncate(k_cap);
+        }
+        out
+    }
+
+    #[test]
+    fn replay_matches_a_naive_two_list_model() {
+        let dir = std::env::temp_dir().join(format!("ztier-sim-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.trace");
+        let mut x = 12345u64;
+        let refs: Vec<u64> = (0..30_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+                (u * u * 400.0) as u64
+            })
+            .collect();
+        write_trace(&path, &refs, 1024);
+        let s = summarize(&path, CodecId::Lz4).unwrap();
+        assert_eq!(s.mean_size, 1024);
+        for (m, policy, c) in
+            [(100, "none", 0), (100, "static:0.25", 25), (150, "static:0.5", 75), (50, "static:0.1", 5)]
+        {
+            let (got, _) = replay(&path, &s, m, policy, costs()).unwrap();
+            let want = naive(&refs, m, c, 1024);
+            assert_eq!(
+                (got.disk_faults, got.compressed_hits, got.compressions, got.decompressions),
+                (want.disk_faults, want.compressed_hits, want.compressions, want.decompressions),
+                "{policy} at {m} pages"
+            );
+        }
+        assert!(matches!(summarize(&path, CodecId::Wkdm), Err(SimError::Unusable(_))));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// A sweep over memory sizes, policies and disk costs.
+#[derive(Debug, Clone)]
+pub struct SweepConfig {
+    /// Memory sizes in pages.
+    pub memory_pages: Vec<usize>,
+    /// Policy names as given (`none`, `static:0.25`, `kaplan`).
+    pub policies: Vec<String>,
+    /// Disk costs per fault, ms.
+    pub disk_ms: Vec<f64>,
+    /// Codec column.
+    pub codec: CodecId,
+    /// Replays run in parallel.
+    pub threads: usize,
+}
+
+/// The result of a sweep (DESIGN.md's JSON plus context).
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepReport {
+    /// Trace file.
+    pub trace: String,
+    /// References in the trace.
+    pub references: u64,
+    /// Footprint in pages.
+    pub distinct_pages: u64,
+    /// Mean references per second of the replays (one core each).
+    pub refs_per_s: f64,
+    /// Mean references per second of the `kaplan` replays (0 if none ran).
+    pub kaplan_refs_per_s: f64,
+    /// Codec.
+    pub codec: String,
+    /// Its measured costs per page.
+    pub compress_ns: f64,
+    /// Decompress cost per page.
+    pub decompress_ns: f64,
+    /// Mean compressed size of the trace's records.
+    pub mean_compressed_size: u16,
+    /// One row per memory size × policy × disk cost.
+    pub results: Vec<SimRow>,
+}
+
+fn disk_independent(policy: &str) -> bool {
+    policy == "none" || policy.starts_with("static:")
+}
+
+/// Runs every replay of the sweep; `progress(done, total)` after each.
+pub fn sweep(
+    path: &Path,
+    cfg: &SweepConfig,
+    progress: impl Fn(usize, usize) + Sync,
+) -> Result<SweepReport, SimError> {
+    if cfg.memory_pages.is_empty() || cfg.policies.is_empty() || cfg.disk_ms.is_empty() {
+        return Err(SimError::Unusable("give at least one memory size, policy and disk cost".into()));
+    }
+    for p in &cfg.policies {
+        ztier_policy::build(p, 100, Costs { disk_ns: 1.0, compress_ns: 1.0, decompress_ns: 1.0 })
+            .map_err(SimError::Policy)?;
+    }
+    if let Some(&d) = cfg.disk_ms.iter().find(|&&d| !(d > 0.0 && d.is_finite())) {
+        return Err(SimError::Unusable(format!("disk cost {d} ms: must be a positive number")));
+    }
+    if let Some(&m) = cfg.memory_pages.iter().find(|&&m| m < 2) {
+        return Err(SimError::Unusable(format!("memory of {m} pages: at least 2 pages")));
+    }
+    let s = summarize(path, cfg.codec)?;
+    let mut policies = cfg.policies.clone();
+    if !policies.iter().any(|p| p == "none") {
+        policies.insert(0, "none".into());
+    }
+    // Jobs: (memory, policy, disk index or None when the counts do not depend on it).
+    let mut jobs: Vec<(usize, String, Option<usize>)> = Vec::new();
+    for &m in &cfg.memory_pages {
+        for p in &policies {
+            if disk_independent(p) {
+                jobs.push((m, p.clone(), None));
+            } else {
+                for d in 0..cfg.disk_ms.len() {
+                    jobs.push((m, p.clone(), Some(d)));
+                }
+            }
+        }
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    type Out = Result<(Counts, f64), SimError>;
+    let results: Vec<std::sync::Mutex<Option<Out>>> =
+        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..cfg.threads.clamp(1, jobs.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((m, p, d)) = jobs.get(i) else { break };
+                let disk = cfg.disk_ms[d.unwrap_or(0)];
+                let costs =
+                    Costs { disk_ns: disk * 1e6, compress_ns: s.compress_ns, decompress_ns: s.decompress_ns };
+                let r = replay(path, &s, *m, p, costs);
+                *results[i].lock().expect("result slot") = Some(r);
+                progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, jobs.len());
+            });
+        }
+    });
+    let mut counts = Vec::with_capacity(jobs.len());
+    for r in results {
+        counts.push(r.into_inner().expect("result slot").expect("every job ran")?);
+    }
+    let find = |m: usize, p: &str, d: usize| -> &(Counts, f64) {
+        let i = jobs
+            .iter()
+            .position(|(jm, jp, jd)| *jm == m && jp == p && jd.is_none_or(|x| x == d))
+            .expect("job for every combination");
+        &counts[i]
+    };
+    let mut rows = Vec::new();
+    for &m in &cfg.memory_pages {
+        for (di, &disk) in cfg.disk_ms.iter().enumerate() {
+            let base = paging_time(&find(m, "none", di).0, disk, &s);
+            for p in &cfg.policies {
+                let c = &find(m, p, di).0;
+                let t = paging_time(c, disk, &s);
+                rows.push(SimRow {
+                    memory_pages: m,
+                    policy: p.clone(),
+                    disk_ms: disk,
+                    disk_faults: c.disk_faults,
+                    compressed_hits: c.compressed_hits,
+                    compressions: c.compressions,
+                    decompressions: c.decompressions,
+                    paging_time_s: t,
+                    normalized: if base > 0.0 {
+                        t / base
+                    } else if t > 0.0 {
+                        f64::INFINITY
+                    } else {
+                        1.0
+                    },
+                    unsized_compressions: c.unsized_compressions,
+                    mean_target_pages: c.mean_target_pages,
+                });
+            }
+        }
+    }
+    let mean = |it: Vec<f64>| if it.is_empty() { 0.0 } else { it.iter().sum::<f64>() / it.len() as f64 };
+    let refs_per_s = mean(counts.iter().map(|c| c.1).collect());
+    let kaplan_refs_per_s =
+        mean(jobs.iter().zip(&counts).filter(|(j, _)| j.1 == "kaplan").map(|(_, c)| c.1).collect());
+    Ok(SweepReport {
+        trace: path.display().to_string(),
+        references: s.references,
+        distinct_pages: s.distinct_pages,
+        refs_per_s,
+        kaplan_refs_per_s,
+        codec: cfg.codec.name().to_string(),
+        compress_ns: s.compress_ns,
+        decompress_ns: s.decompress_ns,
+        mean_compressed_size: s.mean_size,
+        results: rows,
+    })
+}
+
+/// The disk costs of a report, in the order given.
+pub fn disk_costs(r: &SweepReport) -> Vec<f64> {
+    let mut disks: Vec<f64> = Vec::new();
+    for x in &r.results {
+        if !disks.contains(&x.disk_ms) {
+            disks.push(x.disk_ms);
+        }
+    }
+    disks
+}
+
+/// A fixed-width table of a sweep, one block per disk cost.
+pub fn render_table(r: &SweepReport) -> String {
+    let mut out = format!(
+        "{}: {} references, {} distinct pages; codec {} ({:.0} ns compress, {:.0} ns decompress per page, mean {} B)\n",
+        r.trace, r.references, r.distinct_pages, r.codec, r.compress_ns, r.decompress_ns, r.mean_compressed_size
+    );
+    for d in disk_costs(r) {
+        out += &format!(
+            "\ndisk {d} ms\n{:>8} {:<14} {:>10} {:>10} {:>10} {:>12} {:>10}\n",
+            "memory", "policy", "faults", "comp.hits", "compress", "paging s", "normalized"
+        );
+        for x in r.results.iter().filter(|x| x.disk_ms == d) {
+            out += &format!(
+                "{:>8} {:<14} {:>10} {:>10} {:>10} {:>12.4} {:>10.3}\n",
+                x.memory_pages,
+                x.policy,
+                x.disk_faults,
+                x.compressed_hits,
+                x.compressions,
+                x.paging_time_s,
+                x.normalized
+            );
+        }
+    }
+    out += &format!("\nreplay speed: {:.1} M references/s per core", r.refs_per_s / 1e6);
+    if r.kaplan_refs_per_s > 0.0 {
+        out += &format!(" (kaplan: {:.1} M/s)", r.kaplan_refs_per_s / 1e6);
+    }
+    out.push('\n');
+    out
+}

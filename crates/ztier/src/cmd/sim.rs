@@ -1,0 +1,111 @@
+//! `ztier sim`: the trace-driven simulator.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use ztier_codec::CodecId;
+use ztier_sim::sim::{self, SweepConfig};
+
+use crate::units::parse_size_list;
+
+/// Arguments of `ztier sim`.
+#[derive(Args, Debug)]
+pub struct SimArgs {
+    /// Trace recorded with `ztier trace record` (it must carry compression
+    /// records for the codec).
+    #[arg(long, value_name = "T.trace")]
+    pub trace: PathBuf,
+    /// Memory sizes: a list (`1M,2M,4M`) or a range `A..B:STEP` (`1M..8M:1M`).
+    /// Default: 10 sizes from 10% to 100% of the trace's footprint.
+    #[arg(long, value_name = "LIST")]
+    pub memory: Option<String>,
+    /// Policies, comma-separated: none, static:FRACTION (of memory kept
+    /// compressed), kaplan.
+    #[arg(long, value_delimiter = ',', default_value = "none,static:0.25,kaplan", value_name = "LIST")]
+    pub policy: Vec<String>,
+    /// Codec whose compressed sizes and measured costs to use.
+    #[arg(long, default_value = "lz4", value_name = "C")]
+    pub codec: CodecId,
+    /// Cost of a fault in milliseconds, comma-separated (the 1999
+    /// sensitivity study: 5, 2.5, 1.25, 0.625; 0.1 for an SSD).
+    #[arg(long, value_delimiter = ',', default_value = "5,2.5,1.25,0.625,0.1", value_name = "LIST")]
+    pub disk_ms: Vec<f64>,
+    /// Replays run in parallel (default: CPUs).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the plots (paging time and normalised paging time
+    /// against memory) to this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+/// Runs `ztier sim`.
+pub fn run(a: SimArgs) -> Result<i32> {
+    let memory_pages: Vec<usize> = match &a.memory {
+        Some(list) => parse_size_list(list)?
+            .into_iter()
+            .map(|b| {
+                if b < 2 * 4096 {
+                    bail!("memory size {b} bytes: at least 8K (2 pages)");
+                }
+                Ok((b / 4096) as usize)
+            })
+            .collect::<Result<_>>()?,
+        None => {
+            let f =
+                std::fs::File::open(&a.trace).with_context(|| format!("opening {}", a.trace.display()))?;
+            let i = ztier_sim::trace::info(std::io::BufReader::with_capacity(1 << 20, f))
+                .with_context(|| format!("reading {}", a.trace.display()))?;
+            let fp = i.distinct_pages as usize;
+            let mut v: Vec<usize> = (1..=10).map(|k| (fp * k / 10).max(2)).collect();
+            v.dedup();
+            v
+        }
+    };
+    if let Some(p) = &a.plot {
+        if p.extension().is_none_or(|e| e != "svg") {
+            bail!("--plot writes SVG: give a FILE.svg");
+        }
+    }
+    let cfg = SweepConfig {
+        memory_pages,
+        policies: a.policy.clone(),
+        disk_ms: a.disk_ms.clone(),
+        codec: a.codec,
+        threads: a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    };
+    let pb = std::io::stderr().is_terminal().then(|| {
+        let pb = ProgressBar::new(0);
+        pb.set_style(
+            ProgressStyle::with_template("sim [{bar:30}] {pos}/{len} replays {elapsed}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        pb
+    });
+    let report = sim::sweep(&a.trace, &cfg, |done, total| {
+        if let Some(pb) = &pb {
+            pb.set_length(total as u64);
+            pb.set_position(done as u64);
+        }
+    })
+    .with_context(|| format!("simulating {}", a.trace.display()))?;
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    if let Some(p) = &a.plot {
+        ztier_sim::plot::write_svg(&report, p).map_err(anyhow::Error::msg)?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", sim::render_table(&report));
+    }
+    Ok(0)
+}
