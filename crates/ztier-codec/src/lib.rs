@@ -22,7 +22,7 @@
 //!   configurable fraction of their size are stored uncompressed).
 //! * [`corpus`] — loading `.pages` files, sampling a live process's private
 //!   writable pages, and synthetic word-structured pages for tests.
-//! * [`bench`] — the measurement behind `ztier bench codecs`.
+//! * [`mod@bench`] — the measurement behind `ztier bench codecs`.
 //!
 //! ## Which implementation, and why
 //!

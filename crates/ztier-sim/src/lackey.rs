@@ -213,7 +213,7 @@ impl Snapshotter {
                 }
                 reopened = true;
                 self.mem = File::open(format!("/proc/{}/mem", self.pid)).ok();
-                if !self.mem.as_ref().is_some_and(|m| m.read_exact_at(&mut self.page, p << 12).is_ok()) {
+                if self.mem.as_ref().is_none_or(|m| m.read_exact_at(&mut self.page, p << 12).is_err()) {
                     continue;
                 }
             }

@@ -133,7 +133,11 @@ fn demo_runs_on_built_in_defaults() {
         assert!(text.contains(c), "demo output lacks {c}:\n{text}");
     }
     // Part 2: the store, one row per allocator.
+    let part3 = text.split("part 3").nth(1).expect("demo has a simulator part");
+    assert!(!part3.contains("skipped"), "valgrind is installed by the test command:\n{part3}");
+    assert!(part3.contains("kaplan") && part3.contains("normalized"), "{part3}");
     let part2 = text.split("part 2").nth(1).expect("demo has a store part");
+    let part2 = part2.split("part 3").next().unwrap();
     for a in ["cells1", "cells2", "cells4", "chunks", "classes"] {
         assert!(part2.lines().any(|l| l.starts_with(a)), "store table lacks {a}:\n{part2}");
     }

@@ -1,0 +1,139 @@
+//! `ztier sim` on a trace recorded from a real program.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn ztier() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ztier"))
+}
+
+/// One recorded trace shared by the tests: `sort` over 3000 lines.
+fn sort_trace() -> &'static Path {
+    static T: OnceLock<PathBuf> = OnceLock::new();
+    T.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("ztier-cli-sim-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let input = d.join("in.txt");
+        let lines: Vec<String> = (0..3000).map(|i| format!("{:08} some text", (i * 7919) % 3000)).collect();
+        std::fs::write(&input, lines.join("\n")).unwrap();
+        let t = d.join("sort.trace");
+        let out = ztier()
+            .args(["trace", "record", "--snapshot-every", "20000", "-o"])
+            .arg(&t)
+            .args(["--", "sort", "-o", "/dev/null"])
+            .arg(&input)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        t
+    })
+}
+
+#[test]
+fn json_rows_for_every_memory_policy_and_disk_cost() {
+    let t = sort_trace();
+    let svg = t.with_extension("svg");
+    let out = ztier()
+        .args([
+            "sim",
+            "--json",
+            "--memory",
+            "64K..256K:64K",
+            "--policy",
+            "none,static:0.25,kaplan",
+            "--disk-ms",
+            "5,0.1",
+        ])
+        .arg("--trace")
+        .arg(t)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["references"].as_u64().unwrap() > 50_000);
+    assert!(v["refs_per_s"].as_f64().unwrap() > 0.0);
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 4 * 3 * 2);
+    for r in rows {
+        for k in [
+            "memory_pages",
+            "policy",
+            "disk_ms",
+            "disk_faults",
+            "compressed_hits",
+            "paging_time_s",
+            "normalized",
+        ] {
+            assert!(!r[k].is_null(), "{k} missing in {r}");
+        }
+        let m = r["memory_pages"].as_u64().unwrap();
+        assert!([16, 32, 48, 64].contains(&m));
+        if r["policy"] == "none" {
+            assert_eq!(r["normalized"], 1.0);
+            assert_eq!(r["compressed_hits"], 0);
+        }
+        // Paging time is what the counts cost.
+        let d = r["disk_ms"].as_f64().unwrap();
+        let t = r["disk_faults"].as_f64().unwrap() * d / 1e3
+            + r["compressions"].as_f64().unwrap() * v["compress_ns"].as_f64().unwrap() / 1e9
+            + r["decompressions"].as_f64().unwrap() * v["decompress_ns"].as_f64().unwrap() / 1e9;
+        assert!((t - r["paging_time_s"].as_f64().unwrap()).abs() < 1e-9);
+    }
+    // More memory never means more faults for LRU.
+    let faults: Vec<u64> = rows
+        .iter()
+        .filter(|r| r["policy"] == "none" && r["disk_ms"] == 5.0)
+        .map(|r| r["disk_faults"].as_u64().unwrap())
+        .collect();
+    assert!(faults.windows(2).all(|w| w[1] <= w[0]), "{faults:?}");
+    // A compressed region turns some faults into compressed hits.
+    assert!(rows.iter().any(|r| r["policy"] == "static:0.25" && r["compressed_hits"].as_u64().unwrap() > 0));
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg_text.starts_with("<svg") && svg_text.contains("kaplan"));
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let t = sort_trace();
+    let run = |args: &[&str]| {
+        let out = ztier().arg("sim").arg("--trace").arg(t).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    assert!(run(&["--policy", "lru2"]).contains("unknown policy 'lru2'"));
+    assert!(run(&["--policy", "static:1.5"]).contains("[0, 1)"));
+    assert!(run(&["--codec", "deflate"]).contains("no compression records for deflate"));
+    assert!(run(&["--disk-ms", "0"]).contains("positive"));
+    assert!(run(&["--memory", "4K"]).contains("at least 8K"));
+    assert!(run(&["--plot", "x.png"]).contains("SVG"));
+    // A trace without compression records cannot answer.
+    let d = t.parent().unwrap();
+    let log = d.join("lk.log");
+    std::fs::write(&log, " L 1000,8\n S 2000,8\n L 1000,8\n").unwrap();
+    let bare = d.join("bare.trace");
+    assert!(ztier()
+        .args(["trace", "import-lackey"])
+        .arg(&log)
+        .arg("-o")
+        .arg(&bare)
+        .status()
+        .unwrap()
+        .success());
+    let out = ztier().arg("sim").arg("--trace").arg(&bare).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no compression records"));
+    // A damaged trace is an error naming the damage, not a panic.
+    let mut bytes = std::fs::read(t).unwrap();
+    bytes.truncate(bytes.len() / 2);
+    let cut = d.join("cut.trace");
+    std::fs::write(&cut, bytes).unwrap();
+    let out = ztier().arg("sim").arg("--trace").arg(&cut).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("corrupt trace"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
