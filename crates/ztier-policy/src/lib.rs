@@ -11,10 +11,12 @@
 //! * [`none`] — plain LRU, no compressed region; [`static_size`] — a fixed
 //!   fraction of memory compressed (`static:F`).
 //! * [`kaplan`] — Wilson/Kaplan/Smaragdakis 1999 cost/benefit sizing.
+//! * [`castro`] — de Castro et al. 2003 expense/profit sizing.
 //!
 //! Still to come (issue "Adaptive sizing policies and the trace-driven
-//! simulator"): `castro`, `clean-disable` and `pressure`.
+//! simulator"): `clean-disable` and `pressure`.
 
+pub mod castro;
 pub mod kaplan;
 pub mod none;
 pub mod policy;

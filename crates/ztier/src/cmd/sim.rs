@@ -23,8 +23,13 @@ pub struct SimArgs {
     #[arg(long, value_name = "LIST")]
     pub memory: Option<String>,
     /// Policies, comma-separated: none, static:FRACTION (of memory kept
-    /// compressed), kaplan.
-    #[arg(long, value_delimiter = ',', default_value = "none,static:0.25,kaplan", value_name = "LIST")]
+    /// compressed), kaplan (1999 cost/benefit), castro (2003 expense/profit).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none,static:0.25,kaplan,castro",
+        value_name = "LIST"
+    )]
     pub policy: Vec<String>,
     /// Codec whose compressed sizes and measured costs to use.
     #[arg(long, default_value = "lz4", value_name = "C")]
