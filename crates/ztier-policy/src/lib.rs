@@ -12,14 +12,17 @@
 //!   fraction of memory compressed (`static:F`).
 //! * [`kaplan`] — Wilson/Kaplan/Smaragdakis 1999 cost/benefit sizing.
 //! * [`castro`] — de Castro et al. 2003 expense/profit sizing.
+//! * [`pressure`] — a feedback controller balancing refault and
+//!   compression-stall costs (TMO/Senpai style).
 //!
 //! Still to come (issue "Adaptive sizing policies and the trace-driven
-//! simulator"): `clean-disable` and `pressure`.
+//! simulator"): `clean-disable`.
 
 pub mod castro;
 pub mod kaplan;
 pub mod none;
 pub mod policy;
+pub mod pressure;
 pub mod recency;
 pub mod static_size;
 

@@ -55,12 +55,13 @@ pub trait Policy: Send {
 }
 
 /// Builds a policy from its command-line name for a memory of
-/// `memory_pages` pages: `none`, `static:FRACTION`, `kaplan`, `castro`.
+/// `memory_pages` pages: `none`, `static:FRACTION`, `kaplan`, `castro`, `pressure`.
 pub fn build(spec: &str, memory_pages: usize, costs: Costs) -> Result<Box<dyn Policy>, String> {
     match spec {
         "none" => Ok(Box::new(crate::none::NoCompression)),
         "kaplan" => Ok(Box::new(crate::kaplan::Kaplan::new(memory_pages, costs))),
         "castro" => Ok(Box::new(crate::castro::Castro::new(memory_pages))),
+        "pressure" => Ok(Box::new(crate::pressure::Pressure::new(memory_pages, costs))),
         _ => {
             if let Some(f) = spec.strip_prefix("static:") {
                 let f: f64 = f.parse().map_err(|_| format!("bad fraction in '{spec}' (e.g. static:0.25)"))?;
@@ -69,7 +70,7 @@ pub fn build(spec: &str, memory_pages: usize, costs: Costs) -> Result<Box<dyn Po
                 }
                 return Ok(Box::new(crate::static_size::Static::new(spec.to_string(), f, memory_pages)));
             }
-            Err(format!("unknown policy '{spec}' (none, static:FRACTION, kaplan, castro)"))
+            Err(format!("unknown policy '{spec}' (none, static:FRACTION, kaplan, castro, pressure)"))
         }
     }
 }
