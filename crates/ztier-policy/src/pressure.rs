@@ -86,10 +86,8 @@ impl Policy for Pressure {
                     self.refault_ns += self.costs.disk_ns;
                 }
             }
-            (Outcome::CompressedHit, Some(d)) => {
-                if d <= self.m - self.target + self.step {
-                    self.stall_ns += self.costs.decompress_ns + self.costs.compress_ns;
-                }
+            (Outcome::CompressedHit, Some(d)) if d <= self.m - self.target + self.step => {
+                self.stall_ns += self.costs.decompress_ns + self.costs.compress_ns;
             }
             _ => {}
         }
