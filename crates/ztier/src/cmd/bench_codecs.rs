@@ -68,6 +68,31 @@ pub fn measure(corpus: &Corpus, cfg: &BenchConfig) -> Result<Report> {
     Ok(report)
 }
 
+/// The corpora named by `--corpus`/`--pid`/`--each`, shared by the
+/// benchmarks: one per file with `each`, else all files as one.
+pub(crate) fn load_corpora(
+    files: &[PathBuf],
+    pid: Option<u32>,
+    max_pages: usize,
+    each: bool,
+    verb: &str,
+) -> Result<Vec<Corpus>> {
+    if let Some(pid) = pid {
+        return Ok(vec![corpus::sample_pid(pid, max_pages)?]);
+    }
+    if files.is_empty() {
+        bail!("give the pages to {verb}: --corpus F.pages [F2.pages ...] or --pid PID");
+    }
+    if each {
+        files
+            .iter()
+            .map(|p| Corpus::load(std::slice::from_ref(p)).with_context(|| "loading corpus"))
+            .collect()
+    } else {
+        Ok(vec![Corpus::load(files).with_context(|| "loading corpus")?])
+    }
+}
+
 /// Runs `ztier bench codecs`.
 pub fn run(a: CodecsArgs) -> Result<i32> {
     let cfg = BenchConfig {
@@ -75,18 +100,7 @@ pub fn run(a: CodecsArgs) -> Result<i32> {
         min_seconds: a.seconds,
         ..BenchConfig::default()
     };
-    let corpora: Vec<Corpus> = if let Some(pid) = a.pid {
-        vec![corpus::sample_pid(pid, a.max_pages)?]
-    } else if a.corpus.is_empty() {
-        bail!("give the pages to measure: --corpus F.pages [F2.pages ...] or --pid PID");
-    } else if a.each {
-        a.corpus
-            .iter()
-            .map(|p| Corpus::load(std::slice::from_ref(p)).with_context(|| "loading corpus"))
-            .collect::<Result<_>>()?
-    } else {
-        vec![Corpus::load(&a.corpus)?]
-    };
+    let corpora = load_corpora(&a.corpus, a.pid, a.max_pages, a.each, "measure")?;
     let mut reports = Vec::new();
     for c in &corpora {
         reports.push(measure(c, &cfg)?);

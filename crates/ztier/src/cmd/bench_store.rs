@@ -4,12 +4,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ztier_codec::corpus::{self, Corpus};
+use ztier_codec::corpus::Corpus;
 use ztier_codec::CodecId;
 use ztier_store::alloc::AllocatorKind;
 use ztier_store::bench::{self, StoreBenchConfig, StoreReport};
 
-use super::bench_codecs::progress_bar;
+use super::bench_codecs::{load_corpora, progress_bar};
 use crate::units::parse_size;
 
 /// The allocators `--allocator all` compares (de Castro's cell1/cell2/cell4
@@ -107,18 +107,7 @@ pub fn measure(
 /// Runs `ztier bench store`.
 pub fn run(a: StoreArgs) -> Result<i32> {
     let kinds = allocators(&a.allocator)?;
-    let corpora: Vec<Corpus> = if let Some(pid) = a.pid {
-        vec![corpus::sample_pid(pid, a.max_pages)?]
-    } else if a.corpus.is_empty() {
-        bail!("give the pages to store: --corpus F.pages [F2.pages ...] or --pid PID");
-    } else if a.each {
-        a.corpus
-            .iter()
-            .map(|p| Corpus::load(std::slice::from_ref(p)).with_context(|| "loading corpus"))
-            .collect::<Result<_>>()?
-    } else {
-        vec![Corpus::load(&a.corpus).with_context(|| "loading corpus")?]
-    };
+    let corpora = load_corpora(&a.corpus, a.pid, a.max_pages, a.each, "store")?;
     if a.scale == 0 || a.scale > 1024 {
         bail!("--scale must be 1..=1024");
     }
