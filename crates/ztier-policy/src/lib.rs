@@ -14,11 +14,12 @@
 //! * [`castro`] — de Castro et al. 2003 expense/profit sizing.
 //! * [`pressure`] — a feedback controller balancing refault and
 //!   compression-stall costs (TMO/Senpai style).
-//!
-//! Still to come (issue "Adaptive sizing policies and the trace-driven
-//! simulator"): `clean-disable`.
+//! * [`clean_disable`] — de Castro 2003's switch that stops compressing
+//!   clean pages while it does not pay; wraps any of the above
+//!   (`kaplan+clean-disable`).
 
 pub mod castro;
+pub mod clean_disable;
 pub mod kaplan;
 pub mod none;
 pub mod policy;

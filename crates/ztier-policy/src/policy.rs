@@ -52,11 +52,41 @@ pub trait Policy: Send {
     fn reference(&mut self, r: &Reference);
     /// Pages of memory the compressed region should take now.
     fn target(&self) -> usize;
+
+    /// Whether the policy wants the clean-page events below (the caller
+    /// then tracks which pages are clean: read from the backing store and
+    /// not written since).
+    fn tracks_clean(&self) -> bool {
+        false
+    }
+    /// Whether a clean page leaving uncompressed memory is compressed
+    /// (`true`) or dropped (its backing-store copy is valid).
+    fn compress_clean(&self) -> bool {
+        true
+    }
+    /// A clean page was read back from the compressed region.
+    fn clean_reclaimed(&mut self) {}
+    /// A clean page left memory: evicted unread from the compressed region
+    /// (`was_compressed`), or dropped instead of compressed because
+    /// [`Policy::compress_clean`] said no. `region_pages` = pages the
+    /// compressed region holds now.
+    fn clean_dropped(&mut self, _page: u64, _was_compressed: bool, _region_pages: usize) {}
+    /// A page was read from the backing store (tracking policies only).
+    fn faulted(&mut self, _page: u64) {}
 }
 
 /// Builds a policy from its command-line name for a memory of
 /// `memory_pages` pages: `none`, `static:FRACTION`, `kaplan`, `castro`, `pressure`.
+///
+/// `POLICY+clean-disable` wraps any of them in
+/// [`crate::clean_disable::CleanDisable`].
 pub fn build(spec: &str, memory_pages: usize, costs: Costs) -> Result<Box<dyn Policy>, String> {
+    if let Some(inner) = spec.strip_suffix("+clean-disable") {
+        if inner.ends_with("+clean-disable") {
+            return Err(format!("'{spec}': clean-disable given twice"));
+        }
+        return Ok(Box::new(crate::clean_disable::CleanDisable::new(build(inner, memory_pages, costs)?)));
+    }
     match spec {
         "none" => Ok(Box::new(crate::none::NoCompression)),
         "kaplan" => Ok(Box::new(crate::kaplan::Kaplan::new(memory_pages, costs))),
@@ -70,7 +100,10 @@ pub fn build(spec: &str, memory_pages: usize, costs: Costs) -> Result<Box<dyn Po
                 }
                 return Ok(Box::new(crate::static_size::Static::new(spec.to_string(), f, memory_pages)));
             }
-            Err(format!("unknown policy '{spec}' (none, static:FRACTION, kaplan, castro, pressure)"))
+            Err(format!(
+                "unknown policy '{spec}' (none, static:FRACTION, kaplan, castro, pressure; \
+                 any of them followed by +clean-disable)"
+            ))
         }
     }
 }

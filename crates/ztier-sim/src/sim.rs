@@ -26,10 +26,21 @@
 //! charged (as in the 1999 study's main results); the compressed region's
 //! allocator overhead is not modelled (see `ztier bench store` for it).
 //!
+//! Policies that treat clean pages apart (`+clean-disable`, de Castro
+//! §2.3.4) may have a clean page — read from the backing store and not
+//! written since, by the trace's load/store flags — dropped instead of
+//! compressed when it leaves the uncompressed region. The compressed
+//! region is then not one segment of the stack: it is kept as its own
+//! FIFO (pages enter it in stack order, so its oldest page is its deepest)
+//! and a reference below the uncompressed region hits compressed only if
+//! the page is in it. Without clean drops this is exactly the segment
+//! model above (a test checks it against a naive two-list LRU).
+//!
 //! A page's compressed size is its latest compression record in the trace;
 //! pages without any record yet take the mean of all the trace's records
 //! for the codec, and such compressions are counted (`unsized_compressions`).
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::hash::BuildHasherDefault;
 use std::io::BufReader;
@@ -146,29 +157,60 @@ pub fn replay(
     let m = memory_pages.max(2);
     let mut pol = ztier_policy::build(policy, m, costs).map_err(SimError::Policy)?;
     let interest = pol.interest_depth();
+    let tracks_clean = pol.tracks_clean();
     let mut rec = Recency::new(Kaplan::reach(m) + 1);
     let mut sizes: PageMap<u16> = PageMap::default();
-    let mut csize: PageMap<u16> = PageMap::default();
-    let (mut u, mut k, mut bytes) = (0usize, 0usize, 0usize);
+    // The compressed region: page → (size, stamp), and its pages oldest
+    // first; a FIFO entry whose stamp differs from the map's is stale.
+    let mut region: PageMap<(u16, u64)> = PageMap::default();
+    let mut fifo: VecDeque<(u64, u64)> = VecDeque::new();
+    let mut stamp = 0u64;
+    // Pages written since they were last read from the backing store
+    // (kept only for policies that treat clean pages apart).
+    let mut dirty: PageMap<()> = PageMap::default();
+    let (mut u, mut bytes) = (0usize, 0usize);
     let mut c = Counts::default();
     let mut target_sum = 0f64;
     let mut misses = 0u64;
     let mut t = TraceReader::new(BufReader::with_capacity(1 << 20, File::open(path)?))?;
     let col = summary.column;
+    // Evicts the oldest compressed page; false if the region is empty.
+    let evict_oldest = |region: &mut PageMap<(u16, u64)>,
+                        fifo: &mut VecDeque<(u64, u64)>,
+                        bytes: &mut usize,
+                        dirty: &PageMap<()>,
+                        pol: &mut Box<dyn ztier_policy::Policy>|
+     -> bool {
+        while let Some((p, st)) = fifo.pop_front() {
+            if let Some(&(size, cur)) = region.get(&p) {
+                if cur == st {
+                    region.remove(&p);
+                    *bytes -= size as usize;
+                    if tracks_clean && !dirty.contains_key(&p) {
+                        pol.clean_dropped(p, true, region.len());
+                    }
+                    return true;
+                }
+            }
+        }
+        false
+    };
     let start = Instant::now();
     while let Some(e) = t.next_event()? {
-        let page = match e {
+        let (page, write) = match e {
             Event::Sizes { page, sizes: s } => {
                 sizes.insert(page, s[col]);
                 continue;
             }
-            Event::Ref { page, .. } => page,
+            Event::Ref { page, write } => (page, write),
         };
         c.references += 1;
         let d = rec.access(page);
         let outcome = match d {
             Some(d) if d <= u => Outcome::Hit,
-            Some(d) if d <= u + k => Outcome::CompressedHit,
+            // Beyond the uncompressed region: compressed if the region has it
+            // (with clean pages dropped the region is not one stack segment).
+            _ if region.contains_key(&page) => Outcome::CompressedHit,
             _ => Outcome::Fault,
         };
         if d.is_none_or(|d| d > interest) {
@@ -176,16 +218,31 @@ pub fn replay(
             pol.reference(&Reference { depth: d, outcome, size });
         }
         if outcome == Outcome::Hit {
+            if tracks_clean && write {
+                dirty.insert(page, ());
+            }
             continue;
         }
         match outcome {
             Outcome::CompressedHit => {
                 c.compressed_hits += 1;
                 c.decompressions += 1;
-                bytes -= csize.remove(&page).expect("a compressed hit is in the region") as usize;
-                k -= 1;
+                let (size, _) = region.remove(&page).expect("a compressed hit is in the region");
+                bytes -= size as usize;
+                if tracks_clean && !dirty.contains_key(&page) {
+                    pol.clean_reclaimed();
+                }
             }
-            _ => c.disk_faults += 1,
+            _ => {
+                c.disk_faults += 1;
+                if tracks_clean {
+                    dirty.remove(&page);
+                    pol.faulted(page);
+                }
+            }
+        }
+        if tracks_clean && write {
+            dirty.insert(page, ());
         }
         u += 1;
         let target = pol.target().min(m - 1);
@@ -195,17 +252,20 @@ pub fn replay(
         if target == 0 {
             // No compressed region: it empties, and the page pushed out of
             // memory goes to the backing store uncompressed.
-            while k > 0 {
-                let p = rec.page_at(u + k).expect("depth within the stack");
-                bytes -= csize.remove(&p).expect("the deepest compressed page is in the region") as usize;
-                k -= 1;
-            }
+            while evict_oldest(&mut region, &mut fifo, &mut bytes, &dirty, &mut pol) {}
+            fifo.clear();
             u = u.min(cap_u);
             continue;
         }
-        // Compress from the bottom of the uncompressed region down to U.
+        // Compress from the bottom of the uncompressed region down to U
+        // (or drop clean pages, when the policy says so).
         while u > cap_u {
             let p = rec.page_at(u).expect("depth within the stack");
+            u -= 1;
+            if tracks_clean && !pol.compress_clean() && !dirty.contains_key(&p) {
+                pol.clean_dropped(p, false, region.len());
+                continue;
+            }
             let s = match sizes.get(&p) {
                 Some(&s) => s,
                 None => {
@@ -213,22 +273,20 @@ pub fn replay(
                     summary.mean_size
                 }
             };
-            csize.insert(p, s);
+            stamp += 1;
+            region.insert(p, (s, stamp));
+            fifo.push_back((p, stamp));
             bytes += s as usize;
-            k += 1;
-            u -= 1;
             c.compressions += 1;
         }
-        // The region's deepest pages go to the backing store.
+        // The region's oldest pages go to the backing store.
         let cap_bytes = target * 4096;
         while bytes > cap_bytes {
-            let p = rec.page_at(u + k).expect("depth within the stack");
-            bytes -= csize.remove(&p).expect("the deepest compressed page is in the region") as usize;
-            k -= 1;
+            evict_oldest(&mut region, &mut fifo, &mut bytes, &dirty, &mut pol);
         }
-        // Pages beyond the tracked stack are forgotten by the tracker; the
-        // region never reaches that deep (K ≤ 8 × C by the ratio cap).
-        debug_assert!(u + k <= rec.len());
+        if fifo.len() > 4 * region.len() + 64 {
+            fifo.retain(|(p, st)| region.get(p).is_some_and(|&(_, cur)| cur == *st));
+        }
     }
     let secs = start.elapsed().as_secs_f64();
     c.mean_target_pages = if misses == 0 { 0.0 } else { target_sum / misses as f64 };
@@ -275,14 +333,19 @@ mod tests {
     use crate::trace::{CodecColumn, TraceWriter};
 
     fn write_trace(path: &Path, refs: &[u64], size: u16) {
+        let refs: Vec<(u64, bool)> = refs.iter().map(|&p| (p, false)).collect();
+        write_trace_rw(path, &refs, size)
+    }
+
+    fn write_trace_rw(path: &Path, refs: &[(u64, bool)], size: u16) {
         let cols = [CodecColumn { codec: CodecId::Lz4, compress_ns: 10_000, decompress_ns: 2_000 }];
         let mut w = TraceWriter::new(std::io::BufWriter::new(File::create(path).unwrap()), &cols).unwrap();
         let mut seen = std::collections::HashSet::new();
-        for &p in refs {
+        for &(p, write) in refs {
             if seen.insert(p) {
                 w.sizes(p, &[size]).unwrap();
             }
-            w.reference(p, false).unwrap();
+            w.reference(p, write).unwrap();
         }
         w.finish().unwrap();
     }
@@ -356,6 +419,47 @@ mod tests {
             );
         }
         assert!(matches!(summarize(&path, CodecId::Wkdm), Err(SimError::Unusable(_))));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// de Castro §2.3.4 in the replay: a read-only scan (clean pages never
+    /// read again) pushes a written working set out of the compressed
+    /// region; `clean-disable` stops compressing the scan and the working
+    /// set stays compressed. A clean working set that is read back keeps
+    /// compression on.
+    #[test]
+    fn clean_disable_keeps_a_scan_out_of_the_compressed_region() {
+        let dir = std::env::temp_dir().join(format!("ztier-sim-clean-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("scan.trace");
+        let mut refs = Vec::new();
+        let mut scan = 1_000_000u64;
+        for i in 0..20_000u64 {
+            refs.push((i % 120, true)); // working set, written
+            for _ in 0..2 {
+                refs.push((scan, false)); // streamed, read once
+                scan += 1;
+            }
+        }
+        write_trace_rw(&path, &refs, 1024);
+        let s = summarize(&path, CodecId::Lz4).unwrap();
+        let (plain, _) = replay(&path, &s, 100, "static:0.5", costs()).unwrap();
+        let (cd, _) = replay(&path, &s, 100, "static:0.5+clean-disable", costs()).unwrap();
+        let scanned = scan - 1_000_000;
+        assert!(plain.disk_faults > scanned + 10_000, "the scan should evict the working set: {plain:?}");
+        assert!(cd.disk_faults < scanned + 1_000, "{cd:?}");
+        assert!(cd.compressions < plain.compressions / 2, "{cd:?} vs {plain:?}");
+        assert!(cd.compressed_hits > 19_000, "{cd:?}");
+
+        // Clean pages read back from the compressed region: keep compressing.
+        let path = dir.join("clean.trace");
+        let refs: Vec<(u64, bool)> = (0..40_000u64).map(|i| (i % 150, false)).collect();
+        write_trace_rw(&path, &refs, 1024);
+        let s = summarize(&path, CodecId::Lz4).unwrap();
+        let (plain, _) = replay(&path, &s, 100, "static:0.5", costs()).unwrap();
+        let (cd, _) = replay(&path, &s, 100, "static:0.5+clean-disable", costs()).unwrap();
+        assert_eq!(plain.disk_faults, 150, "{plain:?}");
+        assert!(cd.disk_faults <= plain.disk_faults + 200, "{cd:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -23,7 +23,10 @@ pub struct SimArgs {
     #[arg(long, value_name = "LIST")]
     pub memory: Option<String>,
     /// Policies, comma-separated: none, static:FRACTION (of memory kept
-    /// compressed), kaplan (1999 cost/benefit), castro (2003 expense/profit).
+    /// compressed), kaplan (1999 cost/benefit), castro (2003 expense/profit),
+    /// pressure (refault vs stall feedback); POLICY+clean-disable adds de
+    /// Castro's switch that stops compressing clean pages while it does
+    /// not pay (`kaplan+clean-disable`).
     #[arg(
         long,
         value_delimiter = ',',
