@@ -45,6 +45,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus};
 use std::time::Instant;
@@ -173,11 +174,18 @@ pub struct RecordOptions {
     pub codecs: Vec<CodecId>,
     /// References between memory snapshots.
     pub snapshot_every: u64,
+    /// Removed if the recorder is interrupted (SIGINT, SIGTERM, SIGHUP):
+    /// the partial trace.
+    pub output_path: Option<std::path::PathBuf>,
 }
 
 impl Default for RecordOptions {
     fn default() -> Self {
-        RecordOptions { codecs: vec![CodecId::Wkdm, CodecId::Lz4, CodecId::Zstd], snapshot_every: 1_000_000 }
+        RecordOptions {
+            codecs: vec![CodecId::Wkdm, CodecId::Lz4, CodecId::Zstd],
+            snapshot_every: 1_000_000,
+            output_path: None,
+        }
     }
 }
 
@@ -247,13 +255,100 @@ impl Snapshotter {
 /// compression records to `out` (a file: the codec costs are patched into
 /// the header at the end). The command's stdin/stdout/stderr are the
 /// caller's.
+///
+/// Interrupted by SIGINT, SIGTERM or SIGHUP, the recorder kills valgrind
+/// (by its PID), removes its temporary FIFO folder and
+/// [`RecordOptions::output_path`], and exits with 128 + the signal. If
+/// the recorder itself is killed with SIGKILL, the kernel kills valgrind
+/// (`PR_SET_PDEATHSIG`); only the empty temporary folder can remain.
 pub fn record(cmd: &[OsString], out: File, opts: &RecordOptions) -> Result<ConvertStats, LackeyError> {
     let dir = std::env::temp_dir().join(format!("ztier-record-{}-{}", std::process::id(), rand_suffix()));
     std::fs::create_dir_all(&dir)?;
     let fifo = dir.join("lackey.fifo");
-    let result = record_in(cmd, out, opts, &fifo);
+    let guard = SignalGuard::install(dir.clone(), opts.output_path.clone())?;
+    let result = record_in(cmd, out, opts, &fifo, &guard);
+    drop(guard);
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// While alive: SIGINT/SIGTERM/SIGHUP are blocked in this process and
+/// taken by a thread (`sigtimedwait`), which cleans up and exits.
+struct SignalGuard {
+    child: std::sync::Arc<std::sync::atomic::AtomicI32>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    old_mask: libc::sigset_t,
+}
+
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a local sigset_t.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        set
+    }
+}
+
+impl SignalGuard {
+    fn install(dir: std::path::PathBuf, output: Option<std::path::PathBuf>) -> io::Result<SignalGuard> {
+        use std::sync::atomic::Ordering;
+        let set = stop_signals();
+        // SAFETY: a zeroed sigset_t is a valid out-parameter.
+        let mut old_mask: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // Block before any thread starts, so every later thread inherits
+        // the mask and only the waiter below takes these signals.
+        // SAFETY: both pointers are to live sigset_t values.
+        let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old_mask) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        let child = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (c, d) = (child.clone(), done.clone());
+        let thread = std::thread::spawn(move || {
+            let timeout = libc::timespec { tv_sec: 0, tv_nsec: 100_000_000 };
+            while !d.load(Ordering::Acquire) {
+                // SAFETY: `set` and `timeout` are live; a null siginfo is allowed.
+                let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &timeout) };
+                if sig <= 0 {
+                    continue; // timeout or EINTR
+                }
+                let pid = c.load(Ordering::Acquire);
+                if pid > 0 {
+                    // SAFETY: kill(2) on the PID of the valgrind child we started.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                let _ = std::fs::remove_dir_all(&dir);
+                if let Some(o) = &output {
+                    let _ = std::fs::remove_file(o);
+                }
+                eprintln!(
+                    "ztier trace record: interrupted (signal {sig}); valgrind killed, partial trace removed"
+                );
+                std::process::exit(128 + sig);
+            }
+        });
+        Ok(SignalGuard { child, done, thread: Some(thread), old_mask })
+    }
+
+    fn set_child(&self, pid: u32) {
+        self.child.store(pid as i32, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // SAFETY: restores the mask saved in install; pointers are live.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old_mask, std::ptr::null_mut()) };
+    }
 }
 
 fn rand_suffix() -> u64 {
@@ -265,6 +360,7 @@ fn record_in(
     mut out: File,
     opts: &RecordOptions,
     fifo: &Path,
+    guard: &SignalGuard,
 ) -> Result<ConvertStats, LackeyError> {
     let mk = Command::new("mkfifo").arg("-m").arg("600").arg(fifo).status()?;
     if !mk.success() {
@@ -272,16 +368,35 @@ fn record_in(
     }
     let mut log = OsString::from("--log-file=");
     log.push(fifo);
-    let mut child = Command::new("valgrind")
-        // Follow exec (a shell or launcher script becomes the program, same
-        // process, same log); forked children run untraced and silent, so
-        // one address space is traced.
+    let mut command = Command::new("valgrind");
+    // Follow exec (a shell or launcher script becomes the program, same
+    // process, same log); forked children run untraced and silent, so
+    // one address space is traced.
+    command
         .args(["--tool=lackey", "--trace-mem=yes", "--trace-children=yes", "--child-silent-after-fork=yes"])
+        .arg("--vgdb=no") // no gdbserver pipes left in TMPDIR if valgrind is killed
         .arg(log)
-        .args(cmd)
-        .spawn()
-        .map_err(LackeyError::NoValgrind)?;
+        .args(cmd);
+    let unmask = guard.old_mask;
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only async-signal-safe functions (prctl, getppid, pthread_sigmask).
+    unsafe {
+        command.pre_exec(move || {
+            // Die with the recorder, even if it is killed with SIGKILL.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() == 1 {
+                return Err(io::Error::other("the recorder died"));
+            }
+            // The program gets the signal mask the recorder had.
+            libc::pthread_sigmask(libc::SIG_SETMASK, &unmask, std::ptr::null_mut());
+            Ok(())
+        })
+    };
+    let mut child = command.spawn().map_err(LackeyError::NoValgrind)?;
     let pid = child.id();
+    guard.set_child(pid);
     // The waiter reaps valgrind. Opening the FIFO below blocks until
     // valgrind opens it; if valgrind exits without doing so (bad command
     // line), the waiter connects as a writer and closes, so the read side

@@ -318,7 +318,40 @@ pub struct SimRow {
     pub unsized_compressions: u64,
     /// Mean compressed-region target over misses, pages.
     pub mean_target_pages: f64,
+    /// Share of `none`'s run time spent on non-compulsory paging at this
+    /// memory size and disk cost (see [`paging_share`]).
+    pub none_paging_share: f64,
+    /// Whether this memory size is in the interesting range at this disk
+    /// cost: `none` spends between 1% and 90% of its time paging.
+    pub interesting: bool,
 }
+
+/// Share of the run time that `none` spends on paging beyond the
+/// compulsory faults (the first touch of every page, the same under every
+/// policy): `excess / (excess + references × ref_ns)`. The run time
+/// without paging is estimated at `ref_ns` per traced data reference
+/// (default 1 ns: about three instructions per data reference at one
+/// instruction per cycle and 3 GHz) — the trace holds no native timing.
+/// The 1999 study's interesting range runs from about 90% paging time
+/// down to little paging; here "little" is 1%.
+pub fn paging_share(
+    none_time_s: f64,
+    faults_compulsory: u64,
+    disk_ms: f64,
+    references: u64,
+    ref_ns: f64,
+) -> f64 {
+    let excess = (none_time_s - faults_compulsory as f64 * disk_ms / 1e3).max(0.0);
+    let compute = references as f64 * ref_ns / 1e9;
+    if excess + compute <= 0.0 {
+        0.0
+    } else {
+        excess / (excess + compute)
+    }
+}
+
+/// Bounds of the interesting range, as shares of run time spent paging.
+pub const INTERESTING: std::ops::RangeInclusive<f64> = 0.01..=0.90;
 
 /// Paging time in seconds for `counts` at `disk_ms`.
 pub fn paging_time(c: &Counts, disk_ms: f64, s: &TraceSummary) -> f64 {
@@ -477,6 +510,9 @@ pub struct SweepConfig {
     pub codec: CodecId,
     /// Replays run in parallel.
     pub threads: usize,
+    /// Estimated run time per data reference without paging, ns (for the
+    /// interesting range; see [`paging_share`]).
+    pub ref_ns: f64,
 }
 
 /// The result of a sweep (DESIGN.md's JSON plus context).
@@ -502,6 +538,8 @@ pub struct SweepReport {
     pub mean_compressed_size: u16,
     /// One row per memory size × policy × disk cost.
     pub results: Vec<SimRow>,
+    /// Adaptive policies over the interesting sizes, per disk cost.
+    pub summaries: Vec<PolicySummary>,
 }
 
 fn disk_independent(policy: &str) -> bool {
@@ -523,6 +561,9 @@ pub fn sweep(
     }
     if let Some(&d) = cfg.disk_ms.iter().find(|&&d| !(d > 0.0 && d.is_finite())) {
         return Err(SimError::Unusable(format!("disk cost {d} ms: must be a positive number")));
+    }
+    if !(cfg.ref_ns > 0.0 && cfg.ref_ns.is_finite()) {
+        return Err(SimError::Unusable(format!("--ref-ns {}: must be a positive number", cfg.ref_ns)));
     }
     if let Some(&m) = cfg.memory_pages.iter().find(|&&m| m < 2) {
         return Err(SimError::Unusable(format!("memory of {m} pages: at least 2 pages")));
@@ -579,6 +620,7 @@ pub fn sweep(
     for &m in &cfg.memory_pages {
         for (di, &disk) in cfg.disk_ms.iter().enumerate() {
             let base = paging_time(&find(m, "none", di).0, disk, &s);
+            let share = paging_share(base, s.distinct_pages, disk, s.references, cfg.ref_ns);
             for p in &cfg.policies {
                 let c = &find(m, p, di).0;
                 let t = paging_time(c, disk, &s);
@@ -600,6 +642,8 @@ pub fn sweep(
                     },
                     unsized_compressions: c.unsized_compressions,
                     mean_target_pages: c.mean_target_pages,
+                    none_paging_share: share,
+                    interesting: INTERESTING.contains(&share),
                 });
             }
         }
@@ -608,7 +652,7 @@ pub fn sweep(
     let refs_per_s = mean(counts.iter().map(|c| c.1).collect());
     let kaplan_refs_per_s =
         mean(jobs.iter().zip(&counts).filter(|(j, _)| j.1 == "kaplan").map(|(_, c)| c.1).collect());
-    Ok(SweepReport {
+    let mut report = SweepReport {
         trace: path.display().to_string(),
         references: s.references,
         distinct_pages: s.distinct_pages,
@@ -619,7 +663,75 @@ pub fn sweep(
         decompress_ns: s.decompress_ns,
         mean_compressed_size: s.mean_size,
         results: rows,
-    })
+        summaries: Vec::new(),
+    };
+    report.summaries = disk_costs(&report).into_iter().flat_map(|d| summarize_policies(&report, d)).collect();
+    Ok(report)
+}
+
+/// How an adaptive policy fared over the interesting sizes at one disk cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicySummary {
+    /// Policy as given.
+    pub policy: String,
+    /// Disk cost, ms.
+    pub disk_ms: f64,
+    /// Memory sizes in the interesting range.
+    pub interesting_sizes: usize,
+    /// Largest normalized paging time over them (1 = as good as `none`).
+    pub worst_vs_none: f64,
+    /// Sizes where the policy is within 10% of the best fixed size given
+    /// (`static:*` and `none`).
+    pub within_10pct_of_best_static: usize,
+    /// All memory sizes simulated.
+    pub all_sizes: usize,
+    /// [`Self::worst_vs_none`] over all sizes.
+    pub all_worst_vs_none: f64,
+    /// [`Self::within_10pct_of_best_static`] over all sizes.
+    pub all_within_10pct_of_best_static: usize,
+}
+
+/// One [`PolicySummary`] per adaptive policy (not `none`/`static:*`).
+pub fn summarize_policies(r: &SweepReport, disk_ms: f64) -> Vec<PolicySummary> {
+    let rows: Vec<&SimRow> = r.results.iter().filter(|x| x.disk_ms == disk_ms).collect();
+    let mut out: Vec<PolicySummary> = Vec::new();
+    for x in &rows {
+        if disk_independent(&x.policy) {
+            continue;
+        }
+        let best = rows
+            .iter()
+            .filter(|y| y.memory_pages == x.memory_pages && disk_independent(&y.policy))
+            .map(|y| y.normalized)
+            .fold(1.0f64, f64::min);
+        let i = match out.iter().position(|s| s.policy == x.policy) {
+            Some(i) => i,
+            None => {
+                out.push(PolicySummary {
+                    policy: x.policy.clone(),
+                    disk_ms,
+                    interesting_sizes: 0,
+                    worst_vs_none: 0.0,
+                    within_10pct_of_best_static: 0,
+                    all_sizes: 0,
+                    all_worst_vs_none: 0.0,
+                    all_within_10pct_of_best_static: 0,
+                });
+                out.len() - 1
+            }
+        };
+        let s = &mut out[i];
+        let good = usize::from(x.normalized <= best * 1.1);
+        s.all_sizes += 1;
+        s.all_worst_vs_none = s.all_worst_vs_none.max(x.normalized);
+        s.all_within_10pct_of_best_static += good;
+        if x.interesting {
+            s.interesting_sizes += 1;
+            s.worst_vs_none = s.worst_vs_none.max(x.normalized);
+            s.within_10pct_of_best_static += good;
+        }
+    }
+    out
 }
 
 /// The disk costs of a report, in the order given.
@@ -641,13 +753,15 @@ pub fn render_table(r: &SweepReport) -> String {
     );
     for d in disk_costs(r) {
         out += &format!(
-            "\ndisk {d} ms\n{:>8} {:<14} {:>10} {:>10} {:>10} {:>12} {:>10}\n",
-            "memory", "policy", "faults", "comp.hits", "compress", "paging s", "normalized"
+            "\ndisk {d} ms\n{:>8} {:>6} {:<22} {:>10} {:>10} {:>10} {:>12} {:>10}\n",
+            "memory", "paging", "policy", "faults", "comp.hits", "compress", "paging s", "normalized"
         );
         for x in r.results.iter().filter(|x| x.disk_ms == d) {
             out += &format!(
-                "{:>8} {:<14} {:>10} {:>10} {:>10} {:>12.4} {:>10.3}\n",
+                "{:>8} {:>5.0}%{} {:<22} {:>10} {:>10} {:>10} {:>12.4} {:>10.3}\n",
                 x.memory_pages,
+                x.none_paging_share * 100.0,
+                if x.interesting { ' ' } else { '-' },
                 x.policy,
                 x.disk_faults,
                 x.compressed_hits,
@@ -656,6 +770,25 @@ pub fn render_table(r: &SweepReport) -> String {
                 x.normalized
             );
         }
+        for sm in summarize_policies(r, d) {
+            out += &format!(
+                "{}: worst {:.3} × none over the {} interesting sizes ({:.3} over all {}); within 10% of the best \
+                 static size (or none) at {}/{} interesting sizes ({}/{} of all)\n",
+                sm.policy,
+                sm.worst_vs_none,
+                sm.interesting_sizes,
+                sm.all_worst_vs_none,
+                sm.all_sizes,
+                sm.within_10pct_of_best_static,
+                sm.interesting_sizes,
+                sm.all_within_10pct_of_best_static,
+                sm.all_sizes
+            );
+        }
+    }
+    if r.results.iter().any(|x| !x.interesting) {
+        out += "\n\"paging\" = share of no-compression run time spent on non-compulsory paging (run time \
+                estimated at --ref-ns per reference); '-' marks sizes outside the interesting range (1%..90%)\n";
     }
     out += &format!("\nreplay speed: {:.1} M references/s per core", r.refs_per_s / 1e6);
     if r.kaplan_refs_per_s > 0.0 {

@@ -112,3 +112,76 @@ fn import_of_real_lackey_output_counts_every_data_reference() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a ztier trace"));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// PIDs of the live children of `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
+        // pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let mut f = after.split(' ');
+        let state = f.next().unwrap();
+        let ppid: u32 = f.next().unwrap().parse().unwrap();
+        if ppid == pid && state != "Z" {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed().as_secs() < 60, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// SIGTERM to the recorder kills valgrind (by PID), removes the FIFO's
+/// temporary folder and the partial trace, and exits 128 + 15; SIGKILL
+/// to the recorder still takes valgrind down (parent-death signal).
+#[test]
+fn an_interrupted_recorder_leaves_nothing_behind() {
+    for sig in ["TERM", "KILL"] {
+        let d = tmpdir(&format!("signal-{sig}"));
+        let tmp = d.join("tmp");
+        std::fs::create_dir_all(&tmp).unwrap();
+        let t = d.join("sleep.trace");
+        let rec = ztier()
+            .env("TMPDIR", &tmp)
+            .args(["trace", "record", "-o"])
+            .arg(&t)
+            .args(["--", "sleep", "100"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = rec.id();
+        let mut kids = Vec::new();
+        wait_for("valgrind to start", || {
+            kids = children_of(pid);
+            !kids.is_empty() && t.exists()
+        });
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let k = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().unwrap();
+        assert!(k.success());
+        let out = rec.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        for &k in &kids {
+            wait_for("valgrind to die", || !alive(k));
+        }
+        if sig == "TERM" {
+            assert_eq!(out.status.code(), Some(128 + 15), "{err}");
+            assert!(err.contains("interrupted"), "{err}");
+            assert!(!t.exists(), "the partial trace must be removed");
+            let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+            assert!(left.is_empty(), "temporary files left: {left:?}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

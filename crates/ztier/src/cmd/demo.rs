@@ -127,6 +127,7 @@ fn trace_demo() -> Result<()> {
             disk_ms: vec![5.0, 0.1],
             codec: ztier_codec::CodecId::Lz4,
             threads: 2,
+            ref_ns: 1.0,
         };
         let r = ztier_sim::sim::sweep(&trace, &cfg, |_, _| {})?;
         print!("{}", ztier_sim::sim::render_table(&r));

@@ -44,6 +44,11 @@ pub struct SimArgs {
     /// Replays run in parallel (default: CPUs).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Estimated run time per traced data reference without paging, in
+    /// nanoseconds: only used to mark the interesting range (memory sizes
+    /// where no compression spends 1%..90% of its time paging).
+    #[arg(long, default_value_t = 1.0, value_name = "NS")]
+    pub ref_ns: f64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -87,6 +92,7 @@ pub fn run(a: SimArgs) -> Result<i32> {
         disk_ms: a.disk_ms.clone(),
         codec: a.codec,
         threads: a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        ref_ns: a.ref_ns,
     };
     let pb = std::io::stderr().is_terminal().then(|| {
         let pb = ProgressBar::new(0);

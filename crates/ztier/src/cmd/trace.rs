@@ -77,7 +77,11 @@ pub fn run(c: TraceCommand) -> Result<i32> {
                 bail!("--snapshot-every must be at least 1");
             }
             let out = File::create(&a.output).with_context(|| format!("creating {}", a.output.display()))?;
-            let opts = lackey::RecordOptions { codecs: a.codecs, snapshot_every: a.snapshot_every };
+            let opts = lackey::RecordOptions {
+                codecs: a.codecs,
+                snapshot_every: a.snapshot_every,
+                output_path: Some(a.output.clone()),
+            };
             let st = lackey::record(&a.cmd, out, &opts)?;
             eprintln!(
                 "ztier trace: {} references, {} compression records -> {}",
