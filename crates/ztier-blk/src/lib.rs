@@ -1,0 +1,22 @@
+//! # ztier-blk — a compressed block device served over NBD
+//!
+//! The ZBD design (Klonatos et al., "Transparent Online Storage
+//! Compression at the Block-Level", ACM TOS 2012) in user space: every
+//! logical block is compressed on its own and packed with others into
+//! fixed-size extents written out of place; a logical-to-physical table in
+//! RAM, persisted by checkpoints; a cleaner that compacts extents; recovery
+//! that replays the log written since the last checkpoint.
+//!
+//! * [`format`] — the image layout, drawn.
+//! * [`engine`] — the engine: writes, reads, flush, trim, zeroes, cleaner,
+//!   checkpoints, recovery, audit, statistics.
+//! * [`backing`] — the image file, and a device that forgets unflushed
+//!   writes for crash tests.
+//! * [`nbd`] — the NBD protocol: handshake, options, requests, replies.
+//! * [`server`] — the NBD server over a unix socket or loopback TCP.
+
+pub mod backing;
+pub mod engine;
+pub mod format;
+
+pub use engine::{BlkError, CreateOptions, Engine, Stats};
