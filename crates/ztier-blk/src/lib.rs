@@ -18,5 +18,7 @@
 pub mod backing;
 pub mod engine;
 pub mod format;
+pub mod nbd;
+pub mod server;
 
 pub use engine::{BlkError, CreateOptions, Engine, Stats};

@@ -45,6 +45,10 @@ enum Command {
     /// Record, import and inspect page traces of real programs.
     #[command(subcommand)]
     Trace(cmd::trace::TraceCommand),
+    /// A compressed block device (log-structured compressed extents,
+    /// cleaner, crash-safe) served over NBD.
+    #[command(subcommand)]
+    Blk(cmd::blk::BlkCommand),
 }
 
 fn main() {
@@ -54,6 +58,7 @@ fn main() {
         Command::Bench(b) => cmd::bench::run(b),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Trace(t) => cmd::trace::run(t),
+        Command::Blk(b) => cmd::blk::run(b),
     };
     match result {
         Ok(code) => std::process::exit(code),
