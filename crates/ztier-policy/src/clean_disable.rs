@@ -117,6 +117,9 @@ impl Policy for CleanDisable {
     fn target(&self) -> usize {
         self.inner.target()
     }
+    fn compressed(&mut self, size: u16) {
+        self.inner.compressed(size)
+    }
     fn tracks_clean(&self) -> bool {
         true
     }

@@ -53,6 +53,10 @@ pub trait Policy: Send {
     /// Pages of memory the compressed region should take now.
     fn target(&self) -> usize;
 
+    /// A page was compressed into the region at `size` bytes (the
+    /// compressibility of what the region really holds).
+    fn compressed(&mut self, _size: u16) {}
+
     /// Whether the policy wants the clean-page events below (the caller
     /// then tracks which pages are clean: read from the backing store and
     /// not written since).

@@ -278,6 +278,7 @@ pub fn replay(
             fifo.push_back((p, stamp));
             bytes += s as usize;
             c.compressions += 1;
+            pol.compressed(s);
         }
         // The region's oldest pages go to the backing store.
         let cap_bytes = target * 4096;
