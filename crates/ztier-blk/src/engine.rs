@@ -73,6 +73,8 @@ use crate::format::{self, Kind, Loc, Record, Superblock, EXT_HEADER, RECORD, SB_
 pub const OPEN_EXTENTS: usize = 4;
 /// Free extents kept for the cleaner (user writes cannot take them).
 pub const CLEANER_RESERVE: u32 = 8;
+/// Reads at least this long are split across two threads.
+pub const SPLIT_READ: usize = 256 << 10;
 /// Bytes of extents the cleaner scans per step.
 pub const CLEAN_WINDOW: u64 = 2 << 20;
 
@@ -524,20 +526,99 @@ impl Engine {
     pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), BlkError> {
         self.check_range(off, buf.len() as u64)?;
         let bs = self.block_size() as u64;
+        // Large requests are split across two threads at a block boundary.
+        if buf.len() >= SPLIT_READ && off % bs == 0 && buf.len() as u64 % bs == 0 {
+            let half = (buf.len() / 2) / bs as usize * bs as usize;
+            let (a, b) = buf.split_at_mut(half);
+            let (ra, rb) = std::thread::scope(|sc| {
+                let h = sc.spawn(|| self.read_aligned(off / bs, a));
+                let rb = self.read_aligned((off + half as u64) / bs, b);
+                (h.join().expect("read thread"), rb)
+            });
+            return ra.and(rb);
+        }
         let mut tmp = vec![0u8; bs as usize];
         let mut done = 0usize;
         while done < buf.len() {
             let pos = off + done as u64;
             let lba = pos / bs;
             let within = (pos % bs) as usize;
-            let n = (bs as usize - within).min(buf.len() - done);
-            if within == 0 && n == bs as usize {
-                self.read_block(lba, &mut buf[done..done + n])?;
-            } else {
-                self.read_block(lba, &mut tmp)?;
-                buf[done..done + n].copy_from_slice(&tmp[within..within + n]);
+            if within == 0 && buf.len() - done >= bs as usize {
+                // The aligned run in one batch.
+                let n = (buf.len() - done) / bs as usize * bs as usize;
+                self.read_aligned(lba, &mut buf[done..done + n])?;
+                done += n;
+                continue;
             }
+            let n = (bs as usize - within).min(buf.len() - done);
+            self.read_block(lba, &mut tmp)?;
+            buf[done..done + n].copy_from_slice(&tmp[within..within + n]);
             done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads whole blocks from `lba` into `out`: one table lookup under the
+    /// lock, then one `pread` per run of blocks stored in the same extent.
+    fn read_aligned(&self, lba: u64, out: &mut [u8]) -> Result<(), BlkError> {
+        let bs = self.block_size();
+        let n = out.len() / bs;
+        self.counters.block_reads.fetch_add(n as u64, Ordering::Relaxed);
+        let _reuse = self.reuse.read();
+        let mut locs = Vec::with_capacity(n);
+        // Bytes of blocks still in open buffers, copied under the lock.
+        let mut open_bytes: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
+        {
+            let st = self.state.lock();
+            for i in 0..n {
+                let loc = st.table[lba as usize + i];
+                let mut ob = None;
+                if loc.is_data() {
+                    if let Some(o) = st.open.iter().find(|o| o.idx == loc.extent) {
+                        ob =
+                            Some(o.buf[loc.offset as usize..loc.offset as usize + loc.len as usize].to_vec());
+                    }
+                }
+                locs.push(loc);
+                open_bytes.push(ob);
+            }
+        }
+        let mut span = Vec::new();
+        let mut i = 0;
+        while i < n {
+            let loc = locs[i];
+            let dst = &mut out[i * bs..(i + 1) * bs];
+            if !loc.is_data() {
+                dst.fill(0);
+                i += 1;
+                continue;
+            }
+            if let Some(b) = open_bytes[i].take() {
+                self.decode(lba + i as u64, &loc, &b, dst)?;
+                i += 1;
+                continue;
+            }
+            // Blocks i..j stored in the same sealed extent: one read.
+            let mut j = i + 1;
+            let (mut lo, mut hi) = (loc.offset as usize, loc.offset as usize + loc.len as usize);
+            while j < n && locs[j].extent == loc.extent && open_bytes[j].is_none() {
+                lo = lo.min(locs[j].offset as usize);
+                hi = hi.max(locs[j].offset as usize + locs[j].len as usize);
+                j += 1;
+            }
+            span.resize(hi - lo, 0);
+            self.backing.read_at(&mut span, self.sb.extent_offset(loc.extent) + lo as u64)?;
+            for k in i..j {
+                let l = locs[k];
+                let a = l.offset as usize - lo;
+                self.decode(
+                    lba + k as u64,
+                    &l,
+                    &span[a..a + l.len as usize],
+                    &mut out[k * bs..(k + 1) * bs],
+                )?;
+            }
+            i = j;
         }
         Ok(())
     }
@@ -619,6 +700,21 @@ impl Engine {
         self.check_writable()?;
         self.check_range(off, data.len() as u64)?;
         let bs = self.block_size() as u64;
+        // Large aligned requests are compressed on two threads.
+        if data.len() >= SPLIT_READ && off % bs == 0 && data.len() as u64 % bs == 0 {
+            let half = (data.len() / 2) / bs as usize * bs as usize;
+            let (a, b) = data.split_at(half);
+            let (ra, rb) = std::thread::scope(|sc| {
+                let h = sc.spawn(|| self.write(off, a, false));
+                let rb = self.write(off + half as u64, b, false);
+                (h.join().expect("write thread"), rb)
+            });
+            ra.and(rb)?;
+            if fua {
+                self.flush()?;
+            }
+            return Ok(());
+        }
         let mut done = 0usize;
         while done < data.len() {
             let pos = off + done as u64;

@@ -509,11 +509,11 @@ fn ok(s: &Session, r: &Request) -> Vec<u8> {
 }
 
 fn read_reply(engine: &Engine, s: &Session, r: &Request) -> Result<Vec<u8>, BlkError> {
-    let mut data = vec![0u8; r.length as usize];
-    engine.read(r.offset, &mut data)?;
+    // The data is read straight into the reply buffer, after its header.
     if !s.structured {
         let mut out = nbd::simple_reply(r.cookie, 0).to_vec();
-        out.extend_from_slice(&data);
+        out.resize(16 + r.length as usize, 0);
+        engine.read(r.offset, &mut out[16..])?;
         return Ok(out);
     }
     // Content chunks: holes for whole blocks that read as zeros (unless DF).
@@ -539,7 +539,8 @@ fn read_reply(engine: &Engine, s: &Session, r: &Request) -> Result<Vec<u8>, BlkE
     } else {
         chunks.push((off, len, false));
     }
-    let mut out = Vec::with_capacity(data.len() + 32 * chunks.len());
+    let data_len: u64 = chunks.iter().filter(|c| !c.2).map(|c| c.1).sum();
+    let mut out = Vec::with_capacity(data_len as usize + 32 * chunks.len());
     let n = chunks.len();
     for (i, (start, clen, hole)) in chunks.into_iter().enumerate() {
         let flags = if i + 1 == n { reply::FLAG_DONE } else { 0 };
@@ -552,8 +553,9 @@ fn read_reply(engine: &Engine, s: &Session, r: &Request) -> Result<Vec<u8>, BlkE
         } else {
             out.extend_from_slice(&nbd::chunk_header(r.cookie, flags, reply::OFFSET_DATA, 8 + clen as u32));
             out.extend_from_slice(&start.to_be_bytes());
-            let a = (start - off) as usize;
-            out.extend_from_slice(&data[a..a + clen as usize]);
+            let at = out.len();
+            out.resize(at + clen as usize, 0);
+            engine.read(start, &mut out[at..])?;
         }
     }
     Ok(out)

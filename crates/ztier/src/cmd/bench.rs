@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 
-use super::{bench_codecs, bench_store};
+use super::{bench_blk, bench_codecs, bench_store};
 
 /// The benchmarks.
 #[derive(Subcommand, Debug)]
@@ -24,6 +24,12 @@ pub enum BenchCommand {
     /// bytes per page, fragmentation, put/get rates and compaction time.
     /// Every get that hits is checked against what was put.
     Store(bench_store::StoreArgs),
+    /// The compressed block device against `nbdkit file` with the same
+    /// client: fio's nbd engine (1 MiB sequential write and read, 4K
+    /// random read and write at queue depth 32) on unix sockets; then the
+    /// space a device takes per data type (text, source, binaries, a
+    /// SQLite database, random) next to `gzip -6` (ZBD's Table III).
+    Blk(bench_blk::BlkBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -31,5 +37,6 @@ pub fn run(c: BenchCommand) -> Result<i32> {
     match c {
         BenchCommand::Codecs(a) => bench_codecs::run(a),
         BenchCommand::Store(a) => bench_store::run(a),
+        BenchCommand::Blk(a) => bench_blk::run(a),
     }
 }

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_blk;
 pub mod bench_codecs;
 pub mod bench_store;
 pub mod blk;

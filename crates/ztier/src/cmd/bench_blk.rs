@@ -1,0 +1,475 @@
+//! `ztier bench blk`: the compressed block device against `nbdkit file`
+//! with the same client (fio's nbd engine), and a space table per data
+//! type next to `gzip -6`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+use ztier_blk::backing::FileBacking;
+use ztier_blk::engine::{CreateOptions, Engine};
+use ztier_blk::server::{self, Listener, ServeConfig, ServerStats};
+use ztier_codec::CodecId;
+
+use crate::units::parse_size;
+
+/// Arguments of `ztier bench blk`.
+#[derive(Args, Debug)]
+pub struct BlkBenchArgs {
+    /// Device size for the fio runs (both servers).
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    pub size: String,
+    /// Seconds per random-I/O job.
+    #[arg(long, default_value_t = 10, value_name = "S")]
+    pub runtime: u64,
+    /// How compressible fio's data is (fio --buffer_compress_percentage).
+    #[arg(long, default_value_t = 50, value_name = "PCT")]
+    pub compress_percentage: u32,
+    /// Folder for the images and sockets (default: a new one under TMPDIR).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Codec of the ztier image.
+    #[arg(long, default_value = "lz4", value_name = "C")]
+    pub codec: CodecId,
+    /// Skip the fio comparison (space table only).
+    #[arg(long)]
+    pub space_only: bool,
+    /// MiB of each data type for the space table.
+    #[arg(long, default_value_t = 64, value_name = "MIB")]
+    pub space_mib: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One fio job on both servers.
+#[derive(Debug, Serialize)]
+pub struct FioRow {
+    /// Job name.
+    pub job: String,
+    /// ztier, MB/s.
+    pub ztier_mb_s: f64,
+    /// ztier, IOPS.
+    pub ztier_iops: f64,
+    /// nbdkit file, MB/s.
+    pub nbdkit_mb_s: f64,
+    /// nbdkit file, IOPS.
+    pub nbdkit_iops: f64,
+    /// ztier / nbdkit (throughput).
+    pub ratio: f64,
+}
+
+/// One data type in the space table.
+#[derive(Debug, Serialize)]
+pub struct SpaceRow {
+    /// Data type.
+    pub data: String,
+    /// Where it came from.
+    pub source: String,
+    /// Logical bytes written.
+    pub logical_bytes: u64,
+    /// Bytes the blocks take in extents (data + records).
+    pub stored_bytes: u64,
+    /// Extents used × extent size.
+    pub extent_bytes: u64,
+    /// extent_bytes / logical.
+    pub physical_fraction: f64,
+    /// gzip -6 of the same bytes / logical.
+    pub gzip6_fraction: f64,
+}
+
+/// The report.
+#[derive(Debug, Serialize)]
+pub struct BlkBenchReport {
+    /// fio jobs.
+    pub fio: Vec<FioRow>,
+    /// Space per data type.
+    pub space: Vec<SpaceRow>,
+}
+
+struct Kid(Child);
+impl Drop for Kid {
+    fn drop(&mut self) {
+        // Ended by PID: SIGTERM, then reaped.
+        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
+        let _ = self.0.wait();
+    }
+}
+
+fn need(tool: &str, pkg: &str) -> Result<()> {
+    let ok = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output()?.status.success();
+    if !ok {
+        bail!("needs '{tool}' (Debian package {pkg})");
+    }
+    Ok(())
+}
+
+fn wait_for(path: &Path) -> Result<()> {
+    let t = Instant::now();
+    while !path.exists() {
+        if t.elapsed() > Duration::from_secs(30) {
+            bail!("{} did not appear", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Runs one fio job; returns (MB/s, IOPS).
+fn fio(uri: &str, args: &[String]) -> Result<(f64, f64)> {
+    let out = Command::new("fio")
+        .args(["--ioengine=nbd", "--output-format=json", "--group_reporting"])
+        .arg(format!("--uri={uri}"))
+        .args(args)
+        .output()
+        .context("running fio")?;
+    if !out.status.success() {
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // fio may print notes before its JSON.
+    let start = out.stdout.iter().position(|&b| b == b'{').unwrap_or(0);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout[start..])
+        .with_context(|| format!("fio JSON: {}", String::from_utf8_lossy(&out.stdout[..start.min(500)])))?;
+    let j = &v["jobs"][0];
+    let (mut bw, mut iops) = (0.0, 0.0);
+    for d in ["read", "write"] {
+        bw += j[d]["bw_bytes"].as_f64().unwrap_or(0.0);
+        iops += j[d]["iops"].as_f64().unwrap_or(0.0);
+    }
+    if j["error"].as_i64().unwrap_or(0) != 0 {
+        bail!("fio job reported error {}", j["error"]);
+    }
+    Ok((bw / 1e6, iops))
+}
+
+fn fio_jobs(size: u64, runtime: u64, pct: u32) -> Vec<(String, Vec<String>)> {
+    let common = [format!("--buffer_compress_percentage={pct}"), "--refill_buffers".into()];
+    let mk = |name: &str, extra: &[String]| {
+        let mut v = vec![format!("--name={name}")];
+        v.extend(common.iter().cloned());
+        v.extend(extra.iter().cloned());
+        (name.to_string(), v)
+    };
+    vec![
+        mk(
+            "seq-write-1M",
+            &["--rw=write".into(), "--bs=1M".into(), "--iodepth=4".into(), format!("--size={size}")],
+        ),
+        mk(
+            "seq-read-1M",
+            &["--rw=read".into(), "--bs=1M".into(), "--iodepth=4".into(), format!("--size={size}")],
+        ),
+        mk(
+            "randread-4K-qd32",
+            &[
+                "--rw=randread".into(),
+                "--bs=4k".into(),
+                "--iodepth=32".into(),
+                format!("--size={size}"),
+                "--time_based".into(),
+                format!("--runtime={runtime}"),
+            ],
+        ),
+        mk(
+            "randwrite-4K-qd32",
+            &[
+                "--rw=randwrite".into(),
+                "--bs=4k".into(),
+                "--iodepth=32".into(),
+                format!("--size={size}"),
+                "--time_based".into(),
+                format!("--runtime={runtime}"),
+            ],
+        ),
+    ]
+}
+
+fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
+    need("fio", "fio")?;
+    need("nbdkit", "nbdkit")?;
+    let size = parse_size(&a.size)?;
+    // ztier, in-process server on a unix socket.
+    let zimg = dir.join("bench.ztb");
+    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&zimg)?;
+    let o = CreateOptions {
+        logical_size: size,
+        block_size: 4096,
+        extent_size: 32768,
+        codec: a.codec,
+        physical: None,
+    };
+    let engine = Arc::new(Engine::create(Box::new(FileBacking::new(f)), &o)?);
+    let zsock = dir.join("z.sock");
+    let listener = Listener::Unix(std::os::unix::net::UnixListener::bind(&zsock)?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let cfg = ServeConfig {
+        name: "ztier".into(),
+        description: String::new(),
+        read_only: false,
+        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+    };
+    let server = {
+        let (engine, stop) = (engine.clone(), stop.clone());
+        std::thread::spawn(move || {
+            server::serve(engine, listener, cfg, stop, Arc::new(ServerStats::default()))
+        })
+    };
+    // nbdkit file on a sparse file of the same size, same folder.
+    let kimg = dir.join("nbdkit.img");
+    std::fs::File::create(&kimg)?.set_len(size)?;
+    let ksock = dir.join("k.sock");
+    let _kit = Kid(Command::new("nbdkit")
+        .args(["-f", "-U"])
+        .arg(&ksock)
+        .arg("file")
+        .arg(&kimg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting nbdkit")?);
+    wait_for(&ksock)?;
+    let zuri = format!("nbd+unix:///?socket={}", zsock.display());
+    let kuri = format!("nbd+unix:///?socket={}", ksock.display());
+    let mut rows = Vec::new();
+    for (name, args) in fio_jobs(size, a.runtime, a.compress_percentage) {
+        if !a.json {
+            eprintln!("bench blk: {name}");
+        }
+        // Alternate which server goes first to spread the noise.
+        let (z, k) = if rows.len() % 2 == 0 {
+            let z = fio(&zuri, &args)?;
+            (z, fio(&kuri, &args)?)
+        } else {
+            let k = fio(&kuri, &args)?;
+            (fio(&zuri, &args)?, k)
+        };
+        rows.push(FioRow {
+            job: name,
+            ztier_mb_s: z.0,
+            ztier_iops: z.1,
+            nbdkit_mb_s: k.0,
+            nbdkit_iops: k.1,
+            ratio: if k.0 > 0.0 { z.0 / k.0 } else { 0.0 },
+        });
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    server.join().map_err(|_| anyhow::anyhow!("server thread panicked"))??;
+    engine.close()?;
+    Ok(rows)
+}
+
+/// Up to `max` bytes of the regular files under `roots` (sorted walk).
+fn gather(roots: &[&str], max: usize, filter: impl Fn(&Path) -> bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut stack: Vec<PathBuf> = roots.iter().map(PathBuf::from).collect();
+    stack.reverse();
+    while let Some(p) = stack.pop() {
+        if out.len() >= max {
+            break;
+        }
+        let Ok(md) = std::fs::symlink_metadata(&p) else { continue };
+        if md.is_dir() {
+            let Ok(rd) = std::fs::read_dir(&p) else { continue };
+            let mut kids: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+            kids.sort();
+            kids.reverse();
+            stack.extend(kids);
+        } else if md.is_file() && filter(&p) {
+            if let Ok(b) = std::fs::read(&p) {
+                out.extend_from_slice(&b[..b.len().min(max - out.len())]);
+            }
+        }
+    }
+    out
+}
+
+fn sqlite_db(dir: &Path, max: usize) -> Result<Vec<u8>> {
+    need("sqlite3", "sqlite3")?;
+    let db = dir.join("bench.db");
+    let _ = std::fs::remove_file(&db);
+    let rows = max / 120;
+    let sql = format!(
+        "CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, price REAL, note TEXT);\n\
+         WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < {rows})\n\
+         INSERT INTO t SELECT x, 'item-' || (x * 7919 % 100003), x % 97, (x % 1000) / 7.0,\n\
+         'order ' || x || ' shipped to warehouse ' || (x % 13) FROM c;\n\
+         CREATE INDEX ti ON t(name);\n"
+    );
+    let mut c = Command::new("sqlite3").arg(&db).stdin(Stdio::piped()).spawn()?;
+    c.stdin.take().expect("stdin").write_all(sql.as_bytes())?;
+    if !c.wait()?.success() {
+        bail!("sqlite3 failed");
+    }
+    let mut b = std::fs::read(&db)?;
+    b.truncate(max);
+    Ok(b)
+}
+
+fn gzip6_len(data: &[u8]) -> Result<u64> {
+    need("gzip", "gzip")?;
+    let mut c =
+        Command::new("gzip").args(["-6", "-c"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
+    let mut stdin = c.stdin.take().expect("stdin");
+    let data = data.to_vec();
+    let w = std::thread::spawn(move || stdin.write_all(&data));
+    let out = c.wait_with_output()?;
+    w.join().map_err(|_| anyhow::anyhow!("writer panicked"))??;
+    Ok(out.stdout.len() as u64)
+}
+
+fn space_row(dir: &Path, codec: CodecId, data: &str, source: &str, mut bytes: Vec<u8>) -> Result<SpaceRow> {
+    bytes.truncate(bytes.len() / 4096 * 4096);
+    if bytes.is_empty() {
+        bail!("no {data} data found in {source}");
+    }
+    let img = dir.join(format!("space-{data}.ztb"));
+    let _ = std::fs::remove_file(&img);
+    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&img)?;
+    let o = CreateOptions {
+        logical_size: bytes.len() as u64,
+        block_size: 4096,
+        extent_size: 32768,
+        codec,
+        physical: None,
+    };
+    let e = Engine::create(Box::new(FileBacking::new(f)), &o)?;
+    for (i, c) in bytes.chunks(1 << 20).enumerate() {
+        e.write((i as u64) << 20, c, false)?;
+    }
+    e.close()?;
+    let mut back = vec![0u8; bytes.len()];
+    e.read(0, &mut back)?;
+    if back != bytes {
+        bail!("{data}: read back differs");
+    }
+    let s = e.stats();
+    let extent_bytes = s.used_extents as u64 * s.extent_size as u64;
+    let g = gzip6_len(&bytes)?;
+    let _ = std::fs::remove_file(&img);
+    Ok(SpaceRow {
+        data: data.into(),
+        source: source.into(),
+        logical_bytes: bytes.len() as u64,
+        stored_bytes: s.data_stored_bytes,
+        extent_bytes,
+        physical_fraction: extent_bytes as f64 / bytes.len() as f64,
+        gzip6_fraction: g as f64 / bytes.len() as f64,
+    })
+}
+
+fn bench_space(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<SpaceRow>> {
+    let max = a.space_mib << 20;
+    let ext =
+        |p: &Path, list: &[&str]| p.extension().and_then(|e| e.to_str()).is_some_and(|e| list.contains(&e));
+    let mut rows = Vec::new();
+    rows.push(space_row(
+        dir,
+        a.codec,
+        "text",
+        "/usr/share/doc, /usr/share/man (.txt, plain)",
+        gather(&["/usr/share/doc", "/usr/share/common-licenses", "/usr/share/perl5"], max, |p| {
+            !ext(p, &["gz", "xz", "bz2", "png", "jpg", "zst"])
+        }),
+    )?);
+    rows.push(space_row(
+        dir,
+        a.codec,
+        "source",
+        "/usr/include (.h)",
+        gather(&["/usr/include", "/usr/lib/python3"], max, |p| ext(p, &["h", "c", "py", "hpp"])),
+    )?);
+    rows.push(space_row(
+        dir,
+        a.codec,
+        "binaries",
+        "/usr/bin, /usr/lib (ELF)",
+        gather(&["/usr/bin", "/usr/lib/x86_64-linux-gnu"], max, |p| !ext(p, &["py", "pl", "sh"])),
+    )?);
+    rows.push(space_row(
+        dir,
+        a.codec,
+        "sqlite",
+        "generated SQLite database (orders table + index)",
+        sqlite_db(dir, max)?,
+    )?);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let random: Vec<u8> = (0..max)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    rows.push(space_row(dir, a.codec, "random", "xorshift", random)?);
+    Ok(rows)
+}
+
+/// Runs `ztier bench blk`.
+pub fn run(a: BlkBenchArgs) -> Result<i32> {
+    let (dir, own) = match &a.dir {
+        Some(d) => (d.clone(), false),
+        None => {
+            let d = std::env::temp_dir().join(format!("ztier-bench-blk-{}", std::process::id()));
+            (d, true)
+        }
+    };
+    std::fs::create_dir_all(&dir)?;
+    let result = (|| -> Result<BlkBenchReport> {
+        let fio = if a.space_only { Vec::new() } else { bench_fio(&a, &dir)? };
+        let space = bench_space(&a, &dir)?;
+        Ok(BlkBenchReport { fio, space })
+    })();
+    if own {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        for f in ["bench.ztb", "nbdkit.img", "z.sock", "k.sock", "bench.db"] {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+    }
+    let r = result?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(0);
+    }
+    if !r.fio.is_empty() {
+        println!(
+            "fio (nbd engine), ztier blk vs nbdkit file, {} size, {}% compressible data",
+            a.size, a.compress_percentage
+        );
+        println!(
+            "{:<20} {:>12} {:>12} {:>12} {:>12} {:>8}",
+            "job", "ztier MB/s", "ztier IOPS", "nbdkit MB/s", "nbdkit IOPS", "ratio"
+        );
+        for x in &r.fio {
+            println!(
+                "{:<20} {:>12.1} {:>12.0} {:>12.1} {:>12.0} {:>8.2}",
+                x.job, x.ztier_mb_s, x.ztier_iops, x.nbdkit_mb_s, x.nbdkit_iops, x.ratio
+            );
+        }
+        println!();
+    }
+    println!("space per data type ({} codec, 4K blocks, 32K extents) next to gzip -6", a.codec.name());
+    println!(
+        "{:<10} {:>12} {:>12} {:>12} {:>10} {:>10}",
+        "data", "logical", "stored", "extents", "physical", "gzip -6"
+    );
+    for x in &r.space {
+        println!(
+            "{:<10} {:>12} {:>12} {:>12} {:>9.1}% {:>9.1}%",
+            x.data,
+            x.logical_bytes,
+            x.stored_bytes,
+            x.extent_bytes,
+            x.physical_fraction * 100.0,
+            x.gzip6_fraction * 100.0
+        );
+    }
+    Ok(0)
+}
