@@ -172,7 +172,7 @@ struct State {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Stats {
     /// Logical size, bytes.
-    pub logical_bytes: u64,
+    pub logical_size: u64,
     /// Block size.
     pub block_size: u32,
     /// Extent size.
@@ -182,9 +182,9 @@ pub struct Stats {
     /// Whether every block fits raw (see the module docs).
     pub provisioned: bool,
     /// Extents in the image.
-    pub extents: u32,
+    pub extents_total: u32,
     /// Extents free now.
-    pub free_extents: u32,
+    pub extents_free: u32,
     /// Extents holding data (sealed, open or awaiting a checkpoint).
     pub used_extents: u32,
     /// Highest extent ever used + 1 (the image file's extent area).
@@ -193,16 +193,16 @@ pub struct Stats {
     pub data_blocks: u64,
     /// Blocks written as zeros (metadata only).
     pub zero_blocks: u64,
-    /// Logical bytes of the data blocks.
-    pub data_logical_bytes: u64,
+    /// Logical bytes of the data blocks (zero and unmapped blocks excluded).
+    pub logical_bytes_mapped: u64,
     /// Bytes those blocks take in extents (data + records).
     pub data_stored_bytes: u64,
     /// Physical bytes of the image (superblocks, checkpoint areas, used extents).
-    pub physical_bytes: u64,
+    pub physical_bytes_used: u64,
     /// Bytes the image file occupies on its filesystem.
     pub file_allocated_bytes: u64,
-    /// data_logical_bytes / data_stored_bytes.
-    pub compression_ratio: f64,
+    /// logical_bytes_mapped / data_stored_bytes (the compression ratio).
+    pub ratio: f64,
     /// Blocks stored raw.
     pub raw_writes: u64,
     /// Blocks written (data).
@@ -1231,22 +1231,22 @@ impl Engine {
         let c = &self.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
-            logical_bytes: self.sb.logical_size,
+            logical_size: self.sb.logical_size,
             block_size: self.sb.block_size,
             extent_size: self.sb.extent_size,
             codec: self.codec.name().to_string(),
             provisioned: self.sb.provisioned,
-            extents: self.sb.extents,
-            free_extents: st.free.len() as u32,
+            extents_total: self.sb.extents,
+            extents_free: st.free.len() as u32,
             used_extents: used,
             high_water_extents: st.high_water,
             data_blocks,
             zero_blocks,
-            data_logical_bytes: data_blocks * bs,
+            logical_bytes_mapped: data_blocks * bs,
             data_stored_bytes: stored,
-            physical_bytes: self.sb.data_offset() + used as u64 * self.sb.extent_size as u64,
+            physical_bytes_used: self.sb.data_offset() + used as u64 * self.sb.extent_size as u64,
             file_allocated_bytes: self.backing.allocated_bytes().unwrap_or(0),
-            compression_ratio: if stored == 0 { 1.0 } else { (data_blocks * bs) as f64 / stored as f64 },
+            ratio: if stored == 0 { 1.0 } else { (data_blocks * bs) as f64 / stored as f64 },
             raw_writes: g(&c.raw_writes),
             block_writes: g(&c.block_writes),
             block_reads: g(&c.block_reads),

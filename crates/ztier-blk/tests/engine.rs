@@ -386,7 +386,7 @@ fn compresses_and_cleans() {
     eng.clean(false).unwrap();
     let s = eng.stats();
     assert_eq!(s.data_blocks, 1024);
-    assert!(s.compression_ratio > 1.8, "{s:?}");
+    assert!(s.ratio > 1.8, "{s:?}");
     // Six rounds of overwrites fit in a space smaller than one raw copy:
     // the cleaner reclaimed the dead extents and moved live blocks.
     assert!(s.used_extents as u64 * 32768 < 1024 * BS as u64 * 7 / 8, "{s:?}");

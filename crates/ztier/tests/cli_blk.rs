@@ -175,8 +175,19 @@ fn qemu_io_patterns_nbdinfo_map_and_nbdcopy_both_ways() {
     check_clean(&img);
     let s: serde_json::Value =
         serde_json::from_str(&run(ztier().args(["blk", "stats", "--json"]).arg(&img))).unwrap();
-    assert!(s["compression_ratio"].as_f64().unwrap() > 1.3, "{s}");
+    assert!(s["ratio"].as_f64().unwrap() > 1.3, "{s}");
     assert_eq!(s["block_size"], 4096);
+    for k in [
+        "logical_size",
+        "logical_bytes_mapped",
+        "physical_bytes_used",
+        "ratio",
+        "extents_total",
+        "extents_free",
+    ] {
+        assert!(s[k].is_number(), "DESIGN field {k} missing: {s}");
+    }
+    assert_eq!(s["logical_size"], 64u64 << 20);
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -355,6 +366,76 @@ fn qemu_img_convert_and_compare_an_ext4_image() {
     check_clean(&img);
     let s: serde_json::Value =
         serde_json::from_str(&run(ztier().args(["blk", "stats", "--json"]).arg(&img))).unwrap();
-    assert!(s["compression_ratio"].as_f64().unwrap() > 1.5, "{s}");
+    assert!(s["ratio"].as_f64().unwrap() > 1.5, "{s}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Undoes a system change when dropped (also when the test fails).
+struct Undo(Vec<(String, Vec<String>)>);
+impl Drop for Undo {
+    fn drop(&mut self) {
+        for (cmd, args) in self.0.iter().rev() {
+            let _ = Command::new(cmd).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        }
+    }
+}
+
+/// As root: the device as a real block device (nbdfuse + a loop device),
+/// mkfs.ext4, mount, copy files, unmount, fsck clean, files intact after a
+/// server restart.
+#[test]
+fn nbdfuse_loop_mkfs_mount_copy_fsck_as_root() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert!(root, "this test needs root (loop devices, mount); run `make test` as root");
+    for t in ["nbdfuse", "losetup", "mkfs.ext4", "fsck.ext4", "mount"] {
+        need(t);
+    }
+    let d = tmpdir("fuse");
+    let (f, m) = (d.join("f"), d.join("m"));
+    std::fs::create_dir_all(&f).unwrap();
+    std::fs::create_dir_all(&m).unwrap();
+    let img = create(&d, "192M");
+    let srv = Server::start(&img, &d.join("s.sock"));
+    let mut undo = Undo(Vec::new());
+    let fuse = Command::new("nbdfuse").arg(f.join("nbd")).arg("--unix").arg(&srv.sock).spawn().unwrap();
+    undo.0.push(("kill".into(), vec![fuse.id().to_string()]));
+    undo.0.push(("umount".into(), vec![f.display().to_string()]));
+    let start = Instant::now();
+    while !f.join("nbd").exists() {
+        assert!(start.elapsed() < Duration::from_secs(30), "nbdfuse did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dev = run(Command::new("losetup").args(["-f", "--show"]).arg(f.join("nbd"))).trim().to_string();
+    undo.0.push(("losetup".into(), vec!["-d".into(), dev.clone()]));
+    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&dev));
+    run(Command::new("mount").arg(&dev).arg(&m));
+    undo.0.push(("umount".into(), vec![m.display().to_string()]));
+    run(Command::new("cp").args(["-r", "/usr/share/zoneinfo"]).arg(m.join("zoneinfo")));
+    run(Command::new("cp").args(["-r", "/usr/share/perl5"]).arg(m.join("perl5")));
+    run(&mut Command::new("sync"));
+    let want = run(Command::new("sh")
+        .arg("-c")
+        .arg(format!("cd {} && find . -type f -print0 | sort -z | xargs -0 md5sum", m.display())));
+    run(Command::new("umount").arg(&m));
+    let out = run(Command::new("fsck.ext4").args(["-fn"]).arg(&dev));
+    assert!(out.contains("files"), "{out}");
+    run(Command::new("losetup").args(["-d", &dev]));
+    drop(undo);
+    srv.stop();
+    check_clean(&img);
+    // The files read back through a fresh server, with qemu-img as the client.
+    let srv = Server::start(&img, &d.join("s.sock"));
+    let raw = d.join("raw.img");
+    run(Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw"]).arg(srv.uri()).arg(&raw));
+    srv.stop();
+    let mut undo = Undo(Vec::new());
+    run(Command::new("mount").args(["-o", "loop,ro"]).arg(&raw).arg(&m));
+    undo.0.push(("umount".into(), vec![m.display().to_string()]));
+    let got = run(Command::new("sh")
+        .arg("-c")
+        .arg(format!("cd {} && find . -type f -print0 | sort -z | xargs -0 md5sum", m.display())));
+    assert_eq!(got, want, "files differ after a restart");
+    drop(undo);
     std::fs::remove_dir_all(&d).unwrap();
 }

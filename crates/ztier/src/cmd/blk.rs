@@ -185,7 +185,7 @@ pub fn run(c: BlkCommand) -> Result<i32> {
                     s.data_blocks,
                     s.zero_blocks,
                     s.used_extents,
-                    s.extents
+                    s.extents_total
                 );
                 Ok(0)
             } else {
@@ -202,16 +202,16 @@ pub fn run(c: BlkCommand) -> Result<i32> {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
-                println!("logical        {} bytes ({} B blocks)", s.logical_bytes, s.block_size);
+                println!("logical        {} bytes ({} B blocks)", s.logical_size, s.block_size);
                 println!("data           {} blocks, {} zero blocks", s.data_blocks, s.zero_blocks);
-                println!("stored         {} bytes (ratio {:.3})", s.data_stored_bytes, s.compression_ratio);
+                println!("stored         {} bytes (ratio {:.3})", s.data_stored_bytes, s.ratio);
                 println!(
                     "extents        {} of {} used ({} B each), {} free",
-                    s.used_extents, s.extents, s.extent_size, s.free_extents
+                    s.used_extents, s.extents_total, s.extent_size, s.extents_free
                 );
                 println!(
                     "physical       {} bytes; file allocated {} bytes",
-                    s.physical_bytes, s.file_allocated_bytes
+                    s.physical_bytes_used, s.file_allocated_bytes
                 );
                 println!(
                     "codec          {}{}",
