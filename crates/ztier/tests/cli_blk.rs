@@ -398,7 +398,7 @@ fn nbdfuse_loop_mkfs_mount_copy_fsck_as_root() {
     let img = create(&d, "192M");
     let srv = Server::start(&img, &d.join("s.sock"));
     let mut undo = Undo(Vec::new());
-    let fuse = Command::new("nbdfuse").arg(f.join("nbd")).arg("--unix").arg(&srv.sock).spawn().unwrap();
+    let mut fuse = Command::new("nbdfuse").arg(f.join("nbd")).arg("--unix").arg(&srv.sock).spawn().unwrap();
     undo.0.push(("kill".into(), vec![fuse.id().to_string()]));
     undo.0.push(("umount".into(), vec![f.display().to_string()]));
     let start = Instant::now();
@@ -421,7 +421,8 @@ fn nbdfuse_loop_mkfs_mount_copy_fsck_as_root() {
     let out = run(Command::new("fsck.ext4").args(["-fn"]).arg(&dev));
     assert!(out.contains("files"), "{out}");
     run(Command::new("losetup").args(["-d", &dev]));
-    drop(undo);
+    drop(undo); // unmounts the FUSE folder and ends nbdfuse (by PID)
+    let _ = fuse.wait();
     srv.stop();
     check_clean(&img);
     // The files read back through a fresh server, with qemu-img as the client.
