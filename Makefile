@@ -26,3 +26,4 @@ fuzz-ci:
 bench:
 	$(CARGO) run --release -- bench codecs --each --corpus ../shared/corpus/*.pages
 	$(CARGO) run --release -- bench store --each --allocator all --scale 16 --corpus ../shared/corpus/*.pages
+	$(CARGO) run --release -- bench blk

@@ -133,6 +133,8 @@ fn demo_runs_on_built_in_defaults() {
         assert!(text.contains(c), "demo output lacks {c}:\n{text}");
     }
     // Part 2: the store, one row per allocator.
+    let part4 = text.split("part 4").nth(1).expect("demo has a block device part");
+    assert!(part4.contains("audit clean") && part4.contains("flushed data intact"), "{part4}");
     let part3 = text.split("part 3").nth(1).expect("demo has a simulator part");
     assert!(!part3.contains("skipped"), "valgrind is installed by the test command:\n{part3}");
     assert!(part3.contains("kaplan") && part3.contains("normalized"), "{part3}");
