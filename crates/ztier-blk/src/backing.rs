@@ -19,6 +19,22 @@ pub trait Backing: Send + Sync {
     fn allocated_bytes(&self) -> io::Result<u64>;
 }
 
+/// A shared device (tests keep a handle to crash it while the engine runs).
+impl<B: Backing + ?Sized> Backing for std::sync::Arc<B> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        (**self).read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        (**self).write_at(buf, off)
+    }
+    fn sync(&self) -> io::Result<()> {
+        (**self).sync()
+    }
+    fn allocated_bytes(&self) -> io::Result<u64> {
+        (**self).allocated_bytes()
+    }
+}
+
 /// A regular file.
 pub struct FileBacking {
     file: File,

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;
-use ztier_blk::backing::{Backing, CrashBacking};
+use ztier_blk::backing::CrashBacking;
 use ztier_blk::engine::{BlkError, CreateOptions, Engine};
 use ztier_codec::CodecId;
 
@@ -20,25 +20,8 @@ fn opts(blocks: u64, extent: u32, physical: Option<u64>) -> CreateOptions {
     }
 }
 
-/// Shares one CrashBacking between the engine and the test.
-struct Shared(std::sync::Arc<CrashBacking>);
-impl Backing for Shared {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        self.0.read_at(buf, off)
-    }
-    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
-        self.0.write_at(buf, off)
-    }
-    fn sync(&self) -> std::io::Result<()> {
-        self.0.sync()
-    }
-    fn allocated_bytes(&self) -> std::io::Result<u64> {
-        self.0.allocated_bytes()
-    }
-}
-
 fn engine_on(dev: &std::sync::Arc<CrashBacking>, o: Option<&CreateOptions>) -> Engine {
-    let b = Box::new(Shared(dev.clone()));
+    let b = Box::new(dev.clone());
     match o {
         Some(o) => Engine::create(b, o).unwrap(),
         None => Engine::open(b, false).unwrap(),

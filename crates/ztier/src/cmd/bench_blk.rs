@@ -15,6 +15,7 @@ use serde::Serialize;
 use ztier_blk::backing::FileBacking;
 use ztier_blk::engine::{CreateOptions, Engine};
 use ztier_blk::server::{self, Listener, ServeConfig, ServerStats};
+use ztier_codec::corpus::synth;
 use ztier_codec::CodecId;
 
 use crate::units::parse_size;
@@ -398,16 +399,9 @@ fn bench_space(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<SpaceRow>> {
         "generated SQLite database (orders table + index)",
         sqlite_db(dir, max)?,
     )?);
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let random: Vec<u8> = (0..max)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    rows.push(space_row(dir, a.codec, "random", "xorshift", random)?);
+    let mut random = vec![0u8; max];
+    synth::fill(&mut random, synth::Kind::Random, &mut synth::Rng::new(1));
+    rows.push(space_row(dir, a.codec, "random", "xorshift64*", random)?);
     Ok(rows)
 }
 

@@ -247,6 +247,15 @@ fn stop_on_signals(stop: Arc<AtomicBool>) {
     });
 }
 
+/// `--socket`, or IMAGE.sock.
+fn socket_path(a: &ServeArgs) -> PathBuf {
+    a.socket.clone().unwrap_or_else(|| {
+        let mut p = a.image.clone().into_os_string();
+        p.push(".sock");
+        PathBuf::from(p)
+    })
+}
+
 fn serve(a: ServeArgs) -> Result<i32> {
     let stop = Arc::new(AtomicBool::new(false));
     stop_on_signals(stop.clone());
@@ -261,11 +270,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
         let local = l.local_addr()?;
         (Listener::Tcp(l), format!("nbd://{local}/{}", a.name))
     } else {
-        let path = a.socket.clone().unwrap_or_else(|| {
-            let mut p = a.image.clone().into_os_string();
-            p.push(".sock");
-            PathBuf::from(p)
-        });
+        let path = socket_path(&a);
         if path.exists() {
             bail!("{} exists: remove it or give another --socket", path.display());
         }
@@ -283,12 +288,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
     let stats = Arc::new(ServerStats::default());
     let r = server::serve(engine.clone(), listener, cfg, stop, stats.clone());
     if a.listen.is_none() {
-        let path = a.socket.clone().unwrap_or_else(|| {
-            let mut p = a.image.clone().into_os_string();
-            p.push(".sock");
-            PathBuf::from(p)
-        });
-        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(socket_path(&a));
     }
     engine.close().context("checkpointing the image at shutdown")?;
     r.context("serving")?;

@@ -116,23 +116,8 @@ pub fn run(a: DemoArgs) -> Result<i32> {
 /// Part 4: engine on an in-memory device that forgets unflushed writes.
 fn blk_demo() -> Result<()> {
     use std::sync::Arc;
-    use ztier_blk::backing::{Backing, CrashBacking};
+    use ztier_blk::backing::CrashBacking;
     use ztier_blk::engine::{CreateOptions, Engine};
-    struct Dev(Arc<CrashBacking>);
-    impl Backing for Dev {
-        fn read_at(&self, b: &mut [u8], o: u64) -> std::io::Result<()> {
-            self.0.read_at(b, o)
-        }
-        fn write_at(&self, b: &[u8], o: u64) -> std::io::Result<()> {
-            self.0.write_at(b, o)
-        }
-        fn sync(&self) -> std::io::Result<()> {
-            self.0.sync()
-        }
-        fn allocated_bytes(&self) -> std::io::Result<u64> {
-            self.0.allocated_bytes()
-        }
-    }
     // 16 MiB of files from /usr/share (text) and /usr/bin (binaries), 4 MiB random.
     let mut text = Vec::new();
     for dir in ["/usr/share/doc", "/usr/share/perl5", "/usr/share/common-licenses"] {
@@ -140,15 +125,8 @@ fn blk_demo() -> Result<()> {
     }
     let mut bins = Vec::new();
     collect(Path::new("/usr/bin"), &mut bins, 4 << 20);
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
-    let random: Vec<u8> = (0..4 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let mut random = vec![0u8; 4 << 20];
+    synth::fill(&mut random, synth::Kind::Random, &mut synth::Rng::new(4));
     let dev = Arc::new(CrashBacking::new());
     let o = CreateOptions {
         logical_size: 64 << 20,
@@ -157,7 +135,7 @@ fn blk_demo() -> Result<()> {
         codec: ztier_codec::CodecId::Lz4,
         physical: None,
     };
-    let e = Engine::create(Box::new(Dev(dev.clone())), &o)?;
+    let e = Engine::create(Box::new(dev.clone()), &o)?;
     let mut at = 0u64;
     let mut regions = Vec::new();
     for (name, data) in [("text", &text), ("binaries", &bins), ("random", &random)] {
@@ -183,7 +161,7 @@ fn blk_demo() -> Result<()> {
     drop(e);
     let dev2 = Arc::new(CrashBacking::from_image(img));
     let t = std::time::Instant::now();
-    let e2 = Engine::open(Box::new(Dev(dev2)), false)?;
+    let e2 = Engine::open(Box::new(dev2), false)?;
     let took = t.elapsed();
     let problems = e2.check()?;
     let mut ok = true;
