@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # gcc compiling a generated C file. The gcc driver forks cc1, the
 # compiler proper, so the script traces cc1 itself (one address space).
+# F functions (default 5: 31 M references, ~6 min under lackey).
 source "$(dirname "$0")/common.sh"
 need gcc gcc
-F=${F:-200}
+F=${F:-5}
 {
     echo 'int printf(const char *, ...);'
     for i in $(seq 1 "$F"); do
