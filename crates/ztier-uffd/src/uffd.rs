@@ -1,0 +1,222 @@
+//! The userfaultfd API (linux/userfaultfd.h), by raw syscall and ioctls:
+//! open (`/dev/userfaultfd` is not needed: the syscall, falling back to
+//! `UFFD_USER_MODE_ONLY` for unprivileged users), API handshake,
+//! register/unregister, copy, zeropage, wake, and reading events.
+//!
+//! ```text
+//!  struct uffd_msg (32 bytes)
+//!  ┌───────┬──────────┬──────────┬──────────┬─────────────┬─────────────┬────────┐
+//!  │ event │ reserved │ reserved │ reserved │ flags u64   │ address u64 │ ptid   │  pagefault
+//!  │  u8   │   u8     │   u16    │   u32    │ (WRITE, WP) │             │ u32 …  │
+//!  └───────┴──────────┴──────────┴──────────┴─────────────┴─────────────┴────────┘
+//! ```
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// API version.
+pub const UFFD_API: u64 = 0xAA;
+/// Register for missing-page faults.
+pub const REGISTER_MODE_MISSING: u64 = 1;
+/// Only user-mode faults (unprivileged use).
+pub const USER_MODE_ONLY: libc::c_int = 1;
+
+const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_aa01;
+const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
+const UFFDIO_COPY: libc::c_ulong = 0xc028_aa03;
+const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
+
+/// Page fault event.
+pub const EVENT_PAGEFAULT: u8 = 0x12;
+/// The fault was a write.
+pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
+
+#[repr(C)]
+struct ApiArg {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Range {
+    start: u64,
+    len: u64,
+}
+
+#[repr(C)]
+struct RegisterArg {
+    range: Range,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct CopyArg {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+
+#[repr(C)]
+struct ZeroArg {
+    range: Range,
+    mode: u64,
+    zeropage: i64,
+}
+
+/// One event read from the descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// Event type (`EVENT_PAGEFAULT`, …).
+    pub kind: u8,
+    /// Fault flags.
+    pub flags: u64,
+    /// Faulting address.
+    pub address: u64,
+}
+
+/// An open userfaultfd.
+pub struct Uffd {
+    fd: OwnedFd,
+    /// Features the kernel reported.
+    pub features: u64,
+}
+
+/// What an install found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Installed {
+    /// The page is in place.
+    Done,
+    /// Another thread installed it first (EEXIST): nothing to do.
+    AlreadyThere,
+    /// The range changed under us (EAGAIN); retry after reading events.
+    Retry,
+}
+
+fn ioctl<T>(fd: RawFd, req: libc::c_ulong, arg: &mut T) -> io::Result<()> {
+    // SAFETY: `arg` points to a live, correctly laid out argument for `req`.
+    let r = unsafe { libc::ioctl(fd, req, arg as *mut T) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+impl Uffd {
+    /// Opens a userfaultfd (non-blocking — the kernel's poll reports POLLERR
+    /// on a blocking one — and close-on-exec) and negotiates
+    /// the API. Tries full mode first, then user-mode-only (which works
+    /// for unprivileged users); the error says when neither works.
+    pub fn open() -> io::Result<Uffd> {
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        // SAFETY: plain syscall with integer arguments.
+        let mut fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
+        if fd < 0 {
+            // SAFETY: as above.
+            fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags | USER_MODE_ONLY) } as RawFd;
+        }
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "userfaultfd is not available ({e}); as a non-root user it needs \
+                     vm.unprivileged_userfaultfd=1 or kernel support for UFFD_USER_MODE_ONLY"
+                ),
+            ));
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut api = ApiArg { api: UFFD_API, features: 0, ioctls: 0 };
+        ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api)?;
+        Ok(Uffd { fd, features: api.features })
+    }
+
+    /// Registers `[start, start + len)` for missing-page faults.
+    pub fn register(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut r = RegisterArg {
+            range: Range { start: start as u64, len: len as u64 },
+            mode: REGISTER_MODE_MISSING,
+            ioctls: 0,
+        };
+        ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER, &mut r)
+    }
+
+    /// Unregisters a range.
+    pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut r = Range { start: start as u64, len: len as u64 };
+        ioctl(self.fd.as_raw_fd(), UFFDIO_UNREGISTER, &mut r)
+    }
+
+    /// Wakes threads waiting on faults in a range.
+    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut r = Range { start: start as u64, len: len as u64 };
+        ioctl(self.fd.as_raw_fd(), UFFDIO_WAKE, &mut r)
+    }
+
+    /// Copies `src` (page-aligned length) to `dst` in the registered range
+    /// and wakes the faulting threads.
+    pub fn copy(&self, dst: usize, src: &[u8]) -> io::Result<Installed> {
+        let mut c =
+            CopyArg { dst: dst as u64, src: src.as_ptr() as u64, len: src.len() as u64, mode: 0, copy: 0 };
+        match ioctl(self.fd.as_raw_fd(), UFFDIO_COPY, &mut c) {
+            Ok(()) => Ok(Installed::Done),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                self.wake(dst, src.len())?;
+                Ok(Installed::AlreadyThere)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Installed::Retry),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Maps zero pages over `[dst, dst + len)` and wakes.
+    pub fn zeropage(&self, dst: usize, len: usize) -> io::Result<Installed> {
+        let mut z = ZeroArg { range: Range { start: dst as u64, len: len as u64 }, mode: 0, zeropage: 0 };
+        match ioctl(self.fd.as_raw_fd(), UFFDIO_ZEROPAGE, &mut z) {
+            Ok(()) => Ok(Installed::Done),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                self.wake(dst, len)?;
+                Ok(Installed::AlreadyThere)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Installed::Retry),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits up to `timeout_ms` for an event; `None` on timeout.
+    pub fn read_event(&self, timeout_ms: i32) -> io::Result<Option<Event>> {
+        let mut p = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one live pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted { Ok(None) } else { Err(e) };
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut msg = [0u8; 32];
+        // SAFETY: reading at most 32 bytes into a 32-byte buffer.
+        let r = unsafe { libc::read(self.fd.as_raw_fd(), msg.as_mut_ptr().cast(), msg.len()) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::EAGAIN) { Ok(None) } else { Err(e) };
+        }
+        if r != 32 {
+            return Err(io::Error::other(format!("short userfaultfd message ({r} bytes)")));
+        }
+        Ok(Some(Event {
+            kind: msg[0],
+            flags: u64::from_ne_bytes(msg[8..16].try_into().expect("8 bytes")),
+            address: u64::from_ne_bytes(msg[16..24].try_into().expect("8 bytes")),
+        }))
+    }
+}
