@@ -28,6 +28,8 @@ use crate::uffd::{Installed, Uffd, EVENT_PAGEFAULT};
 
 /// Page size.
 pub const PAGE: usize = 4096;
+/// How long the handler keeps polling without sleeping after a fault.
+pub const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 /// Latency histogram buckets: [0,1), [1,2), … µs; the last collects the rest.
 pub const LATENCY_BUCKETS: usize = 256;
 
@@ -218,8 +220,23 @@ fn serve(
     stats: &RegionStats,
 ) -> io::Result<()> {
     let mut buf = vec![0u8; PAGE];
+    let mut last = Instant::now();
     while !stop.load(Ordering::Acquire) {
-        let Some(ev) = uffd.read_event(50)? else { continue };
+        // Faults come in bursts: for SPIN after one, poll the descriptor
+        // without sleeping (a sleeping handler adds a wake-up to every
+        // fault); then sleep in poll.
+        let ev = match uffd.try_read()? {
+            Some(ev) => ev,
+            None if last.elapsed() < SPIN => {
+                std::hint::spin_loop();
+                continue;
+            }
+            None => match uffd.read_event(50)? {
+                Some(ev) => ev,
+                None => continue,
+            },
+        };
+        last = Instant::now();
         let t = Instant::now();
         if ev.kind != EVENT_PAGEFAULT {
             continue;

@@ -203,6 +203,11 @@ impl Uffd {
         if n == 0 {
             return Ok(None);
         }
+        self.try_read()
+    }
+
+    /// Reads an event if one is queued (never blocks).
+    pub fn try_read(&self) -> io::Result<Option<Event>> {
         let mut msg = [0u8; 32];
         // SAFETY: reading at most 32 bytes into a 32-byte buffer.
         let r = unsafe { libc::read(self.fd.as_raw_fd(), msg.as_mut_ptr().cast(), msg.len()) };
