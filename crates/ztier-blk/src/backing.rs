@@ -91,8 +91,6 @@ struct CrashState {
     durable: Vec<u8>,
     /// Unsynced writes, in order.
     pending: Vec<(u64, Vec<u8>)>,
-    syncs: u64,
-    writes: u64,
 }
 
 fn put(v: &mut Vec<u8>, off: u64, data: &[u8]) {
@@ -114,21 +112,6 @@ impl CrashBacking {
         CrashBacking {
             inner: Mutex::new(CrashState { current: image.clone(), durable: image, ..Default::default() }),
         }
-    }
-
-    /// Writes issued so far (each `write_at` call counts one).
-    pub fn writes(&self) -> u64 {
-        self.inner.lock().writes
-    }
-
-    /// Syncs so far.
-    pub fn syncs(&self) -> u64 {
-        self.inner.lock().syncs
-    }
-
-    /// Unsynced writes now.
-    pub fn pending_writes(&self) -> usize {
-        self.inner.lock().pending.len()
     }
 
     /// The image a crash now would leave: the durable image plus, for
@@ -168,7 +151,6 @@ impl Backing for CrashBacking {
         let mut s = self.inner.lock();
         put(&mut s.current, off, buf);
         s.pending.push((off, buf.to_vec()));
-        s.writes += 1;
         Ok(())
     }
     fn sync(&self) -> io::Result<()> {
@@ -177,7 +159,6 @@ impl Backing for CrashBacking {
         for (off, data) in pending {
             put(&mut s.durable, off, &data);
         }
-        s.syncs += 1;
         Ok(())
     }
     fn allocated_bytes(&self) -> io::Result<u64> {
