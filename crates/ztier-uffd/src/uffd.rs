@@ -18,6 +18,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 pub const UFFD_API: u64 = 0xAA;
 /// Register for missing-page faults.
 pub const REGISTER_MODE_MISSING: u64 = 1;
+/// Register for write-protect faults.
+pub const REGISTER_MODE_WP: u64 = 2;
 /// Only user-mode faults (unprivileged use).
 pub const USER_MODE_ONLY: libc::c_int = 1;
 
@@ -27,11 +29,14 @@ const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_aa01;
 const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
 const UFFDIO_COPY: libc::c_ulong = 0xc028_aa03;
 const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
+const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xc018_aa06;
 
 /// Page fault event.
 pub const EVENT_PAGEFAULT: u8 = 0x12;
 /// The fault was a write.
 pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
+/// The fault was a write to a write-protected page.
+pub const PAGEFAULT_FLAG_WP: u64 = 2;
 
 #[repr(C)]
 struct ApiArg {
@@ -68,6 +73,12 @@ struct ZeroArg {
     range: Range,
     mode: u64,
     zeropage: i64,
+}
+
+#[repr(C)]
+struct WriteProtectArg {
+    range: Range,
+    mode: u64,
 }
 
 /// One event read from the descriptor.
@@ -147,6 +158,25 @@ impl Uffd {
             ioctls: 0,
         };
         ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER, &mut r)
+    }
+
+    /// Registers `[start, start + len)` with the given `REGISTER_MODE_*` bits.
+    pub fn register_mode(&self, start: usize, len: usize, mode: u64) -> io::Result<()> {
+        let mut r = RegisterArg { range: Range { start: start as u64, len: len as u64 }, mode, ioctls: 0 };
+        ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER, &mut r)
+    }
+
+    /// Write-protects (`wp`) or unprotects a range of a range registered
+    /// with `REGISTER_MODE_WP`. Unprotecting wakes the threads waiting on it.
+    pub fn writeprotect(&self, start: usize, len: usize, wp: bool) -> io::Result<()> {
+        let mut a =
+            WriteProtectArg { range: Range { start: start as u64, len: len as u64 }, mode: u64::from(wp) };
+        ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut a)
+    }
+
+    /// The raw descriptor (for polling next to other descriptors).
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
     }
 
     /// Unregisters a range.

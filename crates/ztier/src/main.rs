@@ -49,6 +49,11 @@ enum Command {
     /// cleaner, crash-safe) served over NBD.
     #[command(subcommand)]
     Blk(cmd::blk::BlkCommand),
+    /// Run an unmodified program with its heap under a memory budget: colder
+    /// pages are kept compressed and served back on touch by userfaultfd.
+    Run(cmd::run::RunArgs),
+    /// Live statistics of a program running under `ztier run`.
+    Stats(cmd::run::StatsArgs),
 }
 
 fn main() {
@@ -59,6 +64,8 @@ fn main() {
         Command::Sim(a) => cmd::sim::run(a),
         Command::Trace(t) => cmd::trace::run(t),
         Command::Blk(b) => cmd::blk::run(b),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Stats(a) => cmd::run::stats(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

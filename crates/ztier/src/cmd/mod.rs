@@ -6,5 +6,6 @@ pub mod bench_codecs;
 pub mod bench_store;
 pub mod blk;
 pub mod demo;
+pub mod run;
 pub mod sim;
 pub mod trace;

@@ -1,0 +1,595 @@
+//! # ztier-preload — the library `ztier run` preloads into a program
+//!
+//! Loaded with `LD_PRELOAD` (by `ztier run`, which sets `ZTIER_BUDGET` and
+//! the other `ZTIER_*` variables; without `ZTIER_BUDGET` the library only
+//! forwards to glibc), it gives the program's heap to a **managed arena**:
+//!
+//! - `malloc` and friends are replaced ([`small`] size classes up to
+//!   32 KiB, page ranges above — glibc's own malloc gets its memory with
+//!   internal `mmap`/`brk` calls that cannot be interposed, so it is not
+//!   used for the program);
+//! - the program's private anonymous read-write `mmap`s without a fixed
+//!   address are carved from the arena, and `munmap`, `mremap`, `madvise`
+//!   and `mprotect` on arena memory are handled here;
+//! - the arena is one big mapping registered with userfaultfd; the
+//!   [`manager`] keeps at most the budget of it resident and the rest
+//!   compressed in the page store, and a handler thread serves faults.
+//!
+//! ```text
+//!  arena (64 GiB of address space, MAP_NORESERVE, uffd missing + wp)
+//!  ┌──────────────────────────────┬──────────────────────────────────────────┐
+//!  │ span region (16 GiB)         │ page region (48 GiB)                     │
+//!  │ 256 KiB spans of small blocks│ large blocks and mmaps, best-fit ranges  │
+//!  └──────────────────────────────┴──────────────────────────────────────────┘
+//! ```
+//!
+//! **The handler must never fault on arena memory** (it would wait for
+//! itself). Threads of the library (the handler, and any thread while it
+//! runs library code such as start-up or fork preparation) are marked;
+//! their `malloc`/`mmap` calls go to glibc, and the library's own Rust
+//! allocations use glibc's `__libc_malloc` directly. Memory from glibc
+//! (blocks allocated before start-up) is freed back to glibc: `free`
+//! tells the two apart by address.
+//!
+//! **fork**: a child gets a copy of the memory but not of the handler
+//! thread, and the kernel drops the userfaultfd registration in the
+//! child (stored pages would read as zeros). Before `fork` (a
+//! `pthread_atfork` handler) every stored page is brought back and all
+//! allocator locks are taken; the child then opens its own userfaultfd
+//! and store and starts its own handler. `vfork`/`posix_spawn` children
+//! share the parent's memory and handler. `exec` starts over (the
+//! environment carries `LD_PRELOAD`).
+//!
+//! **Stats**: at exit each process writes `PID.json` into
+//! `ZTIER_STATS_DIR`; while it runs, the abstract unix socket
+//! `@ztier-PID` answers every connection with the same JSON (`ztier stats
+//! PID`).
+
+mod manager;
+mod pages;
+mod shim;
+mod small;
+mod sys;
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+
+use manager::{Config, Manager, Stats, PAGE};
+use pages::PageAlloc;
+use small::{Class, CLASSES, SPAN};
+
+extern "C" {
+    fn __libc_malloc(size: usize) -> *mut libc::c_void;
+    fn __libc_free(p: *mut libc::c_void);
+    fn __libc_realloc(p: *mut libc::c_void, size: usize) -> *mut libc::c_void;
+    fn __libc_memalign(align: usize, size: usize) -> *mut libc::c_void;
+    fn __libc_calloc(n: usize, size: usize) -> *mut libc::c_void;
+}
+
+/// The library's own allocations: glibc's malloc, never the arena.
+struct LibcAlloc;
+
+// SAFETY: forwards to glibc's allocator, which meets GlobalAlloc's contract
+// for the alignments it is asked for (memalign above 16 bytes).
+unsafe impl GlobalAlloc for LibcAlloc {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: plain calls into glibc's allocator.
+        unsafe {
+            if l.align() <= 16 {
+                __libc_malloc(l.size()).cast()
+            } else {
+                __libc_memalign(l.align(), l.size()).cast()
+            }
+        }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, _l: Layout) {
+        // SAFETY: p came from this allocator.
+        unsafe { __libc_free(p.cast()) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        // SAFETY: as in alloc.
+        unsafe {
+            if l.align() <= 16 {
+                __libc_calloc(1, l.size()).cast()
+            } else {
+                let p: *mut u8 = __libc_memalign(l.align(), l.size()).cast();
+                if !p.is_null() {
+                    std::ptr::write_bytes(p, 0, l.size());
+                }
+                p
+            }
+        }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        // SAFETY: p came from this allocator with layout l.
+        unsafe {
+            if l.align() <= 16 {
+                __libc_realloc(p.cast(), new).cast()
+            } else {
+                let q: *mut u8 = __libc_memalign(l.align(), new).cast();
+                if !q.is_null() {
+                    std::ptr::copy_nonoverlapping(p, q, l.size().min(new));
+                    __libc_free(p.cast());
+                }
+                q
+            }
+        }
+    }
+}
+
+#[global_allocator]
+static ALLOC: LibcAlloc = LibcAlloc;
+
+/// Address space of the arena.
+pub const ARENA_BYTES: usize = 64 << 30;
+/// The span region at its start.
+pub const SPAN_BYTES: usize = 16 << 30;
+
+thread_local! {
+    /// This thread runs library code (or is the handler): its allocations
+    /// and mappings go to glibc and the kernel, never to the arena.
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+}
+
+fn inside() -> bool {
+    INSIDE.try_with(Cell::get).unwrap_or(true)
+}
+
+/// Runs `f` marked as library code.
+fn as_inside<R>(f: impl FnOnce() -> R) -> R {
+    let was = inside();
+    let _ = INSIDE.try_with(|c| c.set(true));
+    let r = f();
+    let _ = INSIDE.try_with(|c| c.set(was));
+    r
+}
+
+const UNINIT: u8 = 0;
+const STARTING: u8 = 1;
+const READY: u8 = 2;
+const OFF: u8 = 3;
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static GLOBAL: OnceLock<Global> = OnceLock::new();
+
+/// Everything the interposers share.
+pub struct Global {
+    base: usize,
+    classes: Vec<Mutex<Class>>,
+    span_next: AtomicUsize,
+    granule_class: Vec<AtomicU8>,
+    pages: Mutex<PageAlloc>,
+    mgr: Mutex<Manager>,
+    stats: Stats,
+    cfg: Config,
+}
+
+impl Global {
+    fn in_arena(&self, p: usize) -> bool {
+        p.wrapping_sub(self.base) < ARENA_BYTES
+    }
+    fn in_spans(&self, p: usize) -> bool {
+        p.wrapping_sub(self.base) < SPAN_BYTES
+    }
+    fn page_of(&self, p: usize) -> usize {
+        (p - self.base) / PAGE
+    }
+}
+
+/// The global state if the library is active (starting it on first use).
+fn global() -> Option<&'static Global> {
+    if inside() {
+        return None;
+    }
+    match STATE.load(Ordering::Acquire) {
+        READY => GLOBAL.get(),
+        UNINIT => {
+            if STATE.compare_exchange(UNINIT, STARTING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                let ok = as_inside(start);
+                STATE.store(if ok { READY } else { OFF }, Ordering::Release);
+                if ok {
+                    return GLOBAL.get();
+                }
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+fn env_size(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
+/// Start-up: reads the environment, maps and registers the arena, opens
+/// the store, starts the handler. `false` (library stays off) without
+/// `ZTIER_BUDGET`; any other failure is fatal: the program was asked to
+/// run under a budget, and silently running without one would lie.
+fn start() -> bool {
+    let Some(budget) = env_size("ZTIER_BUDGET") else { return false };
+    let codec =
+        std::env::var("ZTIER_CODEC").ok().and_then(|c| c.parse().ok()).unwrap_or(ztier_codec::CodecId::Lz4);
+    let total = physical_memory();
+    let cfg = Config {
+        budget_pages: budget / PAGE,
+        codec,
+        store_bytes: env_size("ZTIER_STORE").unwrap_or(total / 2),
+        spill_dir: std::env::var_os("ZTIER_SPILL_DIR").map(Into::into),
+        spill_bytes: env_size("ZTIER_SPILL_MAX").unwrap_or(usize::MAX) as u64,
+        stats_dir: std::env::var_os("ZTIER_STATS_DIR").map(Into::into),
+    };
+    match try_start(cfg) {
+        Ok(g) => {
+            let _ = GLOBAL.set(g);
+            // SAFETY: registering plain extern "C" callbacks.
+            unsafe {
+                libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+                libc::atexit(at_exit);
+            }
+            spawn_handlers();
+            true
+        }
+        Err(e) => {
+            eprintln!("ztier: cannot manage this program's memory: {e}");
+            std::process::abort();
+        }
+    }
+}
+
+fn physical_memory() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages.max(1) as usize) * (size.max(1) as usize)
+}
+
+fn try_start(cfg: Config) -> std::io::Result<Global> {
+    // Reserve twice the size to align the arena to a span.
+    let p = sys::mmap(
+        std::ptr::null_mut(),
+        ARENA_BYTES + SPAN,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+        -1,
+        0,
+    );
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::other(format!(
+            "reserving {} GiB of address space: {}",
+            ARENA_BYTES >> 30,
+            std::io::Error::last_os_error()
+        )));
+    }
+    let raw = p as usize;
+    let base = raw.next_multiple_of(SPAN);
+    if base > raw {
+        sys::munmap(raw as *mut _, base - raw);
+    }
+    let tail = raw + ARENA_BYTES + SPAN - (base + ARENA_BYTES);
+    if tail > 0 {
+        sys::munmap((base + ARENA_BYTES) as *mut _, tail);
+    }
+    let pages = ARENA_BYTES / PAGE;
+    let mgr = Manager::new(base, pages, cfg.clone())?;
+    Ok(Global {
+        base,
+        classes: (0..CLASSES).map(|_| Mutex::new(Class::default())).collect(),
+        span_next: AtomicUsize::new(base),
+        granule_class: (0..SPAN_BYTES / SPAN).map(|_| AtomicU8::new(u8::MAX)).collect(),
+        pages: Mutex::new(PageAlloc::new(SPAN_BYTES / PAGE, (ARENA_BYTES - SPAN_BYTES) / PAGE)),
+        mgr: Mutex::new(mgr),
+        stats: Stats::new(),
+        cfg,
+    })
+}
+
+/// The handler thread: reads fault events, serves them under the manager
+/// lock, evicts when over budget, answers the control socket.
+/// CPUs this process may run on (as inherited: `ztier run`'s own mask
+/// in `ZTIER_CPUS` when a parent pinned us).
+fn allowed_cpus() -> Vec<usize> {
+    if let Ok(list) = std::env::var("ZTIER_CPUS") {
+        let v: Vec<usize> = list.split(',').filter_map(|c| c.parse().ok()).collect();
+        if !v.is_empty() {
+            return v;
+        }
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
+    // fills it for this thread.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    // SAFETY: reading a filled set.
+    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+}
+
+/// Pins the calling thread to `cpus` (all of them).
+fn pin(cpus: &[usize]) {
+    // SAFETY: a zeroed set with the CPUs added, applied to this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Starts the fault handler. A fault costs ~10 µs when the handler runs
+/// on the faulting thread's CPU and several times that across CPUs (two
+/// cross-CPU wake-ups per fault, and the TLB shootdowns of eviction).
+/// So by default (`ZTIER_PIN` unset or `main`) the handler and the thread
+/// that started the library (the main thread) share one CPU, picked by
+/// pid among the allowed ones; threads the program creates later get the
+/// whole allowed set back (see `pthread_create`). With `ZTIER_PIN=off`
+/// nothing is pinned.
+fn spawn_handlers() {
+    let cpus = allowed_cpus();
+    let pin_main = std::env::var("ZTIER_PIN").map_or(true, |v| v != "off") && cpus.len() > 1;
+    if pin_main {
+        let cpu = cpus[std::process::id() as usize % cpus.len()];
+        pin(&[cpu]);
+        let _ = ALLOWED.set(cpus);
+        spawn_handler(cpu, true);
+    } else {
+        spawn_handler(usize::MAX, true);
+    }
+}
+
+/// The CPUs new threads get back when the main thread is pinned.
+static ALLOWED: OnceLock<Vec<usize>> = OnceLock::new();
+
+struct HandlerArg {
+    cpu: usize,
+    ctl: bool,
+}
+
+fn spawn_handler(cpu: usize, ctl: bool) {
+    // A raw pthread, not std::thread: std initialises thread-locals (with
+    // destructors registered through calloc) before running the closure,
+    // and the mark that keeps this thread's allocations out of the arena
+    // must be set before anything allocates.
+    extern "C" fn entry(arg: *mut libc::c_void) -> *mut libc::c_void {
+        let _ = INSIDE.try_with(|c| c.set(true));
+        // SAFETY: arg is the Box<HandlerArg> leaked by spawn_handler.
+        let arg = unsafe { Box::from_raw(arg.cast::<HandlerArg>()) };
+        if arg.cpu != usize::MAX {
+            // SAFETY: a zeroed set with one CPU added, applied to this thread.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(arg.cpu, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+        }
+        let g = GLOBAL.get().expect("started");
+        if let Err(e) = handler_loop(g, arg.ctl) {
+            // Threads waiting on a fault would sleep forever: stop loudly.
+            eprintln!("ztier: the fault handler failed ({e}); pages cannot be served: aborting");
+            std::process::abort();
+        }
+        std::ptr::null_mut()
+    }
+    let arg = Box::into_raw(Box::new(HandlerArg { cpu, ctl }));
+    let mut t: libc::pthread_t = 0;
+    // SAFETY: creating a thread running `entry`, which owns `arg`.
+    let r = unsafe { libc::pthread_create(&mut t, std::ptr::null(), entry, arg.cast()) };
+    if r != 0 {
+        eprintln!("ztier: cannot start the fault handler: {}", std::io::Error::from_raw_os_error(r));
+        std::process::abort();
+    }
+    // SAFETY: t is the thread just created; naming it is cosmetic.
+    unsafe { libc::pthread_setname_np(t, c"ztier-handler".as_ptr()) };
+}
+
+fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::linux::net::SocketAddrExt;
+    let ctl = if serve_ctl {
+        std::os::unix::net::SocketAddr::from_abstract_name(format!("ztier-{}", std::process::id()))
+            .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
+            .ok()
+    } else {
+        None
+    };
+    if let Some(l) = &ctl {
+        l.set_nonblocking(true)?;
+    }
+    let uffd = g.mgr.lock().uffd.clone();
+    let spin = std::time::Duration::from_micros(env_size("ZTIER_SPIN_US").unwrap_or(0) as u64);
+    let mut last = std::time::Instant::now();
+    loop {
+        let ev = match uffd.try_read()? {
+            Some(ev) => ev,
+            None if last.elapsed() < spin => {
+                std::hint::spin_loop();
+                continue;
+            }
+            None => {
+                {
+                    let mut m = g.mgr.lock();
+                    if m.over_budget() {
+                        m.evict(&g.stats)?;
+                    }
+                }
+                let mut fds = [
+                    libc::pollfd { fd: uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
+                    libc::pollfd {
+                        fd: ctl.as_ref().map_or(-1, |l| l.as_raw_fd()),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                ];
+                // SAFETY: two live pollfds.
+                unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+                if fds[1].revents != 0 {
+                    if let Some(l) = &ctl {
+                        while let Ok((mut s, _)) = l.accept() {
+                            use std::io::Write;
+                            let _ = s.set_nonblocking(false);
+                            let _ = s.write_all(stats_json(g).as_bytes());
+                        }
+                    }
+                }
+                continue;
+            }
+        };
+        last = std::time::Instant::now();
+        if ev.kind != ztier_uffd::uffd::EVENT_PAGEFAULT {
+            continue;
+        }
+        let addr = (ev.address as usize) & !(PAGE - 1);
+        if ev.flags & ztier_uffd::uffd::PAGEFAULT_FLAG_WP != 0 {
+            // A write hit a page while it was being evicted; the eviction
+            // finished (this thread did it) and woke the writer.
+            g.stats.wp_faults.fetch_add(1, Ordering::Relaxed);
+            uffd.wake(addr, PAGE)?;
+            continue;
+        }
+        let t = std::time::Instant::now();
+        let mut m = g.mgr.lock();
+        if !g.in_arena(addr) {
+            uffd.wake(addr, PAGE)?;
+            continue;
+        }
+        m.serve(addr, &g.stats)?;
+        g.stats.record(t.elapsed().as_nanos() as u64);
+        if m.over_budget() {
+            m.evict(&g.stats)?;
+        }
+    }
+}
+
+/// Statistics of this process as JSON (the `--stats` fields of DESIGN.md
+/// plus counters and the latency histogram, for merging).
+fn stats_json(g: &Global) -> String {
+    let s = &g.stats;
+    let lat: Vec<u64> = s.latency.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    let q = |f: f64| -> f64 {
+        let total: u64 = lat.iter().sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let want = ((total as f64) * f).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, c) in lat.iter().enumerate() {
+            seen += c;
+            if seen >= want {
+                return (i + 1) as f64 / 10.0;
+            }
+        }
+        LAT_MAX_US
+    };
+    let (now_orig, now_stored, spilled) = {
+        let m = g.mgr.lock();
+        let st = m.store().stats();
+        (st.orig_bytes, st.memory_used, st.tier_bytes)
+    };
+    let orig = s.peak_store_orig.load(Ordering::Relaxed);
+    let stored = s.peak_store_bytes.load(Ordering::Relaxed);
+    let hist: Vec<String> =
+        lat.iter().enumerate().filter(|(_, &c)| c > 0).map(|(i, c)| format!("[{i},{c}]")).collect();
+    let ld = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    format!(
+        "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
+         \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
+         \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\
+         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"latency_100ns\":[{}]}}\n",
+        std::process::id(),
+        g.cfg.budget_pages * PAGE,
+        ld(&s.faults),
+        q(0.5),
+        q(0.99),
+        ld(&s.pages_compressed),
+        orig,
+        stored,
+        now_orig,
+        now_stored,
+        spilled,
+        s.peak_resident.load(Ordering::Relaxed) * PAGE,
+        s.resident.load(Ordering::Relaxed) * PAGE,
+        ld(&s.zero_faults),
+        ld(&s.store_faults),
+        ld(&s.prefetched),
+        ld(&s.evicted_zero),
+        ld(&s.refused),
+        ld(&s.wp_faults),
+        hist.join(",")
+    )
+}
+
+const LAT_MAX_US: f64 = manager::LAT_BUCKETS as f64 / 10.0;
+
+extern "C" fn at_exit() {
+    as_inside(|| {
+        let Some(g) = GLOBAL.get() else { return };
+        if let Some(dir) = &g.cfg.stats_dir {
+            let path = dir.join(format!("{}.json", std::process::id()));
+            let _ = std::fs::write(path, stats_json(g));
+        }
+    });
+}
+
+extern "C" fn fork_prepare() {
+    if STATE.load(Ordering::Acquire) != READY {
+        return;
+    }
+    let _ = INSIDE.try_with(|c| c.set(true));
+    let g = GLOBAL.get().expect("ready");
+    for c in &g.classes {
+        std::mem::forget(c.lock());
+    }
+    let mut m = g.mgr.lock();
+    let pages = g.pages.lock();
+    let high = pages.high.max(g.page_of(g.span_next.load(Ordering::Relaxed)));
+    std::mem::forget(pages);
+    if let Err(e) = m.bring_all_back(high, &g.stats) {
+        eprintln!("ztier: bringing pages back before fork failed: {e}: aborting");
+        std::process::abort();
+    }
+    std::mem::forget(m);
+}
+
+fn unlock_all(g: &Global) {
+    // SAFETY: fork_prepare took each of these locks and forgot the guards;
+    // this thread (the one that forked) releases them once.
+    unsafe {
+        g.pages.force_unlock();
+        g.mgr.force_unlock();
+        for c in &g.classes {
+            c.force_unlock();
+        }
+    }
+}
+
+extern "C" fn fork_parent() {
+    if STATE.load(Ordering::Acquire) != READY {
+        return;
+    }
+    let g = GLOBAL.get().expect("ready");
+    unlock_all(g);
+    let _ = INSIDE.try_with(|c| c.set(false));
+}
+
+extern "C" fn fork_child() {
+    if STATE.load(Ordering::Acquire) != READY {
+        return;
+    }
+    let g = GLOBAL.get().expect("ready");
+    {
+        // SAFETY: this thread holds the manager lock (taken in prepare);
+        // the child is single-threaded here.
+        let m = unsafe { &mut *g.mgr.data_ptr() };
+        if let Err(e) = m.reopen_after_fork() {
+            eprintln!("ztier: the forked child cannot manage its memory: {e}: aborting");
+            std::process::abort();
+        }
+        g.stats.reset(m.resident());
+    }
+    unlock_all(g);
+    spawn_handlers();
+    let _ = INSIDE.try_with(|c| c.set(false));
+}

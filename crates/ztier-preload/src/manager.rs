@@ -1,0 +1,635 @@
+//! The manager: page states of the arena, the userfaultfd handler thread,
+//! the resident budget and eviction into the compressed page store.
+//!
+//! ```text
+//!  page state (1 byte per arena page)
+//!  ┌────────┬─────────┬──────────────┬─────────────────────────────────┐
+//!  │ bit 7  │ bit 6   │ bits 2..5    │ bits 0..1                       │
+//!  │ QUEUED │ NOEVICT │ (unused)     │ ABSENT 0 · RESIDENT 1 · STORED 2│
+//!  └────────┴─────────┴──────────────┴─────────────────────────────────┘
+//!
+//!   ABSENT ──fault: UFFDIO_COPY of zeros (a run of up to 16)──► RESIDENT
+//!   RESIDENT ──evict: WP, compress, MADV_DONTNEED, wake──► STORED (or ABSENT if all zero)
+//!   STORED ──fault: get + decompress + UFFDIO_COPY (+ sequential prefetch)──► RESIDENT
+//!   any ──munmap / MADV_DONTNEED / free of a large block──► ABSENT (copy dropped)
+//! ```
+//!
+//! Every page of the arena is registered for missing-page faults, so a
+//! page becomes resident only through the handler: the resident count is
+//! exact, and it is held at the budget by evicting the oldest resident
+//! pages (FIFO by the time they came in; a page evicted too early comes
+//! back in one fault, which is the second chance). While a run of pages
+//! is evicted it is write-protected (`UFFDIO_WRITEPROTECT`), so a thread
+//! writing it meanwhile waits instead of losing its write; after
+//! `MADV_DONTNEED` the run is unprotected, which wakes such threads, and
+//! their retry faults the page back from the store.
+//!
+//! The handler never touches memory of the arena except pages it knows
+//! resident (eviction reads them), and its own allocations come from
+//! glibc's malloc (see the crate docs), so it cannot fault on itself.
+
+use std::collections::VecDeque;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use ztier_codec::CodecId;
+use ztier_store::tier::FileTier;
+use ztier_store::{Key, PoolKind, PoolOptions, PutFlags, Store, StoreConfig, StoreError};
+use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP};
+
+use crate::sys;
+
+/// Page size.
+pub const PAGE: usize = 4096;
+/// No data: the next touch gets zeros.
+pub const ABSENT: u8 = 0;
+/// In memory, uncompressed.
+pub const RESIDENT: u8 = 1;
+/// Compressed in the store (or its spill file).
+pub const STORED: u8 = 2;
+/// Mask of the state bits.
+pub const STATE: u8 = 3;
+/// Not readable (mprotect'ed): never evicted.
+pub const NOEVICT: u8 = 0x40;
+/// In the FIFO of resident pages.
+pub const QUEUED: u8 = 0x80;
+/// Zero pages installed per fault on a never-touched page.
+pub const ZERO_RUN: usize = 16;
+/// Stored pages installed per fault when faults run sequentially.
+pub const PREFETCH: usize = 8;
+/// Pages evicted per round.
+pub const EVICT_BATCH: usize = 32;
+/// Fault-latency buckets of 100 ns; the last collects the rest.
+pub const LAT_BUCKETS: usize = 4000;
+
+/// Settings, from the environment `ztier run` sets.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Resident pages allowed.
+    pub budget_pages: usize,
+    /// Codec of the store.
+    pub codec: CodecId,
+    /// Bytes the store may use in memory.
+    pub store_bytes: usize,
+    /// Folder for the spill file (`None` = no spill: when the store is
+    /// full, pages stay resident).
+    pub spill_dir: Option<PathBuf>,
+    /// Largest spill file.
+    pub spill_bytes: u64,
+    /// Folder where each process writes `PID.json` at exit.
+    pub stats_dir: Option<PathBuf>,
+}
+
+/// Counters (read by the stats writer and the control socket while the
+/// handler runs).
+pub struct Stats {
+    /// Faults served.
+    pub faults: AtomicU64,
+    /// … of which on never-touched (or released) pages.
+    pub zero_faults: AtomicU64,
+    /// … of which decompressed from the store.
+    pub store_faults: AtomicU64,
+    /// Extra stored pages installed by sequential prefetch.
+    pub prefetched: AtomicU64,
+    /// Pages compressed into the store.
+    pub pages_compressed: AtomicU64,
+    /// Evicted pages that were all zero (not stored).
+    pub evicted_zero: AtomicU64,
+    /// Pages the store refused (they stayed resident).
+    pub refused: AtomicU64,
+    /// Write-protect faults (a write hit a page while it was evicted).
+    pub wp_faults: AtomicU64,
+    /// Resident pages now.
+    pub resident: AtomicUsize,
+    /// Most memory the store used (sampled after each eviction round).
+    pub peak_store_bytes: AtomicU64,
+    /// Uncompressed bytes the store (and spill file) held at that moment.
+    pub peak_store_orig: AtomicU64,
+    /// Most resident pages seen.
+    pub peak_resident: AtomicUsize,
+    /// Fault service time, 100 ns buckets.
+    pub latency: Vec<AtomicU64>,
+}
+
+impl Stats {
+    /// Zeroed counters.
+    pub fn new() -> Stats {
+        Stats {
+            faults: AtomicU64::new(0),
+            zero_faults: AtomicU64::new(0),
+            store_faults: AtomicU64::new(0),
+            prefetched: AtomicU64::new(0),
+            pages_compressed: AtomicU64::new(0),
+            evicted_zero: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            wp_faults: AtomicU64::new(0),
+            resident: AtomicUsize::new(0),
+            peak_store_bytes: AtomicU64::new(0),
+            peak_store_orig: AtomicU64::new(0),
+            peak_resident: AtomicUsize::new(0),
+            latency: (0..LAT_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Resets every counter (a forked child counts its own).
+    pub fn reset(&self, resident: usize) {
+        for c in [
+            &self.faults,
+            &self.zero_faults,
+            &self.store_faults,
+            &self.prefetched,
+            &self.pages_compressed,
+            &self.evicted_zero,
+            &self.refused,
+            &self.wp_faults,
+            &self.peak_store_bytes,
+            &self.peak_store_orig,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+        for c in &self.latency {
+            c.store(0, Ordering::Relaxed);
+        }
+        self.resident.store(resident, Ordering::Relaxed);
+        self.peak_resident.store(resident, Ordering::Relaxed);
+    }
+
+    /// Counts one fault service time.
+    pub fn record(&self, ns: u64) {
+        let b = ((ns / 100) as usize).min(LAT_BUCKETS - 1);
+        self.latency[b].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats::new()
+    }
+}
+
+fn store_err(e: StoreError) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+/// The arena's pages and everything the handler needs; behind one lock.
+pub struct Manager {
+    /// Arena start.
+    pub base: usize,
+    /// Arena pages.
+    pub pages: usize,
+    states: *mut u8,
+    /// The userfaultfd (shared with the handler's event loop).
+    pub uffd: Arc<Uffd>,
+    store: Arc<Store>,
+    pool: u32,
+    fifo: VecDeque<u32>,
+    resident: usize,
+    budget: usize,
+    last_fault: usize,
+    prefetch: usize,
+    buf: Vec<u8>,
+    zero: Vec<u8>,
+    cfg: Config,
+}
+
+// SAFETY: `states` points to a private mapping owned by the manager; all
+// access goes through `&mut self` under the manager's lock.
+unsafe impl Send for Manager {}
+
+/// Opens a userfaultfd and registers the arena for missing and
+/// write-protect faults.
+fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
+    let u = Uffd::open()?;
+    u.register_mode(base, len, REGISTER_MODE_MISSING | REGISTER_MODE_WP).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("registering the arena with userfaultfd (missing + write-protect): {e}"),
+        )
+    })?;
+    Ok(Arc::new(u))
+}
+
+fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
+    let mut sc = StoreConfig::new(cfg.store_bytes);
+    sc.codec = cfg.codec;
+    let tier: Option<Box<dyn ztier_store::tier::NextTier>> = match &cfg.spill_dir {
+        Some(dir) => {
+            let path = dir.join(format!("spill.{}", std::process::id()));
+            let t = FileTier::create(&path, cfg.spill_bytes)
+                .map_err(|e| io::Error::new(e.kind(), format!("spill file {}: {e}", path.display())))?;
+            // The descriptor keeps the file; nothing is left behind, even
+            // if the process is killed.
+            let _ = std::fs::remove_file(&path);
+            Some(Box::new(t))
+        }
+        None => None,
+    };
+    let store = Arc::new(Store::with_tier(sc, tier));
+    let pool = store
+        .create_pool(PoolOptions { store_raw: true, ..PoolOptions::new(PoolKind::Persistent) })
+        .map_err(store_err)?;
+    Ok((store, pool))
+}
+
+impl Manager {
+    /// A manager over `pages` pages at `base` (already mapped).
+    pub fn new(base: usize, pages: usize, cfg: Config) -> io::Result<Manager> {
+        let states = sys::mmap(
+            std::ptr::null_mut(),
+            pages,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if states == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let uffd = open_uffd(base, pages * PAGE)?;
+        let (store, pool) = open_store(&cfg)?;
+        Ok(Manager {
+            base,
+            pages,
+            states: states.cast(),
+            uffd,
+            store,
+            pool,
+            fifo: VecDeque::new(),
+            resident: 0,
+            budget: cfg.budget_pages.max(EVICT_BATCH * 2),
+            last_fault: usize::MAX,
+            prefetch: std::env::var("ZTIER_PREFETCH")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(PREFETCH)
+                .clamp(1, 64),
+            buf: vec![0; 64 * PAGE],
+            zero: vec![0; ZERO_RUN * PAGE],
+            cfg,
+        })
+    }
+
+    /// The store (for its statistics).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn st(&self, i: usize) -> u8 {
+        debug_assert!(i < self.pages);
+        // SAFETY: i < pages, the length of the states mapping.
+        unsafe { *self.states.add(i) }
+    }
+
+    fn set(&mut self, i: usize, v: u8) {
+        debug_assert!(i < self.pages);
+        // SAFETY: as in `st`; exclusive through `&mut self`.
+        unsafe { *self.states.add(i) = v };
+    }
+
+    fn key(&self, i: usize) -> Key {
+        Key { pool: self.pool, object: 0, index: i as u32 }
+    }
+
+    fn addr(&self, i: usize) -> usize {
+        self.base + i * PAGE
+    }
+
+    fn became_resident(&mut self, i: usize, stats: &Stats) {
+        let s = self.st(i);
+        let mut n = (s & !STATE) | RESIDENT;
+        if s & QUEUED == 0 {
+            self.fifo.push_back(i as u32);
+            n |= QUEUED;
+        }
+        self.set(i, n);
+        self.resident += 1;
+        stats.resident.store(self.resident, Ordering::Relaxed);
+        stats.peak_resident.fetch_max(self.resident, Ordering::Relaxed);
+    }
+
+    /// Installs `n` pages of `data` at page `i`; falls back to one page at
+    /// a time if some page of the run is there already. Returns how many
+    /// pages were newly installed (their indices are marked resident).
+    fn install(&mut self, i: usize, n: usize, from_zero: bool, stats: &Stats) -> io::Result<()> {
+        let addr = self.addr(i);
+        let src: &[u8] = if from_zero { &self.zero[..n * PAGE] } else { &self.buf[..n * PAGE] };
+        let mut tries = 0;
+        let r = loop {
+            match self.uffd.copy(addr, src) {
+                Ok(Installed::Retry) if tries < 1000 => tries += 1,
+                Ok(Installed::Retry) => return Err(io::Error::other("UFFDIO_COPY kept failing with EAGAIN")),
+                Ok(r) => break r,
+                // A run that crosses into another mapping (the program
+                // changed protections inside the arena): page by page.
+                Err(e) if n > 1 && e.raw_os_error() == Some(libc::ENOENT) => break Installed::AlreadyThere,
+                Err(e) => {
+                    return Err(io::Error::new(e.kind(), format!("installing {n} page(s) at {addr:#x}: {e}")))
+                }
+            }
+        };
+        if r == Installed::Done {
+            for k in 0..n {
+                self.became_resident(i + k, stats);
+            }
+            return Ok(());
+        }
+        // Some page of the run was present (EEXIST): one by one.
+        for k in 0..n {
+            let src: &[u8] = if from_zero { &self.zero[..PAGE] } else { &self.buf[k * PAGE..(k + 1) * PAGE] };
+            let at = addr + k * PAGE;
+            let r = loop {
+                match self.uffd.copy(at, src) {
+                    Ok(Installed::Retry) => continue,
+                    Ok(r) => break r,
+                    // Not ours to fill (another mapping): leave it.
+                    Err(e) if k > 0 && e.raw_os_error() == Some(libc::ENOENT) => {
+                        break Installed::AlreadyThere
+                    }
+                    Err(e) => {
+                        return Err(io::Error::new(e.kind(), format!("installing the page at {at:#x}: {e}")))
+                    }
+                }
+            };
+            if r == Installed::Done && self.st(i + k) & STATE != RESIDENT {
+                self.became_resident(i + k, stats);
+            } else if self.st(i + k) & STATE == STORED {
+                // Present already (installed behind our back): the stored
+                // copy is stale either way.
+                let _ = self.store.flush_page(self.key(i + k));
+                self.set(i + k, (self.st(i + k) & !STATE) | RESIDENT);
+                self.resident += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves one missing-page fault at `addr`.
+    pub fn serve(&mut self, addr: usize, stats: &Stats) -> io::Result<()> {
+        let i = (addr - self.base) / PAGE;
+        let sequential = i == self.last_fault.wrapping_add(1);
+        self.last_fault = i;
+        match self.st(i) & STATE {
+            STORED => {
+                let mut n = 1;
+                if sequential {
+                    while n < self.prefetch
+                        && i + n < self.pages
+                        && self.st(i + n) & (STATE | NOEVICT) == STORED
+                    {
+                        n += 1;
+                    }
+                }
+                for k in 0..n {
+                    let key = self.key(i + k);
+                    let found = self
+                        .store
+                        .get(key, &mut self.buf[k * PAGE..(k + 1) * PAGE], true)
+                        .map_err(|e| io::Error::other(format!("page {:#x}: {e}", self.addr(i + k))))?;
+                    if !found {
+                        return Err(io::Error::other(format!(
+                            "page {:#x} is missing from the store",
+                            self.addr(i + k)
+                        )));
+                    }
+                }
+                self.make_room(n, stats)?;
+                self.install(i, n, false, stats)?;
+                stats.store_faults.fetch_add(1, Ordering::Relaxed);
+                stats.prefetched.fetch_add(n as u64 - 1, Ordering::Relaxed);
+                self.last_fault = i + n - 1;
+            }
+            RESIDENT => {
+                // Resident by our books but the fault says missing: the
+                // program released it behind our back (a raw syscall).
+                // Zeros are what the kernel would have given.
+                let addr = self.addr(i);
+                if self.uffd.copy(addr, &self.zero[..PAGE])? == Installed::Done {
+                    stats.zero_faults.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            _ => {
+                let mut n = 1;
+                while n < ZERO_RUN && i + n < self.pages && self.st(i + n) & (STATE | NOEVICT) == ABSENT {
+                    n += 1;
+                }
+                self.make_room(n, stats)?;
+                self.install(i, n, true, stats)?;
+                stats.zero_faults.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        stats.faults.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Over budget?
+    pub fn over_budget(&self) -> bool {
+        self.resident > self.budget
+    }
+
+    /// Evicts first if installing `n` more pages would go over budget, so
+    /// the resident count never exceeds it.
+    fn make_room(&mut self, n: usize, stats: &Stats) -> io::Result<()> {
+        if self.resident + n > self.budget {
+            self.evict(stats)?;
+        }
+        Ok(())
+    }
+
+    /// Evicts the oldest resident pages until the resident count is a
+    /// batch below the budget (or nothing more can go).
+    pub fn evict(&mut self, stats: &Stats) -> io::Result<()> {
+        let target = self.budget.saturating_sub(EVICT_BATCH);
+        let mut guard = 0;
+        while self.resident > target && guard < 1 << 20 {
+            guard += 1;
+            let mut victims = Vec::with_capacity(EVICT_BATCH);
+            while victims.len() < EVICT_BATCH.min(self.resident - target) {
+                let Some(i) = self.fifo.pop_front() else { break };
+                let i = i as usize;
+                let s = self.st(i) & !QUEUED;
+                self.set(i, s);
+                if s & STATE == RESIDENT && s & NOEVICT == 0 {
+                    victims.push(i);
+                } else if s & STATE == RESIDENT {
+                    // Not evictable now: back in line.
+                    self.fifo.push_back(i as u32);
+                    self.set(i, s | QUEUED);
+                }
+            }
+            if victims.is_empty() {
+                break;
+            }
+            victims.sort_unstable();
+            let mut k = 0;
+            while k < victims.len() {
+                let mut e = k + 1;
+                while e < victims.len() && victims[e] == victims[e - 1] + 1 {
+                    e += 1;
+                }
+                self.evict_run(victims[k], e - k, stats)?;
+                k = e;
+            }
+        }
+        let st = self.store.stats();
+        if st.memory_used >= stats.peak_store_bytes.load(Ordering::Relaxed) {
+            stats.peak_store_bytes.store(st.memory_used, Ordering::Relaxed);
+            stats.peak_store_orig.store(st.orig_bytes + st.tier_entries * PAGE as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn evict_run(&mut self, first: usize, n: usize, stats: &Stats) -> io::Result<()> {
+        let addr = self.addr(first);
+        let len = n * PAGE;
+        self.uffd.writeprotect(addr, len, true).map_err(|e| {
+            io::Error::new(e.kind(), format!("write-protecting {addr:#x}+{len:#x} to evict it: {e}"))
+        })?;
+        // Make sure every page is really present before reading it: a
+        // page released by a raw syscall would fault into this thread.
+        let mut inmem = vec![0u8; n];
+        // SAFETY: mincore over part of the arena into a vector of n bytes.
+        if unsafe { libc::mincore(addr as *mut libc::c_void, len, inmem.as_mut_ptr()) } != 0 {
+            let e = io::Error::last_os_error();
+            self.uffd.writeprotect(addr, len, false)?;
+            return Err(e);
+        }
+        let mut drop_from = usize::MAX;
+        let mut drops: Vec<(usize, usize)> = Vec::new();
+        for (k, &present) in inmem.iter().enumerate() {
+            let i = first + k;
+            let mut dropped = false;
+            if present & 1 == 0 {
+                // Gone already (released behind our back): it reads as zeros.
+                self.set(i, self.st(i) & !STATE);
+                dropped = true;
+            } else {
+                // SAFETY: the page is present and write-protected: it can be
+                // read without faulting and cannot change meanwhile.
+                let page = unsafe { std::slice::from_raw_parts(self.addr(i) as *const u8, PAGE) };
+                if is_zero(page) {
+                    self.set(i, self.st(i) & !STATE);
+                    stats.evicted_zero.fetch_add(1, Ordering::Relaxed);
+                    dropped = true;
+                } else {
+                    match self.store.put(self.key(i), page, PutFlags::default()) {
+                        Ok(()) => {
+                            self.set(i, (self.st(i) & !STATE) | STORED);
+                            stats.pages_compressed.fetch_add(1, Ordering::Relaxed);
+                            dropped = true;
+                        }
+                        Err(StoreError::Refused(_)) => {
+                            stats.refused.fetch_add(1, Ordering::Relaxed);
+                            let s = self.st(i);
+                            if s & QUEUED == 0 {
+                                self.fifo.push_back(i as u32);
+                                self.set(i, s | QUEUED);
+                            }
+                        }
+                        Err(e) => {
+                            self.uffd.writeprotect(addr, len, false)?;
+                            return Err(store_err(e));
+                        }
+                    }
+                }
+            }
+            if dropped {
+                self.resident -= 1;
+                if drop_from == usize::MAX {
+                    drop_from = i;
+                }
+            } else if drop_from != usize::MAX {
+                drops.push((drop_from, i - drop_from));
+                drop_from = usize::MAX;
+            }
+        }
+        if drop_from != usize::MAX {
+            drops.push((drop_from, first + n - drop_from));
+        }
+        for (s, c) in drops {
+            if sys::madvise(self.addr(s) as *mut libc::c_void, c * PAGE, libc::MADV_DONTNEED) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        // Unprotect what stayed and wake writers that waited on the run.
+        self.uffd.writeprotect(addr, len, false).map_err(|e| {
+            io::Error::new(e.kind(), format!("unprotecting {addr:#x}+{len:#x} after eviction: {e}"))
+        })?;
+        stats.resident.store(self.resident, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Releases `[first, first + n)`: memory returned to the kernel,
+    /// compressed copies dropped; the pages read as zeros afterwards.
+    pub fn release(&mut self, first: usize, n: usize, stats: &Stats) {
+        for i in first..first + n {
+            let s = self.st(i);
+            match s & STATE {
+                RESIDENT => self.resident -= 1,
+                STORED => {
+                    let _ = self.store.flush_page(self.key(i));
+                }
+                _ => {}
+            }
+            self.set(i, s & QUEUED);
+        }
+        sys::madvise(self.addr(first) as *mut libc::c_void, n * PAGE, libc::MADV_DONTNEED);
+        stats.resident.store(self.resident, Ordering::Relaxed);
+    }
+
+    /// Marks pages not evictable (not readable) or evictable again.
+    pub fn set_noevict(&mut self, first: usize, n: usize, on: bool) {
+        for i in first..first + n {
+            let s = self.st(i);
+            self.set(i, if on { s | NOEVICT } else { s & !NOEVICT });
+        }
+    }
+
+    /// Brings every stored page back into memory (before `fork`: a child
+    /// gets a copy of the memory, not of the handler).
+    pub fn bring_all_back(&mut self, high: usize, stats: &Stats) -> io::Result<()> {
+        for i in 0..high.min(self.pages) {
+            if self.st(i) & STATE == STORED {
+                let key = self.key(i);
+                let found = self.store.get(key, &mut self.buf[..PAGE], true).map_err(store_err)?;
+                if !found {
+                    return Err(io::Error::other(format!(
+                        "page {:#x} is missing from the store",
+                        self.addr(i)
+                    )));
+                }
+                self.install(i, 1, false, stats)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// In a forked child: a userfaultfd and a store of its own (the
+    /// parent's are shared descriptors and a copy of the parent's state).
+    pub fn reopen_after_fork(&mut self) -> io::Result<()> {
+        self.uffd = open_uffd(self.base, self.pages * PAGE)?;
+        let (store, pool) = open_store(&self.cfg)?;
+        // The parent's store object is a private copy: dropping it frees
+        // only this process's memory. Its spill file descriptor is shared
+        // with the parent but is only closed here, never written.
+        self.store = store;
+        self.pool = pool;
+        Ok(())
+    }
+
+    /// Registers `[first, first + n)` again (after a fixed mapping
+    /// replaced that part of the arena).
+    pub fn reregister(&mut self, first: usize, n: usize) -> io::Result<()> {
+        self.uffd.register_mode(self.addr(first), n * PAGE, REGISTER_MODE_MISSING | REGISTER_MODE_WP)
+    }
+
+    /// Resident pages now.
+    pub fn resident(&self) -> usize {
+        self.resident
+    }
+}
+
+fn is_zero(page: &[u8]) -> bool {
+    page.chunks_exact(64).all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
+}

@@ -1,0 +1,167 @@
+//! The page-range allocator of the arena's page region: large `malloc`
+//! blocks and the program's anonymous `mmap`s. Free ranges are kept by
+//! start (for merging) and by (length, start) (best fit). Every free range
+//! holds zero pages: a range is returned only after its memory was
+//! released (`MADV_DONTNEED`) and its compressed copies dropped.
+//!
+//! ```text
+//!  page region: [ used ][ free ........ ][ used ][ free ][ untouched ... ]
+//!  by_start: start -> len          by_len: (len, start)
+//! ```
+//!
+//! Large `malloc` blocks up to [`CACHE_MAX_PAGES`] are not released when
+//! freed but kept, contents and all, in per-length stacks (bounded by
+//! [`CACHE_TOTAL_PAGES`]) and handed out again: a program that frees and
+//! allocates blocks of the same size does not pay a fault per page again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Largest block (pages) kept in the reuse cache.
+pub const CACHE_MAX_PAGES: usize = 64;
+/// Pages the reuse cache may hold in total.
+pub const CACHE_TOTAL_PAGES: usize = 16384;
+
+/// Free ranges, large-block sizes and the reuse cache; page numbers are
+/// absolute arena page indices.
+pub struct PageAlloc {
+    by_start: BTreeMap<usize, usize>,
+    by_len: BTreeSet<(usize, usize)>,
+    /// Live large `malloc` blocks: first page -> pages.
+    pub large: HashMap<usize, usize>,
+    cache: Vec<Vec<usize>>,
+    cached: usize,
+    /// Highest page index ever handed out + 1.
+    pub high: usize,
+}
+
+impl PageAlloc {
+    /// One free range `[first, first + pages)`.
+    pub fn new(first: usize, pages: usize) -> PageAlloc {
+        let mut a = PageAlloc {
+            by_start: BTreeMap::new(),
+            by_len: BTreeSet::new(),
+            large: HashMap::new(),
+            cache: vec![Vec::new(); CACHE_MAX_PAGES + 1],
+            cached: 0,
+            high: first,
+        };
+        a.insert(first, pages);
+        a
+    }
+
+    fn insert(&mut self, start: usize, len: usize) {
+        self.by_start.insert(start, len);
+        self.by_len.insert((len, start));
+    }
+
+    fn remove(&mut self, start: usize, len: usize) {
+        self.by_start.remove(&start);
+        self.by_len.remove(&(len, start));
+    }
+
+    /// Allocates `n` pages whose first page index is a multiple of `align`
+    /// (pages, a power of two). Best fit; `None` when the region is full.
+    pub fn alloc(&mut self, n: usize, align: usize) -> Option<usize> {
+        let want = n + align - 1;
+        let &(len, start) = self.by_len.range((want, 0)..).next()?;
+        self.remove(start, len);
+        let first = start.next_multiple_of(align);
+        if first > start {
+            self.insert(start, first - start);
+        }
+        let end = start + len;
+        if first + n < end {
+            self.insert(first + n, end - first - n);
+        }
+        self.high = self.high.max(first + n);
+        Some(first)
+    }
+
+    /// Takes exactly `[first, first + n)` if it is all free.
+    pub fn take(&mut self, first: usize, n: usize) -> bool {
+        let Some((&start, &len)) = self.by_start.range(..=first).next_back() else { return false };
+        if start + len < first + n {
+            return false;
+        }
+        self.remove(start, len);
+        if first > start {
+            self.insert(start, first - start);
+        }
+        if first + n < start + len {
+            self.insert(first + n, start + len - first - n);
+        }
+        self.high = self.high.max(first + n);
+        true
+    }
+
+    /// Returns `[first, first + n)` (already released) to the free ranges.
+    pub fn free(&mut self, mut first: usize, mut n: usize) {
+        if let Some((&s, &l)) = self.by_start.range(..first).next_back() {
+            if s + l == first {
+                self.remove(s, l);
+                first = s;
+                n += l;
+            }
+        }
+        if let Some(&l) = self.by_start.get(&(first + n)) {
+            self.remove(first + n, l);
+            n += l;
+        }
+        self.insert(first, n);
+    }
+
+    /// A cached block of exactly `n` pages (old contents), if any.
+    pub fn cache_pop(&mut self, n: usize) -> Option<usize> {
+        let p = self.cache.get_mut(n)?.pop()?;
+        self.cached -= n;
+        Some(p)
+    }
+
+    /// Keeps a freed block of `n` pages for reuse; `false` if it must be
+    /// released instead (too large, or the cache is full).
+    pub fn cache_push(&mut self, first: usize, n: usize) -> bool {
+        if n > CACHE_MAX_PAGES || self.cached + n > CACHE_TOTAL_PAGES {
+            return false;
+        }
+        self.cache[n].push(first);
+        self.cached += n;
+        true
+    }
+
+    /// Free pages (ranges only, not the cache).
+    #[cfg(test)]
+    pub fn free_pages(&self) -> usize {
+        self.by_start.values().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_free_merge_and_alignment() {
+        let mut a = PageAlloc::new(100, 1000);
+        let x = a.alloc(10, 1).unwrap();
+        let y = a.alloc(20, 16).unwrap();
+        assert_eq!(y % 16, 0);
+        assert!(y >= x + 10 || y + 20 <= x);
+        assert_eq!(a.free_pages(), 970);
+        a.free(x, 10);
+        a.free(y, 20);
+        assert_eq!(a.free_pages(), 1000);
+        assert_eq!(a.by_start.len(), 1, "neighbours merge back into one range");
+        assert!(a.take(500, 10));
+        assert!(!a.take(505, 10), "taking a used range fails");
+        assert!(a.alloc(2000, 1).is_none());
+    }
+
+    #[test]
+    fn cache_bounds() {
+        let mut a = PageAlloc::new(0, 1 << 20);
+        assert!(a.cache_push(10, 4));
+        assert!(!a.cache_push(20, CACHE_MAX_PAGES + 1));
+        assert_eq!(a.cache_pop(4), Some(10));
+        assert_eq!(a.cache_pop(4), None);
+    }
+}

@@ -1,0 +1,694 @@
+//! The exported C symbols: the malloc family and the memory-mapping calls.
+//! Each one forwards to glibc (or the kernel) when the library is off, when
+//! the calling thread runs library code, or when the memory is not the
+//! arena's.
+
+use libc::{c_int, c_void, off_t};
+
+use crate::manager::PAGE;
+use crate::small::{class_of, class_size, MAX_SMALL, SPAN};
+use crate::{
+    __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_realloc, global, sys, Global,
+};
+
+const RW: c_int = libc::PROT_READ | libc::PROT_WRITE;
+
+fn small_alloc(g: &Global, c: usize) -> *mut c_void {
+    let size = class_size(c);
+    let mut cl = g.classes[c].lock();
+    if cl.free != 0 {
+        let p = cl.free;
+        // SAFETY: p is a freed object of this class; its first word holds
+        // the next free object (written by small_free). Reading it may
+        // fault; the handler never takes class locks.
+        cl.free = unsafe { *(p as *const usize) };
+        return p as *mut c_void;
+    }
+    if cl.bump + size > cl.end {
+        let span = g.span_next.fetch_add(SPAN, std::sync::atomic::Ordering::Relaxed);
+        if span + SPAN > g.base + crate::SPAN_BYTES {
+            g.span_next.fetch_sub(SPAN, std::sync::atomic::Ordering::Relaxed);
+            return std::ptr::null_mut();
+        }
+        g.granule_class[(span - g.base) / SPAN].store(c as u8, std::sync::atomic::Ordering::Release);
+        cl.bump = span;
+        cl.end = span + SPAN;
+    }
+    let p = cl.bump;
+    cl.bump += size;
+    p as *mut c_void
+}
+
+fn small_class(g: &Global, p: usize) -> usize {
+    let c = g.granule_class[(p - g.base) / SPAN].load(std::sync::atomic::Ordering::Acquire);
+    if c as usize >= crate::small::CLASSES {
+        bad_pointer("free", p);
+    }
+    c as usize
+}
+
+fn small_free(g: &Global, p: usize) {
+    let c = small_class(g, p);
+    let mut cl = g.classes[c].lock();
+    // SAFETY: p is a live object of class c being freed; its first word
+    // becomes the free-list link.
+    unsafe { *(p as *mut usize) = cl.free };
+    cl.free = p;
+}
+
+fn bad_pointer(what: &str, p: usize) -> ! {
+    eprintln!("ztier: {what}(): invalid pointer {p:#x}: aborting");
+    std::process::abort();
+}
+
+/// Large block of `n` pages aligned to `align` pages; `zeroed` says
+/// whether the memory must read as zeros.
+fn large_alloc(g: &Global, n: usize, align: usize, zeroed: bool) -> *mut c_void {
+    let mut pa = g.pages.lock();
+    if align == 1 {
+        if let Some(first) = pa.cache_pop(n) {
+            pa.large.insert(first, n);
+            drop(pa);
+            let p = (g.base + first * PAGE) as *mut c_void;
+            if zeroed {
+                // SAFETY: the block is ours, n pages long.
+                unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, n * PAGE) };
+            }
+            return p;
+        }
+    }
+    match pa.alloc(n, align) {
+        Some(first) => {
+            pa.large.insert(first, n);
+            (g.base + first * PAGE) as *mut c_void
+        }
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// Releases pages `[first, first + n)` of the page region back to the
+/// free ranges (memory returned, copies dropped).
+fn release_range(g: &Global, first: usize, n: usize) {
+    g.mgr.lock().release(first, n, &g.stats);
+    g.pages.lock().free(first, n);
+}
+
+fn large_free(g: &Global, p: usize) {
+    let first = g.page_of(p);
+    let mut pa = g.pages.lock();
+    let Some(n) = pa.large.remove(&first) else { bad_pointer("free", p) };
+    if p % PAGE != 0 {
+        bad_pointer("free", p);
+    }
+    if pa.cache_push(first, n) {
+        return;
+    }
+    drop(pa);
+    release_range(g, first, n);
+}
+
+fn usable(g: &Global, p: usize) -> usize {
+    if g.in_spans(p) {
+        class_size(small_class(g, p))
+    } else {
+        let n = g.pages.lock().large.get(&g.page_of(p)).copied();
+        match n {
+            Some(n) => n * PAGE,
+            None => bad_pointer("malloc_usable_size", p),
+        }
+    }
+}
+
+fn alloc(g: &Global, size: usize, zeroed: bool) -> *mut c_void {
+    if size <= MAX_SMALL {
+        let p = small_alloc(g, class_of(size));
+        if zeroed && !p.is_null() {
+            // SAFETY: p is a fresh block of at least `size` bytes.
+            unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, size) };
+        }
+        p
+    } else {
+        large_alloc(g, size.div_ceil(PAGE), 1, zeroed)
+    }
+}
+
+fn nomem<T>(p: *mut T) -> *mut T {
+    if p.is_null() {
+        sys::set_errno(libc::ENOMEM);
+    }
+    p
+}
+
+/// `malloc(3)`.
+///
+/// # Safety
+/// The C contract of `malloc`.
+#[no_mangle]
+pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    match global() {
+        // SAFETY: glibc's malloc.
+        None => unsafe { __libc_malloc(size) },
+        Some(g) => nomem(alloc(g, size, false)),
+    }
+}
+
+/// `calloc(3)`.
+///
+/// # Safety
+/// The C contract of `calloc`.
+#[no_mangle]
+pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    match global() {
+        // SAFETY: glibc's calloc.
+        None => unsafe { __libc_calloc(n, size) },
+        Some(g) => match n.checked_mul(size) {
+            Some(t) => nomem(alloc(g, t, true)),
+            None => nomem(std::ptr::null_mut()),
+        },
+    }
+}
+
+/// `free(3)`.
+///
+/// # Safety
+/// The C contract of `free`.
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    match crate::GLOBAL.get() {
+        Some(g) if g.in_arena(p as usize) => {
+            if g.in_spans(p as usize) {
+                small_free(g, p as usize)
+            } else {
+                large_free(g, p as usize)
+            }
+        }
+        // SAFETY: not arena memory: it came from glibc's malloc.
+        _ => unsafe { __libc_free(p) },
+    }
+}
+
+/// `realloc(3)`.
+///
+/// # Safety
+/// The C contract of `realloc`.
+#[no_mangle]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        // SAFETY: forwarding.
+        return unsafe { malloc(size) };
+    }
+    let g = match crate::GLOBAL.get() {
+        Some(g) if g.in_arena(p as usize) => g,
+        // SAFETY: glibc memory stays glibc's.
+        _ => return unsafe { __libc_realloc(p, size) },
+    };
+    if size == 0 {
+        // SAFETY: forwarding (glibc frees and returns NULL).
+        unsafe { free(p) };
+        return std::ptr::null_mut();
+    }
+    let old = usable(g, p as usize);
+    if size <= old && (size > MAX_SMALL || g.in_spans(p as usize)) {
+        return p;
+    }
+    if !g.in_spans(p as usize) && size > MAX_SMALL {
+        // Grow in place when the pages after the block are free.
+        let first = g.page_of(p as usize);
+        let (n, want) = (old / PAGE, size.div_ceil(PAGE));
+        let mut pa = g.pages.lock();
+        if pa.take(first + n, want - n) {
+            pa.large.insert(first, want);
+            return p;
+        }
+    }
+    let q = alloc(g, size, false);
+    if q.is_null() {
+        return nomem(q);
+    }
+    // SAFETY: both blocks are live and at least min(old, size) long.
+    unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), old.min(size)) };
+    // SAFETY: forwarding.
+    unsafe { free(p) };
+    q
+}
+
+/// `reallocarray(3)`.
+///
+/// # Safety
+/// The C contract of `reallocarray`.
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: forwarding.
+        Some(t) => unsafe { realloc(p, t) },
+        None => nomem(std::ptr::null_mut()),
+    }
+}
+
+fn aligned(align: usize, size: usize) -> *mut c_void {
+    let Some(g) = global() else {
+        // SAFETY: glibc's memalign.
+        return unsafe { __libc_memalign(align, size) };
+    };
+    if align <= 16 {
+        return nomem(alloc(g, size, false));
+    }
+    let s = size.max(1).next_power_of_two().max(align);
+    if s <= MAX_SMALL {
+        return nomem(small_alloc(g, class_of(s)));
+    }
+    nomem(large_alloc(g, size.div_ceil(PAGE), align.div_ceil(PAGE), false))
+}
+
+/// `memalign(3)`.
+///
+/// # Safety
+/// The C contract of `memalign`.
+#[no_mangle]
+pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        sys::set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    aligned(align, size)
+}
+
+/// `aligned_alloc(3)`.
+///
+/// # Safety
+/// The C contract of `aligned_alloc`.
+#[no_mangle]
+pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    // SAFETY: forwarding.
+    unsafe { memalign(align, size) }
+}
+
+/// `posix_memalign(3)`.
+///
+/// # Safety
+/// `out` must be writable.
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+    if !align.is_power_of_two() || align % std::mem::size_of::<usize>() != 0 {
+        return libc::EINVAL;
+    }
+    let p = aligned(align, size);
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    // SAFETY: the caller passes a writable pointer.
+    unsafe { *out = p };
+    0
+}
+
+/// `valloc(3)`.
+///
+/// # Safety
+/// The C contract of `valloc`.
+#[no_mangle]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    aligned(PAGE, size)
+}
+
+/// `pvalloc(3)`.
+///
+/// # Safety
+/// The C contract of `pvalloc`.
+#[no_mangle]
+pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    aligned(PAGE, size.max(1).next_multiple_of(PAGE))
+}
+
+/// `malloc_usable_size(3)`.
+///
+/// # Safety
+/// `p` is NULL or a live block.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    match crate::GLOBAL.get() {
+        Some(g) if g.in_arena(p as usize) => usable(g, p as usize),
+        _ => glibc_usable_size(p),
+    }
+}
+
+fn glibc_usable_size(p: *mut c_void) -> usize {
+    type F = unsafe extern "C" fn(*mut c_void) -> usize;
+    static NEXT: std::sync::OnceLock<Option<F>> = std::sync::OnceLock::new();
+    let f = NEXT.get_or_init(|| {
+        crate::as_inside(|| {
+            // SAFETY: dlsym with a NUL-terminated name; the symbol has the
+            // signature of malloc_usable_size.
+            unsafe {
+                let s = libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr());
+                (!s.is_null()).then(|| std::mem::transmute::<*mut c_void, F>(s))
+            }
+        })
+    });
+    // SAFETY: glibc's malloc_usable_size on a glibc block.
+    f.map_or(0, |f| unsafe { f(p) })
+}
+
+/// Pages of the page region covered by `[addr, addr + len)` (page-rounded),
+/// or `None` if the range is not entirely in the page region.
+fn page_range(g: &Global, addr: usize, len: usize) -> Option<(usize, usize)> {
+    let end = addr.checked_add(len.next_multiple_of(PAGE))?;
+    if addr % PAGE != 0 || !g.in_arena(addr) || g.in_spans(addr) || !g.in_arena(end - 1) {
+        return None;
+    }
+    Some((g.page_of(addr), (end - addr) / PAGE))
+}
+
+/// `mmap(2)`.
+///
+/// # Safety
+/// The C contract of `mmap`.
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    a: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    // Private anonymous memory without an address is ours: read-write, or
+    // inaccessible (a reservation, made usable later with mprotect or a
+    // fixed mapping — how the JVM reserves its heap). A call with an
+    // address hint is passed on: runtimes that hint usually need the
+    // address (JIT code within 2 GiB of the binary, aligned cages).
+    let managed = flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS)
+        == libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
+        && flags
+            & (libc::MAP_FIXED
+                | libc::MAP_FIXED_NOREPLACE
+                | libc::MAP_GROWSDOWN
+                | libc::MAP_HUGETLB
+                | libc::MAP_STACK)
+            == 0
+        && (prot == RW || prot == libc::PROT_NONE)
+        && a.is_null()
+        && len > 0;
+    if managed {
+        if let Some(g) = global() {
+            let p = large_alloc_mmap(g, len);
+            if !p.is_null() {
+                if prot == libc::PROT_NONE {
+                    let n = len.div_ceil(PAGE);
+                    if sys::mprotect(p, n * PAGE, prot) != 0 {
+                        let e = sys::errno();
+                        unmap_arena(g, g.page_of(p as usize), n);
+                        sys::set_errno(e);
+                        return libc::MAP_FAILED;
+                    }
+                    g.mgr.lock().set_noevict(g.page_of(p as usize), n, true);
+                }
+                return p;
+            }
+        }
+    }
+    if flags & libc::MAP_FIXED != 0 {
+        if let Some(g) = crate::GLOBAL.get() {
+            if let Some((first, n)) = page_range(g, a as usize, len) {
+                let anon = flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_SHARED)
+                    == libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+                let mut m = g.mgr.lock();
+                m.release(first, n, &g.stats);
+                if anon && (prot == RW || prot == libc::PROT_NONE) && fd == -1 {
+                    // A fresh anonymous mapping over arena memory (how a
+                    // runtime commits or uncommits parts of a reservation):
+                    // the same thing as zeroing it and setting protections,
+                    // which keeps it managed.
+                    if sys::mprotect(a, n * PAGE, prot) != 0 {
+                        return libc::MAP_FAILED;
+                    }
+                    m.set_noevict(first, n, prot != RW);
+                    return a;
+                }
+                // Something else (a file, shared memory): no longer ours to
+                // evict; munmap gives the range back.
+                m.set_noevict(first, n, true);
+            }
+        }
+    }
+    sys::mmap(a, len, prot, flags, fd, off)
+}
+
+fn large_alloc_mmap(g: &Global, len: usize) -> *mut c_void {
+    let n = len.div_ceil(PAGE);
+    let mut pa = g.pages.lock();
+    match pa.alloc(n, 1) {
+        Some(first) => (g.base + first * PAGE) as *mut c_void,
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// `mmap64`: the same call.
+///
+/// # Safety
+/// The C contract of `mmap`.
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    a: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    // SAFETY: forwarding.
+    unsafe { mmap(a, len, prot, flags, fd, off) }
+}
+
+/// Gives a range of the page region back after the program unmapped it;
+/// if the program had mapped something else over it (MAP_FIXED), the
+/// arena mapping is restored first.
+fn unmap_arena(g: &Global, first: usize, n: usize) -> c_int {
+    let addr = (g.base + first * PAGE) as *mut c_void;
+    let mut m = g.mgr.lock();
+    m.release(first, n, &g.stats);
+    // Restore a plain registered arena mapping over the range (undoes any
+    // MAP_FIXED or mprotect the program did there).
+    let p = sys::mmap(
+        addr,
+        n * PAGE,
+        RW,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+        -1,
+        0,
+    );
+    if p == libc::MAP_FAILED {
+        return -1;
+    }
+    if m.reregister(first, n).is_err() {
+        eprintln!("ztier: cannot register unmapped arena memory again: aborting");
+        std::process::abort();
+    }
+    m.set_noevict(first, n, false);
+    drop(m);
+    g.pages.lock().free(first, n);
+    0
+}
+
+/// `munmap(2)`.
+///
+/// # Safety
+/// The C contract of `munmap`.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(a: *mut c_void, len: usize) -> c_int {
+    if let Some(g) = crate::GLOBAL.get() {
+        if let Some((first, n)) = page_range(g, a as usize, len) {
+            return unmap_arena(g, first, n);
+        }
+        if g.in_arena(a as usize) || g.in_arena((a as usize).wrapping_add(len).wrapping_sub(1)) {
+            // Span memory (malloc's) or a range straddling the arena.
+            sys::set_errno(libc::EINVAL);
+            return -1;
+        }
+    }
+    sys::munmap(a, len)
+}
+
+/// `mremap(2)` (the fifth argument is read only with `MREMAP_FIXED`).
+///
+/// # Safety
+/// The C contract of `mremap`.
+#[no_mangle]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new: *mut c_void,
+) -> *mut c_void {
+    let Some(g) = crate::GLOBAL.get() else { return sys::mremap(old, old_len, new_len, flags, new) };
+    let Some((first, n)) = page_range(g, old as usize, old_len) else {
+        if g.in_arena(old as usize) {
+            sys::set_errno(libc::EINVAL);
+            return libc::MAP_FAILED;
+        }
+        return sys::mremap(old, old_len, new_len, flags, new);
+    };
+    if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 || new_len == 0 {
+        sys::set_errno(libc::EINVAL);
+        return libc::MAP_FAILED;
+    }
+    let want = new_len.div_ceil(PAGE);
+    if want <= n {
+        if want < n {
+            unmap_arena(g, first + want, n - want);
+        }
+        return old;
+    }
+    if g.pages.lock().take(first + n, want - n) {
+        return old;
+    }
+    if flags & libc::MREMAP_MAYMOVE == 0 {
+        sys::set_errno(libc::ENOMEM);
+        return libc::MAP_FAILED;
+    }
+    let q = large_alloc_mmap(g, new_len);
+    if q.is_null() {
+        sys::set_errno(libc::ENOMEM);
+        return libc::MAP_FAILED;
+    }
+    // SAFETY: both ranges are arena memory owned by the caller; evicted
+    // pages of the old one fault back in as they are read.
+    unsafe { std::ptr::copy_nonoverlapping(old.cast::<u8>(), q.cast::<u8>(), n * PAGE) };
+    unmap_arena(g, first, n);
+    q
+}
+
+/// `madvise(2)`: releasing advice on arena memory drops our copies too.
+///
+/// # Safety
+/// The C contract of `madvise`.
+#[no_mangle]
+pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c_int {
+    if let Some(g) = crate::GLOBAL.get() {
+        if g.in_arena(a as usize) {
+            if matches!(advice, libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE) {
+                let end = (a as usize + len).next_multiple_of(PAGE);
+                if a as usize % PAGE != 0 || !g.in_arena(end - 1) {
+                    sys::set_errno(libc::EINVAL);
+                    return -1;
+                }
+                g.mgr.lock().release(g.page_of(a as usize), (end - a as usize) / PAGE, &g.stats);
+                return 0;
+            }
+            if matches!(advice, libc::MADV_DONTFORK | libc::MADV_WIPEONFORK) {
+                // The arena must reach a forked child whole.
+                return 0;
+            }
+        }
+    }
+    sys::madvise(a, len, advice)
+}
+
+/// `mprotect(2)`: arena pages that are not plain read-write are never
+/// evicted (the handler must be able to read what it evicts).
+///
+/// # Safety
+/// The C contract of `mprotect`.
+#[no_mangle]
+pub unsafe extern "C" fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int {
+    let r = sys::mprotect(a, len, prot);
+    if r == 0 {
+        if let Some(g) = crate::GLOBAL.get() {
+            let end = (a as usize).wrapping_add(len.next_multiple_of(PAGE));
+            if g.in_arena(a as usize) && g.in_arena(end - 1) {
+                g.mgr.lock().set_noevict(g.page_of(a as usize), (end - a as usize) / PAGE, prot != RW);
+            }
+        }
+    }
+    r
+}
+
+type StartFn = extern "C" fn(*mut c_void) -> *mut c_void;
+type CreateFn =
+    unsafe extern "C" fn(*mut libc::pthread_t, *const libc::pthread_attr_t, StartFn, *mut c_void) -> c_int;
+
+struct Start {
+    f: StartFn,
+    arg: *mut c_void,
+}
+
+extern "C" fn start_unpinned(a: *mut c_void) -> *mut c_void {
+    // SAFETY: `a` is the Box<Start> leaked by pthread_create below.
+    let s = unsafe { Box::from_raw(a.cast::<Start>()) };
+    if let Some(cpus) = crate::ALLOWED.get() {
+        crate::pin(cpus);
+    }
+    (s.f)(s.arg)
+}
+
+/// `pthread_create(3)`: while the main thread is pinned next to the fault
+/// handler, new threads start with the whole allowed CPU set instead of
+/// inheriting the pin.
+///
+/// # Safety
+/// The C contract of `pthread_create`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    t: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    f: StartFn,
+    arg: *mut c_void,
+) -> c_int {
+    static NEXT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let next = *NEXT.get_or_init(|| {
+        crate::as_inside(|| {
+            // SAFETY: dlsym with a NUL-terminated name.
+            unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) as usize }
+        })
+    });
+    if next == 0 {
+        return libc::EAGAIN;
+    }
+    // SAFETY: the symbol is glibc's pthread_create.
+    let real = unsafe { std::mem::transmute::<usize, CreateFn>(next) };
+    if crate::ALLOWED.get().is_none() || crate::inside() {
+        // SAFETY: forwarding.
+        return unsafe { real(t, attr, f, arg) };
+    }
+    let s = crate::as_inside(|| Box::into_raw(Box::new(Start { f, arg })));
+    // SAFETY: forwarding with our trampoline, which takes ownership of `s`.
+    let r = unsafe { real(t, attr, start_unpinned, s.cast()) };
+    if r != 0 {
+        // SAFETY: the thread was not created; `s` is still ours.
+        crate::as_inside(|| drop(unsafe { Box::from_raw(s) }));
+    }
+    r
+}
+
+/// `pkey_mprotect(2)`: pages tagged with a protection key other than the
+/// default may be unreadable from the handler thread (keys are checked per
+/// thread), so they are never evicted.
+///
+/// # Safety
+/// The C contract of `pkey_mprotect`.
+#[no_mangle]
+pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
+    // SAFETY: plain syscall; the kernel validates the arguments.
+    let r = unsafe {
+        libc::syscall(libc::SYS_pkey_mprotect, a, len, prot as libc::c_long, pkey as libc::c_long) as c_int
+    };
+    if r == 0 {
+        if let Some(g) = crate::GLOBAL.get() {
+            let end = (a as usize).wrapping_add(len.next_multiple_of(PAGE));
+            if g.in_arena(a as usize) && g.in_arena(end - 1) {
+                g.mgr.lock().set_noevict(
+                    g.page_of(a as usize),
+                    (end - a as usize) / PAGE,
+                    prot != RW || pkey > 0,
+                );
+            }
+        }
+    }
+    r
+}

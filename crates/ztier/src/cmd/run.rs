@@ -1,0 +1,353 @@
+//! `ztier run` — runs an unmodified program with its heap under a memory
+//! budget, and `ztier stats PID` — live statistics of a running one.
+//!
+//! The work happens inside the program, in the preloaded library
+//! (`ztier-preload`, embedded in this binary at build time and written
+//! once per version to `$TMPDIR/ztier-UID/`). This command sets the
+//! environment (`LD_PRELOAD` and the `ZTIER_*` settings, inherited by
+//! every process the program starts), runs the program, forwards
+//! SIGINT/SIGTERM/SIGHUP to it, exits with its status, and merges the
+//! per-process statistics into `--stats FILE.json`:
+//!
+//! ```text
+//!  { "faults", "fault_p50_us", "fault_p99_us", "pages_compressed",
+//!    "orig_bytes", "stored_bytes", "peak_resident_bytes",   (DESIGN.md)
+//!    "processes", "peak_rss_bytes", "wall_s", "exit_code", "per_process": [...] }
+//! ```
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::Value;
+
+use crate::units::parse_size;
+
+static PRELOAD: &[u8] = include_bytes!(env!("ZTIER_PRELOAD_SO"));
+
+/// Arguments of `ztier run`.
+#[derive(Args, Debug)]
+#[command(after_long_help = "Examples:\n  \
+    ztier run --budget 256M -- python3 job.py\n  \
+    ztier run --budget 64M --codec wkdm --stats run.json -- sort big.txt\n  \
+    ztier run --budget 128M --spill /var/tmp --store 64M -- gcc -O2 -c big.c\n\n\
+What is managed: memory from malloc/calloc/realloc/memalign (replaced) and the\n\
+program's private anonymous read-write mmaps; exec'd children and forked children\n\
+are managed too. Memory mapped with a fixed address or other protections, thread\n\
+stacks and glibc's own internal mappings are not.\n\
+Needs userfaultfd: root, or vm.unprivileged_userfaultfd=1, or a kernel with\n\
+UFFD_USER_MODE_ONLY (then system calls that write into evicted memory may fail\n\
+with EFAULT, because kernel-mode faults are not handled in that mode).")]
+pub struct RunArgs {
+    /// Most uncompressed memory (managed pages resident) per process, e.g. 256M.
+    #[arg(long, value_parser = parse_size)]
+    pub budget: u64,
+    /// Codec of the compressed store (lz4, wkdm, wk4x4, wk64, lzo, zstd, deflate, hybrid, raw).
+    #[arg(long, default_value = "lz4")]
+    pub codec: String,
+    /// Most memory the compressed store may use per process (default: half of RAM).
+    /// When it is full the oldest compressed pages go to the spill file (with --spill)
+    /// or stay resident.
+    #[arg(long, value_parser = parse_size)]
+    pub store: Option<u64>,
+    /// Folder for spill files (kept compressed; unlinked at once, so nothing is left behind).
+    #[arg(long)]
+    pub spill: Option<PathBuf>,
+    /// Largest spill file per process.
+    #[arg(long, value_parser = parse_size)]
+    pub spill_max: Option<u64>,
+    /// Write the merged statistics of every process as JSON here.
+    #[arg(long)]
+    pub stats: Option<PathBuf>,
+    /// `main`: the main thread and the fault handler share one CPU (faults are
+    /// served without cross-CPU wake-ups); `off`: no pinning.
+    #[arg(long, default_value = "main", value_parser = ["main", "off"])]
+    pub pin: String,
+    /// Pages installed per fault when faults run sequentially (1 = no prefetch).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub prefetch: u32,
+    /// After a fault, keep polling for the next one this long without sleeping
+    /// (useful with --pin off and an idle CPU).
+    #[arg(long, default_value_t = 0)]
+    pub spin_us: u32,
+    /// Print a one-line summary to stderr when the program ends.
+    #[arg(long)]
+    pub summary: bool,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub cmd: Vec<OsString>,
+}
+
+/// Arguments of `ztier stats`.
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// Process id of a program running under `ztier run`.
+    pub pid: u32,
+}
+
+/// Writes the embedded library to a per-user cache folder (once per
+/// content) and returns its path.
+pub fn preload_path() -> Result<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    PRELOAD.hash(&mut h);
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let dir = std::env::temp_dir().join(format!("ztier-{uid}"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let meta = std::fs::symlink_metadata(&dir)?;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if meta.uid() != uid || !meta.is_dir() {
+        bail!("{} is not a folder owned by this user; set TMPDIR elsewhere", dir.display());
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    let path = dir.join(format!("libztier_preload-{:016x}.so", h.finish()));
+    if std::fs::metadata(&path).map(|m| m.len() as usize == PRELOAD.len()).unwrap_or(false) {
+        return Ok(path);
+    }
+    let tmp = dir.join(format!(".preload-{}.tmp", std::process::id()));
+    std::fs::write(&tmp, PRELOAD).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe; pid is our child.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Everything `ztier run` produced.
+pub struct RunOutcome {
+    /// Exit code to pass on (128 + signal if the program was killed).
+    pub code: i32,
+    /// The merged statistics.
+    pub stats: Value,
+}
+
+/// Runs `a.cmd` under the budget; `stdout`/`stderr` of the program are
+/// inherited unless `quiet`.
+pub fn run_program(a: &RunArgs, quiet: bool) -> Result<RunOutcome> {
+    let codec: ztier_codec::CodecId = a.codec.parse().map_err(|e| anyhow::anyhow!("--codec: {e}"))?;
+    if a.budget < 1 << 20 {
+        bail!("--budget {} is too small (at least 1M)", a.budget);
+    }
+    let lib = preload_path()?;
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let stats_dir =
+        std::env::temp_dir().join(format!("ztier-{uid}")).join(format!("run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&stats_dir);
+    std::fs::create_dir_all(&stats_dir)?;
+    let _cleanup = RemoveDir(stats_dir.clone());
+    let mut preload = lib.as_os_str().to_owned();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    let mut cmd = std::process::Command::new(&a.cmd[0]);
+    cmd.args(&a.cmd[1..])
+        .env("LD_PRELOAD", preload)
+        .env("ZTIER_BUDGET", a.budget.to_string())
+        .env("ZTIER_CODEC", format!("{codec}"))
+        .env("ZTIER_STATS_DIR", &stats_dir)
+        .env("ZTIER_PIN", &a.pin)
+        .env("ZTIER_PREFETCH", a.prefetch.to_string())
+        .env("ZTIER_SPIN_US", a.spin_us.to_string())
+        .env("ZTIER_CPUS", allowed_cpus());
+    if let Some(s) = a.store {
+        cmd.env("ZTIER_STORE", s.to_string());
+    }
+    if let Some(d) = &a.spill {
+        if !d.is_dir() {
+            bail!("--spill {}: not a folder", d.display());
+        }
+        cmd.env("ZTIER_SPILL_DIR", d);
+    }
+    if let Some(m) = a.spill_max {
+        cmd.env("ZTIER_SPILL_MAX", m.to_string());
+    }
+    if quiet {
+        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    }
+    let t = std::time::Instant::now();
+    let mut child = cmd.spawn().with_context(|| format!("starting {}", a.cmd[0].to_string_lossy()))?;
+    CHILD.store(child.id() as i32, Ordering::Relaxed);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installing an async-signal-safe handler.
+        unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
+    }
+    let status = child.wait()?;
+    CHILD.store(0, Ordering::Relaxed);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: restoring the default disposition.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+    let wall = t.elapsed().as_secs_f64();
+    use std::os::unix::process::ExitStatusExt;
+    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    // SAFETY: getrusage into a zeroed struct.
+    let maxrss = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+        ru.ru_maxrss as u64 * 1024
+    };
+    let mut stats = merge_stats(&stats_dir)?;
+    stats["wall_s"] = wall.into();
+    stats["exit_code"] = code.into();
+    stats["peak_rss_bytes"] = maxrss.into();
+    stats["budget_bytes"] = a.budget.into();
+    Ok(RunOutcome { code, stats })
+}
+
+fn allowed_cpus() -> String {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, for this thread.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return String::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: reading a filled set.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Quantile (0..1) of a merged histogram of 100 ns buckets, in µs.
+fn quantile(hist: &std::collections::BTreeMap<u64, u64>, q: f64) -> f64 {
+    let total: u64 = hist.values().sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let want = ((total as f64) * q).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (&b, &c) in hist {
+        seen += c;
+        if seen >= want {
+            return (b + 1) as f64 / 10.0;
+        }
+    }
+    0.0
+}
+
+/// Merges the `PID.json` files of every process: counters summed, the
+/// latency histograms merged, peaks as the largest.
+pub fn merge_stats(dir: &Path) -> Result<Value> {
+    let mut per = Vec::new();
+    let mut hist = std::collections::BTreeMap::<u64, u64>::new();
+    let sum_keys = [
+        "faults",
+        "pages_compressed",
+        "orig_bytes",
+        "stored_bytes",
+        "zero_faults",
+        "store_faults",
+        "prefetched",
+        "evicted_zero",
+        "refused",
+        "wp_faults",
+    ];
+    let mut sums = vec![0u64; sum_keys.len()];
+    let mut peak = 0u64;
+    for e in std::fs::read_dir(dir)? {
+        let path = e?.path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)?;
+        let mut v: Value = serde_json::from_str(&text)
+            .with_context(|| format!("statistics {} are not JSON", path.display()))?;
+        for (k, s) in sum_keys.iter().zip(sums.iter_mut()) {
+            *s += v[*k].as_u64().unwrap_or(0);
+        }
+        peak = peak.max(v["peak_resident_bytes"].as_u64().unwrap_or(0));
+        if let Some(h) = v["latency_100ns"].as_array() {
+            for pair in h {
+                if let (Some(b), Some(c)) = (pair[0].as_u64(), pair[1].as_u64()) {
+                    *hist.entry(b).or_default() += c;
+                }
+            }
+        }
+        if let Some(o) = v.as_object_mut() {
+            o.remove("latency_100ns");
+        }
+        per.push(v);
+    }
+    per.sort_by_key(|v| v["pid"].as_u64());
+    let mut out = serde_json::Map::new();
+    for (k, s) in sum_keys.iter().zip(&sums) {
+        out.insert(k.to_string(), (*s).into());
+    }
+    out.insert("fault_p50_us".into(), quantile(&hist, 0.5).into());
+    out.insert("fault_p99_us".into(), quantile(&hist, 0.99).into());
+    out.insert("peak_resident_bytes".into(), peak.into());
+    out.insert("processes".into(), per.len().into());
+    out.insert("per_process".into(), Value::Array(per));
+    Ok(Value::Object(out))
+}
+
+/// `ztier run`.
+pub fn run(a: RunArgs) -> Result<i32> {
+    let out = run_program(&a, false)?;
+    let s = &out.stats;
+    if let Some(path) = &a.stats {
+        std::fs::write(path, serde_json::to_string_pretty(s)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if a.summary {
+        eprintln!(
+            "ztier run: exit {} in {:.2} s; {} faults (p50 {} µs, p99 {} µs), {} pages compressed ({:.1} MB → {:.1} MB), peak resident {:.1} MB of {:.1} MB budget, peak RSS {:.1} MB",
+            out.code,
+            s["wall_s"].as_f64().unwrap_or(0.0),
+            s["faults"],
+            s["fault_p50_us"],
+            s["fault_p99_us"],
+            s["pages_compressed"],
+            s["orig_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+            s["stored_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+            s["peak_resident_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+            a.budget as f64 / 1e6,
+            s["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        );
+    }
+    Ok(out.code)
+}
+
+/// `ztier stats PID`: asks the library inside a running program.
+pub fn stats(a: StatsArgs) -> Result<i32> {
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(format!("ztier-{}", a.pid))?;
+    let mut s = std::os::unix::net::UnixStream::connect_addr(&addr).with_context(|| {
+        format!(
+            "process {} does not answer: is it running under `ztier run` (and its main library started)?",
+            a.pid
+        )
+    })?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let mut v: Value = serde_json::from_str(&text).context("the answer is not JSON")?;
+    if let Some(o) = v.as_object_mut() {
+        o.remove("latency_100ns");
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    Ok(0)
+}
