@@ -497,7 +497,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\
-         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"latency_100ns\":[{}]}}\n",
+         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"forks\":{},\"forked_child\":{},\"latency_100ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
         ld(&s.faults),
@@ -517,6 +517,8 @@ fn stats_json(g: &Global) -> String {
         ld(&s.evicted_zero),
         ld(&s.refused),
         ld(&s.wp_faults),
+        ld(&s.forks),
+        ld(&s.forked_child),
         hist.join(",")
     )
 }
@@ -571,6 +573,13 @@ extern "C" fn fork_parent() {
     }
     let g = GLOBAL.get().expect("ready");
     unlock_all(g);
+    g.stats.forks.fetch_add(1, Ordering::Relaxed);
+    // Back under the budget at once (the pages came back for the fork).
+    let r = g.mgr.lock().evict(&g.stats);
+    if let Err(e) = r {
+        eprintln!("ztier: evicting after fork failed: {e}: aborting");
+        std::process::abort();
+    }
     let _ = INSIDE.try_with(|c| c.set(false));
 }
 
@@ -588,8 +597,15 @@ extern "C" fn fork_child() {
             std::process::abort();
         }
         g.stats.reset(m.resident());
+        g.stats.forked_child.store(1, Ordering::Relaxed);
     }
     unlock_all(g);
     spawn_handlers();
+    // Back under the budget at once (the child inherited every page).
+    let r = g.mgr.lock().evict(&g.stats);
+    if let Err(e) = r {
+        eprintln!("ztier: evicting in a forked child failed: {e}: aborting");
+        std::process::abort();
+    }
     let _ = INSIDE.try_with(|c| c.set(false));
 }

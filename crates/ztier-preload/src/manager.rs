@@ -101,6 +101,10 @@ pub struct Stats {
     pub refused: AtomicU64,
     /// Write-protect faults (a write hit a page while it was evicted).
     pub wp_faults: AtomicU64,
+    /// Forks (each brought every stored page back first).
+    pub forks: AtomicU64,
+    /// 1 in a forked child (it inherited every page resident).
+    pub forked_child: AtomicU64,
     /// Resident pages now.
     pub resident: AtomicUsize,
     /// Most memory the store used (sampled after each eviction round).
@@ -125,6 +129,8 @@ impl Stats {
             evicted_zero: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             wp_faults: AtomicU64::new(0),
+            forks: AtomicU64::new(0),
+            forked_child: AtomicU64::new(0),
             resident: AtomicUsize::new(0),
             peak_store_bytes: AtomicU64::new(0),
             peak_store_orig: AtomicU64::new(0),
@@ -144,6 +150,7 @@ impl Stats {
             &self.evicted_zero,
             &self.refused,
             &self.wp_faults,
+            &self.forks,
             &self.peak_store_bytes,
             &self.peak_store_orig,
         ] {

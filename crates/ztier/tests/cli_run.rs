@@ -1,0 +1,330 @@
+//! `ztier run` against real programs: python3, sqlite3, sort, gcc (cc1
+//! via exec), node, java, a multi-threaded C program, fork with and
+//! without exec, mmap/mremap/munmap/madvise, and kill -9. Every output is
+//! compared with a native run; the budgets are small enough that pages
+//! must be compressed, and the managed resident memory must stay within
+//! the budget (from the library's own count, and from mincore in the C
+//! program).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn ztier() -> &'static str {
+    env!("CARGO_BIN_EXE_ztier")
+}
+
+fn require(tool: &str) {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "{tool} is needed by this test (scripts/deb-packages/run.txt; `make deps` as root installs it)"
+    );
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ztier-run-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn native(cmd: &[&str], dir: &Path) -> Output {
+    Command::new(cmd[0]).args(&cmd[1..]).current_dir(dir).output().unwrap()
+}
+
+/// Runs under `ztier run` and returns the output and the merged stats.
+fn managed(budget: &str, cmd: &[&str], dir: &Path) -> (Output, serde_json::Value) {
+    let stats = dir.join(format!("stats-{}.json", cmd[0].replace('/', "_")));
+    let out = Command::new(ztier())
+        .args(["run", "--budget", budget, "--stats"])
+        .arg(&stats)
+        .arg("--")
+        .args(cmd)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let v = serde_json::from_str(
+        &std::fs::read_to_string(&stats)
+            .unwrap_or_else(|e| panic!("no stats ({e}); stderr: {}", String::from_utf8_lossy(&out.stderr))),
+    )
+    .unwrap();
+    (out, v)
+}
+
+fn budget_bytes(b: &str) -> u64 {
+    b.trim_end_matches('M').parse::<u64>().unwrap() << 20
+}
+
+/// Same exit status and stdout as native; every process stayed within
+/// the budget.
+fn same_as_native(budget: &str, cmd: &[&str], dir: &Path) -> serde_json::Value {
+    same_as_native_with(budget, cmd, dir, 0)
+}
+
+/// As `same_as_native`; `fork_slack` bytes over the budget are allowed in
+/// processes that forked or were forked (every stored page comes back
+/// before a fork).
+fn same_as_native_with(budget: &str, cmd: &[&str], dir: &Path, fork_slack: u64) -> serde_json::Value {
+    let n = native(cmd, dir);
+    assert!(n.status.success(), "native run of {cmd:?} failed: {}", String::from_utf8_lossy(&n.stderr));
+    let (m, s) = managed(budget, cmd, dir);
+    assert_eq!(m.status.code(), n.status.code(), "{cmd:?}: stderr {}", String::from_utf8_lossy(&m.stderr));
+    assert!(m.stdout == n.stdout, "{cmd:?}: output differs from the native run");
+    for p in s["per_process"].as_array().unwrap() {
+        let peak = p["peak_resident_bytes"].as_u64().unwrap();
+        let forked = p["forks"].as_u64().unwrap_or(0) > 0 || p["forked_child"].as_u64() == Some(1);
+        let limit = budget_bytes(budget) + if forked { fork_slack } else { 0 };
+        assert!(peak <= limit, "{cmd:?}: process {} had {peak} bytes resident", p["pid"]);
+    }
+    s
+}
+
+fn compressed(s: &serde_json::Value) -> u64 {
+    s["pages_compressed"].as_u64().unwrap()
+}
+
+#[test]
+fn python3_dict_and_list_heavy() {
+    require("python3");
+    let d = tmp("py");
+    std::fs::write(
+        d.join("job.py"),
+        "d = {i: str(i) * 8 for i in range(400000)}\n\
+         l = [[j, str(j)] for j in range(300000)]\n\
+         print(len(d), sum(len(v) for v in d.values()), sum(x[0] for x in l))\n\
+         d2 = {k: v[::-1] for k, v in d.items() if k % 3}\n\
+         print(len(d2), sum(map(len, d2.values())))\n",
+    )
+    .unwrap();
+    let s = same_as_native("24M", &["python3", "job.py"], &d);
+    assert!(compressed(&s) > 5000, "python3 under 24M compressed only {} pages", compressed(&s));
+    assert!(s["faults"].as_u64().unwrap() > 100);
+    let (p50, p99) = (s["fault_p50_us"].as_f64().unwrap(), s["fault_p99_us"].as_f64().unwrap());
+    assert!(p50 > 0.0 && p99 >= p50, "latency quantiles {p50} {p99}");
+    let (o, st) = (s["orig_bytes"].as_u64().unwrap(), s["stored_bytes"].as_u64().unwrap());
+    assert!(o > 0 && st > 0 && st < o, "python heap compresses: {o} -> {st}");
+}
+
+#[test]
+fn sqlite3_in_memory_database() {
+    require("sqlite3");
+    let d = tmp("sqlite");
+    let sql = "create table t(a integer, b text); \
+        with recursive c(x) as (select 1 union all select x + 1 from c where x < 200000) \
+        insert into t select x, printf('%08d-%s', x * 7919 % 200000, substr('abcdefghijklmnopqrstuvwxyz', x % 26, 10)) from c; \
+        create index i on t(b); \
+        select count(*), sum(length(b)), min(b), max(b) from t; \
+        select b from t order by b limit 5;";
+    let s = same_as_native("8M", &["sqlite3", ":memory:", sql], &d);
+    assert!(compressed(&s) > 1000, "sqlite3 under 8M compressed {} pages", compressed(&s));
+}
+
+#[test]
+fn sort_of_a_large_file() {
+    require("sort");
+    let d = tmp("sort");
+    let mut text = String::new();
+    let mut x: u64 = 88172645463325252;
+    for i in 0..600_000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        text.push_str(&format!("{:016x} line {i} {}\n", x, "payload".repeat((x % 5) as usize)));
+    }
+    std::fs::write(d.join("big.txt"), text).unwrap();
+    let s = same_as_native("16M", &["sort", "-S", "200M", "big.txt"], &d);
+    assert!(compressed(&s) > 2000, "sort under 16M compressed {} pages", compressed(&s));
+}
+
+#[test]
+fn gcc_compiles_through_cc1() {
+    require("gcc");
+    let d = tmp("gcc");
+    let mut src = String::from("#include <stdio.h>\n");
+    for i in 0..1500 {
+        src.push_str(&format!(
+            "int f{i}(int x) {{ int a[16]; for (int k = 0; k < 16; k++) a[k] = x * k + {i}; \
+             int s = 0; for (int k = 0; k < 16; k++) s += a[k] ^ (s << 1); return s; }}\n"
+        ));
+    }
+    src.push_str("int main(void) { long s = 0;\n");
+    for i in 0..1500 {
+        src.push_str(&format!("s += f{i}({i});\n"));
+    }
+    src.push_str("printf(\"%ld\\n\", s); return 0; }\n");
+    std::fs::write(d.join("big.c"), src).unwrap();
+    let n = native(&["gcc", "-O2", "-c", "big.c", "-o", "native.o"], &d);
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    let (m, s) = managed("16M", &["gcc", "-O2", "-c", "big.c", "-o", "managed.o"], &d);
+    assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
+    assert!(
+        std::fs::read(d.join("native.o")).unwrap() == std::fs::read(d.join("managed.o")).unwrap(),
+        "object files differ"
+    );
+    assert!(s["processes"].as_u64().unwrap() >= 2, "gcc, cc1 and as are all managed: {}", s["processes"]);
+    assert!(compressed(&s) > 1000, "cc1 under 16M compressed {} pages", compressed(&s));
+}
+
+#[test]
+fn node_script() {
+    require("node");
+    let d = tmp("node");
+    let js = "let a = []; for (let i = 0; i < 1e6; i++) a.push({i, s: 'x' + i}); \
+              const m = new Map(a.map(o => [o.s, o.i])); let t = 0; for (const [k, v] of m) t += k.length + v; \
+              console.log(a.length, m.size, t);";
+    same_as_native("32M", &["node", "-e", js], &d);
+}
+
+#[test]
+fn java_program() {
+    require("java");
+    require("javac");
+    let d = tmp("java");
+    std::fs::write(
+        d.join("Big.java"),
+        "import java.util.*;\npublic class Big { public static void main(String[] a) {\n\
+         HashMap<Integer, String> m = new HashMap<>(); for (int i = 0; i < 500000; i++) m.put(i, \"v\" + i);\n\
+         long t = 0; for (String s : m.values()) t += s.length(); System.out.println(m.size() + \" \" + t); } }\n",
+    )
+    .unwrap();
+    same_as_native("64M", &["java", "-Xmx512m", "Big.java"], &d);
+}
+
+fn compile(d: &Path, name: &str) -> String {
+    require("cc");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run_progs").join(format!("{name}.c"));
+    let out = d.join(name);
+    let o = Command::new("cc").args(["-O2", "-pthread", "-o"]).arg(&out).arg(&src).output().unwrap();
+    assert!(o.status.success(), "compiling {name}.c: {}", String::from_utf8_lossy(&o.stderr));
+    out.to_string_lossy().into_owned()
+}
+
+#[test]
+fn multi_threaded_program() {
+    let d = tmp("threads");
+    let exe = compile(&d, "threads");
+    let s = same_as_native("24M", &[&exe], &d);
+    assert!(compressed(&s) > 10000, "4 × 24 MiB under 24M compressed {} pages", compressed(&s));
+}
+
+#[test]
+fn fork_with_and_without_exec() {
+    let d = tmp("forks");
+    let exe = compile(&d, "forks");
+    // The 48 MiB heap is all resident at the moment of each fork (see the
+    // library's docs); outside forks the budget holds.
+    let s = same_as_native_with("16M", &[&exe, "echo", "hello from exec"], &d, 48 << 20);
+    let parent = &s["per_process"][0];
+    assert_eq!(parent["forks"].as_u64(), Some(2), "{parent}");
+    for p in s["per_process"].as_array().unwrap() {
+        assert!(
+            p["resident_bytes"].as_u64().unwrap() <= 16 << 20,
+            "back within the budget after the forks: {p}"
+        );
+    }
+    let out = native(&[&exe, "echo", "hello from exec"], &d);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("child: ok") && text.contains("parent: ok") && text.contains("hello from exec"),
+        "{text}"
+    );
+    assert!(
+        s["processes"].as_u64().unwrap() >= 3,
+        "parent, forked child and exec'd echo: {}",
+        s["processes"]
+    );
+    assert!(compressed(&s) > 5000);
+}
+
+#[test]
+fn mmap_mremap_munmap_madvise() {
+    let d = tmp("remap");
+    let exe = compile(&d, "remap");
+    let s = same_as_native("16M", &[&exe], &d);
+    let text = String::from_utf8_lossy(&native(&[&exe], &d).stdout).into_owned();
+    assert!(!text.contains("wrong"), "{text}");
+    // mincore's view: of the last 64 MiB buffer, at most the budget is resident.
+    let (m, _) = managed("16M", &[&exe], &d);
+    let err = String::from_utf8_lossy(&m.stderr);
+    let kib: u64 =
+        err.lines().find_map(|l| l.strip_prefix("resident_kib ")).expect("resident line").parse().unwrap();
+    assert!(kib <= 16 * 1024, "64 MiB buffer under a 16M budget: {kib} KiB resident");
+    assert!(kib > 0);
+    assert!(compressed(&s) > 5000);
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+#[test]
+fn live_stats_and_kill_9_leave_nothing_behind() {
+    require("python3");
+    let d = tmp("kill");
+    let spill = d.join("spill");
+    std::fs::create_dir_all(&spill).unwrap();
+    let mut child = Command::new(ztier())
+        .args(["run", "--budget", "8M", "--store", "4M", "--spill"])
+        .arg(&spill)
+        .args(["--", "python3", "-c", "import time\nb = [bytes([i % 251]) * 4096 for i in range(12000)]\nprint('ready', flush=True)\ntime.sleep(60)\n"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let kids = children_of(child.id());
+    assert_eq!(kids.len(), 1, "ztier run has one child: {kids:?}");
+    let py = kids[0];
+    // Live statistics through the control socket.
+    let o = Command::new(ztier()).args(["stats", &py.to_string()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["pid"].as_u64(), Some(py as u64));
+    assert!(v["pages_compressed"].as_u64().unwrap() > 5000, "{v}");
+    assert!(v["spilled_bytes"].as_u64().unwrap() > 0, "the 4M store spilled: {v}");
+    // SAFETY: signalling our grandchild by pid.
+    unsafe { libc::kill(py as i32, libc::SIGKILL) };
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(137), "ztier run passes on death by SIGKILL as 128 + 9");
+    assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "no spill file left");
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let run_dir = std::env::temp_dir().join(format!("ztier-{uid}")).join(format!("run-{}", child.id()));
+    assert!(!run_dir.exists(), "{} left behind", run_dir.display());
+    let o = Command::new(ztier()).args(["stats", &py.to_string()]).output().unwrap();
+    assert!(!o.status.success());
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let o = Command::new(ztier()).args(["run", "--budget", "100", "--", "true"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("too small"));
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "16M", "--", "/nonexistent/program"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/program"));
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "16M", "--codec", "nope", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let o =
+        Command::new(ztier()).args(["run", "--budget", "16M", "--", "sh", "-c", "exit 42"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(42), "the program's exit status is passed on");
+    let o = Command::new(ztier()).args(["stats", "999999999"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not answer"));
+}
