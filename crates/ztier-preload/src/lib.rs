@@ -53,10 +53,8 @@ mod sys;
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
-
-use parking_lot::Mutex;
 
 use manager::{Config, Manager, Stats, PAGE};
 use pages::PageAlloc;
@@ -158,11 +156,11 @@ static GLOBAL: OnceLock<Global> = OnceLock::new();
 /// Everything the interposers share.
 pub struct Global {
     base: usize,
-    classes: Vec<Mutex<Class>>,
+    classes: Vec<std::sync::Mutex<Class>>,
     span_next: AtomicUsize,
     granule_class: Vec<AtomicU8>,
-    pages: Mutex<PageAlloc>,
-    mgr: Mutex<Manager>,
+    pages: std::sync::Mutex<PageAlloc>,
+    mgr: std::sync::Mutex<Manager>,
     stats: Stats,
     cfg: Config,
 }
@@ -177,6 +175,13 @@ impl Global {
     fn page_of(&self, p: usize) -> usize {
         (p - self.base) / PAGE
     }
+}
+
+/// Locks a futex-based mutex (no allocation when contended, unlike
+/// parking_lot, whose first contention allocates thread data: in a
+/// program thread that would be arena memory taken under a lock).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The global state if the library is active (starting it on first use).
@@ -275,11 +280,11 @@ fn try_start(cfg: Config) -> std::io::Result<Global> {
     let mgr = Manager::new(base, pages, cfg.clone())?;
     Ok(Global {
         base,
-        classes: (0..CLASSES).map(|_| Mutex::new(Class::default())).collect(),
+        classes: (0..CLASSES).map(|_| std::sync::Mutex::new(Class::default())).collect(),
         span_next: AtomicUsize::new(base),
         granule_class: (0..SPAN_BYTES / SPAN).map(|_| AtomicU8::new(u8::MAX)).collect(),
-        pages: Mutex::new(PageAlloc::new(SPAN_BYTES / PAGE, (ARENA_BYTES - SPAN_BYTES) / PAGE)),
-        mgr: Mutex::new(mgr),
+        pages: std::sync::Mutex::new(PageAlloc::new(SPAN_BYTES / PAGE, (ARENA_BYTES - SPAN_BYTES) / PAGE)),
+        mgr: std::sync::Mutex::new(mgr),
         stats: Stats::new(),
         cfg,
     })
@@ -334,9 +339,57 @@ fn spawn_handlers() {
         let cpu = cpus[std::process::id() as usize % cpus.len()];
         pin(&[cpu]);
         let _ = ALLOWED.set(cpus);
-        spawn_handler(cpu, true);
+        spawn_handler(cpu, true, false);
     } else {
-        spawn_handler(usize::MAX, true);
+        spawn_handler(usize::MAX, true, false);
+    }
+    spawn_handler(usize::MAX, false, true);
+}
+
+/// The background evictor sleeps on this eventfd.
+static EVICTOR_FD: AtomicI32 = AtomicI32::new(-1);
+/// The evictor is asleep (a wake-up costs a write).
+static EVICTOR_IDLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn wake_evictor() {
+    if EVICTOR_IDLE.swap(false, Ordering::AcqRel) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(EVICTOR_FD.load(Ordering::Relaxed), one.as_ptr().cast(), 8) };
+    }
+}
+
+/// The background evictor: keeps the resident count a reserve below the
+/// budget by compressing the oldest pages on whatever CPU is free, so the
+/// fault handler (next to the program) mostly just installs pages.
+fn evictor_loop(g: &Global) -> std::io::Result<()> {
+    // SAFETY: creating an eventfd; its descriptor is ours.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    EVICTOR_FD.store(fd, Ordering::Relaxed);
+    loop {
+        let batch = lock(&g.mgr).take_victims(manager::EVICT_BATCH * 2);
+        let Some(v) = batch else {
+            EVICTOR_IDLE.store(true, Ordering::Release);
+            // Re-check after announcing sleep (a wake-up may have been missed).
+            if lock(&g.mgr).evict_wanted() {
+                EVICTOR_IDLE.store(false, Ordering::Release);
+                continue;
+            }
+            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one live pollfd.
+            unsafe { libc::poll(&mut p, 1, 100) };
+            let mut buf = [0u8; 8];
+            // SAFETY: draining the eventfd into 8 bytes.
+            unsafe { libc::read(fd, buf.as_mut_ptr().cast(), 8) };
+            EVICTOR_IDLE.store(false, Ordering::Release);
+            continue;
+        };
+        let outcome = v.compress(&g.stats)?;
+        lock(&g.mgr).commit(&v, &outcome, &g.stats)?;
+        v.unprotect()?;
     }
 }
 
@@ -346,9 +399,10 @@ static ALLOWED: OnceLock<Vec<usize>> = OnceLock::new();
 struct HandlerArg {
     cpu: usize,
     ctl: bool,
+    evictor: bool,
 }
 
-fn spawn_handler(cpu: usize, ctl: bool) {
+fn spawn_handler(cpu: usize, ctl: bool, evictor: bool) {
     // A raw pthread, not std::thread: std initialises thread-locals (with
     // destructors registered through calloc) before running the closure,
     // and the mark that keeps this thread's allocations out of the arena
@@ -357,7 +411,12 @@ fn spawn_handler(cpu: usize, ctl: bool) {
         let _ = INSIDE.try_with(|c| c.set(true));
         // SAFETY: arg is the Box<HandlerArg> leaked by spawn_handler.
         let arg = unsafe { Box::from_raw(arg.cast::<HandlerArg>()) };
-        if arg.cpu != usize::MAX {
+        if arg.cpu == usize::MAX {
+            // Not pinned: the whole allowed set, not the pin it inherited.
+            if let Some(cpus) = ALLOWED.get() {
+                pin(cpus);
+            }
+        } else {
             // SAFETY: a zeroed set with one CPU added, applied to this thread.
             unsafe {
                 let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -366,14 +425,15 @@ fn spawn_handler(cpu: usize, ctl: bool) {
             }
         }
         let g = GLOBAL.get().expect("started");
-        if let Err(e) = handler_loop(g, arg.ctl) {
+        let r = if arg.evictor { evictor_loop(g) } else { handler_loop(g, arg.ctl) };
+        if let Err(e) = r {
             // Threads waiting on a fault would sleep forever: stop loudly.
             eprintln!("ztier: the fault handler failed ({e}); pages cannot be served: aborting");
             std::process::abort();
         }
         std::ptr::null_mut()
     }
-    let arg = Box::into_raw(Box::new(HandlerArg { cpu, ctl }));
+    let arg = Box::into_raw(Box::new(HandlerArg { cpu, ctl, evictor }));
     let mut t: libc::pthread_t = 0;
     // SAFETY: creating a thread running `entry`, which owns `arg`.
     let r = unsafe { libc::pthread_create(&mut t, std::ptr::null(), entry, arg.cast()) };
@@ -382,7 +442,9 @@ fn spawn_handler(cpu: usize, ctl: bool) {
         std::process::abort();
     }
     // SAFETY: t is the thread just created; naming it is cosmetic.
-    unsafe { libc::pthread_setname_np(t, c"ztier-handler".as_ptr()) };
+    unsafe {
+        libc::pthread_setname_np(t, if evictor { c"ztier-evictor" } else { c"ztier-handler" }.as_ptr())
+    };
 }
 
 fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
@@ -398,7 +460,7 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
     if let Some(l) = &ctl {
         l.set_nonblocking(true)?;
     }
-    let uffd = g.mgr.lock().uffd.clone();
+    let uffd = lock(&g.mgr).uffd.clone();
     let spin = std::time::Duration::from_micros(env_size("ZTIER_SPIN_US").unwrap_or(0) as u64);
     let mut last = std::time::Instant::now();
     loop {
@@ -410,7 +472,7 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
             }
             None => {
                 {
-                    let mut m = g.mgr.lock();
+                    let mut m = lock(&g.mgr);
                     if m.over_budget() {
                         m.evict(&g.stats)?;
                     }
@@ -443,22 +505,28 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
         }
         let addr = (ev.address as usize) & !(PAGE - 1);
         if ev.flags & ztier_uffd::uffd::PAGEFAULT_FLAG_WP != 0 {
-            // A write hit a page while it was being evicted; the eviction
-            // finished (this thread did it) and woke the writer.
+            // A write hit a page while it was being evicted. If the
+            // evictor still works on it, its unprotect wakes the writer;
+            // otherwise the eviction is over: wake it now.
             g.stats.wp_faults.fetch_add(1, Ordering::Relaxed);
-            uffd.wake(addr, PAGE)?;
+            let busy = g.in_arena(addr) && lock(&g.mgr).state_at(addr) == manager::EVICTING;
+            if !busy {
+                uffd.wake(addr, PAGE)?;
+            }
             continue;
         }
         let t = std::time::Instant::now();
-        let mut m = g.mgr.lock();
+        let mut m = lock(&g.mgr);
         if !g.in_arena(addr) {
             uffd.wake(addr, PAGE)?;
             continue;
         }
         m.serve(addr, &g.stats)?;
         g.stats.record(t.elapsed().as_nanos() as u64);
-        if m.over_budget() {
-            m.evict(&g.stats)?;
+        let wanted = m.evict_wanted();
+        drop(m);
+        if wanted {
+            wake_evictor();
         }
     }
 }
@@ -484,7 +552,7 @@ fn stats_json(g: &Global) -> String {
         LAT_MAX_US
     };
     let (now_orig, now_stored, spilled) = {
-        let m = g.mgr.lock();
+        let m = lock(&g.mgr);
         let st = m.store().stats();
         (st.orig_bytes, st.memory_used, st.tier_bytes)
     };
@@ -535,36 +603,37 @@ extern "C" fn at_exit() {
     });
 }
 
+type ForkGuards = (
+    Vec<std::sync::MutexGuard<'static, Class>>,
+    std::sync::MutexGuard<'static, Manager>,
+    std::sync::MutexGuard<'static, PageAlloc>,
+);
+
+thread_local! {
+    /// The locks fork_prepare took, released after the fork (futex
+    /// mutexes: a child can release them; nobody else in it waits).
+    static FORK_GUARDS: std::cell::RefCell<Option<ForkGuards>> = const { std::cell::RefCell::new(None) };
+}
+
 extern "C" fn fork_prepare() {
     if STATE.load(Ordering::Acquire) != READY {
         return;
     }
     let _ = INSIDE.try_with(|c| c.set(true));
     let g = GLOBAL.get().expect("ready");
-    for c in &g.classes {
-        std::mem::forget(c.lock());
-    }
-    let mut m = g.mgr.lock();
-    let pages = g.pages.lock();
+    let classes: Vec<_> = g.classes.iter().map(lock).collect();
+    let mut m = lock(&g.mgr);
+    let pages = lock(&g.pages);
     let high = pages.high.max(g.page_of(g.span_next.load(Ordering::Relaxed)));
-    std::mem::forget(pages);
     if let Err(e) = m.bring_all_back(high, &g.stats) {
         eprintln!("ztier: bringing pages back before fork failed: {e}: aborting");
         std::process::abort();
     }
-    std::mem::forget(m);
+    FORK_GUARDS.with(|f| *f.borrow_mut() = Some((classes, m, pages)));
 }
 
-fn unlock_all(g: &Global) {
-    // SAFETY: fork_prepare took each of these locks and forgot the guards;
-    // this thread (the one that forked) releases them once.
-    unsafe {
-        g.pages.force_unlock();
-        g.mgr.force_unlock();
-        for c in &g.classes {
-            c.force_unlock();
-        }
-    }
+fn unlock_all() {
+    FORK_GUARDS.with(|f| drop(f.borrow_mut().take()));
 }
 
 extern "C" fn fork_parent() {
@@ -572,10 +641,10 @@ extern "C" fn fork_parent() {
         return;
     }
     let g = GLOBAL.get().expect("ready");
-    unlock_all(g);
+    unlock_all();
     g.stats.forks.fetch_add(1, Ordering::Relaxed);
     // Back under the budget at once (the pages came back for the fork).
-    let r = g.mgr.lock().evict(&g.stats);
+    let r = lock(&g.mgr).evict(&g.stats);
     if let Err(e) = r {
         eprintln!("ztier: evicting after fork failed: {e}: aborting");
         std::process::abort();
@@ -588,21 +657,21 @@ extern "C" fn fork_child() {
         return;
     }
     let g = GLOBAL.get().expect("ready");
-    {
-        // SAFETY: this thread holds the manager lock (taken in prepare);
-        // the child is single-threaded here.
-        let m = unsafe { &mut *g.mgr.data_ptr() };
-        if let Err(e) = m.reopen_after_fork() {
+    FORK_GUARDS.with(|f| {
+        let mut f = f.borrow_mut();
+        let (_, m, pages) = f.as_mut().expect("fork_prepare ran");
+        let high = pages.high.max(g.page_of(g.span_next.load(Ordering::Relaxed)));
+        if let Err(e) = m.reopen_after_fork(high) {
             eprintln!("ztier: the forked child cannot manage its memory: {e}: aborting");
             std::process::abort();
         }
         g.stats.reset(m.resident());
         g.stats.forked_child.store(1, Ordering::Relaxed);
-    }
-    unlock_all(g);
+    });
+    unlock_all();
     spawn_handlers();
     // Back under the budget at once (the child inherited every page).
-    let r = g.mgr.lock().evict(&g.stats);
+    let r = lock(&g.mgr).evict(&g.stats);
     if let Err(e) = r {
         eprintln!("ztier: evicting in a forked child failed: {e}: aborting");
         std::process::abort();

@@ -49,6 +49,9 @@ pub const ABSENT: u8 = 0;
 pub const RESIDENT: u8 = 1;
 /// Compressed in the store (or its spill file).
 pub const STORED: u8 = 2;
+/// Being evicted by the background evictor (still in memory,
+/// write-protected).
+pub const EVICTING: u8 = 3;
 /// Mask of the state bits.
 pub const STATE: u8 = 3;
 /// Not readable (mprotect'ed): never evicted.
@@ -195,6 +198,7 @@ pub struct Manager {
     resident: usize,
     budget: usize,
     last_fault: usize,
+    evicting: usize,
     prefetch: usize,
     buf: Vec<u8>,
     zero: Vec<u8>,
@@ -267,6 +271,7 @@ impl Manager {
             resident: 0,
             budget: cfg.budget_pages.max(EVICT_BATCH * 2),
             last_fault: usize::MAX,
+            evicting: 0,
             prefetch: std::env::var("ZTIER_PREFETCH")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -567,13 +572,105 @@ impl Manager {
         Ok(())
     }
 
+    /// Resident pages kept free below the budget by the background evictor.
+    fn reserve(&self) -> usize {
+        (self.budget / 16).clamp(EVICT_BATCH * 2, 4096).min(self.budget / 2)
+    }
+
+    /// Should the background evictor work (resident above budget − reserve/2)?
+    pub fn evict_wanted(&self) -> bool {
+        self.resident > self.budget - self.reserve() / 2
+    }
+
+    /// Takes up to `max` victims for the background evictor, oldest first,
+    /// and marks them EVICTING; `None` when the resident count is at or
+    /// below budget − reserve.
+    pub fn take_victims(&mut self, max: usize) -> Option<Victims> {
+        let target = self.budget - self.reserve();
+        let mut pages = Vec::with_capacity(max);
+        let mut evicting = self.evicting;
+        while pages.len() < max && self.resident > target + evicting {
+            let Some(i) = self.fifo.pop_front() else { break };
+            let i = i as usize;
+            let s = self.st(i) & !QUEUED;
+            if s & STATE == RESIDENT && s & NOEVICT == 0 {
+                self.set(i, (s & !STATE) | EVICTING);
+                pages.push(i);
+                evicting += 1;
+            } else if s & STATE == RESIDENT {
+                self.fifo.push_back(i as u32);
+                self.set(i, s | QUEUED);
+            } else {
+                self.set(i, s);
+            }
+        }
+        if pages.is_empty() {
+            return None;
+        }
+        self.evicting = evicting;
+        pages.sort_unstable();
+        Some(Victims {
+            pages,
+            uffd: self.uffd.clone(),
+            store: self.store.clone(),
+            pool: self.pool,
+            base: self.base,
+        })
+    }
+
+    /// Finishes a background eviction: pages still EVICTING become STORED
+    /// (or ABSENT), their memory is released; pages released meanwhile
+    /// by the program get their stored copy dropped; refused pages stay.
+    pub fn commit(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) -> io::Result<()> {
+        let mut drops: Vec<(usize, usize)> = Vec::new();
+        for (&i, &o) in v.pages.iter().zip(outcome) {
+            self.evicting -= 1;
+            let s = self.st(i);
+            if s & STATE != EVICTING {
+                // Released (munmap, MADV_DONTNEED) while we compressed it.
+                if o == Outcome::Stored {
+                    let _ = self.store.flush_page(self.key(i));
+                }
+                continue;
+            }
+            match o {
+                Outcome::Stored | Outcome::Zero | Outcome::Gone => {
+                    self.set(i, (s & !STATE) | if o == Outcome::Stored { STORED } else { ABSENT });
+                    self.resident -= 1;
+                    match drops.last_mut() {
+                        Some((f, n)) if *f + *n == i => *n += 1,
+                        _ => drops.push((i, 1)),
+                    }
+                }
+                Outcome::Kept => {
+                    self.set(i, (s & !STATE) | RESIDENT | QUEUED);
+                    if s & QUEUED == 0 {
+                        self.fifo.push_back(i as u32);
+                    }
+                }
+            }
+        }
+        for (f, n) in drops {
+            if sys::madvise(self.addr(f) as *mut libc::c_void, n * PAGE, libc::MADV_DONTNEED) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        stats.resident.store(self.resident, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The state bits of the page at `addr` (for the handler's WP events).
+    pub fn state_at(&self, addr: usize) -> u8 {
+        self.st((addr - self.base) / PAGE) & STATE
+    }
+
     /// Releases `[first, first + n)`: memory returned to the kernel,
     /// compressed copies dropped; the pages read as zeros afterwards.
     pub fn release(&mut self, first: usize, n: usize, stats: &Stats) {
         for i in first..first + n {
             let s = self.st(i);
             match s & STATE {
-                RESIDENT => self.resident -= 1,
+                RESIDENT | EVICTING => self.resident -= 1,
                 STORED => {
                     let _ = self.store.flush_page(self.key(i));
                 }
@@ -614,7 +711,19 @@ impl Manager {
 
     /// In a forked child: a userfaultfd and a store of its own (the
     /// parent's are shared descriptors and a copy of the parent's state).
-    pub fn reopen_after_fork(&mut self) -> io::Result<()> {
+    pub fn reopen_after_fork(&mut self, high: usize) -> io::Result<()> {
+        // Pages the parent's evictor was working on are plain resident
+        // pages here (the child's copies lost the write protection).
+        for i in 0..high.min(self.pages) {
+            let s = self.st(i);
+            if s & STATE == EVICTING {
+                self.set(i, (s & !STATE) | RESIDENT);
+                if s & QUEUED == 0 {
+                    self.fifo.push_back(i as u32);
+                    self.set(i, (s & !STATE) | RESIDENT | QUEUED);
+                }
+            }
+        }
         self.uffd = open_uffd(self.base, self.pages * PAGE)?;
         let (store, pool) = open_store(&self.cfg)?;
         // The parent's store object is a private copy: dropping it frees
@@ -639,4 +748,107 @@ impl Manager {
 
 fn is_zero(page: &[u8]) -> bool {
     page.chunks_exact(64).all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
+}
+
+/// What became of one victim of a background eviction.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Outcome {
+    /// Compressed into the store.
+    Stored,
+    /// All zero: nothing stored.
+    Zero,
+    /// Not in memory any more (released behind our back).
+    Gone,
+    /// The store refused it: it stays resident.
+    Kept,
+}
+
+/// A batch of pages the background evictor works on outside the lock.
+pub struct Victims {
+    /// Page indices, sorted.
+    pub pages: Vec<usize>,
+    uffd: Arc<Uffd>,
+    store: Arc<Store>,
+    pool: u32,
+    base: usize,
+}
+
+impl Victims {
+    /// Contiguous runs of the victims: (first page, pages).
+    fn runs(&self) -> Vec<(usize, usize)> {
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for &i in &self.pages {
+            match runs.last_mut() {
+                Some((f, n)) if *f + *n == i => *n += 1,
+                _ => runs.push((i, 1)),
+            }
+        }
+        runs
+    }
+
+    /// Write-protects the victims, then reads and compresses them (no
+    /// lock held: the handler keeps serving faults meanwhile). A writer
+    /// that touches a victim now waits until [`Victims::unprotect`].
+    pub fn compress(&self, stats: &Stats) -> io::Result<Vec<Outcome>> {
+        let runs = self.runs();
+        for &(f, n) in &runs {
+            let addr = self.base + f * PAGE;
+            self.uffd.writeprotect(addr, n * PAGE, true).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("write-protecting {addr:#x}+{:#x} to evict it: {e}", n * PAGE),
+                )
+            })?;
+        }
+        let mut out = Vec::with_capacity(self.pages.len());
+        for &(f, n) in &runs {
+            let addr = self.base + f * PAGE;
+            let mut inmem = vec![0u8; n];
+            // SAFETY: mincore over part of the arena into a vector of n bytes.
+            if unsafe { libc::mincore(addr as *mut libc::c_void, n * PAGE, inmem.as_mut_ptr()) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            for (k, &present) in inmem.iter().enumerate() {
+                if present & 1 == 0 {
+                    out.push(Outcome::Gone);
+                    continue;
+                }
+                // SAFETY: the page is present and write-protected: it can be
+                // read without faulting and cannot change meanwhile.
+                let page = unsafe { std::slice::from_raw_parts((addr + k * PAGE) as *const u8, PAGE) };
+                if is_zero(page) {
+                    stats.evicted_zero.fetch_add(1, Ordering::Relaxed);
+                    out.push(Outcome::Zero);
+                    continue;
+                }
+                let key = Key { pool: self.pool, object: 0, index: (f + k) as u32 };
+                match self.store.put(key, page, PutFlags::default()) {
+                    Ok(()) => {
+                        stats.pages_compressed.fetch_add(1, Ordering::Relaxed);
+                        out.push(Outcome::Stored);
+                    }
+                    Err(StoreError::Refused(_)) => {
+                        stats.refused.fetch_add(1, Ordering::Relaxed);
+                        out.push(Outcome::Kept);
+                    }
+                    Err(e) => return Err(store_err(e)),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes the write protection (after the commit) and wakes writers.
+    pub fn unprotect(&self) -> io::Result<()> {
+        for (f, n) in self.runs() {
+            let addr = self.base + f * PAGE;
+            self.uffd.writeprotect(addr, n * PAGE, false).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("unprotecting {addr:#x}+{:#x} after eviction: {e}", n * PAGE),
+                )
+            })?;
+        }
+        Ok(())
+    }
 }

@@ -15,7 +15,7 @@ const RW: c_int = libc::PROT_READ | libc::PROT_WRITE;
 
 fn small_alloc(g: &Global, c: usize) -> *mut c_void {
     let size = class_size(c);
-    let mut cl = g.classes[c].lock();
+    let mut cl = crate::lock(&g.classes[c]);
     if cl.free != 0 {
         let p = cl.free;
         // SAFETY: p is a freed object of this class; its first word holds
@@ -49,7 +49,7 @@ fn small_class(g: &Global, p: usize) -> usize {
 
 fn small_free(g: &Global, p: usize) {
     let c = small_class(g, p);
-    let mut cl = g.classes[c].lock();
+    let mut cl = crate::lock(&g.classes[c]);
     // SAFETY: p is a live object of class c being freed; its first word
     // becomes the free-list link.
     unsafe { *(p as *mut usize) = cl.free };
@@ -64,7 +64,7 @@ fn bad_pointer(what: &str, p: usize) -> ! {
 /// Large block of `n` pages aligned to `align` pages; `zeroed` says
 /// whether the memory must read as zeros.
 fn large_alloc(g: &Global, n: usize, align: usize, zeroed: bool) -> *mut c_void {
-    let mut pa = g.pages.lock();
+    let mut pa = crate::lock(&g.pages);
     if align == 1 {
         if let Some(first) = pa.cache_pop(n) {
             pa.large.insert(first, n);
@@ -89,13 +89,13 @@ fn large_alloc(g: &Global, n: usize, align: usize, zeroed: bool) -> *mut c_void 
 /// Releases pages `[first, first + n)` of the page region back to the
 /// free ranges (memory returned, copies dropped).
 fn release_range(g: &Global, first: usize, n: usize) {
-    g.mgr.lock().release(first, n, &g.stats);
-    g.pages.lock().free(first, n);
+    crate::as_inside(|| crate::lock(&g.mgr).release(first, n, &g.stats));
+    crate::lock(&g.pages).free(first, n);
 }
 
 fn large_free(g: &Global, p: usize) {
     let first = g.page_of(p);
-    let mut pa = g.pages.lock();
+    let mut pa = crate::lock(&g.pages);
     let Some(n) = pa.large.remove(&first) else { bad_pointer("free", p) };
     if p % PAGE != 0 {
         bad_pointer("free", p);
@@ -111,7 +111,7 @@ fn usable(g: &Global, p: usize) -> usize {
     if g.in_spans(p) {
         class_size(small_class(g, p))
     } else {
-        let n = g.pages.lock().large.get(&g.page_of(p)).copied();
+        let n = crate::lock(&g.pages).large.get(&g.page_of(p)).copied();
         match n {
             Some(n) => n * PAGE,
             None => bad_pointer("malloc_usable_size", p),
@@ -218,7 +218,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         // Grow in place when the pages after the block are free.
         let first = g.page_of(p as usize);
         let (n, want) = (old / PAGE, size.div_ceil(PAGE));
-        let mut pa = g.pages.lock();
+        let mut pa = crate::lock(&g.pages);
         if pa.take(first + n, want - n) {
             pa.large.insert(first, want);
             return p;
@@ -406,7 +406,7 @@ pub unsafe extern "C" fn mmap(
                         sys::set_errno(e);
                         return libc::MAP_FAILED;
                     }
-                    g.mgr.lock().set_noevict(g.page_of(p as usize), n, true);
+                    crate::as_inside(|| crate::lock(&g.mgr).set_noevict(g.page_of(p as usize), n, true));
                 }
                 return p;
             }
@@ -417,22 +417,28 @@ pub unsafe extern "C" fn mmap(
             if let Some((first, n)) = page_range(g, a as usize, len) {
                 let anon = flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_SHARED)
                     == libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-                let mut m = g.mgr.lock();
-                m.release(first, n, &g.stats);
-                if anon && (prot == RW || prot == libc::PROT_NONE) && fd == -1 {
-                    // A fresh anonymous mapping over arena memory (how a
-                    // runtime commits or uncommits parts of a reservation):
-                    // the same thing as zeroing it and setting protections,
-                    // which keeps it managed.
-                    if sys::mprotect(a, n * PAGE, prot) != 0 {
-                        return libc::MAP_FAILED;
+                let done = crate::as_inside(|| {
+                    let mut m = crate::lock(&g.mgr);
+                    m.release(first, n, &g.stats);
+                    if anon && (prot == RW || prot == libc::PROT_NONE) && fd == -1 {
+                        // A fresh anonymous mapping over arena memory (how a
+                        // runtime commits or uncommits parts of a reservation):
+                        // the same thing as zeroing it and setting protections,
+                        // which keeps it managed.
+                        if sys::mprotect(a, n * PAGE, prot) != 0 {
+                            return Some(libc::MAP_FAILED);
+                        }
+                        m.set_noevict(first, n, prot != RW);
+                        return Some(a);
                     }
-                    m.set_noevict(first, n, prot != RW);
-                    return a;
+                    // Something else (a file, shared memory): no longer ours to
+                    // evict; munmap gives the range back.
+                    m.set_noevict(first, n, true);
+                    None
+                });
+                if let Some(r) = done {
+                    return r;
                 }
-                // Something else (a file, shared memory): no longer ours to
-                // evict; munmap gives the range back.
-                m.set_noevict(first, n, true);
             }
         }
     }
@@ -441,7 +447,7 @@ pub unsafe extern "C" fn mmap(
 
 fn large_alloc_mmap(g: &Global, len: usize) -> *mut c_void {
     let n = len.div_ceil(PAGE);
-    let mut pa = g.pages.lock();
+    let mut pa = crate::lock(&g.pages);
     match pa.alloc(n, 1) {
         Some(first) => (g.base + first * PAGE) as *mut c_void,
         None => std::ptr::null_mut(),
@@ -469,30 +475,32 @@ pub unsafe extern "C" fn mmap64(
 /// if the program had mapped something else over it (MAP_FIXED), the
 /// arena mapping is restored first.
 fn unmap_arena(g: &Global, first: usize, n: usize) -> c_int {
-    let addr = (g.base + first * PAGE) as *mut c_void;
-    let mut m = g.mgr.lock();
-    m.release(first, n, &g.stats);
-    // Restore a plain registered arena mapping over the range (undoes any
-    // MAP_FIXED or mprotect the program did there).
-    let p = sys::mmap(
-        addr,
-        n * PAGE,
-        RW,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
-        -1,
-        0,
-    );
-    if p == libc::MAP_FAILED {
-        return -1;
-    }
-    if m.reregister(first, n).is_err() {
-        eprintln!("ztier: cannot register unmapped arena memory again: aborting");
-        std::process::abort();
-    }
-    m.set_noevict(first, n, false);
-    drop(m);
-    g.pages.lock().free(first, n);
-    0
+    crate::as_inside(|| {
+        let addr = (g.base + first * PAGE) as *mut c_void;
+        let mut m = crate::lock(&g.mgr);
+        m.release(first, n, &g.stats);
+        // Restore a plain registered arena mapping over the range (undoes any
+        // MAP_FIXED or mprotect the program did there).
+        let p = sys::mmap(
+            addr,
+            n * PAGE,
+            RW,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return -1;
+        }
+        if m.reregister(first, n).is_err() {
+            eprintln!("ztier: cannot register unmapped arena memory again: aborting");
+            std::process::abort();
+        }
+        m.set_noevict(first, n, false);
+        drop(m);
+        crate::lock(&g.pages).free(first, n);
+        0
+    })
 }
 
 /// `munmap(2)`.
@@ -545,7 +553,7 @@ pub unsafe extern "C" fn mremap(
         }
         return old;
     }
-    if g.pages.lock().take(first + n, want - n) {
+    if crate::lock(&g.pages).take(first + n, want - n) {
         return old;
     }
     if flags & libc::MREMAP_MAYMOVE == 0 {
@@ -578,7 +586,9 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
                     sys::set_errno(libc::EINVAL);
                     return -1;
                 }
-                g.mgr.lock().release(g.page_of(a as usize), (end - a as usize) / PAGE, &g.stats);
+                crate::as_inside(|| {
+                    crate::lock(&g.mgr).release(g.page_of(a as usize), (end - a as usize) / PAGE, &g.stats)
+                });
                 return 0;
             }
             if matches!(advice, libc::MADV_DONTFORK | libc::MADV_WIPEONFORK) {
@@ -602,7 +612,13 @@ pub unsafe extern "C" fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_
         if let Some(g) = crate::GLOBAL.get() {
             let end = (a as usize).wrapping_add(len.next_multiple_of(PAGE));
             if g.in_arena(a as usize) && g.in_arena(end - 1) {
-                g.mgr.lock().set_noevict(g.page_of(a as usize), (end - a as usize) / PAGE, prot != RW);
+                crate::as_inside(|| {
+                    crate::lock(&g.mgr).set_noevict(
+                        g.page_of(a as usize),
+                        (end - a as usize) / PAGE,
+                        prot != RW,
+                    )
+                });
             }
         }
     }
@@ -682,11 +698,13 @@ pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, 
         if let Some(g) = crate::GLOBAL.get() {
             let end = (a as usize).wrapping_add(len.next_multiple_of(PAGE));
             if g.in_arena(a as usize) && g.in_arena(end - 1) {
-                g.mgr.lock().set_noevict(
-                    g.page_of(a as usize),
-                    (end - a as usize) / PAGE,
-                    prot != RW || pkey > 0,
-                );
+                crate::as_inside(|| {
+                    crate::lock(&g.mgr).set_noevict(
+                        g.page_of(a as usize),
+                        (end - a as usize) / PAGE,
+                        prot != RW || pkey > 0,
+                    )
+                });
             }
         }
     }
