@@ -6,8 +6,8 @@
 //! be evicted into the compressed page store and come back, on the first
 //! touch, through a fault handler thread that decompresses them and
 //! installs them with `UFFDIO_COPY` (`UFFDIO_ZEROPAGE` for pages that were
-//! never stored). The LD_PRELOAD interposer, cold-page detection and the
-//! `ztier run` command build on these; they are not written yet.
+//! never stored). `ztier run`'s library (`crates/ztier-preload`) uses the
+//! API with missing + write-protect registration over its own arena.
 
 pub mod region;
 pub mod uffd;

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 
-use super::{bench_blk, bench_codecs, bench_store};
+use super::{bench_blk, bench_codecs, bench_pressure, bench_store};
 
 /// The benchmarks.
 #[derive(Subcommand, Debug)]
@@ -30,6 +30,11 @@ pub enum BenchCommand {
     /// space a device takes per data type (text, source, binaries, a
     /// SQLite database, random) next to `gzip -6` (ZBD's Table III).
     Blk(bench_blk::BlkBenchArgs),
+    /// A program under memory pressure: natively, then at each budget under
+    /// kernel swap to a file, zswap and zram (in a memory cgroup; root) and
+    /// under `ztier run`. Checks outputs are identical; prints wall time,
+    /// peak RSS, major faults and bytes compressed, and can plot them.
+    Pressure(bench_pressure::PressureArgs),
 }
 
 /// Runs a benchmark.
@@ -38,5 +43,6 @@ pub fn run(c: BenchCommand) -> Result<i32> {
         BenchCommand::Codecs(a) => bench_codecs::run(a),
         BenchCommand::Store(a) => bench_store::run(a),
         BenchCommand::Blk(a) => bench_blk::run(a),
+        BenchCommand::Pressure(a) => bench_pressure::run(a),
     }
 }

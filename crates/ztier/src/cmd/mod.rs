@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_blk;
 pub mod bench_codecs;
+pub mod bench_pressure;
 pub mod bench_store;
 pub mod blk;
 pub mod demo;

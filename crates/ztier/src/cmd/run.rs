@@ -117,6 +117,7 @@ pub fn preload_path() -> Result<PathBuf> {
 static CHILD: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn forward(sig: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
     let pid = CHILD.load(Ordering::Relaxed);
     if pid > 0 {
         // SAFETY: kill is async-signal-safe; pid is our child.
@@ -132,9 +133,9 @@ pub struct RunOutcome {
     pub stats: Value,
 }
 
-/// Runs `a.cmd` under the budget; `stdout`/`stderr` of the program are
-/// inherited unless `quiet`.
-pub fn run_program(a: &RunArgs, quiet: bool) -> Result<RunOutcome> {
+/// Runs `a.cmd` under the budget; the program's stdout goes to `stdout`
+/// (inherited when `None`), its stderr is inherited.
+pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutcome> {
     let codec: ztier_codec::CodecId = a.codec.parse().map_err(|e| anyhow::anyhow!("--codec: {e}"))?;
     if a.budget < 1 << 20 {
         bail!("--budget {} is too small (at least 1M)", a.budget);
@@ -174,38 +175,106 @@ pub fn run_program(a: &RunArgs, quiet: bool) -> Result<RunOutcome> {
     if let Some(m) = a.spill_max {
         cmd.env("ZTIER_SPILL_MAX", m.to_string());
     }
-    if quiet {
-        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    if let Some(f) = stdout {
+        cmd.stdout(f);
     }
+    let m = measure(&mut cmd)?;
+    let code = m.code;
+    let mut stats = merge_stats(&stats_dir)?;
+    stats["wall_s"] = m.wall_s.into();
+    stats["exit_code"] = code.into();
+    stats["peak_rss_bytes"] = m.maxrss.into();
+    stats["major_faults"] = m.majflt.into();
+    stats["budget_bytes"] = a.budget.into();
+    Ok(RunOutcome { code, stats })
+}
+
+/// What one measured child run gave.
+pub struct Measured {
+    /// Exit code (128 + signal if killed).
+    pub code: i32,
+    /// Wall time.
+    pub wall_s: f64,
+    /// Peak RSS of the child (its largest descendant's, as wait4 reports).
+    pub maxrss: u64,
+    /// Major faults of the child and its waited-for descendants.
+    pub majflt: u64,
+    /// Killed after the timeout.
+    pub timed_out: bool,
+}
+
+/// Runs `cmd`, forwarding SIGINT/SIGTERM/SIGHUP to it, and measures it
+/// with wait4. [`interrupted`] tells afterwards whether a signal came.
+pub fn measure(cmd: &mut std::process::Command) -> Result<Measured> {
+    measure_with_timeout(cmd, None)
+}
+
+/// As [`measure`]; after `timeout` the program is killed (SIGKILL, by pid)
+/// and `timed_out` is set.
+pub fn measure_with_timeout(
+    cmd: &mut std::process::Command,
+    timeout: Option<std::time::Duration>,
+) -> Result<Measured> {
     let t = std::time::Instant::now();
-    let mut child = cmd.spawn().with_context(|| format!("starting {}", a.cmd[0].to_string_lossy()))?;
-    CHILD.store(child.id() as i32, Ordering::Relaxed);
+    let child = cmd.spawn().with_context(|| format!("starting {}", cmd.get_program().to_string_lossy()))?;
+    let pid = child.id() as i32;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let killed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = timeout.map(|d| {
+        let killed = killed.clone();
+        std::thread::spawn(move || {
+            if done_rx.recv_timeout(d) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                killed.store(true, Ordering::Relaxed);
+                // SAFETY: killing our own child, not yet reaped (the main
+                // thread reaps it only after this thread is told or ends).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        })
+    });
+    CHILD.store(pid, Ordering::Relaxed);
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: installing an async-signal-safe handler.
         unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
     }
-    let status = child.wait()?;
+    let mut status = 0;
+    // SAFETY: a zeroed rusage for wait4 to fill.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: waiting for our own child into live out-parameters.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e).context("waiting for the program");
+        }
+    }
     CHILD.store(0, Ordering::Relaxed);
+    drop(done_tx);
+    if let Some(w) = watchdog {
+        let _ = w.join();
+    }
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: restoring the default disposition.
         unsafe { libc::signal(sig, libc::SIG_DFL) };
     }
-    let wall = t.elapsed().as_secs_f64();
-    use std::os::unix::process::ExitStatusExt;
-    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-    // SAFETY: getrusage into a zeroed struct.
-    let maxrss = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
-        ru.ru_maxrss as u64 * 1024
-    };
-    let mut stats = merge_stats(&stats_dir)?;
-    stats["wall_s"] = wall.into();
-    stats["exit_code"] = code.into();
-    stats["peak_rss_bytes"] = maxrss.into();
-    stats["budget_bytes"] = a.budget.into();
-    Ok(RunOutcome { code, stats })
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+    Ok(Measured {
+        code,
+        wall_s: t.elapsed().as_secs_f64(),
+        maxrss: ru.ru_maxrss as u64 * 1024,
+        majflt: ru.ru_majflt as u64,
+        timed_out: killed.load(Ordering::Relaxed),
+    })
 }
+
+/// Did a SIGINT/SIGTERM/SIGHUP arrive during a [`measure`]?
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn allowed_cpus() -> String {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
@@ -305,7 +374,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
 
 /// `ztier run`.
 pub fn run(a: RunArgs) -> Result<i32> {
-    let out = run_program(&a, false)?;
+    let out = run_program(&a, None)?;
     let s = &out.stats;
     if let Some(path) = &a.stats {
         std::fs::write(path, serde_json::to_string_pretty(s)? + "\n")

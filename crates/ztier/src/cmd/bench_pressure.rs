@@ -1,0 +1,480 @@
+//! `ztier bench pressure`: one program under memory pressure, natively
+//! and at each budget under kernel swap to a file, kernel zswap, kernel
+//! zram swap — each inside a memory cgroup limited to the budget — and
+//! under `ztier run`. Outputs must be identical to the native run; the
+//! table reports wall time (and its ratio to native), peak RSS, major
+//! faults and what was compressed, and an SVG plot shows the wall times
+//! (zcache's "make -jN under memory pressure" view).
+//!
+//! Every system setting changed is put back by guards that run in reverse
+//! order, also on errors and after Ctrl-C (the signal is forwarded to the
+//! running program, which ends the run early; then the guards run):
+//!
+//! ```text
+//!  swap file   fallocate + mkswap + swapon      → swapoff, delete
+//!  zswap       /sys/module/zswap/parameters/enabled = Y   → old value
+//!  zram        hot_add, comp_algorithm, disksize, mkswap, swapon
+//!                                                → swapoff, reset, hot_remove
+//!  cgroup      memory/ztier-bench-PID-N, limit_in_bytes (v1) or memory.max (v2)
+//!                                                → rmdir
+//! ```
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use super::run::{measure, run_program, RunArgs};
+
+/// Arguments of `ztier bench pressure`.
+#[derive(Args, Debug)]
+#[command(after_long_help = "Example:\n  \
+    ztier bench pressure --budgets 256M -- python3 examples/workloads/pyapp.py\n\n\
+Kernel baselines need root (swapon, cgroups, zram); without root they are skipped\n\
+with a message and only native and ztier run.")]
+pub struct PressureArgs {
+    /// Memory budgets (comma-separated sizes).
+    #[arg(long, default_value = "256M")]
+    pub budgets: String,
+    /// Kernel baselines to run (swap, zswap, zram; comma-separated; "none" for none).
+    #[arg(long, default_value = "swap,zswap,zram")]
+    pub kernel: String,
+    /// Folder for the temporary swap file (must be on a filesystem that supports swap files).
+    #[arg(long, default_value = "/var/tmp")]
+    pub swap_dir: PathBuf,
+    /// Codec of ztier's store.
+    #[arg(long, default_value = "lz4")]
+    pub codec: String,
+    /// Seconds after which a kernel-baseline run is killed and reported as
+    /// timed out (memory-cgroup swapping can stall for minutes).
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write a bar chart of wall times (SVG) here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub cmd: Vec<OsString>,
+}
+
+/// One measured run.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Row {
+    mode: String,
+    budget: Option<u64>,
+    wall_s: f64,
+    vs_native: f64,
+    peak_rss_bytes: u64,
+    major_faults: u64,
+    compressed_orig_bytes: Option<u64>,
+    compressed_bytes: Option<u64>,
+    same_output: bool,
+    exit_code: i32,
+    timed_out: bool,
+}
+
+/// One undo action and what it restores.
+type Undo = (String, Box<dyn FnOnce() -> Result<()>>);
+
+/// Undo actions, run in reverse order when dropped.
+#[derive(Default)]
+struct Restore(Vec<Undo>);
+
+impl Restore {
+    fn push(&mut self, what: impl Into<String>, f: impl FnOnce() -> Result<()> + 'static) {
+        self.0.push((what.into(), Box::new(f)));
+    }
+    /// Runs the undo actions pushed after `mark` (newest first).
+    fn undo_to(&mut self, mark: usize) {
+        while self.0.len() > mark {
+            let (what, f) = self.0.pop().expect("non-empty");
+            if let Err(e) = f() {
+                eprintln!("ztier bench pressure: restoring {what} failed: {e:#}");
+            }
+        }
+    }
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        self.undo_to(0);
+    }
+}
+
+fn sh(args: &[&str]) -> Result<()> {
+    let o =
+        Command::new(args[0]).args(&args[1..]).output().with_context(|| format!("running {}", args[0]))?;
+    if !o.status.success() {
+        bail!("{} failed: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim());
+    }
+    Ok(())
+}
+
+fn write(path: impl AsRef<Path>, v: &str) -> Result<()> {
+    std::fs::write(path.as_ref(), v).with_context(|| format!("writing {v:?} to {}", path.as_ref().display()))
+}
+
+/// A memory cgroup limited to `limit` (v1 or v2), removed on drop of the guard.
+fn cgroup(restore: &mut Restore, limit: u64, n: usize) -> Result<PathBuf> {
+    let v1 = Path::new("/sys/fs/cgroup/memory");
+    let (dir, file) = if v1.join("memory.limit_in_bytes").exists() {
+        (v1.join(format!("ztier-bench-{}-{n}", std::process::id())), "memory.limit_in_bytes")
+    } else if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        (PathBuf::from(format!("/sys/fs/cgroup/ztier-bench-{}-{n}", std::process::id())), "memory.max")
+    } else {
+        bail!("no memory cgroup (v1 /sys/fs/cgroup/memory or v2 /sys/fs/cgroup)");
+    };
+    std::fs::create_dir(&dir).with_context(|| format!("creating cgroup {}", dir.display()))?;
+    let d = dir.clone();
+    restore.push(format!("cgroup {}", dir.display()), move || {
+        // The program has exited; an empty cgroup can be removed.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&d).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        std::fs::remove_dir(&d).with_context(|| format!("removing {}", d.display()))
+    });
+    write(dir.join(file), &limit.to_string())?;
+    if file == "memory.limit_in_bytes" {
+        // v1 kills at the limit while reclaim waits for swap writeback;
+        // pause the program instead, as v2's memory.max does (it throttles).
+        write(dir.join("memory.oom_control"), "1")?;
+    }
+    Ok(dir)
+}
+
+/// Runs `cmd` inside `cg` (moved in by a shell before exec), stdout to `out`.
+fn run_in_cgroup(cg: &Path, cmd: &[OsString], out: &Path, timeout: u64) -> Result<super::run::Measured> {
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(format!("echo $$ > {}/cgroup.procs && exec \"$@\"", cg.display())).arg("sh").args(cmd);
+    c.stdout(std::fs::File::create(out)?);
+    super::run::measure_with_timeout(&mut c, Some(std::time::Duration::from_secs(timeout)))
+}
+
+fn swap_file(restore: &mut Restore, dir: &Path, size: u64) -> Result<()> {
+    let path = dir.join(format!("ztier-bench-{}.swap", std::process::id()));
+    let p = path.clone();
+    restore.push(format!("swap file {}", path.display()), move || {
+        let _ = sh(&["swapoff", &p.to_string_lossy()]);
+        std::fs::remove_file(&p).or_else(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })?;
+        Ok(())
+    });
+    let ps = path.to_string_lossy().into_owned();
+    sh(&["fallocate", "-l", &size.to_string(), &ps])?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    sh(&["mkswap", "-q", &ps])?;
+    sh(&["swapon", &ps])?;
+    Ok(())
+}
+
+fn zswap(restore: &mut Restore, on: bool) -> Result<()> {
+    let p = "/sys/module/zswap/parameters/enabled";
+    let old = std::fs::read_to_string(p).context("zswap is not available (no /sys/module/zswap)")?;
+    let old = old.trim().to_string();
+    restore.push("zswap enabled flag", move || write(p, &old));
+    write(p, if on { "Y" } else { "N" })
+}
+
+/// A zram swap device of `size` bytes; returns its mm_stat path.
+fn zram(restore: &mut Restore, size: u64) -> Result<PathBuf> {
+    let id = std::fs::read_to_string("/sys/class/zram-control/hot_add")
+        .context("zram is not available (no /sys/class/zram-control; load the zram module)")?;
+    let id = id.trim().to_string();
+    let dev = format!("/dev/zram{id}");
+    let sys = PathBuf::from(format!("/sys/block/zram{id}"));
+    let (d2, s2, id2) = (dev.clone(), sys.clone(), id.clone());
+    restore.push(format!("zram device {dev}"), move || {
+        let _ = sh(&["swapoff", &d2]);
+        let _ = write(s2.join("reset"), "1");
+        write("/sys/class/zram-control/hot_remove", &id2)
+    });
+    let algos = std::fs::read_to_string(sys.join("comp_algorithm")).unwrap_or_default();
+    if algos.split_whitespace().any(|a| a.trim_matches(|c| c == '[' || c == ']') == "lz4") {
+        write(sys.join("comp_algorithm"), "lz4")?;
+    }
+    write(sys.join("disksize"), &size.to_string())?;
+    sh(&["mkswap", "-q", &dev])?;
+    sh(&["swapon", "-p", "32767", &dev])?;
+    Ok(sys.join("mm_stat"))
+}
+
+fn same(a: &Path, b: &Path) -> bool {
+    matches!((std::fs::read(a), std::fs::read(b)), (Ok(x), Ok(y)) if x == y)
+}
+
+/// `ztier bench pressure`.
+pub fn run(a: PressureArgs) -> Result<i32> {
+    let budgets = crate::units::parse_size_list(&a.budgets)?;
+    let kernel: Vec<String> =
+        a.kernel.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty() && s != "none").collect();
+    for k in &kernel {
+        if !["swap", "zswap", "zram"].contains(&k.as_str()) {
+            bail!("--kernel {k}: use swap, zswap, zram or none");
+        }
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !kernel.is_empty() && !root {
+        eprintln!(
+            "ztier bench pressure: kernel baselines ({}) need root (swapon, cgroups, zram): skipped",
+            kernel.join(",")
+        );
+    }
+    let kernel = if root { kernel } else { Vec::new() };
+    let work = std::env::temp_dir().join(format!("ztier-bench-pressure-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let mut restore = Restore::default();
+    let w2 = work.clone();
+    restore.push("work folder", move || Ok(std::fs::remove_dir_all(&w2)?));
+
+    let mut rows: Vec<Row> = Vec::new();
+    let native_out = work.join("native.out");
+    eprintln!("native ...");
+    let mut c = Command::new(&a.cmd[0]);
+    c.args(&a.cmd[1..]).stdout(std::fs::File::create(&native_out)?);
+    let n = measure(&mut c)?;
+    if super::run::interrupted() {
+        bail!("interrupted");
+    }
+    if n.code != 0 {
+        bail!("the program failed natively (exit {})", n.code);
+    }
+    rows.push(Row {
+        mode: "native".into(),
+        budget: None,
+        wall_s: n.wall_s,
+        vs_native: 1.0,
+        peak_rss_bytes: n.maxrss,
+        major_faults: n.majflt,
+        compressed_orig_bytes: None,
+        compressed_bytes: None,
+        same_output: true,
+        exit_code: 0,
+        timed_out: false,
+    });
+    let swap_size = (n.maxrss * 2).max(512 << 20);
+    let mut cg_n = 0;
+    for &budget in &budgets {
+        let file_modes: Vec<&str> =
+            ["swap", "zswap"].into_iter().filter(|m| kernel.iter().any(|k| k == m)).collect();
+        if !file_modes.is_empty() {
+            let mark = restore.0.len();
+            swap_file(&mut restore, &a.swap_dir, swap_size)?;
+            for mode in file_modes {
+                let zmark = restore.0.len();
+                zswap(&mut restore, mode == "zswap")?;
+                cg_n += 1;
+                let cg = cgroup(&mut restore, budget, cg_n)?;
+                eprintln!("{mode} at {} MiB ...", budget >> 20);
+                let out = work.join(format!("{mode}-{budget}.out"));
+                let m = run_in_cgroup(&cg, &a.cmd, &out, a.timeout)?;
+                restore.undo_to(zmark);
+                if super::run::interrupted() {
+                    bail!("interrupted");
+                }
+                rows.push(Row {
+                    mode: if mode == "swap" { "kernel swap (file)".into() } else { "kernel zswap".into() },
+                    budget: Some(budget),
+                    wall_s: m.wall_s,
+                    vs_native: m.wall_s / n.wall_s,
+                    peak_rss_bytes: m.maxrss,
+                    major_faults: m.majflt,
+                    compressed_orig_bytes: None,
+                    compressed_bytes: None,
+                    same_output: m.code == 0 && same(&native_out, &out),
+                    exit_code: m.code,
+                    timed_out: m.timed_out,
+                });
+            }
+            restore.undo_to(mark);
+        }
+        if kernel.iter().any(|k| k == "zram") {
+            let mark = restore.0.len();
+            let mm = zram(&mut restore, swap_size)?;
+            cg_n += 1;
+            let cg = cgroup(&mut restore, budget, cg_n)?;
+            eprintln!("zram at {} MiB ...", budget >> 20);
+            let out = work.join(format!("zram-{budget}.out"));
+            let m = run_in_cgroup(&cg, &a.cmd, &out, a.timeout)?;
+            // mm_stat: orig_data_size compr_data_size mem_used_total mem_limit mem_used_max ...
+            let stat: Vec<u64> = std::fs::read_to_string(&mm)
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            restore.undo_to(mark);
+            if super::run::interrupted() {
+                bail!("interrupted");
+            }
+            rows.push(Row {
+                mode: "kernel zram".into(),
+                budget: Some(budget),
+                wall_s: m.wall_s,
+                vs_native: m.wall_s / n.wall_s,
+                peak_rss_bytes: m.maxrss,
+                major_faults: m.majflt,
+                compressed_orig_bytes: None,
+                compressed_bytes: stat.get(4).copied(),
+                same_output: m.code == 0 && same(&native_out, &out),
+                exit_code: m.code,
+                timed_out: m.timed_out,
+            });
+        }
+        eprintln!("ztier run at {} MiB ...", budget >> 20);
+        let out = work.join(format!("ztier-{budget}.out"));
+        let ra = RunArgs {
+            budget,
+            codec: a.codec.clone(),
+            store: None,
+            spill: None,
+            spill_max: None,
+            stats: None,
+            pin: "main".into(),
+            prefetch: 32,
+            spin_us: 0,
+            summary: false,
+            cmd: a.cmd.clone(),
+        };
+        let r = run_program(&ra, Some(std::fs::File::create(&out)?))?;
+        if super::run::interrupted() {
+            bail!("interrupted");
+        }
+        let s = &r.stats;
+        let wall = s["wall_s"].as_f64().unwrap_or(0.0);
+        rows.push(Row {
+            mode: "ztier run".into(),
+            budget: Some(budget),
+            wall_s: wall,
+            vs_native: wall / n.wall_s,
+            peak_rss_bytes: s["peak_rss_bytes"].as_u64().unwrap_or(0),
+            major_faults: s["major_faults"].as_u64().unwrap_or(0),
+            compressed_orig_bytes: s["orig_bytes"].as_u64(),
+            compressed_bytes: s["stored_bytes"].as_u64(),
+            same_output: r.code == 0 && same(&native_out, &out),
+            exit_code: r.code,
+            timed_out: false,
+        });
+    }
+    drop(restore);
+
+    let mut o = std::io::stdout().lock();
+    writeln!(
+        o,
+        "ztier bench pressure: {}",
+        a.cmd.iter().map(|s| s.to_string_lossy()).collect::<Vec<_>>().join(" ")
+    )?;
+    writeln!(
+        o,
+        "{:<20} {:>8} {:>9} {:>8} {:>10} {:>10} {:>22} {:>7}",
+        "mode", "budget", "wall s", "× native", "peak RSS", "maj.flt", "compressed (orig→mem)", "output"
+    )?;
+    for r in &rows {
+        let comp = match (r.compressed_orig_bytes, r.compressed_bytes) {
+            (Some(a), Some(b)) => format!("{:.0} → {:.0} MB", a as f64 / 1e6, b as f64 / 1e6),
+            (None, Some(b)) => format!("peak {:.0} MB", b as f64 / 1e6),
+            _ => "-".into(),
+        };
+        writeln!(
+            o,
+            "{:<20} {:>8} {:>9.2} {:>8.2} {:>7.0} MB {:>10} {:>22} {:>7}",
+            r.mode,
+            r.budget.map_or("-".into(), |b| format!("{}M", b >> 20)),
+            r.wall_s,
+            r.vs_native,
+            r.peak_rss_bytes as f64 / 1e6,
+            r.major_faults,
+            comp,
+            if r.timed_out {
+                "TIMEOUT"
+            } else if r.same_output {
+                "same"
+            } else if r.exit_code != 0 {
+                "FAILED"
+            } else {
+                "DIFFERS"
+            }
+        )?;
+    }
+    for &b in &budgets {
+        let wall = |m: &str| rows.iter().find(|r| r.mode == m && r.budget == Some(b)).map(|r| r.wall_s);
+        let swap = rows.iter().find(|r| r.mode == "kernel swap (file)" && r.budget == Some(b));
+        if let (Some(z), Some(s)) = (wall("ztier run"), swap) {
+            let bound = if s.timed_out { "at most " } else { "" };
+            writeln!(
+                o,
+                "at {}M: ztier run takes {bound}{:.3} × the time of kernel swap to a file",
+                b >> 20,
+                z / s.wall_s
+            )?;
+        }
+    }
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&rows)? + "\n")?;
+    }
+    if let Some(p) = &a.plot {
+        plot(p, &rows)?;
+    }
+    // Kernel runs that timed out or were killed are results, not errors;
+    // a finished run with different output is.
+    let differs = rows.iter().any(|r| !r.same_output && r.exit_code == 0 && !r.timed_out);
+    Ok(if differs || !rows.iter().any(|r| r.mode == "ztier run" && r.same_output) { 1 } else { 0 })
+}
+
+/// Grouped bars: wall time per mode, one group per budget (native first).
+fn plot(path: &Path, rows: &[Row]) -> Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let max = rows.iter().map(|r| r.wall_s).fold(0.0, f64::max) * 1.15;
+    let n = rows.len();
+    let mut chart = ChartBuilder::on(&root)
+        .caption("wall time under memory pressure (s)", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(70)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..n as f64, 0f64..max)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    chart.configure_mesh().disable_x_mesh().disable_x_axis().draw().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let colors = [BLACK, RED, MAGENTA, CYAN, BLUE];
+    let modes = ["native", "kernel swap (file)", "kernel zswap", "kernel zram", "ztier run"];
+    for (i, r) in rows.iter().enumerate() {
+        let c = colors[modes.iter().position(|m| *m == r.mode).unwrap_or(0)];
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(i as f64 + 0.1, 0.0), (i as f64 + 0.9, r.wall_s)],
+                c.mix(0.7).filled(),
+            )))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let label = format!("{} {}", r.mode, r.budget.map_or(String::new(), |b| format!("{}M", b >> 20)));
+        chart
+            .draw_series(std::iter::once(Text::new(
+                label,
+                (i as f64 + 0.1, -max * 0.04),
+                ("sans-serif", 11).into_font(),
+            )))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!("{:.1}s", r.wall_s),
+                (i as f64 + 0.25, r.wall_s + max * 0.02),
+                ("sans-serif", 12).into_font(),
+            )))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}

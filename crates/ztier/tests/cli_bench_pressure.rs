@@ -1,0 +1,110 @@
+//! `ztier bench pressure`: the ztier-vs-native comparison, and (as root)
+//! the kernel baselines with every system change undone — after a normal
+//! run and after Ctrl-C in the middle of one.
+
+use std::process::{Command, Stdio};
+
+fn ztier() -> &'static str {
+    env!("CARGO_BIN_EXE_ztier")
+}
+
+const JOB: &str = "d = {i: str(i) * 6 for i in range(250000)}\nprint(len(d), sum(map(len, d.values())))\n";
+
+fn system_state() -> (String, String, Vec<String>, Vec<String>) {
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap();
+    let zswap = std::fs::read_to_string("/sys/module/zswap/parameters/enabled").unwrap_or_default();
+    let mut cgroups: Vec<String> = std::fs::read_dir("/sys/fs/cgroup/memory")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    cgroups.retain(|c| c.starts_with("ztier-bench"));
+    let mut blocks: Vec<String> = std::fs::read_dir("/sys/block")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|b| b.starts_with("zram"))
+        .collect();
+    blocks.sort();
+    (swaps, zswap, cgroups, blocks)
+}
+
+#[test]
+fn ztier_against_native_same_output() {
+    let o = Command::new(ztier())
+        .args(["bench", "pressure", "--kernel", "none", "--budgets", "16M,32M", "--", "python3", "-c", JOB])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("ztier run")).collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert!(rows.iter().all(|r| r.ends_with("same")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("native")), "{text}");
+}
+
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let r = unsafe { libc::geteuid() } == 0;
+    assert!(r, "the kernel baselines need root (swapon, cgroups, zram): run the tests as root");
+    r
+}
+
+#[test]
+fn kernel_baselines_restore_every_setting() {
+    root();
+    let before = system_state();
+    let json = std::env::temp_dir().join(format!("ztier-pressure-test-{}.json", std::process::id()));
+    let o = Command::new(ztier())
+        .args(["bench", "pressure", "--budgets", "24M", "--timeout", "60", "--json"])
+        .arg(&json)
+        .args(["--", "python3", "-c", JOB])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
+    let rows: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let modes: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["native", "kernel swap (file)", "kernel zswap", "kernel zram", "ztier run"], "{text}");
+    for r in rows.as_array().unwrap() {
+        // A kernel run may be slow or stall (then it is killed at the
+        // timeout); one that finished must match the native output.
+        if r["exit_code"] == 0 {
+            assert_eq!(r["same_output"], true, "{r}");
+        }
+    }
+    assert_eq!(system_state(), before, "swap, zswap, cgroups and zram devices are as they were");
+}
+
+#[test]
+fn ctrl_c_in_the_middle_restores_too() {
+    root();
+    let before = system_state();
+    let child = Command::new(ztier())
+        .args(["bench", "pressure", "--kernel", "swap", "--budgets", "24M", "--timeout", "60", "--"])
+        .args([
+            "python3",
+            "-c",
+            "import time\nb = [bytes(4096) + bytes([i % 256]) for i in range(20000)]\ntime.sleep(30)\n",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the swap file is on.
+    let t = std::time::Instant::now();
+    while !std::fs::read_to_string("/proc/swaps").unwrap().contains("ztier-bench") {
+        assert!(t.elapsed().as_secs() < 60, "the swap file never came up");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: signalling our child by pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("interrupted"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(system_state(), before, "everything undone after Ctrl-C");
+}
