@@ -27,3 +27,4 @@ bench:
 	$(CARGO) run --release -- bench codecs --each --corpus ../shared/corpus/*.pages
 	$(CARGO) run --release -- bench store --each --allocator all --scale 16 --corpus ../shared/corpus/*.pages
 	$(CARGO) run --release -- bench blk
+	$(CARGO) run --release -- bench pressure --budgets 256M --plot pressure.svg -- python3 examples/workloads/pyapp.py

@@ -41,6 +41,10 @@ fn ztier_against_native_same_output() {
     assert!(text.lines().any(|l| l.starts_with("native")), "{text}");
 }
 
+/// The two root tests change system-wide state (swap, zswap, zram) and
+/// compare snapshots of it: one at a time.
+static SYSTEM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn root() -> bool {
     // SAFETY: geteuid has no preconditions.
     let r = unsafe { libc::geteuid() } == 0;
@@ -51,6 +55,7 @@ fn root() -> bool {
 #[test]
 fn kernel_baselines_restore_every_setting() {
     root();
+    let _one = SYSTEM.lock().unwrap_or_else(|e| e.into_inner());
     let before = system_state();
     let json = std::env::temp_dir().join(format!("ztier-pressure-test-{}.json", std::process::id()));
     let o = Command::new(ztier())
@@ -78,6 +83,7 @@ fn kernel_baselines_restore_every_setting() {
 #[test]
 fn ctrl_c_in_the_middle_restores_too() {
     root();
+    let _one = SYSTEM.lock().unwrap_or_else(|e| e.into_inner());
     let before = system_state();
     let child = Command::new(ztier())
         .args(["bench", "pressure", "--kernel", "swap", "--budgets", "24M", "--timeout", "60", "--"])

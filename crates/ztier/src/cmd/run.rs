@@ -195,7 +195,8 @@ pub struct Measured {
     pub code: i32,
     /// Wall time.
     pub wall_s: f64,
-    /// Peak RSS of the child (its largest descendant's, as wait4 reports).
+    /// Peak RSS of the program (VmHWM sampled every 20 ms; wait4's figure
+    /// if no sample was taken).
     pub maxrss: u64,
     /// Major faults of the child and its waited-for descendants.
     pub majflt: u64,
@@ -218,6 +219,29 @@ pub fn measure_with_timeout(
     let t = std::time::Instant::now();
     let child = cmd.spawn().with_context(|| format!("starting {}", cmd.get_program().to_string_lossy()))?;
     let pid = child.id() as i32;
+    // Peak RSS from the program's own mm (VmHWM), sampled while it runs:
+    // wait4's ru_maxrss also counts the parent's memory, which a spawned
+    // child shares until exec.
+    let hwm = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (hwm, sampling) = (hwm.clone(), sampling.clone());
+        std::thread::spawn(move || {
+            let path = format!("/proc/{pid}/status");
+            while sampling.load(Ordering::Relaxed) {
+                if let Ok(s) = std::fs::read_to_string(&path) {
+                    if let Some(kb) = s
+                        .lines()
+                        .find_map(|l| l.strip_prefix("VmHWM:"))
+                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                    {
+                        hwm.fetch_max(kb * 1024, Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        })
+    };
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let killed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watchdog = timeout.map(|d| {
@@ -251,6 +275,8 @@ pub fn measure_with_timeout(
         }
     }
     CHILD.store(0, Ordering::Relaxed);
+    sampling.store(false, Ordering::Relaxed);
+    let _ = sampler.join();
     drop(done_tx);
     if let Some(w) = watchdog {
         let _ = w.join();
@@ -263,7 +289,10 @@ pub fn measure_with_timeout(
     Ok(Measured {
         code,
         wall_s: t.elapsed().as_secs_f64(),
-        maxrss: ru.ru_maxrss as u64 * 1024,
+        maxrss: match hwm.load(Ordering::Relaxed) {
+            0 => ru.ru_maxrss as u64 * 1024,
+            h => h,
+        },
         majflt: ru.ru_majflt as u64,
         timed_out: killed.load(Ordering::Relaxed),
     })
