@@ -600,6 +600,19 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
     sys::madvise(a, len, advice)
 }
 
+/// After a successful protection change of `[a, a + len)`: arena pages in
+/// it become unevictable (`noevict`) or evictable again.
+fn mark_protection(a: *mut c_void, len: usize, noevict: bool) {
+    if let Some(g) = crate::GLOBAL.get() {
+        let end = (a as usize).wrapping_add(len.next_multiple_of(PAGE));
+        if g.in_arena(a as usize) && g.in_arena(end - 1) {
+            crate::as_inside(|| {
+                crate::lock(&g.mgr).set_noevict(g.page_of(a as usize), (end - a as usize) / PAGE, noevict)
+            });
+        }
+    }
+}
+
 /// `mprotect(2)`: arena pages that are not plain read-write are never
 /// evicted (the handler must be able to read what it evicts).
 ///
@@ -609,18 +622,7 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
 pub unsafe extern "C" fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int {
     let r = sys::mprotect(a, len, prot);
     if r == 0 {
-        if let Some(g) = crate::GLOBAL.get() {
-            let end = (a as usize).wrapping_add(len.next_multiple_of(PAGE));
-            if g.in_arena(a as usize) && g.in_arena(end - 1) {
-                crate::as_inside(|| {
-                    crate::lock(&g.mgr).set_noevict(
-                        g.page_of(a as usize),
-                        (end - a as usize) / PAGE,
-                        prot != RW,
-                    )
-                });
-            }
-        }
+        mark_protection(a, len, prot != RW);
     }
     r
 }
@@ -695,18 +697,7 @@ pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, 
         libc::syscall(libc::SYS_pkey_mprotect, a, len, prot as libc::c_long, pkey as libc::c_long) as c_int
     };
     if r == 0 {
-        if let Some(g) = crate::GLOBAL.get() {
-            let end = (a as usize).wrapping_add(len.next_multiple_of(PAGE));
-            if g.in_arena(a as usize) && g.in_arena(end - 1) {
-                crate::as_inside(|| {
-                    crate::lock(&g.mgr).set_noevict(
-                        g.page_of(a as usize),
-                        (end - a as usize) / PAGE,
-                        prot != RW || pkey > 0,
-                    )
-                });
-            }
-        }
+        mark_protection(a, len, prot != RW || pkey > 0);
     }
     r
 }

@@ -27,7 +27,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use super::run::{measure, run_program, RunArgs};
+use super::run::{measure, run_program, Measured, RunArgs};
 
 /// Arguments of `ztier bench pressure`.
 #[derive(Args, Debug)]
@@ -81,6 +81,32 @@ struct Row {
 
 /// One undo action and what it restores.
 type Undo = (String, Box<dyn FnOnce() -> Result<()>>);
+
+impl Row {
+    /// A kernel-baseline row from its measurement.
+    fn kernel(
+        mode: &str,
+        budget: u64,
+        m: &Measured,
+        native_s: f64,
+        same: bool,
+        compressed: Option<u64>,
+    ) -> Row {
+        Row {
+            mode: mode.into(),
+            budget: Some(budget),
+            wall_s: m.wall_s,
+            vs_native: m.wall_s / native_s,
+            peak_rss_bytes: m.maxrss,
+            major_faults: m.majflt,
+            compressed_orig_bytes: None,
+            compressed_bytes: compressed,
+            same_output: m.code == 0 && same,
+            exit_code: m.code,
+            timed_out: m.timed_out,
+        }
+    }
+}
 
 /// Undo actions, run in reverse order when dropped.
 #[derive(Default)]
@@ -286,19 +312,8 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                 if super::run::interrupted() {
                     bail!("interrupted");
                 }
-                rows.push(Row {
-                    mode: if mode == "swap" { "kernel swap (file)".into() } else { "kernel zswap".into() },
-                    budget: Some(budget),
-                    wall_s: m.wall_s,
-                    vs_native: m.wall_s / n.wall_s,
-                    peak_rss_bytes: m.maxrss,
-                    major_faults: m.majflt,
-                    compressed_orig_bytes: None,
-                    compressed_bytes: None,
-                    same_output: m.code == 0 && same(&native_out, &out),
-                    exit_code: m.code,
-                    timed_out: m.timed_out,
-                });
+                let name = if mode == "swap" { "kernel swap (file)" } else { "kernel zswap" };
+                rows.push(Row::kernel(name, budget, &m, n.wall_s, same(&native_out, &out), None));
             }
             restore.undo_to(mark);
         }
@@ -320,35 +335,18 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             if super::run::interrupted() {
                 bail!("interrupted");
             }
-            rows.push(Row {
-                mode: "kernel zram".into(),
-                budget: Some(budget),
-                wall_s: m.wall_s,
-                vs_native: m.wall_s / n.wall_s,
-                peak_rss_bytes: m.maxrss,
-                major_faults: m.majflt,
-                compressed_orig_bytes: None,
-                compressed_bytes: stat.get(4).copied(),
-                same_output: m.code == 0 && same(&native_out, &out),
-                exit_code: m.code,
-                timed_out: m.timed_out,
-            });
+            rows.push(Row::kernel(
+                "kernel zram",
+                budget,
+                &m,
+                n.wall_s,
+                same(&native_out, &out),
+                stat.get(4).copied(),
+            ));
         }
         eprintln!("ztier run at {} MiB ...", budget >> 20);
         let out = work.join(format!("ztier-{budget}.out"));
-        let ra = RunArgs {
-            budget,
-            codec: a.codec.clone(),
-            store: None,
-            spill: None,
-            spill_max: None,
-            stats: None,
-            pin: "main".into(),
-            prefetch: 32,
-            spin_us: 0,
-            summary: false,
-            cmd: a.cmd.clone(),
-        };
+        let ra = RunArgs::defaults(budget, &a.codec, a.cmd.clone());
         let r = run_program(&ra, Some(std::fs::File::create(&out)?))?;
         if super::run::interrupted() {
             bail!("interrupted");

@@ -143,19 +143,7 @@ fn run_demo() -> Result<()> {
     if n.code != 0 {
         bail!("the job failed natively (exit {})", n.code);
     }
-    let ra = super::run::RunArgs {
-        budget: BUDGET,
-        codec: "lz4".into(),
-        store: None,
-        spill: None,
-        spill_max: None,
-        stats: None,
-        pin: "main".into(),
-        prefetch: 32,
-        spin_us: 0,
-        summary: false,
-        cmd: vec![python.into(), job.into(), N.into()],
-    };
+    let ra = super::run::RunArgs::defaults(BUDGET, "lz4", vec![python.into(), job.into(), N.into()]);
     let managed_out = dir.join("managed.out");
     let r = super::run::run_program(&ra, Some(std::fs::File::create(&managed_out)?))?;
     let s = &r.stats;

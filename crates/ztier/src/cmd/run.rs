@@ -81,6 +81,26 @@ pub struct RunArgs {
     pub cmd: Vec<OsString>,
 }
 
+impl RunArgs {
+    /// The defaults of `ztier run` for `cmd` at `budget` with `codec`
+    /// (what the demo and `bench pressure` use).
+    pub fn defaults(budget: u64, codec: &str, cmd: Vec<OsString>) -> RunArgs {
+        RunArgs {
+            budget,
+            codec: codec.into(),
+            store: None,
+            spill: None,
+            spill_max: None,
+            stats: None,
+            pin: "main".into(),
+            prefetch: 32,
+            spin_us: 0,
+            summary: false,
+            cmd,
+        }
+    }
+}
+
 /// Arguments of `ztier stats`.
 #[derive(Args, Debug)]
 pub struct StatsArgs {
