@@ -546,10 +546,10 @@ fn stats_json(g: &Global) -> String {
         for (i, c) in lat.iter().enumerate() {
             seen += c;
             if seen >= want {
-                return (i + 1) as f64 / 10.0;
+                return manager::lat_upper_ns(i) as f64 / 1000.0;
             }
         }
-        LAT_MAX_US
+        manager::lat_upper_ns(manager::LAT_BUCKETS - 1) as f64 / 1000.0
     };
     let (now_orig, now_stored, spilled) = {
         let m = lock(&g.mgr);
@@ -558,14 +558,18 @@ fn stats_json(g: &Global) -> String {
     };
     let orig = s.peak_store_orig.load(Ordering::Relaxed);
     let stored = s.peak_store_bytes.load(Ordering::Relaxed);
-    let hist: Vec<String> =
-        lat.iter().enumerate().filter(|(_, &c)| c > 0).map(|(i, c)| format!("[{i},{c}]")).collect();
+    let hist: Vec<String> = lat
+        .iter()
+        .enumerate()
+        .filter(|(_, &c)| c > 0)
+        .map(|(i, c)| format!("[{},{c}]", manager::lat_upper_ns(i)))
+        .collect();
     let ld = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     format!(
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\
-         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"forks\":{},\"forked_child\":{},\"latency_100ns\":[{}]}}\n",
+         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
         ld(&s.faults),
@@ -590,8 +594,6 @@ fn stats_json(g: &Global) -> String {
         hist.join(",")
     )
 }
-
-const LAT_MAX_US: f64 = manager::LAT_BUCKETS as f64 / 10.0;
 
 extern "C" fn at_exit() {
     as_inside(|| {

@@ -64,8 +64,30 @@ pub const ZERO_RUN: usize = 16;
 pub const PREFETCH: usize = 8;
 /// Pages evicted per round.
 pub const EVICT_BATCH: usize = 32;
-/// Fault-latency buckets of 100 ns; the last collects the rest.
-pub const LAT_BUCKETS: usize = 4000;
+/// Fault-latency buckets: 100 ns wide below 100 µs, then 10 µs wide up to
+/// 10.1 ms; the last collects the rest.
+pub const LAT_BUCKETS: usize = 2000;
+
+/// The bucket of a service time.
+pub fn lat_bucket(ns: u64) -> usize {
+    if ns < 100_000 {
+        (ns / 100) as usize
+    } else {
+        (1000 + (ns - 100_000) / 10_000).min(LAT_BUCKETS as u64 - 1) as usize
+    }
+}
+
+/// The upper bound of bucket `i`, in ns (the last bucket is open-ended:
+/// its bound is where it starts, so a quantile there reads "at least").
+pub fn lat_upper_ns(i: usize) -> u64 {
+    if i < 1000 {
+        (i as u64 + 1) * 100
+    } else if i < LAT_BUCKETS - 1 {
+        100_000 + (i as u64 - 999) * 10_000
+    } else {
+        100_000 + (i as u64 - 1000) * 10_000
+    }
+}
 
 /// Settings, from the environment `ztier run` sets.
 #[derive(Clone, Debug)]
@@ -116,7 +138,7 @@ pub struct Stats {
     pub peak_store_orig: AtomicU64,
     /// Most resident pages seen.
     pub peak_resident: AtomicUsize,
-    /// Fault service time, 100 ns buckets.
+    /// Fault service time, buckets of [`lat_bucket`].
     pub latency: Vec<AtomicU64>,
 }
 
@@ -168,7 +190,7 @@ impl Stats {
 
     /// Counts one fault service time.
     pub fn record(&self, ns: u64) {
-        let b = ((ns / 100) as usize).min(LAT_BUCKETS - 1);
+        let b = lat_bucket(ns);
         self.latency[b].fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -850,5 +872,25 @@ impl Victims {
             })?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_buckets_are_ordered_and_bounded() {
+        let mut last = 0;
+        for i in 0..LAT_BUCKETS - 1 {
+            let u = lat_upper_ns(i);
+            assert!(u > last, "bucket {i}");
+            assert_eq!(lat_bucket(u - 1), i, "bucket {i} holds times just under its bound");
+            last = u;
+        }
+        assert_eq!(lat_bucket(5_000), 50);
+        assert_eq!(lat_bucket(150_000), 1005);
+        assert_eq!(lat_bucket(u64::MAX), LAT_BUCKETS - 1);
+        assert!(lat_upper_ns(LAT_BUCKETS - 1) >= 10_000_000);
     }
 }

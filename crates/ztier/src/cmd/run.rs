@@ -348,7 +348,7 @@ impl Drop for RemoveDir {
     }
 }
 
-/// Quantile (0..1) of a merged histogram of 100 ns buckets, in µs.
+/// Quantile (0..1) of a merged histogram keyed by bucket upper bound (ns), in µs.
 fn quantile(hist: &std::collections::BTreeMap<u64, u64>, q: f64) -> f64 {
     let total: u64 = hist.values().sum();
     if total == 0 {
@@ -359,7 +359,7 @@ fn quantile(hist: &std::collections::BTreeMap<u64, u64>, q: f64) -> f64 {
     for (&b, &c) in hist {
         seen += c;
         if seen >= want {
-            return (b + 1) as f64 / 10.0;
+            return b as f64 / 1000.0;
         }
     }
     0.0
@@ -396,7 +396,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
             *s += v[*k].as_u64().unwrap_or(0);
         }
         peak = peak.max(v["peak_resident_bytes"].as_u64().unwrap_or(0));
-        if let Some(h) = v["latency_100ns"].as_array() {
+        if let Some(h) = v["latency_ns"].as_array() {
             for pair in h {
                 if let (Some(b), Some(c)) = (pair[0].as_u64(), pair[1].as_u64()) {
                     *hist.entry(b).or_default() += c;
@@ -404,7 +404,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
             }
         }
         if let Some(o) = v.as_object_mut() {
-            o.remove("latency_100ns");
+            o.remove("latency_ns");
         }
         per.push(v);
     }
@@ -463,7 +463,7 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     s.read_to_string(&mut text)?;
     let mut v: Value = serde_json::from_str(&text).context("the answer is not JSON")?;
     if let Some(o) = v.as_object_mut() {
-        o.remove("latency_100ns");
+        o.remove("latency_ns");
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
