@@ -370,7 +370,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     }
     EVICTOR_FD.store(fd, Ordering::Relaxed);
     loop {
-        let batch = lock(&g.mgr).take_victims(manager::EVICT_BATCH * 2);
+        let batch = lock(&g.mgr).take_background_victims(manager::EVICT_BATCH * 2);
         let Some(v) = batch else {
             EVICTOR_IDLE.store(true, Ordering::Release);
             // Re-check after announcing sleep (a wake-up may have been missed).
@@ -390,6 +390,10 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
         let outcome = v.compress(&g.stats)?;
         lock(&g.mgr).commit(&v, &outcome, &g.stats)?;
         v.unprotect()?;
+        if outcome.iter().all(|&o| o == manager::Outcome::Kept) {
+            // The store refuses everything (full, no spill): do not spin.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 }
 

@@ -475,123 +475,28 @@ impl Manager {
     /// batch below the budget (or nothing more can go).
     pub fn evict(&mut self, stats: &Stats) -> io::Result<()> {
         let target = self.budget.saturating_sub(EVICT_BATCH);
-        let mut guard = 0;
-        while self.resident > target && guard < 1 << 20 {
-            guard += 1;
-            let mut victims = Vec::with_capacity(EVICT_BATCH);
-            while victims.len() < EVICT_BATCH.min(self.resident - target) {
-                let Some(i) = self.fifo.pop_front() else { break };
-                let i = i as usize;
-                let s = self.st(i) & !QUEUED;
-                self.set(i, s);
-                if s & STATE == RESIDENT && s & NOEVICT == 0 {
-                    victims.push(i);
-                } else if s & STATE == RESIDENT {
-                    // Not evictable now: back in line.
-                    self.fifo.push_back(i as u32);
-                    self.set(i, s | QUEUED);
-                }
-            }
-            if victims.is_empty() {
+        // The same steps as the background evictor, with the lock held
+        // throughout (this is the handler making room right now).
+        while let Some(v) = self.take_victims(EVICT_BATCH, target, 0) {
+            let outcome = v.compress(stats)?;
+            self.commit(&v, &outcome, stats)?;
+            v.unprotect()?;
+            if outcome.iter().all(|&o| o == Outcome::Kept) {
+                // The store refuses everything (full, no spill): stop.
                 break;
             }
-            victims.sort_unstable();
-            let mut k = 0;
-            while k < victims.len() {
-                let mut e = k + 1;
-                while e < victims.len() && victims[e] == victims[e - 1] + 1 {
-                    e += 1;
-                }
-                self.evict_run(victims[k], e - k, stats)?;
-                k = e;
-            }
         }
+        Ok(())
+    }
+
+    /// Records the store's size if it is the largest seen (for the
+    /// `orig_bytes`/`stored_bytes` statistics).
+    fn sample_store(&self, stats: &Stats) {
         let st = self.store.stats();
         if st.memory_used >= stats.peak_store_bytes.load(Ordering::Relaxed) {
             stats.peak_store_bytes.store(st.memory_used, Ordering::Relaxed);
             stats.peak_store_orig.store(st.orig_bytes + st.tier_entries * PAGE as u64, Ordering::Relaxed);
         }
-        Ok(())
-    }
-
-    fn evict_run(&mut self, first: usize, n: usize, stats: &Stats) -> io::Result<()> {
-        let addr = self.addr(first);
-        let len = n * PAGE;
-        self.uffd.writeprotect(addr, len, true).map_err(|e| {
-            io::Error::new(e.kind(), format!("write-protecting {addr:#x}+{len:#x} to evict it: {e}"))
-        })?;
-        // Make sure every page is really present before reading it: a
-        // page released by a raw syscall would fault into this thread.
-        let mut inmem = vec![0u8; n];
-        // SAFETY: mincore over part of the arena into a vector of n bytes.
-        if unsafe { libc::mincore(addr as *mut libc::c_void, len, inmem.as_mut_ptr()) } != 0 {
-            let e = io::Error::last_os_error();
-            self.uffd.writeprotect(addr, len, false)?;
-            return Err(e);
-        }
-        let mut drop_from = usize::MAX;
-        let mut drops: Vec<(usize, usize)> = Vec::new();
-        for (k, &present) in inmem.iter().enumerate() {
-            let i = first + k;
-            let mut dropped = false;
-            if present & 1 == 0 {
-                // Gone already (released behind our back): it reads as zeros.
-                self.set(i, self.st(i) & !STATE);
-                dropped = true;
-            } else {
-                // SAFETY: the page is present and write-protected: it can be
-                // read without faulting and cannot change meanwhile.
-                let page = unsafe { std::slice::from_raw_parts(self.addr(i) as *const u8, PAGE) };
-                if is_zero(page) {
-                    self.set(i, self.st(i) & !STATE);
-                    stats.evicted_zero.fetch_add(1, Ordering::Relaxed);
-                    dropped = true;
-                } else {
-                    match self.store.put(self.key(i), page, PutFlags::default()) {
-                        Ok(()) => {
-                            self.set(i, (self.st(i) & !STATE) | STORED);
-                            stats.pages_compressed.fetch_add(1, Ordering::Relaxed);
-                            dropped = true;
-                        }
-                        Err(StoreError::Refused(_)) => {
-                            stats.refused.fetch_add(1, Ordering::Relaxed);
-                            let s = self.st(i);
-                            if s & QUEUED == 0 {
-                                self.fifo.push_back(i as u32);
-                                self.set(i, s | QUEUED);
-                            }
-                        }
-                        Err(e) => {
-                            self.uffd.writeprotect(addr, len, false)?;
-                            return Err(store_err(e));
-                        }
-                    }
-                }
-            }
-            if dropped {
-                self.resident -= 1;
-                if drop_from == usize::MAX {
-                    drop_from = i;
-                }
-            } else if drop_from != usize::MAX {
-                drops.push((drop_from, i - drop_from));
-                drop_from = usize::MAX;
-            }
-        }
-        if drop_from != usize::MAX {
-            drops.push((drop_from, first + n - drop_from));
-        }
-        for (s, c) in drops {
-            if sys::madvise(self.addr(s) as *mut libc::c_void, c * PAGE, libc::MADV_DONTNEED) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        // Unprotect what stayed and wake writers that waited on the run.
-        self.uffd.writeprotect(addr, len, false).map_err(|e| {
-            io::Error::new(e.kind(), format!("unprotecting {addr:#x}+{len:#x} after eviction: {e}"))
-        })?;
-        stats.resident.store(self.resident, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Resident pages kept free below the budget by the background evictor.
@@ -605,20 +510,23 @@ impl Manager {
     }
 
     /// Takes up to `max` victims for the background evictor, oldest first,
-    /// and marks them EVICTING; `None` when the resident count is at or
-    /// below budget − reserve.
-    pub fn take_victims(&mut self, max: usize) -> Option<Victims> {
-        let target = self.budget - self.reserve();
+    /// and marks them EVICTING; `None` when the resident count, less the
+    /// pages already being evicted, is at or below budget − reserve.
+    pub fn take_background_victims(&mut self, max: usize) -> Option<Victims> {
+        self.take_victims(max, self.budget - self.reserve(), self.evicting)
+    }
+
+    /// Takes up to `max` victims, oldest first, while the resident count
+    /// is above `target` + `in_flight` + those taken; marks them EVICTING.
+    fn take_victims(&mut self, max: usize, target: usize, in_flight: usize) -> Option<Victims> {
         let mut pages = Vec::with_capacity(max);
-        let mut evicting = self.evicting;
-        while pages.len() < max && self.resident > target + evicting {
+        while pages.len() < max && self.resident > target + in_flight + pages.len() {
             let Some(i) = self.fifo.pop_front() else { break };
             let i = i as usize;
             let s = self.st(i) & !QUEUED;
             if s & STATE == RESIDENT && s & NOEVICT == 0 {
                 self.set(i, (s & !STATE) | EVICTING);
                 pages.push(i);
-                evicting += 1;
             } else if s & STATE == RESIDENT {
                 self.fifo.push_back(i as u32);
                 self.set(i, s | QUEUED);
@@ -629,7 +537,7 @@ impl Manager {
         if pages.is_empty() {
             return None;
         }
-        self.evicting = evicting;
+        self.evicting += pages.len();
         pages.sort_unstable();
         Some(Victims {
             pages,
@@ -678,6 +586,7 @@ impl Manager {
             }
         }
         stats.resident.store(self.resident, Ordering::Relaxed);
+        self.sample_store(stats);
         Ok(())
     }
 
