@@ -400,14 +400,25 @@ fn record_in(
     // The waiter reaps valgrind. Opening the FIFO below blocks until
     // valgrind opens it; if valgrind exits without doing so (bad command
     // line), the waiter connects as a writer and closes, so the read side
-    // sees end of file instead of blocking forever.
+    // sees end of file instead of blocking forever. A non-blocking open for
+    // writing fails (ENXIO) until the reader is there, so the waiter keeps
+    // trying until the reader's open has returned.
     let fifo_w = fifo.to_path_buf();
+    let opened = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let opened_w = opened.clone();
     let waiter = std::thread::spawn(move || {
         let status = child.wait();
-        let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo_w);
+        while !opened_w.load(std::sync::atomic::Ordering::Acquire) {
+            if std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo_w).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         status
     });
-    let reader = File::open(fifo)?;
+    let reader = File::open(fifo);
+    opened.store(true, std::sync::atomic::Ordering::Release);
+    let reader = reader?;
     // Only now is the process running the tool (the launcher has exec'd):
     // its memory is the program's.
     let mem = File::open(format!("/proc/{pid}/mem")).ok();
