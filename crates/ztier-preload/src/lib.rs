@@ -370,7 +370,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     }
     EVICTOR_FD.store(fd, Ordering::Relaxed);
     loop {
-        let batch = lock(&g.mgr).take_background_victims(manager::EVICT_BATCH * 2);
+        let batch = lock(&g.mgr).take_background_victims(manager::EVICT_BATCH * 8);
         let Some(v) = batch else {
             EVICTOR_IDLE.store(true, Ordering::Release);
             // Re-check after announcing sleep (a wake-up may have been missed).
@@ -389,7 +389,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
         };
         let outcome = v.compress(&g.stats)?;
         lock(&g.mgr).commit(&v, &outcome, &g.stats)?;
-        v.unprotect()?;
+        v.unprotect(&outcome)?;
         if outcome.iter().all(|&o| o == manager::Outcome::Kept) {
             // The store refuses everything (full, no spill): do not spin.
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -573,7 +573,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\
-         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
+         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"promoted\":{},\"demoted\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
         ld(&s.faults),
@@ -593,6 +593,8 @@ fn stats_json(g: &Global) -> String {
         ld(&s.evicted_zero),
         ld(&s.refused),
         ld(&s.wp_faults),
+        ld(&s.promoted),
+        ld(&s.demoted),
         ld(&s.forks),
         ld(&s.forked_child),
         hist.join(",")

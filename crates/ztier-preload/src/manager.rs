@@ -4,8 +4,10 @@
 //! ```text
 //!  page state (1 byte per arena page)
 //!  ┌────────┬─────────┬──────────────┬─────────────────────────────────┐
-//!  │ bit 7  │ bit 6   │ bits 2..5    │ bits 0..1                       │
-//!  │ QUEUED │ NOEVICT │ (unused)     │ ABSENT 0 · RESIDENT 1 · STORED 2│
+//!  │ bit 7  │ bit 6   │ bit 5        │ bits 0..1                       │
+//!  │ QUEUED │ NOEVICT │ PROTECTED    │ ABSENT 0 · RESIDENT 1 · STORED 2│
+//!  │        │         │ (bits 2..4   │            EVICTING 3           │
+//!  │        │         │  unused)     │                                 │
 //!  └────────┴─────────┴──────────────┴─────────────────────────────────┘
 //!
 //!   ABSENT ──fault: UFFDIO_COPY of zeros (a run of up to 16)──► RESIDENT
@@ -16,13 +18,36 @@
 //!
 //! Every page of the arena is registered for missing-page faults, so a
 //! page becomes resident only through the handler: the resident count is
-//! exact, and it is held at the budget by evicting the oldest resident
-//! pages (FIFO by the time they came in; a page evicted too early comes
-//! back in one fault, which is the second chance). While a run of pages
-//! is evicted it is write-protected (`UFFDIO_WRITEPROTECT`), so a thread
-//! writing it meanwhile waits instead of losing its write; after
-//! `MADV_DONTNEED` the run is unprotected, which wakes such threads, and
-//! their retry faults the page back from the store.
+//! exact, and it is held at the budget by eviction.
+//!
+//! Which pages go: uffd shows misses, never hits, so recency of resident
+//! pages is unknown. Oldest-first (FIFO) eviction is the worst case for
+//! a program that sweeps more than the budget over and over — a garbage
+//! collector's full-heap pass, a join, a scan — because the page evicted
+//! is always the one the sweep needs next, and every page of every pass
+//! faults. So resident pages are split in two segments:
+//!
+//! ```text
+//!   fault / new page ──► protected (7/8 of the budget) while it has room
+//!                    └─► probation (1/8) otherwise ──► victims, oldest first
+//!   protected ──1 page per 8 victims (aging), or over its share──► probation
+//!   refault distance < probation ──► protected (a hot page evicted too soon)
+//! ```
+//!
+//! The refault distance is the number of evictions between a page's
+//! eviction and its fault back (per-page eviction clock, as the kernel's
+//! workingset detection). A sweep over more than the budget refaults at a
+//! long distance, so it cycles through probation and leaves the protected
+//! segment resident: about budget·7/8 pages per pass are hits instead of
+//! none. Victims from probation take their resident probation neighbours
+//! along (up to 16 pages), because each run costs a write-protect call and
+//! a release, each with a TLB shootdown on the program's CPU.
+//!
+//! While a run of pages is evicted it is write-protected
+//! (`UFFDIO_WRITEPROTECT`), so a thread writing it meanwhile waits instead
+//! of losing its write; after `MADV_DONTNEED` (which drops the protection
+//! with the page) its waiters are woken, and their retry faults the page
+//! back from the store.
 //!
 //! The handler never touches memory of the arena except pages it knows
 //! resident (eviction reads them), and its own allocations come from
@@ -54,9 +79,11 @@ pub const STORED: u8 = 2;
 pub const EVICTING: u8 = 3;
 /// Mask of the state bits.
 pub const STATE: u8 = 3;
+/// In the protected segment (with QUEUED: its entry is in that queue).
+pub const PROTECTED: u8 = 0x20;
 /// Not readable (mprotect'ed): never evicted.
 pub const NOEVICT: u8 = 0x40;
-/// In the FIFO of resident pages.
+/// Has an entry in one of the two queues of resident pages.
 pub const QUEUED: u8 = 0x80;
 /// Zero pages installed per fault on a never-touched page.
 pub const ZERO_RUN: usize = 16;
@@ -64,6 +91,16 @@ pub const ZERO_RUN: usize = 16;
 pub const PREFETCH: usize = 8;
 /// Pages evicted per round.
 pub const EVICT_BATCH: usize = 32;
+/// Largest run of neighbours evicted with a victim from probation.
+pub const CLUSTER: usize = 16;
+/// Victims per page moved from the protected segment to probation.
+pub const DEMOTE_EVERY: usize = 8;
+
+/// Probation: the part of a budget of `budget` pages that cycles (an
+/// eighth); the rest is the protected segment.
+pub fn probation(budget: usize) -> usize {
+    (budget / 8).max(EVICT_BATCH * 4).min(budget / 2)
+}
 /// Fault-latency buckets: 100 ns wide below 100 µs, then 10 µs wide up to
 /// 10.1 ms; the last collects the rest.
 pub const LAT_BUCKETS: usize = 2000;
@@ -126,6 +163,11 @@ pub struct Stats {
     pub refused: AtomicU64,
     /// Write-protect faults (a write hit a page while it was evicted).
     pub wp_faults: AtomicU64,
+    /// Pages faulted back soon after their eviction, put in the
+    /// protected segment.
+    pub promoted: AtomicU64,
+    /// Pages moved from the protected segment to probation.
+    pub demoted: AtomicU64,
     /// Forks (each brought every stored page back first).
     pub forks: AtomicU64,
     /// 1 in a forked child (it inherited every page resident).
@@ -154,6 +196,8 @@ impl Stats {
             evicted_zero: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             wp_faults: AtomicU64::new(0),
+            promoted: AtomicU64::new(0),
+            demoted: AtomicU64::new(0),
             forks: AtomicU64::new(0),
             forked_child: AtomicU64::new(0),
             resident: AtomicUsize::new(0),
@@ -175,6 +219,8 @@ impl Stats {
             &self.evicted_zero,
             &self.refused,
             &self.wp_faults,
+            &self.promoted,
+            &self.demoted,
             &self.forks,
             &self.peak_store_bytes,
             &self.peak_store_orig,
@@ -216,7 +262,24 @@ pub struct Manager {
     pub uffd: Arc<Uffd>,
     store: Arc<Store>,
     pool: u32,
+    /// Probation: resident pages, oldest first; victims come from here.
     fifo: VecDeque<u32>,
+    /// Protected segment, oldest first.
+    prot: VecDeque<u32>,
+    /// Resident (or evicting) pages with PROTECTED set.
+    prot_res: usize,
+    /// Largest protected segment (budget − probation).
+    prot_max: usize,
+    /// Victims taken since the last demotion.
+    since_demote: usize,
+    /// Evictions so far (the clock of the refault distance).
+    evict_seq: u32,
+    /// Per arena page: `evict_seq` when it was last evicted.
+    evicted_at: *mut u32,
+    /// The page whose fault is being served goes to the protected segment.
+    hot: usize,
+    /// Pages demoted (copied into the statistics after each eviction).
+    demoted: u64,
     resident: usize,
     budget: usize,
     last_fault: usize,
@@ -280,6 +343,18 @@ impl Manager {
         if states == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
+        let evicted_at = sys::mmap(
+            std::ptr::null_mut(),
+            pages * 4,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if evicted_at == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let budget = cfg.budget_pages.max(EVICT_BATCH * 2);
         let uffd = open_uffd(base, pages * PAGE)?;
         let (store, pool) = open_store(&cfg)?;
         Ok(Manager {
@@ -290,8 +365,16 @@ impl Manager {
             store,
             pool,
             fifo: VecDeque::new(),
+            prot: VecDeque::new(),
+            prot_res: 0,
+            prot_max: budget - probation(budget),
+            since_demote: 0,
+            evict_seq: 0,
+            evicted_at: evicted_at.cast(),
+            hot: usize::MAX,
+            demoted: 0,
             resident: 0,
-            budget: cfg.budget_pages.max(EVICT_BATCH * 2),
+            budget,
             last_fault: usize::MAX,
             evicting: 0,
             prefetch: std::env::var("ZTIER_PREFETCH")
@@ -334,8 +417,21 @@ impl Manager {
         let s = self.st(i);
         let mut n = (s & !STATE) | RESIDENT;
         if s & QUEUED == 0 {
-            self.fifo.push_back(i as u32);
-            n |= QUEUED;
+            // The protected segment fills first; after that only pages
+            // faulted back soon after their eviction join it.
+            if self.prot_res < self.prot_max || i == self.hot {
+                self.prot.push_back(i as u32);
+                n |= QUEUED | PROTECTED;
+                if i == self.hot {
+                    stats.promoted.fetch_add(1, Ordering::Relaxed);
+                }
+            } else {
+                self.fifo.push_back(i as u32);
+                n |= QUEUED;
+            }
+        }
+        if n & PROTECTED != 0 {
+            self.prot_res += 1;
         }
         self.set(i, n);
         self.resident += 1;
@@ -392,8 +488,7 @@ impl Manager {
                 // Present already (installed behind our back): the stored
                 // copy is stale either way.
                 let _ = self.store.flush_page(self.key(i + k));
-                self.set(i + k, (self.st(i + k) & !STATE) | RESIDENT);
-                self.resident += 1;
+                self.became_resident(i + k, stats);
             }
         }
         Ok(())
@@ -406,6 +501,13 @@ impl Manager {
         self.last_fault = i;
         match self.st(i) & STATE {
             STORED => {
+                // Refault distance (evictions since this page went out):
+                // shorter than probation means a bigger probation would
+                // have kept it — a hot page, it goes to the protected
+                // segment. A loop over more than the budget refaults at
+                // a long distance and leaves the protected segment alone.
+                let d = self.evict_seq.wrapping_sub(self.evicted_at_get(i)) as usize;
+                self.hot = if d < probation(self.budget) { i } else { usize::MAX };
                 let mut n = 1;
                 if sequential {
                     while n < self.prefetch
@@ -429,7 +531,9 @@ impl Manager {
                     }
                 }
                 self.make_room(n, stats)?;
-                self.install(i, n, false, stats)?;
+                let r = self.install(i, n, false, stats);
+                self.hot = usize::MAX;
+                r?;
                 stats.store_faults.fetch_add(1, Ordering::Relaxed);
                 stats.prefetched.fetch_add(n as u64 - 1, Ordering::Relaxed);
                 self.last_fault = i + n - 1;
@@ -480,7 +584,7 @@ impl Manager {
         while let Some(v) = self.take_victims(EVICT_BATCH, target, 0) {
             let outcome = v.compress(stats)?;
             self.commit(&v, &outcome, stats)?;
-            v.unprotect()?;
+            v.unprotect(&outcome)?;
             if outcome.iter().all(|&o| o == Outcome::Kept) {
                 // The store refuses everything (full, no spill): stop.
                 break;
@@ -520,17 +624,61 @@ impl Manager {
     /// is above `target` + `in_flight` + those taken; marks them EVICTING.
     fn take_victims(&mut self, max: usize, target: usize, in_flight: usize) -> Option<Victims> {
         let mut pages = Vec::with_capacity(max);
-        while pages.len() < max && self.resident > target + in_flight + pages.len() {
-            let Some(i) = self.fifo.pop_front() else { break };
-            let i = i as usize;
-            let s = self.st(i) & !QUEUED;
+        // Each queue entry is looked at most once per call (pages that
+        // cannot be evicted go to the back).
+        let mut looks = self.fifo.len() + self.prot.len();
+        while pages.len() < max && self.resident > target + in_flight + pages.len() && looks > 0 {
+            looks -= 1;
+            // The protected segment ages slowly (one page to probation
+            // every DEMOTE_EVERY victims), so it follows a changing
+            // working set; and it never holds more than its share.
+            if self.prot_res > self.prot_max || self.since_demote >= DEMOTE_EVERY {
+                self.since_demote = 0;
+                self.demote_one();
+            }
+            let (i, from_prot) = match self.fifo.pop_front() {
+                Some(i) => (i as usize, false),
+                None => match self.prot.pop_front() {
+                    Some(i) => (i as usize, true),
+                    None => break,
+                },
+            };
+            let s = self.st(i) & !(QUEUED | PROTECTED);
             if s & STATE == RESIDENT && s & NOEVICT == 0 {
+                if from_prot {
+                    self.prot_res -= 1;
+                }
                 self.set(i, (s & !STATE) | EVICTING);
                 pages.push(i);
+                self.since_demote += 1;
+                // Its resident neighbours in probation go with it: a run
+                // is write-protected and released in one call each, and
+                // every call costs a TLB shootdown on the program's CPU.
+                // (Their queue entries stay, as stale ones.)
+                let mut j = i + 1;
+                while j < self.pages
+                    && j < i + CLUSTER
+                    && pages.len() < max
+                    && self.resident > target + in_flight + pages.len()
+                {
+                    let t = self.st(j);
+                    if t & (STATE | NOEVICT | PROTECTED) != RESIDENT {
+                        break;
+                    }
+                    self.set(j, (t & !STATE) | EVICTING);
+                    pages.push(j);
+                    j += 1;
+                }
             } else if s & STATE == RESIDENT {
-                self.fifo.push_back(i as u32);
-                self.set(i, s | QUEUED);
+                if from_prot {
+                    self.prot.push_back(i as u32);
+                    self.set(i, s | QUEUED | PROTECTED);
+                } else {
+                    self.fifo.push_back(i as u32);
+                    self.set(i, s | QUEUED);
+                }
             } else {
+                // A stale entry (the page left memory while queued).
                 self.set(i, s);
             }
         }
@@ -546,6 +694,29 @@ impl Manager {
             pool: self.pool,
             base: self.base,
         })
+    }
+
+    /// Moves the oldest resident page of the protected segment to the back
+    /// of probation (stale entries on the way are dropped).
+    fn demote_one(&mut self) {
+        while let Some(i) = self.prot.pop_front() {
+            let i = i as usize;
+            let s = self.st(i) & !(QUEUED | PROTECTED);
+            if s & STATE == RESIDENT {
+                self.prot_res -= 1;
+                self.fifo.push_back(i as u32);
+                self.set(i, s | QUEUED);
+                self.demoted += 1;
+                return;
+            }
+            self.set(i, s);
+        }
+    }
+
+    fn evicted_at_get(&self, i: usize) -> u32 {
+        debug_assert!(i < self.pages);
+        // SAFETY: i < pages, the length (in u32) of the evicted_at mapping.
+        unsafe { *self.evicted_at.add(i) }
     }
 
     /// Finishes a background eviction: pages still EVICTING become STORED
@@ -566,6 +737,9 @@ impl Manager {
             match o {
                 Outcome::Stored | Outcome::Zero | Outcome::Gone => {
                     self.set(i, (s & !STATE) | if o == Outcome::Stored { STORED } else { ABSENT });
+                    self.evict_seq = self.evict_seq.wrapping_add(1);
+                    // SAFETY: i < pages (a victim), the length of evicted_at.
+                    unsafe { *self.evicted_at.add(i) = self.evict_seq };
                     self.resident -= 1;
                     match drops.last_mut() {
                         Some((f, n)) if *f + *n == i => *n += 1,
@@ -580,12 +754,10 @@ impl Manager {
                 }
             }
         }
-        for (f, n) in drops {
-            if sys::madvise(self.addr(f) as *mut libc::c_void, n * PAGE, libc::MADV_DONTNEED) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
+        let ranges: Vec<(usize, usize)> = drops.iter().map(|&(f, n)| (self.addr(f), n * PAGE)).collect();
+        sys::madvise_many(&ranges, libc::MADV_DONTNEED)?;
         stats.resident.store(self.resident, Ordering::Relaxed);
+        stats.demoted.store(self.demoted, Ordering::Relaxed);
         self.sample_store(stats);
         Ok(())
     }
@@ -601,13 +773,18 @@ impl Manager {
         for i in first..first + n {
             let s = self.st(i);
             match s & STATE {
-                RESIDENT | EVICTING => self.resident -= 1,
+                RESIDENT | EVICTING => {
+                    self.resident -= 1;
+                    if s & PROTECTED != 0 {
+                        self.prot_res -= 1;
+                    }
+                }
                 STORED => {
                     let _ = self.store.flush_page(self.key(i));
                 }
                 _ => {}
             }
-            self.set(i, s & QUEUED);
+            self.set(i, s & (QUEUED | PROTECTED));
         }
         sys::madvise(self.addr(first) as *mut libc::c_void, n * PAGE, libc::MADV_DONTNEED);
         stats.resident.store(self.resident, Ordering::Relaxed);
@@ -769,11 +946,28 @@ impl Victims {
         Ok(out)
     }
 
-    /// Removes the write protection (after the commit) and wakes writers.
-    pub fn unprotect(&self) -> io::Result<()> {
-        for (f, n) in self.runs() {
+    /// Ends the write protection (after the commit) and wakes writers.
+    /// Pages whose memory was released (`MADV_DONTNEED` on anonymous
+    /// memory drops the write-protect bit with the page) only need their
+    /// waiters woken — no page-table change, so no TLB shootdown; pages
+    /// the store refused are unprotected for real.
+    pub fn unprotect(&self, outcome: &[Outcome]) -> io::Result<()> {
+        let mut runs: Vec<(usize, usize, bool)> = Vec::new();
+        for (&i, &o) in self.pages.iter().zip(outcome) {
+            let kept = o == Outcome::Kept;
+            match runs.last_mut() {
+                Some((f, n, k)) if *f + *n == i && *k == kept => *n += 1,
+                _ => runs.push((i, 1, kept)),
+            }
+        }
+        for (f, n, kept) in runs {
             let addr = self.base + f * PAGE;
-            self.uffd.writeprotect(addr, n * PAGE, false).map_err(|e| {
+            let r = if kept {
+                self.uffd.writeprotect(addr, n * PAGE, false)
+            } else {
+                self.uffd.wake(addr, n * PAGE)
+            };
+            r.map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("unprotecting {addr:#x}+{:#x} after eviction: {e}", n * PAGE),

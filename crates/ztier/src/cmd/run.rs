@@ -381,6 +381,8 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "evicted_zero",
         "refused",
         "wp_faults",
+        "promoted",
+        "demoted",
     ];
     let mut sums = vec![0u64; sum_keys.len()];
     let mut peak = 0u64;
