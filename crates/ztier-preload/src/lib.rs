@@ -15,6 +15,12 @@
 //!   [`manager`] keeps at most the budget of it resident and the rest
 //!   compressed in the page store, and a handler thread serves faults.
 //!
+//! Three library threads per process: `ztier-handler` (serves faults,
+//! pinned next to the main thread; answers the control socket),
+//! `ztier-evictor` (compresses pages in the background to keep a reserve
+//! below the budget) and `ztier-watchdog` (aborts with a message if faults
+//! wait and the handler has been stuck for `ZTIER_WATCHDOG_S` seconds).
+//!
 //! ```text
 //!  arena (64 GiB of address space, MAP_NORESERVE, uffd missing + wp)
 //!  ┌──────────────────────────────┬──────────────────────────────────────────┐
@@ -225,6 +231,7 @@ fn start() -> bool {
         spill_dir: std::env::var_os("ZTIER_SPILL_DIR").map(Into::into),
         spill_bytes: env_size("ZTIER_SPILL_MAX").unwrap_or(usize::MAX) as u64,
         stats_dir: std::env::var_os("ZTIER_STATS_DIR").map(Into::into),
+        policy: std::env::var("ZTIER_POLICY").ok().filter(|p| !p.is_empty()),
     };
     match try_start(cfg) {
         Ok(g) => {
@@ -339,11 +346,12 @@ fn spawn_handlers() {
         let cpu = cpus[std::process::id() as usize % cpus.len()];
         pin(&[cpu]);
         let _ = ALLOWED.set(cpus);
-        spawn_handler(cpu, true, false);
+        spawn_handler(cpu, Role::Handler { ctl: true });
     } else {
-        spawn_handler(usize::MAX, true, false);
+        spawn_handler(usize::MAX, Role::Handler { ctl: true });
     }
-    spawn_handler(usize::MAX, false, true);
+    spawn_handler(usize::MAX, Role::Evictor);
+    spawn_handler(usize::MAX, Role::Watchdog);
 }
 
 /// The background evictor sleeps on this eventfd.
@@ -400,13 +408,23 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
 /// The CPUs new threads get back when the main thread is pinned.
 static ALLOWED: OnceLock<Vec<usize>> = OnceLock::new();
 
-struct HandlerArg {
-    cpu: usize,
-    ctl: bool,
-    evictor: bool,
+/// What a library thread does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Serves faults (and the control socket if `ctl`).
+    Handler { ctl: bool },
+    /// Compresses the oldest pages in the background.
+    Evictor,
+    /// Aborts the process if the handler stops making progress.
+    Watchdog,
 }
 
-fn spawn_handler(cpu: usize, ctl: bool, evictor: bool) {
+struct HandlerArg {
+    cpu: usize,
+    role: Role,
+}
+
+fn spawn_handler(cpu: usize, role: Role) {
     // A raw pthread, not std::thread: std initialises thread-locals (with
     // destructors registered through calloc) before running the closure,
     // and the mark that keeps this thread's allocations out of the arena
@@ -429,7 +447,11 @@ fn spawn_handler(cpu: usize, ctl: bool, evictor: bool) {
             }
         }
         let g = GLOBAL.get().expect("started");
-        let r = if arg.evictor { evictor_loop(g) } else { handler_loop(g, arg.ctl) };
+        let r = match arg.role {
+            Role::Handler { ctl } => handler_loop(g, ctl),
+            Role::Evictor => evictor_loop(g),
+            Role::Watchdog => watchdog_loop(),
+        };
         if let Err(e) = r {
             // Threads waiting on a fault would sleep forever: stop loudly.
             eprintln!("ztier: the fault handler failed ({e}); pages cannot be served: aborting");
@@ -437,7 +459,7 @@ fn spawn_handler(cpu: usize, ctl: bool, evictor: bool) {
         }
         std::ptr::null_mut()
     }
-    let arg = Box::into_raw(Box::new(HandlerArg { cpu, ctl, evictor }));
+    let arg = Box::into_raw(Box::new(HandlerArg { cpu, role }));
     let mut t: libc::pthread_t = 0;
     // SAFETY: creating a thread running `entry`, which owns `arg`.
     let r = unsafe { libc::pthread_create(&mut t, std::ptr::null(), entry, arg.cast()) };
@@ -447,8 +469,55 @@ fn spawn_handler(cpu: usize, ctl: bool, evictor: bool) {
     }
     // SAFETY: t is the thread just created; naming it is cosmetic.
     unsafe {
-        libc::pthread_setname_np(t, if evictor { c"ztier-evictor" } else { c"ztier-handler" }.as_ptr())
+        libc::pthread_setname_np(
+            t,
+            match role {
+                Role::Handler { .. } => c"ztier-handler",
+                Role::Evictor => c"ztier-evictor",
+                Role::Watchdog => c"ztier-watchdog",
+            }
+            .as_ptr(),
+        )
     };
+}
+
+/// The userfaultfd the handler reads (for the watchdog's look).
+static UFFD_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Watches the handler: if faults wait to be read and neither the handler
+/// nor the manager (`manager::PROGRESS`: every turn of the handler's loop,
+/// at least every 100 ms while it waits, and the long manager operations
+/// such as bringing every page back before a fork) has moved for
+/// `ZTIER_WATCHDOG_S` seconds (default 30), the handler is stuck — a
+/// deadlock, or a fault on memory it serves itself — and the threads
+/// waiting on those faults would sleep forever. Then it says so and
+/// aborts. Time is counted in its own one-second ticks, so a stopped
+/// process (SIGSTOP, a debugger) does not count as stuck.
+fn watchdog_loop() -> std::io::Result<()> {
+    let limit = env_size("ZTIER_WATCHDOG_S").unwrap_or(30).max(1);
+    let mut seen = manager::PROGRESS.load(Ordering::Relaxed);
+    let mut still = 0;
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let now = manager::PROGRESS.load(Ordering::Relaxed);
+        let mut p = libc::pollfd { fd: UFFD_FD.load(Ordering::Relaxed), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one live pollfd, no waiting.
+        let waiting = p.fd >= 0 && unsafe { libc::poll(&mut p, 1, 0) } > 0;
+        if now != seen || !waiting {
+            seen = now;
+            still = 0;
+            continue;
+        }
+        still += 1;
+        if still >= limit {
+            eprintln!(
+                "ztier: the fault handler of process {} has made no progress for {still} s: threads \
+                 waiting on page faults would hang forever: aborting",
+                std::process::id()
+            );
+            std::process::abort();
+        }
+    }
 }
 
 fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
@@ -467,7 +536,17 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
     let uffd = lock(&g.mgr).uffd.clone();
     let spin = std::time::Duration::from_micros(env_size("ZTIER_SPIN_US").unwrap_or(0) as u64);
     let mut last = std::time::Instant::now();
+    // For the tests of the watchdog only: stop serving after this many
+    // faults, as a stuck handler would.
+    let hang_after = env_size("ZTIER_TEST_HANG_AFTER");
+    UFFD_FD.store(uffd.raw_fd(), Ordering::Relaxed);
     loop {
+        manager::PROGRESS.fetch_add(1, Ordering::Relaxed);
+        if hang_after.is_some_and(|n| g.stats.faults.load(Ordering::Relaxed) >= n as u64) {
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
         let ev = match uffd.try_read()? {
             Some(ev) => ev,
             None if last.elapsed() < spin => {
@@ -555,10 +634,10 @@ fn stats_json(g: &Global) -> String {
         }
         manager::lat_upper_ns(manager::LAT_BUCKETS - 1) as f64 / 1000.0
     };
-    let (now_orig, now_stored, spilled) = {
+    let (now_orig, now_stored, spilled, policy, resident_budget) = {
         let m = lock(&g.mgr);
         let st = m.store().stats();
-        (st.orig_bytes, st.memory_used, st.tier_bytes)
+        (st.orig_bytes, st.memory_used, st.tier_bytes, m.sizing(), m.budget() * PAGE)
     };
     let orig = s.peak_store_orig.load(Ordering::Relaxed);
     let stored = s.peak_store_bytes.load(Ordering::Relaxed);
@@ -573,7 +652,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\
-         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"promoted\":{},\"demoted\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
+         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"promoted\":{},\"demoted\":{},\"resident_budget_bytes\":{},\"policy\":{},\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
         ld(&s.faults),
@@ -595,6 +674,9 @@ fn stats_json(g: &Global) -> String {
         ld(&s.wp_faults),
         ld(&s.promoted),
         ld(&s.demoted),
+        resident_budget,
+        policy.as_ref().map_or("null".to_string(), |(n, _)| format!("\"{n}\"")),
+        policy.as_ref().map_or("null".to_string(), |(_, b)| b.to_string()),
         ld(&s.forks),
         ld(&s.forked_child),
         hist.join(",")

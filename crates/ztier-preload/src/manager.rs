@@ -142,6 +142,33 @@ pub struct Config {
     pub spill_bytes: u64,
     /// Folder where each process writes `PID.json` at exit.
     pub stats_dir: Option<PathBuf>,
+    /// Sizing policy (`--policy`): the budget is then resident pages and
+    /// the store's memory together, split live by the policy.
+    pub policy: Option<String>,
+}
+
+/// What the sizing policies are told a page costs here: a fault from the
+/// spill file (read + decompress), compressing and decompressing a page
+/// (this machine's profile of `ztier run` with lz4, rounded).
+pub const POLICY_COSTS: ztier_policy::Costs =
+    ztier_policy::Costs { disk_ns: 50_000.0, compress_ns: 7_000.0, decompress_ns: 2_000.0 };
+
+/// Live split of the budget between resident pages and the compressed
+/// store, by a policy of `ztier-policy` (the same code the simulator
+/// runs). It sees the faults only: a fault on a stored page is a
+/// reference at LRU depth ≈ resident budget + the page's refault
+/// distance (pages evicted since it was), a compressed hit if the store
+/// still held it in memory, a fault if it came from the spill file.
+struct Sizing {
+    policy: Box<dyn ztier_policy::Policy>,
+    /// Pages of memory the budget gives: resident + store.
+    total: usize,
+    /// Store pages applied last.
+    applied: usize,
+    /// Mean compressed page size seen (bytes).
+    size: u16,
+    /// References fed since the last resize.
+    since: usize,
 }
 
 /// Counters (read by the stats writer and the control socket while the
@@ -247,6 +274,10 @@ impl Default for Stats {
     }
 }
 
+/// Progress of the handler and of long manager operations (read by the
+/// watchdog).
+pub static PROGRESS: AtomicU64 = AtomicU64::new(0);
+
 fn store_err(e: StoreError) -> io::Error {
     io::Error::other(e.to_string())
 }
@@ -280,6 +311,7 @@ pub struct Manager {
     hot: usize,
     /// Pages demoted (copied into the statistics after each eviction).
     demoted: u64,
+    sizing: Option<Sizing>,
     resident: usize,
     budget: usize,
     last_fault: usize,
@@ -355,9 +387,19 @@ impl Manager {
             return Err(io::Error::last_os_error());
         }
         let budget = cfg.budget_pages.max(EVICT_BATCH * 2);
+        let sizing = match &cfg.policy {
+            Some(spec) => Some(Sizing {
+                policy: ztier_policy::build(spec, budget, POLICY_COSTS).map_err(io::Error::other)?,
+                total: budget,
+                applied: usize::MAX,
+                size: 2048,
+                since: 0,
+            }),
+            None => None,
+        };
         let uffd = open_uffd(base, pages * PAGE)?;
         let (store, pool) = open_store(&cfg)?;
-        Ok(Manager {
+        let mut m = Manager {
             base,
             pages,
             states: states.cast(),
@@ -373,6 +415,7 @@ impl Manager {
             evicted_at: evicted_at.cast(),
             hot: usize::MAX,
             demoted: 0,
+            sizing,
             resident: 0,
             budget,
             last_fault: usize::MAX,
@@ -385,7 +428,40 @@ impl Manager {
             buf: vec![0; 64 * PAGE],
             zero: vec![0; ZERO_RUN * PAGE],
             cfg,
-        })
+        };
+        m.apply_sizing(true);
+        Ok(m)
+    }
+
+    /// Resizes the resident budget and the store to the policy's target.
+    fn apply_sizing(&mut self, force: bool) {
+        let Some(s) = &mut self.sizing else { return };
+        // At least an eighth of the budget stays for resident pages, and
+        // at least a sixteenth (2 MiB or more) for the store, which needs
+        // room in every shard to take pages before it spills the oldest.
+        let floor = (s.total / 8).max(EVICT_BATCH * 4).min(s.total);
+        let t = s.policy.target().max(s.total / 16).max(512).min(s.total - floor);
+        // Resizing the store compacts it: only for a real move (1/32 of
+        // the budget), at most once per 256 references.
+        if !force && (t.abs_diff(s.applied) < (s.total / 32).max(16) || s.since < 256) {
+            return;
+        }
+        s.since = 0;
+        s.applied = t;
+        self.budget = s.total - t;
+        self.prot_max = self.budget - probation(self.budget);
+        self.store.set_budget(t * PAGE);
+    }
+
+    /// The policy's name and the store's share of the budget now (bytes),
+    /// if a policy sizes it.
+    pub fn sizing(&self) -> Option<(String, usize)> {
+        self.sizing.as_ref().map(|s| (s.policy.name(), s.applied * PAGE))
+    }
+
+    /// Resident pages allowed now.
+    pub fn budget(&self) -> usize {
+        self.budget
     }
 
     /// The store (for its statistics).
@@ -508,6 +584,24 @@ impl Manager {
                 // a long distance and leaves the protected segment alone.
                 let d = self.evict_seq.wrapping_sub(self.evicted_at_get(i)) as usize;
                 self.hot = if d < probation(self.budget) { i } else { usize::MAX };
+                let key = self.key(i);
+                if let Some(s) = &mut self.sizing {
+                    let depth = self.budget + d;
+                    if depth > s.policy.interest_depth() {
+                        let outcome = if self.store.contains(key) {
+                            ztier_policy::Outcome::CompressedHit
+                        } else {
+                            ztier_policy::Outcome::Fault
+                        };
+                        s.policy.reference(&ztier_policy::Reference {
+                            depth: Some(depth),
+                            outcome,
+                            size: s.size,
+                        });
+                        s.since += 1;
+                        self.apply_sizing(false);
+                    }
+                }
                 let mut n = 1;
                 if sequential {
                     while n < self.prefetch
@@ -582,6 +676,7 @@ impl Manager {
         // The same steps as the background evictor, with the lock held
         // throughout (this is the handler making room right now).
         while let Some(v) = self.take_victims(EVICT_BATCH, target, 0) {
+            PROGRESS.fetch_add(1, Ordering::Relaxed);
             let outcome = v.compress(stats)?;
             self.commit(&v, &outcome, stats)?;
             v.unprotect(&outcome)?;
@@ -595,8 +690,14 @@ impl Manager {
 
     /// Records the store's size if it is the largest seen (for the
     /// `orig_bytes`/`stored_bytes` statistics).
-    fn sample_store(&self, stats: &Stats) {
+    fn sample_store(&mut self, stats: &Stats) {
         let st = self.store.stats();
+        if let Some(s) = &mut self.sizing {
+            if let Some(mean) = st.compressed_bytes.checked_div(st.pages) {
+                s.size = mean.clamp(1, PAGE as u64) as u16;
+                s.policy.compressed(s.size);
+            }
+        }
         if st.memory_used >= stats.peak_store_bytes.load(Ordering::Relaxed) {
             stats.peak_store_bytes.store(st.memory_used, Ordering::Relaxed);
             stats.peak_store_orig.store(st.orig_bytes + st.tier_entries * PAGE as u64, Ordering::Relaxed);
@@ -802,6 +903,9 @@ impl Manager {
     /// gets a copy of the memory, not of the handler).
     pub fn bring_all_back(&mut self, high: usize, stats: &Stats) -> io::Result<()> {
         for i in 0..high.min(self.pages) {
+            if i % 1024 == 0 {
+                PROGRESS.fetch_add(1, Ordering::Relaxed);
+            }
             if self.st(i) & STATE == STORED {
                 let key = self.key(i);
                 let found = self.store.get(key, &mut self.buf[..PAGE], true).map_err(store_err)?;
@@ -839,6 +943,7 @@ impl Manager {
         // with the parent but is only closed here, never written.
         self.store = store;
         self.pool = pool;
+        self.apply_sizing(true);
         Ok(())
     }
 

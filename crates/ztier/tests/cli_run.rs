@@ -326,6 +326,107 @@ fn live_stats_and_kill_9_leave_nothing_behind() {
     assert!(!o.status.success());
 }
 
+/// Runs the bundled pyapp job under `--policy` with a spill folder.
+fn with_policy(policy: &str, d: &Path) -> (Output, serde_json::Value) {
+    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
+    let spill = d.join(format!("spill-{}", policy.replace(':', "_")));
+    std::fs::create_dir_all(&spill).unwrap();
+    let stats = d.join(format!("stats-{}.json", policy.replace(':', "_")));
+    let out = Command::new(ztier())
+        .args(["run", "--budget", "32M", "--policy", policy, "--spill"])
+        .arg(&spill)
+        .arg("--stats")
+        .arg(&stats)
+        .args(["--", "python3"])
+        .arg(&app)
+        .arg("100000")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{policy}: {}", String::from_utf8_lossy(&out.stderr));
+    let v = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    (out, v)
+}
+
+#[test]
+fn a_policy_splits_the_budget_between_resident_pages_and_the_store() {
+    require("python3");
+    let d = tmp("policy");
+    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
+    let n = native(&["python3", app.to_str().unwrap(), "100000"], &d);
+    assert!(n.status.success());
+    // static:0.25 — a quarter of 32M for the store, the rest resident; the
+    // ~50 MB heap does not fit in both: the oldest compressed pages spill.
+    let (o, s) = with_policy("static:0.25", &d);
+    assert!(o.stdout == n.stdout, "static:0.25: output differs from the native run");
+    let p = &s["per_process"][0];
+    assert_eq!(p["policy"].as_str(), Some("static:0.25"), "{p}");
+    assert_eq!(p["store_budget_bytes"].as_u64(), Some(8 << 20), "{p}");
+    assert_eq!(p["resident_budget_bytes"].as_u64(), Some(24 << 20), "{p}");
+    assert!(p["peak_resident_bytes"].as_u64().unwrap() <= 24 << 20, "{p}");
+    assert!(p["spilled_bytes"].as_u64().unwrap() > 0, "{p}");
+    assert!(p["store_bytes_now"].as_u64().unwrap() <= 8 << 20, "{p}");
+    // kaplan moves the split as it learns; the two shares always make
+    // the budget, and resident pages never exceed it.
+    let (o, s) = with_policy("kaplan", &d);
+    assert!(o.stdout == n.stdout, "kaplan: output differs from the native run");
+    let p = &s["per_process"][0];
+    assert_eq!(p["policy"].as_str(), Some("kaplan"), "{p}");
+    let (st, res) = (p["store_budget_bytes"].as_u64().unwrap(), p["resident_budget_bytes"].as_u64().unwrap());
+    assert_eq!(st + res, 32 << 20, "{p}");
+    assert!(st >= 2 << 20 && res >= 4 << 20, "{p}");
+    assert!(p["peak_resident_bytes"].as_u64().unwrap() <= 32 << 20, "{p}");
+    // Bad input.
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "32M", "--policy", "kaplan", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("needs --spill"));
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "32M", "--policy", "static:2", "--spill", "/tmp", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("fraction"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn a_stuck_handler_is_caught_by_the_watchdog() {
+    require("python3");
+    // The test hook makes the handler stop serving after 50 faults, as a
+    // deadlocked one would: the program must not hang silently.
+    let t = std::time::Instant::now();
+    let mut child = Command::new(ztier())
+        .args(["run", "--budget", "16M", "--watchdog", "2", "--", "python3", "-c"])
+        .arg("b = [bytes(4096) for i in range(10000)]\nprint('finished')")
+        .env("ZTIER_TEST_HANG_AFTER", "50")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > std::time::Duration::from_secs(60) {
+            for k in children_of(child.id()) {
+                // SAFETY: signalling our grandchild by pid.
+                unsafe { libc::kill(k as i32, libc::SIGKILL) };
+            }
+            let _ = child.kill();
+            panic!("the program hung for 60 s: no watchdog");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(128 + libc::SIGABRT), "{err}");
+    assert!(err.contains("fault handler") && err.contains("no progress"), "{err}");
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("finished"));
+    assert!(t.elapsed() < std::time::Duration::from_secs(30), "took {:?}", t.elapsed());
+}
+
 #[test]
 fn bad_input_gets_clear_errors() {
     let o = Command::new(ztier()).args(["run", "--budget", "100", "--", "true"]).output().unwrap();

@@ -33,7 +33,8 @@ static PRELOAD: &[u8] = include_bytes!(env!("ZTIER_PRELOAD_SO"));
 #[command(after_long_help = "Examples:\n  \
     ztier run --budget 256M -- python3 job.py\n  \
     ztier run --budget 64M --codec wkdm --stats run.json -- sort big.txt\n  \
-    ztier run --budget 128M --spill /var/tmp --store 64M -- gcc -O2 -c big.c\n\n\
+    ztier run --budget 128M --spill /var/tmp --store 64M -- gcc -O2 -c big.c\n  \
+    ztier run --budget 256M --policy kaplan --spill /var/tmp -- python3 job.py\n\n\
 What is managed: memory from malloc/calloc/realloc/memalign (replaced) and the\n\
 program's private anonymous read-write mmaps; exec'd children and forked children\n\
 are managed too. Memory mapped with a fixed address or other protections, thread\n\
@@ -43,8 +44,16 @@ UFFD_USER_MODE_ONLY (then system calls that write into evicted memory may fail\n
 with EFAULT, because kernel-mode faults are not handled in that mode).")]
 pub struct RunArgs {
     /// Most uncompressed memory (managed pages resident) per process, e.g. 256M.
+    /// With --policy: resident pages and the compressed store together.
     #[arg(long, value_parser = parse_size)]
     pub budget: u64,
+    /// Split the budget live between resident pages and the compressed store:
+    /// static:F (a fixed fraction F compressed), kaplan (Wilson/Kaplan 1999
+    /// cost/benefit), castro (de Castro 2003), pressure (refault feedback) — the
+    /// policies of `ztier sim`, fed with the faults. Needs --spill: what the
+    /// store's share cannot hold goes there, still compressed.
+    #[arg(long, conflicts_with = "store")]
+    pub policy: Option<String>,
     /// Codec of the compressed store (lz4, wkdm, wk4x4, wk64, lzo, zstd, deflate, hybrid, raw).
     #[arg(long, default_value = "lz4")]
     pub codec: String,
@@ -73,6 +82,11 @@ pub struct RunArgs {
     /// (useful with --pin off and an idle CPU).
     #[arg(long, default_value_t = 0)]
     pub spin_us: u32,
+    /// Abort the program with a message if its fault handler makes no progress
+    /// for this many seconds (a stuck handler would otherwise leave threads
+    /// waiting on page faults forever).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    pub watchdog: u32,
     /// Print a one-line summary to stderr when the program ends.
     #[arg(long)]
     pub summary: bool,
@@ -89,12 +103,14 @@ impl RunArgs {
             budget,
             codec: codec.into(),
             store: None,
+            policy: None,
             spill: None,
             spill_max: None,
             stats: None,
             pin: "main".into(),
             prefetch: 32,
             spin_us: 0,
+            watchdog: 30,
             summary: false,
             cmd,
         }
@@ -160,6 +176,17 @@ pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutc
     if a.budget < 1 << 20 {
         bail!("--budget {} is too small (at least 1M)", a.budget);
     }
+    if let Some(p) = &a.policy {
+        ztier_policy::build(
+            p,
+            (a.budget >> 12) as usize,
+            ztier_policy::Costs { disk_ns: 1.0, compress_ns: 1.0, decompress_ns: 1.0 },
+        )
+        .map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+        if a.spill.is_none() {
+            bail!("--policy {p} needs --spill DIR: pages beyond the store's share of the budget go there");
+        }
+    }
     let lib = preload_path()?;
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -182,9 +209,13 @@ pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutc
         .env("ZTIER_PIN", &a.pin)
         .env("ZTIER_PREFETCH", a.prefetch.to_string())
         .env("ZTIER_SPIN_US", a.spin_us.to_string())
+        .env("ZTIER_WATCHDOG_S", a.watchdog.to_string())
         .env("ZTIER_CPUS", allowed_cpus());
     if let Some(s) = a.store {
         cmd.env("ZTIER_STORE", s.to_string());
+    }
+    if let Some(p) = &a.policy {
+        cmd.env("ZTIER_POLICY", p);
     }
     if let Some(d) = &a.spill {
         if !d.is_dir() {
