@@ -12,7 +12,7 @@
 //!
 //!   ABSENT ──fault: UFFDIO_COPY of zeros (a run of up to 16)──► RESIDENT
 //!   RESIDENT ──evict: WP, compress, MADV_DONTNEED, wake──► STORED (or ABSENT if all zero)
-//!   STORED ──fault: get + decompress + UFFDIO_COPY (+ sequential prefetch)──► RESIDENT
+//!   STORED ──fault: get + decompress + UFFDIO_COPY (+ prefetch of a walk)──► RESIDENT
 //!   any ──munmap / MADV_DONTNEED / free of a large block──► ABSENT (copy dropped)
 //! ```
 //!
@@ -89,6 +89,9 @@ pub const QUEUED: u8 = 0x80;
 pub const ZERO_RUN: usize = 16;
 /// Stored pages installed per fault when faults run sequentially.
 pub const PREFETCH: usize = 8;
+/// Stored pages installed per fault when the fault continues one of the
+/// last 8 faults' walks (within 16 pages after it) but not the last one's.
+pub const STREAM_PREFETCH: usize = 8;
 /// Pages evicted per round.
 pub const EVICT_BATCH: usize = 32;
 /// Largest run of neighbours evicted with a victim from probation.
@@ -315,6 +318,9 @@ pub struct Manager {
     resident: usize,
     budget: usize,
     last_fault: usize,
+    /// Pages of the last faults (stream detection).
+    recent: [usize; 8],
+    recent_at: usize,
     evicting: usize,
     prefetch: usize,
     buf: Vec<u8>,
@@ -419,6 +425,8 @@ impl Manager {
             resident: 0,
             budget,
             last_fault: usize::MAX,
+            recent: [usize::MAX; 8],
+            recent_at: 0,
             evicting: 0,
             prefetch: std::env::var("ZTIER_PREFETCH")
                 .ok()
@@ -574,6 +582,12 @@ impl Manager {
     pub fn serve(&mut self, addr: usize, stats: &Stats) -> io::Result<()> {
         let i = (addr - self.base) / PAGE;
         let sequential = i == self.last_fault.wrapping_add(1);
+        // One of several interleaved ascending walks (a collector tracing
+        // objects of several size classes, each class's pages in
+        // allocation order): a recent fault shortly before this one.
+        let stream = self.recent.iter().any(|&r| r < i && i - r <= 16);
+        self.recent[self.recent_at % 8] = i;
+        self.recent_at += 1;
         self.last_fault = i;
         match self.st(i) & STATE {
             STORED => {
@@ -603,11 +617,15 @@ impl Manager {
                     }
                 }
                 let mut n = 1;
-                if sequential {
-                    while n < self.prefetch
-                        && i + n < self.pages
-                        && self.st(i + n) & (STATE | NOEVICT) == STORED
-                    {
+                let lim = if sequential {
+                    self.prefetch
+                } else if stream {
+                    self.prefetch.min(STREAM_PREFETCH)
+                } else {
+                    1
+                };
+                {
+                    while n < lim && i + n < self.pages && self.st(i + n) & (STATE | NOEVICT) == STORED {
                         n += 1;
                     }
                 }

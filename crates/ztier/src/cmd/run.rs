@@ -75,7 +75,8 @@ pub struct RunArgs {
     /// served without cross-CPU wake-ups); `off`: no pinning.
     #[arg(long, default_value = "main", value_parser = ["main", "off"])]
     pub pin: String,
-    /// Pages installed per fault when faults run sequentially (1 = no prefetch).
+    /// Pages installed per fault when faults run sequentially; a fault that
+    /// continues one of several interleaved walks gets up to 8 (1 = no prefetch).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub prefetch: u32,
     /// After a fault, keep polling for the next one this long without sleeping
