@@ -143,12 +143,38 @@ pub fn preload_path() -> Result<PathBuf> {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
     let path = dir.join(format!("libztier_preload-{:016x}.so", h.finish()));
     if std::fs::metadata(&path).map(|m| m.len() as usize == PRELOAD.len()).unwrap_or(false) {
-        return Ok(path);
+        // Marked as used now, so the pruning below spares it.
+        let _ = std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+    } else {
+        let tmp = dir.join(format!(".preload-{}.tmp", std::process::id()));
+        std::fs::write(&tmp, PRELOAD).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path)?;
     }
-    let tmp = dir.join(format!(".preload-{}.tmp", std::process::id()));
-    std::fs::write(&tmp, PRELOAD).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &path)?;
+    prune_preloads(&dir, &path, std::time::Duration::from_secs(7 * 24 * 3600));
     Ok(path)
+}
+
+/// Removes the libraries other builds of `ztier` left in `dir` that no
+/// `ztier run` has used for `age` (a program still running keeps its
+/// mapping of a removed file; only a run starting with that very old
+/// build at this moment could miss it).
+fn prune_preloads(dir: &Path, keep: &Path, age: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if p == keep || !name.starts_with("libztier_preload-") || !name.ends_with(".so") {
+            continue;
+        }
+        let old = e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|a| a > age));
+        if old {
+            let _ = std::fs::remove_file(&p);
+        }
+    }
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -502,4 +528,33 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn old_preload_libraries_are_pruned_and_the_current_one_kept() {
+        let dir = std::env::temp_dir().join(format!("ztier-prune-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let week_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(8 * 24 * 3600);
+        let make = |name: &str, old: bool| {
+            let p = dir.join(name);
+            let f = std::fs::File::create(&p).unwrap();
+            if old {
+                f.set_modified(week_ago).unwrap();
+            }
+            p
+        };
+        let stale = make("libztier_preload-00000000000000aa.so", true);
+        let recent = make("libztier_preload-00000000000000bb.so", false);
+        let current = make("libztier_preload-00000000000000cc.so", true);
+        let other = make("notes.txt", true);
+        prune_preloads(&dir, &current, std::time::Duration::from_secs(7 * 24 * 3600));
+        assert!(!stale.exists(), "unused for 8 days: removed");
+        assert!(recent.exists() && current.exists() && other.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
