@@ -588,12 +588,13 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
         }
         let addr = (ev.address as usize) & !(PAGE - 1);
         if ev.flags & ztier_uffd::uffd::PAGEFAULT_FLAG_WP != 0 {
-            // A write hit a page while it was being evicted. If the
-            // evictor still works on it, its unprotect wakes the writer;
-            // otherwise the eviction is over: wake it now.
+            // A write hit a write-protected page: one being evicted (the
+            // evictor wakes the writer when done) or a clean one (it
+            // becomes dirty); see `Manager::write_fault`.
             g.stats.wp_faults.fetch_add(1, Ordering::Relaxed);
-            let busy = g.in_arena(addr) && lock(&g.mgr).state_at(addr) == manager::EVICTING;
-            if !busy {
+            if g.in_arena(addr) {
+                lock(&g.mgr).write_fault(addr, &g.stats)?;
+            } else {
                 uffd.wake(addr, PAGE)?;
             }
             continue;
@@ -652,7 +653,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\
-         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"promoted\":{},\"demoted\":{},\"resident_budget_bytes\":{},\"policy\":{},\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
+         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"promoted\":{},\"demoted\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
         ld(&s.faults),
@@ -674,6 +675,8 @@ fn stats_json(g: &Global) -> String {
         ld(&s.wp_faults),
         ld(&s.promoted),
         ld(&s.demoted),
+        ld(&s.clean_evicted),
+        ld(&s.dirtied),
         resident_budget,
         policy.as_ref().map_or("null".to_string(), |(n, _)| format!("\"{n}\"")),
         policy.as_ref().map_or("null".to_string(), |(_, b)| b.to_string()),

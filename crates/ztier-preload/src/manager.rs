@@ -4,9 +4,9 @@
 //! ```text
 //!  page state (1 byte per arena page)
 //!  ┌────────┬─────────┬──────────────┬─────────────────────────────────┐
-//!  │ bit 7  │ bit 6   │ bit 5        │ bits 0..1                       │
-//!  │ QUEUED │ NOEVICT │ PROTECTED    │ ABSENT 0 · RESIDENT 1 · STORED 2│
-//!  │        │         │ (bits 2..4   │            EVICTING 3           │
+//!  │ bit 7  │ bit 6   │ bit 5 · 4    │ bits 0..1                       │
+//!  │ QUEUED │ NOEVICT │ PROTECTED ·  │ ABSENT 0 · RESIDENT 1 · STORED 2│
+//!  │        │         │ CLEAN (2..3  │            EVICTING 3           │
 //!  │        │         │  unused)     │                                 │
 //!  └────────┴─────────┴──────────────┴─────────────────────────────────┘
 //!
@@ -42,6 +42,17 @@
 //! none. Victims from probation take their resident probation neighbours
 //! along (up to 16 pages), because each run costs a write-protect call and
 //! a release, each with a TLB shootdown on the program's CPU.
+//!
+//! Clean pages (`ZTIER_CLEAN=1`, `ztier run --clean on`): a store fault
+//! reads the page without removing its compressed copy and installs it
+//! write-protected (`UFFDIO_COPY_MODE_WP`), marked CLEAN. Its first write
+//! is a write-protect fault: the copy is dropped, the protection removed
+//! (adding permissions needs no TLB shootdown), the writer woken. A page
+//! still CLEAN when it is evicted is only released — no compression, no
+//! write-protect call. (This is the synchronous form of the dirty
+//! tracking: UFFD WP_ASYNC would spare the fault on first write, but one
+//! userfaultfd has one write-protect mode, and eviction needs writers to
+//! wait while it reads a page.)
 //!
 //! While a run of pages is evicted it is write-protected
 //! (`UFFDIO_WRITEPROTECT`), so a thread writing it meanwhile waits instead
@@ -81,6 +92,9 @@ pub const EVICTING: u8 = 3;
 pub const STATE: u8 = 3;
 /// In the protected segment (with QUEUED: its entry is in that queue).
 pub const PROTECTED: u8 = 0x20;
+/// Resident, installed write-protected from the store, which still holds
+/// its copy: not written since, so evicting it needs no compression.
+pub const CLEAN: u8 = 0x10;
 /// Not readable (mprotect'ed): never evicted.
 pub const NOEVICT: u8 = 0x40;
 /// Has an entry in one of the two queues of resident pages.
@@ -198,6 +212,10 @@ pub struct Stats {
     pub promoted: AtomicU64,
     /// Pages moved from the protected segment to probation.
     pub demoted: AtomicU64,
+    /// Clean pages evicted without compression (their copy was kept).
+    pub clean_evicted: AtomicU64,
+    /// Clean pages written (a write-protect fault; their copy dropped).
+    pub dirtied: AtomicU64,
     /// Forks (each brought every stored page back first).
     pub forks: AtomicU64,
     /// 1 in a forked child (it inherited every page resident).
@@ -228,6 +246,8 @@ impl Stats {
             wp_faults: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             demoted: AtomicU64::new(0),
+            clean_evicted: AtomicU64::new(0),
+            dirtied: AtomicU64::new(0),
             forks: AtomicU64::new(0),
             forked_child: AtomicU64::new(0),
             resident: AtomicUsize::new(0),
@@ -251,6 +271,8 @@ impl Stats {
             &self.wp_faults,
             &self.promoted,
             &self.demoted,
+            &self.clean_evicted,
+            &self.dirtied,
             &self.forks,
             &self.peak_store_bytes,
             &self.peak_store_orig,
@@ -315,6 +337,9 @@ pub struct Manager {
     /// Pages demoted (copied into the statistics after each eviction).
     demoted: u64,
     sizing: Option<Sizing>,
+    /// Store faults keep the compressed copy and install write-protected
+    /// (clean-page tracking).
+    keep_copies: bool,
     resident: usize,
     budget: usize,
     last_fault: usize,
@@ -422,6 +447,7 @@ impl Manager {
             hot: usize::MAX,
             demoted: 0,
             sizing,
+            keep_copies: std::env::var("ZTIER_CLEAN").is_ok_and(|v| v == "1"),
             resident: 0,
             budget,
             last_fault: usize::MAX,
@@ -526,12 +552,14 @@ impl Manager {
     /// Installs `n` pages of `data` at page `i`; falls back to one page at
     /// a time if some page of the run is there already. Returns how many
     /// pages were newly installed (their indices are marked resident).
-    fn install(&mut self, i: usize, n: usize, from_zero: bool, stats: &Stats) -> io::Result<()> {
+    /// With `wp` the pages go in write-protected and marked CLEAN (the
+    /// store kept their copies): clean until the first write.
+    fn install(&mut self, i: usize, n: usize, from_zero: bool, wp: bool, stats: &Stats) -> io::Result<()> {
         let addr = self.addr(i);
         let src: &[u8] = if from_zero { &self.zero[..n * PAGE] } else { &self.buf[..n * PAGE] };
         let mut tries = 0;
         let r = loop {
-            match self.uffd.copy(addr, src) {
+            match self.uffd.copy_mode(addr, src, wp) {
                 Ok(Installed::Retry) if tries < 1000 => tries += 1,
                 Ok(Installed::Retry) => return Err(io::Error::other("UFFDIO_COPY kept failing with EAGAIN")),
                 Ok(r) => break r,
@@ -546,6 +574,9 @@ impl Manager {
         if r == Installed::Done {
             for k in 0..n {
                 self.became_resident(i + k, stats);
+                if wp {
+                    self.set(i + k, self.st(i + k) | CLEAN);
+                }
             }
             return Ok(());
         }
@@ -554,7 +585,7 @@ impl Manager {
             let src: &[u8] = if from_zero { &self.zero[..PAGE] } else { &self.buf[k * PAGE..(k + 1) * PAGE] };
             let at = addr + k * PAGE;
             let r = loop {
-                match self.uffd.copy(at, src) {
+                match self.uffd.copy_mode(at, src, wp) {
                     Ok(Installed::Retry) => continue,
                     Ok(r) => break r,
                     // Not ours to fill (another mapping): leave it.
@@ -568,6 +599,9 @@ impl Manager {
             };
             if r == Installed::Done && self.st(i + k) & STATE != RESIDENT {
                 self.became_resident(i + k, stats);
+                if wp {
+                    self.set(i + k, self.st(i + k) | CLEAN);
+                }
             } else if self.st(i + k) & STATE == STORED {
                 // Present already (installed behind our back): the stored
                 // copy is stale either way.
@@ -633,7 +667,7 @@ impl Manager {
                     let key = self.key(i + k);
                     let found = self
                         .store
-                        .get(key, &mut self.buf[k * PAGE..(k + 1) * PAGE], true)
+                        .get(key, &mut self.buf[k * PAGE..(k + 1) * PAGE], !self.keep_copies)
                         .map_err(|e| io::Error::other(format!("page {:#x}: {e}", self.addr(i + k))))?;
                     if !found {
                         return Err(io::Error::other(format!(
@@ -643,7 +677,7 @@ impl Manager {
                     }
                 }
                 self.make_room(n, stats)?;
-                let r = self.install(i, n, false, stats);
+                let r = self.install(i, n, false, self.keep_copies, stats);
                 self.hot = usize::MAX;
                 r?;
                 stats.store_faults.fetch_add(1, Ordering::Relaxed);
@@ -665,7 +699,7 @@ impl Manager {
                     n += 1;
                 }
                 self.make_room(n, stats)?;
-                self.install(i, n, true, stats)?;
+                self.install(i, n, true, false, stats)?;
                 stats.zero_faults.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -806,7 +840,9 @@ impl Manager {
         }
         self.evicting += pages.len();
         pages.sort_unstable();
+        let clean = pages.iter().map(|&i| self.st(i) & CLEAN != 0).collect();
         Some(Victims {
+            clean,
             pages,
             uffd: self.uffd.clone(),
             store: self.store.clone(),
@@ -855,7 +891,10 @@ impl Manager {
             }
             match o {
                 Outcome::Stored | Outcome::Zero | Outcome::Gone => {
-                    self.set(i, (s & !STATE) | if o == Outcome::Stored { STORED } else { ABSENT });
+                    if o != Outcome::Stored && s & CLEAN != 0 {
+                        let _ = self.store.flush_page(self.key(i));
+                    }
+                    self.set(i, (s & !(STATE | CLEAN)) | if o == Outcome::Stored { STORED } else { ABSENT });
                     self.evict_seq = self.evict_seq.wrapping_add(1);
                     // SAFETY: i < pages (a victim), the length of evicted_at.
                     unsafe { *self.evicted_at.add(i) = self.evict_seq };
@@ -881,9 +920,30 @@ impl Manager {
         Ok(())
     }
 
-    /// The state bits of the page at `addr` (for the handler's WP events).
-    pub fn state_at(&self, addr: usize) -> u8 {
-        self.st((addr - self.base) / PAGE) & STATE
+    /// A write hit a write-protected page at `addr`. A clean page becomes
+    /// an ordinary one (its stored copy dropped, the protection removed,
+    /// the writer woken); a page being evicted stays protected (the
+    /// evictor wakes the writer when it is done); anything else is
+    /// unprotected and woken.
+    pub fn write_fault(&mut self, addr: usize, stats: &Stats) -> io::Result<()> {
+        let i = (addr - self.base) / PAGE;
+        let s = self.st(i);
+        if s & STATE == EVICTING {
+            return Ok(());
+        }
+        if s & STATE == RESIDENT && s & CLEAN != 0 {
+            let _ = self.store.flush_page(self.key(i));
+            self.set(i, s & !CLEAN);
+            stats.dirtied.fetch_add(1, Ordering::Relaxed);
+        }
+        let page = self.addr(i);
+        if s & STATE == RESIDENT {
+            // Unprotecting only adds permissions: no TLB shootdown. It
+            // wakes the writer.
+            self.uffd.writeprotect(page, PAGE, false)
+        } else {
+            self.uffd.wake(page, PAGE)
+        }
     }
 
     /// Releases `[first, first + n)`: memory returned to the kernel,
@@ -896,6 +956,9 @@ impl Manager {
                     self.resident -= 1;
                     if s & PROTECTED != 0 {
                         self.prot_res -= 1;
+                    }
+                    if s & CLEAN != 0 {
+                        let _ = self.store.flush_page(self.key(i));
                     }
                 }
                 STORED => {
@@ -933,7 +996,7 @@ impl Manager {
                         self.addr(i)
                     )));
                 }
-                self.install(i, 1, false, stats)?;
+                self.install(i, 1, false, false, stats)?;
             }
         }
         Ok(())
@@ -945,7 +1008,10 @@ impl Manager {
         // Pages the parent's evictor was working on are plain resident
         // pages here (the child's copies lost the write protection).
         for i in 0..high.min(self.pages) {
-            let s = self.st(i);
+            // The child's copies are not write-protected and its store is
+            // new: no page of it is clean.
+            let s = self.st(i) & !CLEAN;
+            self.set(i, s);
             if s & STATE == EVICTING {
                 self.set(i, (s & !STATE) | RESIDENT);
                 if s & QUEUED == 0 {
@@ -998,6 +1064,9 @@ pub enum Outcome {
 pub struct Victims {
     /// Page indices, sorted.
     pub pages: Vec<usize>,
+    /// Per page: clean (write-protected since it came from the store,
+    /// which holds its copy): nothing to compress.
+    clean: Vec<bool>,
     uffd: Arc<Uffd>,
     store: Arc<Store>,
     pool: u32,
@@ -1022,7 +1091,18 @@ impl Victims {
     /// that touches a victim now waits until [`Victims::unprotect`].
     pub fn compress(&self, stats: &Stats) -> io::Result<Vec<Outcome>> {
         let runs = self.runs();
-        for &(f, n) in &runs {
+        // Clean pages are write-protected already.
+        let mut dirty: Vec<(usize, usize)> = Vec::new();
+        for (&i, &c) in self.pages.iter().zip(&self.clean) {
+            if c {
+                continue;
+            }
+            match dirty.last_mut() {
+                Some((f, n)) if *f + *n == i => *n += 1,
+                _ => dirty.push((i, 1)),
+            }
+        }
+        for &(f, n) in &dirty {
             let addr = self.base + f * PAGE;
             self.uffd.writeprotect(addr, n * PAGE, true).map_err(|e| {
                 io::Error::new(
@@ -1032,6 +1112,7 @@ impl Victims {
             })?;
         }
         let mut out = Vec::with_capacity(self.pages.len());
+        let mut at = 0;
         for &(f, n) in &runs {
             let addr = self.base + f * PAGE;
             let mut inmem = vec![0u8; n];
@@ -1040,8 +1121,16 @@ impl Victims {
                 return Err(io::Error::last_os_error());
             }
             for (k, &present) in inmem.iter().enumerate() {
+                let clean = self.clean[at];
+                at += 1;
                 if present & 1 == 0 {
                     out.push(Outcome::Gone);
+                    continue;
+                }
+                if clean {
+                    // The store holds this very content.
+                    stats.clean_evicted.fetch_add(1, Ordering::Relaxed);
+                    out.push(Outcome::Stored);
                     continue;
                 }
                 // SAFETY: the page is present and write-protected: it can be

@@ -30,6 +30,8 @@ const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
 const UFFDIO_COPY: libc::c_ulong = 0xc028_aa03;
 const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
 const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xc018_aa06;
+/// `UFFDIO_COPY_MODE_WP`.
+const COPY_MODE_WP: u64 = 1 << 1;
 
 /// Page fault event.
 pub const EVENT_PAGEFAULT: u8 = 0x12;
@@ -194,8 +196,16 @@ impl Uffd {
     /// Copies `src` (page-aligned length) to `dst` in the registered range
     /// and wakes the faulting threads.
     pub fn copy(&self, dst: usize, src: &[u8]) -> io::Result<Installed> {
+        self.copy_mode(dst, src, false)
+    }
+
+    /// As [`Uffd::copy`]; with `wp` the pages are installed write-protected
+    /// (`UFFDIO_COPY_MODE_WP`: the first write raises a write-protect fault;
+    /// the range must be registered with `REGISTER_MODE_WP`).
+    pub fn copy_mode(&self, dst: usize, src: &[u8], wp: bool) -> io::Result<Installed> {
+        let mode = if wp { COPY_MODE_WP } else { 0 };
         let mut c =
-            CopyArg { dst: dst as u64, src: src.as_ptr() as u64, len: src.len() as u64, mode: 0, copy: 0 };
+            CopyArg { dst: dst as u64, src: src.as_ptr() as u64, len: src.len() as u64, mode, copy: 0 };
         match ioctl(self.fd.as_raw_fd(), UFFDIO_COPY, &mut c) {
             Ok(()) => Ok(Installed::Done),
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {

@@ -38,9 +38,16 @@ fn native(cmd: &[&str], dir: &Path) -> Output {
 
 /// Runs under `ztier run` and returns the output and the merged stats.
 fn managed(budget: &str, cmd: &[&str], dir: &Path) -> (Output, serde_json::Value) {
+    managed_with(budget, &[], cmd, dir)
+}
+
+/// As `managed`, with more options for `ztier run`.
+fn managed_with(budget: &str, opts: &[&str], cmd: &[&str], dir: &Path) -> (Output, serde_json::Value) {
     let stats = dir.join(format!("stats-{}.json", cmd[0].replace('/', "_")));
     let out = Command::new(ztier())
-        .args(["run", "--budget", budget, "--stats"])
+        .args(["run", "--budget", budget])
+        .args(opts)
+        .arg("--stats")
         .arg(&stats)
         .arg("--")
         .args(cmd)
@@ -107,6 +114,12 @@ fn python3_dict_and_list_heavy() {
     assert!(p50 > 0.0 && p99 >= p50, "latency quantiles {p50} {p99}");
     let (o, st) = (s["orig_bytes"].as_u64().unwrap(), s["stored_bytes"].as_u64().unwrap());
     assert!(o > 0 && st > 0 && st < o, "python heap compresses: {o} -> {st}");
+    // --clean on: pages that came back clean and were then written take
+    // the write-protect path (their kept copy dropped); same output.
+    let (m, s) = managed_with("24M", &["--clean", "on"], &["python3", "job.py"], &d);
+    assert!(m.status.success() && m.stdout == native(&["python3", "job.py"], &d).stdout);
+    assert!(s["dirtied"].as_u64().unwrap() > 0 && s["clean_evicted"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["peak_resident_bytes"].as_u64().unwrap() <= 24 << 20);
 }
 
 #[test]
@@ -274,6 +287,18 @@ fn cyclic_reuse_larger_than_the_budget_keeps_a_protected_part() {
     );
     assert!(pages_in > 8 * 64 * 256 / 4, "the loop does not fit: it must fault ({pages_in})");
     assert!(s["demoted"].as_u64().unwrap() > 0, "the protected segment ages: {s}");
+    // By default every eviction compresses.
+    assert_eq!(s["clean_evicted"].as_u64(), Some(0));
+    assert!(compressed(&s) > pages_in, "{} compressions", compressed(&s));
+    // --clean on: the passes only read, so pages come back
+    // write-protected with their compressed copy kept and go out again
+    // without compression.
+    let (o, s) = managed_with("32M", &["--clean", "on"], &[&exe], &d);
+    assert!(o.status.success() && o.stdout == native(&[&exe], &d).stdout);
+    let (clean, comp) = (s["clean_evicted"].as_u64().unwrap(), compressed(&s));
+    assert!(clean > 2 * comp, "clean evictions {clean}, compressions {comp}");
+    assert_eq!(s["dirtied"].as_u64(), Some(0), "nothing was written after the first pass");
+    assert!(s["peak_resident_bytes"].as_u64().unwrap() <= 32 << 20);
 }
 
 fn children_of(pid: u32) -> Vec<u32> {

@@ -88,6 +88,14 @@ pub struct RunArgs {
     /// waiting on page faults forever).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
     pub watchdog: u32,
+    /// on: a page faulted back from the store keeps its compressed copy and is
+    /// installed write-protected; evicted again before any write, it is just
+    /// dropped (no compression, no write-protect call), but its first write
+    /// costs one more fault. Pays for read-mostly data; CPython writes most
+    /// pages it reads (reference counts) and runs slower with it.
+    /// off: every eviction compresses.
+    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    pub clean: String,
     /// Print a one-line summary to stderr when the program ends.
     #[arg(long)]
     pub summary: bool,
@@ -112,6 +120,7 @@ impl RunArgs {
             prefetch: 32,
             spin_us: 0,
             watchdog: 30,
+            clean: "off".into(),
             summary: false,
             cmd,
         }
@@ -237,6 +246,7 @@ pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutc
         .env("ZTIER_PREFETCH", a.prefetch.to_string())
         .env("ZTIER_SPIN_US", a.spin_us.to_string())
         .env("ZTIER_WATCHDOG_S", a.watchdog.to_string())
+        .env("ZTIER_CLEAN", if a.clean == "on" { "1" } else { "0" })
         .env("ZTIER_CPUS", allowed_cpus());
     if let Some(s) = a.store {
         cmd.env("ZTIER_STORE", s.to_string());
@@ -441,6 +451,8 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "wp_faults",
         "promoted",
         "demoted",
+        "clean_evicted",
+        "dirtied",
     ];
     let mut sums = vec![0u64; sum_keys.len()];
     let mut peak = 0u64;
