@@ -878,7 +878,7 @@ impl Manager {
     /// (or ABSENT), their memory is released; pages released meanwhile
     /// by the program get their stored copy dropped; refused pages stay.
     pub fn commit(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) -> io::Result<()> {
-        let mut drops: Vec<(usize, usize)> = Vec::new();
+        let mut drops: Vec<usize> = Vec::new();
         for (&i, &o) in v.pages.iter().zip(outcome) {
             self.evicting -= 1;
             let s = self.st(i);
@@ -899,10 +899,7 @@ impl Manager {
                     // SAFETY: i < pages (a victim), the length of evicted_at.
                     unsafe { *self.evicted_at.add(i) = self.evict_seq };
                     self.resident -= 1;
-                    match drops.last_mut() {
-                        Some((f, n)) if *f + *n == i => *n += 1,
-                        _ => drops.push((i, 1)),
-                    }
+                    drops.push(i);
                 }
                 Outcome::Kept => {
                     self.set(i, (s & !STATE) | RESIDENT | QUEUED);
@@ -912,7 +909,8 @@ impl Manager {
                 }
             }
         }
-        let ranges: Vec<(usize, usize)> = drops.iter().map(|&(f, n)| (self.addr(f), n * PAGE)).collect();
+        let ranges: Vec<(usize, usize)> =
+            runs_of(drops).into_iter().map(|(f, n)| (self.addr(f), n * PAGE)).collect();
         sys::madvise_many(&ranges, libc::MADV_DONTNEED)?;
         stats.resident.store(self.resident, Ordering::Relaxed);
         stats.demoted.store(self.demoted, Ordering::Relaxed);
@@ -1073,17 +1071,22 @@ pub struct Victims {
     base: usize,
 }
 
-impl Victims {
-    /// Contiguous runs of the victims: (first page, pages).
-    fn runs(&self) -> Vec<(usize, usize)> {
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        for &i in &self.pages {
-            match runs.last_mut() {
-                Some((f, n)) if *f + *n == i => *n += 1,
-                _ => runs.push((i, 1)),
-            }
+/// Contiguous runs of ascending page indices: (first page, pages).
+fn runs_of(pages: impl IntoIterator<Item = usize>) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for i in pages {
+        match runs.last_mut() {
+            Some((f, n)) if *f + *n == i => *n += 1,
+            _ => runs.push((i, 1)),
         }
-        runs
+    }
+    runs
+}
+
+impl Victims {
+    /// Contiguous runs of the victims.
+    fn runs(&self) -> Vec<(usize, usize)> {
+        runs_of(self.pages.iter().copied())
     }
 
     /// Write-protects the victims, then reads and compresses them (no
@@ -1092,16 +1095,7 @@ impl Victims {
     pub fn compress(&self, stats: &Stats) -> io::Result<Vec<Outcome>> {
         let runs = self.runs();
         // Clean pages are write-protected already.
-        let mut dirty: Vec<(usize, usize)> = Vec::new();
-        for (&i, &c) in self.pages.iter().zip(&self.clean) {
-            if c {
-                continue;
-            }
-            match dirty.last_mut() {
-                Some((f, n)) if *f + *n == i => *n += 1,
-                _ => dirty.push((i, 1)),
-            }
-        }
+        let dirty = runs_of(self.pages.iter().zip(&self.clean).filter(|(_, &c)| !c).map(|(&i, _)| i));
         for &(f, n) in &dirty {
             let addr = self.base + f * PAGE;
             self.uffd.writeprotect(addr, n * PAGE, true).map_err(|e| {
@@ -1164,27 +1158,22 @@ impl Victims {
     /// waiters woken — no page-table change, so no TLB shootdown; pages
     /// the store refused are unprotected for real.
     pub fn unprotect(&self, outcome: &[Outcome]) -> io::Result<()> {
-        let mut runs: Vec<(usize, usize, bool)> = Vec::new();
-        for (&i, &o) in self.pages.iter().zip(outcome) {
-            let kept = o == Outcome::Kept;
-            match runs.last_mut() {
-                Some((f, n, k)) if *f + *n == i && *k == kept => *n += 1,
-                _ => runs.push((i, 1, kept)),
+        for kept in [false, true] {
+            let pages = self.pages.iter().zip(outcome).filter(|(_, &o)| (o == Outcome::Kept) == kept);
+            for (f, n) in runs_of(pages.map(|(&i, _)| i)) {
+                let addr = self.base + f * PAGE;
+                let r = if kept {
+                    self.uffd.writeprotect(addr, n * PAGE, false)
+                } else {
+                    self.uffd.wake(addr, n * PAGE)
+                };
+                r.map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("unprotecting {addr:#x}+{:#x} after eviction: {e}", n * PAGE),
+                    )
+                })?;
             }
-        }
-        for (f, n, kept) in runs {
-            let addr = self.base + f * PAGE;
-            let r = if kept {
-                self.uffd.writeprotect(addr, n * PAGE, false)
-            } else {
-                self.uffd.wake(addr, n * PAGE)
-            };
-            r.map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("unprotecting {addr:#x}+{:#x} after eviction: {e}", n * PAGE),
-                )
-            })?;
         }
         Ok(())
     }
