@@ -378,7 +378,18 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     }
     EVICTOR_FD.store(fd, Ordering::Relaxed);
     loop {
-        let batch = lock(&g.mgr).take_background_victims(manager::EVICT_BATCH * 8);
+        let batch = {
+            let mut m = lock(&g.mgr);
+            match m.take_background_victims(manager::EVICT_BATCH * 8) {
+                Some(mut v) => {
+                    // Under the lock: see `Manager::unprotect_others`.
+                    v.protect(&g.stats)?;
+                    m.unprotect_others(&v)?;
+                    Some(v)
+                }
+                None => None,
+            }
+        };
         let Some(v) = batch else {
             EVICTOR_IDLE.store(true, Ordering::Release);
             // Re-check after announcing sleep (a wake-up may have been missed).
@@ -653,7 +664,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\
-         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"promoted\":{},\"demoted\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
+         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"promoted\":{},\"demoted\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
         ld(&s.faults),
@@ -673,6 +684,7 @@ fn stats_json(g: &Global) -> String {
         ld(&s.evicted_zero),
         ld(&s.refused),
         ld(&s.wp_faults),
+        ld(&s.wp_calls),
         ld(&s.promoted),
         ld(&s.demoted),
         ld(&s.clean_evicted),

@@ -225,6 +225,19 @@ fn multi_threaded_program() {
 }
 
 #[test]
+fn writers_next_to_pages_being_evicted_lose_nothing() {
+    // Victims are write-protected in spans that take in their resident
+    // neighbours (unprotected again at once); here the other thread is
+    // writing those neighbours all the time.
+    let d = tmp("writers");
+    let exe = compile(&d, "writers");
+    let s = same_as_native("16M", &[&exe], &d);
+    let (comp, calls) = (compressed(&s), s["wp_calls"].as_u64().unwrap());
+    assert!(comp > 20000, "48 MiB written 6 times under 16M: {comp} compressions");
+    assert!(calls > 0 && calls * 2 < comp, "{calls} write-protect calls for {comp} compressions");
+}
+
+#[test]
 fn fork_with_and_without_exec() {
     let d = tmp("forks");
     let exe = compile(&d, "forks");

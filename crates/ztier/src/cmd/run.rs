@@ -449,6 +449,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "evicted_zero",
         "refused",
         "wp_faults",
+        "wp_calls",
         "promoted",
         "demoted",
         "clean_evicted",
