@@ -227,6 +227,10 @@ fn start() -> bool {
     let cfg = Config {
         budget_pages: budget / PAGE,
         codec,
+        allocator: std::env::var("ZTIER_ALLOCATOR")
+            .ok()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(ztier_store::alloc::AllocatorKind::Classes),
         store_bytes: env_size("ZTIER_STORE").unwrap_or(total / 2),
         spill_dir: std::env::var_os("ZTIER_SPILL_DIR").map(Into::into),
         spill_bytes: env_size("ZTIER_SPILL_MAX").unwrap_or(usize::MAX) as u64,
@@ -664,7 +668,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\
-         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"promoted\":{},\"demoted\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
+         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"promoted\":{},\"demoted\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
         ld(&s.faults),
@@ -691,6 +695,7 @@ fn stats_json(g: &Global) -> String {
         ld(&s.dirtied),
         resident_budget,
         policy.as_ref().map_or("null".to_string(), |(n, _)| format!("\"{n}\"")),
+        g.cfg.allocator.name(),
         policy.as_ref().map_or("null".to_string(), |(_, b)| b.to_string()),
         ld(&s.forks),
         ld(&s.forked_child),

@@ -76,6 +76,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ztier_codec::CodecId;
+use ztier_store::alloc::AllocatorKind;
 use ztier_store::tier::FileTier;
 use ztier_store::{Key, PoolKind, PoolOptions, PutFlags, Store, StoreConfig, StoreError};
 use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP};
@@ -159,6 +160,8 @@ pub struct Config {
     pub budget_pages: usize,
     /// Codec of the store.
     pub codec: CodecId,
+    /// Allocator of the store's compressed bytes.
+    pub allocator: AllocatorKind,
     /// Bytes the store may use in memory.
     pub store_bytes: usize,
     /// Folder for the spill file (`None` = no spill: when the store is
@@ -387,6 +390,7 @@ fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
 fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
     let mut sc = StoreConfig::new(cfg.store_bytes);
     sc.codec = cfg.codec;
+    sc.allocator = cfg.allocator;
     let tier: Option<Box<dyn ztier_store::tier::NextTier>> = match &cfg.spill_dir {
         Some(dir) => {
             let path = dir.join(format!("spill.{}", std::process::id()));
@@ -1318,6 +1322,7 @@ mod tests {
         let cfg = Config {
             budget_pages: pages,
             codec: CodecId::Lz4,
+            allocator: AllocatorKind::Classes,
             store_bytes: 1 << 20,
             spill_dir: None,
             spill_bytes: 0,

@@ -238,6 +238,30 @@ fn writers_next_to_pages_being_evicted_lose_nothing() {
 }
 
 #[test]
+fn the_store_allocator_can_be_chosen() {
+    // The allocators of `ztier bench store` hold the compressed pages of
+    // a run: same output, and the per-process statistics name the one used.
+    let d = tmp("allocator");
+    let exe = compile(&d, "loop");
+    let want = native(&[&exe], &d).stdout;
+    let mut stored = Vec::new();
+    for a in ["chunks", "cells4", "classes"] {
+        let (o, s) = managed_with("32M", &["--allocator", a], &[&exe], &d);
+        assert!(
+            o.status.success() && o.stdout == want,
+            "--allocator {a}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let p = &s["per_process"][0];
+        assert_eq!(p["allocator"].as_str(), Some(a), "{p}");
+        assert!(compressed(&s) > 10000, "--allocator {a}: {} compressions", compressed(&s));
+        stored.push(s["stored_bytes"].as_u64().unwrap());
+    }
+    // Different allocators round and pack differently.
+    assert!(stored[0] != stored[2] || stored[1] != stored[2], "stored bytes {stored:?}");
+}
+
+#[test]
 fn fork_with_and_without_exec() {
     let d = tmp("forks");
     let exe = compile(&d, "forks");
@@ -481,6 +505,12 @@ fn bad_input_gets_clear_errors() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "16M", "--allocator", "cells99", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--allocator: unknown allocator 'cells99'"));
     let o =
         Command::new(ztier()).args(["run", "--budget", "16M", "--", "sh", "-c", "exit 42"]).output().unwrap();
     assert_eq!(o.status.code(), Some(42), "the program's exit status is passed on");

@@ -57,6 +57,11 @@ pub struct RunArgs {
     /// Codec of the compressed store (lz4, wkdm, wk4x4, wk64, lzo, zstd, deflate, hybrid, raw).
     #[arg(long, default_value = "lz4")]
     pub codec: String,
+    /// Allocator of the store's compressed bytes: classes (zsmalloc-style size
+    /// classes), chunks (CCache's chunks), cells or cellsN (de Castro's cells of
+    /// N pages; cells = cells2) — the allocators `ztier bench store` compares.
+    #[arg(long, default_value = "classes")]
+    pub allocator: String,
     /// Most memory the compressed store may use per process (default: half of RAM).
     /// When it is full the oldest compressed pages go to the spill file (with --spill)
     /// or stay resident.
@@ -111,6 +116,7 @@ impl RunArgs {
         RunArgs {
             budget,
             codec: codec.into(),
+            allocator: "classes".into(),
             store: None,
             policy: None,
             spill: None,
@@ -209,6 +215,8 @@ pub struct RunOutcome {
 /// (inherited when `None`), its stderr is inherited.
 pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutcome> {
     let codec: ztier_codec::CodecId = a.codec.parse().map_err(|e| anyhow::anyhow!("--codec: {e}"))?;
+    let allocator: ztier_store::alloc::AllocatorKind =
+        a.allocator.parse().map_err(|e| anyhow::anyhow!("--allocator: {e}"))?;
     if a.budget < 1 << 20 {
         bail!("--budget {} is too small (at least 1M)", a.budget);
     }
@@ -241,6 +249,7 @@ pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutc
         .env("LD_PRELOAD", preload)
         .env("ZTIER_BUDGET", a.budget.to_string())
         .env("ZTIER_CODEC", format!("{codec}"))
+        .env("ZTIER_ALLOCATOR", allocator.name())
         .env("ZTIER_STATS_DIR", &stats_dir)
         .env("ZTIER_PIN", &a.pin)
         .env("ZTIER_PREFETCH", a.prefetch.to_string())
