@@ -1035,7 +1035,10 @@ impl Manager {
                 }
                 _ => {}
             }
-            self.set(i, s & (QUEUED | PROTECTED));
+            // The protection stays what it was: MADV_DONTNEED on an
+            // unreadable page (a guard page V8 gives back) must not make
+            // it a candidate for the zero runs that fault in neighbours.
+            self.set(i, s & (QUEUED | PROTECTED | NOEVICT));
         }
         sys::madvise(self.addr(first) as *mut libc::c_void, n * PAGE, libc::MADV_DONTNEED);
         stats.resident.store(self.resident, Ordering::Relaxed);
@@ -1308,9 +1311,10 @@ mod tests {
         u64::from_le_bytes(e) & (1 << 57) != 0
     }
 
-    #[test]
-    fn victims_are_protected_in_spans_and_their_neighbours_are_not() {
-        let pages = 2048;
+    /// A manager over a fresh arena of `pages` pages (registered with
+    /// userfaultfd; no handler runs, so the test must not touch pages
+    /// that are not resident).
+    fn test_manager(pages: usize) -> (Manager, usize) {
         let base = sys::mmap(
             std::ptr::null_mut(),
             pages * PAGE,
@@ -1329,7 +1333,30 @@ mod tests {
             stats_dir: None,
             policy: None,
         };
-        let mut m = Manager::new(base, pages, cfg).unwrap();
+        (Manager::new(base, pages, cfg).unwrap(), base)
+    }
+
+    #[test]
+    fn released_unreadable_pages_stay_out_of_zero_runs() {
+        // V8 makes a guard page unreadable, then gives it back with
+        // MADV_DONTNEED: it must stay unevictable, or a fault on a
+        // neighbour installs it in a zero run and the evictor reads it.
+        let (mut m, base) = test_manager(64);
+        let stats = Stats::new();
+        m.set_noevict(5, 1, true);
+        m.release(5, 1, &stats);
+        assert_ne!(m.st(5) & NOEVICT, 0);
+        m.serve(base + 2 * PAGE, &stats).unwrap();
+        assert_eq!(m.st(2) & STATE, RESIDENT);
+        assert_eq!(m.st(4) & STATE, RESIDENT);
+        assert_eq!(m.st(5) & STATE, ABSENT, "the zero run stops at the unreadable page");
+        assert_eq!(m.st(6) & STATE, ABSENT);
+    }
+
+    #[test]
+    fn victims_are_protected_in_spans_and_their_neighbours_are_not() {
+        let pages = 2048;
+        let (mut m, base) = test_manager(pages);
         let stats = Stats::new();
         // Pages 0..40 resident (installed through the handler's path), 41..
         // not in memory, 300 unreadable.

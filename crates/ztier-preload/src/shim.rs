@@ -377,11 +377,15 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    // Private anonymous memory without an address is ours: read-write, or
-    // inaccessible (a reservation, made usable later with mprotect or a
-    // fixed mapping — how the JVM reserves its heap). A call with an
-    // address hint is passed on: runtimes that hint usually need the
-    // address (JIT code within 2 GiB of the binary, aligned cages).
+    // Private anonymous memory is ours: read-write, or inaccessible (a
+    // reservation, made usable later with mprotect or a fixed mapping —
+    // how the JVM and V8 reserve their heaps). An address hint (without
+    // MAP_FIXED) is only a hint: the memory comes from the arena wherever
+    // it has room. Runtimes hint at random addresses (V8, for every
+    // mapping) or at ones they would like (HotSpot's zero-based
+    // compressed pointers, JIT code near the binary), and check what they
+    // got: HotSpot gives the range back and tries other addresses, then
+    // takes any; V8 takes any address and aligns within what it got.
     let managed = flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS)
         == libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
         && flags
@@ -392,7 +396,6 @@ pub unsafe extern "C" fn mmap(
                 | libc::MAP_STACK)
             == 0
         && (prot == RW || prot == libc::PROT_NONE)
-        && a.is_null()
         && len > 0;
     if managed {
         if let Some(g) = global() {

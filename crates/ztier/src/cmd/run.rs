@@ -36,9 +36,12 @@ static PRELOAD: &[u8] = include_bytes!(env!("ZTIER_PRELOAD_SO"));
     ztier run --budget 128M --spill /var/tmp --store 64M -- gcc -O2 -c big.c\n  \
     ztier run --budget 256M --policy kaplan --spill /var/tmp -- python3 job.py\n\n\
 What is managed: memory from malloc/calloc/realloc/memalign (replaced) and the\n\
-program's private anonymous read-write mmaps; exec'd children and forked children\n\
-are managed too. Memory mapped with a fixed address or other protections, thread\n\
-stacks and glibc's own internal mappings are not.\n\
+program's private anonymous mmaps, read-write or reserved (PROT_NONE, made usable\n\
+later), as the heaps of the JVM and of node's V8 are; an address hint is only a\n\
+hint (the memory comes from ztier's arena; runtimes check what they got). exec'd\n\
+and forked children are managed too. Memory mapped with a fixed address outside\n\
+the arena or other protections, thread stacks and glibc's own internal mappings\n\
+are not.\n\
 Needs userfaultfd: root, or vm.unprivileged_userfaultfd=1, or a kernel with\n\
 UFFD_USER_MODE_ONLY (then system calls that write into evicted memory may fail\n\
 with EFAULT, because kernel-mode faults are not handled in that mode).")]
