@@ -382,18 +382,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     }
     EVICTOR_FD.store(fd, Ordering::Relaxed);
     loop {
-        let batch = {
-            let mut m = lock(&g.mgr);
-            match m.take_background_victims(manager::EVICT_BATCH * 8) {
-                Some(mut v) => {
-                    // Under the lock: see `Manager::unprotect_others`.
-                    v.protect(&g.stats)?;
-                    m.unprotect_others(&v)?;
-                    Some(v)
-                }
-                None => None,
-            }
-        };
+        let batch = lock(&g.mgr).take_background_victims(manager::EVICT_BATCH * 8, &g.stats)?;
         let Some(v) = batch else {
             EVICTOR_IDLE.store(true, Ordering::Release);
             // Re-check after announcing sleep (a wake-up may have been missed).

@@ -220,7 +220,7 @@ pub struct Stats {
     /// Write-protect faults (a write hit a page while it was evicted).
     pub wp_faults: AtomicU64,
     /// Write-protect calls made to evict (each a TLB shootdown on the
-    /// program's CPU; see [`Manager::unprotect_others`]).
+    /// program's CPU; see [`Manager::protect`]).
     pub wp_calls: AtomicU64,
     /// Pages faulted back soon after their eviction, put in the
     /// protected segment.
@@ -745,9 +745,7 @@ impl Manager {
         let target = self.budget.saturating_sub(EVICT_BATCH);
         // The same steps as the background evictor, with the lock held
         // throughout (this is the handler making room right now).
-        while let Some(mut v) = self.take_victims(EVICT_BATCH, target, 0) {
-            v.protect(stats)?;
-            self.unprotect_others(&v)?;
+        while let Some(v) = self.take_victims(EVICT_BATCH, target, 0, stats)? {
             PROGRESS.fetch_add(1, Ordering::Relaxed);
             let outcome = v.compress(stats)?;
             self.commit(&v, &outcome, stats)?;
@@ -789,14 +787,20 @@ impl Manager {
     /// Takes up to `max` victims for the background evictor, oldest first,
     /// and marks them EVICTING; `None` when the resident count, less the
     /// pages already being evicted, is at or below budget − reserve.
-    pub fn take_background_victims(&mut self, max: usize) -> Option<Victims> {
-        self.take_victims(max, self.budget - self.reserve(), self.evicting)
+    pub fn take_background_victims(&mut self, max: usize, stats: &Stats) -> io::Result<Option<Victims>> {
+        self.take_victims(max, self.budget - self.reserve(), self.evicting, stats)
     }
 
     /// Takes up to `max` victims, oldest first, while the resident count
     /// is above `target` + `in_flight` + those taken; marks them EVICTING
-    /// and plans their write protection (see [`Victims::protect`]).
-    fn take_victims(&mut self, max: usize, target: usize, in_flight: usize) -> Option<Victims> {
+    /// and write-protects them (see [`Manager::protect`]).
+    fn take_victims(
+        &mut self,
+        max: usize,
+        target: usize,
+        in_flight: usize,
+        stats: &Stats,
+    ) -> io::Result<Option<Victims>> {
         let mut pages = Vec::with_capacity(max);
         // Each queue entry is looked at most once per call (pages that
         // cannot be evicted go to the back).
@@ -857,7 +861,7 @@ impl Manager {
             }
         }
         if pages.is_empty() {
-            return None;
+            return Ok(None);
         }
         self.evicting += pages.len();
         pages.sort_unstable();
@@ -865,15 +869,15 @@ impl Manager {
         // Clean pages are write-protected already.
         let dirty = pages.iter().zip(&clean).filter(|(_, &c)| !c).map(|(&i, _)| i);
         let spans = self.spans(dirty);
-        Some(Victims {
+        self.protect(&spans, stats)?;
+        Ok(Some(Victims {
             clean,
-            spans,
             pages,
             uffd: self.uffd.clone(),
             store: self.store.clone(),
             pool: self.pool,
             base: self.base,
-        })
+        }))
     }
 
     /// Groups the ascending victims `pages` into write-protect spans:
@@ -883,7 +887,7 @@ impl Manager {
     /// `SPAN_MAX` pages in all, never across a page the program made
     /// unreadable); the resident pages in between that are neither
     /// victims nor clean are unprotected again right after
-    /// ([`Manager::unprotect_others`]). Pages not in memory are left as
+    /// ([`Manager::protect`]). Pages not in memory are left as
     /// they are by a write-protect call (anonymous memory without
     /// `UFFD_FEATURE_WP_UNPOPULATED`), so a span runs across them for
     /// free.
@@ -900,24 +904,51 @@ impl Manager {
                     continue;
                 }
             }
-            spans.push(Span { first: i, end: i + 1, victims: vec![i], whole: false });
+            spans.push(Span { first: i, end: i + 1, victims: vec![i] });
         }
         spans
     }
 
-    /// After [`Victims::protect`] (same lock): unprotects the pages of its
-    /// spans that are resident and neither victims nor clean. A thread
-    /// that wrote one in between waits on a write-protect fault, which
-    /// [`Manager::write_fault`] answers once the lock is free.
-    pub fn unprotect_others(&self, v: &Victims) -> io::Result<()> {
-        for s in v.spans.iter().filter(|s| s.whole) {
-            let others = (s.first..s.end).filter(|&g| self.st(g) & (STATE | CLEAN) == RESIDENT);
-            for (f, n) in runs_of(others) {
+    /// Write-protects the victims of `spans`, a span per call, then
+    /// unprotects the pages of each span that are resident and neither
+    /// victims nor clean — all with the manager's lock held, so no page
+    /// changes state in between. A thread that wrote one of those in
+    /// between waits on a write-protect fault, which
+    /// [`Manager::write_fault`] answers once the lock is free. A span that
+    /// cannot be protected whole (it crosses a mapping the program put
+    /// over part of the arena) is done run by run.
+    fn protect(&self, spans: &[Span], stats: &Stats) -> io::Result<()> {
+        for s in spans {
+            if s.victims.len() > 1 {
+                stats.wp_calls.fetch_add(1, Ordering::Relaxed);
+                if self.uffd.writeprotect(self.addr(s.first), (s.end - s.first) * PAGE, true).is_ok() {
+                    self.unprotect_others(s)?;
+                    continue;
+                }
+            }
+            for (f, n) in runs_of(s.victims.iter().copied()) {
                 let addr = self.addr(f);
-                self.uffd.writeprotect(addr, n * PAGE, false).map_err(|e| {
-                    io::Error::new(e.kind(), format!("unprotecting {addr:#x}+{:#x}: {e}", n * PAGE))
+                stats.wp_calls.fetch_add(1, Ordering::Relaxed);
+                self.uffd.writeprotect(addr, n * PAGE, true).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("write-protecting {addr:#x}+{:#x} to evict it: {e}", n * PAGE),
+                    )
                 })?;
             }
+        }
+        Ok(())
+    }
+
+    /// Unprotects the pages of span `s`, protected whole, that are
+    /// resident and neither victims nor clean.
+    fn unprotect_others(&self, s: &Span) -> io::Result<()> {
+        let others = (s.first..s.end).filter(|&g| self.st(g) & (STATE | CLEAN) == RESIDENT);
+        for (f, n) in runs_of(others) {
+            let addr = self.addr(f);
+            self.uffd.writeprotect(addr, n * PAGE, false).map_err(|e| {
+                io::Error::new(e.kind(), format!("unprotecting {addr:#x}+{:#x}: {e}", n * PAGE))
+            })?;
         }
         Ok(())
     }
@@ -1139,8 +1170,6 @@ pub struct Victims {
     /// Per page: clean (write-protected since it came from the store,
     /// which holds its copy): nothing to compress.
     clean: Vec<bool>,
-    /// The dirty victims grouped for write protection.
-    spans: Vec<Span>,
     uffd: Arc<Uffd>,
     store: Arc<Store>,
     pool: u32,
@@ -1153,8 +1182,6 @@ struct Span {
     first: usize,
     end: usize,
     victims: Vec<usize>,
-    /// Protected whole (so the others in it need unprotecting).
-    whole: bool,
 }
 
 /// Contiguous runs of ascending page indices: (first page, pages).
@@ -1170,35 +1197,6 @@ fn runs_of(pages: impl IntoIterator<Item = usize>) -> Vec<(usize, usize)> {
 }
 
 impl Victims {
-    /// Write-protects the dirty victims, a span per call. Called with the
-    /// manager's lock held and followed by [`Manager::unprotect_others`]
-    /// under the same lock, so no page changes state in between. A span
-    /// that cannot be protected whole (it crosses a mapping the program
-    /// put over part of the arena) is done run by run.
-    pub fn protect(&mut self, stats: &Stats) -> io::Result<()> {
-        for s in &mut self.spans {
-            let addr = self.base + s.first * PAGE;
-            if s.victims.len() > 1 {
-                stats.wp_calls.fetch_add(1, Ordering::Relaxed);
-            }
-            if s.victims.len() > 1 && self.uffd.writeprotect(addr, (s.end - s.first) * PAGE, true).is_ok() {
-                s.whole = true;
-                continue;
-            }
-            for (f, n) in runs_of(s.victims.iter().copied()) {
-                let addr = self.base + f * PAGE;
-                stats.wp_calls.fetch_add(1, Ordering::Relaxed);
-                self.uffd.writeprotect(addr, n * PAGE, true).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("write-protecting {addr:#x}+{:#x} to evict it: {e}", n * PAGE),
-                    )
-                })?;
-            }
-        }
-        Ok(())
-    }
-
     /// Contiguous runs of the victims.
     fn runs(&self) -> Vec<(usize, usize)> {
         runs_of(self.pages.iter().copied())
@@ -1377,17 +1375,7 @@ mod tests {
         let far: Vec<usize> = (0..SPAN_MAX / 50 + 2).map(|k| 400 + k * 50).collect();
         assert!(m.spans(far.iter().copied()).len() == 2, "a span stops at SPAN_MAX pages");
 
-        let mut v = Victims {
-            clean: vec![false; victims.len()],
-            spans,
-            pages: victims.to_vec(),
-            uffd: m.uffd.clone(),
-            store: m.store.clone(),
-            pool: m.pool,
-            base,
-        };
-        v.protect(&stats).unwrap();
-        m.unprotect_others(&v).unwrap();
+        m.protect(&spans, &stats).unwrap();
         assert_eq!(stats.wp_calls.load(Ordering::Relaxed), 2);
         for i in 0..40 {
             let victim = victims.contains(&i);
