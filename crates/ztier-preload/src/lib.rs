@@ -400,7 +400,9 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
             continue;
         };
         let outcome = v.compress(&g.stats)?;
-        lock(&g.mgr).commit(&v, &outcome, &g.stats)?;
+        // Without the lock: the victims are OWNED (see manager's docs).
+        v.release(&outcome)?;
+        lock(&g.mgr).commit(&v, &outcome, &g.stats);
         v.unprotect(&outcome)?;
         if outcome.iter().all(|&o| o == manager::Outcome::Kept) {
             // The store refuses everything (full, no spill): do not spin.
@@ -609,10 +611,13 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
             uffd.wake(addr, PAGE)?;
             continue;
         }
-        m.serve(addr, &g.stats)?;
-        g.stats.record(t.elapsed().as_nanos() as u64);
+        let wake = m.serve(addr, &g.stats)?;
         let wanted = m.evict_wanted();
         drop(m);
+        if let Some((at, len)) = wake {
+            uffd.wake(at, len)?;
+        }
+        g.stats.record(t.elapsed().as_nanos() as u64);
         if wanted {
             wake_evictor();
         }
@@ -657,7 +662,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\
-         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"promoted\":{},\"demoted\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
+         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
         ld(&s.faults),
@@ -678,6 +683,7 @@ fn stats_json(g: &Global) -> String {
         ld(&s.refused),
         ld(&s.wp_faults),
         ld(&s.wp_calls),
+        ld(&s.deferred),
         ld(&s.promoted),
         ld(&s.demoted),
         ld(&s.clean_evicted),
@@ -722,6 +728,14 @@ extern "C" fn fork_prepare() {
     let g = GLOBAL.get().expect("ready");
     let classes: Vec<_> = g.classes.iter().map(lock).collect();
     let mut m = lock(&g.mgr);
+    // An eviction in flight may have released memory it has not
+    // committed: the child would lose those pages. Wait for its commit
+    // (the evictor needs only the manager's lock).
+    while m.evicting() > 0 {
+        drop(m);
+        std::thread::sleep(std::time::Duration::from_micros(50));
+        m = lock(&g.mgr);
+    }
     let pages = lock(&g.pages);
     let high = pages.high.max(g.page_of(g.span_next.load(Ordering::Relaxed)));
     if let Err(e) = m.bring_all_back(high, &g.stats) {

@@ -3,15 +3,15 @@
 //!
 //! ```text
 //!  page state (1 byte per arena page)
-//!  ┌────────┬─────────┬──────────────┬─────────────────────────────────┐
-//!  │ bit 7  │ bit 6   │ bit 5 · 4    │ bits 0..1                       │
-//!  │ QUEUED │ NOEVICT │ PROTECTED ·  │ ABSENT 0 · RESIDENT 1 · STORED 2│
-//!  │        │         │ CLEAN (2..3  │            EVICTING 3           │
-//!  │        │         │  unused)     │                                 │
-//!  └────────┴─────────┴──────────────┴─────────────────────────────────┘
+//!  ┌────────┬─────────┬──────────────┬───────┬───────────────────────────┐
+//!  │ bit 7  │ bit 6   │ bit 5 · 4    │ bit 2 │ bits 0..1                 │
+//!  │ QUEUED │ NOEVICT │ PROTECTED ·  │ OWNED │ ABSENT 0 · RESIDENT 1     │
+//!  │        │         │ CLEAN        │       │ STORED 2 · EVICTING 3     │
+//!  └────────┴─────────┴──────────────┴───────┴───────────────────────────┘
+//!                                          (bit 3 unused)
 //!
 //!   ABSENT ──fault: UFFDIO_COPY of zeros (a run of up to 16)──► RESIDENT
-//!   RESIDENT ──evict: WP, compress, MADV_DONTNEED, wake──► STORED (or ABSENT if all zero)
+//!   RESIDENT ──evict: WP, compress, MADV_DONTNEED, commit, wake──► STORED (or ABSENT if all zero)
 //!   STORED ──fault: get + decompress + UFFDIO_COPY (+ prefetch of a walk)──► RESIDENT
 //!   any ──munmap / MADV_DONTNEED / free of a large block──► ABSENT (copy dropped)
 //! ```
@@ -65,6 +65,18 @@
 //! shootdown): a batch of 256 victims costs a few shootdowns instead of
 //! one per run (about 45).
 //!
+//! The background evictor holds the manager's lock only to pick and
+//! protect victims and to commit them; the handler, which needs the
+//! lock for every fault, would otherwise wait (with the program) for the
+//! evictor's `MADV_DONTNEED` and its TLB shootdown. So a victim is OWNED
+//! by the evictor from the pick to the commit, and its memory is released
+//! before the commit, without the lock. While a page is OWNED, a
+//! missing-page fault on it is not served (its content is between memory
+//! and the store) but left waiting: the evictor wakes every victim after
+//! the commit, and the retried fault finds the page STORED. A page the
+//! program releases meanwhile stays OWNED (ABSENT), so nothing can be
+//! installed there before the evictor's late `MADV_DONTNEED` is over.
+//!
 //! The handler never touches memory of the arena except pages it knows
 //! resident (eviction reads them), and its own allocations come from
 //! glibc's malloc (see the crate docs), so it cannot fault on itself.
@@ -101,6 +113,9 @@ pub const PROTECTED: u8 = 0x20;
 /// Resident, installed write-protected from the store, which still holds
 /// its copy: not written since, so evicting it needs no compression.
 pub const CLEAN: u8 = 0x10;
+/// Picked by an eviction that has not committed yet: its memory may be
+/// released without the lock, so faults on it wait for the commit.
+pub const OWNED: u8 = 0x04;
 /// Not readable (mprotect'ed): never evicted.
 pub const NOEVICT: u8 = 0x40;
 /// Has an entry in one of the two queues of resident pages.
@@ -211,6 +226,8 @@ pub struct Stats {
     pub store_faults: AtomicU64,
     /// Extra stored pages installed by sequential prefetch.
     pub prefetched: AtomicU64,
+    /// Faults left waiting for an eviction's commit (the page was OWNED).
+    pub deferred: AtomicU64,
     /// Pages compressed into the store.
     pub pages_compressed: AtomicU64,
     /// Evicted pages that were all zero (not stored).
@@ -255,6 +272,7 @@ impl Stats {
             zero_faults: AtomicU64::new(0),
             store_faults: AtomicU64::new(0),
             prefetched: AtomicU64::new(0),
+            deferred: AtomicU64::new(0),
             pages_compressed: AtomicU64::new(0),
             evicted_zero: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -286,6 +304,7 @@ impl Stats {
             &self.refused,
             &self.wp_faults,
             &self.wp_calls,
+            &self.deferred,
             &self.promoted,
             &self.demoted,
             &self.clean_evicted,
@@ -567,17 +586,31 @@ impl Manager {
         stats.peak_resident.fetch_max(self.resident, Ordering::Relaxed);
     }
 
-    /// Installs `n` pages of `data` at page `i`; falls back to one page at
-    /// a time if some page of the run is there already. Returns how many
-    /// pages were newly installed (their indices are marked resident).
-    /// With `wp` the pages go in write-protected and marked CLEAN (the
-    /// store kept their copies): clean until the first write.
-    fn install(&mut self, i: usize, n: usize, from_zero: bool, wp: bool, stats: &Stats) -> io::Result<()> {
+    /// Installs `n` pages of `data` at page `i` (the newly installed ones
+    /// are marked resident); falls back to one page at a time if some
+    /// page of the run is there already. With `wp` the pages go in
+    /// write-protected and marked CLEAN (the store kept their copies):
+    /// clean until the first write.
+    ///
+    /// A run installed whole does not wake its waiters: the range is
+    /// returned for the caller to wake once it has let go of the
+    /// manager's lock. (The woken thread usually runs on the handler's
+    /// CPU and preempts it at once; with the lock held, the evictor on
+    /// the other CPU would wait for the program's next fault.)
+    #[must_use = "the threads waiting on the returned range must be woken"]
+    fn install(
+        &mut self,
+        i: usize,
+        n: usize,
+        from_zero: bool,
+        wp: bool,
+        stats: &Stats,
+    ) -> io::Result<Option<(usize, usize)>> {
         let addr = self.addr(i);
         let src: &[u8] = if from_zero { &self.zero[..n * PAGE] } else { &self.buf[..n * PAGE] };
         let mut tries = 0;
         let r = loop {
-            match self.uffd.copy_mode(addr, src, wp) {
+            match self.uffd.copy_with(addr, src, wp, false) {
                 Ok(Installed::Retry) if tries < 1000 => tries += 1,
                 Ok(Installed::Retry) => return Err(io::Error::other("UFFDIO_COPY kept failing with EAGAIN")),
                 Ok(r) => break r,
@@ -596,7 +629,7 @@ impl Manager {
                     self.set(i + k, self.st(i + k) | CLEAN);
                 }
             }
-            return Ok(());
+            return Ok(Some((addr, n * PAGE)));
         }
         // Some page of the run was present (EEXIST): one by one.
         for k in 0..n {
@@ -627,11 +660,14 @@ impl Manager {
                 self.became_resident(i + k, stats);
             }
         }
-        Ok(())
+        Ok(None)
     }
 
-    /// Serves one missing-page fault at `addr`.
-    pub fn serve(&mut self, addr: usize, stats: &Stats) -> io::Result<()> {
+    /// Serves one missing-page fault at `addr`. Returns the range whose
+    /// waiters the caller must wake (with [`Uffd::wake`]) after letting
+    /// go of the manager's lock; see [`Manager::install`].
+    #[must_use = "the faulting thread sleeps until the returned range is woken"]
+    pub fn serve(&mut self, addr: usize, stats: &Stats) -> io::Result<Option<(usize, usize)>> {
         let i = (addr - self.base) / PAGE;
         let sequential = i == self.last_fault.wrapping_add(1);
         // One of several interleaved ascending walks (a collector tracing
@@ -641,7 +677,14 @@ impl Manager {
         self.recent[self.recent_at % 8] = i;
         self.recent_at += 1;
         self.last_fault = i;
-        match self.st(i) & STATE {
+        if self.st(i) & OWNED != 0 {
+            // Released by an eviction that has not committed yet: the
+            // evictor wakes this fault after its commit (see the module
+            // docs); the retry finds the page stored.
+            stats.deferred.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        let wake = match self.st(i) & STATE {
             STORED => {
                 // Refault distance (evictions since this page went out):
                 // shorter than probation means a bigger probation would
@@ -697,10 +740,11 @@ impl Manager {
                 self.make_room(n, stats)?;
                 let r = self.install(i, n, false, self.keep_copies, stats);
                 self.hot = usize::MAX;
-                r?;
+                let wake = r?;
                 stats.store_faults.fetch_add(1, Ordering::Relaxed);
                 stats.prefetched.fetch_add(n as u64 - 1, Ordering::Relaxed);
                 self.last_fault = i + n - 1;
+                wake
             }
             RESIDENT => {
                 // Resident by our books but the fault says missing: the
@@ -710,19 +754,34 @@ impl Manager {
                 if self.uffd.copy(addr, &self.zero[..PAGE])? == Installed::Done {
                     stats.zero_faults.fetch_add(1, Ordering::Relaxed);
                 }
+                None
             }
             _ => {
                 let mut n = 1;
-                while n < ZERO_RUN && i + n < self.pages && self.st(i + n) & (STATE | NOEVICT) == ABSENT {
+                while n < ZERO_RUN
+                    && i + n < self.pages
+                    && self.st(i + n) & (STATE | NOEVICT | OWNED) == ABSENT
+                {
                     n += 1;
                 }
                 self.make_room(n, stats)?;
-                self.install(i, n, true, false, stats)?;
+                let wake = self.install(i, n, true, false, stats)?;
                 stats.zero_faults.fetch_add(1, Ordering::Relaxed);
+                wake
             }
-        }
+        };
         stats.faults.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(wake)
+    }
+
+    /// Pages picked by evictions that have not committed yet.
+    pub fn evicting(&self) -> usize {
+        self.evicting
+    }
+
+    /// Is any page of `[first, first + n)` OWNED by an eviction in flight?
+    pub fn owned_in(&self, first: usize, n: usize) -> bool {
+        (first..(first + n).min(self.pages)).any(|i| self.st(i) & OWNED != 0)
     }
 
     /// Over budget?
@@ -748,7 +807,8 @@ impl Manager {
         while let Some(v) = self.take_victims(EVICT_BATCH, target, 0, stats)? {
             PROGRESS.fetch_add(1, Ordering::Relaxed);
             let outcome = v.compress(stats)?;
-            self.commit(&v, &outcome, stats)?;
+            v.release(&outcome)?;
+            self.commit(&v, &outcome, stats);
             v.unprotect(&outcome)?;
             if outcome.iter().all(|&o| o == Outcome::Kept) {
                 // The store refuses everything (full, no spill): stop.
@@ -826,7 +886,7 @@ impl Manager {
                 if from_prot {
                     self.prot_res -= 1;
                 }
-                self.set(i, (s & !STATE) | EVICTING);
+                self.set(i, (s & !STATE) | EVICTING | OWNED);
                 pages.push(i);
                 self.since_demote += 1;
                 // Its resident neighbours in probation go with it: a run
@@ -843,7 +903,7 @@ impl Manager {
                     if t & (STATE | NOEVICT | PROTECTED) != RESIDENT {
                         break;
                     }
-                    self.set(j, (t & !STATE) | EVICTING);
+                    self.set(j, (t & !STATE) | EVICTING | OWNED);
                     pages.push(j);
                     j += 1;
                 }
@@ -976,14 +1036,16 @@ impl Manager {
         unsafe { *self.evicted_at.add(i) }
     }
 
-    /// Finishes a background eviction: pages still EVICTING become STORED
-    /// (or ABSENT), their memory is released; pages released meanwhile
-    /// by the program get their stored copy dropped; refused pages stay.
-    pub fn commit(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) -> io::Result<()> {
-        let mut drops: Vec<usize> = Vec::new();
+    /// Finishes an eviction whose memory [`Victims::release`] gave back:
+    /// pages still EVICTING become STORED (or ABSENT); pages released
+    /// meanwhile by the program get their stored copy dropped; refused
+    /// pages stay. No victim is OWNED afterwards; the caller then wakes
+    /// them all ([`Victims::unprotect`]).
+    pub fn commit(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) {
         for (&i, &o) in v.pages.iter().zip(outcome) {
             self.evicting -= 1;
-            let s = self.st(i);
+            let s = self.st(i) & !OWNED;
+            self.set(i, s);
             if s & STATE != EVICTING {
                 // Released (munmap, MADV_DONTNEED) while we compressed it.
                 if o == Outcome::Stored {
@@ -1001,7 +1063,6 @@ impl Manager {
                     // SAFETY: i < pages (a victim), the length of evicted_at.
                     unsafe { *self.evicted_at.add(i) = self.evict_seq };
                     self.resident -= 1;
-                    drops.push(i);
                 }
                 Outcome::Kept => {
                     self.set(i, (s & !STATE) | RESIDENT | QUEUED);
@@ -1011,13 +1072,9 @@ impl Manager {
                 }
             }
         }
-        let ranges: Vec<(usize, usize)> =
-            runs_of(drops).into_iter().map(|(f, n)| (self.addr(f), n * PAGE)).collect();
-        sys::madvise_many(&ranges, libc::MADV_DONTNEED)?;
         stats.resident.store(self.resident, Ordering::Relaxed);
         stats.demoted.store(self.demoted, Ordering::Relaxed);
         self.sample_store(stats);
-        Ok(())
     }
 
     /// A write hit a write-protected page at `addr`. A clean page becomes
@@ -1069,7 +1126,8 @@ impl Manager {
             // The protection stays what it was: MADV_DONTNEED on an
             // unreadable page (a guard page V8 gives back) must not make
             // it a candidate for the zero runs that fault in neighbours.
-            self.set(i, s & (QUEUED | PROTECTED | NOEVICT));
+            // An OWNED page stays so until its eviction commits.
+            self.set(i, s & (QUEUED | PROTECTED | NOEVICT | OWNED));
         }
         sys::madvise(self.addr(first) as *mut libc::c_void, n * PAGE, libc::MADV_DONTNEED);
         stats.resident.store(self.resident, Ordering::Relaxed);
@@ -1099,7 +1157,9 @@ impl Manager {
                         self.addr(i)
                     )));
                 }
-                self.install(i, 1, false, false, stats)?;
+                if let Some((addr, len)) = self.install(i, 1, false, false, stats)? {
+                    self.uffd.wake(addr, len)?;
+                }
             }
         }
         Ok(())
@@ -1254,6 +1314,20 @@ impl Victims {
         Ok(out)
     }
 
+    /// Gives the memory of the compressed (and all-zero) victims back,
+    /// without the manager's lock: they are OWNED, so nothing else is
+    /// installed there meanwhile. Pages the store refused stay; pages the
+    /// program released are gone already.
+    pub fn release(&self, outcome: &[Outcome]) -> io::Result<()> {
+        let drops =
+            self.pages.iter().zip(outcome).filter(|(_, &o)| matches!(o, Outcome::Stored | Outcome::Zero));
+        let ranges: Vec<(usize, usize)> = runs_of(drops.map(|(&i, _)| i))
+            .into_iter()
+            .map(|(f, n)| (self.base + f * PAGE, n * PAGE))
+            .collect();
+        sys::madvise_many(&ranges, libc::MADV_DONTNEED)
+    }
+
     /// Ends the write protection (after the commit) and wakes writers.
     /// Pages whose memory was released (`MADV_DONTNEED` on anonymous
     /// memory drops the write-protect bit with the page) only need their
@@ -1344,7 +1418,7 @@ mod tests {
         m.set_noevict(5, 1, true);
         m.release(5, 1, &stats);
         assert_ne!(m.st(5) & NOEVICT, 0);
-        m.serve(base + 2 * PAGE, &stats).unwrap();
+        let _ = m.serve(base + 2 * PAGE, &stats).unwrap();
         assert_eq!(m.st(2) & STATE, RESIDENT);
         assert_eq!(m.st(4) & STATE, RESIDENT);
         assert_eq!(m.st(5) & STATE, ABSENT, "the zero run stops at the unreadable page");
@@ -1358,9 +1432,9 @@ mod tests {
         let stats = Stats::new();
         // Pages 0..40 resident (installed through the handler's path), 41..
         // not in memory, 300 unreadable.
-        m.install(0, 16, true, false, &stats).unwrap();
-        m.install(16, 16, true, false, &stats).unwrap();
-        m.install(32, 8, true, false, &stats).unwrap();
+        let _ = m.install(0, 16, true, false, &stats).unwrap();
+        let _ = m.install(16, 16, true, false, &stats).unwrap();
+        let _ = m.install(32, 8, true, false, &stats).unwrap();
         m.set_noevict(300, 1, true);
         let victims = [3, 4, 20, 39, 100, 150, 310];
         for &i in &victims {
@@ -1387,5 +1461,56 @@ mod tests {
         unsafe { *((base + 5 * PAGE) as *mut u8) = 1 };
         // SAFETY: as above.
         assert_eq!(unsafe { *((base + 5 * PAGE) as *const u8) }, 1);
+    }
+
+    fn present(addr: usize) -> bool {
+        let mut v = 0u8;
+        // SAFETY: mincore of one page of our mapping into one byte.
+        assert_eq!(unsafe { libc::mincore(addr as *mut libc::c_void, PAGE, &mut v) }, 0);
+        v & 1 != 0
+    }
+
+    #[test]
+    fn faults_on_pages_an_eviction_released_wait_for_its_commit() {
+        let (mut m, base) = test_manager(64);
+        let stats = Stats::new();
+        let _ = m.install(0, 16, true, false, &stats).unwrap();
+        for i in 0..16 {
+            // SAFETY: resident, writable pages of our mapping.
+            unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, 0x40 + i as u8, PAGE) };
+        }
+        let v = m.take_victims(4, 0, 0, &stats).unwrap().expect("victims");
+        assert_eq!(v.pages.len(), 4);
+        let outcome = v.compress(&stats).unwrap();
+        assert!(outcome.iter().all(|&o| o == Outcome::Stored), "{outcome:?}");
+        // The evictor releases the memory without the lock, before the commit.
+        v.release(&outcome).unwrap();
+        let (a, b) = (v.pages[0], v.pages[1]);
+        assert!(!present(base + a * PAGE));
+        assert_eq!(m.st(a) & (STATE | OWNED), EVICTING | OWNED);
+        // A fault now is left waiting (not served from the store, not zeros).
+        assert_eq!(m.serve(base + a * PAGE, &stats).unwrap(), None);
+        assert!(!present(base + a * PAGE));
+        assert_eq!(stats.deferred.load(Ordering::Relaxed), 1);
+        // The program releases another victim meanwhile: it stays OWNED, so
+        // nothing can be installed there before the commit.
+        m.release(b, 1, &stats);
+        assert_eq!(m.st(b) & (STATE | OWNED), ABSENT | OWNED);
+        assert_eq!(m.serve(base + b * PAGE, &stats).unwrap(), None);
+        assert!(!present(base + b * PAGE));
+        m.commit(&v, &outcome, &stats);
+        v.unprotect(&outcome).unwrap();
+        assert_eq!(m.st(a) & (STATE | OWNED), STORED);
+        assert_eq!(m.st(b) & (STATE | OWNED), ABSENT);
+        assert!(!m.store.contains(m.key(b)), "the released page's copy is dropped");
+        // The retried faults: the page from the store, the released one zeros.
+        let _ = m.serve(base + a * PAGE, &stats).unwrap();
+        // SAFETY: page a is resident again.
+        let back = unsafe { std::slice::from_raw_parts((base + a * PAGE) as *const u8, PAGE) };
+        assert!(back.iter().all(|&x| x == 0x40 + a as u8));
+        let _ = m.serve(base + b * PAGE, &stats).unwrap();
+        // SAFETY: page b is resident again.
+        assert_eq!(unsafe { *((base + b * PAGE) as *const u8) }, 0);
+        assert_eq!(m.evicting(), 0);
     }
 }

@@ -422,6 +422,13 @@ pub unsafe extern "C" fn mmap(
                     == libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
                 let done = crate::as_inside(|| {
                     let mut m = crate::lock(&g.mgr);
+                    // An eviction in flight releases its pages' memory
+                    // after this: not over a mapping of something else.
+                    while m.owned_in(first, n) {
+                        drop(m);
+                        std::thread::sleep(std::time::Duration::from_micros(50));
+                        m = crate::lock(&g.mgr);
+                    }
                     m.release(first, n, &g.stats);
                     if anon && (prot == RW || prot == libc::PROT_NONE) && fd == -1 {
                         // A fresh anonymous mapping over arena memory (how a

@@ -30,6 +30,8 @@ const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
 const UFFDIO_COPY: libc::c_ulong = 0xc028_aa03;
 const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
 const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xc018_aa06;
+/// `UFFDIO_COPY_MODE_DONTWAKE`.
+const COPY_MODE_DONTWAKE: u64 = 1 << 0;
 /// `UFFDIO_COPY_MODE_WP`.
 const COPY_MODE_WP: u64 = 1 << 1;
 
@@ -203,7 +205,15 @@ impl Uffd {
     /// (`UFFDIO_COPY_MODE_WP`: the first write raises a write-protect fault;
     /// the range must be registered with `REGISTER_MODE_WP`).
     pub fn copy_mode(&self, dst: usize, src: &[u8], wp: bool) -> io::Result<Installed> {
-        let mode = if wp { COPY_MODE_WP } else { 0 };
+        self.copy_with(dst, src, wp, true)
+    }
+
+    /// As [`Uffd::copy_mode`]; without `wake` the faulting threads are
+    /// left asleep (`UFFDIO_COPY_MODE_DONTWAKE`) for a later
+    /// [`Uffd::wake`] — a woken thread on the caller's CPU may preempt
+    /// it at once, so a caller holding a lock wakes after releasing it.
+    pub fn copy_with(&self, dst: usize, src: &[u8], wp: bool, wake: bool) -> io::Result<Installed> {
+        let mode = if wp { COPY_MODE_WP } else { 0 } | if wake { 0 } else { COPY_MODE_DONTWAKE };
         let mut c =
             CopyArg { dst: dst as u64, src: src.as_ptr() as u64, len: src.len() as u64, mode, copy: 0 };
         match ioctl(self.fd.as_raw_fd(), UFFDIO_COPY, &mut c) {

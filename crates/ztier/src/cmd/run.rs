@@ -462,6 +462,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "refused",
         "wp_faults",
         "wp_calls",
+        "deferred",
         "promoted",
         "demoted",
         "clean_evicted",
