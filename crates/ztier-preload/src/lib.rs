@@ -190,6 +190,24 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The manager's lock, taken once no eviction in flight owns a page of
+/// `[first, first + n)`. The background evictor reads and releases its
+/// victims without the lock (see the manager's docs), so the program
+/// must not release, remap or change the protection of such a page under
+/// it: the evictor would fault on a page whose fault waits for the
+/// evictor's own commit (a deadlock), or read a page it may not read.
+/// The wait is short (one batch) and cannot deadlock: the evictor never
+/// needs anything the caller holds, only this lock to commit.
+fn lock_unowned(g: &Global, first: usize, n: usize) -> std::sync::MutexGuard<'_, Manager> {
+    let mut m = lock(&g.mgr);
+    while m.owned_in(first, n) {
+        drop(m);
+        std::thread::sleep(std::time::Duration::from_micros(50));
+        m = lock(&g.mgr);
+    }
+    m
+}
+
 /// The global state if the library is active (starting it on first use).
 fn global() -> Option<&'static Global> {
     if inside() {
@@ -360,6 +378,11 @@ fn spawn_handlers() {
 
 /// The background evictor sleeps on this eventfd.
 static EVICTOR_FD: AtomicI32 = AtomicI32::new(-1);
+/// The evictor is between taking a batch of victims and waking them:
+/// faults on those pages wait for it (watched by the watchdog).
+static EVICTOR_BUSY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Batches the evictor has finished.
+static EVICTOR_BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// The evictor is asleep (a wake-up costs a write).
 static EVICTOR_IDLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -381,6 +404,9 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     EVICTOR_FD.store(fd, Ordering::Relaxed);
+    // For the tests of the watchdog only: stop after taking this many
+    // batches, holding the last one, as a stuck evictor would.
+    let hang_after = env_size("ZTIER_TEST_EVICTOR_HANG_AFTER");
     loop {
         let batch = lock(&g.mgr).take_background_victims(manager::EVICT_BATCH * 8, &g.stats)?;
         let Some(v) = batch else {
@@ -399,11 +425,19 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
             EVICTOR_IDLE.store(false, Ordering::Release);
             continue;
         };
+        EVICTOR_BUSY.store(true, Ordering::Release);
+        if hang_after.is_some_and(|n| EVICTOR_BATCHES.load(Ordering::Relaxed) + 1 >= n as u64) {
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
         let outcome = v.compress(&g.stats)?;
         // Without the lock: the victims are OWNED (see manager's docs).
         v.release(&outcome)?;
         lock(&g.mgr).commit(&v, &outcome, &g.stats);
         v.unprotect(&outcome)?;
+        EVICTOR_BATCHES.fetch_add(1, Ordering::Release);
+        EVICTOR_BUSY.store(false, Ordering::Release);
         if outcome.iter().all(|&o| o == manager::Outcome::Kept) {
             // The store refuses everything (full, no spill): do not spin.
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -490,19 +524,25 @@ fn spawn_handler(cpu: usize, role: Role) {
 /// The userfaultfd the handler reads (for the watchdog's look).
 static UFFD_FD: AtomicI32 = AtomicI32::new(-1);
 
-/// Watches the handler: if faults wait to be read and neither the handler
-/// nor the manager (`manager::PROGRESS`: every turn of the handler's loop,
-/// at least every 100 ms while it waits, and the long manager operations
-/// such as bringing every page back before a fork) has moved for
-/// `ZTIER_WATCHDOG_S` seconds (default 30), the handler is stuck — a
-/// deadlock, or a fault on memory it serves itself — and the threads
-/// waiting on those faults would sleep forever. Then it says so and
-/// aborts. Time is counted in its own one-second ticks, so a stopped
-/// process (SIGSTOP, a debugger) does not count as stuck.
+/// Watches the two threads faults depend on, and aborts with a message
+/// if either is stuck for `ZTIER_WATCHDOG_S` seconds (default 30) — a
+/// deadlock, or a fault on memory it serves itself — since the threads
+/// waiting on those faults would otherwise sleep forever:
+///
+/// - the handler, when faults wait to be read and neither the handler
+///   nor the manager (`manager::PROGRESS`: every turn of the handler's
+///   loop, at least every 100 ms while it waits, and the long manager
+///   operations such as bringing every page back before a fork) has moved;
+/// - the evictor, when it holds a batch of victims (faults on them wait
+///   for its commit) and has not finished a batch since.
+///
+/// Time is counted in its own one-second ticks, so a stopped process
+/// (SIGSTOP, a debugger) does not count as stuck.
 fn watchdog_loop() -> std::io::Result<()> {
     let limit = env_size("ZTIER_WATCHDOG_S").unwrap_or(30).max(1);
     let mut seen = manager::PROGRESS.load(Ordering::Relaxed);
-    let mut still = 0;
+    let mut batches = EVICTOR_BATCHES.load(Ordering::Acquire);
+    let (mut still, mut evictor_still) = (0, 0);
     loop {
         std::thread::sleep(std::time::Duration::from_secs(1));
         let now = manager::PROGRESS.load(Ordering::Relaxed);
@@ -512,12 +552,26 @@ fn watchdog_loop() -> std::io::Result<()> {
         if now != seen || !waiting {
             seen = now;
             still = 0;
-            continue;
+        } else {
+            still += 1;
         }
-        still += 1;
-        if still >= limit {
+        let done = EVICTOR_BATCHES.load(Ordering::Acquire);
+        if done != batches || !EVICTOR_BUSY.load(Ordering::Acquire) {
+            batches = done;
+            evictor_still = 0;
+        } else {
+            evictor_still += 1;
+        }
+        let stuck = if still >= limit {
+            Some(("fault handler", still))
+        } else if evictor_still >= limit {
+            Some(("evictor", evictor_still))
+        } else {
+            None
+        };
+        if let Some((who, secs)) = stuck {
             eprintln!(
-                "ztier: the fault handler of process {} has made no progress for {still} s: threads \
+                "ztier: the {who} of process {} has made no progress for {secs} s: threads \
                  waiting on page faults would hang forever: aborting",
                 std::process::id()
             );

@@ -648,14 +648,19 @@ impl Manager {
                     }
                 }
             };
-            if r == Installed::Done && self.st(i + k) & STATE != RESIDENT {
+            let s = self.st(i + k);
+            if r == Installed::Done && s & STATE != RESIDENT {
                 self.became_resident(i + k, stats);
                 if wp {
                     self.set(i + k, self.st(i + k) | CLEAN);
                 }
-            } else if self.st(i + k) & STATE == STORED {
-                // Present already (installed behind our back): the stored
-                // copy is stale either way.
+            } else if matches!(s & STATE, STORED | ABSENT) && s & (OWNED | NOEVICT) == 0 {
+                // Present already though our books say otherwise: the
+                // first try of the whole run copied its first pages
+                // before it met a present one (a partial UFFDIO_COPY
+                // ends in EAGAIN, the retry in EEXIST). It is resident
+                // now; its stored copy, if any, is dropped (the page is
+                // not counted clean: it is treated as written).
                 let _ = self.store.flush_page(self.key(i + k));
                 self.became_resident(i + k, stats);
             }

@@ -89,7 +89,7 @@ fn large_alloc(g: &Global, n: usize, align: usize, zeroed: bool) -> *mut c_void 
 /// Releases pages `[first, first + n)` of the page region back to the
 /// free ranges (memory returned, copies dropped).
 fn release_range(g: &Global, first: usize, n: usize) {
-    crate::as_inside(|| crate::lock(&g.mgr).release(first, n, &g.stats));
+    crate::as_inside(|| crate::lock_unowned(g, first, n).release(first, n, &g.stats));
     crate::lock(&g.pages).free(first, n);
 }
 
@@ -421,14 +421,9 @@ pub unsafe extern "C" fn mmap(
                 let anon = flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_SHARED)
                     == libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
                 let done = crate::as_inside(|| {
-                    let mut m = crate::lock(&g.mgr);
                     // An eviction in flight releases its pages' memory
-                    // after this: not over a mapping of something else.
-                    while m.owned_in(first, n) {
-                        drop(m);
-                        std::thread::sleep(std::time::Duration::from_micros(50));
-                        m = crate::lock(&g.mgr);
-                    }
+                    // later: not over a mapping of something else.
+                    let mut m = crate::lock_unowned(g, first, n);
                     m.release(first, n, &g.stats);
                     if anon && (prot == RW || prot == libc::PROT_NONE) && fd == -1 {
                         // A fresh anonymous mapping over arena memory (how a
@@ -487,7 +482,7 @@ pub unsafe extern "C" fn mmap64(
 fn unmap_arena(g: &Global, first: usize, n: usize) -> c_int {
     crate::as_inside(|| {
         let addr = (g.base + first * PAGE) as *mut c_void;
-        let mut m = crate::lock(&g.mgr);
+        let mut m = crate::lock_unowned(g, first, n);
         m.release(first, n, &g.stats);
         // Restore a plain registered arena mapping over the range (undoes any
         // MAP_FIXED or mprotect the program did there).
@@ -596,9 +591,8 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
                     sys::set_errno(libc::EINVAL);
                     return -1;
                 }
-                crate::as_inside(|| {
-                    crate::lock(&g.mgr).release(g.page_of(a as usize), (end - a as usize) / PAGE, &g.stats)
-                });
+                let (first, n) = (g.page_of(a as usize), (end - a as usize) / PAGE);
+                crate::as_inside(|| crate::lock_unowned(g, first, n).release(first, n, &g.stats));
                 return 0;
             }
             if matches!(advice, libc::MADV_DONTFORK | libc::MADV_WIPEONFORK) {
@@ -610,17 +604,29 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
     sys::madvise(a, len, advice)
 }
 
-/// After a successful protection change of `[a, a + len)`: arena pages in
-/// it become unevictable (`noevict`) or evictable again.
-fn mark_protection(a: *mut c_void, len: usize, noevict: bool) {
+/// Changes the protection of `[a, a + len)` with `call` (mprotect or
+/// pkey_mprotect). On arena memory it happens under the manager's lock,
+/// once no eviction in flight owns a page of the range (see
+/// `lock_unowned`), and the pages become unevictable (`noevict`: the
+/// handler must be able to read what it evicts) or evictable again in the
+/// same step, so no eviction can pick a page the program is making
+/// unreadable.
+fn change_protection(a: *mut c_void, len: usize, noevict: bool, call: impl FnOnce() -> c_int) -> c_int {
     if let Some(g) = crate::GLOBAL.get() {
         let end = (a as usize).wrapping_add(len.next_multiple_of(PAGE));
-        if g.in_arena(a as usize) && g.in_arena(end - 1) {
-            crate::as_inside(|| {
-                crate::lock(&g.mgr).set_noevict(g.page_of(a as usize), (end - a as usize) / PAGE, noevict)
+        if len > 0 && g.in_arena(a as usize) && g.in_arena(end - 1) && end > a as usize {
+            let (first, n) = (g.page_of(a as usize), (end - a as usize) / PAGE);
+            return crate::as_inside(|| {
+                let mut m = crate::lock_unowned(g, first, n);
+                let r = call();
+                if r == 0 {
+                    m.set_noevict(first, n, noevict);
+                }
+                r
             });
         }
     }
+    call()
 }
 
 /// `mprotect(2)`: arena pages that are not plain read-write are never
@@ -630,11 +636,7 @@ fn mark_protection(a: *mut c_void, len: usize, noevict: bool) {
 /// The C contract of `mprotect`.
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int {
-    let r = sys::mprotect(a, len, prot);
-    if r == 0 {
-        mark_protection(a, len, prot != RW);
-    }
-    r
+    change_protection(a, len, prot != RW, || sys::mprotect(a, len, prot))
 }
 
 type StartFn = extern "C" fn(*mut c_void) -> *mut c_void;
@@ -702,12 +704,11 @@ pub unsafe extern "C" fn pthread_create(
 /// The C contract of `pkey_mprotect`.
 #[no_mangle]
 pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
-    // SAFETY: plain syscall; the kernel validates the arguments.
-    let r = unsafe {
-        libc::syscall(libc::SYS_pkey_mprotect, a, len, prot as libc::c_long, pkey as libc::c_long) as c_int
-    };
-    if r == 0 {
-        mark_protection(a, len, prot != RW || pkey > 0);
-    }
-    r
+    change_protection(a, len, prot != RW || pkey > 0, || {
+        // SAFETY: plain syscall; the kernel validates the arguments.
+        unsafe {
+            libc::syscall(libc::SYS_pkey_mprotect, a, len, prot as libc::c_long, pkey as libc::c_long)
+                as c_int
+        }
+    })
 }

@@ -316,6 +316,24 @@ fn mmap_mremap_munmap_madvise() {
 }
 
 #[test]
+fn releasing_and_protecting_pages_while_they_are_evicted() {
+    // The evictor reads and releases its victims without the manager's
+    // lock; here the program gives back (munmap, MADV_DONTNEED) or
+    // protects exactly those pages, the oldest, over and over. (Before
+    // the fix: a hang — the evictor faulted on a released victim whose
+    // fault waited for the evictor — or a crash reading a PROT_NONE one.)
+    let d = tmp("churn");
+    let exe = compile(&d, "churn");
+    let (m, s) = managed_with("16M", &["--watchdog", "10"], &[&exe], &d);
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stdout));
+    assert_eq!(m.status.code(), Some(0), "{}", String::from_utf8_lossy(&m.stderr));
+    assert!(m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stdout));
+    assert!(compressed(&s) > 50_000, "1500 MiB written under 16M: {} compressions", compressed(&s));
+    assert!(s["peak_resident_bytes"].as_u64().unwrap() <= 16 << 20, "{s}");
+}
+
+#[test]
 fn cyclic_reuse_larger_than_the_budget_keeps_a_protected_part() {
     // 64 MiB read 8 times in one shuffled order under 32M: oldest-first
     // eviction faults on every page of every pass (128k store faults when
@@ -493,6 +511,27 @@ fn a_stuck_handler_is_caught_by_the_watchdog() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(128 + libc::SIGABRT), "{err}");
     assert!(err.contains("fault handler") && err.contains("no progress"), "{err}");
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("finished"));
+    assert!(t.elapsed() < std::time::Duration::from_secs(30), "took {:?}", t.elapsed());
+}
+
+#[test]
+fn a_stuck_evictor_is_caught_by_the_watchdog() {
+    require("python3");
+    // The test hook makes the evictor stop while it holds its third batch
+    // of victims, as a deadlocked one would; the program then reads every
+    // page it wrote, those victims among them, and their faults wait for
+    // the evictor: the watchdog must end it with a message.
+    let t = std::time::Instant::now();
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "16M", "--watchdog", "2", "--", "python3", "-c"])
+        .arg("import os\nb = [os.urandom(4096) for i in range(10000)]\nprint(sum(x[0] for x in b))\nprint('finished')")
+        .env("ZTIER_TEST_EVICTOR_HANG_AFTER", "3")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(128 + libc::SIGABRT), "{err}");
+    assert!(err.contains("evictor") && err.contains("no progress"), "{err}");
     assert!(!String::from_utf8_lossy(&o.stdout).contains("finished"));
     assert!(t.elapsed() < std::time::Duration::from_secs(30), "took {:?}", t.elapsed());
 }

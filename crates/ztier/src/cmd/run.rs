@@ -91,9 +91,9 @@ pub struct RunArgs {
     /// (useful with --pin off and an idle CPU).
     #[arg(long, default_value_t = 0)]
     pub spin_us: u32,
-    /// Abort the program with a message if its fault handler makes no progress
-    /// for this many seconds (a stuck handler would otherwise leave threads
-    /// waiting on page faults forever).
+    /// Abort the program with a message if its fault handler or its evictor
+    /// makes no progress for this many seconds (a stuck one would otherwise
+    /// leave threads waiting on page faults forever).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
     pub watchdog: u32,
     /// on: a page faulted back from the store keeps its compressed copy and is
