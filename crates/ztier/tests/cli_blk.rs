@@ -197,7 +197,9 @@ fn fio_nbd_engine_verifies_crc32c() {
     let d = tmpdir("fio");
     let img = create(&d, "128M");
     let srv = Server::start(&img, &d.join("s.sock"));
+    // fio writes its verify state file into its working directory.
     let out = run(Command::new("fio")
+        .current_dir(&d)
         .args(["--name=v", "--ioengine=nbd", "--rw=randwrite", "--bs=4k", "--size=48M", "--iodepth=16"])
         .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--output-format=terse"])
         .arg(format!("--uri={}", srv.uri())));
