@@ -367,13 +367,18 @@ fn spawn_handlers() {
     if pin_main {
         let cpu = cpus[std::process::id() as usize % cpus.len()];
         pin(&[cpu]);
+        // The evictor compresses on the other CPUs: on the handler's it
+        // would take turns with the program and the handler, the
+        // critical path of every fault.
+        let others: Vec<usize> = cpus.iter().copied().filter(|&c| c != cpu).collect();
         let _ = ALLOWED.set(cpus);
-        spawn_handler(cpu, Role::Handler { ctl: true });
+        spawn_handler(Some(vec![cpu]), Role::Handler { ctl: true });
+        spawn_handler(Some(others), Role::Evictor);
     } else {
-        spawn_handler(usize::MAX, Role::Handler { ctl: true });
+        spawn_handler(None, Role::Handler { ctl: true });
+        spawn_handler(None, Role::Evictor);
     }
-    spawn_handler(usize::MAX, Role::Evictor);
-    spawn_handler(usize::MAX, Role::Watchdog);
+    spawn_handler(None, Role::Watchdog);
 }
 
 /// The background evictor sleeps on this eventfd.
@@ -460,11 +465,12 @@ enum Role {
 }
 
 struct HandlerArg {
-    cpu: usize,
+    /// CPUs to run on; `None`: the whole allowed set.
+    cpus: Option<Vec<usize>>,
     role: Role,
 }
 
-fn spawn_handler(cpu: usize, role: Role) {
+fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
     // A raw pthread, not std::thread: std initialises thread-locals (with
     // destructors registered through calloc) before running the closure,
     // and the mark that keeps this thread's allocations out of the arena
@@ -473,17 +479,13 @@ fn spawn_handler(cpu: usize, role: Role) {
         let _ = INSIDE.try_with(|c| c.set(true));
         // SAFETY: arg is the Box<HandlerArg> leaked by spawn_handler.
         let arg = unsafe { Box::from_raw(arg.cast::<HandlerArg>()) };
-        if arg.cpu == usize::MAX {
+        match &arg.cpus {
+            Some(cpus) => pin(cpus),
             // Not pinned: the whole allowed set, not the pin it inherited.
-            if let Some(cpus) = ALLOWED.get() {
-                pin(cpus);
-            }
-        } else {
-            // SAFETY: a zeroed set with one CPU added, applied to this thread.
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(arg.cpu, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            None => {
+                if let Some(cpus) = ALLOWED.get() {
+                    pin(cpus);
+                }
             }
         }
         let g = GLOBAL.get().expect("started");
@@ -499,7 +501,7 @@ fn spawn_handler(cpu: usize, role: Role) {
         }
         std::ptr::null_mut()
     }
-    let arg = Box::into_raw(Box::new(HandlerArg { cpu, role }));
+    let arg = Box::into_raw(Box::new(HandlerArg { cpus, role }));
     let mut t: libc::pthread_t = 0;
     // SAFETY: creating a thread running `entry`, which owns `arg`.
     let r = unsafe { libc::pthread_create(&mut t, std::ptr::null(), entry, arg.cast()) };
