@@ -18,6 +18,10 @@
 //!  cgroup      memory/ztier-bench-PID-N, limit_in_bytes (v1) or memory.max (v2)
 //!                                                → rmdir
 //! ```
+//!
+//! In a v1 cgroup the OOM killer is disabled (v1 would kill the program
+//! while reclaim waits for swap writeback); a program paused at the limit
+//! is woken by a watcher (`wake_oom_waiters`), since nothing else would.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -77,6 +81,9 @@ struct Row {
     same_output: bool,
     exit_code: i32,
     timed_out: bool,
+    /// Kernel baselines in a v1 cgroup: how often a program paused at the
+    /// limit was woken (see `wake_oom_waiters`).
+    oom_wakeups: u64,
 }
 
 /// One undo action and what it restores.
@@ -91,6 +98,7 @@ impl Row {
         native_s: f64,
         same: bool,
         compressed: Option<u64>,
+        oom_wakeups: u64,
     ) -> Row {
         Row {
             mode: mode.into(),
@@ -104,6 +112,7 @@ impl Row {
             same_output: m.code == 0 && same,
             exit_code: m.code,
             timed_out: m.timed_out,
+            oom_wakeups,
         }
     }
 }
@@ -146,8 +155,17 @@ fn write(path: impl AsRef<Path>, v: &str) -> Result<()> {
     std::fs::write(path.as_ref(), v).with_context(|| format!("writing {v:?} to {}", path.as_ref().display()))
 }
 
-/// A memory cgroup limited to `limit` (v1 or v2), removed on drop of the guard.
-fn cgroup(restore: &mut Restore, limit: u64, n: usize) -> Result<PathBuf> {
+/// A memory cgroup made for one run.
+struct Cgroup {
+    dir: PathBuf,
+    /// cgroup v1 (`memory.limit_in_bytes`), whose OOM waits need waking.
+    v1: bool,
+    limit: u64,
+}
+
+/// A memory cgroup limited to `limit` (v1 or v2), removed when `restore`
+/// is undone.
+fn cgroup(restore: &mut Restore, limit: u64, n: usize) -> Result<Cgroup> {
     let v1 = Path::new("/sys/fs/cgroup/memory");
     let (dir, file) = if v1.join("memory.limit_in_bytes").exists() {
         (v1.join(format!("ztier-bench-{}-{n}", std::process::id())), "memory.limit_in_bytes")
@@ -174,15 +192,57 @@ fn cgroup(restore: &mut Restore, limit: u64, n: usize) -> Result<PathBuf> {
         // pause the program instead, as v2's memory.max does (it throttles).
         write(dir.join("memory.oom_control"), "1")?;
     }
-    Ok(dir)
+    Ok(Cgroup { dir, v1: file == "memory.limit_in_bytes", limit })
 }
 
-/// Runs `cmd` inside `cg` (moved in by a shell before exec), stdout to `out`.
-fn run_in_cgroup(cg: &Path, cmd: &[OsString], out: &Path, timeout: u64) -> Result<super::run::Measured> {
+/// While a v1 run goes on: a task paused by v1's disabled OOM killer
+/// waits until the cgroup's limit grows or memory of it is uncharged —
+/// and a lone program paused while its pages were still being written
+/// to swap is woken by neither (runs then stalled until the timeout).
+/// So every 20 ms, while `under_oom` says a task waits, the limit is
+/// raised by one page and set back at once: raising it wakes the
+/// waiters, who retry their charge (reclaim usually succeeds by then),
+/// and the limit stays what it was. Returns how many times it woke them.
+fn wake_oom_waiters(cg: &Path, limit: u64, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    let mut woken = 0;
+    let limit_file = cg.join("memory.limit_in_bytes");
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let waiting = std::fs::read_to_string(cg.join("memory.oom_control"))
+            .is_ok_and(|s| s.lines().any(|l| l.trim() == "under_oom 1"));
+        if waiting {
+            let _ = std::fs::write(&limit_file, (limit + 4096).to_string());
+            // Setting it back may need a moment of reclaim (EBUSY meanwhile).
+            for _ in 0..50 {
+                if std::fs::write(&limit_file, limit.to_string()).is_ok() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            woken += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    woken
+}
+
+/// Runs `cmd` inside `cg` (moved in by a shell before exec), stdout to
+/// `out`; also returns how often OOM waiters were woken (v1).
+fn run_in_cgroup(cg: &Cgroup, cmd: &[OsString], out: &Path, timeout: u64) -> Result<(Measured, u64)> {
     let mut c = Command::new("sh");
-    c.arg("-c").arg(format!("echo $$ > {}/cgroup.procs && exec \"$@\"", cg.display())).arg("sh").args(cmd);
+    c.arg("-c")
+        .arg(format!("echo $$ > {}/cgroup.procs && exec \"$@\"", cg.dir.display()))
+        .arg("sh")
+        .args(cmd);
     c.stdout(std::fs::File::create(out)?);
-    super::run::measure_with_timeout(&mut c, Some(std::time::Duration::from_secs(timeout)))
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let waker = cg.v1.then(|| {
+        let (dir, limit, stop) = (cg.dir.clone(), cg.limit, stop.clone());
+        std::thread::spawn(move || wake_oom_waiters(&dir, limit, &stop))
+    });
+    let m = super::run::measure_with_timeout(&mut c, Some(std::time::Duration::from_secs(timeout)));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let woken = waker.map_or(0, |w| w.join().unwrap_or(0));
+    Ok((m?, woken))
 }
 
 fn swap_file(restore: &mut Restore, dir: &Path, size: u64) -> Result<()> {
@@ -291,6 +351,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         same_output: true,
         exit_code: 0,
         timed_out: false,
+        oom_wakeups: 0,
     });
     let swap_size = (n.maxrss * 2).max(512 << 20);
     let mut cg_n = 0;
@@ -307,13 +368,13 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                 let cg = cgroup(&mut restore, budget, cg_n)?;
                 eprintln!("{mode} at {} MiB ...", budget >> 20);
                 let out = work.join(format!("{mode}-{budget}.out"));
-                let m = run_in_cgroup(&cg, &a.cmd, &out, a.timeout)?;
+                let (m, woken) = run_in_cgroup(&cg, &a.cmd, &out, a.timeout)?;
                 restore.undo_to(zmark);
                 if super::run::interrupted() {
                     bail!("interrupted");
                 }
                 let name = if mode == "swap" { "kernel swap (file)" } else { "kernel zswap" };
-                rows.push(Row::kernel(name, budget, &m, n.wall_s, same(&native_out, &out), None));
+                rows.push(Row::kernel(name, budget, &m, n.wall_s, same(&native_out, &out), None, woken));
             }
             restore.undo_to(mark);
         }
@@ -324,7 +385,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             let cg = cgroup(&mut restore, budget, cg_n)?;
             eprintln!("zram at {} MiB ...", budget >> 20);
             let out = work.join(format!("zram-{budget}.out"));
-            let m = run_in_cgroup(&cg, &a.cmd, &out, a.timeout)?;
+            let (m, woken) = run_in_cgroup(&cg, &a.cmd, &out, a.timeout)?;
             // mm_stat: orig_data_size compr_data_size mem_used_total mem_limit mem_used_max ...
             let stat: Vec<u64> = std::fs::read_to_string(&mm)
                 .unwrap_or_default()
@@ -342,6 +403,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                 n.wall_s,
                 same(&native_out, &out),
                 stat.get(4).copied(),
+                woken,
             ));
         }
         eprintln!("ztier run at {} MiB ...", budget >> 20);
@@ -365,6 +427,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             same_output: r.code == 0 && same(&native_out, &out),
             exit_code: r.code,
             timed_out: false,
+            oom_wakeups: 0,
         });
     }
     drop(restore);
@@ -405,6 +468,15 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             } else {
                 "DIFFERS"
             }
+        )?;
+    }
+    for r in rows.iter().filter(|r| r.oom_wakeups > 0) {
+        writeln!(
+            o,
+            "{} at {}M: paused at the cgroup limit and woken {} times",
+            r.mode,
+            r.budget.unwrap_or(0) >> 20,
+            r.oom_wakeups
         )?;
     }
     for &b in &budgets {
