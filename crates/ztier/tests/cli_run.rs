@@ -537,6 +537,53 @@ fn a_stuck_evictor_is_caught_by_the_watchdog() {
 }
 
 #[test]
+fn an_unprivileged_user_runs_with_user_mode_only_userfaultfd() {
+    require("python3");
+    require("setpriv");
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    assert_eq!(uid, 0, "this test drops to an unprivileged user: run the tests as root");
+    // As nobody: no /dev/userfaultfd, vm.unprivileged_userfaultfd=0, so
+    // the library gets UFFD_USER_MODE_ONLY. The program writes 64 MiB
+    // under 16M, then has the kernel read a file into the first pages
+    // (evicted by then).
+    let d = tmp("nobody");
+    let bin = d.join("ztier");
+    std::fs::copy(ztier(), &bin).unwrap();
+    let job = d.join("kread.py");
+    std::fs::write(
+        &job,
+        "b = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = i // 4096 % 251\n\
+         with open('/etc/passwd', 'rb') as f: n = f.readinto(memoryview(b)[0:8192])\n\
+         print(n, bytes(b[:8192]) == open('/etc/passwd', 'rb').read()[:8192], sum(b[4096 * 3::4096]))\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for p in [&d, &bin, &job] {
+        let mode = if p.is_dir() || *p == bin { 0o755 } else { 0o644 };
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let want = native(&["python3", job.to_str().unwrap()], &d).stdout;
+    let stats = std::env::temp_dir().join(format!("ztier-nobody-{}.json", std::process::id()));
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "env", "HOME=/tmp"])
+        .arg(&bin)
+        .args(["run", "--budget", "16M", "--stats"])
+        .arg(&stats)
+        .arg("--")
+        .arg("python3")
+        .arg(&job)
+        .current_dir(&d)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&want));
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&stats);
+    assert!(compressed(&s) > 5000, "64 MiB under 16M as nobody: {} compressions", compressed(&s));
+}
+
+#[test]
 fn bad_input_gets_clear_errors() {
     let o = Command::new(ztier()).args(["run", "--budget", "100", "--", "true"]).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
