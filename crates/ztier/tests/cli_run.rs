@@ -507,10 +507,15 @@ fn a_stuck_handler_is_caught_by_the_watchdog() {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let o = child.wait_with_output().unwrap();
+    aborted_by_the_watchdog(&child.wait_with_output().unwrap(), "fault handler", t);
+}
+
+/// The program was ended by the watchdog, naming `who`, soon after `t`,
+/// before it could print "finished".
+fn aborted_by_the_watchdog(o: &Output, who: &str, t: std::time::Instant) {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(128 + libc::SIGABRT), "{err}");
-    assert!(err.contains("fault handler") && err.contains("no progress"), "{err}");
+    assert!(err.contains(who) && err.contains("no progress"), "{err}");
     assert!(!String::from_utf8_lossy(&o.stdout).contains("finished"));
     assert!(t.elapsed() < std::time::Duration::from_secs(30), "took {:?}", t.elapsed());
 }
@@ -529,11 +534,7 @@ fn a_stuck_evictor_is_caught_by_the_watchdog() {
         .env("ZTIER_TEST_EVICTOR_HANG_AFTER", "3")
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(128 + libc::SIGABRT), "{err}");
-    assert!(err.contains("evictor") && err.contains("no progress"), "{err}");
-    assert!(!String::from_utf8_lossy(&o.stdout).contains("finished"));
-    assert!(t.elapsed() < std::time::Duration::from_secs(30), "took {:?}", t.elapsed());
+    aborted_by_the_watchdog(&o, "evictor", t);
 }
 
 #[test]
