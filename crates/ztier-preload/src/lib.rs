@@ -213,19 +213,23 @@ fn global() -> Option<&'static Global> {
     if inside() {
         return None;
     }
-    match STATE.load(Ordering::Acquire) {
-        READY => GLOBAL.get(),
-        UNINIT => {
-            if STATE.compare_exchange(UNINIT, STARTING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                let ok = as_inside(start);
-                STATE.store(if ok { READY } else { OFF }, Ordering::Release);
-                if ok {
-                    return GLOBAL.get();
+    loop {
+        match STATE.load(Ordering::Acquire) {
+            READY => return GLOBAL.get(),
+            UNINIT => {
+                if STATE.compare_exchange(UNINIT, STARTING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    let ok = as_inside(start);
+                    STATE.store(if ok { READY } else { OFF }, Ordering::Release);
+                    return if ok { GLOBAL.get() } else { None };
                 }
             }
-            None
+            // Another thread is starting the library: wait for it, or this
+            // thread's memory would come from glibc for good (a program
+            // whose threads allocate at once lost 3 of 4 24 MiB blocks so).
+            // The starting thread waits for no other program thread.
+            STARTING => std::thread::yield_now(),
+            _ => return None,
         }
-        _ => None,
     }
 }
 

@@ -682,13 +682,24 @@ pub unsafe extern "C" fn pthread_create(
     }
     // SAFETY: the symbol is glibc's pthread_create.
     let real = unsafe { std::mem::transmute::<usize, CreateFn>(next) };
+    // The library starts before the program's first thread (a program may
+    // create threads before it allocates anything).
+    let _ = global();
+    // glibc's own allocations for the new thread go to glibc's malloc
+    // (`as_inside`), never to the arena: among them is the thread's DTV,
+    // which every access to the library's thread-locals reads (through
+    // `__tls_get_addr`), also while the manager's lock is held — e.g. our
+    // `malloc` checking its mark, or a contended store lock. In the arena,
+    // the DTV could be evicted, and that read would fault while holding
+    // the lock the handler needs to serve it (seen: `free` of a large
+    // block deadlocked the handler).
     if crate::ALLOWED.get().is_none() || crate::inside() {
         // SAFETY: forwarding.
-        return unsafe { real(t, attr, f, arg) };
+        return crate::as_inside(|| unsafe { real(t, attr, f, arg) });
     }
     let s = crate::as_inside(|| Box::into_raw(Box::new(Start { f, arg })));
     // SAFETY: forwarding with our trampoline, which takes ownership of `s`.
-    let r = unsafe { real(t, attr, start_unpinned, s.cast()) };
+    let r = crate::as_inside(|| unsafe { real(t, attr, start_unpinned, s.cast()) });
     if r != 0 {
         // SAFETY: the thread was not created; `s` is still ours.
         crate::as_inside(|| drop(unsafe { Box::from_raw(s) }));

@@ -233,6 +233,21 @@ fn multi_threaded_program() {
 }
 
 #[test]
+fn new_threads_keep_their_dtv_out_of_the_arena() {
+    // glibc allocates a new thread's DTV with calloc inside
+    // pthread_create; the library reads it (every thread-local access)
+    // while holding the manager's lock, so from the arena it could be
+    // evicted and deadlock the handler (multi_threaded_program hung 1 run
+    // in 10-15 that way).
+    let d = tmp("dtv");
+    let exe = compile(&d, "dtv");
+    let (m, _) = managed("16M", &[&exe], &d);
+    assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
+    assert!(String::from_utf8_lossy(&m.stderr).contains("arena: found"), "the program must see the arena");
+    assert!(m.stdout == native(&[&exe], &d).stdout, "{}", String::from_utf8_lossy(&m.stdout));
+}
+
+#[test]
 fn writers_next_to_pages_being_evicted_lose_nothing() {
     // Victims are write-protected in spans that take in their resident
     // neighbours (unprotected again at once); here the other thread is

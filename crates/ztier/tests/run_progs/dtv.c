@@ -1,0 +1,60 @@
+/* Where do new threads keep their DTV (glibc's table of thread-local
+ * storage blocks, read by every __tls_get_addr)? Under `ztier run` it
+ * must not be arena memory: the library reads its thread-locals while it
+ * holds the lock the fault handler needs, so an evicted DTV deadlocked
+ * the handler. Finds the arena as the one anonymous mapping of 64 GiB or
+ * more; natively there is none. Each thread also writes and reads a
+ * thread-local of its own. Prints one line per thread (same natively). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define THREADS 8
+
+static uintptr_t arena_lo, arena_hi;
+static __thread long mine[64];
+static const char *verdict[THREADS];
+
+static void find_arena(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        uintptr_t lo, hi;
+        char perms[8];
+        unsigned long off;
+        if (sscanf(line, "%lx-%lx %7s %lx", &lo, &hi, perms, &off) == 4 && hi - lo >= (64ul << 30) &&
+            strncmp(perms, "rw", 2) == 0 && strchr(line, '/') == NULL) {
+            arena_lo = lo;
+            arena_hi = hi;
+        }
+    }
+    if (f) fclose(f);
+}
+
+static void *work(void *arg) {
+    uintptr_t id = (uintptr_t)arg, dtv;
+    __asm__ volatile("mov %%fs:8, %0" : "=r"(dtv));
+    for (int i = 0; i < 64; i++) mine[i] = (long)(id * 1000 + i);
+    long s = 0;
+    for (int i = 0; i < 64; i++) s += mine[i];
+    int inside = dtv >= arena_lo && dtv < arena_hi;
+    verdict[id] = inside ? "in the arena" : (s == (long)(id * 64000 + 2016) ? "ok" : "tls wrong");
+    return NULL;
+}
+
+int main(void) {
+    /* Memory first, so the arena's early pages are in use. */
+    char *p = malloc(1 << 20);
+    memset(p, 1, 1 << 20);
+    find_arena();
+    fprintf(stderr, "arena: %s\n", arena_hi ? "found" : "none");
+    pthread_t t[THREADS];
+    for (uintptr_t i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, work, (void *)i);
+    for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < THREADS; i++) printf("thread %d dtv: %s\n", i, verdict[i]);
+    free(p);
+    return 0;
+}
