@@ -417,7 +417,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     // batches, holding the last one, as a stuck evictor would.
     let hang_after = env_size("ZTIER_TEST_EVICTOR_HANG_AFTER");
     loop {
-        let batch = lock(&g.mgr).take_background_victims(manager::EVICT_BATCH * 8, &g.stats)?;
+        let batch = lock(&g.mgr).take_background_victims(manager::BACKGROUND_BATCH, &g.stats)?;
         let Some(v) = batch else {
             EVICTOR_IDLE.store(true, Ordering::Release);
             // Re-check after announcing sleep (a wake-up may have been missed).

@@ -63,7 +63,8 @@
 //! and the resident pages in between that are not victims get their
 //! write permission back at once (adding a permission needs no
 //! shootdown): a batch of 256 victims costs a few shootdowns instead of
-//! one per run (about 45).
+//! one per run (about 45). The background evictor takes
+//! [`BACKGROUND_BATCH`] victims at a time.
 //!
 //! The background evictor holds the manager's lock only to pick and
 //! protect victims and to commit them; the handler, which needs the
@@ -129,6 +130,11 @@ pub const PREFETCH: usize = 8;
 pub const STREAM_PREFETCH: usize = 8;
 /// Pages evicted per round.
 pub const EVICT_BATCH: usize = 32;
+/// Victims the background evictor takes at a time. Fewer write-protect
+/// calls (TLB shootdowns on the program's CPU) per page than smaller
+/// batches: pyapp at 256M, against 256: same wall time, fault p99 77 µs
+/// instead of 110-150 µs; against 64: 8% slower.
+pub const BACKGROUND_BATCH: usize = EVICT_BATCH * 16;
 /// Largest run of neighbours evicted with a victim from probation.
 pub const CLUSTER: usize = 16;
 /// Longest gap between two victims one write-protect call spans.
