@@ -213,6 +213,7 @@ fn global() -> Option<&'static Global> {
     if inside() {
         return None;
     }
+    let mut waited: Option<std::time::Instant> = None;
     loop {
         match STATE.load(Ordering::Acquire) {
             READY => return GLOBAL.get(),
@@ -226,8 +227,16 @@ fn global() -> Option<&'static Global> {
             // Another thread is starting the library: wait for it, or this
             // thread's memory would come from glibc for good (a program
             // whose threads allocate at once lost 3 of 4 24 MiB blocks so).
-            // The starting thread waits for no other program thread.
-            STARTING => std::thread::yield_now(),
+            // The starting thread waits for no other program thread, but
+            // this one might hold a lock of glibc's that start-up needs
+            // (a thread made by raw clone, in dlopen): after a second,
+            // glibc's memory it is, as before.
+            STARTING => {
+                if waited.get_or_insert_with(std::time::Instant::now).elapsed().as_secs() >= 1 {
+                    return None;
+                }
+                std::thread::yield_now();
+            }
             _ => return None,
         }
     }
