@@ -402,14 +402,25 @@ pub unsafe extern "C" fn mmap(
             let p = large_alloc_mmap(g, len);
             if !p.is_null() {
                 if prot == libc::PROT_NONE {
-                    let n = len.div_ceil(PAGE);
-                    if sys::mprotect(p, n * PAGE, prot) != 0 {
-                        let e = sys::errno();
-                        unmap_arena(g, g.page_of(p as usize), n);
+                    // Free pages may be resident (a fault's run of zero
+                    // pages reaches past the block it faulted in) and so
+                    // the evictor's victims: it reads them without the
+                    // lock, so they become unreadable only once no
+                    // eviction owns them, in one step with NOEVICT.
+                    let (first, n) = (g.page_of(p as usize), len.div_ceil(PAGE));
+                    let r = crate::as_inside(|| {
+                        let mut m = crate::lock_unowned(g, first, n);
+                        if sys::mprotect(p, n * PAGE, prot) != 0 {
+                            return Err(sys::errno());
+                        }
+                        m.set_noevict(first, n, true);
+                        Ok(())
+                    });
+                    if let Err(e) = r {
+                        unmap_arena(g, first, n);
                         sys::set_errno(e);
                         return libc::MAP_FAILED;
                     }
-                    crate::as_inside(|| crate::lock(&g.mgr).set_noevict(g.page_of(p as usize), n, true));
                 }
                 return p;
             }
