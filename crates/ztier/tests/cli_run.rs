@@ -330,6 +330,21 @@ fn mmap_mremap_munmap_madvise() {
     assert!(compressed(&s) > 5000);
 }
 
+/// Compiles `run_progs/NAME.c` and runs it natively and under `ztier run`
+/// at `budget` with a 10 s watchdog (a hang fails the test in seconds):
+/// exit status 0 and the same output; at most the budget resident.
+fn watched_same_as_native(name: &str, budget: &str) -> serde_json::Value {
+    let d = tmp(name);
+    let exe = compile(&d, name);
+    let (m, s) = managed_with(budget, &["--watchdog", "10"], &[&exe], &d);
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stdout));
+    assert_eq!(m.status.code(), Some(0), "{}", String::from_utf8_lossy(&m.stderr));
+    assert!(m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stdout));
+    assert!(s["peak_resident_bytes"].as_u64().unwrap() <= budget_bytes(budget), "{s}");
+    s
+}
+
 #[test]
 fn releasing_and_protecting_pages_while_they_are_evicted() {
     // The evictor reads and releases its victims without the manager's
@@ -337,15 +352,8 @@ fn releasing_and_protecting_pages_while_they_are_evicted() {
     // protects exactly those pages, the oldest, over and over. (Before
     // the fix: a hang — the evictor faulted on a released victim whose
     // fault waited for the evictor — or a crash reading a PROT_NONE one.)
-    let d = tmp("churn");
-    let exe = compile(&d, "churn");
-    let (m, s) = managed_with("16M", &["--watchdog", "10"], &[&exe], &d);
-    let n = native(&[&exe], &d);
-    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stdout));
-    assert_eq!(m.status.code(), Some(0), "{}", String::from_utf8_lossy(&m.stderr));
-    assert!(m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stdout));
+    let s = watched_same_as_native("churn", "16M");
     assert!(compressed(&s) > 50_000, "1500 MiB written under 16M: {} compressions", compressed(&s));
-    assert!(s["peak_resident_bytes"].as_u64().unwrap() <= 16 << 20, "{s}");
 }
 
 #[test]
@@ -356,15 +364,8 @@ fn reservations_over_freed_pages_that_are_being_evicted() {
     // that reuses them made them unreadable while the evictor read them:
     // the evictor crashed (node under 128M, about 1 run in 30 when the
     // machine was busy; this program every time before the fix).
-    let d = tmp("reserve");
-    let exe = compile(&d, "reserve");
-    let (m, s) = managed_with("8M", &["--watchdog", "10"], &[&exe], &d);
-    let n = native(&[&exe], &d);
-    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stdout));
-    assert_eq!(m.status.code(), Some(0), "{}", String::from_utf8_lossy(&m.stderr));
-    assert!(m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stdout));
+    let s = watched_same_as_native("reserve", "8M");
     assert!(compressed(&s) > 100_000, "2 GiB written under 8M: {} compressions", compressed(&s));
-    assert!(s["peak_resident_bytes"].as_u64().unwrap() <= 8 << 20, "{s}");
 }
 
 #[test]
