@@ -404,20 +404,12 @@ pub unsafe extern "C" fn mmap(
                 if prot == libc::PROT_NONE {
                     // Free pages may be resident (a fault's run of zero
                     // pages reaches past the block it faulted in) and so
-                    // the evictor's victims: it reads them without the
-                    // lock, so they become unreadable only once no
-                    // eviction owns them, in one step with NOEVICT.
-                    let (first, n) = (g.page_of(p as usize), len.div_ceil(PAGE));
-                    let r = crate::as_inside(|| {
-                        let mut m = crate::lock_unowned(g, first, n);
-                        if sys::mprotect(p, n * PAGE, prot) != 0 {
-                            return Err(sys::errno());
-                        }
-                        m.set_noevict(first, n, true);
-                        Ok(())
-                    });
-                    if let Err(e) = r {
-                        unmap_arena(g, first, n);
+                    // the evictor's victims: like any protection change,
+                    // it waits for the eviction that owns them.
+                    let n = len.div_ceil(PAGE);
+                    if change_protection(p, n * PAGE, true, || sys::mprotect(p, n * PAGE, prot)) != 0 {
+                        let e = sys::errno();
+                        unmap_arena(g, g.page_of(p as usize), n);
                         sys::set_errno(e);
                         return libc::MAP_FAILED;
                     }
