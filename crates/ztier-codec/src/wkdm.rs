@@ -178,6 +178,64 @@ impl Segments {
         src: &[u8],
         dst_len: usize,
     ) -> Result<Counts, DecompressError> {
+        let lay = Layout::check(version, src, dst_len)?;
+        self.unpack_tags_full(src, &lay);
+        self.unpack_index_low(src, &lay);
+        Ok(lay.counts)
+    }
+
+    /// Unpacks the tags (one byte per word) and the full words of a
+    /// validated page.
+    fn unpack_tags_full(&mut self, src: &[u8], lay: &Layout) {
+        // Tags, one byte per word (4 at a time through a table).
+        for (t4, &b) in self.tags.chunks_exact_mut(4).zip(&src[lay.tags()]) {
+            t4.copy_from_slice(&TAG_UNPACK[b as usize].to_le_bytes());
+        }
+        for (f, c) in self.full.iter_mut().zip(src[lay.full()].chunks_exact(4)) {
+            *f = u32::from_le_bytes(c.try_into().expect("4 bytes"));
+        }
+    }
+
+    /// Unpacks the indices (one byte each) and the low bits (one `u16`
+    /// each) of a validated page.
+    fn unpack_index_low(&mut self, src: &[u8], lay: &Layout) {
+        let idx = &src[lay.index()];
+        for (p, &b) in self.index[..idx.len() * 2].chunks_exact_mut(2).zip(idx) {
+            p[0] = b & 15;
+            p[1] = b >> 4;
+        }
+        let low = &src[lay.low()];
+        for (g, o) in self.low[..low.len() / 5 * 4].chunks_exact_mut(4).zip(low.chunks_exact(5)) {
+            let v = u64::from_le_bytes([o[0], o[1], o[2], o[3], o[4], 0, 0, 0]);
+            for (k, x) in g.iter_mut().enumerate() {
+                *x = ((v >> (10 * k)) & LOW_MASK as u64) as u16;
+            }
+        }
+    }
+}
+
+/// Where the segments of a validated page lie in its compressed form.
+///
+/// Only [`Layout::check`] makes one, so a `Layout` means: `src` is exactly
+/// as long as its header says, and the tags of its `n` words hold exactly
+/// `counts.full` misses, `counts.index` exact-or-partial matches and
+/// `counts.low` partial matches (padding tags past the last word are zero
+/// or counted too). The decode loops rely on this to skip bounds checks.
+pub(crate) struct Layout {
+    /// Words in the page.
+    pub(crate) n: usize,
+    /// Entries in each segment.
+    pub(crate) counts: Counts,
+    full_at: usize,
+    index_at: usize,
+    low_at: usize,
+    end: usize,
+}
+
+impl Layout {
+    /// Validates the header of `src` (format `version`, `dst_len` bytes
+    /// out) and its counts against the tags and the length of `src`.
+    pub(crate) fn check(version: u8, src: &[u8], dst_len: usize) -> Result<Layout, DecompressError> {
         check_output_len(dst_len)?;
         if src.len() < HEADER {
             return Err(DecompressError::Truncated("WK header"));
@@ -200,35 +258,41 @@ impl Segments {
         if src.len() > total {
             return Err(DecompressError::Corrupt("trailing bytes after WK segments"));
         }
-        let tag_bytes = n.div_ceil(4);
-        let mut at = HEADER;
-        let packed_tags = &src[at..at + tag_bytes];
-        let (misses, partials, exacts) = count_tags(packed_tags);
+        let full_at = HEADER + n.div_ceil(4);
+        let (misses, partials, exacts) = count_tags(&src[HEADER..full_at]);
         if misses != nf || exacts + partials != ni || partials != nl {
             return Err(DecompressError::Corrupt("WK tag counts disagree with the header"));
         }
-        // Unpack tags, one byte per word (4 at a time through a table).
-        for (t4, &b) in self.tags.chunks_exact_mut(4).zip(packed_tags) {
-            t4.copy_from_slice(&TAG_UNPACK[b as usize].to_le_bytes());
-        }
-        at += tag_bytes;
-        for (f, c) in self.full[..nf].iter_mut().zip(src[at..at + 4 * nf].chunks_exact(4)) {
-            *f = u32::from_le_bytes(c.try_into().expect("4 bytes"));
-        }
-        at += 4 * nf;
-        let idx_bytes = ni.div_ceil(2);
-        for (p, &b) in self.index[..idx_bytes * 2].chunks_exact_mut(2).zip(&src[at..at + idx_bytes]) {
-            p[0] = b & 15;
-            p[1] = b >> 4;
-        }
-        at += idx_bytes;
-        for (g, o) in self.low[..nl.div_ceil(4) * 4].chunks_exact_mut(4).zip(src[at..].chunks_exact(5)) {
-            let v = u64::from_le_bytes([o[0], o[1], o[2], o[3], o[4], 0, 0, 0]);
-            for (k, x) in g.iter_mut().enumerate() {
-                *x = ((v >> (10 * k)) & LOW_MASK as u64) as u16;
-            }
-        }
-        Ok(Counts { full: nf, index: ni, low: nl })
+        let index_at = full_at + 4 * nf;
+        let low_at = index_at + ni.div_ceil(2);
+        Ok(Layout {
+            n,
+            counts: Counts { full: nf, index: ni, low: nl },
+            full_at,
+            index_at,
+            low_at,
+            end: total,
+        })
+    }
+
+    /// The packed tags: 4 per byte.
+    pub(crate) fn tags(&self) -> std::ops::Range<usize> {
+        HEADER..self.full_at
+    }
+
+    /// The full words: 4 bytes each.
+    pub(crate) fn full(&self) -> std::ops::Range<usize> {
+        self.full_at..self.index_at
+    }
+
+    /// The packed indices: 2 per byte.
+    pub(crate) fn index(&self) -> std::ops::Range<usize> {
+        self.index_at..self.low_at
+    }
+
+    /// The packed low bits: 4 per 5-byte group.
+    pub(crate) fn low(&self) -> std::ops::Range<usize> {
+        self.low_at..self.end
     }
 }
 
@@ -271,10 +335,12 @@ impl Codec for Wkdm {
     }
 
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), DecompressError> {
-        let c = self.seg.unpack(VERSION, src, dst.len())?;
-        let seg = &self.seg;
+        let lay = Layout::check(VERSION, src, dst.len())?;
+        self.seg.unpack_index_low(src, &lay);
+        self.seg.unpack_tags_full(src, &lay);
+        let (c, seg) = (lay.counts, &self.seg);
         decode_words_fast(
-            &seg.tags[..dst.len() / 4],
+            &seg.tags[..lay.n],
             &seg.full[..c.full],
             &seg.index[..c.index],
             &seg.low[..c.low],
