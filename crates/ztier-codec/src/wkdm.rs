@@ -592,12 +592,13 @@ mod avx512 {
     /// `l[i]`, keeps the bits `a[i]` of it and ORs in `x[i]`; the result is
     /// the word, and it is stored to entry `s[i]`. Entries 16..32 are
     /// scratch slots that zero words and exact matches "store" to, so a
-    /// word never waits on a store it does not need. Branch-free and safe.
+    /// word never waits on a store it does not need. Branch-free and safe
+    /// (a byte indexes the 256 entries without a bounds check).
     #[inline(always)]
-    fn apply_plan(x: &[u32], a: &[u32], l: &[u8], s: &[u8], dict: &mut [u32; 32], out: &mut [u8]) {
+    fn apply_plan(x: &[u32], a: &[u32], l: &[u8], s: &[u8], dict: &mut [u32; 256], out: &mut [u8]) {
         for ((((&x, &a), &l), &s), o) in x.iter().zip(a).zip(l).zip(s).zip(out.chunks_exact_mut(4)) {
-            let v = (dict[l as usize & 31] & a) | x;
-            dict[s as usize & 31] = v;
+            let v = (dict[l as usize] & a) | x;
+            dict[s as usize] = v;
             o.copy_from_slice(&v.to_le_bytes());
         }
     }
@@ -634,7 +635,7 @@ mod avx512 {
         let max_fp = full.len() / 4;
         let (mut x, mut a) = ([0u32; BLOCK], [0u32; BLOCK]);
         let (mut l, mut s) = ([0u8; BLOCK], [0u8; BLOCK]);
-        let mut dict = [0u32; 32];
+        let mut dict = [0u32; 256];
         let hash = _mm512_set1_epi32(0x9E37_79B1_u32 as i32);
         let scratch = _mm512_setr_epi32(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
         let all = _mm512_set1_epi32(-1);
