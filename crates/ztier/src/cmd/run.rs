@@ -295,13 +295,42 @@ pub struct Measured {
     pub code: i32,
     /// Wall time.
     pub wall_s: f64,
-    /// Peak RSS of the program (VmHWM sampled every 20 ms; wait4's figure
-    /// if no sample was taken).
+    /// Peak RSS of the largest process of the program's tree (each one's
+    /// VmHWM, sampled every 20 ms; wait4's figure if no sample was taken).
     pub maxrss: u64,
     /// Major faults of the child and its waited-for descendants.
     pub majflt: u64,
     /// Killed after the timeout.
     pub timed_out: bool,
+}
+
+/// The largest VmHWM (bytes) among `pid` and its descendants now (found
+/// through `/proc/PID/task/TID/children`; at most 4096 processes).
+fn tree_hwm(pid: u32) -> u64 {
+    let mut todo = vec![pid];
+    let (mut seen, mut max) = (0, 0);
+    while let Some(p) = todo.pop() {
+        seen += 1;
+        if seen > 4096 {
+            break;
+        }
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{p}/status")) {
+            if let Some(kb) = s
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            {
+                max = max.max(kb * 1024);
+            }
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
+        for t in tasks.flatten() {
+            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+                todo.extend(c.split_whitespace().filter_map(|x| x.parse::<u32>().ok()));
+            }
+        }
+    }
+    max
 }
 
 /// Runs `cmd`, forwarding SIGINT/SIGTERM/SIGHUP to it, and measures it
@@ -319,25 +348,18 @@ pub fn measure_with_timeout(
     let t = std::time::Instant::now();
     let child = cmd.spawn().with_context(|| format!("starting {}", cmd.get_program().to_string_lossy()))?;
     let pid = child.id() as i32;
-    // Peak RSS from the program's own mm (VmHWM), sampled while it runs:
-    // wait4's ru_maxrss also counts the parent's memory, which a spawned
-    // child shares until exec.
+    // Peak RSS from the mm of each process of the program's tree (VmHWM),
+    // sampled while it runs: wait4's ru_maxrss also counts the parent's
+    // memory, which a spawned child shares until exec. The tree, not just
+    // the child: the child may be a shell or a driver (`sh -c 'a | b'`,
+    // `make`, `gcc`) whose own memory says nothing.
     let hwm = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let sampler = {
         let (hwm, sampling) = (hwm.clone(), sampling.clone());
         std::thread::spawn(move || {
-            let path = format!("/proc/{pid}/status");
             while sampling.load(Ordering::Relaxed) {
-                if let Ok(s) = std::fs::read_to_string(&path) {
-                    if let Some(kb) = s
-                        .lines()
-                        .find_map(|l| l.strip_prefix("VmHWM:"))
-                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                    {
-                        hwm.fetch_max(kb * 1024, Ordering::Relaxed);
-                    }
-                }
+                hwm.fetch_max(tree_hwm(pid as u32), Ordering::Relaxed);
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
         })
@@ -559,6 +581,21 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peak_rss_is_the_largest_process_of_the_tree() {
+        // A shell whose grandchild (a pipeline stage) holds 96 MiB: the
+        // figure is that process's, not the shell's few megabytes.
+        let mut c = std::process::Command::new("sh");
+        c.args([
+            "-c",
+            "python3 -c 'import time; b = bytearray(96 << 20); b[::4096] = b\"x\" * (len(b) // 4096); \
+             time.sleep(0.3)' | cat",
+        ]);
+        let m = measure(&mut c).unwrap();
+        assert_eq!(m.code, 0);
+        assert!(m.maxrss >= 96 << 20, "peak RSS {} bytes", m.maxrss);
+    }
 
     #[test]
     fn old_preload_libraries_are_pruned_and_the_current_one_kept() {
