@@ -12,9 +12,12 @@ test: deps lint unit fuzz-ci
 deps:
 	./scripts/install-deps.sh
 
+# Formatting, clippy, and the C measurement script ARCHITECTURE cites
+# (it must keep compiling).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+	cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null scripts/uffd-move-vs-copy.c
 
 unit:
 	$(CARGO) test --workspace --release
