@@ -58,12 +58,14 @@
 //! (`UFFDIO_WRITEPROTECT`), so a thread writing it meanwhile waits instead
 //! of losing its write; after `MADV_DONTNEED` (which drops the protection
 //! with the page) its waiters are woken, and their retry faults the page
-//! back from the store. Each write-protect call is a TLB shootdown on
-//! the program's CPU, so one call spans victims up to 64 pages apart,
-//! and the resident pages in between that are not victims get their
-//! write permission back at once (adding a permission needs no
-//! shootdown): a batch of 256 victims costs a few shootdowns instead of
-//! one per run (about 45). The background evictor takes
+//! back from the store. One call covers one run of adjacent victims, and
+//! nothing else: each call is a TLB shootdown on the program's CPU, but
+//! protecting more than the victims (a span across the resident pages
+//! between two runs, unprotected again right after) made a random-access
+//! program slower — xz -9 under a tight budget took 1.24× as long with
+//! spans up to 64 pages apart, 1.06× with spans of at most 32 pages
+//! (whose shootdown still flushes page by page), while the sequential
+//! pyapp did not change (0.98×). The background evictor takes
 //! [`BACKGROUND_BATCH`] victims at a time.
 //!
 //! The background evictor holds the manager's lock only to pick and
@@ -137,10 +139,6 @@ pub const EVICT_BATCH: usize = 32;
 pub const BACKGROUND_BATCH: usize = EVICT_BATCH * 16;
 /// Largest run of neighbours evicted with a victim from probation.
 pub const CLUSTER: usize = 16;
-/// Longest gap between two victims one write-protect call spans.
-pub const SPAN_GAP: usize = 64;
-/// Most pages one write-protect call spans.
-pub const SPAN_MAX: usize = 1024;
 /// Victims per page moved from the protected segment to probation.
 pub const DEMOTE_EVERY: usize = 8;
 
@@ -939,8 +937,7 @@ impl Manager {
         let clean: Vec<bool> = pages.iter().map(|&i| self.st(i) & CLEAN != 0).collect();
         // Clean pages are write-protected already.
         let dirty = pages.iter().zip(&clean).filter(|(_, &c)| !c).map(|(&i, _)| i);
-        let spans = self.spans(dirty);
-        self.protect(&spans, stats)?;
+        self.protect(&runs_of(dirty), stats)?;
         Ok(Some(Victims {
             clean,
             pages,
@@ -951,74 +948,19 @@ impl Manager {
         }))
     }
 
-    /// Groups the ascending victims `pages` into write-protect spans:
-    /// every write-protect call is a TLB shootdown on the program's CPU,
-    /// while removing a protection only adds a permission and needs none.
-    /// So one span covers victims up to `SPAN_GAP` pages apart (at most
-    /// `SPAN_MAX` pages in all, never across a page the program made
-    /// unreadable); the resident pages in between that are neither
-    /// victims nor clean are unprotected again right after
-    /// ([`Manager::protect`]). Pages not in memory are left as
-    /// they are by a write-protect call (anonymous memory without
-    /// `UFFD_FEATURE_WP_UNPOPULATED`), so a span runs across them for
-    /// free.
-    fn spans(&self, pages: impl IntoIterator<Item = usize>) -> Vec<Span> {
-        let mut spans: Vec<Span> = Vec::new();
-        for i in pages {
-            if let Some(s) = spans.last_mut() {
-                if i - s.end <= SPAN_GAP
-                    && i + 1 - s.first <= SPAN_MAX
-                    && (s.end..i).all(|g| self.st(g) & NOEVICT == 0)
-                {
-                    s.end = i + 1;
-                    s.victims.push(i);
-                    continue;
-                }
-            }
-            spans.push(Span { first: i, end: i + 1, victims: vec![i] });
-        }
-        spans
-    }
-
-    /// Write-protects the victims of `spans`, a span per call, then
-    /// unprotects the pages of each span that are resident and neither
-    /// victims nor clean — all with the manager's lock held, so no page
-    /// changes state in between. A thread that wrote one of those in
-    /// between waits on a write-protect fault, which
-    /// [`Manager::write_fault`] answers once the lock is free. A span that
-    /// cannot be protected whole (it crosses a mapping the program put
-    /// over part of the arena) is done run by run.
-    fn protect(&self, spans: &[Span], stats: &Stats) -> io::Result<()> {
-        for s in spans {
-            if s.victims.len() > 1 {
-                stats.wp_calls.fetch_add(1, Ordering::Relaxed);
-                if self.uffd.writeprotect(self.addr(s.first), (s.end - s.first) * PAGE, true).is_ok() {
-                    self.unprotect_others(s)?;
-                    continue;
-                }
-            }
-            for (f, n) in runs_of(s.victims.iter().copied()) {
-                let addr = self.addr(f);
-                stats.wp_calls.fetch_add(1, Ordering::Relaxed);
-                self.uffd.writeprotect(addr, n * PAGE, true).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("write-protecting {addr:#x}+{:#x} to evict it: {e}", n * PAGE),
-                    )
-                })?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Unprotects the pages of span `s`, protected whole, that are
-    /// resident and neither victims nor clean.
-    fn unprotect_others(&self, s: &Span) -> io::Result<()> {
-        let others = (s.first..s.end).filter(|&g| self.st(g) & (STATE | CLEAN) == RESIDENT);
-        for (f, n) in runs_of(others) {
+    /// Write-protects the victims' `runs` (first page, pages), a call
+    /// each, with the manager's lock held. A thread that writes one of
+    /// them from now on waits on a write-protect fault until the eviction
+    /// commits ([`Manager::write_fault`] leaves EVICTING pages alone).
+    fn protect(&self, runs: &[(usize, usize)], stats: &Stats) -> io::Result<()> {
+        for &(f, n) in runs {
             let addr = self.addr(f);
-            self.uffd.writeprotect(addr, n * PAGE, false).map_err(|e| {
-                io::Error::new(e.kind(), format!("unprotecting {addr:#x}+{:#x}: {e}", n * PAGE))
+            stats.wp_calls.fetch_add(1, Ordering::Relaxed);
+            self.uffd.writeprotect(addr, n * PAGE, true).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("write-protecting {addr:#x}+{:#x} to evict it: {e}", n * PAGE),
+                )
             })?;
         }
         Ok(())
@@ -1247,14 +1189,6 @@ pub struct Victims {
     base: usize,
 }
 
-/// Victims write-protected in one call, with the pages in between.
-#[derive(Debug)]
-struct Span {
-    first: usize,
-    end: usize,
-    victims: Vec<usize>,
-}
-
 /// Contiguous runs of ascending page indices: (first page, pages).
 fn runs_of(pages: impl IntoIterator<Item = usize>) -> Vec<(usize, usize)> {
     let mut runs: Vec<(usize, usize)> = Vec::new();
@@ -1437,41 +1371,32 @@ mod tests {
     }
 
     #[test]
-    fn victims_are_protected_in_spans_and_their_neighbours_are_not() {
+    fn victims_are_protected_run_by_run_and_their_neighbours_are_not() {
         let pages = 2048;
         let (mut m, base) = test_manager(pages);
         let stats = Stats::new();
-        // Pages 0..40 resident (installed through the handler's path), 41..
-        // not in memory, 300 unreadable.
+        // Pages 0..40 resident (installed through the handler's path).
         let _ = m.install(0, 16, true, false, &stats).unwrap();
         let _ = m.install(16, 16, true, false, &stats).unwrap();
         let _ = m.install(32, 8, true, false, &stats).unwrap();
-        m.set_noevict(300, 1, true);
-        let victims = [3, 4, 20, 39, 100, 150, 310];
+        let victims = [3, 4, 5, 20, 39];
         for &i in &victims {
             m.set(i, (m.st(i) & !STATE) | EVICTING);
         }
-        // Victims up to SPAN_GAP apart share a span, even across resident
-        // pages (3..40) or pages not in memory (39..151); 310 is past an
-        // unreadable page.
-        let spans = m.spans(victims);
-        let bounds: Vec<(usize, usize)> = spans.iter().map(|s| (s.first, s.end)).collect();
-        assert_eq!(bounds, vec![(3, 151), (310, 311)]);
-        let far: Vec<usize> = (0..SPAN_MAX / 50 + 2).map(|k| 400 + k * 50).collect();
-        assert!(m.spans(far.iter().copied()).len() == 2, "a span stops at SPAN_MAX pages");
-
-        m.protect(&spans, &stats).unwrap();
-        assert_eq!(stats.wp_calls.load(Ordering::Relaxed), 2);
+        let runs = runs_of(victims);
+        assert_eq!(runs, vec![(3, 3), (20, 1), (39, 1)]);
+        m.protect(&runs, &stats).unwrap();
+        assert_eq!(stats.wp_calls.load(Ordering::Relaxed), 3, "one call per run");
         for i in 0..40 {
             let victim = victims.contains(&i);
             assert_eq!(write_protected(base + i * PAGE), victim, "page {i} (victim: {victim})");
         }
-        // The resident neighbours are writable again: writing one does not
+        // The resident neighbours stay writable: writing one does not
         // fault (a fault would wait forever: no handler runs here).
-        // SAFETY: page 5 is resident, readable and writable, and ours.
-        unsafe { *((base + 5 * PAGE) as *mut u8) = 1 };
+        // SAFETY: page 6 is resident, readable and writable, and ours.
+        unsafe { *((base + 6 * PAGE) as *mut u8) = 1 };
         // SAFETY: as above.
-        assert_eq!(unsafe { *((base + 5 * PAGE) as *const u8) }, 1);
+        assert_eq!(unsafe { *((base + 6 * PAGE) as *const u8) }, 1);
     }
 
     fn present(addr: usize) -> bool {
