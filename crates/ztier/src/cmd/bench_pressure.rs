@@ -117,6 +117,35 @@ impl Row {
     }
 }
 
+/// Per budget, ztier run's wall time as a fraction of kernel swap to a
+/// file's (the yardstick): an upper bound when swap timed out,
+/// and none when swap's run failed or gave another output — a run that
+/// did not do the work is no yardstick (e.g. xz in a pipeline whose
+/// write to the next stage got ENOMEM from a kernel allocation at the
+/// v1 limit: swap "finished" in 0.8× native).
+fn swap_ratios(rows: &[Row], budgets: &[u64]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for &b in budgets {
+        let find = |m: &str| rows.iter().find(|r| r.mode == m && r.budget == Some(b));
+        let (Some(z), Some(s)) = (find("ztier run"), find("kernel swap (file)")) else { continue };
+        let mb = b >> 20;
+        if !s.same_output && !s.timed_out {
+            let why = if s.exit_code != 0 { "failed" } else { "gave another output than native" };
+            lines.push(format!(
+                "at {mb}M: no ratio to kernel swap to a file: its run {why} (wall {:.2} s)",
+                s.wall_s
+            ));
+            continue;
+        }
+        let bound = if s.timed_out { "at most " } else { "" };
+        lines.push(format!(
+            "at {mb}M: ztier run takes {bound}{:.3} × the time of kernel swap to a file",
+            z.wall_s / s.wall_s
+        ));
+    }
+    lines
+}
+
 /// Undo actions, run in reverse order when dropped.
 #[derive(Default)]
 struct Restore(Vec<Undo>);
@@ -479,18 +508,8 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             r.oom_wakeups
         )?;
     }
-    for &b in &budgets {
-        let wall = |m: &str| rows.iter().find(|r| r.mode == m && r.budget == Some(b)).map(|r| r.wall_s);
-        let swap = rows.iter().find(|r| r.mode == "kernel swap (file)" && r.budget == Some(b));
-        if let (Some(z), Some(s)) = (wall("ztier run"), swap) {
-            let bound = if s.timed_out { "at most " } else { "" };
-            writeln!(
-                o,
-                "at {}M: ztier run takes {bound}{:.3} × the time of kernel swap to a file",
-                b >> 20,
-                z / s.wall_s
-            )?;
-        }
+    for line in swap_ratios(&rows, &budgets) {
+        writeln!(o, "{line}")?;
     }
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)? + "\n")?;
@@ -547,4 +566,43 @@ fn plot(path: &Path, rows: &[Row]) -> Result<()> {
     }
     root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(mode: &str, wall_s: f64, same_output: bool, exit_code: i32, timed_out: bool) -> Row {
+        Row {
+            mode: mode.into(),
+            budget: Some(256 << 20),
+            wall_s,
+            vs_native: 0.0,
+            peak_rss_bytes: 0,
+            major_faults: 0,
+            compressed_orig_bytes: None,
+            compressed_bytes: None,
+            same_output,
+            exit_code,
+            timed_out,
+            oom_wakeups: 0,
+        }
+    }
+
+    #[test]
+    fn the_swap_ratio_needs_a_swap_run_that_did_the_work() {
+        let b = [256 << 20];
+        let z = row("ztier run", 20.0, true, 0, false);
+        let ok = swap_ratios(&[row("kernel swap (file)", 80.0, true, 0, false), z.clone()], &b);
+        assert_eq!(ok, ["at 256M: ztier run takes 0.250 × the time of kernel swap to a file"]);
+        let slow = swap_ratios(&[row("kernel swap (file)", 100.0, false, -1, true), z.clone()], &b);
+        assert_eq!(slow, ["at 256M: ztier run takes at most 0.200 × the time of kernel swap to a file"]);
+        let differs = swap_ratios(&[row("kernel swap (file)", 11.5, false, 0, false), z.clone()], &b);
+        assert_eq!(
+            differs,
+            ["at 256M: no ratio to kernel swap to a file: its run gave another output than native (wall 11.50 s)"]
+        );
+        let failed = swap_ratios(&[row("kernel swap (file)", 3.0, false, 1, false), z], &b);
+        assert!(failed[0].contains("its run failed"), "{failed:?}");
+    }
 }
