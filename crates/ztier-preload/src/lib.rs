@@ -55,7 +55,6 @@ mod manager;
 mod pages;
 mod shim;
 mod small;
-mod staging;
 mod sys;
 
 use std::alloc::{GlobalAlloc, Layout};
@@ -450,12 +449,10 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
-        // Without the lock: the victims are OWNED (see manager's docs).
-        let mut v = v;
-        v.move_out(&g.stats)?;
         let outcome = v.compress(&g.stats)?;
+        // Without the lock: the victims are OWNED (see manager's docs).
         v.release(&outcome)?;
-        lock(&g.mgr).commit(&v, &outcome, &g.stats)?;
+        lock(&g.mgr).commit(&v, &outcome, &g.stats);
         v.unprotect(&outcome)?;
         EVICTOR_BATCHES.fetch_add(1, Ordering::Release);
         EVICTOR_BUSY.store(false, Ordering::Release);
@@ -740,7 +737,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\
-         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"moved_out\":{},\"recycled\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
+         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
         ld(&s.faults),
@@ -761,8 +758,6 @@ fn stats_json(g: &Global) -> String {
         ld(&s.refused),
         ld(&s.wp_faults),
         ld(&s.wp_calls),
-        ld(&s.moved_out),
-        ld(&s.recycled),
         ld(&s.deferred),
         ld(&s.promoted),
         ld(&s.demoted),
@@ -858,7 +853,7 @@ extern "C" fn fork_child() {
             eprintln!("ztier: the forked child cannot manage its memory: {e}: aborting");
             std::process::abort();
         }
-        g.stats.reset(m.held());
+        g.stats.reset(m.resident());
         g.stats.forked_child.store(1, Ordering::Relaxed);
     });
     unlock_all();

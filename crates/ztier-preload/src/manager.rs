@@ -96,7 +96,6 @@ use ztier_store::tier::FileTier;
 use ztier_store::{Key, PoolKind, PoolOptions, PutFlags, Store, StoreConfig, StoreError};
 use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP};
 
-use crate::staging::{self, slot_runs, Staging};
 use crate::sys;
 
 /// Page size.
@@ -244,12 +243,6 @@ pub struct Stats {
     /// Write-protect calls made to evict (each a TLB shootdown on the
     /// program's CPU; see [`Manager::protect`]).
     pub wp_calls: AtomicU64,
-    /// Victims taken out of the arena by `UFFDIO_MOVE` (the others were
-    /// write-protected, read in place and released).
-    pub moved_out: AtomicU64,
-    /// Pages installed by moving in a recycled page (the others by
-    /// `UFFDIO_COPY`).
-    pub recycled: AtomicU64,
     /// Pages faulted back soon after their eviction, put in the
     /// protected segment.
     pub promoted: AtomicU64,
@@ -263,7 +256,7 @@ pub struct Stats {
     pub forks: AtomicU64,
     /// 1 in a forked child (it inherited every page resident).
     pub forked_child: AtomicU64,
-    /// Resident pages now, with the free pages kept for recycling.
+    /// Resident pages now.
     pub resident: AtomicUsize,
     /// Most memory the store used (sampled after each eviction round).
     pub peak_store_bytes: AtomicU64,
@@ -289,8 +282,6 @@ impl Stats {
             refused: AtomicU64::new(0),
             wp_faults: AtomicU64::new(0),
             wp_calls: AtomicU64::new(0),
-            moved_out: AtomicU64::new(0),
-            recycled: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             demoted: AtomicU64::new(0),
             clean_evicted: AtomicU64::new(0),
@@ -317,8 +308,6 @@ impl Stats {
             &self.refused,
             &self.wp_faults,
             &self.wp_calls,
-            &self.moved_out,
-            &self.recycled,
             &self.deferred,
             &self.promoted,
             &self.demoted,
@@ -398,11 +387,6 @@ pub struct Manager {
     recent: [usize; 8],
     recent_at: usize,
     evicting: usize,
-    /// Where victims are moved out to and pages recycled from (`None`:
-    /// no `UFFDIO_MOVE`, or clean-page tracking, whose installs are
-    /// write-protected copies).
-    staging: Option<Staging>,
-    recycle: bool,
     prefetch: usize,
     buf: Vec<u8>,
     zero: Vec<u8>,
@@ -424,41 +408,6 @@ fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
         )
     })?;
     Ok(Arc::new(u))
-}
-
-/// A staging area registered with `uffd`, if victims are to be moved
-/// out (`ZTIER_MOVE=1`; `2`: and their pages recycled for installs) and
-/// can be: the kernel has `UFFDIO_MOVE` (Linux 6.8), and clean pages are
-/// not tracked (their installs are write-protected copies). Otherwise
-/// eviction write-protects and releases in place, and installs copy.
-/// Off by default: on pyapp at 256M both made `ztier run` slower (see
-/// ARCHITECTURE.md, "Where `ztier run`'s time goes").
-fn open_staging(uffd: &Uffd, keep_copies: bool) -> Option<Staging> {
-    let wanted = std::env::var("ZTIER_MOVE").is_ok_and(|v| v == "1" || v == "2");
-    if !wanted || !uffd.can_move || keep_copies {
-        return None;
-    }
-    let st = Staging::new(staging::SLOTS).ok()?;
-    // Registered for write protection only: a move needs its destination
-    // registered, and a touch of an empty slot must not become a
-    // missing-page fault for the handler.
-    match uffd.register_mode(st.base, st.bytes(), REGISTER_MODE_WP) {
-        Ok(()) => Some(st),
-        Err(_) => {
-            sys::munmap(st.base as *mut libc::c_void, st.bytes());
-            None
-        }
-    }
-}
-
-/// Where an install's pages come from.
-enum Src {
-    /// Zeros.
-    Zero,
-    /// The manager's buffer.
-    Buf,
-    /// Recycled pages of the staging area (already filled), one per page.
-    Slots(Vec<u32>),
 }
 
 fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
@@ -521,8 +470,6 @@ impl Manager {
             None => None,
         };
         let uffd = open_uffd(base, pages * PAGE)?;
-        let keep_copies = std::env::var("ZTIER_CLEAN").is_ok_and(|v| v == "1");
-        let staging = open_staging(&uffd, keep_copies);
         let (store, pool) = open_store(&cfg)?;
         let mut m = Manager {
             base,
@@ -541,15 +488,13 @@ impl Manager {
             hot: usize::MAX,
             demoted: 0,
             sizing,
-            keep_copies,
+            keep_copies: std::env::var("ZTIER_CLEAN").is_ok_and(|v| v == "1"),
             resident: 0,
             budget,
             last_fault: usize::MAX,
             recent: [usize::MAX; 8],
             recent_at: 0,
             evicting: 0,
-            staging,
-            recycle: std::env::var("ZTIER_MOVE").is_ok_and(|v| v == "2"),
             prefetch: std::env::var("ZTIER_PREFETCH")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -641,8 +586,8 @@ impl Manager {
         }
         self.set(i, n);
         self.resident += 1;
-        stats.resident.store(self.held(), Ordering::Relaxed);
-        stats.peak_resident.fetch_max(self.held(), Ordering::Relaxed);
+        stats.resident.store(self.resident, Ordering::Relaxed);
+        stats.peak_resident.fetch_max(self.resident, Ordering::Relaxed);
     }
 
     /// Installs `n` pages of `data` at page `i` (the newly installed ones
@@ -658,83 +603,6 @@ impl Manager {
     /// the other CPU would wait for the program's next fault.)
     #[must_use = "the threads waiting on the returned range must be woken"]
     fn install(
-        &mut self,
-        i: usize,
-        n: usize,
-        src: Src,
-        wp: bool,
-        stats: &Stats,
-    ) -> io::Result<Option<(usize, usize)>> {
-        match src {
-            Src::Zero => self.install_copy(i, n, true, wp, stats),
-            Src::Buf => self.install_copy(i, n, false, wp, stats),
-            Src::Slots(slots) => self.install_moved(i, slots, stats),
-        }
-    }
-
-    /// Installs recycled pages (`slots`, already filled) at page `i` on:
-    /// a move per run of adjacent slots. A page that cannot be moved in
-    /// (the arena's mapping there changed: its protection, or a page is
-    /// present) is copied instead, as [`Manager::install_copy`] does, and
-    /// its slot goes back to the pool. The whole range is returned for
-    /// waking.
-    fn install_moved(
-        &mut self,
-        i: usize,
-        slots: Vec<u32>,
-        stats: &Stats,
-    ) -> io::Result<Option<(usize, usize)>> {
-        let n = slots.len();
-        for (p, len) in slot_runs(&slots) {
-            let src = self.staging.as_ref().expect("slots come from the staging area").addr(slots[p]);
-            let mut done = 0;
-            let mut tries = 0;
-            while done < len {
-                let (moved, err) = self.uffd.move_pages(
-                    self.addr(i + p + done),
-                    src + done * PAGE,
-                    (len - done) * PAGE,
-                    false,
-                );
-                done += moved / PAGE;
-                match err {
-                    None => {}
-                    // Stopped part way: the retry says why.
-                    Some(_) if moved > 0 => {}
-                    Some(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries < 8 => tries += 1,
-                    Some(_) => break,
-                }
-            }
-            for (k, &slot) in slots.iter().enumerate().skip(p).take(done) {
-                self.staging.as_mut().expect("staging").set_empty(slot);
-                self.became_resident(i + k, stats);
-            }
-            stats.recycled.fetch_add(done as u64, Ordering::Relaxed);
-            if done < len {
-                let (f, m) = (p + done, len - done);
-                // SAFETY: the m slots from slots[f] are adjacent pages of
-                // the staging area that we hold (taken from the pool),
-                // present and filled; `buf` (64 pages) cannot overlap them.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        (src + done * PAGE) as *const u8,
-                        self.buf.as_mut_ptr(),
-                        m * PAGE,
-                    )
-                };
-                for &slot in &slots[f..f + m] {
-                    self.staging.as_mut().expect("staging").free(slot);
-                }
-                let _ = self.install_copy(i + f, m, false, false, stats)?;
-            }
-        }
-        Ok(Some((self.addr(i), n * PAGE)))
-    }
-
-    /// Installs `n` pages by `UFFDIO_COPY`, of zeros (`from_zero`) or of
-    /// the buffer.
-    #[must_use = "the threads waiting on the returned range must be woken"]
-    fn install_copy(
         &mut self,
         i: usize,
         n: usize,
@@ -865,27 +733,11 @@ impl Manager {
                         n += 1;
                     }
                 }
-                self.make_room(n, stats)?;
-                // Decompressed straight into recycled pages if the pool
-                // has them, else into the buffer for a copy.
-                let slots = self.take_slots(n);
                 for k in 0..n {
                     let key = self.key(i + k);
-                    let dst: &mut [u8] = match &slots {
-                        // SAFETY: a free page of the staging area taken from
-                        // the pool under the manager's lock: present (a page
-                        // was moved there), and ours alone until moved in.
-                        Some(sl) => unsafe {
-                            std::slice::from_raw_parts_mut(
-                                self.staging.as_ref().expect("staging").addr(sl[k]) as *mut u8,
-                                PAGE,
-                            )
-                        },
-                        None => &mut self.buf[k * PAGE..(k + 1) * PAGE],
-                    };
                     let found = self
                         .store
-                        .get(key, dst, !self.keep_copies)
+                        .get(key, &mut self.buf[k * PAGE..(k + 1) * PAGE], !self.keep_copies)
                         .map_err(|e| io::Error::other(format!("page {:#x}: {e}", self.addr(i + k))))?;
                     if !found {
                         return Err(io::Error::other(format!(
@@ -894,8 +746,8 @@ impl Manager {
                         )));
                     }
                 }
-                let src = slots.map_or(Src::Buf, Src::Slots);
-                let r = self.install(i, n, src, self.keep_copies, stats);
+                self.make_room(n, stats)?;
+                let r = self.install(i, n, false, self.keep_copies, stats);
                 self.hot = usize::MAX;
                 let wake = r?;
                 stats.store_faults.fetch_add(1, Ordering::Relaxed);
@@ -922,19 +774,7 @@ impl Manager {
                     n += 1;
                 }
                 self.make_room(n, stats)?;
-                let src = match self.take_slots(n) {
-                    Some(sl) => {
-                        let st = self.staging.as_ref().expect("staging");
-                        for &slot in &sl {
-                            // SAFETY: a free page of the staging area taken
-                            // from the pool, as in the store fault above.
-                            unsafe { std::ptr::write_bytes(st.addr(slot) as *mut u8, 0, PAGE) };
-                        }
-                        Src::Slots(sl)
-                    }
-                    None => Src::Zero,
-                };
-                let wake = self.install(i, n, src, false, stats)?;
+                let wake = self.install(i, n, true, false, stats)?;
                 stats.zero_faults.fetch_add(1, Ordering::Relaxed);
                 wake
             }
@@ -959,30 +799,12 @@ impl Manager {
     }
 
     /// Evicts first if installing `n` more pages would go over budget, so
-    /// the resident count never exceeds it; and if the pages cannot come
-    /// from the pool (it has fewer), releases free pages of the pool so
-    /// the memory held (resident + pool) does not either.
+    /// the resident count never exceeds it.
     fn make_room(&mut self, n: usize, stats: &Stats) -> io::Result<()> {
         if self.resident + n > self.budget {
             self.evict(stats)?;
         }
-        let pooled = self.pooled();
-        if pooled < n && self.resident + pooled + n > self.budget {
-            let keep = self.budget.saturating_sub(self.resident + n);
-            if let Some(st) = &mut self.staging {
-                st.trim(keep)?;
-            }
-            stats.resident.store(self.held(), Ordering::Relaxed);
-        }
         Ok(())
-    }
-
-    /// `n` free pages of the pool for an install, if it has them.
-    fn take_slots(&mut self, n: usize) -> Option<Vec<u32>> {
-        if !self.recycle {
-            return None;
-        }
-        self.staging.as_mut()?.take(n)
     }
 
     /// Evicts the oldest resident pages until the resident count is a
@@ -991,12 +813,11 @@ impl Manager {
         let target = self.budget.saturating_sub(EVICT_BATCH);
         // The same steps as the background evictor, with the lock held
         // throughout (this is the handler making room right now).
-        while let Some(mut v) = self.take_victims(EVICT_BATCH, target, 0, stats)? {
+        while let Some(v) = self.take_victims(EVICT_BATCH, target, 0, stats)? {
             PROGRESS.fetch_add(1, Ordering::Relaxed);
-            v.move_out(stats)?;
             let outcome = v.compress(stats)?;
             v.release(&outcome)?;
-            self.commit(&v, &outcome, stats)?;
+            self.commit(&v, &outcome, stats);
             v.unprotect(&outcome)?;
             if outcome.iter().all(|&o| o == Outcome::Kept) {
                 // The store refuses everything (full, no spill): stop.
@@ -1114,39 +935,11 @@ impl Manager {
         self.evicting += pages.len();
         pages.sort_unstable();
         let clean: Vec<bool> = pages.iter().map(|&i| self.st(i) & CLEAN != 0).collect();
-        // Each dirty run gets adjacent slots of the staging area, to be
-        // moved out by `Victims::move_out`; a run that finds no room
-        // there is write-protected in place now. Clean pages are
-        // write-protected already.
-        let mut slots = vec![IN_PLACE; pages.len()];
-        let mut in_place = Vec::new();
-        let mut k = 0;
-        while k < pages.len() {
-            if clean[k] {
-                k += 1;
-                continue;
-            }
-            let mut n = 1;
-            while k + n < pages.len() && !clean[k + n] && pages[k + n] == pages[k] + n {
-                n += 1;
-            }
-            match self.staging.as_mut().and_then(|st| st.alloc(n)) {
-                Some(s0) => {
-                    for (j, slot) in slots[k..k + n].iter_mut().enumerate() {
-                        *slot = s0 + j as u32;
-                    }
-                }
-                None => in_place.extend_from_slice(&pages[k..k + n]),
-            }
-            k += n;
-        }
-        self.protect(&runs_of(in_place), stats)?;
+        // Clean pages are write-protected already.
+        let dirty = pages.iter().zip(&clean).filter(|(_, &c)| !c).map(|(&i, _)| i);
+        self.protect(&runs_of(dirty), stats)?;
         Ok(Some(Victims {
             clean,
-            planned: slots.clone(),
-            slots,
-            stage: self.staging.as_ref().map_or(0, |s| s.base),
-            recycle: self.recycle,
             pages,
             uffd: self.uffd.clone(),
             store: self.store.clone(),
@@ -1199,44 +992,19 @@ impl Manager {
     /// Finishes an eviction whose memory [`Victims::release`] gave back:
     /// pages still EVICTING become STORED (or ABSENT); pages released
     /// meanwhile by the program get their stored copy dropped; refused
-    /// pages stay (moved back in if they were moved out). The slots of
-    /// moved pages join the pool (released pages' are released). No
-    /// victim is OWNED afterwards; the caller then wakes them all
-    /// ([`Victims::unprotect`]).
-    pub fn commit(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) -> io::Result<()> {
-        let mut dropped = Vec::new();
-        for (k, ((&i, &o), &slot)) in v.pages.iter().zip(outcome).zip(&v.slots).enumerate() {
+    /// pages stay. No victim is OWNED afterwards; the caller then wakes
+    /// them all ([`Victims::unprotect`]).
+    pub fn commit(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) {
+        for (&i, &o) in v.pages.iter().zip(outcome) {
             self.evicting -= 1;
-            if v.planned[k] != IN_PLACE && v.planned[k] != slot {
-                // Given a slot but not moved there.
-                self.staging.as_mut().expect("staging").set_empty(v.planned[k]);
-            }
             let s = self.st(i) & !OWNED;
             self.set(i, s);
-            let moved = slot != IN_PLACE && slot != GONE;
             if s & STATE != EVICTING {
                 // Released (munmap, MADV_DONTNEED) while we compressed it.
                 if o == Outcome::Stored {
                     let _ = self.store.flush_page(self.key(i));
                 }
-                if moved {
-                    if v.recycle || o == Outcome::Kept {
-                        dropped.push(slot);
-                    } else {
-                        self.staging.as_mut().expect("staging").set_empty(slot);
-                    }
-                }
                 continue;
-            }
-            if moved {
-                if o == Outcome::Kept {
-                    self.move_back(i, slot)?;
-                } else if v.recycle {
-                    self.staging.as_mut().expect("staging").free(slot);
-                } else {
-                    // Released by `Victims::release` already.
-                    self.staging.as_mut().expect("staging").set_empty(slot);
-                }
             }
             match o {
                 Outcome::Stored | Outcome::Zero | Outcome::Gone => {
@@ -1257,43 +1025,9 @@ impl Manager {
                 }
             }
         }
-        if let Some(st) = &mut self.staging {
-            st.drop_slots(&dropped)?;
-            st.trim(staging::POOL_MAX)?;
-        }
-        stats.resident.store(self.held(), Ordering::Relaxed);
+        stats.resident.store(self.resident, Ordering::Relaxed);
         stats.demoted.store(self.demoted, Ordering::Relaxed);
         self.sample_store(stats);
-        Ok(())
-    }
-
-    /// Puts a moved-out victim the store refused back at page `i` (its
-    /// place is empty: the page is OWNED until the commit): moved, or
-    /// copied if the move fails (its slot then joins the pool).
-    fn move_back(&mut self, i: usize, slot: u32) -> io::Result<()> {
-        let st = self.staging.as_mut().expect("staging");
-        let src = st.addr(slot);
-        let addr = self.base + i * PAGE;
-        if self.uffd.move_pages(addr, src, PAGE, false).1.is_none() {
-            st.set_empty(slot);
-            return Ok(());
-        }
-        // SAFETY: the slot holds the victim's page, present and ours.
-        let page = unsafe { std::slice::from_raw_parts(src as *const u8, PAGE) };
-        loop {
-            match self.uffd.copy_with(addr, page, false, false) {
-                Ok(Installed::Retry) => continue,
-                Ok(_) => break,
-                Err(e) => {
-                    return Err(io::Error::new(
-                        e.kind(),
-                        format!("putting back the refused page {addr:#x}: {e}"),
-                    ))
-                }
-            }
-        }
-        st.free(slot);
-        Ok(())
     }
 
     /// A write hit a write-protected page at `addr`. A clean page becomes
@@ -1349,7 +1083,7 @@ impl Manager {
             self.set(i, s & (QUEUED | PROTECTED | NOEVICT | OWNED));
         }
         sys::madvise(self.addr(first) as *mut libc::c_void, n * PAGE, libc::MADV_DONTNEED);
-        stats.resident.store(self.held(), Ordering::Relaxed);
+        stats.resident.store(self.resident, Ordering::Relaxed);
     }
 
     /// Marks pages not evictable (not readable) or evictable again.
@@ -1363,11 +1097,6 @@ impl Manager {
     /// Brings every stored page back into memory (before `fork`: a child
     /// gets a copy of the memory, not of the handler).
     pub fn bring_all_back(&mut self, high: usize, stats: &Stats) -> io::Result<()> {
-        // The pool's pages would be shared with the child, and a shared
-        // page cannot be moved: released (nothing is in flight here).
-        if let Some(st) = &mut self.staging {
-            st.trim(0)?;
-        }
         for i in 0..high.min(self.pages) {
             if i % 1024 == 0 {
                 PROGRESS.fetch_add(1, Ordering::Relaxed);
@@ -1381,7 +1110,7 @@ impl Manager {
                         self.addr(i)
                     )));
                 }
-                if let Some((addr, len)) = self.install_copy(i, 1, false, false, stats)? {
+                if let Some((addr, len)) = self.install(i, 1, false, false, stats)? {
                     self.uffd.wake(addr, len)?;
                 }
             }
@@ -1408,11 +1137,6 @@ impl Manager {
             }
         }
         self.uffd = open_uffd(self.base, self.pages * PAGE)?;
-        // The staging area is a copy of the parent's, no longer registered.
-        if let Some(st) = self.staging.take() {
-            sys::munmap(st.base as *mut libc::c_void, st.bytes());
-        }
-        self.staging = open_staging(&self.uffd, self.keep_copies);
         let (store, pool) = open_store(&self.cfg)?;
         // The parent's store object is a private copy: dropping it frees
         // only this process's memory. Its spill file descriptor is shared
@@ -1429,15 +1153,9 @@ impl Manager {
         self.uffd.register_mode(self.addr(first), n * PAGE, REGISTER_MODE_MISSING | REGISTER_MODE_WP)
     }
 
-    /// Memory held now, in pages: the resident pages and the free pages
-    /// kept for recycling (what the budget bounds).
-    pub fn held(&self) -> usize {
-        self.resident + self.pooled()
-    }
-
-    /// Free pages kept for recycling.
-    fn pooled(&self) -> usize {
-        self.staging.as_ref().map_or(0, |s| s.pooled())
+    /// Resident pages now.
+    pub fn resident(&self) -> usize {
+        self.resident
     }
 }
 
@@ -1458,11 +1176,6 @@ pub enum Outcome {
     Kept,
 }
 
-/// A victim write-protected and read in place (not moved out).
-const IN_PLACE: u32 = u32::MAX;
-/// A victim that was not in memory when it was to be moved out.
-const GONE: u32 = u32::MAX - 1;
-
 /// A batch of pages the background evictor works on outside the lock.
 pub struct Victims {
     /// Page indices, sorted.
@@ -1470,14 +1183,6 @@ pub struct Victims {
     /// Per page: clean (write-protected since it came from the store,
     /// which holds its copy): nothing to compress.
     clean: Vec<bool>,
-    /// Per page: its slot in the staging area, [`IN_PLACE`] or [`GONE`].
-    slots: Vec<u32>,
-    /// Per page: the slot it was given ([`IN_PLACE`]: none).
-    planned: Vec<u32>,
-    /// The staging area's address (0: none).
-    stage: usize,
-    /// Moved pages are kept for recycling (else released after compression).
-    recycle: bool,
     uffd: Arc<Uffd>,
     store: Arc<Store>,
     pool: u32,
@@ -1497,183 +1202,70 @@ fn runs_of(pages: impl IntoIterator<Item = usize>) -> Vec<(usize, usize)> {
 }
 
 impl Victims {
-    /// Moves the victims given slots out of the arena into them (no lock
-    /// held: the victims are OWNED, so the handler installs nothing
-    /// there, and the program's calls that would change their mappings
-    /// wait for the commit). A moved page is out of the program's page
-    /// tables at once: a touch is a missing-page fault, left waiting
-    /// until the commit. A page that cannot be moved (shared with a
-    /// forked child, or the program changed the mapping's protection) is
-    /// write-protected and evicted in place, with the rest of its run; a
-    /// page not in memory (released behind our back) is [`GONE`].
-    pub fn move_out(&mut self, stats: &Stats) -> io::Result<()> {
-        let n = self.pages.len();
-        let mut k = 0;
-        while k < n {
-            if self.planned[k] == IN_PLACE {
-                k += 1;
-                continue;
-            }
-            let mut m = 1;
-            while k + m < n
-                && self.planned[k + m] == self.planned[k] + m as u32
-                && self.pages[k + m] == self.pages[k] + m
-            {
-                m += 1;
-            }
-            self.move_run(k, m, stats)?;
-            k += m;
-        }
-        Ok(())
+    /// Contiguous runs of the victims.
+    fn runs(&self) -> Vec<(usize, usize)> {
+        runs_of(self.pages.iter().copied())
     }
 
-    /// Moves the run of `m` victims from position `k` (adjacent pages,
-    /// adjacent slots); see [`Victims::move_out`].
-    fn move_run(&mut self, k: usize, m: usize, stats: &Stats) -> io::Result<()> {
-        let slot_addr = |slot: u32| self.stage + slot as usize * PAGE;
-        let mut done = 0;
-        let mut tries = 0;
-        while done < m {
-            let (i, slot) = (self.pages[k + done], self.planned[k + done]);
-            let (moved, err) =
-                self.uffd.move_pages(slot_addr(slot), self.base + i * PAGE, (m - done) * PAGE, false);
-            let got = moved / PAGE;
-            done += got;
-            match err.map(|e| e.raw_os_error()) {
-                None => {}
-                // Stopped part way: the retry says why.
-                Some(_) if got > 0 => {}
-                Some(Some(libc::ENOENT)) => {
-                    self.slots[k + done] = GONE;
-                    done += 1;
-                }
-                Some(Some(libc::EAGAIN)) if tries < 8 => tries += 1,
-                Some(e) => {
-                    if e == Some(libc::EEXIST) {
-                        // A page in a slot that should be empty: released,
-                        // so the slot is empty when the commit says so.
-                        sys::madvise(slot_addr(slot) as *mut libc::c_void, PAGE, libc::MADV_DONTNEED);
-                    }
-                    // The rest of the run is evicted in place.
-                    for slot in &mut self.slots[k + done..k + m] {
-                        *slot = IN_PLACE;
-                    }
-                    let (f, rest) = (self.pages[k + done], m - done);
-                    stats.wp_calls.fetch_add(1, Ordering::Relaxed);
-                    self.uffd.writeprotect(self.base + f * PAGE, rest * PAGE, true).map_err(|e| {
-                        io::Error::new(
-                            e.kind(),
-                            format!("write-protecting {:#x} to evict it: {e}", self.base + f * PAGE),
-                        )
-                    })?;
-                    break;
-                }
-            }
-        }
-        let moved = self.slots[k..k + m].iter().filter(|&&s| s != IN_PLACE && s != GONE).count();
-        stats.moved_out.fetch_add(moved as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Reads and compresses the victims (no lock held: the handler keeps
-    /// serving faults meanwhile): from their slots in the staging area,
-    /// or in place, write-protected (a writer that touches one waits
-    /// until [`Victims::unprotect`]).
+    /// Write-protects the victims, then reads and compresses them (no
+    /// lock held: the handler keeps serving faults meanwhile). A writer
+    /// that touches a victim now waits until [`Victims::unprotect`].
     pub fn compress(&self, stats: &Stats) -> io::Result<Vec<Outcome>> {
-        let n = self.pages.len();
-        // Pages in place may have been released behind our back.
-        let mut present = vec![true; n];
-        let mut k = 0;
-        while k < n {
-            if self.slots[k] != IN_PLACE {
-                k += 1;
-                continue;
-            }
-            let mut m = 1;
-            while k + m < n && self.slots[k + m] == IN_PLACE && self.pages[k + m] == self.pages[k] + m {
-                m += 1;
-            }
-            let addr = self.base + self.pages[k] * PAGE;
-            let mut inmem = vec![0u8; m];
-            // SAFETY: mincore over part of the arena into a vector of m bytes.
-            if unsafe { libc::mincore(addr as *mut libc::c_void, m * PAGE, inmem.as_mut_ptr()) } != 0 {
+        let runs = self.runs();
+        let mut out = Vec::with_capacity(self.pages.len());
+        let mut at = 0;
+        for &(f, n) in &runs {
+            let addr = self.base + f * PAGE;
+            let mut inmem = vec![0u8; n];
+            // SAFETY: mincore over part of the arena into a vector of n bytes.
+            if unsafe { libc::mincore(addr as *mut libc::c_void, n * PAGE, inmem.as_mut_ptr()) } != 0 {
                 return Err(io::Error::last_os_error());
             }
-            for (j, &b) in inmem.iter().enumerate() {
-                present[k + j] = b & 1 != 0;
-            }
-            k += m;
-        }
-        let mut out = Vec::with_capacity(n);
-        for (k, &present) in present.iter().enumerate() {
-            let i = self.pages[k];
-            if self.slots[k] == GONE || !present {
-                out.push(Outcome::Gone);
-                continue;
-            }
-            if self.clean[k] {
-                // The store holds this very content.
-                stats.clean_evicted.fetch_add(1, Ordering::Relaxed);
-                out.push(Outcome::Stored);
-                continue;
-            }
-            let addr = match self.slots[k] {
-                IN_PLACE => self.base + i * PAGE,
-                slot => self.stage + slot as usize * PAGE,
-            };
-            // SAFETY: the page is present and cannot change meanwhile: in
-            // its slot (only the evictor touches it until the commit) or
-            // in place, write-protected. Reading it cannot fault.
-            let page = unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE) };
-            if is_zero(page) {
-                stats.evicted_zero.fetch_add(1, Ordering::Relaxed);
-                out.push(Outcome::Zero);
-                continue;
-            }
-            let key = Key { pool: self.pool, object: 0, index: i as u32 };
-            match self.store.put(key, page, PutFlags::default()) {
-                Ok(()) => {
-                    stats.pages_compressed.fetch_add(1, Ordering::Relaxed);
+            for (k, &present) in inmem.iter().enumerate() {
+                let clean = self.clean[at];
+                at += 1;
+                if present & 1 == 0 {
+                    out.push(Outcome::Gone);
+                    continue;
+                }
+                if clean {
+                    // The store holds this very content.
+                    stats.clean_evicted.fetch_add(1, Ordering::Relaxed);
                     out.push(Outcome::Stored);
+                    continue;
                 }
-                Err(StoreError::Refused(_)) => {
-                    stats.refused.fetch_add(1, Ordering::Relaxed);
-                    out.push(Outcome::Kept);
+                // SAFETY: the page is present and write-protected: it can be
+                // read without faulting and cannot change meanwhile.
+                let page = unsafe { std::slice::from_raw_parts((addr + k * PAGE) as *const u8, PAGE) };
+                if is_zero(page) {
+                    stats.evicted_zero.fetch_add(1, Ordering::Relaxed);
+                    out.push(Outcome::Zero);
+                    continue;
                 }
-                Err(e) => return Err(store_err(e)),
+                let key = Key { pool: self.pool, object: 0, index: (f + k) as u32 };
+                match self.store.put(key, page, PutFlags::default()) {
+                    Ok(()) => {
+                        stats.pages_compressed.fetch_add(1, Ordering::Relaxed);
+                        out.push(Outcome::Stored);
+                    }
+                    Err(StoreError::Refused(_)) => {
+                        stats.refused.fetch_add(1, Ordering::Relaxed);
+                        out.push(Outcome::Kept);
+                    }
+                    Err(e) => return Err(store_err(e)),
+                }
             }
         }
         Ok(out)
     }
 
-    /// Gives the memory of the compressed (and all-zero) victims evicted
-    /// in place back, without the manager's lock: they are OWNED, so
-    /// nothing else is installed there meanwhile. Pages the store refused
-    /// stay; pages the program released are gone already; moved pages
-    /// left the arena when they were moved (their slots are dealt with at
-    /// the commit).
+    /// Gives the memory of the compressed (and all-zero) victims back,
+    /// without the manager's lock: they are OWNED, so nothing else is
+    /// installed there meanwhile. Pages the store refused stay; pages the
+    /// program released are gone already.
     pub fn release(&self, outcome: &[Outcome]) -> io::Result<()> {
-        if !self.recycle {
-            // Moved pages not kept for recycling: their slots' memory
-            // goes (adjacent slots, so few ranges: each is a TLB
-            // shootdown). The commit marks the slots empty.
-            let slots = self
-                .slots
-                .iter()
-                .zip(outcome)
-                .filter(|(&s, &o)| s != IN_PLACE && s != GONE && matches!(o, Outcome::Stored | Outcome::Zero))
-                .map(|(&s, _)| s as usize);
-            let ranges: Vec<(usize, usize)> =
-                runs_of(slots).into_iter().map(|(f, n)| (self.stage + f * PAGE, n * PAGE)).collect();
-            sys::madvise_many(&ranges, libc::MADV_DONTNEED)?;
-        }
-        let drops = self
-            .pages
-            .iter()
-            .zip(outcome)
-            .zip(&self.slots)
-            .filter(|((_, &o), &slot)| slot == IN_PLACE && matches!(o, Outcome::Stored | Outcome::Zero))
-            .map(|((i, o), _)| (i, o));
+        let drops =
+            self.pages.iter().zip(outcome).filter(|(_, &o)| matches!(o, Outcome::Stored | Outcome::Zero));
         let ranges: Vec<(usize, usize)> = runs_of(drops.map(|(&i, _)| i))
             .into_iter()
             .map(|(f, n)| (self.base + f * PAGE, n * PAGE))
@@ -1784,9 +1376,9 @@ mod tests {
         let (mut m, base) = test_manager(pages);
         let stats = Stats::new();
         // Pages 0..40 resident (installed through the handler's path).
-        let _ = m.install_copy(0, 16, true, false, &stats).unwrap();
-        let _ = m.install_copy(16, 16, true, false, &stats).unwrap();
-        let _ = m.install_copy(32, 8, true, false, &stats).unwrap();
+        let _ = m.install(0, 16, true, false, &stats).unwrap();
+        let _ = m.install(16, 16, true, false, &stats).unwrap();
+        let _ = m.install(32, 8, true, false, &stats).unwrap();
         let victims = [3, 4, 5, 20, 39];
         for &i in &victims {
             m.set(i, (m.st(i) & !STATE) | EVICTING);
@@ -1816,52 +1408,14 @@ mod tests {
 
     #[test]
     fn faults_on_pages_an_eviction_released_wait_for_its_commit() {
-        released_victims_wait_for_the_commit(true);
-    }
-
-    #[test]
-    fn faults_on_pages_an_eviction_released_in_place_wait_for_its_commit() {
-        released_victims_wait_for_the_commit(false);
-    }
-
-    /// Evicts 4 of 16 pages, moved out to the staging area (`moving`) or
-    /// write-protected and released in place, and checks what a fault
-    /// meanwhile, a release by the program meanwhile, and faults after
-    /// the commit get.
-    fn released_victims_wait_for_the_commit(moving: bool) {
         let (mut m, base) = test_manager(64);
-        if moving {
-            assert!(m.uffd.can_move, "UFFDIO_MOVE is not available (Linux >= 6.8 needed)");
-            m.staging = open_staging(&m.uffd, false);
-            if m.staging.is_none() {
-                // Not asked for by the environment: open it anyway.
-                let st = Staging::new(staging::SLOTS).unwrap();
-                m.uffd.register_mode(st.base, st.bytes(), REGISTER_MODE_WP).unwrap();
-                m.staging = Some(st);
-            }
-        } else {
-            if let Some(st) = m.staging.take() {
-                sys::munmap(st.base as *mut libc::c_void, st.bytes());
-            }
-            m.recycle = false;
-        }
         let stats = Stats::new();
-        let _ = m.install_copy(0, 16, true, false, &stats).unwrap();
+        let _ = m.install(0, 16, true, false, &stats).unwrap();
         for i in 0..16 {
             // SAFETY: resident, writable pages of our mapping.
             unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, 0x40 + i as u8, PAGE) };
         }
-        let mut v = m.take_victims(4, 0, 0, &stats).unwrap().expect("victims");
-        v.move_out(&stats).unwrap();
-        if moving {
-            assert_eq!(stats.moved_out.load(Ordering::Relaxed), 4);
-            assert_eq!(stats.wp_calls.load(Ordering::Relaxed), 0, "nothing write-protected");
-            // Out of the program's page tables at once, before compression.
-            assert!(v.pages.iter().all(|&i| !present(base + i * PAGE)));
-        } else {
-            assert_eq!(stats.moved_out.load(Ordering::Relaxed), 0);
-            assert_eq!(stats.wp_calls.load(Ordering::Relaxed), 1, "one run, one call");
-        }
+        let v = m.take_victims(4, 0, 0, &stats).unwrap().expect("victims");
         assert_eq!(v.pages.len(), 4);
         let outcome = v.compress(&stats).unwrap();
         assert!(outcome.iter().all(|&o| o == Outcome::Stored), "{outcome:?}");
@@ -1880,13 +1434,8 @@ mod tests {
         assert_eq!(m.st(b) & (STATE | OWNED), ABSENT | OWNED);
         assert_eq!(m.serve(base + b * PAGE, &stats).unwrap(), None);
         assert!(!present(base + b * PAGE));
-        m.commit(&v, &outcome, &stats).unwrap();
+        m.commit(&v, &outcome, &stats);
         v.unprotect(&outcome).unwrap();
-        // With recycling, the 3 pages moved out and stored are free pages
-        // (the one the program released is released); held memory counts
-        // them: 12 resident + 3 free.
-        assert_eq!(m.pooled(), if m.recycle { 3 } else { 0 });
-        assert_eq!(m.held(), 12 + m.pooled());
         assert_eq!(m.st(a) & (STATE | OWNED), STORED);
         assert_eq!(m.st(b) & (STATE | OWNED), ABSENT);
         assert!(!m.store.contains(m.key(b)), "the released page's copy is dropped");
@@ -1895,15 +1444,6 @@ mod tests {
         // SAFETY: page a is resident again.
         let back = unsafe { std::slice::from_raw_parts((base + a * PAGE) as *const u8, PAGE) };
         assert!(back.iter().all(|&x| x == 0x40 + a as u8));
-        // Page a and its stored neighbours (a sequential prefetch) came
-        // back in recycled pages.
-        let recycled = stats.recycled.load(Ordering::Relaxed);
-        if m.recycle {
-            assert!(recycled >= 1, "{recycled}");
-            assert_eq!(m.pooled(), 3 - recycled as usize);
-        } else {
-            assert_eq!(recycled, 0);
-        }
         let _ = m.serve(base + b * PAGE, &stats).unwrap();
         // SAFETY: page b is resident again.
         assert_eq!(unsafe { *((base + b * PAGE) as *const u8) }, 0);

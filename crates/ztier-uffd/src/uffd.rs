@@ -1,7 +1,7 @@
 //! The userfaultfd API (linux/userfaultfd.h), by raw syscall and ioctls:
 //! open (`/dev/userfaultfd` is not needed: the syscall, falling back to
 //! `UFFD_USER_MODE_ONLY` for unprivileged users), API handshake,
-//! register/unregister, copy, zeropage, move, wake, and reading events.
+//! register/unregister, copy, zeropage, wake, and reading events.
 //!
 //! ```text
 //!  struct uffd_msg (32 bytes)
@@ -30,12 +30,6 @@ const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
 const UFFDIO_COPY: libc::c_ulong = 0xc028_aa03;
 const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
 const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xc018_aa06;
-/// `_IOWR(UFFDIO, 0x05, struct uffdio_move)` (40 bytes, as `uffdio_copy`).
-const UFFDIO_MOVE: libc::c_ulong = 0xc028_aa05;
-/// `UFFD_FEATURE_MOVE` (Linux 6.8).
-pub const FEATURE_MOVE: u64 = 1 << 16;
-/// `UFFDIO_MOVE_MODE_DONTWAKE`.
-const MOVE_MODE_DONTWAKE: u64 = 1 << 0;
 /// `UFFDIO_COPY_MODE_DONTWAKE`.
 const COPY_MODE_DONTWAKE: u64 = 1 << 0;
 /// `UFFDIO_COPY_MODE_WP`.
@@ -79,15 +73,6 @@ struct CopyArg {
 }
 
 #[repr(C)]
-struct MoveArg {
-    dst: u64,
-    src: u64,
-    len: u64,
-    mode: u64,
-    moved: i64,
-}
-
-#[repr(C)]
 struct ZeroArg {
     range: Range,
     mode: u64,
@@ -116,8 +101,6 @@ pub struct Uffd {
     fd: OwnedFd,
     /// Features the kernel reported.
     pub features: u64,
-    /// `UFFDIO_MOVE` was negotiated (`UFFD_FEATURE_MOVE`).
-    pub can_move: bool,
 }
 
 /// What an install found.
@@ -166,27 +149,9 @@ impl Uffd {
         }
         // SAFETY: fd is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // Ask for UFFDIO_MOVE; a kernel without it (before 6.8) refuses the
-        // handshake, and a descriptor takes one handshake: open another.
-        let mut api = ApiArg { api: UFFD_API, features: FEATURE_MOVE, ioctls: 0 };
-        if ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api).is_ok() {
-            return Ok(Uffd { fd, features: api.features, can_move: true });
-        }
-        drop(fd);
-        // SAFETY: as above.
-        let mut fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
-        if fd < 0 {
-            // SAFETY: as above.
-            fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags | USER_MODE_ONLY) } as RawFd;
-        }
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut api = ApiArg { api: UFFD_API, features: 0, ioctls: 0 };
         ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api)?;
-        Ok(Uffd { fd, features: api.features, can_move: false })
+        Ok(Uffd { fd, features: api.features })
     }
 
     /// Registers `[start, start + len)` for missing-page faults.
@@ -259,27 +224,6 @@ impl Uffd {
             }
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Installed::Retry),
             Err(e) => Err(e),
-        }
-    }
-
-    /// Moves the pages of `[src, src + len)` to `[dst, dst + len)`
-    /// (`UFFDIO_MOVE`: the page-table entries change hands, no page is
-    /// allocated or copied; `dst` must be in a range registered with this
-    /// descriptor and unpopulated, `src` populated, both private
-    /// anonymous with the same protection). With `wake` the threads
-    /// waiting on `dst` are woken. Returns the bytes moved and, if the
-    /// move stopped early, an error. A move that stopped after some pages
-    /// reports only `EAGAIN` (the kernel's convention); one that moved
-    /// nothing says why: `ENOENT` the source page was not there, `EEXIST`
-    /// the destination page was, `EBUSY` the page is shared (after
-    /// `fork`) or pinned, `EAGAIN` the mappings changed meanwhile. So the
-    /// caller retries from the returned offset to learn what stopped it.
-    pub fn move_pages(&self, dst: usize, src: usize, len: usize, wake: bool) -> (usize, Option<io::Error>) {
-        let mode = if wake { 0 } else { MOVE_MODE_DONTWAKE };
-        let mut m = MoveArg { dst: dst as u64, src: src as u64, len: len as u64, mode, moved: 0 };
-        match ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE, &mut m) {
-            Ok(()) => (len, None),
-            Err(e) => (m.moved.max(0) as usize, Some(e)),
         }
     }
 

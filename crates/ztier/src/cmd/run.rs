@@ -484,8 +484,6 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "refused",
         "wp_faults",
         "wp_calls",
-        "moved_out",
-        "recycled",
         "deferred",
         "promoted",
         "demoted",
