@@ -39,6 +39,16 @@ fn ztier_against_native_same_output() {
     assert_eq!(rows.len(), 2, "{text}");
     assert!(rows.iter().all(|r| r.ends_with("same")), "{text}");
     assert!(text.lines().any(|l| l.starts_with("native")), "{text}");
+    // Each ztier run reports its fault service times, from its own stats.
+    for b in ["16M", "32M"] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("fault service at {b} (ztier run): p50 ")))
+            .unwrap_or_else(|| panic!("no fault times at {b}: {text}"));
+        let faults: u64 =
+            line.split(" over ").nth(1).and_then(|t| t.split(' ').next()?.parse().ok()).unwrap();
+        assert!(faults > 0, "{line}");
+    }
 }
 
 /// The two root tests change system-wide state (swap, zswap, zram) and

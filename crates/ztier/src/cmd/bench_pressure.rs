@@ -3,8 +3,9 @@
 //! zram swap — each inside a memory cgroup limited to the budget — and
 //! under `ztier run`. Outputs must be identical to the native run; the
 //! table reports wall time (and its ratio to native), peak RSS, major
-//! faults and what was compressed, and an SVG plot shows the wall times
-//! (zcache's "make -jN under memory pressure" view).
+//! faults and what was compressed, then `ztier run`'s fault service time
+//! (p50, p99) per budget, and an SVG plot shows the wall times (zcache's
+//! "make -jN under memory pressure" view).
 //!
 //! Every system setting changed is put back by guards that run in reverse
 //! order, also on errors and after Ctrl-C (the signal is forwarded to the
@@ -84,6 +85,11 @@ struct Row {
     /// Kernel baselines in a v1 cgroup: how often a program paused at the
     /// limit was woken (see `wake_oom_waiters`).
     oom_wakeups: u64,
+    /// ztier run: faults served, and their service time's median and
+    /// 99th percentile (µs, decompression included).
+    faults: Option<u64>,
+    fault_p50_us: Option<f64>,
+    fault_p99_us: Option<f64>,
 }
 
 /// One undo action and what it restores.
@@ -113,6 +119,9 @@ impl Row {
             exit_code: m.code,
             timed_out: m.timed_out,
             oom_wakeups,
+            faults: None,
+            fault_p50_us: None,
+            fault_p99_us: None,
         }
     }
 }
@@ -144,6 +153,21 @@ fn swap_ratios(rows: &[Row], budgets: &[u64]) -> Vec<String> {
         ));
     }
     lines
+}
+
+/// Per ztier run row: its fault service times (the latency
+/// target is on the median, decompression included).
+fn fault_lines(rows: &[Row]) -> Vec<String> {
+    rows.iter()
+        .filter_map(|r| {
+            let (n, p50, p99) = (r.faults?, r.fault_p50_us?, r.fault_p99_us?);
+            Some(format!(
+                "fault service at {}M ({}): p50 {p50:.1} µs, p99 {p99:.1} µs over {n} faults",
+                r.budget.unwrap_or(0) >> 20,
+                r.mode
+            ))
+        })
+        .collect()
 }
 
 /// Undo actions, run in reverse order when dropped.
@@ -381,6 +405,9 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         exit_code: 0,
         timed_out: false,
         oom_wakeups: 0,
+        faults: None,
+        fault_p50_us: None,
+        fault_p99_us: None,
     });
     let swap_size = (n.maxrss * 2).max(512 << 20);
     let mut cg_n = 0;
@@ -457,6 +484,9 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             exit_code: r.code,
             timed_out: false,
             oom_wakeups: 0,
+            faults: s["faults"].as_u64(),
+            fault_p50_us: s["fault_p50_us"].as_f64(),
+            fault_p99_us: s["fault_p99_us"].as_f64(),
         });
     }
     drop(restore);
@@ -507,6 +537,9 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             r.budget.unwrap_or(0) >> 20,
             r.oom_wakeups
         )?;
+    }
+    for line in fault_lines(&rows) {
+        writeln!(o, "{line}")?;
     }
     for line in swap_ratios(&rows, &budgets) {
         writeln!(o, "{line}")?;
@@ -586,7 +619,19 @@ mod tests {
             exit_code,
             timed_out,
             oom_wakeups: 0,
+            faults: None,
+            fault_p50_us: None,
+            fault_p99_us: None,
         }
+    }
+
+    #[test]
+    fn fault_times_are_reported_for_ztier_rows_only() {
+        let mut z = row("ztier run", 12.0, true, 0, false);
+        (z.faults, z.fault_p50_us, z.fault_p99_us) = (Some(462_545), Some(5.5), Some(83.8));
+        let lines =
+            fault_lines(&[row("native", 4.0, true, 0, false), row("kernel zram", 35.0, true, 0, false), z]);
+        assert_eq!(lines, ["fault service at 256M (ztier run): p50 5.5 µs, p99 83.8 µs over 462545 faults"]);
     }
 
     #[test]
