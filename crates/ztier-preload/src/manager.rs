@@ -3,12 +3,12 @@
 //!
 //! ```text
 //!  page state (1 byte per arena page)
-//!  ┌────────┬─────────┬──────────────┬───────┬───────────────────────────┐
-//!  │ bit 7  │ bit 6   │ bit 5 · 4    │ bit 2 │ bits 0..1                 │
-//!  │ QUEUED │ NOEVICT │ PROTECTED ·  │ OWNED │ ABSENT 0 · RESIDENT 1     │
-//!  │        │         │ CLEAN        │       │ STORED 2 · EVICTING 3     │
-//!  └────────┴─────────┴──────────────┴───────┴───────────────────────────┘
-//!                                          (bit 3 unused)
+//!  ┌────────┬─────────┬──────────────┬─────────┬───────┬─────────────────────┐
+//!  │ bit 7  │ bit 6   │ bit 5 · 4    │ bit 3   │ bit 2 │ bits 0..1           │
+//!  │ QUEUED │ NOEVICT │ PROTECTED ·  │ DEMOTED │ OWNED │ ABSENT 0 · RESIDENT │
+//!  │        │         │ CLEAN        │         │       │ 1 · STORED 2 ·      │
+//!  │        │         │              │         │       │ EVICTING 3          │
+//!  └────────┴─────────┴──────────────┴─────────┴───────┴─────────────────────┘
 //!
 //!   ABSENT ──fault: UFFDIO_COPY of zeros (a run of up to 16)──► RESIDENT
 //!   RESIDENT ──evict: WP, compress, MADV_DONTNEED, commit, wake──► STORED (or ABSENT if all zero)
@@ -30,8 +30,8 @@
 //! ```text
 //!   fault / new page ──► protected (7/8 of the budget) while it has room
 //!                    └─► probation (1/8) otherwise ──► victims, oldest first
-//!   protected ──1 page per 8 victims (aging), or over its share──► probation
-//!   refault distance < probation ──► protected (a hot page evicted too soon)
+//!   protected ──1 page per 8..256 victims (aging), or over its share──► probation
+//!   refault distance < budget/4 ──► protected (a hot page evicted too soon)
 //! ```
 //!
 //! The refault distance is the number of evictions between a page's
@@ -39,7 +39,22 @@
 //! workingset detection). A sweep over more than the budget refaults at a
 //! long distance, so it cycles through probation and leaves the protected
 //! segment resident: about budget·7/8 pages per pass are hits instead of
-//! none. Victims from probation take their resident probation neighbours
+//! none.
+//!
+//! The protected segment must age, or pages a program stopped using
+//! would hold it forever while a new working set that fits the budget
+//! thrashes through probation. But every page aged out of a segment
+//! that is still in use comes back as a fault. So the aging rate adapts
+//! ([`Aging`]): a demoted page is marked DEMOTED, and one that faults
+//! back from the store still marked is a regretted demotion. While at
+//! least half of the recent demotions are regretted, aging slows down
+//! (twice the victims per demotion, up to [`AGE_SLOWEST`]); while fewer
+//! than an eighth are, it speeds up (down to [`AGE_FASTEST`]). A loop
+//! over more than the budget (a collector's full passes) ends up aging
+//! slowly; a program that leaves a working set behind ages fast and
+//! drains it (ARCHITECTURE has the measurements).
+//!
+//! Victims from probation take their resident probation neighbours
 //! along (up to 16 pages), because each run costs a write-protect call and
 //! a release, each with a TLB shootdown on the program's CPU.
 //!
@@ -116,6 +131,9 @@ pub const PROTECTED: u8 = 0x20;
 /// Resident, installed write-protected from the store, which still holds
 /// its copy: not written since, so evicting it needs no compression.
 pub const CLEAN: u8 = 0x10;
+/// Aged out of the protected segment and not back from the store since
+/// (see [`Aging`]).
+pub const DEMOTED: u8 = 0x08;
 /// Picked by an eviction that has not committed yet: its memory may be
 /// released without the lock, so faults on it wait for the commit.
 pub const OWNED: u8 = 0x04;
@@ -139,8 +157,107 @@ pub const EVICT_BATCH: usize = 32;
 pub const BACKGROUND_BATCH: usize = EVICT_BATCH * 16;
 /// Largest run of neighbours evicted with a victim from probation.
 pub const CLUSTER: usize = 16;
-/// Victims per page moved from the protected segment to probation.
-pub const DEMOTE_EVERY: usize = 8;
+/// Fewest victims per page aged out of the protected segment (the
+/// fastest aging, and the rate a run starts with).
+pub const AGE_FASTEST: usize = 8;
+/// Most victims per page aged out of the protected segment.
+pub const AGE_SLOWEST: usize = 256;
+
+/// The rate at which the protected segment ages, adapted to what its
+/// demotions cost (see the module docs). Counts are decayed (halved) at
+/// each adjustment, which comes every `period` victims, or every eight
+/// demotions' worth of victims if that is more (so that even the slowest
+/// rate sees enough demotions to speed up again).
+#[derive(Debug)]
+pub struct Aging {
+    /// Victims per demotion now.
+    every: usize,
+    /// Victims since the last demotion.
+    since: usize,
+    /// Victims since the last adjustment.
+    victims: usize,
+    /// Demotions (decayed).
+    demoted: u32,
+    /// Demoted pages that faulted back from the store (decayed).
+    regretted: u32,
+}
+
+impl Aging {
+    /// The fastest aging, no history.
+    pub fn new() -> Aging {
+        Aging { every: AGE_FASTEST, since: 0, victims: 0, demoted: 0, regretted: 0 }
+    }
+
+    /// Victims per demotion now.
+    pub fn every(&self) -> usize {
+        self.every
+    }
+
+    /// One victim taken; adjusts the rate every `period` victims (or
+    /// every eight demotions).
+    pub fn victim(&mut self, period: usize) {
+        self.victims += 1;
+        if self.victims >= period.max(self.every * 8) {
+            self.adjust();
+        }
+        self.since += 1;
+    }
+
+    /// Is a protected page to be demoted now? (Once per `every` victims.)
+    pub fn due(&mut self) -> bool {
+        if self.since >= self.every {
+            self.since = 0;
+            return true;
+        }
+        false
+    }
+
+    /// A page left the protected segment.
+    pub fn demoted(&mut self) {
+        self.demoted = self.demoted.saturating_add(1);
+    }
+
+    /// A demoted page came back from the store.
+    pub fn regretted(&mut self) {
+        self.regretted = self.regretted.saturating_add(1);
+    }
+
+    fn adjust(&mut self) {
+        self.victims = 0;
+        // Four demotions at least, or the ratio says nothing (a period
+        // sees eight at any rate, fewer only if the protected segment is
+        // empty).
+        if self.demoted >= 4 {
+            if self.regretted * 2 >= self.demoted {
+                self.every = (self.every * 2).min(AGE_SLOWEST);
+            } else if self.regretted * 8 < self.demoted {
+                self.every = (self.every / 2).max(AGE_FASTEST);
+            }
+        }
+        self.demoted /= 2;
+        self.regretted /= 2;
+    }
+}
+
+impl Default for Aging {
+    fn default() -> Self {
+        Aging::new()
+    }
+}
+
+/// Victims between two adjustments of the aging rate, for a budget of
+/// `budget` pages: an eighth of the budget (at least 256).
+pub fn aging_period(budget: usize) -> usize {
+    (budget / 8).max(256)
+}
+
+/// Refault distance (evictions) under which a page is hot: it goes to the
+/// protected segment. A quarter of the budget: with slow aging, pyapp at
+/// 256M compressed 7% fewer pages than with the probation's size (an
+/// eighth) and 5% fewer than with half the budget.
+pub fn hot_distance(budget: usize) -> usize {
+    budget / 4
+}
 
 /// Probation: the part of a budget of `budget` pages that cycles (an
 /// eighth); the rest is the protected segment.
@@ -248,6 +365,10 @@ pub struct Stats {
     pub promoted: AtomicU64,
     /// Pages moved from the protected segment to probation.
     pub demoted: AtomicU64,
+    /// Demoted pages that faulted back from the store.
+    pub regretted: AtomicU64,
+    /// Victims per page aged out of the protected segment, now.
+    pub age_every: AtomicUsize,
     /// Clean pages evicted without compression (their copy was kept).
     pub clean_evicted: AtomicU64,
     /// Clean pages written (a write-protect fault; their copy dropped).
@@ -284,6 +405,8 @@ impl Stats {
             wp_calls: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             demoted: AtomicU64::new(0),
+            regretted: AtomicU64::new(0),
+            age_every: AtomicUsize::new(AGE_FASTEST),
             clean_evicted: AtomicU64::new(0),
             dirtied: AtomicU64::new(0),
             forks: AtomicU64::new(0),
@@ -311,6 +434,7 @@ impl Stats {
             &self.deferred,
             &self.promoted,
             &self.demoted,
+            &self.regretted,
             &self.clean_evicted,
             &self.dirtied,
             &self.forks,
@@ -366,8 +490,8 @@ pub struct Manager {
     prot_res: usize,
     /// Largest protected segment (budget − probation).
     prot_max: usize,
-    /// Victims taken since the last demotion.
-    since_demote: usize,
+    /// How fast the protected segment ages.
+    aging: Aging,
     /// Evictions so far (the clock of the refault distance).
     evict_seq: u32,
     /// Per arena page: `evict_seq` when it was last evicted.
@@ -482,7 +606,7 @@ impl Manager {
             prot: VecDeque::new(),
             prot_res: 0,
             prot_max: budget - probation(budget),
-            since_demote: 0,
+            aging: Aging::new(),
             evict_seq: 0,
             evicted_at: evicted_at.cast(),
             hot: usize::MAX,
@@ -566,7 +690,13 @@ impl Manager {
 
     fn became_resident(&mut self, i: usize, stats: &Stats) {
         let s = self.st(i);
-        let mut n = (s & !STATE) | RESIDENT;
+        if s & DEMOTED != 0 {
+            // Back from the store (or as zeros, if it was all zero when
+            // evicted; a released page loses the mark).
+            self.aging.regretted();
+            stats.regretted.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut n = (s & !(STATE | DEMOTED)) | RESIDENT;
         if s & QUEUED == 0 {
             // The protected segment fills first; after that only pages
             // faulted back soon after their eviction join it.
@@ -701,7 +831,7 @@ impl Manager {
                 // segment. A loop over more than the budget refaults at
                 // a long distance and leaves the protected segment alone.
                 let d = self.evict_seq.wrapping_sub(self.evicted_at_get(i)) as usize;
-                self.hot = if d < probation(self.budget) { i } else { usize::MAX };
+                self.hot = if d < hot_distance(self.budget) { i } else { usize::MAX };
                 let key = self.key(i);
                 if let Some(s) = &mut self.sizing {
                     let depth = self.budget + d;
@@ -876,11 +1006,10 @@ impl Manager {
         let mut looks = self.fifo.len() + self.prot.len();
         while pages.len() < max && self.resident > target + in_flight + pages.len() && looks > 0 {
             looks -= 1;
-            // The protected segment ages slowly (one page to probation
-            // every DEMOTE_EVERY victims), so it follows a changing
-            // working set; and it never holds more than its share.
-            if self.prot_res > self.prot_max || self.since_demote >= DEMOTE_EVERY {
-                self.since_demote = 0;
+            // The protected segment ages (one page to probation every
+            // `Aging::every` victims), so it follows a changing working
+            // set; and it never holds more than its share.
+            if self.prot_res > self.prot_max || self.aging.due() {
                 self.demote_one();
             }
             let (i, from_prot) = match self.fifo.pop_front() {
@@ -897,7 +1026,7 @@ impl Manager {
                 }
                 self.set(i, (s & !STATE) | EVICTING | OWNED);
                 pages.push(i);
-                self.since_demote += 1;
+                self.aging.victim(aging_period(self.budget));
                 // Its resident neighbours in probation go with it: a run
                 // is write-protected and released in one call each, and
                 // every call costs a TLB shootdown on the program's CPU.
@@ -975,8 +1104,9 @@ impl Manager {
             if s & STATE == RESIDENT {
                 self.prot_res -= 1;
                 self.fifo.push_back(i as u32);
-                self.set(i, s | QUEUED);
+                self.set(i, s | QUEUED | DEMOTED);
                 self.demoted += 1;
+                self.aging.demoted();
                 return;
             }
             self.set(i, s);
@@ -1027,6 +1157,7 @@ impl Manager {
         }
         stats.resident.store(self.resident, Ordering::Relaxed);
         stats.demoted.store(self.demoted, Ordering::Relaxed);
+        stats.age_every.store(self.aging.every(), Ordering::Relaxed);
         self.sample_store(stats);
     }
 
@@ -1351,6 +1482,110 @@ mod tests {
             policy: None,
         };
         (Manager::new(base, pages, cfg).unwrap(), base)
+    }
+
+    #[test]
+    fn aging_slows_while_demotions_come_back_and_speeds_up_when_they_do_not() {
+        let period = 1000;
+        let mut a = Aging::new();
+        assert_eq!(a.every(), AGE_FASTEST);
+        // Every demoted page comes back: slower, down to the slowest rate.
+        for _ in 0..40 * period {
+            a.victim(period);
+            if a.due() {
+                a.demoted();
+                a.regretted();
+            }
+        }
+        assert_eq!(a.every(), AGE_SLOWEST);
+        // None comes back (a working set that left): faster again.
+        let mut demotions = 0;
+        for _ in 0..40 * period {
+            a.victim(period);
+            if a.due() {
+                a.demoted();
+                demotions += 1;
+            }
+        }
+        assert_eq!(a.every(), AGE_FASTEST, "after {demotions} demotions without regret");
+        // One in four comes back: neither, the rate holds.
+        let mut a = Aging::new();
+        for _ in 0..3 {
+            for _ in 0..8 {
+                a.demoted();
+                a.regretted();
+            }
+            a.adjust();
+        }
+        let held = a.every();
+        assert_eq!(held, AGE_FASTEST * 8);
+        for k in 0..400 {
+            a.demoted();
+            if k % 4 == 0 {
+                a.regretted();
+            }
+            if k % 40 == 39 {
+                a.adjust();
+            }
+        }
+        assert_eq!(a.every(), held);
+        // Too few demotions to judge (once the history has decayed): the
+        // rate holds too.
+        for _ in 0..10 {
+            a.adjust();
+        }
+        for _ in 0..10 {
+            a.demoted();
+            a.adjust();
+        }
+        assert_eq!(a.every(), held);
+    }
+
+    #[test]
+    fn demoted_pages_that_fault_back_are_regretted() {
+        let (mut m, base) = test_manager(2048);
+        let stats = Stats::new();
+        // Fill the protected segment, then push it over its share.
+        for f in (0..2048).step_by(16) {
+            let _ = m.install(f, 16, true, false, &stats).unwrap();
+        }
+        for i in 0..2048 {
+            // SAFETY: resident, writable pages of our mapping.
+            unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, 1 + i as u8 % 250, PAGE) };
+        }
+        assert_eq!(m.resident(), 2048);
+        m.prot_max = 100;
+        let v = m.take_victims(32, 0, 0, &stats).unwrap().expect("victims");
+        let demoted: Vec<usize> = (0..2048).filter(|&i| m.st(i) & DEMOTED != 0).collect();
+        assert!(!demoted.is_empty(), "over its share, the protected segment sheds pages");
+        let outcome = v.compress(&stats).unwrap();
+        v.release(&outcome).unwrap();
+        m.commit(&v, &outcome, &stats);
+        v.unprotect(&outcome).unwrap();
+        // Evict a demoted page, then fault it back: one regret, mark gone.
+        let i = demoted[0];
+        m.prot_max = 2048;
+        let mut gone = false;
+        for _ in 0..64 {
+            let v = m.take_victims(64, 0, 0, &stats).unwrap().expect("victims");
+            let outcome = v.compress(&stats).unwrap();
+            v.release(&outcome).unwrap();
+            m.commit(&v, &outcome, &stats);
+            v.unprotect(&outcome).unwrap();
+            if m.st(i) & STATE != RESIDENT {
+                gone = true;
+                break;
+            }
+        }
+        assert!(gone, "the demoted page was evicted");
+        assert_eq!(m.st(i) & (STATE | DEMOTED), STORED | DEMOTED, "the mark stays while it is out");
+        let before = stats.regretted.load(Ordering::Relaxed);
+        let _ = m.serve(base + i * PAGE, &stats).unwrap();
+        assert_eq!(m.st(i) & (STATE | DEMOTED), RESIDENT);
+        // (Its stored neighbours may come with it, demoted ones too.)
+        assert!(stats.regretted.load(Ordering::Relaxed) > before);
+        // SAFETY: page i is resident again.
+        assert_eq!(unsafe { *((base + i * PAGE) as *const u8) }, 1 + i as u8 % 250);
     }
 
     #[test]

@@ -385,6 +385,11 @@ fn cyclic_reuse_larger_than_the_budget_keeps_a_protected_part() {
     );
     assert!(pages_in > 8 * 64 * 256 / 4, "the loop does not fit: it must fault ({pages_in})");
     assert!(s["demoted"].as_u64().unwrap() > 0, "the protected segment ages: {s}");
+    // Each pass needs the pages aged out of the protected segment again:
+    // those demotions are regretted, and aging slows down.
+    let p = &s["per_process"][0];
+    assert!(s["regretted"].as_u64().unwrap() * 2 > s["demoted"].as_u64().unwrap(), "{s}");
+    assert_eq!(p["age_every"].as_u64(), Some(256), "aging slowed down for a loop: {p}");
     // By default every eviction compresses.
     assert_eq!(s["clean_evicted"].as_u64(), Some(0));
     assert!(compressed(&s) > pages_in, "{} compressions", compressed(&s));
@@ -397,6 +402,30 @@ fn cyclic_reuse_larger_than_the_budget_keeps_a_protected_part() {
     assert!(clean > 2 * comp, "clean evictions {clean}, compressions {comp}");
     assert_eq!(s["dirtied"].as_u64(), Some(0), "nothing was written after the first pass");
     assert!(s["peak_resident_bytes"].as_u64().unwrap() <= 32 << 20);
+}
+
+#[test]
+fn a_new_working_set_that_fits_stops_faulting_once_the_old_one_ages_out() {
+    // 48 MiB read 8 times in a scattered order under 32M, then left
+    // alone; then 20 MiB read 40 times. The first phase's demotions come
+    // back, so the protected segment ages slowly; in the second, the old
+    // pages it holds never come back, so aging speeds up, drains them,
+    // and the new set stays resident. Without aging the new set would
+    // cycle through probation on every pass (173k pages came back in the
+    // second phase when measured); at a fixed 1 demotion per 8 victims,
+    // 32k; adaptive, 27k.
+    let d = tmp("phases");
+    let exe = compile(&d, "phases");
+    let pages_in =
+        |s: &serde_json::Value| s["store_faults"].as_u64().unwrap() + s["prefetched"].as_u64().unwrap();
+    let first = same_as_native("32M", &[&exe, "0"], &d);
+    assert!(pages_in(&first) > 8 * (48 - 32) * 256, "the first phase does not fit: it must fault");
+    assert_eq!(first["per_process"][0]["age_every"].as_u64(), Some(256), "aging slowed for a loop: {first}");
+    let both = same_as_native("32M", &[&exe, "40"], &d);
+    let second = pages_in(&both).saturating_sub(pages_in(&first));
+    assert!(second * 4 < 40 * 20 * 256, "{second} pages came back in the second phase: {both}");
+    assert_eq!(both["per_process"][0]["age_every"].as_u64(), Some(8), "aging sped up: {both}");
+    assert!(both["peak_resident_bytes"].as_u64().unwrap() <= 32 << 20);
 }
 
 fn children_of(pid: u32) -> Vec<u32> {

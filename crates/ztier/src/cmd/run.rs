@@ -487,6 +487,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "deferred",
         "promoted",
         "demoted",
+        "regretted",
         "clean_evicted",
         "dirtied",
     ];
