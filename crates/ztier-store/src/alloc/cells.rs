@@ -200,6 +200,12 @@ impl Allocator for Cells {
         out[..len].copy_from_slice(&c.buf[off..off + len]);
     }
 
+    fn bytes(&self, l: Loc, len: usize) -> Option<&[u8]> {
+        let (i, off) = unloc(l);
+        let c = self.cells[i].as_ref().expect("read of a released cell");
+        Some(&c.buf[off..off + len])
+    }
+
     fn corrupt(&mut self, l: Loc, byte: usize) {
         let (i, off) = unloc(l);
         self.cells[i].as_mut().expect("cell").buf[off + byte] ^= 0x40;

@@ -239,6 +239,14 @@ impl Allocator for Classes {
         out[..len].copy_from_slice(&slab.buf[at..at + len]);
     }
 
+    fn bytes(&self, l: Loc, len: usize) -> Option<&[u8]> {
+        let (ci, s, slot) = unloc(l);
+        let c = &self.classes[ci];
+        let slab = c.slabs[s].as_ref().expect("read of a released slab");
+        let at = slot * c.size;
+        Some(&slab.buf[at..at + len])
+    }
+
     fn corrupt(&mut self, l: Loc, byte: usize) {
         let (ci, s, slot) = unloc(l);
         let c = &mut self.classes[ci];

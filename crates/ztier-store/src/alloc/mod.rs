@@ -52,6 +52,13 @@ pub trait Allocator: Send {
     /// Copies the `len` bytes stored at `loc` into `out[..len]`.
     fn read(&self, loc: Loc, len: usize, out: &mut [u8]);
 
+    /// The `len` bytes stored at `loc`, in place, if the allocator keeps
+    /// them in one piece (`None`: use [`Self::read`]).
+    fn bytes(&self, loc: Loc, len: usize) -> Option<&[u8]> {
+        let _ = (loc, len);
+        None
+    }
+
     /// Flips bits of the stored bytes (for corruption tests only).
     #[doc(hidden)]
     fn corrupt(&mut self, loc: Loc, byte: usize);
