@@ -737,7 +737,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\
-         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
+         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
         ld(&s.faults),
@@ -762,6 +762,7 @@ fn stats_json(g: &Global) -> String {
         ld(&s.promoted),
         ld(&s.demoted),
         ld(&s.regretted),
+        ld(&s.evicted_inline),
         s.age_every.load(Ordering::Relaxed),
         ld(&s.clean_evicted),
         ld(&s.dirtied),

@@ -488,6 +488,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "promoted",
         "demoted",
         "regretted",
+        "evicted_inline",
         "clean_evicted",
         "dirtied",
     ];
