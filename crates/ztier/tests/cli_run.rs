@@ -112,6 +112,8 @@ fn python3_dict_and_list_heavy() {
     assert!(s["faults"].as_u64().unwrap() > 100);
     let (p50, p99) = (s["fault_p50_us"].as_f64().unwrap(), s["fault_p99_us"].as_f64().unwrap());
     assert!(p50 > 0.0 && p99 >= p50, "latency quantiles {p50} {p99}");
+    let mean = s["fault_mean_us"].as_f64().unwrap();
+    assert!(mean > 0.0, "mean service time {mean} (p50 {p50}, p99 {p99})");
     let (o, st) = (s["orig_bytes"].as_u64().unwrap(), s["stored_bytes"].as_u64().unwrap());
     assert!(o > 0 && st > 0 && st < o, "python heap compresses: {o} -> {st}");
     // --clean on: pages that came back clean and were then written take

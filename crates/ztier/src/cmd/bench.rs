@@ -34,7 +34,7 @@ pub enum BenchCommand {
     /// kernel swap to a file, zswap and zram (in a memory cgroup; root) and
     /// under `ztier run`. Checks outputs are identical; prints wall time,
     /// peak RSS, major faults, bytes compressed and ztier run's fault
-    /// service p50/p99, and can plot them.
+    /// service p50/p99/mean, and can plot them.
     Pressure(bench_pressure::PressureArgs),
 }
 

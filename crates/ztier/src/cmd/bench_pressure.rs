@@ -4,7 +4,7 @@
 //! under `ztier run`. Outputs must be identical to the native run; the
 //! table reports wall time (and its ratio to native), peak RSS, major
 //! faults and what was compressed, then `ztier run`'s fault service time
-//! (p50, p99) per budget, and an SVG plot shows the wall times (zcache's
+//! (p50, p99, mean) per budget, and an SVG plot shows the wall times (zcache's
 //! "make -jN under memory pressure" view).
 //!
 //! Every system setting changed is put back by guards that run in reverse
@@ -85,11 +85,12 @@ struct Row {
     /// Kernel baselines in a v1 cgroup: how often a program paused at the
     /// limit was woken (see `wake_oom_waiters`).
     oom_wakeups: u64,
-    /// ztier run: faults served, and their service time's median and
-    /// 99th percentile (µs, decompression included).
+    /// ztier run: faults served, and their service time's median, 99th
+    /// percentile and mean (µs, decompression included).
     faults: Option<u64>,
     fault_p50_us: Option<f64>,
     fault_p99_us: Option<f64>,
+    fault_mean_us: Option<f64>,
 }
 
 /// One undo action and what it restores.
@@ -122,6 +123,7 @@ impl Row {
             faults: None,
             fault_p50_us: None,
             fault_p99_us: None,
+            fault_mean_us: None,
         }
     }
 }
@@ -160,9 +162,9 @@ fn swap_ratios(rows: &[Row], budgets: &[u64]) -> Vec<String> {
 fn fault_lines(rows: &[Row]) -> Vec<String> {
     rows.iter()
         .filter_map(|r| {
-            let (n, p50, p99) = (r.faults?, r.fault_p50_us?, r.fault_p99_us?);
+            let (n, p50, p99, mean) = (r.faults?, r.fault_p50_us?, r.fault_p99_us?, r.fault_mean_us?);
             Some(format!(
-                "fault service at {}M ({}): p50 {p50:.1} µs, p99 {p99:.1} µs over {n} faults",
+                "fault service at {}M ({}): p50 {p50:.1} µs, p99 {p99:.1} µs, mean {mean:.1} µs over {n} faults",
                 r.budget.unwrap_or(0) >> 20,
                 r.mode
             ))
@@ -408,6 +410,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         faults: None,
         fault_p50_us: None,
         fault_p99_us: None,
+        fault_mean_us: None,
     });
     let swap_size = (n.maxrss * 2).max(512 << 20);
     let mut cg_n = 0;
@@ -487,6 +490,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             faults: s["faults"].as_u64(),
             fault_p50_us: s["fault_p50_us"].as_f64(),
             fault_p99_us: s["fault_p99_us"].as_f64(),
+            fault_mean_us: s["fault_mean_us"].as_f64(),
         });
     }
     drop(restore);
@@ -622,16 +626,21 @@ mod tests {
             faults: None,
             fault_p50_us: None,
             fault_p99_us: None,
+            fault_mean_us: None,
         }
     }
 
     #[test]
     fn fault_times_are_reported_for_ztier_rows_only() {
         let mut z = row("ztier run", 12.0, true, 0, false);
-        (z.faults, z.fault_p50_us, z.fault_p99_us) = (Some(462_545), Some(5.5), Some(83.8));
+        (z.faults, z.fault_p50_us, z.fault_p99_us, z.fault_mean_us) =
+            (Some(462_545), Some(5.5), Some(83.8), Some(11.2));
         let lines =
             fault_lines(&[row("native", 4.0, true, 0, false), row("kernel zram", 35.0, true, 0, false), z]);
-        assert_eq!(lines, ["fault service at 256M (ztier run): p50 5.5 µs, p99 83.8 µs over 462545 faults"]);
+        assert_eq!(
+            lines,
+            ["fault service at 256M (ztier run): p50 5.5 µs, p99 83.8 µs, mean 11.2 µs over 462545 faults"]
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! per-process statistics into `--stats FILE.json`:
 //!
 //! ```text
-//!  { "faults", "fault_p50_us", "fault_p99_us", "pages_compressed",
+//!  { "faults", "fault_p50_us", "fault_p99_us", "fault_mean_us", "pages_compressed",
 //!    "orig_bytes", "stored_bytes", "peak_resident_bytes",   (DESIGN.md)
 //!    "processes", "peak_rss_bytes", "wall_s", "exit_code", "per_process": [...] }
 //! ```
@@ -450,6 +450,24 @@ impl Drop for RemoveDir {
     }
 }
 
+/// Mean of a merged histogram keyed by bucket upper bound (ns), in µs,
+/// each bucket counted at its middle (100 ns wide up to 100 µs, 10 µs
+/// wide above), rounded to 0.1 µs.
+fn mean_us(hist: &std::collections::BTreeMap<u64, u64>) -> f64 {
+    let total: u64 = hist.values().sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let sum: f64 = hist
+        .iter()
+        .map(|(&b, &c)| {
+            let width = if b <= 100_000 { 100.0 } else { 10_000.0 };
+            (b as f64 - width / 2.0) * c as f64
+        })
+        .sum();
+    (sum / total as f64 / 100.0).round() / 10.0
+}
+
 /// Quantile (0..1) of a merged histogram keyed by bucket upper bound (ns), in µs.
 fn quantile(hist: &std::collections::BTreeMap<u64, u64>, q: f64) -> f64 {
     let total: u64 = hist.values().sum();
@@ -525,6 +543,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
     }
     out.insert("fault_p50_us".into(), quantile(&hist, 0.5).into());
     out.insert("fault_p99_us".into(), quantile(&hist, 0.99).into());
+    out.insert("fault_mean_us".into(), mean_us(&hist).into());
     out.insert("peak_resident_bytes".into(), peak.into());
     out.insert("processes".into(), per.len().into());
     out.insert("per_process".into(), Value::Array(per));
@@ -597,6 +616,17 @@ mod tests {
         let m = measure(&mut c).unwrap();
         assert_eq!(m.code, 0);
         assert!(m.maxrss >= 96 << 20, "peak RSS {} bytes", m.maxrss);
+    }
+
+    #[test]
+    fn fault_mean_counts_each_bucket_at_its_middle() {
+        let mut h = std::collections::BTreeMap::new();
+        assert_eq!(mean_us(&h), 0.0);
+        // 3 faults in [5.0, 5.1) µs and one in [190, 200) µs.
+        h.insert(5_100, 3);
+        h.insert(200_000, 1);
+        assert_eq!(mean_us(&h), ((5.05 * 3.0 + 195.0) / 4.0 * 10.0f64).round() / 10.0);
+        assert_eq!(quantile(&h, 0.5), 5.1);
     }
 
     #[test]
