@@ -483,12 +483,31 @@ const POOL_PERSISTENT: u64 = 2;
 const POOL_DYING: u64 = 3;
 const POOL_RAW: u64 = 4;
 
+/// The hash of a key. Sixteen consecutive indices of one object (pages
+/// of a walk, blocks of an extent) share a shard and a run of 16
+/// buckets of its table — one group of control bytes, one cache line of
+/// slot numbers — so a walk over neighbouring pages finds the index
+/// lines it needs already cached; each index of the 16 still gets its own
+/// 7-bit tag (the top bits, which the table matches first).
+///
+/// ```text
+///  bit 63 ........ 57 56 ............................ 4 3 ........ 0
+///   tag (mix + 47·lo) │ mix of pool, object, index/16 │ mix + lo (mod 16)
+///                                              (lo = index % 16)
+/// ```
+///
+/// The low 4 bits keep the mix too, so keys that differ only in their
+/// object (index 0 everywhere) still spread over every bucket.
 fn hash_key(k: &Key) -> u64 {
-    let mut h = (k.object ^ ((k.pool as u64) << 32 | k.index as u64).rotate_left(29))
+    let lo = u64::from(k.index & 15);
+    let mut h = (k.object ^ ((k.pool as u64) << 32 | u64::from(k.index >> 4)).rotate_left(29))
         .wrapping_mul(0x9E37_79B9_7F4A_7C15);
     h ^= h >> 32;
     h = h.wrapping_mul(0xD6E8_FEB8_6659_FD93);
-    h ^ (h >> 32)
+    h ^= h >> 32;
+    // 47 is odd: the 16 tags of a group are distinct.
+    let tag = ((h >> 57) + lo * 47) & 0x7F;
+    (h & !(0xF | (0x7F << 57))) | ((h + lo) & 0xF) | (tag << 57)
 }
 
 thread_local! {
@@ -1331,5 +1350,43 @@ impl Store {
             }
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn neighbouring_indices_share_a_shard_and_a_bucket_run_with_distinct_tags() {
+        for (pool, object) in [(0u32, 0u64), (3, 0), (1, 77)] {
+            for group in [0u32, 1, 4096, 1 << 27] {
+                let hs: Vec<u64> =
+                    (0..16).map(|lo| hash_key(&Key { pool, object, index: group * 16 + lo })).collect();
+                let tags: std::collections::HashSet<u64> = hs.iter().map(|h| h >> 57).collect();
+                assert_eq!(tags.len(), 16, "tags of group {group} of ({pool}, {object})");
+                for (lo, h) in hs.iter().enumerate() {
+                    assert_eq!(h & 0xF, (hs[0] + lo as u64) & 0xF, "16 positions of one block");
+                    assert_eq!(h & !(0xF | (0x7F << 57)), hs[0] & !(0xF | (0x7F << 57)), "one run");
+                }
+            }
+        }
+        // Groups, objects and pools spread over shards (bits 48..) and runs.
+        let mut shards = std::collections::HashSet::new();
+        let mut runs = std::collections::HashSet::new();
+        for g in 0..4096u32 {
+            let h = hash_key(&Key { pool: 1, object: 0, index: g * 16 });
+            shards.insert((h >> 48) & 63);
+            runs.insert(h & 0x00FF_FFFF_FFFF_FFF0);
+        }
+        assert_eq!(shards.len(), 64, "every shard of 64 gets groups");
+        assert_eq!(runs.len(), 4096, "every group its own run");
+        // Keys that differ only in their object use all 16 low positions.
+        let low: std::collections::HashSet<u64> =
+            (0..256u64).map(|o| hash_key(&Key { pool: 1, object: o, index: 0 }) & 0xF).collect();
+        assert_eq!(low.len(), 16);
+        let a = hash_key(&Key { pool: 1, object: 0, index: 5 });
+        assert_ne!(a, hash_key(&Key { pool: 2, object: 0, index: 5 }));
+        assert_ne!(a, hash_key(&Key { pool: 1, object: 1, index: 5 }));
     }
 }
