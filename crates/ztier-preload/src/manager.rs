@@ -873,18 +873,15 @@ impl Manager {
                         n += 1;
                     }
                 }
-                for k in 0..n {
-                    let key = self.key(i + k);
-                    let found = self
-                        .store
-                        .get(key, &mut self.buf[k * PAGE..(k + 1) * PAGE], !self.keep_copies)
-                        .map_err(|e| io::Error::other(format!("page {:#x}: {e}", self.addr(i + k))))?;
-                    if !found {
-                        return Err(io::Error::other(format!(
-                            "page {:#x} is missing from the store",
-                            self.addr(i + k)
-                        )));
-                    }
+                let found = self
+                    .store
+                    .get_run(self.key(i), n, &mut self.buf[..n * PAGE], !self.keep_copies)
+                    .map_err(|e| io::Error::other(format!("pages {:#x}+{n}: {e}", self.addr(i))))?;
+                if found < n {
+                    return Err(io::Error::other(format!(
+                        "page {:#x} is missing from the store",
+                        self.addr(i + found)
+                    )));
                 }
                 self.make_room(n, stats)?;
                 let r = self.install(i, n, false, self.keep_copies, stats);

@@ -1149,6 +1149,117 @@ impl Store {
         Ok(true)
     }
 
+    /// Reads the `n` pages under `first`'s object at indices `first.index
+    /// ..first.index + n` into `out` (`n` × 4096 bytes), as `n` calls of
+    /// [`Store::get`] would, and returns how many were found before the
+    /// first miss (the pages after a miss are not read). An error leaves
+    /// the failing page and those after it in the store.
+    ///
+    /// Faster for a run: neighbouring indices share a shard (see
+    /// `hash_key`), so each shard's lock is taken once per 16 indices,
+    /// and every entry of that part is looked up and its compressed bytes
+    /// touched before the first is decoded, so their cache misses overlap.
+    /// Measured in `ztier run` per page got one by one: 0.39 µs taking the
+    /// lock, 0.30 looking up, 0.52 checking the crc (mostly the misses of
+    /// the compressed bytes), 0.72 decoding, 0.14 removing.
+    pub fn get_run(
+        &self,
+        first: Key,
+        n: usize,
+        out: &mut [u8],
+        exclusive: bool,
+    ) -> Result<usize, StoreError> {
+        if out.len() != n * PAGE_SIZE {
+            return Err(StoreError::PageSize(out.len()));
+        }
+        let key = |k: usize| Key { index: first.index.wrapping_add(k as u32), ..first };
+        let mut k = 0;
+        while k < n {
+            // The part of the run in this key's group of 16 (one shard).
+            let end = n.min(k + 16 - (key(k).index & 15) as usize);
+            let found = self.get_group(&key, k, end, out, exclusive)?;
+            if found < end {
+                // A miss, or a page in the next tier: the slow path from
+                // there on, one page at a time.
+                let mut at = found;
+                while at < end {
+                    if !self.get(key(at), &mut out[at * PAGE_SIZE..(at + 1) * PAGE_SIZE], exclusive)? {
+                        return Ok(at);
+                    }
+                    at += 1;
+                }
+            }
+            k = end;
+        }
+        Ok(n)
+    }
+
+    /// Pages `k..end` of a run, all in one shard, from RAM: returns the
+    /// index of the first one not in RAM (`end` if all were).
+    fn get_group(
+        &self,
+        key: &dyn Fn(usize) -> Key,
+        k: usize,
+        end: usize,
+        out: &mut [u8],
+        exclusive: bool,
+    ) -> Result<usize, StoreError> {
+        self.pool_state(key(k).pool)?;
+        let mut g = self.shard(hash_key(&key(k))).lock();
+        let g = &mut *g;
+        let mut slots = [NIL; 16];
+        let mut have = k;
+        let mut touched = 0u8;
+        for at in k..end {
+            let Some(s) = g.find(hash_key(&key(at)), &key(at)) else { break };
+            slots[at - k] = s;
+            have = at + 1;
+            let e = g.slab[s as usize];
+            if e.in_allocator() {
+                if let Some(d) = g.alloc.bytes(Loc(e.loc), e.len as usize) {
+                    // One load per cache line: the misses overlap.
+                    touched ^= d.iter().step_by(64).fold(0, |a, &b| a ^ b);
+                }
+            }
+        }
+        std::hint::black_box(touched);
+        let mut scratch = Scratch::take();
+        for at in k..have {
+            let s = slots[at - k];
+            let e = g.slab[s as usize];
+            let kk = key(at);
+            g.c.gets += 1;
+            let form = self.form_of(e.tag, e.loc, kk)?;
+            let len = e.len as usize;
+            let buf = &mut scratch.0[..PAGE_SIZE];
+            let data: &[u8] = if !e.in_allocator() {
+                &[]
+            } else if let Some(d) = g.alloc.bytes(Loc(e.loc), len) {
+                d
+            } else {
+                g.alloc.read(Loc(e.loc), len, buf);
+                &buf[..len]
+            };
+            let computed = crc32c::crc32c(data);
+            if computed != e.crc {
+                g.c.checksum_errors += 1;
+                return Err(StoreError::Checksum { key: kk, stored: e.crc, computed });
+            }
+            let page = &mut out[at * PAGE_SIZE..(at + 1) * PAGE_SIZE];
+            with_encoder(self.form_codec(form), self.cfg.raw_fraction, |enc| enc.decode(form, data, page))
+                .map_err(|err| StoreError::Decode { key: kk, err })?;
+            g.c.hits += 1;
+            g.c.pool(kk.pool).hits += 1;
+            if exclusive {
+                g.remove(s, &self.pools);
+            } else if self.cfg.order == Order::Lru && e.flags & F_PINNED == 0 {
+                g.unlink(s);
+                g.link(s);
+            }
+        }
+        Ok(have)
+    }
+
     /// The form of a stored page from its tag (and, for a repeated
     /// pattern, the pattern kept in place of a location).
     fn form_of(&self, tag: u8, pattern: u64, key: Key) -> Result<Form, StoreError> {

@@ -26,6 +26,7 @@ fn cfg(budget: usize, allocator: AllocatorKind, shards: usize) -> StoreConfig {
 enum Op {
     Put { pool: usize, object: u64, index: u32, kind: usize, seed: u64, clean: bool, file: bool },
     Get { pool: usize, object: u64, index: u32, exclusive: bool },
+    GetRun { pool: usize, object: u64, index: u32, n: usize, exclusive: bool },
     FlushPage { pool: usize, object: u64, index: u32 },
     FlushObject { pool: usize, object: u64 },
     Resize { budget_kb: usize },
@@ -36,12 +37,16 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let pool = 0..2usize;
     let object = 0..4u64;
-    let index = 0..12u32;
+    // Twelve indices either side of a multiple of 16: runs cross from one
+    // group of the store's hash layout (and so one shard) to the next.
+    let index = 8..20u32;
     prop_oneof![
         8 => (pool.clone(), object.clone(), index.clone(), 0..5usize, any::<u64>(), any::<bool>(), any::<bool>())
             .prop_map(|(pool, object, index, kind, seed, clean, file)| Op::Put { pool, object, index, kind, seed, clean, file }),
         6 => (pool.clone(), object.clone(), index.clone(), any::<bool>())
             .prop_map(|(pool, object, index, exclusive)| Op::Get { pool, object, index, exclusive }),
+        3 => (pool.clone(), object.clone(), 6..20u32, 1..16usize, any::<bool>())
+            .prop_map(|(pool, object, index, n, exclusive)| Op::GetRun { pool, object, index, n, exclusive }),
         1 => (pool.clone(), object.clone(), index).prop_map(|(pool, object, index)| Op::FlushPage { pool, object, index }),
         1 => (pool.clone(), object).prop_map(|(pool, object)| Op::FlushObject { pool, object }),
         1 => (16..160usize).prop_map(|budget_kb| Op::Resize { budget_kb }),
@@ -113,6 +118,28 @@ fn run_model(ops: Vec<Op>, alloc: AllocatorKind, budget_kb: usize, shards: usize
                 }
                 if exclusive || !hit {
                     model.remove(&(pool, object, index));
+                }
+            }
+            Op::GetRun { pool, object, index, n, exclusive } => {
+                // As n gets, up to the first miss.
+                let mut run = vec![0u8; n * PAGE];
+                let first = Key { pool: ids[pool], object, index };
+                let found = store.get_run(first, n, &mut run, exclusive).expect("get_run");
+                assert!(found <= n);
+                for k in 0..found {
+                    let at = (pool, object, index + k as u32);
+                    let want =
+                        model.get(&at).unwrap_or_else(|| panic!("hit for {at:?}, which holds nothing"));
+                    assert!(run[k * PAGE..(k + 1) * PAGE] == **want, "wrong data for {at:?} in a run");
+                    if exclusive {
+                        model.remove(&at);
+                    }
+                }
+                if found < n {
+                    let at = (pool, object, index + found as u32);
+                    if model.remove(&at).is_some() {
+                        assert_eq!(pool, 0, "persistent page {at:?} lost");
+                    }
                 }
             }
             Op::FlushPage { pool, object, index } => {
