@@ -1076,41 +1076,7 @@ impl Store {
             g.c.gets += 1;
             match g.find(h, &key) {
                 Some(s) => {
-                    let e = g.slab[s as usize];
-                    let form = self.form_of(e.tag, e.loc, key)?;
-                    let len = e.len as usize;
-                    let data: &[u8] = if !e.in_allocator() {
-                        &[]
-                    } else if let Some(d) = g.alloc.bytes(Loc(e.loc), len) {
-                        d
-                    } else {
-                        g.alloc.read(Loc(e.loc), len, buf);
-                        &buf[..len]
-                    };
-                    let computed = crc32c::crc32c(data);
-                    let decoded = if computed == e.crc {
-                        Some(with_encoder(self.form_codec(form), self.cfg.raw_fraction, |enc| {
-                            enc.decode(form, data, out)
-                        }))
-                    } else {
-                        None
-                    };
-                    match decoded {
-                        None => {
-                            g.c.checksum_errors += 1;
-                            return Err(StoreError::Checksum { key, stored: e.crc, computed });
-                        }
-                        Some(Err(err)) => return Err(StoreError::Decode { key, err }),
-                        Some(Ok(())) => {}
-                    }
-                    g.c.hits += 1;
-                    g.c.pool(key.pool).hits += 1;
-                    if exclusive {
-                        g.remove(s, &self.pools);
-                    } else if self.cfg.order == Order::Lru && e.flags & F_PINNED == 0 {
-                        g.unlink(s);
-                        g.link(s);
-                    }
+                    self.take_entry(g, s, key, out, buf, exclusive)?;
                     return Ok(true);
                 }
                 None => {
@@ -1225,39 +1191,55 @@ impl Store {
         std::hint::black_box(touched);
         let mut scratch = Scratch::take();
         for at in k..have {
-            let s = slots[at - k];
-            let e = g.slab[s as usize];
-            let kk = key(at);
             g.c.gets += 1;
-            let form = self.form_of(e.tag, e.loc, kk)?;
-            let len = e.len as usize;
-            let buf = &mut scratch.0[..PAGE_SIZE];
-            let data: &[u8] = if !e.in_allocator() {
-                &[]
-            } else if let Some(d) = g.alloc.bytes(Loc(e.loc), len) {
-                d
-            } else {
-                g.alloc.read(Loc(e.loc), len, buf);
-                &buf[..len]
-            };
-            let computed = crc32c::crc32c(data);
-            if computed != e.crc {
-                g.c.checksum_errors += 1;
-                return Err(StoreError::Checksum { key: kk, stored: e.crc, computed });
-            }
             let page = &mut out[at * PAGE_SIZE..(at + 1) * PAGE_SIZE];
-            with_encoder(self.form_codec(form), self.cfg.raw_fraction, |enc| enc.decode(form, data, page))
-                .map_err(|err| StoreError::Decode { key: kk, err })?;
-            g.c.hits += 1;
-            g.c.pool(kk.pool).hits += 1;
-            if exclusive {
-                g.remove(s, &self.pools);
-            } else if self.cfg.order == Order::Lru && e.flags & F_PINNED == 0 {
-                g.unlink(s);
-                g.link(s);
-            }
+            self.take_entry(g, slots[at - k], key(at), page, &mut scratch.0[..PAGE_SIZE], exclusive)?;
         }
         Ok(have)
+    }
+
+    /// Checks and decodes the entry in `slot` of shard `g` (found under
+    /// `key`) into `out`, from the allocator's memory in place or
+    /// gathered into `buf`; then counts the hit and removes the entry
+    /// (`exclusive`) or refreshes its age (LRU). On an error the entry
+    /// stays.
+    #[inline]
+    fn take_entry(
+        &self,
+        g: &mut Shard,
+        slot: u32,
+        key: Key,
+        out: &mut [u8],
+        buf: &mut [u8],
+        exclusive: bool,
+    ) -> Result<(), StoreError> {
+        let e = g.slab[slot as usize];
+        let form = self.form_of(e.tag, e.loc, key)?;
+        let len = e.len as usize;
+        let data: &[u8] = if !e.in_allocator() {
+            &[]
+        } else if let Some(d) = g.alloc.bytes(Loc(e.loc), len) {
+            d
+        } else {
+            g.alloc.read(Loc(e.loc), len, buf);
+            &buf[..len]
+        };
+        let computed = crc32c::crc32c(data);
+        if computed != e.crc {
+            g.c.checksum_errors += 1;
+            return Err(StoreError::Checksum { key, stored: e.crc, computed });
+        }
+        with_encoder(self.form_codec(form), self.cfg.raw_fraction, |enc| enc.decode(form, data, out))
+            .map_err(|err| StoreError::Decode { key, err })?;
+        g.c.hits += 1;
+        g.c.pool(key.pool).hits += 1;
+        if exclusive {
+            g.remove(slot, &self.pools);
+        } else if self.cfg.order == Order::Lru && e.flags & F_PINNED == 0 {
+            g.unlink(slot);
+            g.link(slot);
+        }
+        Ok(())
     }
 
     /// The form of a stored page from its tag (and, for a repeated
