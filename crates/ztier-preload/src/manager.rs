@@ -1234,9 +1234,10 @@ impl Manager {
     }
 
     /// Brings every stored page back into memory (before `fork`: a child
-    /// gets a copy of the memory, not of the handler).
-    pub fn bring_all_back(&mut self, high: usize, stats: &Stats) -> io::Result<()> {
-        for i in 0..high.min(self.pages) {
+    /// gets a copy of the memory, not of the handler). `used`: the parts
+    /// of the arena ever handed out (page ranges); the rest is ABSENT.
+    pub fn bring_all_back(&mut self, used: &[std::ops::Range<usize>], stats: &Stats) -> io::Result<()> {
+        for i in pages_in(self.pages, used) {
             if i % 1024 == 0 {
                 PROGRESS.fetch_add(1, Ordering::Relaxed);
             }
@@ -1259,10 +1260,11 @@ impl Manager {
 
     /// In a forked child: a userfaultfd and a store of its own (the
     /// parent's are shared descriptors and a copy of the parent's state).
-    pub fn reopen_after_fork(&mut self, high: usize) -> io::Result<()> {
+    /// `used` as for [`Manager::bring_all_back`].
+    pub fn reopen_after_fork(&mut self, used: &[std::ops::Range<usize>]) -> io::Result<()> {
         // Pages the parent's evictor was working on are plain resident
         // pages here (the child's copies lost the write protection).
-        for i in 0..high.min(self.pages) {
+        for i in pages_in(self.pages, used) {
             // The child's copies are not write-protected and its store is
             // new: no page of it is clean.
             let s = self.st(i) & !CLEAN;
@@ -1296,6 +1298,11 @@ impl Manager {
     pub fn resident(&self) -> usize {
         self.resident
     }
+}
+
+/// The page indices of `used` clipped to an arena of `pages` pages.
+fn pages_in(pages: usize, used: &[std::ops::Range<usize>]) -> impl Iterator<Item = usize> + '_ {
+    used.iter().flat_map(move |r| r.start.min(pages)..r.end.min(pages))
 }
 
 fn is_zero(page: &[u8]) -> bool {
