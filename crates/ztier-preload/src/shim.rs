@@ -8,7 +8,7 @@ use libc::{c_int, c_void, off_t};
 use crate::manager::PAGE;
 use crate::small::{class_of, class_size, MAX_SMALL, SPAN};
 use crate::{
-    __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_realloc, global, sys, Global,
+    __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_realloc, global_for, sys, Global,
 };
 
 const RW: c_int = libc::PROT_READ | libc::PROT_WRITE;
@@ -145,7 +145,7 @@ fn nomem<T>(p: *mut T) -> *mut T {
 /// The C contract of `malloc`.
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
-    match global() {
+    match global_for(size) {
         // SAFETY: glibc's malloc.
         None => unsafe { __libc_malloc(size) },
         Some(g) => nomem(alloc(g, size, false)),
@@ -158,7 +158,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// The C contract of `calloc`.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
-    match global() {
+    match global_for(n.saturating_mul(size)) {
         // SAFETY: glibc's calloc.
         None => unsafe { __libc_calloc(n, size) },
         Some(g) => match n.checked_mul(size) {
@@ -202,8 +202,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     }
     let g = match crate::GLOBAL.get() {
         Some(g) if g.in_arena(p as usize) => g,
-        // SAFETY: glibc memory stays glibc's.
-        _ => return unsafe { __libc_realloc(p, size) },
+        _ => return realloc_glibc(p, size),
     };
     if size == 0 {
         // SAFETY: forwarding (glibc frees and returns NULL).
@@ -235,6 +234,35 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     q
 }
 
+/// Blocks of glibc's (allocated before the library started) at most this
+/// big stay glibc's when they grow; bigger ones move to the arena.
+const GLIBC_GROW_MAX: usize = 64 << 10;
+
+/// `realloc` of a block of glibc's: glibc's while it stays small or the
+/// library is off; else moved to the arena (the library starts first if
+/// the move makes the program's requests reach the start threshold), so
+/// that a block allocated before start-up cannot grow unmanaged.
+fn realloc_glibc(p: *mut c_void, size: usize) -> *mut c_void {
+    if size > GLIBC_GROW_MAX {
+        if let Some(g) = global_for(size) {
+            let old = glibc_usable_size(p);
+            let q = alloc(g, size, false);
+            if q.is_null() {
+                return nomem(q);
+            }
+            // SAFETY: p is a live glibc block of `old` usable bytes, q a
+            // new one of at least `size`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), old.min(size));
+                __libc_free(p);
+            }
+            return q;
+        }
+    }
+    // SAFETY: glibc memory stays glibc's.
+    unsafe { __libc_realloc(p, size) }
+}
+
 /// `reallocarray(3)`.
 ///
 /// # Safety
@@ -249,7 +277,7 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 }
 
 fn aligned(align: usize, size: usize) -> *mut c_void {
-    let Some(g) = global() else {
+    let Some(g) = global_for(size) else {
         // SAFETY: glibc's memalign.
         return unsafe { __libc_memalign(align, size) };
     };
@@ -398,7 +426,7 @@ pub unsafe extern "C" fn mmap(
         && (prot == RW || prot == libc::PROT_NONE)
         && len > 0;
     if managed {
-        if let Some(g) = global() {
+        if let Some(g) = global_for(len) {
             let p = large_alloc_mmap(g, len);
             if !p.is_null() {
                 if prot == libc::PROT_NONE {
@@ -685,9 +713,10 @@ pub unsafe extern "C" fn pthread_create(
     }
     // SAFETY: the symbol is glibc's pthread_create.
     let real = unsafe { std::mem::transmute::<usize, CreateFn>(next) };
-    // The library starts before the program's first thread (a program may
-    // create threads before it allocates anything).
-    let _ = global();
+    // The library starts before the program's second thread, whatever
+    // the program has allocated so far (a program may create threads
+    // before it allocates anything).
+    let _ = global_for(usize::MAX);
     // glibc's own allocations for the new thread go to glibc's malloc
     // (`as_inside`), never to the arena: among them is the thread's DTV,
     // which every access to the library's thread-locals reads (through

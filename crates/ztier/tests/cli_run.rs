@@ -292,7 +292,11 @@ fn fork_with_and_without_exec() {
     let exe = compile(&d, "forks");
     // The 48 MiB heap is all resident at the moment of each fork (see the
     // library's docs); outside forks the budget holds.
-    let s = same_as_native_with("16M", &[&exe, "echo", "hello from exec"], &d, 48 << 20);
+    // The exec'd program allocates 8 MiB: a process starts the library
+    // only once it has asked for 1 MiB.
+    let exec: &[&str] = &["python3", "-c", "print('hello from exec', len(bytearray(8 << 20)))"];
+    let cmd: Vec<&str> = [exe.as_str()].into_iter().chain(exec.iter().copied()).collect();
+    let s = same_as_native_with("16M", &cmd, &d, 48 << 20);
     let parent = &s["per_process"][0];
     assert_eq!(parent["forks"].as_u64(), Some(2), "{parent}");
     for p in s["per_process"].as_array().unwrap() {
@@ -301,7 +305,7 @@ fn fork_with_and_without_exec() {
             "back within the budget after the forks: {p}"
         );
     }
-    let out = native(&[&exe, "echo", "hello from exec"], &d);
+    let out = native(&cmd, &d);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("child: ok") && text.contains("parent: ok") && text.contains("hello from exec"),
@@ -309,10 +313,25 @@ fn fork_with_and_without_exec() {
     );
     assert!(
         s["processes"].as_u64().unwrap() >= 3,
-        "parent, forked child and exec'd echo: {}",
+        "parent, forked child and exec'd python3: {}",
         s["processes"]
     );
     assert!(compressed(&s) > 5000);
+}
+
+#[test]
+fn the_library_starts_at_the_first_mib_and_takes_blocks_that_grow_past_it() {
+    let d = tmp("late");
+    // A process that asks for less than 1 MiB is never managed: no arena,
+    // no threads, no statistics.
+    let s = same_as_native("16M", &["sh", "-c", "echo small"], &d);
+    assert_eq!(s["processes"].as_u64(), Some(0), "{s}");
+    // A block malloc'ed before start-up (glibc's) that realloc grows to
+    // 48 MiB moves to the arena, and is evicted like any other.
+    let exe = compile(&d, "late");
+    let s = same_as_native("16M", &[&exe], &d);
+    assert_eq!(s["processes"].as_u64(), Some(1), "{s}");
+    assert!(compressed(&s) > 5000, "48 MiB walked twice under 16M: {} compressions", compressed(&s));
 }
 
 #[test]

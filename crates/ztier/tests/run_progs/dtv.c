@@ -46,8 +46,10 @@ static void *work(void *arg) {
 }
 
 int main(void) {
-    /* Memory first, so the arena's early pages are in use. */
-    char *p = malloc(1 << 20);
+    /* Memory first, so the arena's early pages are in use (and the
+     * library has started: it waits for 1 MiB of requests). volatile:
+     * the compiler may drop a malloc whose memory is never read. */
+    char *volatile p = malloc(1 << 20);
     memset(p, 1, 1 << 20);
     find_arena();
     fprintf(stderr, "arena: %s\n", arena_hi ? "found" : "none");
