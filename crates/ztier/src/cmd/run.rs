@@ -39,9 +39,11 @@ What is managed: memory from malloc/calloc/realloc/memalign (replaced) and the\n
 program's private anonymous mmaps, read-write or reserved (PROT_NONE, made usable\n\
 later), as the heaps of the JVM and of node's V8 are; an address hint is only a\n\
 hint (the memory comes from ztier's arena; runtimes check what they got). exec'd\n\
-and forked children are managed too. Memory mapped with a fixed address outside\n\
-the arena or other protections, thread stacks and glibc's own internal mappings\n\
-are not.\n\
+and forked children are managed too, each from the request that brings what it\n\
+asked for to 1 MiB (or from its second thread): the little it allocated before\n\
+stays glibc's, and small helpers (a shell's) run as natively, without the arena.\n\
+Memory mapped with a fixed address outside the arena or other protections, thread\n\
+stacks and glibc's own internal mappings are not.\n\
 Needs userfaultfd: root, or vm.unprivileged_userfaultfd=1, or a kernel with\n\
 UFFD_USER_MODE_ONLY (then system calls that write into evicted memory may fail\n\
 with EFAULT, because kernel-mode faults are not handled in that mode).")]
