@@ -225,9 +225,8 @@ pub const START_AFTER: usize = 1 << 20;
 /// crosses it is served from the arena). Until then its memory is glibc's
 /// and the kernel's, and no thread, userfaultfd or store is made: a
 /// shell, a `readlink` or a `pyenv` helper that allocates a few hundred
-/// KiB pays only the loading of the library (a process that started it
-/// cost ~0.8 ms more to run, and one started Python via its pyenv shim
-/// ran 41 of them).
+/// KiB pays only the loading of the library (starting it cost each
+/// process ~0.8 ms, and `python3` through pyenv's shim runs 41 processes).
 fn start_after() -> usize {
     static AFTER: AtomicUsize = AtomicUsize::new(usize::MAX);
     match AFTER.load(Ordering::Relaxed) {
