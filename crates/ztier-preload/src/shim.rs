@@ -382,6 +382,90 @@ fn glibc_usable_size(p: *mut c_void) -> usize {
     f.map_or(0, |f| unsafe { f(p) })
 }
 
+/// Read-write private anonymous mappings the program made before the
+/// library started (the kernel's memory): (address, page-rounded length).
+/// A growing `mremap` of one moves it to the arena, as `realloc` moves a
+/// block of glibc's, so memory mapped before start-up cannot grow
+/// unmanaged. Requests before start-up total under 1 MiB, so there are
+/// few; past the table's size they are not remembered (and stay the
+/// kernel's). Any `munmap`, fixed `mmap` or protection change over one
+/// forgets it.
+static EARLY_MAPS: std::sync::Mutex<[(usize, usize); 32]> = std::sync::Mutex::new([(0, 0); 32]);
+/// Entries in [`EARLY_MAPS`] (so that the common case takes no lock).
+static EARLY_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn remember_early(p: usize, len: usize) {
+    let mut t = crate::lock(&EARLY_MAPS);
+    if let Some(e) = t.iter_mut().find(|e| e.1 == 0) {
+        *e = (p, len.next_multiple_of(PAGE));
+        EARLY_COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Forgets the early mappings that overlap `[a, a + len)`.
+fn forget_early(a: usize, len: usize) {
+    if EARLY_COUNT.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        return;
+    }
+    let end = a.saturating_add(len.max(1));
+    let mut t = crate::lock(&EARLY_MAPS);
+    for e in t.iter_mut().filter(|e| e.1 != 0 && e.0 < end && a < e.0 + e.1) {
+        *e = (0, 0);
+        EARLY_COUNT.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `mremap` of an early mapping growing past [`GLIBC_GROW_MAX`] (and
+/// allowed to move): moved to the arena (the library starts first if the
+/// move makes the program's requests reach the start threshold). `None`:
+/// not such a case, or no room; the kernel does it.
+fn mremap_early(old: usize, old_len: usize, new_len: usize, flags: c_int) -> Option<*mut c_void> {
+    if EARLY_COUNT.load(std::sync::atomic::Ordering::Relaxed) == 0
+        || new_len <= GLIBC_GROW_MAX
+        || new_len <= old_len
+        || flags != libc::MREMAP_MAYMOVE
+    {
+        return None;
+    }
+    let len = old_len.next_multiple_of(PAGE);
+    if !crate::lock(&EARLY_MAPS).contains(&(old, len)) || !crate::as_inside(|| private_anon_rw(old, len)) {
+        return None;
+    }
+    let g = global_for(new_len)?;
+    let q = large_alloc_mmap(g, new_len);
+    if q.is_null() {
+        return None;
+    }
+    // SAFETY: old is a live private anonymous read-write mapping of `len`
+    // bytes (checked just now in /proc/self/maps; the table forgets any
+    // mapping unmapped, replaced or reprotected through libc), q a new
+    // arena block of at least new_len > len bytes.
+    unsafe { std::ptr::copy_nonoverlapping(old as *const u8, q.cast::<u8>(), len) };
+    forget_early(old, len);
+    sys::munmap(old as *mut c_void, len);
+    Some(q)
+}
+
+/// Is `[a, a + len)` inside one private anonymous read-write mapping, by
+/// `/proc/self/maps`? (An early mapping could have been replaced without
+/// libc, by a raw system call.)
+fn private_anon_rw(a: usize, len: usize) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return false };
+    maps.lines().any(|l| {
+        let mut f = l.split_whitespace();
+        let (Some(range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            return false;
+        };
+        let Some((lo, hi)) = range.split_once('-') else { return false };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) else {
+            return false;
+        };
+        lo <= a && a + len <= hi && perms == "rw-p" && inode == "0" && f.next().is_none()
+    })
+}
+
 /// Pages of the page region covered by `[addr, addr + len)` (page-rounded),
 /// or `None` if the range is not entirely in the page region.
 fn page_range(g: &Global, addr: usize, len: usize) -> Option<(usize, usize)> {
@@ -447,6 +531,7 @@ pub unsafe extern "C" fn mmap(
         }
     }
     if flags & libc::MAP_FIXED != 0 {
+        forget_early(a as usize, len);
         if let Some(g) = crate::GLOBAL.get() {
             if let Some((first, n)) = page_range(g, a as usize, len) {
                 let anon = flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_SHARED)
@@ -478,7 +563,11 @@ pub unsafe extern "C" fn mmap(
             }
         }
     }
-    sys::mmap(a, len, prot, flags, fd, off)
+    let p = sys::mmap(a, len, prot, flags, fd, off);
+    if managed && prot == RW && p != libc::MAP_FAILED && crate::GLOBAL.get().is_none() && !crate::inside() {
+        remember_early(p as usize, len);
+    }
+    p
 }
 
 fn large_alloc_mmap(g: &Global, len: usize) -> *mut c_void {
@@ -545,6 +634,7 @@ fn unmap_arena(g: &Global, first: usize, n: usize) -> c_int {
 /// The C contract of `munmap`.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(a: *mut c_void, len: usize) -> c_int {
+    forget_early(a as usize, len);
     if let Some(g) = crate::GLOBAL.get() {
         if let Some((first, n)) = page_range(g, a as usize, len) {
             return unmap_arena(g, first, n);
@@ -570,13 +660,26 @@ pub unsafe extern "C" fn mremap(
     flags: c_int,
     new: *mut c_void,
 ) -> *mut c_void {
-    let Some(g) = crate::GLOBAL.get() else { return sys::mremap(old, old_len, new_len, flags, new) };
+    // Not arena memory: an early mapping that grows moves to the arena;
+    // anything else is the kernel's (and an early mapping it moves or
+    // resizes is remembered no more).
+    let outside = || {
+        if let Some(q) = mremap_early(old as usize, old_len, new_len, flags) {
+            return q;
+        }
+        let r = sys::mremap(old, old_len, new_len, flags, new);
+        if r != libc::MAP_FAILED {
+            forget_early(old as usize, old_len);
+        }
+        r
+    };
+    let Some(g) = crate::GLOBAL.get() else { return outside() };
     let Some((first, n)) = page_range(g, old as usize, old_len) else {
         if g.in_arena(old as usize) {
             sys::set_errno(libc::EINVAL);
             return libc::MAP_FAILED;
         }
-        return sys::mremap(old, old_len, new_len, flags, new);
+        return outside();
     };
     if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 || new_len == 0 {
         sys::set_errno(libc::EINVAL);
@@ -643,6 +746,7 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
 /// same step, so no eviction can pick a page the program is making
 /// unreadable.
 fn change_protection(a: *mut c_void, len: usize, noevict: bool, call: impl FnOnce() -> c_int) -> c_int {
+    forget_early(a as usize, len);
     if let Some(g) = crate::GLOBAL.get() {
         let end = (a as usize).wrapping_add(len.next_multiple_of(PAGE));
         if len > 0 && g.in_arena(a as usize) && g.in_arena(end - 1) && end > a as usize {

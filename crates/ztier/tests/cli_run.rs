@@ -327,11 +327,18 @@ fn the_library_starts_at_the_first_mib_and_takes_blocks_that_grow_past_it() {
     let s = same_as_native("16M", &["sh", "-c", "echo small"], &d);
     assert_eq!(s["processes"].as_u64(), Some(0), "{s}");
     // A block malloc'ed before start-up (glibc's) that realloc grows to
-    // 48 MiB moves to the arena, and is evicted like any other.
+    // 48 MiB, or an anonymous mapping made before start-up that mremap
+    // grows, moves to the arena, and is evicted like any other.
     let exe = compile(&d, "late");
-    let s = same_as_native("16M", &[&exe], &d);
-    assert_eq!(s["processes"].as_u64(), Some(1), "{s}");
-    assert!(compressed(&s) > 5000, "48 MiB walked twice under 16M: {} compressions", compressed(&s));
+    for how in ["realloc", "mremap"] {
+        let s = same_as_native("16M", &[&exe, how], &d);
+        assert_eq!(s["processes"].as_u64(), Some(1), "{how}: {s}");
+        assert!(
+            compressed(&s) > 5000,
+            "{how}: 48 MiB walked twice under 16M: {} compressions",
+            compressed(&s)
+        );
+    }
 }
 
 #[test]
