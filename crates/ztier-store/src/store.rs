@@ -42,11 +42,15 @@
 //!
 //! Known exception (chunks allocator only, with pinned entries): a shard
 //! whose evictable entries are all gone can end a put a little over its
-//! share (16 to 272 bytes seen). Compaction can leave surviving records split in
-//! more chunks (more metadata) and freeing can add free extents and grow
-//! hole lists, and once only pinned entries are left nothing can be
-//! evicted to make up for it. A property test over 24 keys in one shard
-//! finds it in under a second; the other allocators pass 20,000 cases.
+//! share (16 to 272 bytes seen). Compaction can leave surviving records
+//! split in more chunks (more metadata), freeing can add free extents and
+//! grow hole lists, and a table that grew for a put that was then refused
+//! or evicted keeps its capacity; once only pinned entries are left,
+//! nothing can be evicted to make up for it. (The accounting follows
+//! capacities, so it remembers history; charging tables by length, or
+//! reserving them ahead, would make it a function of the live entries.)
+//! A property test over 24 keys in one shard finds it in under a second;
+//! the other allocators pass 20,000 cases.
 //!
 //! # Pools (the tmem interface)
 //!
