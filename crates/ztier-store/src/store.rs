@@ -38,19 +38,10 @@
 //! the share since the last compaction)
 //! and then evicts oldest entries until it does. Growth of the slab or
 //! table is treated the same way, before it happens. Changing the budget
-//! at run time ([`Store::set_budget`]) compacts first, then evicts.
-//!
-//! Known exception (chunks allocator only, with pinned entries): a shard
-//! whose evictable entries are all gone can end a put a little over its
-//! share (16 to 272 bytes seen). Compaction can leave surviving records
-//! split in more chunks (more metadata), freeing can add free extents and
-//! grow hole lists, and a table that grew for a put that was then refused
-//! or evicted keeps its capacity; once only pinned entries are left,
-//! nothing can be evicted to make up for it. (The accounting follows
-//! capacities, so it remembers history; charging tables by length, or
-//! reserving them ahead, would make it a function of the live entries.)
-//! A property test over 24 keys in one shard finds it in under a second;
-//! the other allocators pass 20,000 cases.
+//! at run time ([`Store::set_budget`]) compacts first, then evicts. With
+//! pinned entries (nothing left to evict) this rests on the allocator's
+//! memory not growing when entries are freed (see
+//! [`crate::alloc::Allocator::memory_used`]).
 //!
 //! # Pools (the tmem interface)
 //!

@@ -23,11 +23,18 @@
 //!   data of the sparsest pages elsewhere so they can be released.
 //!
 //! Metadata: 8 bytes per chunk plus ~40 bytes per compressed page, and a
-//! free list per page.
+//! free list per page. It is counted as a function of what is stored, so
+//! that freeing never makes it grow and undoing a put gives back all it
+//! took (a store at its budget must not end over it): free extents are
+//! charged at the most the free space can be split into (one per chunk
+//! and one per page), the page and record tables by their slots (free
+//! slots at their ends are dropped), not by their capacity; compaction
+//! moves a record only whole, and a round that cannot move them all is
+//! undone.
 
 use std::collections::BTreeSet;
 
-use super::{vec_bytes, Allocator, Loc, Moved};
+use super::{Allocator, Loc, Moved};
 
 const PAGE: usize = 4096;
 /// Free extents smaller than this are not used for new chunks (they would
@@ -163,9 +170,19 @@ impl Chunks {
             self.pages[page] = None;
             self.page_holes.push(page);
             self.data_bytes -= PAGE;
+            trim_tail(&mut self.pages, &mut self.page_holes);
         } else {
             self.index_extent(page, off, len);
         }
+    }
+
+    /// Places `data` in the smallest free extent that holds it all.
+    fn place_whole(&mut self, data: &[u8]) -> Option<Chunk> {
+        let &(_, page, off) = self.extents.range((data.len() as u16, 0, 0)..).next()?;
+        let c = self.carve(page as usize, off, data.len());
+        let p = self.pages[page as usize].as_mut().expect("page");
+        p.buf[off as usize..off as usize + data.len()].copy_from_slice(data);
+        Some(c)
     }
 
     fn place(&mut self, data: &[u8], limit: usize) -> Option<Vec<Chunk>> {
@@ -203,6 +220,20 @@ impl Chunks {
             at += n;
         }
         Some(chunks)
+    }
+}
+
+/// Drops the free slots at the end of `slots` (and their hole entries):
+/// the slot a put pushed goes again when that put is undone, so the
+/// table is charged as before it.
+fn trim_tail<T>(slots: &mut Vec<Option<T>>, holes: &mut Vec<usize>) {
+    let before = slots.len();
+    while let Some(None) = slots.last() {
+        slots.pop();
+    }
+    if slots.len() < before {
+        let n = slots.len();
+        holes.retain(|&h| h < n);
     }
 }
 
@@ -261,6 +292,7 @@ impl Allocator for Chunks {
     fn free(&mut self, l: Loc, _len: usize) {
         let rec = self.records[l.0 as usize].take().expect("free of a freed record");
         self.record_holes.push(l.0 as usize);
+        trim_tail(&mut self.records, &mut self.record_holes);
         for c in rec.chunks {
             self.give_back(c);
         }
@@ -273,14 +305,21 @@ impl Allocator for Chunks {
     fn metadata_bytes(&self) -> usize {
         let live_pages = self.pages.len() - self.page_holes.len();
         let live_records = self.records.len() - self.record_holes.len();
+        debug_assert!(self.extents.len() <= self.chunk_count + live_pages);
         self.chunk_count * std::mem::size_of::<Chunk>()
             + live_records * std::mem::size_of::<Record>()
             + live_pages * (std::mem::size_of::<Page>() + 4 * 4)
-            + self.extents.len() * 16
-            + vec_bytes(&self.pages)
-            + vec_bytes(&self.page_holes)
-            + vec_bytes(&self.records)
-            + vec_bytes(&self.record_holes)
+            // Free extents: at most one per chunk and one per page (each
+            // page's free ranges lie between its chunks), charged at that
+            // bound so that freeing a chunk never adds to the count.
+            + (self.chunk_count + live_pages) * 16
+            // The page and record tables by their slots, each with room
+            // for its hole entry: freeing makes a slot a hole and changes
+            // nothing here (their capacity, up to twice the slots after
+            // amortized growth, is not charged: it would stay after a put
+            // that was undone).
+            + self.pages.len() * (std::mem::size_of::<Option<Page>>() + 8)
+            + self.records.len() * (std::mem::size_of::<Option<Record>>() + 8)
     }
 
     fn compact(&mut self, _moved: &mut dyn FnMut(Moved)) -> usize {
@@ -318,33 +357,57 @@ impl Allocator for Chunks {
                         .is_some_and(|x| x.chunks.iter().any(|c| c.page as usize == victim))
                 })
                 .collect();
+            // All or nothing: every record is placed anew before any old
+            // chunk is given back, so a round that cannot place them all
+            // gives back what it placed and leaves the allocator as it
+            // was (moving some and stopping left them split in more
+            // chunks, with more metadata, and the page still held).
+            let mut placed: Vec<(usize, Vec<Chunk>)> = Vec::with_capacity(ids.len());
             let mut ok = true;
             for r in ids {
                 let len: usize =
                     self.records[r].as_ref().expect("record").chunks.iter().map(|c| c.len as usize).sum();
                 let mut tmp = vec![0u8; len];
                 self.read(Loc(r as u64), len, &mut tmp);
-                // Never take new pages while compacting.
-                let Some(chunks) = self.place(&tmp, 0) else {
+                // Whole, in one free extent, never in new pages: a record
+                // moved in pieces would keep chunks (metadata) beyond what
+                // it had, after the page is released and refilled.
+                let Some(chunk) = self.place_whole(&tmp) else {
                     ok = false;
                     break;
                 };
-                let old = std::mem::replace(&mut self.records[r].as_mut().expect("record").chunks, chunks);
-                for c in old {
+                placed.push((r, vec![chunk]));
+            }
+            if ok {
+                for (r, chunks) in placed {
+                    let old =
+                        std::mem::replace(&mut self.records[r].as_mut().expect("record").chunks, chunks);
+                    for c in old {
+                        self.give_back(c);
+                    }
+                }
+            } else {
+                // Every page a chunk was carved from held data before, so
+                // giving the chunks back releases none.
+                for c in placed.into_iter().flat_map(|(_, chunks)| chunks) {
                     self.give_back(c);
                 }
             }
             self.draining = None;
-            if let Some(p) = self.pages[victim].as_ref() {
+            // (The victim's slot is gone if it was the last one, released.)
+            let held = self.pages.get(victim).is_some_and(|p| p.is_some());
+            if let Some(Some(p)) = self.pages.get(victim) {
                 let free: Vec<(u16, u16)> = p.free.clone();
                 for (off, len) in free {
                     self.index_extent(victim, off, len);
                 }
             }
-            if !ok || self.pages[victim].is_some() || self.data_bytes >= data_before {
+            if !ok || held || self.data_bytes >= data_before {
                 break;
             }
         }
+        self.pages.shrink_to_fit();
+        self.records.shrink_to_fit();
         self.page_holes.shrink_to_fit();
         self.record_holes.shrink_to_fit();
         before.saturating_sub(self.memory_used())
