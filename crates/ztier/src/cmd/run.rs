@@ -590,7 +590,8 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(format!("ztier-{}", a.pid))?;
     let mut s = std::os::unix::net::UnixStream::connect_addr(&addr).with_context(|| {
         format!(
-            "process {} does not answer: is it running under `ztier run` (and its main library started)?",
+            "process {} does not answer: is it running under `ztier run`, and has it started ztier's \
+             library (a process does once it has asked for 1 MiB of memory or made a second thread)?",
             a.pid
         )
     })?;
