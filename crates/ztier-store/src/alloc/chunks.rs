@@ -186,31 +186,30 @@ impl Chunks {
     }
 
     fn place(&mut self, data: &[u8], limit: usize) -> Option<Vec<Chunk>> {
-        let len = data.len();
-        let mut chunks = Vec::with_capacity(2);
         // One extent that holds it all: the smallest such.
-        if let Some(&(_, page, off)) = self.extents.range((len as u16, 0, 0)..).next() {
-            chunks.push(self.carve(page as usize, off, len));
-        } else {
-            // Largest extents first, new pages for the rest.
-            let free_total: usize = self.extents.iter().map(|e| e.0 as usize).sum();
-            let need_pages = len.saturating_sub(free_total).div_ceil(PAGE);
-            if need_pages > 0 && self.memory_used() + need_pages * (PAGE + 64) > limit {
-                return None;
-            }
-            let mut left = len;
-            while left > 0 {
-                let (elen, page, off) = match self.extents.iter().next_back() {
-                    Some(&e) => e,
-                    None => {
-                        let p = self.new_page();
-                        (PAGE as u16, p as u32, 0)
-                    }
-                };
-                let take = left.min(elen as usize);
-                chunks.push(self.carve(page as usize, off, take));
-                left -= take;
-            }
+        if let Some(c) = self.place_whole(data) {
+            return Some(vec![c]);
+        }
+        // Largest extents first, new pages for the rest.
+        let len = data.len();
+        let free_total: usize = self.extents.iter().map(|e| e.0 as usize).sum();
+        let need_pages = len.saturating_sub(free_total).div_ceil(PAGE);
+        if need_pages > 0 && self.memory_used() + need_pages * (PAGE + 64) > limit {
+            return None;
+        }
+        let mut chunks = Vec::with_capacity(2);
+        let mut left = len;
+        while left > 0 {
+            let (elen, page, off) = match self.extents.iter().next_back() {
+                Some(&e) => e,
+                None => {
+                    let p = self.new_page();
+                    (PAGE as u16, p as u32, 0)
+                }
+            };
+            let take = left.min(elen as usize);
+            chunks.push(self.carve(page as usize, off, take));
+            left -= take;
         }
         let mut at = 0;
         for c in &chunks {
