@@ -172,7 +172,17 @@ impl Allocator for Cells {
             Some(i) => i,
             None => {
                 let size = self.cell_bytes();
-                if self.memory_used() + size + 128 > limit {
+                // Room for the cell, its metadata, the fragment and, if the
+                // records must grow, their growth (a record and a hole entry
+                // each, by an eighth).
+                let records = if self.holes.is_empty() && self.cells.len() == self.cells.capacity() {
+                    (self.cells.len() / 8 + 4)
+                        * (std::mem::size_of::<Option<Cell>>() + std::mem::size_of::<usize>())
+                } else {
+                    0
+                };
+                let meta = std::mem::size_of::<Cell>() + 2 * 48 + std::mem::size_of::<Frag>();
+                if self.memory_used() + size + meta + records > limit {
                     return None;
                 }
                 let cell = Cell { buf: vec![0u8; size], frags: Vec::new(), used: 0 };
@@ -182,7 +192,14 @@ impl Allocator for Cells {
                         h
                     }
                     None => {
+                        if self.cells.len() == self.cells.capacity() {
+                            self.cells.reserve_exact(self.cells.len() / 8 + 4);
+                        }
                         self.cells.push(Some(cell));
+                        let cap = self.cells.capacity();
+                        if self.holes.capacity() < cap {
+                            self.holes.reserve_exact(cap - self.holes.len());
+                        }
                         self.cells.len() - 1
                     }
                 };
@@ -233,7 +250,10 @@ impl Allocator for Cells {
         self.frag_count * std::mem::size_of::<Frag>()
             + live * (std::mem::size_of::<Cell>() + 2 * 48)
             + vec_bytes(&self.cells)
-            + vec_bytes(&self.holes)
+            // `holes` holds a cell number at most once, so it never needs
+            // more room than `cells` has; it is charged (and reserved) at
+            // that, so that a free, which may push on it, never grows the count.
+            + self.cells.capacity().max(self.holes.capacity()) * std::mem::size_of::<usize>()
     }
 
     fn compact(&mut self, moved: &mut dyn FnMut(Moved)) -> usize {
@@ -274,7 +294,6 @@ impl Allocator for Cells {
                 break;
             }
         }
-        self.holes.shrink_to_fit();
         before.saturating_sub(self.memory_used())
     }
 }

@@ -60,7 +60,7 @@ struct Slab {
 struct Class {
     size: usize,
     slabs: Vec<Option<Slab>>,
-    /// Slabs that may have a free slot (checked on use).
+    /// Slabs that may have a free slot (checked on use), each at most once.
     partial: Vec<usize>,
     /// Released slab numbers, reused first.
     holes: Vec<usize>,
@@ -71,8 +71,24 @@ struct Class {
 }
 
 impl Class {
+    /// The class's metadata. `partial` and `holes` each hold a slab
+    /// number at most once, so neither outgrows `slabs`: both are charged
+    /// (and reserved, see [`Class::fit_lists`]) at `slabs`' capacity, so
+    /// that a free, which may push on either, never grows the count.
     fn meta(&self) -> usize {
-        self.slab_meta + vec_bytes(&self.slabs) + vec_bytes(&self.partial) + vec_bytes(&self.holes)
+        let lists = self.slabs.capacity().max(self.partial.capacity())
+            + self.slabs.capacity().max(self.holes.capacity());
+        self.slab_meta + vec_bytes(&self.slabs) + lists * std::mem::size_of::<usize>()
+    }
+
+    /// Gives `partial` and `holes` room for one entry per slab record.
+    fn fit_lists(&mut self) {
+        let cap = self.slabs.capacity();
+        for list in [&mut self.partial, &mut self.holes] {
+            if list.capacity() < cap {
+                list.reserve_exact(cap - list.len());
+            }
+        }
     }
 
     /// Pages of the next slab: the k minimising the class's expected loss
@@ -171,6 +187,9 @@ impl Classes {
 
     fn release(c: &mut Class, s: usize, data_bytes: &mut usize) {
         let slab = c.slabs[s].take().expect("slab in use");
+        // An empty slab is on the partial list; a slab number is there at
+        // most once (the list stays within its reserved room).
+        c.partial.retain(|&p| p != s);
         c.holes.push(s);
         c.pages -= slab.buf.len() / PAGE;
         c.slab_meta -= slab_meta(slab.slots);
@@ -193,8 +212,15 @@ impl Allocator for Classes {
             }
             let pages = c.next_slab_pages();
             let slots = pages * PAGE / c.size;
-            // Room for the slab, its metadata and the record vectors' growth.
-            let grow = pages * PAGE + slab_meta(slots) + 3 * std::mem::size_of::<usize>() + 64;
+            // Room for the slab, its metadata and, if the records must
+            // grow, their growth (a record plus its two list entries each).
+            let records = if c.holes.is_empty() && c.slabs.len() == c.slabs.capacity() {
+                (c.slabs.len() / 8 + 4)
+                    * (std::mem::size_of::<Option<Slab>>() + 2 * std::mem::size_of::<usize>())
+            } else {
+                0
+            };
+            let grow = pages * PAGE + slab_meta(slots) + records;
             if used + grow > limit {
                 return None;
             }
@@ -210,11 +236,13 @@ impl Allocator for Classes {
                     h
                 }
                 None => {
-                    // Grow the records by an eighth, not by doubling.
+                    // Grow the records by an eighth, not by doubling
+                    // (`records` above).
                     if c.slabs.len() == c.slabs.capacity() {
                         c.slabs.reserve_exact(c.slabs.len() / 8 + 4);
                     }
                     c.slabs.push(Some(slab));
+                    c.fit_lists();
                     c.slabs.len() - 1
                 }
             };
@@ -342,6 +370,7 @@ impl Allocator for Classes {
                     .collect();
                 c.partial.shrink_to_fit();
                 c.holes.shrink_to_fit();
+                c.fit_lists();
             });
         }
         before.saturating_sub(self.memory_used())

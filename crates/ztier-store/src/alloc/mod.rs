@@ -71,12 +71,13 @@ pub trait Allocator: Send {
     /// It should never grow on [`Self::free`], and a free that undoes an
     /// [`Self::alloc`] should give back all the alloc took: a store whose
     /// remaining entries cannot be evicted (pinned) has nothing else to
-    /// make up for it with. Chunks counts its metadata from what it stores
-    /// for that reason. Cells and classes charge some lists (holes,
-    /// partial slabs) by capacity, which a free can double. That is a few
-    /// bytes against the slab or cell a free usually releases, and the
-    /// store test `one_shard_stays_within_its_share` has not found it at
-    /// its sizes.
+    /// make up for it with. So every allocator charges what a free pushes
+    /// on at a bound fixed when it allocated. Chunks: one free extent per
+    /// chunk and per page, and its tables by their slots. Cells and
+    /// classes: their lists of released (and partly used) cells or slabs
+    /// at the capacity of their records, reserved when the records grow
+    /// (by an eighth, which an alloc counts against `limit`). The store
+    /// test `one_shard_stays_within_its_share` checks it for all of them.
     fn memory_used(&self) -> usize;
 
     /// Of [`Self::memory_used`], the allocator's own metadata.
