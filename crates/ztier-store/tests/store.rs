@@ -224,6 +224,15 @@ proptest! {
     }
 }
 
+/// Every allocator, as the share tests run them.
+const ALLOCATORS: [AllocatorKind; 5] = [
+    AllocatorKind::Cells(1),
+    AllocatorKind::Cells(2),
+    AllocatorKind::Cells(4),
+    AllocatorKind::Chunks,
+    AllocatorKind::Classes,
+];
+
 /// One shard near its share, two pools (ephemeral, and persistent with no
 /// next tier: pinned), 24 keys: every operation must end with the shard
 /// within its share, unless a shrink was refused. (With the chunks
@@ -269,61 +278,61 @@ proptest! {
         ),
         budget_kb in 20..40usize,
     ) {
-        for alloc in [
-            AllocatorKind::Cells(1),
-            AllocatorKind::Cells(2),
-            AllocatorKind::Cells(4),
-            AllocatorKind::Chunks,
-            AllocatorKind::Classes,
-        ] {
+        for alloc in ALLOCATORS {
             within_share(&ops, alloc, budget_kb);
         }
     }
 }
 
+/// The shortest cases the property test above has found, on every
+/// allocator.
 #[test]
-fn chunks_shard_ends_a_put_that_evicts_itself_within_its_share() {
-    // The shortest case the property test above found before the chunks
-    // allocator's metadata was counted from what it stores: the last put
-    // evicted the other ephemeral page and itself, and freeing grew the
-    // metadata, with only pinned pages left (18448 of 18432 bytes).
-    let ops = [
-        (0, 0, 0, 0, 0),
-        (0, 1, 0, 0, 0),
-        (0, 0, 0, 0, 0),
-        (0, 1, 1, 4, 0),
-        (2, 0, 18, 0, 0),
-        (0, 1, 11, 3, 0),
-        (0, 1, 12, 1, 0),
-        (0, 0, 1, 1, 0),
-        (0, 1, 2, 4, 0),
-        (0, 1, 3, 4, 0),
-        (0, 0, 2, 1, 83),
+fn shortest_cases_found_end_within_the_share() {
+    type Ops = &'static [(u8, usize, u32, usize, u64)];
+    let cases: [(Ops, usize); 2] = [
+        // Before the chunks allocator's metadata was counted from what it
+        // stores: the last put evicted the other ephemeral page and
+        // itself, and freeing grew the metadata, with only pinned pages
+        // left (chunks: 18448 of 18432 bytes).
+        (
+            &[
+                (0, 0, 0, 0, 0),
+                (0, 1, 0, 0, 0),
+                (0, 0, 0, 0, 0),
+                (0, 1, 1, 4, 0),
+                (2, 0, 18, 0, 0),
+                (0, 1, 11, 3, 0),
+                (0, 1, 12, 1, 0),
+                (0, 0, 1, 1, 0),
+                (0, 1, 2, 4, 0),
+                (0, 1, 3, 4, 0),
+                (0, 0, 2, 1, 83),
+            ],
+            20,
+        ),
+        // Found in CI, before cells and classes charged their lists of
+        // released slots at a fixed bound: after a shrink, a put over a
+        // pinned page released a slab, and the list of released slabs
+        // doubled (classes: 21514 of 21504 bytes).
+        (
+            &[
+                (0, 0, 2, 2, 819),
+                (0, 0, 3, 4, 626),
+                (0, 1, 0, 2, 134),
+                (0, 1, 21, 2, 608),
+                (0, 1, 1, 4, 114),
+                (0, 1, 2, 4, 36),
+                (0, 0, 0, 0, 0),
+                (2, 0, 21, 0, 0),
+                (0, 1, 21, 0, 0),
+            ],
+            26,
+        ),
     ];
-    within_share(&ops, AllocatorKind::Chunks, 20);
-}
-
-#[test]
-fn shard_ends_a_put_over_a_pinned_page_within_its_share() {
-    // The shortest case the property test above found (in CI) before cells
-    // and classes charged their lists of released slots at a fixed bound:
-    // after a shrink, a put over a pinned page released a slab, and the
-    // list of released slabs doubled (21514 of 21504 bytes, classes).
-    let ops = [
-        (0, 0, 2, 2, 819),
-        (0, 0, 3, 4, 626),
-        (0, 1, 0, 2, 134),
-        (0, 1, 21, 2, 608),
-        (0, 1, 1, 4, 114),
-        (0, 1, 2, 4, 36),
-        (0, 0, 0, 0, 0),
-        (2, 0, 21, 0, 0),
-        (0, 1, 21, 0, 0),
-    ];
-    for alloc in
-        [AllocatorKind::Cells(1), AllocatorKind::Cells(2), AllocatorKind::Chunks, AllocatorKind::Classes]
-    {
-        within_share(&ops, alloc, 26);
+    for (ops, budget_kb) in cases {
+        for alloc in ALLOCATORS {
+            within_share(ops, alloc, budget_kb);
+        }
     }
 }
 
