@@ -60,7 +60,7 @@ struct Slab {
 struct Class {
     size: usize,
     slabs: Vec<Option<Slab>>,
-    /// Slabs that may have a free slot (checked on use), each at most once.
+    /// The slabs with a free slot, each once; the last is used first.
     partial: Vec<usize>,
     /// Released slab numbers, reused first.
     holes: Vec<usize>,
@@ -87,6 +87,8 @@ impl Class {
         for list in [&mut self.partial, &mut self.holes] {
             if list.capacity() < cap {
                 list.reserve_exact(cap - list.len());
+            } else {
+                list.shrink_to(cap);
             }
         }
     }
@@ -170,25 +172,19 @@ impl Classes {
     }
 
     fn take_slot(c: &mut Class, owner: u64) -> Option<(usize, usize)> {
-        while let Some(&s) = c.partial.last() {
-            if let Some(slab) = c.slabs[s].as_mut() {
-                if let Some(slot) = slab.free.pop() {
-                    slab.owners[slot as usize] = u32::try_from(owner).expect("owner ids fit in 32 bits");
-                    if slab.free.is_empty() {
-                        c.partial.pop();
-                    }
-                    return Some((s, slot as usize));
-                }
-            }
+        let &s = c.partial.last()?;
+        let slab = c.slabs[s].as_mut().expect("a partial slab is live");
+        let slot = slab.free.pop().expect("a partial slab has a free slot");
+        slab.owners[slot as usize] = u32::try_from(owner).expect("owner ids fit in 32 bits");
+        if slab.free.is_empty() {
             c.partial.pop();
         }
-        None
+        Some((s, slot as usize))
     }
 
     fn release(c: &mut Class, s: usize, data_bytes: &mut usize) {
         let slab = c.slabs[s].take().expect("slab in use");
-        // An empty slab is on the partial list; a slab number is there at
-        // most once (the list stays within its reserved room).
+        // An empty slab is on the partial list (once): take it off.
         c.partial.retain(|&p| p != s);
         c.holes.push(s);
         c.pages -= slab.buf.len() / PAGE;
@@ -368,8 +364,6 @@ impl Allocator for Classes {
                 c.partial = (0..c.slabs.len())
                     .filter(|&s| c.slabs[s].as_ref().is_some_and(|x| !x.free.is_empty()))
                     .collect();
-                c.partial.shrink_to_fit();
-                c.holes.shrink_to_fit();
                 c.fit_lists();
             });
         }
