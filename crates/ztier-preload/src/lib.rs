@@ -706,8 +706,8 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
         let addr = (ev.address as usize) & !(PAGE - 1);
         if ev.flags & ztier_uffd::uffd::PAGEFAULT_FLAG_WP != 0 {
             // A write hit a write-protected page: one being evicted (the
-            // evictor wakes the writer when done) or a clean one (it
-            // becomes dirty); see `Manager::write_fault`.
+            // evictor wakes the writer when done) or, under `--clean wp`, a
+            // clean one (it becomes dirty); see `Manager::write_fault`.
             g.stats.wp_faults.fetch_add(1, Ordering::Relaxed);
             if g.in_arena(addr) {
                 lock(&g.mgr).write_fault(addr, &g.stats)?;

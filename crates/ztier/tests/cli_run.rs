@@ -116,11 +116,22 @@ fn python3_dict_and_list_heavy() {
     assert!(mean > 0.0, "mean service time {mean} (p50 {p50}, p99 {p99})");
     let (o, st) = (s["orig_bytes"].as_u64().unwrap(), s["stored_bytes"].as_u64().unwrap());
     assert!(o > 0 && st > 0 && st < o, "python heap compresses: {o} -> {st}");
-    // --clean on: pages that came back clean and were then written take
+    // By default (--clean verify) pages that came back keep their copy
+    // and are told clean or written by their hash at eviction: CPython
+    // both writes pages it reads (reference counts) and leaves some alone.
+    assert!(s["dirtied"].as_u64().unwrap() > 0 && s["clean_evicted"].as_u64().unwrap() > 0, "{s}");
+    // Installed writable: a write costs no fault (the few write-protect
+    // faults are writes to pages while they are being evicted).
+    let verify_wp_faults = s["wp_faults"].as_u64().unwrap();
+    assert!(verify_wp_faults < s["dirtied"].as_u64().unwrap(), "{s}");
+    // --clean wp: pages that came back clean and were then written take
     // the write-protect path (their kept copy dropped); same output.
-    let (m, s) = managed_with("24M", &["--clean", "on"], &["python3", "job.py"], &d);
+    let (m, s) = managed_with("24M", &["--clean", "wp"], &["python3", "job.py"], &d);
     assert!(m.status.success() && m.stdout == native(&["python3", "job.py"], &d).stdout);
     assert!(s["dirtied"].as_u64().unwrap() > 0 && s["clean_evicted"].as_u64().unwrap() > 0, "{s}");
+    // Here every page written after it came back took a write fault.
+    assert!(s["wp_faults"].as_u64().unwrap() >= s["dirtied"].as_u64().unwrap(), "{s}");
+    assert!(s["wp_faults"].as_u64().unwrap() > verify_wp_faults, "{s}");
     assert!(s["peak_resident_bytes"].as_u64().unwrap() <= 24 << 20);
 }
 
@@ -418,16 +429,23 @@ fn cyclic_reuse_larger_than_the_budget_keeps_a_protected_part() {
     let p = &s["per_process"][0];
     assert!(s["regretted"].as_u64().unwrap() * 2 > s["demoted"].as_u64().unwrap(), "{s}");
     assert_eq!(p["age_every"].as_u64(), Some(256), "aging slowed down for a loop: {p}");
-    // By default every eviction compresses.
+    // By default (--clean verify) the pages that cycle through probation
+    // keep their compressed copy; the passes only read, so at eviction
+    // their hash matches and they go out again without compression.
+    let (clean, comp) = (s["clean_evicted"].as_u64().unwrap(), compressed(&s));
+    assert!(clean > 2 * comp, "verify: clean evictions {clean}, compressions {comp}");
+    assert_eq!(s["dirtied"].as_u64(), Some(0), "nothing was written after the first pass");
+    // --clean off: every eviction compresses.
+    let (o, s) = managed_with("32M", &["--clean", "off"], &[&exe], &d);
+    assert!(o.status.success() && o.stdout == native(&[&exe], &d).stdout);
     assert_eq!(s["clean_evicted"].as_u64(), Some(0));
     assert!(compressed(&s) > pages_in, "{} compressions", compressed(&s));
-    // --clean on: the passes only read, so pages come back
-    // write-protected with their compressed copy kept and go out again
-    // without compression.
-    let (o, s) = managed_with("32M", &["--clean", "on"], &[&exe], &d);
+    // --clean wp: pages come back write-protected with their compressed
+    // copy kept and go out again without compression.
+    let (o, s) = managed_with("32M", &["--clean", "wp"], &[&exe], &d);
     assert!(o.status.success() && o.stdout == native(&[&exe], &d).stdout);
     let (clean, comp) = (s["clean_evicted"].as_u64().unwrap(), compressed(&s));
-    assert!(clean > 2 * comp, "clean evictions {clean}, compressions {comp}");
+    assert!(clean > 2 * comp, "wp: clean evictions {clean}, compressions {comp}");
     assert_eq!(s["dirtied"].as_u64(), Some(0), "nothing was written after the first pass");
     assert!(s["peak_resident_bytes"].as_u64().unwrap() <= 32 << 20);
 }

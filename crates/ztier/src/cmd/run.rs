@@ -98,13 +98,19 @@ pub struct RunArgs {
     /// leave threads waiting on page faults forever).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
     pub watchdog: u32,
-    /// on: a page faulted back from the store keeps its compressed copy and is
-    /// installed write-protected; evicted again before any write, it is just
-    /// dropped (no compression, no write-protect call), but its first write
-    /// costs one more fault. Pays for read-mostly data; CPython writes most
-    /// pages it reads (reference counts) and runs slower with it.
-    /// off: every eviction compresses.
-    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    /// How a page that comes back from the store and is evicted again
+    /// without being written avoids a second compression.
+    ///
+    /// verify: a page faulted back into probation (not the protected part of
+    /// the budget, where pages stay long) keeps its compressed copy and is
+    /// installed writable; at eviction its xxh3-128 hash is compared with the
+    /// copy's, and an unchanged page is just dropped. Costs a hash per
+    /// eviction and the copies of probation's pages. wp: every page faulted
+    /// back keeps its copy and is installed write-protected, so its first
+    /// write costs one more fault (pays for read-mostly programs only;
+    /// CPython writes most pages it reads, reference counts). off: every
+    /// eviction compresses.
+    #[arg(long, default_value = "verify", value_parser = ["verify", "wp", "off"])]
     pub clean: String,
     /// Print a one-line summary to stderr when the program ends.
     #[arg(long)]
@@ -131,7 +137,7 @@ impl RunArgs {
             prefetch: 32,
             spin_us: 0,
             watchdog: 30,
-            clean: "off".into(),
+            clean: "verify".into(),
             summary: false,
             cmd,
         }
@@ -260,7 +266,7 @@ pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutc
         .env("ZTIER_PREFETCH", a.prefetch.to_string())
         .env("ZTIER_SPIN_US", a.spin_us.to_string())
         .env("ZTIER_WATCHDOG_S", a.watchdog.to_string())
-        .env("ZTIER_CLEAN", if a.clean == "on" { "1" } else { "0" })
+        .env("ZTIER_CLEAN", &a.clean)
         .env("ZTIER_CPUS", allowed_cpus());
     if let Some(s) = a.store {
         cmd.env("ZTIER_STORE", s.to_string());
