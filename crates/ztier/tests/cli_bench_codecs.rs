@@ -143,4 +143,15 @@ fn demo_runs_on_built_in_defaults() {
     for a in ["cells1", "cells2", "cells4", "chunks", "classes"] {
         assert!(part2.lines().any(|l| l.starts_with(a)), "store table lacks {a}:\n{part2}");
     }
+    // Part 5: the Python job under a budget; pages that went out unchanged
+    // were not compressed again.
+    let part5 = text.split("part 5").nth(1).expect("demo has a ztier run part");
+    assert!(part5.contains("output identical to the native run"), "{part5}");
+    let clean: u64 = part5
+        .split(" more evicted unchanged")
+        .next()
+        .and_then(|t| t.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of unchanged evictions:\n{part5}"));
+    assert!(clean > 0, "{part5}");
 }

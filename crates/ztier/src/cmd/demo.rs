@@ -159,9 +159,11 @@ fn run_demo() -> Result<()> {
         mb(&s["peak_resident_bytes"])
     );
     println!(
-        "\nUnder ztier run: {} pages compressed ({:.0} MB held in {:.0} MB at the store's fullest), {} faults served \
+        "\nUnder ztier run: {} pages compressed and {} more evicted unchanged, without compression \
+         ({:.0} MB held in {:.0} MB at the store's fullest), {} faults served \
          (p50 {} µs, p99 {} µs handler time), output {}.",
         s["pages_compressed"],
+        s["clean_evicted"],
         mb(&s["orig_bytes"]),
         mb(&s["stored_bytes"]),
         s["faults"],
