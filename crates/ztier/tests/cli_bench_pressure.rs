@@ -85,6 +85,10 @@ fn kernel_baselines_restore_every_setting() {
         // timeout); one that finished must match the native output.
         if r["exit_code"] == 0 {
             assert_eq!(r["same_output"], true, "{r}");
+            // Its CPU time is counted: a CPU-bound program, so most of
+            // the native wall time at least.
+            let (cpu, native) = (r["cpu_s"].as_f64().unwrap(), rows[0]["wall_s"].as_f64().unwrap());
+            assert!(cpu > native / 2.0, "{r}");
         }
     }
     assert_eq!(system_state(), before, "swap, zswap, cgroups and zram devices are as they were");

@@ -33,8 +33,8 @@ pub enum BenchCommand {
     /// A program under memory pressure: natively, then at each budget under
     /// kernel swap to a file, zswap and zram (in a memory cgroup; root) and
     /// under `ztier run`. Checks outputs are identical; prints wall time,
-    /// peak RSS, major faults, bytes compressed and ztier run's fault
-    /// service p50/p99/mean, and can plot them.
+    /// CPU time, peak RSS, major faults, bytes compressed and ztier run's
+    /// fault service p50/p99/mean, and can plot them.
     Pressure(bench_pressure::PressureArgs),
 }
 

@@ -2,7 +2,8 @@
 //! and at each budget under kernel swap to a file, kernel zswap, kernel
 //! zram swap — each inside a memory cgroup limited to the budget — and
 //! under `ztier run`. Outputs must be identical to the native run; the
-//! table reports wall time (and its ratio to native), peak RSS, major
+//! table reports wall time (and its ratio to native), CPU time (user +
+//! system of the program's processes and threads), peak RSS, major
 //! faults and what was compressed, then `ztier run`'s fault service time
 //! (p50, p99, mean) per budget, and an SVG plot shows the wall times (zcache's
 //! "make -jN under memory pressure" view).
@@ -75,6 +76,9 @@ struct Row {
     budget: Option<u64>,
     wall_s: f64,
     vs_native: f64,
+    /// User + system time of the program's processes (threads and
+    /// waited-for children included; not the kernel's own threads).
+    cpu_s: f64,
     peak_rss_bytes: u64,
     major_faults: u64,
     compressed_orig_bytes: Option<u64>,
@@ -112,6 +116,7 @@ impl Row {
             budget: Some(budget),
             wall_s: m.wall_s,
             vs_native: m.wall_s / native_s,
+            cpu_s: m.cpu_s,
             peak_rss_bytes: m.maxrss,
             major_faults: m.majflt,
             compressed_orig_bytes: None,
@@ -399,6 +404,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         budget: None,
         wall_s: n.wall_s,
         vs_native: 1.0,
+        cpu_s: n.cpu_s,
         peak_rss_bytes: n.maxrss,
         major_faults: n.majflt,
         compressed_orig_bytes: None,
@@ -479,6 +485,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             budget: Some(budget),
             wall_s: wall,
             vs_native: wall / n.wall_s,
+            cpu_s: s["cpu_s"].as_f64().unwrap_or(0.0),
             peak_rss_bytes: s["peak_rss_bytes"].as_u64().unwrap_or(0),
             major_faults: s["major_faults"].as_u64().unwrap_or(0),
             compressed_orig_bytes: s["orig_bytes"].as_u64(),
@@ -503,8 +510,16 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     )?;
     writeln!(
         o,
-        "{:<20} {:>8} {:>9} {:>8} {:>10} {:>10} {:>22} {:>7}",
-        "mode", "budget", "wall s", "× native", "peak RSS", "maj.flt", "compressed (orig→mem)", "output"
+        "{:<20} {:>8} {:>9} {:>8} {:>7} {:>10} {:>10} {:>22} {:>7}",
+        "mode",
+        "budget",
+        "wall s",
+        "× native",
+        "CPU s",
+        "peak RSS",
+        "maj.flt",
+        "compressed (orig→mem)",
+        "output"
     )?;
     for r in &rows {
         let comp = match (r.compressed_orig_bytes, r.compressed_bytes) {
@@ -514,11 +529,12 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         };
         writeln!(
             o,
-            "{:<20} {:>8} {:>9.2} {:>8.2} {:>7.0} MB {:>10} {:>22} {:>7}",
+            "{:<20} {:>8} {:>9.2} {:>8.2} {:>7.2} {:>7.0} MB {:>10} {:>22} {:>7}",
             r.mode,
             r.budget.map_or("-".into(), |b| format!("{}M", b >> 20)),
             r.wall_s,
             r.vs_native,
+            r.cpu_s,
             r.peak_rss_bytes as f64 / 1e6,
             r.major_faults,
             comp,
@@ -615,6 +631,7 @@ mod tests {
             budget: Some(256 << 20),
             wall_s,
             vs_native: 0.0,
+            cpu_s: 0.0,
             peak_rss_bytes: 0,
             major_faults: 0,
             compressed_orig_bytes: None,

@@ -293,6 +293,7 @@ pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutc
     stats["exit_code"] = code.into();
     stats["peak_rss_bytes"] = m.maxrss.into();
     stats["major_faults"] = m.majflt.into();
+    stats["cpu_s"] = m.cpu_s.into();
     stats["budget_bytes"] = a.budget.into();
     Ok(RunOutcome { code, stats })
 }
@@ -308,6 +309,10 @@ pub struct Measured {
     pub maxrss: u64,
     /// Major faults of the child and its waited-for descendants.
     pub majflt: u64,
+    /// CPU time (user + system, seconds) of the child and its waited-for
+    /// descendants, every thread included (wait4). Work the kernel does
+    /// in its own threads (kswapd, for instance) is not in it.
+    pub cpu_s: f64,
     /// Killed after the timeout.
     pub timed_out: bool,
 }
@@ -429,6 +434,7 @@ pub fn measure_with_timeout(
             h => h,
         },
         majflt: ru.ru_majflt as u64,
+        cpu_s: [ru.ru_utime, ru.ru_stime].iter().map(|t| t.tv_sec as f64 + t.tv_usec as f64 / 1e6).sum(),
         timed_out: killed.load(Ordering::Relaxed),
     })
 }
@@ -630,6 +636,21 @@ mod tests {
         let m = measure(&mut c).unwrap();
         assert_eq!(m.code, 0);
         assert!(m.maxrss >= 96 << 20, "peak RSS {} bytes", m.maxrss);
+    }
+
+    #[test]
+    fn cpu_time_counts_the_children_and_not_the_sleep() {
+        // A shell whose child spins ~0.4 s on the CPU, then sleeps 0.4 s.
+        let mut c = std::process::Command::new("sh");
+        c.args([
+            "-c",
+            "python3 -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass' \
+             && sleep 0.4",
+        ]);
+        let m = measure(&mut c).unwrap();
+        assert_eq!(m.code, 0);
+        assert!(m.cpu_s >= 0.4, "CPU {} s", m.cpu_s);
+        assert!(m.cpu_s < m.wall_s - 0.3, "CPU {} s of {} s wall, 0.4 s of it asleep", m.cpu_s, m.wall_s);
     }
 
     #[test]
