@@ -625,39 +625,26 @@ fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
 impl Manager {
     /// A manager over `pages` pages at `base` (already mapped).
     pub fn new(base: usize, pages: usize, cfg: Config) -> io::Result<Manager> {
-        let states = sys::mmap(
-            std::ptr::null_mut(),
-            pages,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        );
-        if states == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let evicted_at = sys::mmap(
-            std::ptr::null_mut(),
-            pages * 4,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        );
-        if evicted_at == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let hashes = sys::mmap(
-            std::ptr::null_mut(),
-            pages * 16,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        );
-        if hashes == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        // Per-page tables: private, zero-filled, and backed only where
+        // touched (the arena is 64 GiB of address space).
+        let table = |bytes: usize| {
+            let p = sys::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(p)
+            }
+        };
+        let states = table(pages)?;
+        let evicted_at = table(pages * 4)?;
+        let hashes = table(pages * 16)?;
         let clean = CleanMode::from_env()?;
         let budget = cfg.budget_pages.max(EVICT_BATCH * 2);
         let sizing = match &cfg.policy {
