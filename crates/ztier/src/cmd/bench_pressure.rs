@@ -24,6 +24,14 @@
 //! In a v1 cgroup the OOM killer is disabled (v1 would kill the program
 //! while reclaim waits for swap writeback); a program paused at the limit
 //! is woken by a watcher (`wake_oom_waiters`), since nothing else would.
+//! Only the program's own faults wait there: one the kernel takes for it
+//! (a system call's buffer, glibc's `rseq` area written on the way back
+//! to user space) fails at the limit, so a kernel baseline can end with
+//! `EFAULT` or `SIGSEGV`; the table says FAILED and a line below it
+//! says how the program ended (`failure_lines`). Measured: the default
+//! `examples/workloads/pyapp.py` (~700 MB) under zswap at 256M was killed by
+//! `SIGSEGV` from `rseq` after ~55 s in four runs of four, and with
+//! `GLIBC_TUNABLES=glibc.pthread.rseq=0` it hit the 300 s timeout instead.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -160,6 +168,34 @@ fn swap_ratios(rows: &[Row], budgets: &[u64]) -> Vec<String> {
         ));
     }
     lines
+}
+
+/// Per row that did not finish on its own: how it ended. A v1 cgroup
+/// pauses a program's own page faults at the limit, but a fault the
+/// kernel takes on the program's behalf fails there instead — a
+/// `read` into a swapped-out buffer gets `EFAULT`, and glibc's `rseq`
+/// area, which the kernel writes on the way back to user space, gets
+/// the program killed by `SIGSEGV` (seen with zswap, whose compressed
+/// pool is charged to the same cgroup).
+fn failure_lines(rows: &[Row]) -> Vec<String> {
+    rows.iter()
+        .filter(|r| r.timed_out || r.exit_code != 0)
+        .map(|r| {
+            let at = r.budget.map_or(String::new(), |b| format!(" at {}M", b >> 20));
+            let how = if r.timed_out {
+                format!("stopped at the timeout after {:.0} s", r.wall_s)
+            } else if r.exit_code > 128 {
+                let sig = r.exit_code - 128;
+                // SAFETY: strsignal returns a pointer to a static or
+                // thread-local NUL-terminated string, read at once.
+                let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) };
+                format!("killed by signal {sig} ({}), exit status {}", name.to_string_lossy(), r.exit_code)
+            } else {
+                format!("exited with status {}", r.exit_code)
+            };
+            format!("{}{at}: the program {how}", r.mode)
+        })
+        .collect()
 }
 
 /// Per ztier run row: its fault service times (the latency
@@ -558,6 +594,9 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             r.oom_wakeups
         )?;
     }
+    for line in failure_lines(&rows) {
+        writeln!(o, "{line}")?;
+    }
     for line in fault_lines(&rows) {
         writeln!(o, "{line}")?;
     }
@@ -645,6 +684,27 @@ mod tests {
             fault_p99_us: None,
             fault_mean_us: None,
         }
+    }
+
+    #[test]
+    fn runs_that_did_not_finish_say_how_they_ended() {
+        let rows = [
+            row("native", 5.0, true, 0, false),
+            row("kernel swap (file)", 120.0, true, 0, false),
+            row("kernel zswap", 50.0, false, 139, false),
+            row("kernel zram", 300.0, false, 0, true),
+            row("ztier run", 15.0, false, 3, false),
+        ];
+        let lines = failure_lines(&rows);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(
+            lines[0].starts_with("kernel zswap at 256M: the program killed by signal 11 ("),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[0].contains("fault") && lines[0].ends_with("exit status 139"), "{}", lines[0]);
+        assert_eq!(lines[1], "kernel zram at 256M: the program stopped at the timeout after 300 s");
+        assert_eq!(lines[2], "ztier run at 256M: the program exited with status 3");
     }
 
     #[test]
