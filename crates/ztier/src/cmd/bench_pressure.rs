@@ -15,7 +15,6 @@
 //! ```text
 //!  swap file   fallocate + mkswap + swapon      → swapoff, delete
 //!  zswap       /sys/module/zswap/parameters/enabled = Y   → old value
-//!              …/shrinker_enabled = Y (if present)          → old value
 //!  zram        hot_add, comp_algorithm, disksize, mkswap, swapon
 //!                                                → swapoff, reset, hot_remove
 //!  cgroup      memory/ztier-bench-PID-N, limit_in_bytes (v1) or memory.max (v2)
@@ -29,15 +28,10 @@
 //! (a system call's buffer, glibc's `rseq` area written on the way back
 //! to user space) fails at the limit, so a kernel baseline can end with
 //! `EFAULT` or `SIGSEGV`; the table says FAILED and a line below it
-//! says how the program ended (`failure_lines`).
-//!
-//! zswap runs with its shrinker on. With the kernel's default (off here)
-//! zswap writes back to the swap file only when its pool reaches
-//! `max_pool_percent` of all RAM, never at a cgroup's limit: the default
-//! `examples/workloads/pyapp.py` (~700 MB) at 256M was then killed by `SIGSEGV` from `rseq` after ~55 s in four runs of
-//! four (with `GLIBC_TUNABLES=glibc.pthread.rseq=0`, it stalled until the
-//! 300 s timeout instead). With the shrinker on it finished in 55.7 s,
-//! with the native output.
+//! says how the program ended (`failure_lines`). Measured: the default
+//! `examples/workloads/pyapp.py` (~700 MB) under zswap at 256M was killed by
+//! `SIGSEGV` from `rseq` after ~55 s in four runs of four, and with
+//! `GLIBC_TUNABLES=glibc.pthread.rseq=0` it hit the 300 s timeout instead.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -369,26 +363,12 @@ fn swap_file(restore: &mut Restore, dir: &Path, size: u64) -> Result<()> {
     Ok(())
 }
 
-/// zswap on or off for the next run; on, with its shrinker (the
-/// writeback of its coldest compressed pages to the swap file under
-/// memory pressure) on as well, where the kernel has one: without it a
-/// program well over the cgroup's limit can fail there (see the module
-/// docs). Both flags get their old values back.
 fn zswap(restore: &mut Restore, on: bool) -> Result<()> {
     let p = "/sys/module/zswap/parameters/enabled";
     let old = std::fs::read_to_string(p).context("zswap is not available (no /sys/module/zswap)")?;
     let old = old.trim().to_string();
     restore.push("zswap enabled flag", move || write(p, &old));
-    write(p, if on { "Y" } else { "N" })?;
-    let shrinker = "/sys/module/zswap/parameters/shrinker_enabled";
-    if on {
-        if let Ok(old) = std::fs::read_to_string(shrinker) {
-            let old = old.trim().to_string();
-            restore.push("zswap shrinker flag", move || write(shrinker, &old));
-            write(shrinker, "Y")?;
-        }
-    }
-    Ok(())
+    write(p, if on { "Y" } else { "N" })
 }
 
 /// A zram swap device of `size` bytes; returns its mm_stat path.
