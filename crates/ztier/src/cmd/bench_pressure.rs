@@ -52,7 +52,9 @@ use super::run::{measure, run_program, Measured, RunArgs};
 #[command(after_long_help = "Example:\n  \
     ztier bench pressure --budgets 256M -- python3 examples/workloads/pyapp.py\n\n\
 Kernel baselines need root (swapon, cgroups, zram); without root they are skipped\n\
-with a message and only native and ztier run.")]
+with a message and only native and ztier run. A run that fails or hits --timeout\n\
+is a result, not an error: its row says FAILED or TIMEOUT and a line under the\n\
+table says how the program ended (signal, exit status).")]
 pub struct PressureArgs {
     /// Memory budgets (comma-separated sizes).
     #[arg(long, default_value = "256M")]
