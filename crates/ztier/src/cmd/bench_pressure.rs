@@ -30,7 +30,7 @@
 //! `EFAULT` or `SIGSEGV`; the table says FAILED and a line below it
 //! says how the program ended (`failure_lines`). Measured: the default
 //! `examples/workloads/pyapp.py` (~700 MB) under zswap at 256M was killed by
-//! `SIGSEGV` from `rseq` after ~55 s in four runs of four, and with
+//! `SIGSEGV` from `rseq` after ~50–62 s in five runs of five, and with
 //! `GLIBC_TUNABLES=glibc.pthread.rseq=0` it hit the 300 s timeout instead.
 //! With zswap's shrinker on as well (writeback to the swap file under
 //! pressure; off by default here) it finished once in four runs (55.7 s),
@@ -176,13 +176,8 @@ fn swap_ratios(rows: &[Row], budgets: &[u64]) -> Vec<String> {
     lines
 }
 
-/// Per row that did not finish on its own: how it ended. A v1 cgroup
-/// pauses a program's own page faults at the limit, but a fault the
-/// kernel takes on the program's behalf fails there instead — a
-/// `read` into a swapped-out buffer gets `EFAULT`, and glibc's `rseq`
-/// area, which the kernel writes on the way back to user space, gets
-/// the program killed by `SIGSEGV` (seen with zswap, whose compressed
-/// pool is charged to the same cgroup).
+/// Per row that did not finish on its own: how it ended (the module docs
+/// say why a kernel baseline can fail at a v1 limit).
 fn failure_lines(rows: &[Row]) -> Vec<String> {
     rows.iter()
         .filter(|r| r.timed_out || r.exit_code != 0)
