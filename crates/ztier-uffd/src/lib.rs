@@ -8,6 +8,10 @@
 //! installs them with `UFFDIO_COPY` (`UFFDIO_ZEROPAGE` for pages that were
 //! never stored). `ztier run`'s library (`crates/ztier-preload`) uses the
 //! API with missing + write-protect registration over its own arena.
+//! [`floor`] measures what the mechanism itself costs on the machine (a
+//! fault's round trip, a further page of a run), the floor under any
+//! fault service built on it.
 
+pub mod floor;
 pub mod region;
 pub mod uffd;

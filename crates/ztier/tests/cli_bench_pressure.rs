@@ -48,7 +48,16 @@ fn ztier_against_native_same_output() {
         let faults: u64 =
             line.split(" over ").nth(1).and_then(|t| t.split(' ').next()?.parse().ok()).unwrap();
         assert!(faults > 0, "{line}");
+        // And what those faults take at userfaultfd's floor, measured in
+        // the same run, against native.
+        let floor = text
+            .lines()
+            .find(|l| l.starts_with(&format!("at {b}: ")) && l.contains(" at that floor ("))
+            .unwrap_or_else(|| panic!("no floor at {b}: {text}"));
+        assert!(floor.starts_with(&format!("at {b}: {faults} faults and ")), "{floor}");
     }
+    let floor = text.lines().find(|l| l.starts_with("userfaultfd on this machine")).expect(&text);
+    assert!(floor.contains("a fault's round trip") && floor.contains("each further page"), "{floor}");
 }
 
 /// The two root tests change system-wide state (swap, zswap, zram) and

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 
-use super::{bench_blk, bench_codecs, bench_pressure, bench_store};
+use super::{bench_blk, bench_codecs, bench_pressure, bench_store, bench_uffd};
 
 /// The benchmarks.
 #[derive(Subcommand, Debug)]
@@ -36,6 +36,12 @@ pub enum BenchCommand {
     /// CPU time, peak RSS, major faults, bytes compressed and ztier run's
     /// fault service p50/p99/mean, and can plot them.
     Pressure(bench_pressure::PressureArgs),
+    /// What userfaultfd itself costs on this machine: the kernel's own
+    /// anonymous fault, a missing-page fault's round trip through a handler
+    /// on the same CPU (as `ztier run` serves them), and each further page
+    /// of a run, with nothing to look up or decompress: the floor under
+    /// `ztier run`'s fault service here.
+    Uffd(bench_uffd::UffdArgs),
 }
 
 /// Runs a benchmark.
@@ -45,5 +51,6 @@ pub fn run(c: BenchCommand) -> Result<i32> {
         BenchCommand::Store(a) => bench_store::run(a),
         BenchCommand::Blk(a) => bench_blk::run(a),
         BenchCommand::Pressure(a) => bench_pressure::run(a),
+        BenchCommand::Uffd(a) => bench_uffd::run(a),
     }
 }

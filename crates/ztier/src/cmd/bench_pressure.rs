@@ -6,7 +6,13 @@
 //! system of the program's processes and threads), peak RSS, major
 //! faults and what was compressed, then `ztier run`'s fault service time
 //! (p50, p99, mean) per budget, and an SVG plot shows the wall times (zcache's
-//! "make -jN under memory pressure" view).
+//! "make -jN under memory pressure" view). Last, userfaultfd's own costs
+//! on this machine are measured (`ztier bench uffd`: a fault's round trip
+//! and each further page of a run, with nothing to decompress), and each
+//! `ztier run` row is told what its faults and pages take at that floor:
+//! the part of its time above native that no store, codec or policy
+//! change short of fewer faults or pages can remove (measured in the same
+//! run, since the machine's speed drifts from day to day).
 //!
 //! Every system setting changed is put back by guards that run in reverse
 //! order, also on errors and after Ctrl-C (the signal is forwarded to the
@@ -109,6 +115,15 @@ struct Row {
     fault_p50_us: Option<f64>,
     fault_p99_us: Option<f64>,
     fault_mean_us: Option<f64>,
+    /// ztier run: pages installed beyond the first of each fault (its
+    /// `prefetched`), and the seconds its faults and those pages take at
+    /// this machine's userfaultfd floor (`ztier bench uffd`), measured
+    /// in the same run: fault service that no store or codec can remove.
+    further_pages: Option<u64>,
+    uffd_floor_s: Option<f64>,
+    /// The floor itself: a fault's round trip and a further page (µs).
+    uffd_fault_us: Option<f64>,
+    uffd_page_us: Option<f64>,
 }
 
 /// One undo action and what it restores.
@@ -143,6 +158,10 @@ impl Row {
             fault_p50_us: None,
             fault_p99_us: None,
             fault_mean_us: None,
+            further_pages: None,
+            uffd_floor_s: None,
+            uffd_fault_us: None,
+            uffd_page_us: None,
         }
     }
 }
@@ -208,6 +227,26 @@ fn fault_lines(rows: &[Row]) -> Vec<String> {
             Some(format!(
                 "fault service at {}M ({}): p50 {p50:.1} µs, p99 {p99:.1} µs, mean {mean:.1} µs over {n} faults",
                 r.budget.unwrap_or(0) >> 20,
+                r.mode
+            ))
+        })
+        .collect()
+}
+
+/// Per ztier run row with a floor: the seconds its faults and pages take
+/// at userfaultfd's floor on this machine, against native's time and the
+/// time the run took above it.
+fn floor_lines(rows: &[Row]) -> Vec<String> {
+    let native = rows.iter().find(|r| r.mode == "native").map(|r| r.wall_s);
+    rows.iter()
+        .filter_map(|r| {
+            let (n, p, f, native) = (r.faults?, r.further_pages?, r.uffd_floor_s?, native?);
+            Some(format!(
+                "at {}M: {n} faults and {p} further pages take {f:.2} s at that floor ({:.2} × native), \
+                 of the {:.2} s {} took above native",
+                r.budget.unwrap_or(0) >> 20,
+                f / native,
+                r.wall_s - native,
                 r.mode
             ))
         })
@@ -454,6 +493,10 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         fault_p50_us: None,
         fault_p99_us: None,
         fault_mean_us: None,
+        further_pages: None,
+        uffd_floor_s: None,
+        uffd_fault_us: None,
+        uffd_page_us: None,
     });
     let swap_size = (n.maxrss * 2).max(512 << 20);
     let mut cg_n = 0;
@@ -535,9 +578,31 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             fault_p50_us: s["fault_p50_us"].as_f64(),
             fault_p99_us: s["fault_p99_us"].as_f64(),
             fault_mean_us: s["fault_mean_us"].as_f64(),
+            further_pages: s["prefetched"].as_u64(),
+            uffd_floor_s: None,
+            uffd_fault_us: None,
+            uffd_page_us: None,
         });
     }
     drop(restore);
+    // The mechanism's own cost here, measured now (the machine's speed
+    // drifts between runs and days): ~1 s.
+    eprintln!("userfaultfd floor ...");
+    let floor = match ztier_uffd::floor::measure(16384, 8) {
+        Ok(f) => {
+            for r in rows.iter_mut() {
+                if let (Some(n), Some(p)) = (r.faults, r.further_pages) {
+                    r.uffd_floor_s = Some(f.service_floor_s(n, p));
+                    (r.uffd_fault_us, r.uffd_page_us) = (Some(f.fault_us), Some(f.page_us));
+                }
+            }
+            Some(f)
+        }
+        Err(e) => {
+            eprintln!("ztier bench pressure: could not measure userfaultfd's floor: {e}");
+            None
+        }
+    };
 
     let mut o = std::io::stdout().lock();
     writeln!(
@@ -600,6 +665,12 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     }
     for line in fault_lines(&rows) {
         writeln!(o, "{line}")?;
+    }
+    if let Some(f) = &floor {
+        writeln!(o, "{}", super::bench_uffd::floor_line(f))?;
+        for line in floor_lines(&rows) {
+            writeln!(o, "{line}")?;
+        }
     }
     for line in swap_ratios(&rows, &budgets) {
         writeln!(o, "{line}")?;
@@ -684,6 +755,10 @@ mod tests {
             fault_p50_us: None,
             fault_p99_us: None,
             fault_mean_us: None,
+            further_pages: None,
+            uffd_floor_s: None,
+            uffd_fault_us: None,
+            uffd_page_us: None,
         }
     }
 
@@ -718,6 +793,28 @@ mod tests {
         assert_eq!(
             lines,
             ["fault service at 256M (ztier run): p50 5.5 µs, p99 83.8 µs, mean 11.2 µs over 462545 faults"]
+        );
+    }
+
+    #[test]
+    fn the_floor_is_reported_for_ztier_rows_against_native() {
+        let mut z = row("ztier run", 30.0, true, 0, false);
+        (z.faults, z.further_pages) = (Some(700_000), Some(1_400_000));
+        let f = ztier_uffd::floor::Floor {
+            cpu: 0,
+            pages: 16384,
+            run: 8,
+            anon_fault_us: 2.5,
+            fault_us: 10.0,
+            page_us: 2.0,
+        };
+        z.uffd_floor_s = Some(f.service_floor_s(700_000, 1_400_000));
+        let lines =
+            floor_lines(&[row("native", 10.0, true, 0, false), row("kernel zram", 80.0, true, 0, false), z]);
+        assert_eq!(
+            lines,
+            ["at 256M: 700000 faults and 1400000 further pages take 9.80 s at that floor (0.98 × native), \
+              of the 20.00 s ztier run took above native"]
         );
     }
 

@@ -5,6 +5,7 @@ pub mod bench_blk;
 pub mod bench_codecs;
 pub mod bench_pressure;
 pub mod bench_store;
+pub mod bench_uffd;
 pub mod blk;
 pub mod demo;
 pub mod run;
