@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::uffd::{Installed, Uffd, EVENT_PAGEFAULT};
+use crate::uffd::{map_anonymous, Installed, Uffd, EVENT_PAGEFAULT};
 
 /// Page size.
 pub const PAGE: usize = 4096;
@@ -121,28 +121,13 @@ struct Mapping {
 impl Mapping {
     fn new(pages: usize) -> Result<Mapping, FloorError> {
         let len = pages * PAGE;
-        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(FloorError::Io {
-                what: "mapping the pages to fault on",
-                err: io::Error::last_os_error(),
-            });
-        }
+        let base = map_anonymous(len).map_err(io_err("mapping the pages to fault on"))?;
+        let p = base as *mut libc::c_void;
         // Base pages, as `ztier run`'s arena has (a huge page would make
         // the kernel's own fault look cheaper per page). Advice only.
         // SAFETY: the range is the mapping just made.
         unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
-        Ok(Mapping { base: p as usize, len })
+        Ok(Mapping { base, len })
     }
 }
 

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use ztier_store::{Key, PoolKind, PoolOptions, PutFlags, Store};
 
-use crate::uffd::{Installed, Uffd, EVENT_PAGEFAULT};
+use crate::uffd::{map_anonymous, Installed, Uffd, EVENT_PAGEFAULT};
 
 /// Page size.
 pub const PAGE: usize = 4096;
@@ -101,26 +101,12 @@ impl Region {
     /// a persistent pool in `store` and starts the fault handler.
     pub fn new(pages: usize, store: Arc<Store>) -> Result<Region, RegionError> {
         let len = pages * PAGE;
-        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error().into());
-        }
-        let base = p as usize;
+        let base = map_anonymous(len)?;
         let uffd = match Uffd::open().and_then(|u| u.register(base, len).map(|_| u)) {
             Ok(u) => Arc::new(u),
             Err(e) => {
                 // SAFETY: unmapping the mapping made above.
-                unsafe { libc::munmap(p, len) };
+                unsafe { libc::munmap(base as *mut libc::c_void, len) };
                 return Err(e.into());
             }
         };

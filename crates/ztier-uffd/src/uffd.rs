@@ -85,6 +85,27 @@ struct WriteProtectArg {
     mode: u64,
 }
 
+/// Maps `len` bytes of fresh private anonymous read-write memory (the
+/// kind of range a userfaultfd registers here); returns its address.
+pub fn map_anonymous(len: usize) -> io::Result<usize> {
+    // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(p as usize)
+    }
+}
+
 /// One event read from the descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
