@@ -18,6 +18,7 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null scripts/uffd-move-vs-copy.c
+	cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null scripts/uffd-sigbus.c
 
 unit:
 	$(CARGO) test --workspace --release
