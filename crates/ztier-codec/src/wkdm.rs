@@ -93,7 +93,8 @@
 //! dictionary of the high bits that misses set, so that a run of partial
 //! matches to one entry is not a chain through memory (no faster), and
 //! reading the indices as packed nibbles instead of unpacking them first
-//! (slower).
+//! (slower), and counting the tags inside the decoder instead of before
+//! it (within noise: 1.01× in 4 alternating runs).
 
 use crate::{check_input_len, check_output_len, Codec, CodecId, CompressError, DecompressError, MAX_INPUT};
 
@@ -1235,6 +1236,52 @@ mod tests {
         // SAFETY: as above.
         unsafe { avx2::decode(&[0xff; 2], 8, &full, &index, &low, &mut dst) };
         assert_eq!(dst.to_vec(), full);
+    }
+
+    /// Corrupt pages (valid ones with tag bytes, counts or segment bytes
+    /// changed): every decoder the CPU runs accepts and refuses the same
+    /// ones, and decodes the accepted ones alike.
+    #[test]
+    fn decoders_agree_on_corrupt_input() {
+        let mut rng = crate::corpus::synth::Rng::new(13);
+        let mut c = Wkdm::new();
+        let (mut refused, mut accepted) = (0, 0);
+        for round in 0..3000 {
+            let len: usize = [64, 4096, 1000][round % 3];
+            let mut page = vec![0u8; len.next_multiple_of(8)];
+            crate::corpus::synth::fill(&mut page, crate::corpus::synth::KINDS[round % 4], &mut rng);
+            page.truncate(len);
+            let mut src = vec![0u8; c.max_compressed_len(len)];
+            let n = c.compress(&page, &mut src).unwrap();
+            src.truncate(n);
+            for _ in 0..1 + rng.below(3) {
+                let at = match rng.below(3) {
+                    0 => HEADER + rng.below((len / 16) as u64) as usize, // a tag byte
+                    1 => 2 + rng.below(8) as usize,                      // a count
+                    _ => rng.below(n as u64) as usize,
+                };
+                if at < src.len() {
+                    src[at] ^= 1 << rng.below(8);
+                }
+            }
+            let mut first: Option<Result<Vec<u8>, ()>> = None;
+            for decoder in available_decoders() {
+                let mut d = Wkdm::new();
+                d.decoder = decoder;
+                let mut out = vec![0u8; len];
+                let r = d.decompress(&src, &mut out).map(|()| out).map_err(|_| ());
+                match &first {
+                    None => first = Some(r),
+                    Some(f) => assert!(*f == r, "{decoder:?} decoder disagrees on round {round}"),
+                }
+            }
+            if first.unwrap().is_ok() {
+                accepted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        assert!(refused > 500 && accepted > 100, "refused {refused}, accepted {accepted}");
     }
 
     #[test]
