@@ -30,7 +30,8 @@ fn system_state() -> (String, String, Vec<String>, Vec<String>) {
 #[test]
 fn ztier_against_native_same_output() {
     let o = Command::new(ztier())
-        .args(["bench", "pressure", "--kernel", "none", "--budgets", "16M,32M", "--", "python3", "-c", JOB])
+        .args(["bench", "pressure", "--kernel", "none", "--budgets", "16M,32M", "--pairs", "2", "--"])
+        .args(["python3", "-c", JOB])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
@@ -58,6 +59,20 @@ fn ztier_against_native_same_output() {
     }
     let floor = text.lines().find(|l| l.starts_with("userfaultfd on this machine")).expect(&text);
     assert!(floor.contains("a fault's round trip") && floor.contains("each further page"), "{floor}");
+    // --pairs 2: two more runs of each at each budget, in turn, and the
+    // ratio pair by pair within its range.
+    for b in ["16M", "32M"] {
+        let head = format!("at {b}, 2 pairs of native and ztier run in turn: ");
+        let line =
+            text.lines().find(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("no pairs at {b}: {text}"));
+        let num = |s: &str| s.parse::<f64>().unwrap_or_else(|_| panic!("{s:?} in {line}"));
+        let rest = &line[head.len()..];
+        let ratio = num(rest.split(' ').next().unwrap());
+        let range = rest.split('(').nth(1).and_then(|r| r.split(')').next()).unwrap();
+        let (lo, hi) = range.split_once('–').unwrap();
+        let (lo, hi) = (num(lo), num(hi));
+        assert!(ratio > 0.0 && lo <= ratio && ratio <= hi, "{line}");
+    }
 }
 
 /// The two root tests change system-wide state (swap, zswap, zram) and

@@ -12,7 +12,12 @@
 //! `ztier run` row is told what its faults and pages take at that floor:
 //! the part of its time above native that no store, codec or policy
 //! change short of fewer faults or pages can remove (measured in the same
-//! run, since the machine's speed drifts from day to day).
+//! run, since the machine's speed drifts from day to day). With `--pairs
+//! N`, native and `ztier run` are then timed N more times at each budget,
+//! alternating, and `ztier run`'s time is taken against native's pair by
+//! pair (median and range): on a shared VM the same native command took
+//! 13.8 s and 20.5 s six minutes apart, so one run's ratio can be off by a
+//! third, while a pair's two runs see about the same machine.
 //!
 //! Every system setting changed is put back by guards that run in reverse
 //! order, also on errors and after Ctrl-C (the signal is forwarded to the
@@ -56,7 +61,8 @@ use super::run::{measure, run_program, Measured, RunArgs};
 /// Arguments of `ztier bench pressure`.
 #[derive(Args, Debug)]
 #[command(after_long_help = "Example:\n  \
-    ztier bench pressure --budgets 256M -- python3 examples/workloads/pyapp.py\n\n\
+    ztier bench pressure --budgets 256M -- python3 examples/workloads/pyapp.py\n  \
+    ztier bench pressure --kernel swap --pairs 4 -- python3 examples/workloads/pyapp-corpus.py 1380000\n\n\
 Kernel baselines need root (swapon, cgroups, zram); without root they are skipped\n\
 with a message and only native and ztier run. A run that fails or hits --timeout\n\
 is a result, not an error: its row says FAILED or TIMEOUT and a line under the\n\
@@ -78,6 +84,12 @@ pub struct PressureArgs {
     /// timed out (memory-cgroup swapping can stall for minutes).
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
+    /// After the table's runs, time native and `ztier run` this many more
+    /// times at each budget, alternating, and report ztier run's time
+    /// against native's pair by pair (median, min–max): on a machine
+    /// whose speed drifts, the table's single ratio can be off by a third.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub pairs: u32,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -124,6 +136,70 @@ struct Row {
     /// The floor itself: a fault's round trip and a further page (µs).
     uffd_fault_us: Option<f64>,
     uffd_page_us: Option<f64>,
+    /// ztier run with `--pairs`: the pairs' ratios of its wall time to
+    /// native's, taken pair by pair.
+    paired: Option<Paired>,
+}
+
+/// `--pairs`: native and ztier run timed in turn at one budget.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+struct Paired {
+    pairs: usize,
+    /// Median, smallest and largest of the per-pair ratios.
+    ratio: f64,
+    ratio_min: f64,
+    ratio_max: f64,
+    /// Median wall times.
+    native_s: f64,
+    ztier_s: f64,
+}
+
+impl Paired {
+    /// From the (native, ztier run) wall times of each pair.
+    fn of(walls: &[(f64, f64)]) -> Option<Paired> {
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            let m = v.len() / 2;
+            if v.len() % 2 == 1 {
+                v[m]
+            } else {
+                (v[m - 1] + v[m]) / 2.0
+            }
+        };
+        if walls.is_empty() {
+            return None;
+        }
+        let ratios: Vec<f64> = walls.iter().map(|&(n, z)| z / n).collect();
+        Some(Paired {
+            pairs: walls.len(),
+            ratio: median(ratios.clone()),
+            ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            ratio_max: ratios.iter().copied().fold(0.0, f64::max),
+            native_s: median(walls.iter().map(|w| w.0).collect()),
+            ztier_s: median(walls.iter().map(|w| w.1).collect()),
+        })
+    }
+}
+
+/// Per ztier run row with pairs: its time against native's, pair by pair.
+fn paired_lines(rows: &[Row]) -> Vec<String> {
+    rows.iter()
+        .filter_map(|r| {
+            let p = r.paired.as_ref()?;
+            Some(format!(
+                "at {}M, {} pairs of native and {} in turn: {:.2} × native pair by pair ({:.2}–{:.2}); \
+                 medians {:.2} s against {:.2} s",
+                r.budget.unwrap_or(0) >> 20,
+                p.pairs,
+                r.mode,
+                p.ratio,
+                p.ratio_min,
+                p.ratio_max,
+                p.ztier_s,
+                p.native_s
+            ))
+        })
+        .collect()
 }
 
 /// One undo action and what it restores.
@@ -162,6 +238,7 @@ impl Row {
             uffd_floor_s: None,
             uffd_fault_us: None,
             uffd_page_us: None,
+            paired: None,
         }
     }
 }
@@ -497,6 +574,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         uffd_floor_s: None,
         uffd_fault_us: None,
         uffd_page_us: None,
+        paired: None,
     });
     let swap_size = (n.maxrss * 2).max(512 << 20);
     let mut cg_n = 0;
@@ -582,8 +660,49 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             uffd_floor_s: None,
             uffd_fault_us: None,
             uffd_page_us: None,
+            paired: None,
         });
     }
+    // --pairs: native and ztier run in turn, each output checked.
+    let mut paired_differs = false;
+    for &budget in &budgets {
+        let mut walls = Vec::new();
+        for i in 1..=a.pairs {
+            eprintln!("pair {i} of {} at {} MiB: native, then ztier run ...", a.pairs, budget >> 20);
+            let out = work.join("pair-native.out");
+            let mut c = Command::new(&a.cmd[0]);
+            c.args(&a.cmd[1..]).stdout(std::fs::File::create(&out)?);
+            let m = measure(&mut c)?;
+            if super::run::interrupted() {
+                bail!("interrupted");
+            }
+            let out_z = work.join("pair-ztier.out");
+            let ra = RunArgs::defaults(budget, &a.codec, a.cmd.clone());
+            let r = run_program(&ra, Some(std::fs::File::create(&out_z)?))?;
+            if super::run::interrupted() {
+                bail!("interrupted");
+            }
+            if m.code != 0 || r.code != 0 || !same(&native_out, &out) || !same(&native_out, &out_z) {
+                eprintln!(
+                    "ztier bench pressure: pair {i} at {} MiB: native exit {}, ztier run exit {}, \
+                     outputs {} and {} the first native run's",
+                    budget >> 20,
+                    m.code,
+                    r.code,
+                    if same(&native_out, &out) { "same as" } else { "differ from" },
+                    if same(&native_out, &out_z) { "same as" } else { "differ from" },
+                );
+                paired_differs = true;
+                continue;
+            }
+            walls.push((m.wall_s, r.stats["wall_s"].as_f64().unwrap_or(0.0)));
+        }
+        if let Some(z) = rows.iter_mut().find(|r| r.mode == "ztier run" && r.budget == Some(budget)) {
+            z.paired = Paired::of(&walls);
+        }
+    }
+    // Every kernel setting was undone after its run; this removes the
+    // work folder.
     drop(restore);
     // The mechanism's own cost here, measured now (the machine's speed
     // drifts between runs and days): ~1 s.
@@ -675,6 +794,9 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     for line in swap_ratios(&rows, &budgets) {
         writeln!(o, "{line}")?;
     }
+    for line in paired_lines(&rows) {
+        writeln!(o, "{line}")?;
+    }
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)? + "\n")?;
     }
@@ -683,7 +805,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     }
     // Kernel runs that timed out or were killed are results, not errors;
     // a finished run with different output is.
-    let differs = rows.iter().any(|r| !r.same_output && r.exit_code == 0 && !r.timed_out);
+    let differs = paired_differs || rows.iter().any(|r| !r.same_output && r.exit_code == 0 && !r.timed_out);
     Ok(if differs || !rows.iter().any(|r| r.mode == "ztier run" && r.same_output) { 1 } else { 0 })
 }
 
@@ -759,6 +881,7 @@ mod tests {
             uffd_floor_s: None,
             uffd_fault_us: None,
             uffd_page_us: None,
+            paired: None,
         }
     }
 
@@ -815,6 +938,27 @@ mod tests {
             lines,
             ["at 256M: 700000 faults and 1400000 further pages take 9.80 s at that floor (0.98 × native), \
               of the 20.00 s ztier run took above native"]
+        );
+    }
+
+    #[test]
+    fn pairs_are_taken_pair_by_pair() {
+        // The ratio is the median of the pairs' own ratios, not the ratio
+        // of the medians: a slow pair slows both of its runs.
+        let p = Paired::of(&[(10.0, 20.0), (20.0, 30.0), (12.0, 30.0)]).unwrap();
+        assert_eq!(p.pairs, 3);
+        assert_eq!((p.ratio, p.ratio_min, p.ratio_max), (2.0, 1.5, 2.5));
+        assert_eq!((p.native_s, p.ztier_s), (12.0, 30.0));
+        let even = Paired::of(&[(10.0, 20.0), (10.0, 30.0)]).unwrap();
+        assert_eq!((even.ratio, even.native_s, even.ztier_s), (2.5, 10.0, 25.0));
+        assert_eq!(Paired::of(&[]), None);
+        let mut z = row("ztier run", 30.0, true, 0, false);
+        z.paired = Some(p);
+        let lines = paired_lines(&[row("native", 10.0, true, 0, false), z]);
+        assert_eq!(
+            lines,
+            ["at 256M, 3 pairs of native and ztier run in turn: 2.00 × native pair by pair (1.50–2.50); \
+              medians 30.00 s against 12.00 s"]
         );
     }
 
