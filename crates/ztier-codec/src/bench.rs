@@ -7,8 +7,14 @@
 //!   storing it raw);
 //! * **compress / decompress MB/s** — 10^6 bytes of *uncompressed* data per
 //!   second; each pass runs over every page once, passes repeat until
-//!   `min_seconds` have elapsed (at least `min_passes`), and the **median**
-//!   pass is reported (the machines are shared and noisy);
+//!   about `min_seconds` have elapsed (at least `min_passes`), and the
+//!   **median** pass is reported (the machines are shared and noisy). The
+//!   passes are spread over up to 5 rounds, and in each round every codec
+//!   and memcpy take their turn, so that a change in the machine's speed
+//!   during the run slows them all alike (with each codec timed in one go,
+//!   one after another, WKdm's decompression against LZ4's on
+//!   `python-dict.pages` ranged over 0.45–0.77× in five runs of one build
+//!   on a shared VM);
 //! * **×memcpy** — codec time / time to `memcpy` the same pages page by page
 //!   (the CCache paper's Table 2 view);
 //! * **histogram** — compressed sizes in the buckets 0–512, 512–1K, 1–2K,
@@ -175,22 +181,100 @@ pub enum BenchError {
     },
 }
 
-/// Times `pass` (one pass over all pages) until both minimums are met and
-/// returns the median pass time in seconds.
-fn time_passes(cfg: &BenchConfig, mut pass: impl FnMut(), mut tick: impl FnMut()) -> (f64, usize) {
-    let mut times = Vec::new();
-    let start = Instant::now();
-    while times.len() < cfg.min_passes || start.elapsed().as_secs_f64() < cfg.min_seconds {
-        let t = Instant::now();
-        pass();
-        times.push(t.elapsed().as_secs_f64());
-        tick();
-        if times.len() >= 1000 {
-            break;
+/// Rounds the timed passes are spread over. In each round every codec
+/// (and memcpy) takes its turn in each direction, so a machine whose speed
+/// drifts slows all of them alike instead of whichever ran at the time.
+const ROUNDS: usize = 5;
+
+/// Median of a non-empty list of times (at least 1 ns).
+fn median(mut t: Vec<f64>) -> f64 {
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2].max(1e-9)
+}
+
+/// One timed direction of one codec (or memcpy): passes of it run in
+/// every round, as many as make its share of `min_seconds` (from a first,
+/// untimed pass), and their times are kept.
+struct Timed {
+    per_round: usize,
+    times: Vec<f64>,
+}
+
+impl Timed {
+    /// `first` is the time of one untimed pass.
+    fn new(cfg: &BenchConfig, rounds: usize, first: f64) -> Self {
+        let want = cfg.min_seconds / rounds as f64;
+        let min = cfg.min_passes.div_ceil(rounds);
+        let lo = min.max(1);
+        let per_round = ((want / first.max(1e-9)).ceil() as usize).clamp(lo, (1000 / rounds).max(lo));
+        Timed { per_round, times: Vec::with_capacity(per_round * rounds) }
+    }
+
+    /// This round's passes of `pass`, each timed.
+    fn round(&mut self, mut pass: impl FnMut()) {
+        for _ in 0..self.per_round {
+            let t = Instant::now();
+            pass();
+            self.times.push(t.elapsed().as_secs_f64());
         }
     }
-    times.sort_by(f64::total_cmp);
-    (times[times.len() / 2].max(1e-9), times.len())
+}
+
+/// Times one pass of `pass`.
+fn once(pass: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    pass();
+    t.elapsed().as_secs_f64()
+}
+
+/// A codec with its compressed copy of every page.
+struct Entry {
+    name: String,
+    codec: Box<dyn Codec>,
+    bound: usize,
+    store: Vec<u8>,
+    sizes: Vec<usize>,
+    compress: Timed,
+    decompress: Timed,
+}
+
+/// Compresses every page into its slot of `store`, recording the sizes;
+/// the first error, with its page.
+fn compress_all(
+    codec: &mut dyn Codec,
+    work: &[&[u8]],
+    store: &mut [u8],
+    bound: usize,
+    sizes: &mut [usize],
+) -> Result<(), (usize, crate::CompressError)> {
+    let mut err = None;
+    for (i, (p, slot)) in work.iter().zip(store.chunks_exact_mut(bound)).enumerate() {
+        match codec.compress(p, slot) {
+            Ok(n) => sizes[i] = n,
+            Err(e) => {
+                err.get_or_insert((i, e));
+            }
+        }
+    }
+    err.map_or(Ok(()), Err)
+}
+
+/// Decompresses every page; the first error, with its page.
+fn decompress_all(
+    codec: &mut dyn Codec,
+    store: &[u8],
+    bound: usize,
+    sizes: &[usize],
+    back: &mut [u8],
+) -> Result<(), (usize, crate::DecompressError)> {
+    let mut err = None;
+    for (i, n) in sizes.iter().enumerate() {
+        if let Err(e) = codec.decompress(black_box(&store[i * bound..i * bound + n]), back) {
+            err.get_or_insert((i, e));
+        }
+        black_box(&mut *back);
+    }
+    err.map_or(Ok(()), Err)
 }
 
 /// Runs the benchmark. `progress` is called with (codec name, step, steps)
@@ -215,51 +299,33 @@ pub fn run(
     }
     let bytes = (work.len() * PAGE_SIZE) as f64;
     let mb_s = |secs: f64| bytes / secs / 1e6;
-    let steps = cfg.codecs.len() + 1;
+    let rounds = ROUNDS.min(cfg.min_passes.max(1));
+    let steps = cfg.codecs.len() + rounds;
 
     // memcpy baseline: page by page into one destination page, as a codec
     // writes one page at a time.
     let mut out = vec![0u8; PAGE_SIZE];
-    let (memcpy_s, _) = time_passes(
-        cfg,
-        || {
-            for p in &work {
-                out.copy_from_slice(black_box(p));
-                black_box(&mut out);
-            }
-        },
-        || {},
-    );
-    progress("memcpy", 1, steps);
+    let copy = |out: &mut Vec<u8>| {
+        for p in &work {
+            out.copy_from_slice(black_box(p));
+            black_box(&mut *out);
+        }
+    };
+    let mut memcpy = Timed::new(cfg, rounds, once(|| copy(&mut out)));
 
-    let mut reports = Vec::new();
+    // Each codec once, untimed: its output, the round-trip check, and the
+    // time of a pass in each direction.
+    let mut back = vec![0u8; PAGE_SIZE];
+    let mut entries = Vec::new();
     for (ci, &id) in cfg.codecs.iter().enumerate() {
         let name = id.name().to_string();
         let mut codec: Box<dyn Codec> = new_codec(id);
         let bound = codec.max_compressed_len(PAGE_SIZE);
         let mut store = vec![0u8; bound * work.len()];
         let mut sizes = vec![0usize; work.len()];
-        // Compression: every page into its own slot.
-        let mut err = None;
-        let (c_s, passes) = time_passes(
-            cfg,
-            || {
-                for (i, (p, slot)) in work.iter().zip(store.chunks_exact_mut(bound)).enumerate() {
-                    match codec.compress(p, slot) {
-                        Ok(n) => sizes[i] = n,
-                        Err(e) => {
-                            err.get_or_insert((i, e));
-                        }
-                    }
-                }
-            },
-            || {},
-        );
-        if let Some((page, source)) = err {
-            return Err(BenchError::Compress { codec: name, page, source });
-        }
-        // Round trip check, outside the timing.
-        let mut back = vec![0u8; PAGE_SIZE];
+        let mut res = Ok(());
+        let c1 = once(|| res = compress_all(codec.as_mut(), &work, &mut store, bound, &mut sizes));
+        res.map_err(|(page, source)| BenchError::Compress { codec: name.clone(), page, source })?;
         for (i, p) in work.iter().enumerate() {
             let src = &store[i * bound..i * bound + sizes[i]];
             codec.decompress(src, &mut back).map_err(|source| BenchError::Decompress {
@@ -271,27 +337,59 @@ pub fn run(
                 return Err(BenchError::Mismatch { codec: name, page: i, byte });
             }
         }
-        let mut derr = None;
-        let (d_s, _) = time_passes(
-            cfg,
-            || {
-                for (i, n) in sizes.iter().enumerate() {
-                    if let Err(e) = codec.decompress(black_box(&store[i * bound..i * bound + n]), &mut back) {
-                        derr.get_or_insert((i, e));
-                    }
-                    black_box(&mut back);
+        let mut res = Ok(());
+        let d1 = once(|| res = decompress_all(codec.as_mut(), &store, bound, &sizes, &mut back));
+        res.map_err(|(page, source)| BenchError::Decompress { codec: name.clone(), page, source })?;
+        progress(&name, ci + 1, steps);
+        entries.push(Entry {
+            name,
+            codec,
+            bound,
+            store,
+            sizes,
+            compress: Timed::new(cfg, rounds, c1),
+            decompress: Timed::new(cfg, rounds, d1),
+        });
+    }
+
+    // The timed passes, every codec in turn in each round. A codec is
+    // deterministic, so a compression pass rewrites the same bytes.
+    for round in 0..rounds {
+        memcpy.round(|| copy(&mut out));
+        for e in &mut entries {
+            let Entry { codec, bound, store, sizes, .. } = e;
+            let mut cerr = None;
+            e.compress.round(|| {
+                if let Err(x) = compress_all(codec.as_mut(), &work, store, *bound, sizes) {
+                    cerr.get_or_insert(x);
                 }
-            },
-            || {},
-        );
-        if let Some((page, source)) = derr {
-            return Err(BenchError::Decompress { codec: name, page, source });
+            });
+            if let Some((page, source)) = cerr {
+                return Err(BenchError::Compress { codec: e.name.clone(), page, source });
+            }
+            let mut derr = None;
+            e.decompress.round(|| {
+                if let Err(x) = decompress_all(codec.as_mut(), store, *bound, sizes, &mut back) {
+                    derr.get_or_insert(x);
+                }
+            });
+            if let Some((page, source)) = derr {
+                return Err(BenchError::Decompress { codec: e.name.clone(), page, source });
+            }
         }
+        progress("timing", cfg.codecs.len() + round + 1, steps);
+    }
+
+    let memcpy_s = median(memcpy.times);
+    let mut reports = Vec::new();
+    for e in entries {
+        let (c_s, d_s) = (median(e.compress.times.clone()), median(e.decompress.times));
+        let passes = e.compress.times.len();
         let mut hist = Histogram::default();
         let mut stored = 0usize;
         let limit = PAGE_SIZE * 3 / 4;
         let mut stored_raw = 0;
-        for &n in &sizes {
+        for &n in &e.sizes {
             hist.add(n, PAGE_SIZE);
             stored += n.min(PAGE_SIZE);
             if n > limit {
@@ -299,7 +397,7 @@ pub fn run(
             }
         }
         reports.push(CodecReport {
-            codec: name.clone(),
+            codec: e.name,
             ratio: bytes / stored as f64,
             compress_mb_s: mb_s(c_s),
             decompress_mb_s: mb_s(d_s),
@@ -309,7 +407,6 @@ pub fn run(
             stored_raw_pages: stored_raw,
             passes,
         });
-        progress(&name, ci + 2, steps);
     }
     Ok(Report {
         corpus: corpus.sources.clone(),
@@ -410,6 +507,27 @@ mod tests {
         assert!(json["memcpy_mb_s"].as_f64().unwrap() > 0.0);
         let table = render_table(&r);
         assert!(table.contains("lz4") && table.contains("zstd"));
+    }
+
+    #[test]
+    fn passes_are_spread_over_rounds() {
+        let cfg = |min_seconds, min_passes| BenchConfig { codecs: vec![], min_seconds, min_passes };
+        // 1 s over 5 rounds, a pass of 50 ms: 4 passes a round.
+        assert_eq!(Timed::new(&cfg(1.0, 5), 5, 0.05).per_round, 4);
+        // At least the minimum passes, spread over the rounds.
+        assert_eq!(Timed::new(&cfg(0.0, 12), 5, 0.05).per_round, 3);
+        // At most 1000 passes in all; a minimum above that wins.
+        assert_eq!(Timed::new(&cfg(10.0, 1), 5, 1e-9).per_round, 200);
+        assert_eq!(Timed::new(&cfg(0.0, 2000), 5, 1.0).per_round, 400);
+        // The report counts every timed pass, every codec in each round.
+        let c = synth::corpus(8, 3);
+        let r = run(
+            &c,
+            &BenchConfig { codecs: vec![CodecId::Lz4, CodecId::Wkdm], min_seconds: 0.0, min_passes: 10 },
+            |_, _, _| {},
+        )
+        .unwrap();
+        assert!(r.codecs.iter().all(|c| c.passes == 10), "{:?}", r.codecs);
     }
 
     #[test]

@@ -56,8 +56,9 @@ pub(crate) fn progress_bar(steps: usize, label: &str) -> Option<ProgressBar> {
 /// Measures `corpus` with a progress bar on a terminal.
 pub fn measure(corpus: &Corpus, cfg: &BenchConfig) -> Result<Report> {
     let pb = progress_bar(cfg.codecs.len() + 1, "bench codecs");
-    let report = bench::run(corpus, cfg, |name, step, _| {
+    let report = bench::run(corpus, cfg, |name, step, steps| {
         if let Some(pb) = &pb {
+            pb.set_length(steps as u64);
             pb.set_position(step as u64);
             pb.set_message(name.to_string());
         }
