@@ -227,12 +227,13 @@ fn once(pass: impl FnOnce()) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-/// A codec with its compressed copy of every page.
+/// A codec, the sizes of its compressed pages and its timings. Its pages
+/// live in the one store all codecs share: each compresses into it right
+/// before it decompresses from it, so one store's memory is enough.
 struct Entry {
     name: String,
     codec: Box<dyn Codec>,
     bound: usize,
-    store: Vec<u8>,
     sizes: Vec<usize>,
     compress: Timed,
     decompress: Timed,
@@ -316,12 +317,13 @@ pub fn run(
     // Each codec once, untimed: its output, the round-trip check, and the
     // time of a pass in each direction.
     let mut back = vec![0u8; PAGE_SIZE];
+    let codecs: Vec<Box<dyn Codec>> = cfg.codecs.iter().map(|&id| new_codec(id)).collect();
+    let max_bound = codecs.iter().map(|c| c.max_compressed_len(PAGE_SIZE)).max().unwrap_or(0);
+    let mut store = vec![0u8; max_bound * work.len()];
     let mut entries = Vec::new();
-    for (ci, &id) in cfg.codecs.iter().enumerate() {
-        let name = id.name().to_string();
-        let mut codec: Box<dyn Codec> = new_codec(id);
+    for (ci, mut codec) in codecs.into_iter().enumerate() {
+        let name = codec.id().name().to_string();
         let bound = codec.max_compressed_len(PAGE_SIZE);
-        let mut store = vec![0u8; bound * work.len()];
         let mut sizes = vec![0usize; work.len()];
         let mut res = Ok(());
         let c1 = once(|| res = compress_all(codec.as_mut(), &work, &mut store, bound, &mut sizes));
@@ -345,7 +347,6 @@ pub fn run(
             name,
             codec,
             bound,
-            store,
             sizes,
             compress: Timed::new(cfg, rounds, c1),
             decompress: Timed::new(cfg, rounds, d1),
@@ -357,10 +358,10 @@ pub fn run(
     for round in 0..rounds {
         memcpy.round(|| copy(&mut out));
         for e in &mut entries {
-            let Entry { codec, bound, store, sizes, .. } = e;
+            let Entry { codec, bound, sizes, .. } = e;
             let mut cerr = None;
             e.compress.round(|| {
-                if let Err(x) = compress_all(codec.as_mut(), &work, store, *bound, sizes) {
+                if let Err(x) = compress_all(codec.as_mut(), &work, &mut store, *bound, sizes) {
                     cerr.get_or_insert(x);
                 }
             });
@@ -369,7 +370,7 @@ pub fn run(
             }
             let mut derr = None;
             e.decompress.round(|| {
-                if let Err(x) = decompress_all(codec.as_mut(), store, *bound, sizes, &mut back) {
+                if let Err(x) = decompress_all(codec.as_mut(), &store, *bound, sizes, &mut back) {
                     derr.get_or_insert(x);
                 }
             });
