@@ -447,6 +447,14 @@ pub struct Stats {
     pub peak_resident: AtomicUsize,
     /// Fault service time, buckets of [`lat_bucket`].
     pub latency: Vec<AtomicU64>,
+    /// Fault service time in all (ns), and three parts of it: waiting
+    /// for the manager's lock, reading runs out of the store
+    /// (decompression included), and installing pages (`UFFDIO_COPY`).
+    /// The rest is eviction to make room and the books.
+    pub service_ns: AtomicU64,
+    pub lock_wait_ns: AtomicU64,
+    pub store_read_ns: AtomicU64,
+    pub install_ns: AtomicU64,
 }
 
 impl Stats {
@@ -477,6 +485,10 @@ impl Stats {
             peak_store_orig: AtomicU64::new(0),
             peak_resident: AtomicUsize::new(0),
             latency: (0..LAT_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            service_ns: AtomicU64::new(0),
+            lock_wait_ns: AtomicU64::new(0),
+            store_read_ns: AtomicU64::new(0),
+            install_ns: AtomicU64::new(0),
         }
     }
 
@@ -502,6 +514,10 @@ impl Stats {
             &self.forks,
             &self.peak_store_bytes,
             &self.peak_store_orig,
+            &self.service_ns,
+            &self.lock_wait_ns,
+            &self.store_read_ns,
+            &self.install_ns,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -516,6 +532,7 @@ impl Stats {
     pub fn record(&self, ns: u64) {
         let b = lat_bucket(ns);
         self.latency[b].fetch_add(1, Ordering::Relaxed);
+        self.service_ns.fetch_add(ns, Ordering::Relaxed);
     }
 }
 
@@ -806,6 +823,21 @@ impl Manager {
         clean: bool,
         stats: &Stats,
     ) -> io::Result<Option<(usize, usize)>> {
+        let t = std::time::Instant::now();
+        let r = self.install_timed(i, n, from_zero, clean, stats);
+        stats.install_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
+    }
+
+    #[must_use = "the threads waiting on the returned range must be woken"]
+    fn install_timed(
+        &mut self,
+        i: usize,
+        n: usize,
+        from_zero: bool,
+        clean: bool,
+        stats: &Stats,
+    ) -> io::Result<Option<(usize, usize)>> {
         let wp = clean && self.clean == CleanMode::Wp;
         let addr = self.addr(i);
         let src: &[u8] = if from_zero { &self.zero[..n * PAGE] } else { &self.buf[..n * PAGE] };
@@ -938,6 +970,7 @@ impl Manager {
                     CleanMode::Wp => true,
                     CleanMode::Verify => self.prot_res >= self.prot_max && i != self.hot,
                 };
+                let t = std::time::Instant::now();
                 let found = self
                     .store
                     .get_run(self.key(i), n, &mut self.buf[..n * PAGE], !keep)
@@ -948,6 +981,7 @@ impl Manager {
                         self.addr(i + found)
                     )));
                 }
+                stats.store_read_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 self.make_room(n, stats)?;
                 let r = self.install(i, n, false, keep, stats);
                 self.hot = usize::MAX;
@@ -962,7 +996,10 @@ impl Manager {
                 // program released it behind our back (a raw syscall).
                 // Zeros are what the kernel would have given.
                 let addr = self.addr(i);
-                if self.uffd.copy(addr, &self.zero[..PAGE])? == Installed::Done {
+                let t = std::time::Instant::now();
+                let r = self.uffd.copy(addr, &self.zero[..PAGE]);
+                stats.install_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                if r? == Installed::Done {
                     stats.zero_faults.fetch_add(1, Ordering::Relaxed);
                 }
                 None

@@ -114,6 +114,19 @@ fn python3_dict_and_list_heavy() {
     assert!(p50 > 0.0 && p99 >= p50, "latency quantiles {p50} {p99}");
     let mean = s["fault_mean_us"].as_f64().unwrap();
     assert!(mean > 0.0, "mean service time {mean} (p50 {p50}, p99 {p99})");
+    // The service time in all and its parts: every store fault reads
+    // the store and installs, and the parts fit inside the whole, which
+    // the histogram's mean approximates (bucket middles).
+    let sec = |k: &str| s[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {s}"));
+    let (service, lock, read, install) =
+        (sec("fault_service_s"), sec("fault_lock_wait_s"), sec("fault_store_read_s"), sec("fault_install_s"));
+    assert!(read > 0.0 && install > 0.0 && lock >= 0.0, "{s}");
+    assert!(lock + read + install <= service, "parts {lock} + {read} + {install} over {service}");
+    let from_hist = mean * s["faults"].as_f64().unwrap() / 1e6;
+    assert!(
+        (service - from_hist).abs() <= 0.2 * service + 0.01,
+        "service {service} s, histogram {from_hist} s"
+    );
     let (o, st) = (s["orig_bytes"].as_u64().unwrap(), s["stored_bytes"].as_u64().unwrap());
     assert!(o > 0 && st > 0 && st < o, "python heap compresses: {o} -> {st}");
     // By default (--clean verify) pages that came back keep their copy

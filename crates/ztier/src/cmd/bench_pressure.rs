@@ -101,6 +101,27 @@ pub struct PressureArgs {
     pub cmd: Vec<OsString>,
 }
 
+/// Where a `ztier run`'s fault service time went (seconds, every
+/// process): its `--stats` fields `fault_service_s` and its parts.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+struct FaultTime {
+    service: f64,
+    lock_wait: f64,
+    store_read: f64,
+    install: f64,
+}
+
+impl FaultTime {
+    fn from_stats(s: &serde_json::Value) -> Option<FaultTime> {
+        Some(FaultTime {
+            service: s["fault_service_s"].as_f64()?,
+            lock_wait: s["fault_lock_wait_s"].as_f64()?,
+            store_read: s["fault_store_read_s"].as_f64()?,
+            install: s["fault_install_s"].as_f64()?,
+        })
+    }
+}
+
 /// One measured run.
 #[derive(Debug, Clone, serde::Serialize)]
 struct Row {
@@ -127,6 +148,8 @@ struct Row {
     fault_p50_us: Option<f64>,
     fault_p99_us: Option<f64>,
     fault_mean_us: Option<f64>,
+    /// ztier run: the handler's service time in all and its parts.
+    fault_time_s: Option<FaultTime>,
     /// ztier run: pages installed beyond the first of each fault (its
     /// `prefetched`), and the seconds its faults and those pages take at
     /// this machine's userfaultfd floor (`ztier bench uffd`), measured
@@ -234,6 +257,7 @@ impl Row {
             fault_p50_us: None,
             fault_p99_us: None,
             fault_mean_us: None,
+            fault_time_s: None,
             further_pages: None,
             uffd_floor_s: None,
             uffd_fault_us: None,
@@ -301,8 +325,15 @@ fn fault_lines(rows: &[Row]) -> Vec<String> {
     rows.iter()
         .filter_map(|r| {
             let (n, p50, p99, mean) = (r.faults?, r.fault_p50_us?, r.fault_p99_us?, r.fault_mean_us?);
+            let parts = r.fault_time_s.map_or(String::new(), |t| {
+                format!(
+                    "; {:.2} s in all: {}",
+                    t.service,
+                    super::run::service_parts(t.service, t.lock_wait, t.store_read, t.install)
+                )
+            });
             Some(format!(
-                "fault service at {}M ({}): p50 {p50:.1} µs, p99 {p99:.1} µs, mean {mean:.1} µs over {n} faults",
+                "fault service at {}M ({}): p50 {p50:.1} µs, p99 {p99:.1} µs, mean {mean:.1} µs over {n} faults{parts}",
                 r.budget.unwrap_or(0) >> 20,
                 r.mode
             ))
@@ -570,6 +601,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         fault_p50_us: None,
         fault_p99_us: None,
         fault_mean_us: None,
+        fault_time_s: None,
         further_pages: None,
         uffd_floor_s: None,
         uffd_fault_us: None,
@@ -656,6 +688,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             fault_p50_us: s["fault_p50_us"].as_f64(),
             fault_p99_us: s["fault_p99_us"].as_f64(),
             fault_mean_us: s["fault_mean_us"].as_f64(),
+            fault_time_s: FaultTime::from_stats(s),
             further_pages: s["prefetched"].as_u64(),
             uffd_floor_s: None,
             uffd_fault_us: None,
@@ -877,6 +910,7 @@ mod tests {
             fault_p50_us: None,
             fault_p99_us: None,
             fault_mean_us: None,
+            fault_time_s: None,
             further_pages: None,
             uffd_floor_s: None,
             uffd_fault_us: None,
@@ -911,12 +945,26 @@ mod tests {
         let mut z = row("ztier run", 12.0, true, 0, false);
         (z.faults, z.fault_p50_us, z.fault_p99_us, z.fault_mean_us) =
             (Some(462_545), Some(5.5), Some(83.8), Some(11.2));
-        let lines =
-            fault_lines(&[row("native", 4.0, true, 0, false), row("kernel zram", 35.0, true, 0, false), z]);
+        let mut with_parts = z.clone();
+        with_parts.fault_time_s = FaultTime::from_stats(&serde_json::json!({
+            "fault_service_s": 5.2, "fault_lock_wait_s": 0.4, "fault_store_read_s": 2.5, "fault_install_s": 1.8
+        }));
+        let lines = fault_lines(&[
+            row("native", 4.0, true, 0, false),
+            row("kernel zram", 35.0, true, 0, false),
+            z,
+            with_parts,
+        ]);
         assert_eq!(
             lines,
-            ["fault service at 256M (ztier run): p50 5.5 µs, p99 83.8 µs, mean 11.2 µs over 462545 faults"]
+            [
+                "fault service at 256M (ztier run): p50 5.5 µs, p99 83.8 µs, mean 11.2 µs over 462545 faults",
+                "fault service at 256M (ztier run): p50 5.5 µs, p99 83.8 µs, mean 11.2 µs over 462545 faults; \
+                 5.20 s in all: lock wait 0.40 s, store reads 2.50 s, installs 1.80 s, the rest 0.50 s"
+            ]
         );
+        // A file without the parts (a library from before them): no parts.
+        assert_eq!(FaultTime::from_stats(&serde_json::json!({ "fault_service_s": 1.0 })), None);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //!
 //! ```text
 //!  { "faults", "fault_p50_us", "fault_p99_us", "fault_mean_us", "pages_compressed",
+//!    "fault_service_s", "fault_lock_wait_s", "fault_store_read_s", "fault_install_s",
 //!    "orig_bytes", "stored_bytes", "peak_resident_bytes",   (DESIGN.md)
 //!    "processes", "peak_rss_bytes", "wall_s", "exit_code", "per_process": [...] }
 //! ```
@@ -528,6 +529,10 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "evicted_inline",
         "clean_evicted",
         "dirtied",
+        "fault_service_ns",
+        "fault_lock_wait_ns",
+        "fault_store_read_ns",
+        "fault_install_ns",
     ];
     let mut sums = vec![0u64; sum_keys.len()];
     let mut peak = 0u64;
@@ -558,7 +563,11 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
     per.sort_by_key(|v| v["pid"].as_u64());
     let mut out = serde_json::Map::new();
     for (k, s) in sum_keys.iter().zip(&sums) {
-        out.insert(k.to_string(), (*s).into());
+        match k.strip_suffix("_ns") {
+            // Seconds in the merged file: `fault_service_s` and its parts.
+            Some(name) => out.insert(format!("{name}_s"), (*s as f64 / 1e9).into()),
+            None => out.insert(k.to_string(), (*s).into()),
+        };
     }
     out.insert("fault_p50_us".into(), quantile(&hist, 0.5).into());
     out.insert("fault_p99_us".into(), quantile(&hist, 0.99).into());
@@ -567,6 +576,15 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
     out.insert("processes".into(), per.len().into());
     out.insert("per_process".into(), Value::Array(per));
     Ok(Value::Object(out))
+}
+
+/// The parts of the fault handler's service time, in words: `lock wait
+/// A s, store reads B s, installs C s, the rest D s`.
+pub fn service_parts(service: f64, lock: f64, read: f64, install: f64) -> String {
+    format!(
+        "lock wait {lock:.2} s, store reads {read:.2} s, installs {install:.2} s, the rest {:.2} s",
+        (service - lock - read - install).max(0.0)
+    )
 }
 
 /// `ztier run`.
@@ -578,13 +596,21 @@ pub fn run(a: RunArgs) -> Result<i32> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if a.summary {
+        let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);
         eprintln!(
-            "ztier run: exit {} in {:.2} s; {} faults (p50 {} µs, p99 {} µs), {} pages compressed ({:.1} MB → {:.1} MB), peak resident {:.1} MB of {:.1} MB budget, peak RSS {:.1} MB",
+            "ztier run: exit {} in {:.2} s; {} faults (p50 {} µs, p99 {} µs; served in {:.2} s: {}), {} pages compressed ({:.1} MB → {:.1} MB), peak resident {:.1} MB of {:.1} MB budget, peak RSS {:.1} MB",
             out.code,
             s["wall_s"].as_f64().unwrap_or(0.0),
             s["faults"],
             s["fault_p50_us"],
             s["fault_p99_us"],
+            sec("fault_service_s"),
+            service_parts(
+                sec("fault_service_s"),
+                sec("fault_lock_wait_s"),
+                sec("fault_store_read_s"),
+                sec("fault_install_s")
+            ),
             s["pages_compressed"],
             s["orig_bytes"].as_f64().unwrap_or(0.0) / 1e6,
             s["stored_bytes"].as_f64().unwrap_or(0.0) / 1e6,
