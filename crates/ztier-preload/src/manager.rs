@@ -536,6 +536,21 @@ impl Stats {
     }
 }
 
+/// Adds the nanoseconds from its start to its drop to a counter.
+struct Timed<'a>(&'a AtomicU64, std::time::Instant);
+
+impl<'a> Timed<'a> {
+    fn start(counter: &'a AtomicU64) -> Timed<'a> {
+        Timed(counter, std::time::Instant::now())
+    }
+}
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(self.1.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
 impl Default for Stats {
     fn default() -> Self {
         Stats::new()
@@ -823,21 +838,7 @@ impl Manager {
         clean: bool,
         stats: &Stats,
     ) -> io::Result<Option<(usize, usize)>> {
-        let t = std::time::Instant::now();
-        let r = self.install_timed(i, n, from_zero, clean, stats);
-        stats.install_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        r
-    }
-
-    #[must_use = "the threads waiting on the returned range must be woken"]
-    fn install_timed(
-        &mut self,
-        i: usize,
-        n: usize,
-        from_zero: bool,
-        clean: bool,
-        stats: &Stats,
-    ) -> io::Result<Option<(usize, usize)>> {
+        let _timed = Timed::start(&stats.install_ns);
         let wp = clean && self.clean == CleanMode::Wp;
         let addr = self.addr(i);
         let src: &[u8] = if from_zero { &self.zero[..n * PAGE] } else { &self.buf[..n * PAGE] };
@@ -970,18 +971,18 @@ impl Manager {
                     CleanMode::Wp => true,
                     CleanMode::Verify => self.prot_res >= self.prot_max && i != self.hot,
                 };
-                let t = std::time::Instant::now();
-                let found = self
-                    .store
-                    .get_run(self.key(i), n, &mut self.buf[..n * PAGE], !keep)
-                    .map_err(|e| io::Error::other(format!("pages {:#x}+{n}: {e}", self.addr(i))))?;
+                let found = {
+                    let _timed = Timed::start(&stats.store_read_ns);
+                    self.store
+                        .get_run(self.key(i), n, &mut self.buf[..n * PAGE], !keep)
+                        .map_err(|e| io::Error::other(format!("pages {:#x}+{n}: {e}", self.addr(i))))?
+                };
                 if found < n {
                     return Err(io::Error::other(format!(
                         "page {:#x} is missing from the store",
                         self.addr(i + found)
                     )));
                 }
-                stats.store_read_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 self.make_room(n, stats)?;
                 let r = self.install(i, n, false, keep, stats);
                 self.hot = usize::MAX;
@@ -996,10 +997,11 @@ impl Manager {
                 // program released it behind our back (a raw syscall).
                 // Zeros are what the kernel would have given.
                 let addr = self.addr(i);
-                let t = std::time::Instant::now();
-                let r = self.uffd.copy(addr, &self.zero[..PAGE]);
-                stats.install_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                if r? == Installed::Done {
+                let r = {
+                    let _timed = Timed::start(&stats.install_ns);
+                    self.uffd.copy(addr, &self.zero[..PAGE])?
+                };
+                if r == Installed::Done {
                     stats.zero_faults.fetch_add(1, Ordering::Relaxed);
                 }
                 None

@@ -123,7 +123,7 @@ impl FaultTime {
 }
 
 /// One measured run.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 struct Row {
     mode: String,
     budget: Option<u64>,
@@ -247,22 +247,12 @@ impl Row {
             cpu_s: m.cpu_s,
             peak_rss_bytes: m.maxrss,
             major_faults: m.majflt,
-            compressed_orig_bytes: None,
             compressed_bytes: compressed,
             same_output: m.code == 0 && same,
             exit_code: m.code,
             timed_out: m.timed_out,
             oom_wakeups,
-            faults: None,
-            fault_p50_us: None,
-            fault_p99_us: None,
-            fault_mean_us: None,
-            fault_time_s: None,
-            further_pages: None,
-            uffd_floor_s: None,
-            uffd_fault_us: None,
-            uffd_page_us: None,
-            paired: None,
+            ..Default::default()
         }
     }
 }
@@ -585,28 +575,16 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     }
     rows.push(Row {
         mode: "native".into(),
-        budget: None,
         wall_s: n.wall_s,
         vs_native: 1.0,
         cpu_s: n.cpu_s,
         peak_rss_bytes: n.maxrss,
         major_faults: n.majflt,
-        compressed_orig_bytes: None,
-        compressed_bytes: None,
         same_output: true,
         exit_code: 0,
         timed_out: false,
         oom_wakeups: 0,
-        faults: None,
-        fault_p50_us: None,
-        fault_p99_us: None,
-        fault_mean_us: None,
-        fault_time_s: None,
-        further_pages: None,
-        uffd_floor_s: None,
-        uffd_fault_us: None,
-        uffd_page_us: None,
-        paired: None,
+        ..Default::default()
     });
     let swap_size = (n.maxrss * 2).max(512 << 20);
     let mut cg_n = 0;
@@ -690,10 +668,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             fault_mean_us: s["fault_mean_us"].as_f64(),
             fault_time_s: FaultTime::from_stats(s),
             further_pages: s["prefetched"].as_u64(),
-            uffd_floor_s: None,
-            uffd_fault_us: None,
-            uffd_page_us: None,
-            paired: None,
+            ..Default::default()
         });
     }
     // --pairs: native and ztier run in turn, each output checked.
@@ -896,26 +871,10 @@ mod tests {
             mode: mode.into(),
             budget: Some(256 << 20),
             wall_s,
-            vs_native: 0.0,
-            cpu_s: 0.0,
-            peak_rss_bytes: 0,
-            major_faults: 0,
-            compressed_orig_bytes: None,
-            compressed_bytes: None,
             same_output,
             exit_code,
             timed_out,
-            oom_wakeups: 0,
-            faults: None,
-            fault_p50_us: None,
-            fault_p99_us: None,
-            fault_mean_us: None,
-            fault_time_s: None,
-            further_pages: None,
-            uffd_floor_s: None,
-            uffd_fault_us: None,
-            uffd_page_us: None,
-            paired: None,
+            ..Default::default()
         }
     }
 
