@@ -149,6 +149,7 @@ fn run_demo() -> Result<()> {
     let s = &r.stats;
     let same = std::fs::read(&native_out)? == std::fs::read(&managed_out)?;
     let mb = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / 1e6;
+    let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);
     println!("{:<22} {:>9} {:>12} {:>16}", "", "wall s", "peak RSS", "heap in memory");
     println!("{:<22} {:>9.2} {:>9.0} MB {:>16}", "native", n.wall_s, n.maxrss as f64 / 1e6, "all of it");
     println!(
@@ -161,7 +162,7 @@ fn run_demo() -> Result<()> {
     println!(
         "\nUnder ztier run: {} pages compressed and {} more evicted unchanged, without compression \
          ({:.0} MB held in {:.0} MB at the store's fullest), {} faults served \
-         (p50 {} µs, p99 {} µs handler time), output {}.",
+         (p50 {} µs, p99 {} µs handler time; {:.2} s in all: {}), output {}.",
         s["pages_compressed"],
         s["clean_evicted"],
         mb(&s["orig_bytes"]),
@@ -169,6 +170,13 @@ fn run_demo() -> Result<()> {
         s["faults"],
         s["fault_p50_us"],
         s["fault_p99_us"],
+        sec("fault_service_s"),
+        super::run::service_parts(
+            sec("fault_service_s"),
+            sec("fault_lock_wait_s"),
+            sec("fault_store_read_s"),
+            sec("fault_install_s")
+        ),
         if same { "identical to the native run" } else { "DIFFERENT from the native run" }
     );
     if !same || r.code != 0 {
