@@ -401,6 +401,10 @@ pub struct Stats {
     pub zero_faults: AtomicU64,
     /// … of which decompressed from the store.
     pub store_faults: AtomicU64,
+    /// … of which continued no walk (neither right after nor within 16
+    /// pages after one of the last 8 faults): one page, no prefetch
+    /// tried. Random access, or a walk lost over a resident stretch.
+    pub lone_faults: AtomicU64,
     /// Extra stored pages installed by sequential prefetch.
     pub prefetched: AtomicU64,
     /// Faults left waiting for an eviction's commit (the page was OWNED).
@@ -464,6 +468,7 @@ impl Stats {
             faults: AtomicU64::new(0),
             zero_faults: AtomicU64::new(0),
             store_faults: AtomicU64::new(0),
+            lone_faults: AtomicU64::new(0),
             prefetched: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
             pages_compressed: AtomicU64::new(0),
@@ -498,6 +503,7 @@ impl Stats {
             &self.faults,
             &self.zero_faults,
             &self.store_faults,
+            &self.lone_faults,
             &self.prefetched,
             &self.pages_compressed,
             &self.evicted_inline,
@@ -988,6 +994,9 @@ impl Manager {
                 self.hot = usize::MAX;
                 let wake = r?;
                 stats.store_faults.fetch_add(1, Ordering::Relaxed);
+                if !sequential && !stream {
+                    stats.lone_faults.fetch_add(1, Ordering::Relaxed);
+                }
                 stats.prefetched.fetch_add(n as u64 - 1, Ordering::Relaxed);
                 self.last_fault = i + n - 1;
                 wake

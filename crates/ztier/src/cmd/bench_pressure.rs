@@ -148,6 +148,10 @@ struct Row {
     fault_p50_us: Option<f64>,
     fault_p99_us: Option<f64>,
     fault_mean_us: Option<f64>,
+    /// ztier run: faults served from the store, and those of them that
+    /// continued no walk (one page each, no prefetch tried).
+    store_faults: Option<u64>,
+    lone_faults: Option<u64>,
     /// ztier run: the handler's service time in all and its parts.
     fault_time_s: Option<FaultTime>,
     /// ztier run: pages installed beyond the first of each fault (its
@@ -322,8 +326,12 @@ fn fault_lines(rows: &[Row]) -> Vec<String> {
                     super::run::service_parts(t.service, t.lock_wait, t.store_read, t.install)
                 )
             });
+            let lone = match (r.store_faults, r.lone_faults) {
+                (Some(st), Some(l)) => format!(" ({st} from the store, {l} of them lone pages off any walk)"),
+                _ => String::new(),
+            };
             Some(format!(
-                "fault service at {}M ({}): p50 {p50:.1} µs, p99 {p99:.1} µs, mean {mean:.1} µs over {n} faults{parts}",
+                "fault service at {}M ({}): p50 {p50:.1} µs, p99 {p99:.1} µs, mean {mean:.1} µs over {n} faults{lone}{parts}",
                 r.budget.unwrap_or(0) >> 20,
                 r.mode
             ))
@@ -666,6 +674,8 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             fault_p50_us: s["fault_p50_us"].as_f64(),
             fault_p99_us: s["fault_p99_us"].as_f64(),
             fault_mean_us: s["fault_mean_us"].as_f64(),
+            store_faults: s["store_faults"].as_u64(),
+            lone_faults: s["lone_faults"].as_u64(),
             fault_time_s: FaultTime::from_stats(s),
             further_pages: s["prefetched"].as_u64(),
             ..Default::default()
@@ -908,6 +918,8 @@ mod tests {
         with_parts.fault_time_s = FaultTime::from_stats(&serde_json::json!({
             "fault_service_s": 5.2, "fault_lock_wait_s": 0.4, "fault_store_read_s": 2.5, "fault_install_s": 1.8
         }));
+        with_parts.store_faults = Some(450_000);
+        with_parts.lone_faults = Some(120_000);
         let lines = fault_lines(&[
             row("native", 4.0, true, 0, false),
             row("kernel zram", 35.0, true, 0, false),
@@ -918,7 +930,8 @@ mod tests {
             lines,
             [
                 "fault service at 256M (ztier run): p50 5.5 µs, p99 83.8 µs, mean 11.2 µs over 462545 faults",
-                "fault service at 256M (ztier run): p50 5.5 µs, p99 83.8 µs, mean 11.2 µs over 462545 faults; \
+                "fault service at 256M (ztier run): p50 5.5 µs, p99 83.8 µs, mean 11.2 µs over 462545 faults \
+                 (450000 from the store, 120000 of them lone pages off any walk); \
                  5.20 s in all: lock wait 0.40 s, store reads 2.50 s, installs 1.80 s, the rest 0.50 s"
             ]
         );

@@ -517,6 +517,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "stored_bytes",
         "zero_faults",
         "store_faults",
+        "lone_faults",
         "prefetched",
         "evicted_zero",
         "refused",
@@ -598,10 +599,12 @@ pub fn run(a: RunArgs) -> Result<i32> {
     if a.summary {
         let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);
         eprintln!(
-            "ztier run: exit {} in {:.2} s; {} faults (p50 {} µs, p99 {} µs; served in {:.2} s: {}), {} pages compressed ({:.1} MB → {:.1} MB), peak resident {:.1} MB of {:.1} MB budget, peak RSS {:.1} MB",
+            "ztier run: exit {} in {:.2} s; {} faults ({} from the store, {} of them lone pages off any walk; p50 {} µs, p99 {} µs; served in {:.2} s: {}), {} pages compressed ({:.1} MB → {:.1} MB), peak resident {:.1} MB of {:.1} MB budget, peak RSS {:.1} MB",
             out.code,
             s["wall_s"].as_f64().unwrap_or(0.0),
             s["faults"],
+            s["store_faults"],
+            s["lone_faults"],
             s["fault_p50_us"],
             s["fault_p99_us"],
             sec("fault_service_s"),
