@@ -95,6 +95,16 @@
 //! reading the indices as packed nibbles instead of unpacking them first
 //! (slower), and counting the tags inside the decoder instead of before
 //! it (within noise: 1.01× in 4 alternating runs).
+//!
+//! Under callgrind, decoding every page of python-dict.pages took the
+//! `avx2` decoder ~24 k instructions a page (13 a nonzero word in the
+//! dictionary loop, ~110 per 8 words of planning) against ~13 k for
+//! liblz4's `LZ4_decompress_safe`, which it trails by ~1.4× in time: it
+//! is bound by its instruction count more than by the dictionary's
+//! chain. Two cheap cuts were measured and left out: counting the tags
+//! with `popcnt` (~300 instructions a page either way, no change in
+//! 3 alternating runs) and skipping all-zero groups of 8 words (0.5% of
+//! the groups of that corpus).
 
 use crate::{check_input_len, check_output_len, Codec, CodecId, CompressError, DecompressError, MAX_INPUT};
 
