@@ -19,6 +19,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null scripts/uffd-move-vs-copy.c
 	cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null scripts/uffd-sigbus.c
+	cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null scripts/uffd-cross-cpu.c
 
 unit:
 	$(CARGO) test --workspace --release
