@@ -1875,6 +1875,37 @@ mod tests {
     }
 
     #[test]
+    fn faults_that_continue_no_walk_are_counted_lone() {
+        let (mut m, base) = test_manager(1024);
+        let stats = Stats::new();
+        for f in (0..512).step_by(16) {
+            let _ = m.install(f, 16, true, false, &stats).unwrap();
+        }
+        for i in 0..512 {
+            // SAFETY: resident, writable pages of our mapping.
+            unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, 1 + (i % 200) as u8, PAGE) };
+        }
+        evict_all(&mut m, &stats);
+        let serve = |m: &mut Manager, i: usize| {
+            let _ = m.serve(base + i * PAGE, &stats).unwrap();
+        };
+        // A first fault: no walk, one page.
+        serve(&mut m, 300);
+        assert_eq!(m.st(301) & STATE, STORED, "a lone fault prefetches nothing");
+        // The next page: a walk, with its prefetch.
+        serve(&mut m, 301);
+        assert_eq!(m.st(302) & STATE, RESIDENT, "a walk prefetches");
+        // Far away: lone again; then 10 pages after it: an interleaved
+        // walk (within 16 pages after a recent fault).
+        serve(&mut m, 100);
+        serve(&mut m, 110);
+        assert_eq!(m.st(111) & STATE, RESIDENT, "a walk within 16 pages prefetches");
+        serve(&mut m, 450);
+        assert_eq!(stats.store_faults.load(Ordering::Relaxed), 5);
+        assert_eq!(stats.lone_faults.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
     fn verify_mode_drops_unchanged_pages_and_compresses_written_ones() {
         let (mut m, base) = test_manager(1024);
         m.clean = CleanMode::Verify;
