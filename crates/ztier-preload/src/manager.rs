@@ -1701,13 +1701,7 @@ mod tests {
         let (mut m, base) = test_manager(2048);
         let stats = Stats::new();
         // Fill the protected segment, then push it over its share.
-        for f in (0..2048).step_by(16) {
-            let _ = m.install(f, 16, true, false, &stats).unwrap();
-        }
-        for i in 0..2048 {
-            // SAFETY: resident, writable pages of our mapping.
-            unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, 1 + i as u8 % 250, PAGE) };
-        }
+        fill_pages(&mut m, base, 2048, &stats, |i| 1 + i as u8 % 250);
         assert_eq!(m.resident(), 2048);
         m.prot_max = 100;
         let v = m.take_victims(32, 0, 0, &stats).unwrap().expect("victims");
@@ -1874,17 +1868,23 @@ mod tests {
         }
     }
 
+    /// Makes pages 0..`pages` resident (zero runs of 16) and fills page i
+    /// with the byte `fill(i)`.
+    fn fill_pages(m: &mut Manager, base: usize, pages: usize, stats: &Stats, fill: impl Fn(usize) -> u8) {
+        for f in (0..pages).step_by(16) {
+            let _ = m.install(f, 16, true, false, stats).unwrap();
+        }
+        for i in 0..pages {
+            // SAFETY: resident, writable pages of our mapping.
+            unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, fill(i), PAGE) };
+        }
+    }
+
     #[test]
     fn faults_that_continue_no_walk_are_counted_lone() {
         let (mut m, base) = test_manager(1024);
         let stats = Stats::new();
-        for f in (0..512).step_by(16) {
-            let _ = m.install(f, 16, true, false, &stats).unwrap();
-        }
-        for i in 0..512 {
-            // SAFETY: resident, writable pages of our mapping.
-            unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, 1 + (i % 200) as u8, PAGE) };
-        }
+        fill_pages(&mut m, base, 512, &stats, |i| 1 + (i % 200) as u8);
         evict_all(&mut m, &stats);
         let serve = |m: &mut Manager, i: usize| {
             let _ = m.serve(base + i * PAGE, &stats).unwrap();
@@ -1911,13 +1911,7 @@ mod tests {
         m.clean = CleanMode::Verify;
         let stats = Stats::new();
         let fill = |i: usize| 1 + (i % 200) as u8;
-        for f in (0..512).step_by(16) {
-            let _ = m.install(f, 16, true, false, &stats).unwrap();
-        }
-        for i in 0..512 {
-            // SAFETY: resident, writable pages of our mapping.
-            unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, fill(i), PAGE) };
-        }
+        fill_pages(&mut m, base, 512, &stats, fill);
         evict_all(&mut m, &stats);
         assert_eq!(stats.pages_compressed.load(Ordering::Relaxed), 512);
         // Pages 0..64 went out first: they come back at a long refault
