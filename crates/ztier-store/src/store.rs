@@ -524,7 +524,9 @@ struct Scratch(Vec<u8>);
 
 impl Scratch {
     fn take() -> Self {
-        let mut v = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+        // (A thread that is exiting may still use the store, from a
+        // system call its thread-local destructors make: a fresh buffer.)
+        let mut v = SCRATCH.try_with(|s| std::mem::take(&mut *s.borrow_mut())).unwrap_or_default();
         if v.len() < PAGE_SIZE {
             v = vec![0; PAGE_SIZE];
         }
@@ -535,13 +537,15 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let v = std::mem::take(&mut self.0);
-        SCRATCH.with(|s| *s.borrow_mut() = v);
+        let _ = SCRATCH.try_with(|s| *s.borrow_mut() = v);
     }
 }
 
 /// Runs `f` with this thread's encoder for `codec` (and raw fraction).
 fn with_encoder<R>(codec: CodecId, raw: (usize, usize), f: impl FnOnce(&mut PageEncoder) -> R) -> R {
-    ENCODERS.with(|e| {
+    let mut f = Some(f);
+    let r = ENCODERS.try_with(|e| {
+        let f = f.take().expect("called once");
         let mut v = e.borrow_mut();
         let i = match v.iter().position(|p| p.codec_id() == codec && p.limit(4 * raw.1) == 4 * raw.0) {
             Some(i) => i,
@@ -551,7 +555,12 @@ fn with_encoder<R>(codec: CodecId, raw: (usize, usize), f: impl FnOnce(&mut Page
             }
         };
         f(&mut v[i])
-    })
+    });
+    match r {
+        Ok(r) => r,
+        // This thread's encoders are gone (it is exiting): a fresh one.
+        Err(_) => (f.take().expect("not called"))(&mut PageEncoder::new(codec).raw_fraction(raw.0, raw.1)),
+    }
 }
 
 /// The compressed page store. Shared between threads by reference.

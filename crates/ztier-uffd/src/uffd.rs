@@ -122,6 +122,10 @@ pub struct Uffd {
     fd: OwnedFd,
     /// Features the kernel reported.
     pub features: u64,
+    /// Opened with `UFFD_USER_MODE_ONLY`: faults the kernel takes on the
+    /// program's behalf (a `read()` into a missing page) are not reported
+    /// but fail the system call with `EFAULT`.
+    pub user_mode_only: bool,
 }
 
 /// What an install found.
@@ -151,10 +155,21 @@ impl Uffd {
     /// the API. Tries full mode first, then user-mode-only (which works
     /// for unprivileged users); the error says when neither works.
     pub fn open() -> io::Result<Uffd> {
+        Uffd::open_with(false)
+    }
+
+    /// As [`Uffd::open`]; with `user_mode_only`, only `UFFD_USER_MODE_ONLY`
+    /// is tried (what an unprivileged user gets; for tests run as root).
+    pub fn open_with(user_mode_only: bool) -> io::Result<Uffd> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-        // SAFETY: plain syscall with integer arguments.
-        let mut fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
+        let mut fd = -1;
+        let mut umo = user_mode_only;
+        if !user_mode_only {
+            // SAFETY: plain syscall with integer arguments.
+            fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
+        }
         if fd < 0 {
+            umo = true;
             // SAFETY: as above.
             fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags | USER_MODE_ONLY) } as RawFd;
         }
@@ -172,7 +187,7 @@ impl Uffd {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut api = ApiArg { api: UFFD_API, features: 0, ioctls: 0 };
         ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api)?;
-        Ok(Uffd { fd, features: api.features })
+        Ok(Uffd { fd, features: api.features, user_mode_only: umo })
     }
 
     /// Registers `[start, start + len)` for missing-page faults.
