@@ -405,6 +405,11 @@ pub struct Stats {
     /// pages after one of the last 8 faults): one page, no prefetch
     /// tried. Random access, or a walk lost over a resident stretch.
     pub lone_faults: AtomicU64,
+    /// System calls whose memory arguments were made resident and pinned
+    /// first (user-mode-only userfaultfd; see the `sud` module).
+    pub pinned_calls: AtomicU64,
+    /// Stored pages brought back for those calls (not faults).
+    pub pinned_in: AtomicU64,
     /// Extra stored pages installed by sequential prefetch.
     pub prefetched: AtomicU64,
     /// Faults left waiting for an eviction's commit (the page was OWNED).
@@ -469,6 +474,8 @@ impl Stats {
             zero_faults: AtomicU64::new(0),
             store_faults: AtomicU64::new(0),
             lone_faults: AtomicU64::new(0),
+            pinned_calls: AtomicU64::new(0),
+            pinned_in: AtomicU64::new(0),
             prefetched: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
             pages_compressed: AtomicU64::new(0),
@@ -504,6 +511,8 @@ impl Stats {
             &self.zero_faults,
             &self.store_faults,
             &self.lone_faults,
+            &self.pinned_calls,
+            &self.pinned_in,
             &self.prefetched,
             &self.pages_compressed,
             &self.evicted_inline,
@@ -618,6 +627,9 @@ pub struct Manager {
     buf: Vec<u8>,
     zero: Vec<u8>,
     cfg: Config,
+    /// Page ranges `[first, end)` pinned resident for system calls in
+    /// flight (see [`Manager::pin`]); never victims.
+    pins: Vec<(usize, usize)>,
 }
 
 // SAFETY: `states` points to a private mapping owned by the manager; all
@@ -626,8 +638,10 @@ unsafe impl Send for Manager {}
 
 /// Opens a userfaultfd and registers the arena for missing and
 /// write-protect faults.
+/// `ZTIER_UFFD_USER_MODE_ONLY=1` opens it as an unprivileged user would
+/// get it (`UFFD_USER_MODE_ONLY`), also as root: for the tests.
 fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
-    let u = Uffd::open()?;
+    let u = Uffd::open_with(std::env::var("ZTIER_UFFD_USER_MODE_ONLY").is_ok_and(|v| v == "1"))?;
     u.register_mode(base, len, REGISTER_MODE_MISSING | REGISTER_MODE_WP).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -696,6 +710,18 @@ impl Manager {
             None => None,
         };
         let uffd = open_uffd(base, pages * PAGE)?;
+        // A user-mode-only userfaultfd fails the kernel's writes to a
+        // write-protected page with EFAULT, so pages are not installed
+        // write-protected there (the same result, told by content).
+        let clean = if uffd.user_mode_only && clean == CleanMode::Wp {
+            eprintln!(
+                "ztier: --clean wp needs a userfaultfd that serves the kernel's faults too \
+                 (this one is user-mode-only): using --clean verify"
+            );
+            CleanMode::Verify
+        } else {
+            clean
+        };
         let (store, pool) = open_store(&cfg)?;
         let mut m = Manager {
             base,
@@ -730,6 +756,7 @@ impl Manager {
             buf: vec![0; 64 * PAGE],
             zero: vec![0; ZERO_RUN * PAGE],
             cfg,
+            pins: Vec::new(),
         };
         m.apply_sizing(true);
         Ok(m)
@@ -1141,7 +1168,7 @@ impl Manager {
                 },
             };
             let s = self.st(i) & !(QUEUED | PROTECTED);
-            if s & STATE == RESIDENT && s & NOEVICT == 0 {
+            if s & STATE == RESIDENT && s & NOEVICT == 0 && !self.pinned(i) {
                 if from_prot {
                     self.prot_res -= 1;
                 }
@@ -1159,13 +1186,21 @@ impl Manager {
                     && self.resident > target + in_flight + pages.len()
                 {
                     let t = self.st(j);
-                    if t & (STATE | NOEVICT | PROTECTED) != RESIDENT {
+                    if t & (STATE | NOEVICT | PROTECTED) != RESIDENT || self.pinned(j) {
                         break;
                     }
                     self.set(j, (t & !STATE) | EVICTING | OWNED);
                     pages.push(j);
                     j += 1;
                 }
+            } else if s & STATE == RESIDENT && s & NOEVICT == 0 {
+                // Pinned by a system call: out of the queues until it is
+                // unpinned (cycling through probation, pinned pages would
+                // keep the victims behind them from being looked at).
+                if from_prot {
+                    self.prot_res -= 1;
+                }
+                self.set(i, s);
             } else if s & STATE == RESIDENT {
                 if from_prot {
                     self.prot.push_back(i as u32);
@@ -1346,6 +1381,101 @@ impl Manager {
         for i in first..first + n {
             let s = self.st(i);
             self.set(i, if on { s | NOEVICT } else { s & !NOEVICT });
+        }
+    }
+
+    /// Is page `i` pinned by a system call in flight?
+    fn pinned(&self, i: usize) -> bool {
+        !self.pins.is_empty() && self.pins.iter().any(|&(a, b)| (a..b).contains(&i))
+    }
+
+    /// Makes pages `[first, first + n)` resident and keeps them from
+    /// eviction until [`Manager::unpin`] — for a system call about to
+    /// read or write them: with a user-mode-only userfaultfd the kernel's
+    /// own access to a missing page fails the call with `EFAULT` instead
+    /// of waiting for the handler (see the `sud` module). Stored pages
+    /// are brought back (their copies dropped), never-touched ones filled
+    /// with zeros, as a fault would. Pages that are not readable
+    /// (NOEVICT) are left alone: the call gets the kernel's own answer.
+    ///
+    /// `Ok(false)`, with nothing pinned: a page of the range is owned by
+    /// an eviction in flight; let go of the lock, wait, and call again.
+    /// Threads that faulted on a page meanwhile are woken. Pinned pages
+    /// may take the resident count over the budget until unpinned.
+    pub fn pin(&mut self, first: usize, n: usize, stats: &Stats) -> io::Result<bool> {
+        let end = (first + n).min(self.pages);
+        if first >= end {
+            return Ok(true);
+        }
+        if self.owned_in(first, end - first) {
+            return Ok(false);
+        }
+        self.pins.push((first, end));
+        let mut i = first;
+        while i < end {
+            let s = self.st(i);
+            if s & NOEVICT != 0 {
+                i += 1;
+                continue;
+            }
+            let room = |m: &Self, k: usize| {
+                k < m.buf.len() / PAGE && i + k < end && m.st(i + k) & (STATE | NOEVICT | OWNED) == s & STATE
+            };
+            match s & STATE {
+                STORED => {
+                    let mut k = 1;
+                    while room(self, k) {
+                        k += 1;
+                    }
+                    let found = {
+                        let _timed = Timed::start(&stats.store_read_ns);
+                        self.store
+                            .get_run(self.key(i), k, &mut self.buf[..k * PAGE], true)
+                            .map_err(|e| io::Error::other(format!("pages {:#x}+{k}: {e}", self.addr(i))))?
+                    };
+                    if found < k {
+                        return Err(io::Error::other(format!(
+                            "page {:#x} is missing from the store",
+                            self.addr(i + found)
+                        )));
+                    }
+                    self.make_room(k, stats)?;
+                    if let Some((at, len)) = self.install(i, k, false, false, stats)? {
+                        self.uffd.wake(at, len)?;
+                    }
+                    stats.pinned_in.fetch_add(k as u64, Ordering::Relaxed);
+                    i += k;
+                }
+                ABSENT => {
+                    let mut k = 1;
+                    while k < ZERO_RUN && room(self, k) {
+                        k += 1;
+                    }
+                    self.make_room(k, stats)?;
+                    if let Some((at, len)) = self.install(i, k, true, false, stats)? {
+                        self.uffd.wake(at, len)?;
+                    }
+                    i += k;
+                }
+                _ => i += 1,
+            }
+        }
+        Ok(true)
+    }
+
+    /// Ends one [`Manager::pin`] of the same range.
+    pub fn unpin(&mut self, first: usize, n: usize) {
+        let end = (first + n).min(self.pages);
+        if let Some(k) = self.pins.iter().position(|&p| p == (first, end)) {
+            self.pins.swap_remove(k);
+        }
+        // Pages that left the queues while pinned go back to probation.
+        for i in first..end {
+            let s = self.st(i);
+            if s & (STATE | QUEUED) == RESIDENT && !self.pinned(i) {
+                self.fifo.push_back(i as u32);
+                self.set(i, s | QUEUED);
+            }
         }
     }
 
@@ -1878,6 +2008,38 @@ mod tests {
             // SAFETY: resident, writable pages of our mapping.
             unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, fill(i), PAGE) };
         }
+    }
+
+    #[test]
+    fn pinned_pages_come_back_and_stay_until_unpinned() {
+        let (mut m, base) = test_manager(1024);
+        let stats = Stats::new();
+        fill_pages(&mut m, base, 256, &stats, |i| 1 + (i % 200) as u8);
+        evict_all(&mut m, &stats);
+        assert_eq!(m.st(40) & STATE, STORED);
+        // Stored pages 40..60 and never-touched ones 600..610.
+        assert!(m.pin(40, 20, &stats).unwrap());
+        assert!(m.pin(600, 10, &stats).unwrap());
+        for i in (40..60).chain(600..610) {
+            assert_eq!(m.st(i) & STATE, RESIDENT, "page {i}");
+        }
+        // SAFETY: resident pages of our mapping.
+        let (b41, b605) =
+            unsafe { (*((base + 41 * PAGE) as *const u8), *((base + 605 * PAGE) as *const u8)) };
+        assert_eq!((b41, b605), (1 + 41, 0), "content back, zeros for new pages");
+        assert_eq!(stats.pinned_in.load(Ordering::Relaxed), 20);
+        // Eviction takes everything else, never a pinned page.
+        evict_all(&mut m, &stats);
+        for i in (40..60).chain(600..610) {
+            assert_eq!(m.st(i) & STATE, RESIDENT, "pinned page {i} evicted");
+        }
+        assert_eq!(m.resident(), 30);
+        // Unpinned, they are victims again.
+        m.unpin(40, 20);
+        m.unpin(600, 10);
+        evict_all(&mut m, &stats);
+        assert_eq!(m.resident(), 0);
+        assert_eq!(m.st(41) & STATE, STORED);
     }
 
     #[test]
