@@ -60,6 +60,7 @@ mod manager;
 mod pages;
 mod shim;
 mod small;
+mod sud;
 mod sys;
 
 use std::alloc::{GlobalAlloc, Layout};
@@ -319,6 +320,18 @@ fn start() -> bool {
                 libc::atexit(at_exit);
             }
             spawn_handlers();
+            let user_mode_only = lock(&GLOBAL.get().expect("set").mgr).uffd.user_mode_only;
+            if user_mode_only {
+                if let Err(e) = sud::install() {
+                    eprintln!(
+                        "ztier: cannot manage this program's memory: userfaultfd is user-mode-only here \
+                         (unprivileged; vm.unprivileged_userfaultfd=0), so system calls that read or write \
+                         evicted memory would fail with EFAULT, and catching them needs syscall user \
+                         dispatch (Linux 5.11): {e}"
+                    );
+                    std::process::abort();
+                }
+            }
             true
         }
         Err(e) => {
@@ -762,10 +775,10 @@ fn stats_json(g: &Global) -> String {
         }
         manager::lat_upper_ns(manager::LAT_BUCKETS - 1) as f64 / 1000.0
     };
-    let (now_orig, now_stored, spilled, policy, resident_budget) = {
+    let (now_orig, now_stored, spilled, policy, resident_budget, user_mode_only) = {
         let m = lock(&g.mgr);
         let st = m.store().stats();
-        (st.orig_bytes, st.memory_used, st.tier_bytes, m.sizing(), m.budget() * PAGE)
+        (st.orig_bytes, st.memory_used, st.tier_bytes, m.sizing(), m.budget() * PAGE, m.uffd.user_mode_only)
     };
     let orig = s.peak_store_orig.load(Ordering::Relaxed);
     let stored = s.peak_store_bytes.load(Ordering::Relaxed);
@@ -780,7 +793,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
-         \"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\
+         \"user_mode_only\":{},\"pinned_calls\":{},\"pinned_in\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\
          \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
@@ -798,6 +811,9 @@ fn stats_json(g: &Global) -> String {
         ld(&s.zero_faults),
         ld(&s.store_faults),
         ld(&s.lone_faults),
+        user_mode_only,
+        ld(&s.pinned_calls),
+        ld(&s.pinned_in),
         ld(&s.prefetched),
         ld(&s.evicted_zero),
         ld(&s.refused),
@@ -861,6 +877,7 @@ extern "C" fn fork_prepare() {
         return;
     }
     let _ = INSIDE.try_with(|c| c.set(true));
+    sud::allow();
     let g = GLOBAL.get().expect("ready");
     let classes: Vec<_> = g.classes.iter().map(lock).collect();
     let mut m = lock(&g.mgr);
@@ -898,6 +915,7 @@ extern "C" fn fork_parent() {
         std::process::abort();
     }
     let _ = INSIDE.try_with(|c| c.set(false));
+    sud::rearm();
 }
 
 extern "C" fn fork_child() {
@@ -923,5 +941,10 @@ extern "C" fn fork_child() {
         eprintln!("ztier: evicting in a forked child failed: {e}: aborting");
         std::process::abort();
     }
+    if let Err(e) = sud::enable_after_fork() {
+        eprintln!("ztier: the forked child cannot protect its system calls: {e}: aborting");
+        std::process::abort();
+    }
     let _ = INSIDE.try_with(|c| c.set(false));
+    sud::rearm();
 }

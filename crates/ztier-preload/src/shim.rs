@@ -145,6 +145,7 @@ fn nomem<T>(p: *mut T) -> *mut T {
 /// The C contract of `malloc`.
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    let _sud = crate::sud::Allow::new();
     match global_for(size) {
         // SAFETY: glibc's malloc.
         None => unsafe { __libc_malloc(size) },
@@ -158,6 +159,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// The C contract of `calloc`.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    let _sud = crate::sud::Allow::new();
     match global_for(n.saturating_mul(size)) {
         // SAFETY: glibc's calloc.
         None => unsafe { __libc_calloc(n, size) },
@@ -174,6 +176,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 /// The C contract of `free`.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
+    let _sud = crate::sud::Allow::new();
     if p.is_null() {
         return;
     }
@@ -196,6 +199,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 /// The C contract of `realloc`.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    let _sud = crate::sud::Allow::new();
     if p.is_null() {
         // SAFETY: forwarding.
         return unsafe { malloc(size) };
@@ -269,6 +273,7 @@ fn realloc_glibc(p: *mut c_void, size: usize) -> *mut c_void {
 /// The C contract of `reallocarray`.
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    let _sud = crate::sud::Allow::new();
     match n.checked_mul(size) {
         // SAFETY: forwarding.
         Some(t) => unsafe { realloc(p, t) },
@@ -297,6 +302,7 @@ fn aligned(align: usize, size: usize) -> *mut c_void {
 /// The C contract of `memalign`.
 #[no_mangle]
 pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    let _sud = crate::sud::Allow::new();
     if !align.is_power_of_two() {
         sys::set_errno(libc::EINVAL);
         return std::ptr::null_mut();
@@ -310,6 +316,7 @@ pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
 /// The C contract of `aligned_alloc`.
 #[no_mangle]
 pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    let _sud = crate::sud::Allow::new();
     // SAFETY: forwarding.
     unsafe { memalign(align, size) }
 }
@@ -320,6 +327,7 @@ pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void
 /// `out` must be writable.
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+    let _sud = crate::sud::Allow::new();
     if !align.is_power_of_two() || align % std::mem::size_of::<usize>() != 0 {
         return libc::EINVAL;
     }
@@ -338,6 +346,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 /// The C contract of `valloc`.
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    let _sud = crate::sud::Allow::new();
     aligned(PAGE, size)
 }
 
@@ -347,6 +356,7 @@ pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
 /// The C contract of `pvalloc`.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    let _sud = crate::sud::Allow::new();
     aligned(PAGE, size.max(1).next_multiple_of(PAGE))
 }
 
@@ -356,6 +366,7 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 /// `p` is NULL or a live block.
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    let _sud = crate::sud::Allow::new();
     if p.is_null() {
         return 0;
     }
@@ -489,6 +500,7 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
+    let _sud = crate::sud::Allow::new();
     // Private anonymous memory is ours: read-write, or inaccessible (a
     // reservation, made usable later with mprotect or a fixed mapping —
     // how the JVM and V8 reserve their heaps). An address hint (without
@@ -592,6 +604,7 @@ pub unsafe extern "C" fn mmap64(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
+    let _sud = crate::sud::Allow::new();
     // SAFETY: forwarding.
     unsafe { mmap(a, len, prot, flags, fd, off) }
 }
@@ -634,6 +647,7 @@ fn unmap_arena(g: &Global, first: usize, n: usize) -> c_int {
 /// The C contract of `munmap`.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(a: *mut c_void, len: usize) -> c_int {
+    let _sud = crate::sud::Allow::new();
     forget_early(a as usize, len);
     if let Some(g) = crate::GLOBAL.get() {
         if let Some((first, n)) = page_range(g, a as usize, len) {
@@ -660,6 +674,7 @@ pub unsafe extern "C" fn mremap(
     flags: c_int,
     new: *mut c_void,
 ) -> *mut c_void {
+    let _sud = crate::sud::Allow::new();
     // Not arena memory: an early mapping that grows moves to the arena;
     // anything else is the kernel's (and an early mapping it moves or
     // resizes is remembered no more).
@@ -717,6 +732,7 @@ pub unsafe extern "C" fn mremap(
 /// The C contract of `madvise`.
 #[no_mangle]
 pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c_int {
+    let _sud = crate::sud::Allow::new();
     if let Some(g) = crate::GLOBAL.get() {
         if g.in_arena(a as usize) {
             if matches!(advice, libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE) {
@@ -771,6 +787,7 @@ fn change_protection(a: *mut c_void, len: usize, noevict: bool, call: impl FnOnc
 /// The C contract of `mprotect`.
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int {
+    let _sud = crate::sud::Allow::new();
     change_protection(a, len, prot != RW, || sys::mprotect(a, len, prot))
 }
 
@@ -789,6 +806,11 @@ extern "C" fn start_unpinned(a: *mut c_void) -> *mut c_void {
     if let Some(cpus) = crate::ALLOWED.get() {
         crate::pin(cpus);
     }
+    if let Err(e) = crate::sud::enable_thread() {
+        eprintln!("ztier: a new thread cannot protect its system calls: {e}: aborting");
+        std::process::abort();
+    }
+    crate::sud::rearm();
     (s.f)(s.arg)
 }
 
@@ -805,6 +827,7 @@ pub unsafe extern "C" fn pthread_create(
     f: StartFn,
     arg: *mut c_void,
 ) -> c_int {
+    let _sud = crate::sud::Allow::new();
     static NEXT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let next = *NEXT.get_or_init(|| {
         crate::as_inside(|| {
@@ -829,7 +852,7 @@ pub unsafe extern "C" fn pthread_create(
     // the DTV could be evicted, and that read would fault while holding
     // the lock the handler needs to serve it (seen: `free` of a large
     // block deadlocked the handler).
-    if crate::ALLOWED.get().is_none() || crate::inside() {
+    if (crate::ALLOWED.get().is_none() && !crate::sud::active()) || crate::inside() {
         // SAFETY: forwarding.
         return crate::as_inside(|| unsafe { real(t, attr, f, arg) });
     }
@@ -851,6 +874,7 @@ pub unsafe extern "C" fn pthread_create(
 /// The C contract of `pkey_mprotect`.
 #[no_mangle]
 pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
+    let _sud = crate::sud::Allow::new();
     change_protection(a, len, prot != RW || pkey > 0, || {
         // SAFETY: plain syscall; the kernel validates the arguments.
         unsafe {

@@ -518,6 +518,8 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "zero_faults",
         "store_faults",
         "lone_faults",
+        "pinned_calls",
+        "pinned_in",
         "prefetched",
         "evicted_zero",
         "refused",

@@ -1,0 +1,816 @@
+//! System calls that touch evicted memory, under a user-mode-only
+//! userfaultfd.
+//!
+//! An unprivileged user gets userfaultfd only with `UFFD_USER_MODE_ONLY`
+//! (unless `vm.unprivileged_userfaultfd` is 1). In that mode only faults
+//! taken in user mode reach the handler; a fault the *kernel* takes on
+//! the program's behalf — `read()` into a heap buffer whose page was
+//! evicted, `write()` from one, a path, an `iovec`, a futex word — fails
+//! the system call with `EFAULT`. Unprotected, `sort` of a large file
+//! under a tight budget stops with "read failed: Bad address".
+//!
+//! So in that mode every system call of the program's threads is caught
+//! first, with Syscall User Dispatch (`PR_SET_SYSCALL_USER_DISPATCH`,
+//! Linux 5.11): a system call made from outside a small code region of
+//! this library, while the thread's selector byte says BLOCK, is not run
+//! but raises `SIGSYS` in the thread. The handler makes the call's memory
+//! arguments resident and pins them ([`crate::manager::Manager::pin`]),
+//! runs the call from inside the region, unpins, and returns its result
+//! in `rax`:
+//!
+//! ```text
+//!  program thread                      SIGSYS handler (same thread)
+//!  ──────────────                      ─────────────────────────────
+//!  read(fd, buf, n) ── syscall ──►  selector ALLOW
+//!   (selector BLOCK,                  buf ∩ arena: stored pages back, pinned
+//!    outside the region)              ztier_sud_syscall6(read, …)  (in region)
+//!                                     unpin; rax = result; selector BLOCK
+//!  continues after the syscall ◄──  return through ztier_sud_sigreturn (in region)
+//! ```
+//!
+//! Which arguments are memory is known per call (below: buffers with a
+//! length, paths, `iovec`s, `msghdr`s, argument vectors, fixed-size
+//! structures). A call not in the table runs as is; if it fails with
+//! `EFAULT` and an argument points into the arena, the pages there are
+//! pinned and it runs again (up to three times, 2, 32 and 512 pages).
+//!
+//! Calls the handler cannot run in its place:
+//!
+//! - `rt_sigreturn` (a signal handler of the program returning): the
+//!   thread is sent to the region's own `rt_sigreturn` with its stack as
+//!   it was.
+//! - `clone`, `clone3`, `fork`, `vfork`: the new task must start where the
+//!   program's code expects it, on its own stack. The thread is sent back
+//!   to its `syscall` instruction with the selector at ALLOW, so the call
+//!   runs there; the selector goes back to BLOCK at the thread's next call
+//!   into the library (`malloc` and friends, `pthread_create`, the fork
+//!   handlers), which a program makes all the time.
+//! - `rt_sigprocmask` is applied to the mask the handler returns to, and
+//!   `rt_sigaction` runs with `SIGSYS` taken out of the handler's mask:
+//!   `SIGSYS` must never be blocked (a blocked dispatch signal kills the
+//!   process). The program's own `SIGSYS` action is kept aside and called
+//!   for `SIGSYS` that does not come from dispatch.
+//!
+//! The library's own code runs with the selector at ALLOW ([`Allow`], at
+//! every exported entry point): it must not wait for a pin (it may hold
+//! the manager's lock). Threads of the library never enable dispatch. A
+//! new thread does not inherit it, so `pthread_create`'s start routine
+//! enables it, and a forked child's fork handler.
+//!
+//! Left out: memory the kernel touches outside a system call (a
+//! `sigaltstack` in the arena, an `rseq` area there, asynchronous I/O
+//! and `io_uring` buffers); a signal handler that leaves the dispatch
+//! handler by `longjmp` leaves that thread unprotected from then on.
+
+use std::cell::{Cell, UnsafeCell};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+const PR_SET_SYSCALL_USER_DISPATCH: libc::c_int = 59;
+const PR_SYS_DISPATCH_ON: libc::c_ulong = 1;
+const ALLOW: u8 = 0;
+const BLOCK: u8 = 1;
+/// `si_code` of a dispatch `SIGSYS`.
+const SYS_USER_DISPATCH: libc::c_int = 2;
+const SA_RESTORER: u64 = 0x0400_0000;
+const EFAULT: i64 = -(libc::EFAULT as i64);
+
+/// Dispatch is on for the program's threads (user-mode-only userfaultfd).
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The program's own `SIGSYS` action (kernel layout: handler, flags,
+/// restorer, mask), kept while ours is installed.
+static PROGRAM_SIGSYS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+thread_local! {
+    /// The selector byte the kernel reads at each system call.
+    static SELECTOR: UnsafeCell<u8> = const { UnsafeCell::new(ALLOW) };
+    /// Dispatch is enabled for this thread.
+    static ENABLED: Cell<bool> = const { Cell::new(false) };
+    /// Nesting of the dispatch handler on this thread.
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// Nesting of [`Allow`] guards on this thread.
+    static GUARDS: Cell<u32> = const { Cell::new(0) };
+}
+
+// The region system calls are always allowed from: a six-argument
+// system call (the number in rdi, as `syscall(2)`'s C signature), and
+// `rt_sigreturn` (the restorer of our handler, and where a program's
+// signal return is sent).
+std::arch::global_asm!(
+    ".pushsection .text.ztier_sud,\"ax\",@progbits",
+    ".balign 64",
+    ".globl ztier_sud_begin",
+    ".hidden ztier_sud_begin",
+    "ztier_sud_begin:",
+    ".globl ztier_sud_syscall6",
+    ".hidden ztier_sud_syscall6",
+    "ztier_sud_syscall6:",
+    "mov rax, rdi",
+    "mov rdi, rsi",
+    "mov rsi, rdx",
+    "mov rdx, rcx",
+    "mov r10, r8",
+    "mov r8, r9",
+    "mov r9, [rsp + 8]",
+    "syscall",
+    "ret",
+    ".balign 16",
+    ".globl ztier_sud_sigreturn",
+    ".hidden ztier_sud_sigreturn",
+    "ztier_sud_sigreturn:",
+    "mov eax, 15",
+    "syscall",
+    "ud2",
+    ".globl ztier_sud_end",
+    ".hidden ztier_sud_end",
+    "ztier_sud_end:",
+    ".popsection",
+);
+
+extern "C" {
+    fn ztier_sud_begin();
+    fn ztier_sud_end();
+    fn ztier_sud_sigreturn();
+    fn ztier_sud_syscall6(nr: i64, a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64;
+}
+
+/// The kernel's `struct sigaction` (x86-64).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KSigaction {
+    handler: u64,
+    flags: u64,
+    restorer: u64,
+    mask: u64,
+}
+
+fn bit(sig: libc::c_int) -> u64 {
+    1 << (sig - 1)
+}
+
+fn selector() -> *mut u8 {
+    SELECTOR.with(|s| s.get())
+}
+
+fn set_selector(v: u8) {
+    // SAFETY: this thread's own selector byte.
+    unsafe { selector().write_volatile(v) }
+}
+
+/// Is dispatch on (this process's userfaultfd is user-mode-only)?
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+/// Runs a system call from inside the region (never dispatched).
+fn raw(nr: i64, a: [u64; 6]) -> i64 {
+    // SAFETY: the arguments are the program's own for this call (or ours,
+    // valid for it); the kernel checks them.
+    unsafe { ztier_sud_syscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5]) }
+}
+
+/// Installs the dispatch handler and enables dispatch for the calling
+/// thread. The error says why dispatch is not available.
+pub fn install() -> std::io::Result<()> {
+    let act = KSigaction {
+        handler: on_sigsys as *const () as usize as u64,
+        flags: libc::SA_SIGINFO as u64 | SA_RESTORER,
+        restorer: ztier_sud_sigreturn as *const () as usize as u64,
+        mask: 0,
+    };
+    let mut old = KSigaction::default();
+    let r = raw(
+        libc::SYS_rt_sigaction,
+        [libc::SIGSYS as u64, &act as *const _ as u64, &mut old as *mut _ as u64, 8, 0, 0],
+    );
+    if r < 0 {
+        return Err(std::io::Error::from_raw_os_error(-r as i32));
+    }
+    for (slot, v) in PROGRAM_SIGSYS.iter().zip([old.handler, old.flags, old.restorer, old.mask]) {
+        slot.store(v, Ordering::Relaxed);
+    }
+    ACTIVE.store(true, Ordering::Relaxed);
+    enable_thread()
+}
+
+/// Enables dispatch for the calling thread (a new thread of the program,
+/// a forked child) if it is on. The selector stays at ALLOW until the
+/// thread leaves the library ([`Allow`]'s drop, [`rearm`]).
+pub fn enable_thread() -> std::io::Result<()> {
+    if !active() || ENABLED.with(Cell::get) {
+        return Ok(());
+    }
+    set_selector(ALLOW);
+    // SIGSYS must not be blocked (a blocked dispatch signal kills the
+    // process); a mask inherited through exec may block it.
+    let sys = bit(libc::SIGSYS);
+    raw(libc::SYS_rt_sigprocmask, [libc::SIG_UNBLOCK as u64, &sys as *const u64 as u64, 0, 8, 0, 0]);
+    let begin = ztier_sud_begin as *const () as usize;
+    let end = ztier_sud_end as *const () as usize;
+    // SAFETY: the region is this library's code; the selector is this
+    // thread's own thread-local byte, live as long as the thread.
+    let r = unsafe {
+        libc::prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_ON, begin, end - begin, selector())
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(e.kind(), format!("syscall user dispatch: {e}")));
+    }
+    ENABLED.with(|c| c.set(true));
+    Ok(())
+}
+
+/// In a forked child: dispatch is off there (the kernel does not keep it
+/// across `fork`), though this thread's copy of the flags says on.
+pub fn enable_after_fork() -> std::io::Result<()> {
+    ENABLED.with(|c| c.set(false));
+    enable_thread()
+}
+
+/// Sets the selector back to BLOCK if this thread has dispatch on and is
+/// not in library code or the dispatch handler.
+pub fn rearm() {
+    if ENABLED.with(Cell::get) && DEPTH.with(Cell::get) == 0 && GUARDS.with(Cell::get) == 0 {
+        set_selector(BLOCK);
+    }
+}
+
+/// Sets the selector to ALLOW for library code that runs outside an
+/// [`Allow`] guard (the fork handlers) until [`rearm`].
+pub fn allow() {
+    if ENABLED.with(Cell::get) {
+        set_selector(ALLOW);
+    }
+}
+
+/// Library code: the selector is ALLOW while it lives; the last guard of
+/// a thread sets it back to BLOCK (re-arming after a `clone`).
+pub struct Allow(());
+
+impl Allow {
+    /// Starts a stretch of library code.
+    #[inline]
+    pub fn new() -> Allow {
+        if active() {
+            let _ = GUARDS.try_with(|g| g.set(g.get() + 1));
+            if ENABLED.try_with(Cell::get).unwrap_or(false) {
+                set_selector(ALLOW);
+            }
+        }
+        Allow(())
+    }
+}
+
+impl Drop for Allow {
+    #[inline]
+    fn drop(&mut self) {
+        if active() {
+            let _ = GUARDS.try_with(|g| g.set(g.get().saturating_sub(1)));
+            rearm();
+        }
+    }
+}
+
+/// Memory ranges a call reads or writes (fixed capacity: the handler
+/// must not allocate — the interrupted code may be anywhere).
+struct Ranges {
+    r: [(usize, usize); 64],
+    n: usize,
+}
+
+impl Ranges {
+    fn new() -> Ranges {
+        Ranges { r: [(0, 0); 64], n: 0 }
+    }
+    fn push(&mut self, p: u64, len: u64) {
+        if p != 0 && len > 0 && self.n < self.r.len() {
+            self.r[self.n] = (p as usize, len.min(1 << 40) as usize);
+            self.n += 1;
+        }
+    }
+    /// A NUL-terminated string.
+    fn cstr(&mut self, p: u64) {
+        if p != 0 {
+            // SAFETY: the program passed it to the kernel as a string;
+            // reading it here faults as the kernel's read would not.
+            let len = unsafe { libc::strlen(p as *const libc::c_char) };
+            self.push(p, len as u64 + 1);
+        }
+    }
+    /// An array of `n` `iovec`s and their buffers.
+    fn iov(&mut self, p: u64, n: u64) {
+        if p == 0 {
+            return;
+        }
+        let n = n.min(1024);
+        self.push(p, n * 16);
+        for k in 0..n {
+            // SAFETY: as for `cstr`: the program's iovec array.
+            let v = unsafe { (p as *const libc::iovec).add(k as usize).read_unaligned() };
+            self.push(v.iov_base as u64, v.iov_len as u64);
+        }
+    }
+    /// A `msghdr`: its name, iovecs and control data.
+    fn msg(&mut self, p: u64) {
+        if p == 0 {
+            return;
+        }
+        self.push(p, std::mem::size_of::<libc::msghdr>() as u64);
+        // SAFETY: as for `cstr`: the program's msghdr.
+        let m = unsafe { (p as *const libc::msghdr).read_unaligned() };
+        self.push(m.msg_name as u64, m.msg_namelen as u64);
+        self.iov(m.msg_iov as u64, m.msg_iovlen as u64);
+        self.push(m.msg_control as u64, m.msg_controllen as u64);
+    }
+    /// A NULL-terminated array of strings (`argv`, `envp`).
+    fn strvec(&mut self, p: u64) {
+        if p == 0 {
+            return;
+        }
+        let mut k = 0;
+        loop {
+            // SAFETY: as for `cstr`: the program's pointer array.
+            let s = unsafe { (p as *const u64).add(k).read_unaligned() };
+            if s == 0 || k >= 4096 {
+                break;
+            }
+            self.cstr(s);
+            k += 1;
+        }
+        self.push(p, (k as u64 + 1) * 8);
+    }
+    /// A `u32` length read from memory at `p` (an in-out `socklen_t`).
+    fn len_at(p: u64) -> u64 {
+        if p == 0 {
+            return 0;
+        }
+        // SAFETY: as for `cstr`: the program's length word.
+        unsafe { (p as *const u32).read_unaligned() as u64 }
+    }
+}
+
+/// Fills `r` with the memory `nr` reads or writes; `false` if the call is
+/// not in the table.
+#[allow(non_upper_case_globals)]
+fn memory_of(nr: i64, a: [u64; 6], r: &mut Ranges) -> bool {
+    use libc::*;
+    const STAT: u64 = std::mem::size_of::<libc::stat>() as u64;
+    const STATFS: u64 = std::mem::size_of::<libc::statfs>() as u64;
+    const RUSAGE: u64 = std::mem::size_of::<libc::rusage>() as u64;
+    match nr {
+        SYS_read | SYS_write | SYS_pread64 | SYS_pwrite64 | SYS_getdents64 | SYS_getdents => {
+            r.push(a[1], a[2])
+        }
+        SYS_getrandom | SYS_getcwd => r.push(a[0], a[1]),
+        SYS_readv | SYS_writev | SYS_preadv | SYS_pwritev | SYS_preadv2 | SYS_pwritev2 | SYS_vmsplice => {
+            r.iov(a[1], a[2])
+        }
+        SYS_recvfrom | SYS_sendto => {
+            r.push(a[1], a[2]);
+            if nr == SYS_recvfrom {
+                r.push(a[5], 4);
+                r.push(a[4], Ranges::len_at(a[5]));
+            } else {
+                r.push(a[4], a[5]);
+            }
+        }
+        SYS_recvmsg | SYS_sendmsg => r.msg(a[1]),
+        SYS_recvmmsg | SYS_sendmmsg => {
+            let n = a[2].min(64);
+            let size = std::mem::size_of::<libc::mmsghdr>() as u64;
+            r.push(a[1], n * size);
+            for k in 0..n {
+                r.msg(a[1] + k * size);
+            }
+        }
+        SYS_fstat => r.push(a[1], STAT),
+        SYS_stat | SYS_lstat => {
+            r.cstr(a[0]);
+            r.push(a[1], STAT);
+        }
+        SYS_newfstatat => {
+            r.cstr(a[1]);
+            r.push(a[2], STAT);
+        }
+        SYS_statx => {
+            r.cstr(a[1]);
+            r.push(a[4], 256);
+        }
+        SYS_statfs => {
+            r.cstr(a[0]);
+            r.push(a[1], STATFS);
+        }
+        SYS_fstatfs => r.push(a[1], STATFS),
+        SYS_open | SYS_creat | SYS_access | SYS_unlink | SYS_rmdir | SYS_chdir | SYS_chmod | SYS_chown
+        | SYS_lchown | SYS_truncate | SYS_mkdir | SYS_mknod | SYS_chroot | SYS_memfd_create => r.cstr(a[0]),
+        SYS_openat
+        | SYS_faccessat
+        | SYS_faccessat2
+        | SYS_unlinkat
+        | SYS_mkdirat
+        | SYS_fchmodat
+        | SYS_fchownat
+        | SYS_mknodat
+        | SYS_inotify_add_watch => r.cstr(a[1]),
+        SYS_openat2 => {
+            r.cstr(a[1]);
+            r.push(a[2], a[3]);
+        }
+        SYS_readlink => {
+            r.cstr(a[0]);
+            r.push(a[1], a[2]);
+        }
+        SYS_readlinkat => {
+            r.cstr(a[1]);
+            r.push(a[2], a[3]);
+        }
+        SYS_rename | SYS_link | SYS_symlink => {
+            r.cstr(a[0]);
+            r.cstr(a[1]);
+        }
+        SYS_renameat | SYS_renameat2 | SYS_linkat => {
+            r.cstr(a[1]);
+            r.cstr(a[3]);
+        }
+        SYS_symlinkat => {
+            r.cstr(a[0]);
+            r.cstr(a[2]);
+        }
+        SYS_utimensat => {
+            r.cstr(a[1]);
+            r.push(a[2], 32);
+        }
+        SYS_execve => {
+            r.cstr(a[0]);
+            r.strvec(a[1]);
+            r.strvec(a[2]);
+        }
+        SYS_execveat => {
+            r.cstr(a[1]);
+            r.strvec(a[2]);
+            r.strvec(a[3]);
+        }
+        SYS_pipe | SYS_pipe2 => r.push(a[0], 8),
+        SYS_socketpair => r.push(a[3], 8),
+        SYS_poll => r.push(a[0], a[1] * 8),
+        SYS_ppoll => {
+            r.push(a[0], a[1] * 8);
+            r.push(a[2], 16);
+            r.push(a[3], a[4]);
+        }
+        SYS_select | SYS_pselect6 => {
+            let set = a[0].div_ceil(64) * 8;
+            r.push(a[1], set);
+            r.push(a[2], set);
+            r.push(a[3], set);
+            r.push(a[4], 16);
+            if nr == SYS_pselect6 {
+                r.push(a[5], 16);
+            }
+        }
+        SYS_epoll_wait | SYS_epoll_pwait | SYS_epoll_pwait2 => r.push(a[1], a[2] * 12),
+        SYS_epoll_ctl => r.push(a[3], 12),
+        SYS_futex => r.push(a[0], 4),
+        SYS_nanosleep => {
+            r.push(a[0], 16);
+            r.push(a[1], 16);
+        }
+        SYS_clock_nanosleep => {
+            r.push(a[2], 16);
+            r.push(a[3], 16);
+        }
+        SYS_clock_gettime | SYS_clock_getres => r.push(a[1], 16),
+        SYS_gettimeofday => {
+            r.push(a[0], 16);
+            r.push(a[1], 8);
+        }
+        SYS_wait4 => {
+            r.push(a[1], 4);
+            r.push(a[3], RUSAGE);
+        }
+        SYS_waitid => {
+            r.push(a[2], 128);
+            r.push(a[4], RUSAGE);
+        }
+        SYS_accept | SYS_accept4 | SYS_getsockname | SYS_getpeername => {
+            r.push(a[2], 4);
+            r.push(a[1], Ranges::len_at(a[2]));
+        }
+        SYS_connect | SYS_bind => r.push(a[1], a[2]),
+        SYS_getsockopt => {
+            r.push(a[4], 4);
+            r.push(a[3], Ranges::len_at(a[4]));
+        }
+        SYS_setsockopt => r.push(a[3], a[4]),
+        SYS_sched_getaffinity | SYS_sched_setaffinity => r.push(a[2], a[1]),
+        SYS_uname => r.push(a[0], std::mem::size_of::<libc::utsname>() as u64),
+        SYS_sysinfo => r.push(a[0], std::mem::size_of::<libc::sysinfo>() as u64),
+        SYS_times => r.push(a[0], 32),
+        SYS_getrusage => r.push(a[1], RUSAGE),
+        SYS_getrlimit | SYS_setrlimit => r.push(a[1], 16),
+        SYS_prlimit64 => {
+            r.push(a[2], 16);
+            r.push(a[3], 16);
+        }
+        SYS_mincore => r.push(a[2], a[1].div_ceil(4096)),
+        SYS_sendfile => r.push(a[2], 8),
+        SYS_copy_file_range | SYS_splice => {
+            r.push(a[1], 8);
+            r.push(a[3], 8);
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// Pins the pages of `r` that lie in the arena; returns the page ranges
+/// pinned (to unpin), merged where they overlap.
+fn pin(g: &crate::Global, r: &Ranges, out: &mut Ranges) {
+    for &(p, len) in &r.r[..r.n] {
+        let (p, end) = (p.max(g.base), p.saturating_add(len).min(g.base + crate::ARENA_BYTES));
+        if p >= end {
+            continue;
+        }
+        let first = g.page_of(p);
+        let n = g.page_of(end - 1) + 1 - first;
+        if out.r[..out.n].iter().any(|&(f, m)| f <= first && first + n <= f + m) {
+            continue;
+        }
+        if out.n == out.r.len() {
+            break;
+        }
+        loop {
+            let mut m = crate::lock(&g.mgr);
+            match m.pin(first, n, &g.stats) {
+                Ok(true) => break,
+                Ok(false) => {
+                    drop(m);
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                Err(e) => {
+                    eprintln!("ztier: bringing back the memory of a system call failed: {e}: aborting");
+                    std::process::abort();
+                }
+            }
+        }
+        out.r[out.n] = (first, n);
+        out.n += 1;
+    }
+}
+
+fn unpin(g: &crate::Global, pinned: &Ranges) {
+    if pinned.n > 0 {
+        let mut m = crate::lock(&g.mgr);
+        for &(first, n) in &pinned.r[..pinned.n] {
+            m.unpin(first, n);
+        }
+    }
+}
+
+/// Runs a dispatched call with its memory pinned.
+fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
+    let g = match crate::STATE.load(Ordering::Acquire) {
+        crate::READY if !crate::inside() => crate::GLOBAL.get(),
+        _ => None,
+    };
+    let Some(g) = g else { return raw(nr, a) };
+    // A long read or write into the arena runs in parts of at most a
+    // quarter of the budget, so that what it pins stays well within it.
+    let part = (g.cfg.budget_pages / 4).max(16) * crate::PAGE;
+    if matches!(nr, libc::SYS_read | libc::SYS_write | libc::SYS_pread64 | libc::SYS_pwrite64)
+        && a[2] as usize > part
+        && g.in_arena(a[1] as usize)
+    {
+        return in_parts(nr, a, part as u64);
+    }
+    let mut r = Ranges::new();
+    let known = memory_of(nr, a, &mut r);
+    let mut pinned = Ranges::new();
+    // Library code from here: what it allocates (glibc's own, e.g. a
+    // thread-local's destructor record) must not come from the arena
+    // while the manager's lock is held.
+    crate::as_inside(|| pin(g, &r, &mut pinned));
+    if pinned.n > 0 {
+        g.stats.pinned_calls.fetch_add(1, Ordering::Relaxed);
+    }
+    let mut ret = raw(nr, a);
+    // A call not in the table: if the kernel met a missing page behind
+    // one of its arguments, bring back more there and run it again.
+    let mut tries = 0;
+    while !known && ret == EFAULT && tries < 3 {
+        let mut more = Ranges::new();
+        for &p in &a {
+            if g.in_arena(p as usize) {
+                more.push(p, (2u64 << (4 * tries)) * crate::PAGE as u64);
+            }
+        }
+        if more.n == 0 {
+            break;
+        }
+        crate::as_inside(|| pin(g, &more, &mut pinned));
+        g.stats.pinned_calls.fetch_add(1, Ordering::Relaxed);
+        ret = raw(nr, a);
+        tries += 1;
+    }
+    crate::as_inside(|| unpin(g, &pinned));
+    ret
+}
+
+/// A `read`, `write`, `pread64` or `pwrite64` of `a[2]` bytes as calls of
+/// at most `part` bytes each, until one comes back short: the result one
+/// call would give (bytes done, or the first error if none were).
+fn in_parts(nr: i64, a: [u64; 6], part: u64) -> i64 {
+    let positioned = matches!(nr, libc::SYS_pread64 | libc::SYS_pwrite64);
+    let mut done = 0u64;
+    while done < a[2] {
+        let n = part.min(a[2] - done);
+        let mut b = a;
+        b[1] = a[1] + done;
+        b[2] = n;
+        if positioned {
+            b[3] = a[3] + done;
+        }
+        let r = dispatch(nr, b);
+        if r < 0 {
+            return if done > 0 { done as i64 } else { r };
+        }
+        done += r as u64;
+        if (r as u64) < n {
+            break;
+        }
+    }
+    done as i64
+}
+
+/// A clone whose child shares this memory and runs before the parent
+/// goes on (`vfork`, `CLONE_VFORK`): the child has no dispatch.
+fn vfork_like(nr: i64, a: [u64; 6]) -> bool {
+    let vfork = libc::CLONE_VFORK as u64;
+    match nr {
+        libc::SYS_vfork => true,
+        libc::SYS_clone => a[0] & vfork != 0,
+        // SAFETY: clone3's first argument is the program's clone_args,
+        // whose first field is the flags.
+        libc::SYS_clone3 if a[0] != 0 => (unsafe { (a[0] as *const u64).read_unaligned() } & vfork) != 0,
+        _ => false,
+    }
+}
+
+/// `rt_sigprocmask`, applied to the mask the handler returns to (a mask
+/// set inside a signal handler is undone by its return); `SIGSYS` is
+/// never blocked.
+fn sigprocmask(uc: &mut libc::ucontext_t, a: [u64; 6]) -> i64 {
+    let (how, set, old, size) = (a[0] as libc::c_int, a[1] as *const u64, a[2] as *mut u64, a[3]);
+    if size != 8 {
+        return -(libc::EINVAL as i64);
+    }
+    let cur = (&mut uc.uc_sigmask as *mut libc::sigset_t).cast::<u64>();
+    // SAFETY: the ucontext the kernel gave the handler; its mask is at
+    // least 8 bytes.
+    let prev = unsafe { cur.read() };
+    if !set.is_null() {
+        // SAFETY: the program's sigset, 8 bytes as `size` says.
+        let s = unsafe { set.read_unaligned() };
+        let new = match how {
+            libc::SIG_BLOCK => prev | s,
+            libc::SIG_UNBLOCK => prev & !s,
+            libc::SIG_SETMASK => s,
+            _ => return -(libc::EINVAL as i64),
+        };
+        // SAFETY: as above.
+        unsafe { cur.write(new & !(bit(libc::SIGSYS) | bit(libc::SIGKILL) | bit(libc::SIGSTOP))) };
+    }
+    if !old.is_null() {
+        // SAFETY: the program's out-parameter.
+        unsafe { old.write_unaligned(prev) };
+    }
+    0
+}
+
+/// `rt_sigaction`: ours stays the `SIGSYS` action (the program's is kept
+/// aside); other actions are installed without `SIGSYS` in their masks.
+fn sigaction(a: [u64; 6]) -> i64 {
+    let (sig, act, old) = (a[0] as libc::c_int, a[1] as *const KSigaction, a[2] as *mut KSigaction);
+    if sig == libc::SIGSYS {
+        let kept = KSigaction {
+            handler: PROGRAM_SIGSYS[0].load(Ordering::Relaxed),
+            flags: PROGRAM_SIGSYS[1].load(Ordering::Relaxed),
+            restorer: PROGRAM_SIGSYS[2].load(Ordering::Relaxed),
+            mask: PROGRAM_SIGSYS[3].load(Ordering::Relaxed),
+        };
+        if !act.is_null() {
+            // SAFETY: the program's sigaction.
+            let n = unsafe { act.read_unaligned() };
+            for (slot, v) in PROGRAM_SIGSYS.iter().zip([n.handler, n.flags, n.restorer, n.mask]) {
+                slot.store(v, Ordering::Relaxed);
+            }
+        }
+        if !old.is_null() {
+            // SAFETY: the program's out-parameter.
+            unsafe { old.write_unaligned(kept) };
+        }
+        return 0;
+    }
+    if act.is_null() {
+        return raw(libc::SYS_rt_sigaction, a);
+    }
+    // SAFETY: the program's sigaction.
+    let mut k = unsafe { act.read_unaligned() };
+    k.mask &= !bit(libc::SIGSYS);
+    raw(libc::SYS_rt_sigaction, [a[0], &k as *const _ as u64, a[2], a[3], 0, 0])
+}
+
+/// A `SIGSYS` that dispatch did not raise: the program's own action.
+fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let h = PROGRAM_SIGSYS[0].load(Ordering::Relaxed);
+    let flags = PROGRAM_SIGSYS[1].load(Ordering::Relaxed);
+    match h as usize {
+        libc::SIG_IGN => {}
+        libc::SIG_DFL => {
+            // Its default: end the process, as the kernel would have.
+            let dfl = KSigaction::default();
+            raw(libc::SYS_rt_sigaction, [sig as u64, &dfl as *const _ as u64, 0, 8, 0, 0]);
+            // SAFETY: plain calls; the signal is delivered once the
+            // handler returns and unblocks it.
+            unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), sig) };
+        }
+        f if flags & libc::SA_SIGINFO as u64 != 0 => {
+            // SAFETY: the program installed this SA_SIGINFO handler.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(f) };
+            f(sig, info, ctx)
+        }
+        f => {
+            // SAFETY: the program installed this handler.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(f) };
+            f(sig)
+        }
+    }
+}
+
+/// The dispatch handler (see the module docs).
+extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: this thread's own selector byte.
+    let prev = unsafe { selector().read_volatile() };
+    set_selector(ALLOW);
+    DEPTH.with(|d| d.set(d.get() + 1));
+    // SAFETY: the kernel passes a valid siginfo and ucontext to an
+    // SA_SIGINFO handler.
+    let (code, uc) = unsafe { ((*info).si_code, &mut *ctx.cast::<libc::ucontext_t>()) };
+    let mut after = BLOCK;
+    if code != SYS_USER_DISPATCH {
+        chain(sig, info, ctx);
+        after = prev;
+    } else {
+        // SAFETY: a dispatch siginfo: `si_syscall` is the int at byte 24.
+        let nr = unsafe { info.cast::<u8>().add(24).cast::<i32>().read() } as i64;
+        let reg = |r: libc::c_int| uc.uc_mcontext.gregs[r as usize] as u64;
+        let a = [
+            reg(libc::REG_RDI),
+            reg(libc::REG_RSI),
+            reg(libc::REG_RDX),
+            reg(libc::REG_R10),
+            reg(libc::REG_R8),
+            reg(libc::REG_R9),
+        ];
+        let (rax, rip) = (libc::REG_RAX as usize, libc::REG_RIP as usize);
+        match nr {
+            libc::SYS_rt_sigreturn => {
+                uc.uc_mcontext.gregs[rip] = ztier_sud_sigreturn as *const () as usize as i64;
+            }
+            libc::SYS_clone | libc::SYS_clone3 | libc::SYS_fork | libc::SYS_vfork => {
+                if vfork_like(nr, a) {
+                    // The child (posix_spawn, system) runs without
+                    // dispatch until it execs: bring back the
+                    // environment its exec will read, the part of its
+                    // memory most likely to be old enough to be out.
+                    extern "C" {
+                        static environ: *const *const libc::c_char;
+                    }
+                    // SAFETY: glibc's environment pointer, read once.
+                    let env = unsafe { environ } as u64;
+                    crate::as_inside(|| Ranges::new().strvec(env));
+                }
+                // Back to the `syscall` instruction (2 bytes), run there.
+                uc.uc_mcontext.gregs[rax] = nr;
+                uc.uc_mcontext.gregs[rip] -= 2;
+                after = ALLOW;
+            }
+            libc::SYS_rt_sigprocmask => uc.uc_mcontext.gregs[rax] = sigprocmask(uc, a),
+            libc::SYS_rt_sigaction => uc.uc_mcontext.gregs[rax] = sigaction(a),
+            libc::SYS_execve | libc::SYS_execveat => {
+                // The new program starts with the signal mask of the
+                // thread at exec: the program's, not this handler's
+                // (which blocks SIGSYS). A failed exec returns here, and
+                // the handler's return restores it anyway.
+                let mask = (&uc.uc_sigmask as *const libc::sigset_t).cast::<u64>();
+                raw(libc::SYS_rt_sigprocmask, [libc::SIG_SETMASK as u64, mask as u64, 0, 8, 0, 0]);
+                uc.uc_mcontext.gregs[rax] = dispatch(nr, a);
+            }
+            _ => uc.uc_mcontext.gregs[rax] = dispatch(nr, a),
+        }
+    }
+    DEPTH.with(|d| d.set(d.get() - 1));
+    // Nested in an outer dispatch (a signal handler of the program ran
+    // during its call), the outer one re-arms.
+    set_selector(if DEPTH.with(Cell::get) > 0 { ALLOW } else { after });
+}
