@@ -45,9 +45,11 @@ asked for to 1 MiB (or from its second thread): the little it allocated before\n
 stays glibc's, and small helpers (a shell's) run as natively, without the arena.\n\
 Memory mapped with a fixed address outside the arena or other protections, thread\n\
 stacks and glibc's own internal mappings are not.\n\
-Needs userfaultfd: root, or vm.unprivileged_userfaultfd=1, or a kernel with\n\
-UFFD_USER_MODE_ONLY (then system calls that write into evicted memory may fail\n\
-with EFAULT, because kernel-mode faults are not handled in that mode).")]
+Needs userfaultfd: root, or vm.unprivileged_userfaultfd=1, or (any other user)\n\
+UFFD_USER_MODE_ONLY with syscall user dispatch (Linux 5.11): in that mode the\n\
+kernel's own accesses to evicted memory are not reported, so each system call\n\
+of the program is caught first and the memory it reads or writes brought back\n\
+(a signal per call; --clean wp becomes verify).")]
 pub struct RunArgs {
     /// Most uncompressed memory (managed pages resident) per process, e.g. 256M.
     /// With --policy: resident pages and the compressed store together.
