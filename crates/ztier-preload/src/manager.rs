@@ -1004,17 +1004,9 @@ impl Manager {
                     CleanMode::Wp => true,
                     CleanMode::Verify => self.prot_res >= self.prot_max && i != self.hot,
                 };
-                let found = {
+                {
                     let _timed = Timed::start(&stats.store_read_ns);
-                    self.store
-                        .get_run(self.key(i), n, &mut self.buf[..n * PAGE], !keep)
-                        .map_err(|e| io::Error::other(format!("pages {:#x}+{n}: {e}", self.addr(i))))?
-                };
-                if found < n {
-                    return Err(io::Error::other(format!(
-                        "page {:#x} is missing from the store",
-                        self.addr(i + found)
-                    )));
+                    self.read_stored(i, n, !keep)?;
                 }
                 self.make_room(n, stats)?;
                 let r = self.install(i, n, false, keep, stats);
@@ -1058,6 +1050,23 @@ impl Manager {
         };
         stats.faults.fetch_add(1, Ordering::Relaxed);
         Ok(wake)
+    }
+
+    /// Reads stored pages `[i, i + n)` into the buffer (their copies
+    /// removed from the store if `exclusive`); a page missing from the
+    /// store is an error.
+    fn read_stored(&mut self, i: usize, n: usize, exclusive: bool) -> io::Result<()> {
+        let found = self
+            .store
+            .get_run(self.key(i), n, &mut self.buf[..n * PAGE], exclusive)
+            .map_err(|e| io::Error::other(format!("pages {:#x}+{n}: {e}", self.addr(i))))?;
+        if found < n {
+            return Err(io::Error::other(format!(
+                "page {:#x} is missing from the store",
+                self.addr(i + found)
+            )));
+        }
+        Ok(())
     }
 
     /// Pages picked by evictions that have not committed yet.
@@ -1427,18 +1436,7 @@ impl Manager {
                     while room(self, k) {
                         k += 1;
                     }
-                    let found = {
-                        let _timed = Timed::start(&stats.store_read_ns);
-                        self.store
-                            .get_run(self.key(i), k, &mut self.buf[..k * PAGE], true)
-                            .map_err(|e| io::Error::other(format!("pages {:#x}+{k}: {e}", self.addr(i))))?
-                    };
-                    if found < k {
-                        return Err(io::Error::other(format!(
-                            "page {:#x} is missing from the store",
-                            self.addr(i + found)
-                        )));
-                    }
+                    self.read_stored(i, k, true)?;
                     self.make_room(k, stats)?;
                     if let Some((at, len)) = self.install(i, k, false, false, stats)? {
                         self.uffd.wake(at, len)?;
