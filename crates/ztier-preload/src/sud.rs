@@ -33,6 +33,10 @@
 //! structures). A call not in the table runs as is; if it fails with
 //! `EFAULT` and an argument points into the arena, the pages there are
 //! pinned and it runs again (up to three times, 2, 32 and 512 pages).
+//! A `read`, `write`, `pread64` or `pwrite64` of more than a quarter of
+//! the budget into the arena runs as several calls of at most that size
+//! (stopping at a short one), so that what is pinned stays within the
+//! budget.
 //!
 //! Calls the handler cannot run in its place:
 //!
@@ -44,7 +48,11 @@
 //!   to its `syscall` instruction with the selector at ALLOW, so the call
 //!   runs there; the selector goes back to BLOCK at the thread's next call
 //!   into the library (`malloc` and friends, `pthread_create`, the fork
-//!   handlers), which a program makes all the time.
+//!   handlers), which a program makes all the time. A `vfork`-like
+//!   child (`posix_spawn`, `system`) runs without dispatch until its
+//!   exec, so the environment it will pass is brought back first.
+//! - `execve` runs with the program's signal mask, not the handler's
+//!   (the new program would start with `SIGSYS` blocked).
 //! - `rt_sigprocmask` is applied to the mask the handler returns to, and
 //!   `rt_sigaction` runs with `SIGSYS` taken out of the handler's mask:
 //!   `SIGSYS` must never be blocked (a blocked dispatch signal kills the
