@@ -755,8 +755,29 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     }
 }
 
+/// Keeps the thread's `errno` across a signal handler: the handler's own
+/// calls (a contended lock's futex, a sleep) must not change what the
+/// program sees (a dispatched call reports through `rax`; its wrapper
+/// sets `errno` from that).
+struct KeepErrno(libc::c_int);
+
+impl KeepErrno {
+    fn new() -> KeepErrno {
+        // SAFETY: this thread's errno.
+        KeepErrno(unsafe { *libc::__errno_location() })
+    }
+}
+
+impl Drop for KeepErrno {
+    fn drop(&mut self) {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = self.0 };
+    }
+}
+
 /// The dispatch handler (see the module docs).
 extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let _errno = KeepErrno::new();
     // SAFETY: this thread's own selector byte.
     let prev = unsafe { selector().read_volatile() };
     set_selector(ALLOW);
