@@ -162,18 +162,27 @@ fn sqlite3_in_memory_database() {
     assert!(compressed(&s) > 1000, "sqlite3 under 8M compressed {} pages", compressed(&s));
 }
 
+/// `n` lines of text for `sort`, line `i` made by `line` from the `i`th
+/// number of a xorshift sequence started at `seed`.
+fn lines(seed: u64, n: u64, line: impl Fn(u64, u64) -> String) -> String {
+    let mut x = seed;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            line(x, i)
+        })
+        .collect()
+}
+
 #[test]
 fn sort_of_a_large_file() {
     require("sort");
     let d = tmp("sort");
-    let mut text = String::new();
-    let mut x: u64 = 88172645463325252;
-    for i in 0..600_000u64 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        text.push_str(&format!("{:016x} line {i} {}\n", x, "payload".repeat((x % 5) as usize)));
-    }
+    let text = lines(88172645463325252, 600_000, |x, i| {
+        format!("{x:016x} line {i} {}\n", "payload".repeat((x % 5) as usize))
+    });
     std::fs::write(d.join("big.txt"), text).unwrap();
     let s = same_as_native("16M", &["sort", "-S", "200M", "big.txt"], &d);
     assert!(compressed(&s) > 2000, "sort under 16M compressed {} pages", compressed(&s));
@@ -294,14 +303,7 @@ fn sort_as_an_unprivileged_user() {
         require("runuser");
     }
     let d = tmp("sort-unprivileged");
-    let mut text = String::new();
-    let mut x: u64 = 2463534242;
-    for i in 0..300_000u64 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        text.push_str(&format!("{:016x} {i}\n", x));
-    }
+    let text = lines(2463534242, 300_000, |x, i| format!("{x:016x} {i}\n"));
     std::fs::write(d.join("in.txt"), text).unwrap();
     let out = d.join("out");
     std::fs::create_dir_all(&out).unwrap();
