@@ -21,8 +21,13 @@ lint:
 	cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null scripts/uffd-sigbus.c
 	cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null scripts/uffd-cross-cpu.c
 
+# The `ztier run` tests run twice more: with faults served in the
+# faulting thread (--fault-path signal), and with the user-mode-only
+# userfaultfd an unprivileged user gets (forced here, as root).
 unit:
 	$(CARGO) test --workspace --release
+	ZTIER_FAULT_PATH=signal $(CARGO) test --release -p ztier --test cli_run
+	ZTIER_UFFD_USER_MODE_ONLY=1 $(CARGO) test --release -p ztier --test cli_run
 
 # Every fuzz target for a short time (FUZZ_SECONDS each).
 fuzz-ci:

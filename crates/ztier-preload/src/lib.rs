@@ -320,13 +320,20 @@ fn start() -> bool {
                 libc::atexit(at_exit);
             }
             spawn_handlers();
-            let user_mode_only = lock(&GLOBAL.get().expect("set").mgr).uffd.user_mode_only;
-            if user_mode_only {
-                if let Err(e) = sud::install() {
+            let (user_mode_only, sigbus) = {
+                let m = lock(&GLOBAL.get().expect("set").mgr);
+                (m.uffd.user_mode_only, m.uffd.sigbus)
+            };
+            if user_mode_only || sigbus {
+                if let Err(e) = sud::install(sigbus) {
+                    let why = if sigbus {
+                        "faults are served in the faulting thread (--fault-path signal)"
+                    } else {
+                        "userfaultfd is user-mode-only here (unprivileged; vm.unprivileged_userfaultfd=0)"
+                    };
                     eprintln!(
-                        "ztier: cannot manage this program's memory: userfaultfd is user-mode-only here \
-                         (unprivileged; vm.unprivileged_userfaultfd=0), so system calls that read or write \
-                         evicted memory would fail with EFAULT, and catching them needs syscall user \
+                        "ztier: cannot manage this program's memory: {why}, so system calls that read or \
+                         write evicted memory would fail with EFAULT, and catching them needs syscall user \
                          dispatch (Linux 5.11): {e}"
                     );
                     std::process::abort();
@@ -594,6 +601,75 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
 /// The userfaultfd the handler reads (for the watchdog's look).
 static UFFD_FD: AtomicI32 = AtomicI32::new(-1);
 
+/// Threads inside the in-thread fault service (`--fault-path signal`),
+/// for the watchdog.
+static SIGNAL_BUSY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+thread_local! {
+    /// This thread is serving a fault in its `SIGBUS` handler.
+    static IN_SERVICE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Serves a fault at `addr` in the thread that took it, from the `SIGBUS`
+/// handler of `--fault-path signal` (see `sud`): the same service as the
+/// handler thread's, without the round trip to it (two wake-ups, often
+/// across CPUs). `false` if `addr` is not the arena's (the program's own
+/// `SIGBUS`). A page owned by an eviction in flight is not served: the
+/// thread sleeps a moment and the retried access faults again.
+fn serve_in_thread(addr: usize) -> bool {
+    if STATE.load(Ordering::Acquire) != READY {
+        return false;
+    }
+    let Some(g) = GLOBAL.get() else { return false };
+    if !g.in_arena(addr) {
+        return false;
+    }
+    if IN_SERVICE.try_with(Cell::get).unwrap_or(false) {
+        eprintln!(
+            "ztier: the fault handler faulted on managed memory ({addr:#x}) while serving a fault \
+             in process {}: aborting",
+            std::process::id()
+        );
+        std::process::abort();
+    }
+    let _ = IN_SERVICE.try_with(|c| c.set(true));
+    SIGNAL_BUSY.fetch_add(1, Ordering::AcqRel);
+    as_inside(|| {
+        let page = addr & !(PAGE - 1);
+        let t = std::time::Instant::now();
+        let mut m = lock(&g.mgr);
+        // For the tests of the watchdog only: stop serving after this
+        // many faults, holding the lock, as a deadlocked service would.
+        static HANG_AFTER: OnceLock<Option<usize>> = OnceLock::new();
+        if let Some(n) = *HANG_AFTER.get_or_init(|| env_size("ZTIER_TEST_HANG_AFTER")) {
+            while g.stats.faults.load(Ordering::Relaxed) >= n as u64 {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+        if m.owned_in(g.page_of(page), 1) {
+            drop(m);
+            g.stats.deferred.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        } else {
+            g.stats.lock_wait_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            if let Err(e) = m.serve(page, &g.stats) {
+                eprintln!("ztier: serving a fault failed: {e}; pages cannot be served: aborting");
+                std::process::abort();
+            }
+            let wanted = m.evict_wanted();
+            drop(m);
+            g.stats.record(t.elapsed().as_nanos() as u64);
+            if wanted {
+                wake_evictor();
+            }
+        }
+    });
+    manager::PROGRESS.fetch_add(1, Ordering::Relaxed);
+    SIGNAL_BUSY.fetch_sub(1, Ordering::AcqRel);
+    let _ = IN_SERVICE.try_with(|c| c.set(false));
+    true
+}
+
 /// Watches the two threads faults depend on, and aborts with a message
 /// if either is stuck for `ZTIER_WATCHDOG_S` seconds (default 30) — a
 /// deadlock, or a fault on memory it serves itself — since the threads
@@ -606,9 +682,15 @@ static UFFD_FD: AtomicI32 = AtomicI32::new(-1);
 /// - the evictor, when it holds a batch of victims (faults on them wait
 ///   for its commit) and has not finished a batch since.
 ///
+/// With `--fault-path signal` there is no handler thread between a fault
+/// and its service: the first check watches the program's threads inside
+/// the service instead (some are, and none has finished a fault, nor the
+/// manager moved).
+///
 /// Time is counted in its own one-second ticks, so a stopped process
 /// (SIGSTOP, a debugger) does not count as stuck.
 fn watchdog_loop() -> std::io::Result<()> {
+    let signal = manager::signal_path();
     let limit = env_size("ZTIER_WATCHDOG_S").unwrap_or(30).max(1);
     let mut seen = manager::PROGRESS.load(Ordering::Relaxed);
     let mut batches = EVICTOR_BATCHES.load(Ordering::Acquire);
@@ -617,8 +699,12 @@ fn watchdog_loop() -> std::io::Result<()> {
         std::thread::sleep(std::time::Duration::from_secs(1));
         let now = manager::PROGRESS.load(Ordering::Relaxed);
         let mut p = libc::pollfd { fd: UFFD_FD.load(Ordering::Relaxed), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one live pollfd, no waiting.
-        let waiting = p.fd >= 0 && unsafe { libc::poll(&mut p, 1, 0) } > 0;
+        let waiting = if signal {
+            SIGNAL_BUSY.load(Ordering::Acquire) > 0
+        } else {
+            // SAFETY: one live pollfd, no waiting.
+            p.fd >= 0 && unsafe { libc::poll(&mut p, 1, 0) } > 0
+        };
         if now != seen || !waiting {
             seen = now;
             still = 0;
@@ -633,7 +719,7 @@ fn watchdog_loop() -> std::io::Result<()> {
             evictor_still += 1;
         }
         let stuck = if still >= limit {
-            Some(("fault handler", still))
+            Some((if signal { "fault handler (in the faulting threads)" } else { "fault handler" }, still))
         } else if evictor_still >= limit {
             Some(("evictor", evictor_still))
         } else {
@@ -670,9 +756,14 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
     // faults, as a stuck handler would.
     let hang_after = env_size("ZTIER_TEST_HANG_AFTER");
     UFFD_FD.store(uffd.raw_fd(), Ordering::Relaxed);
+    // With `--fault-path signal` no fault is read here (the watchdog
+    // watches the in-thread service, whose progress this must not fake).
+    let signal = manager::signal_path();
     loop {
-        manager::PROGRESS.fetch_add(1, Ordering::Relaxed);
-        if hang_after.is_some_and(|n| g.stats.faults.load(Ordering::Relaxed) >= n as u64) {
+        if !signal {
+            manager::PROGRESS.fetch_add(1, Ordering::Relaxed);
+        }
+        if !signal && hang_after.is_some_and(|n| g.stats.faults.load(Ordering::Relaxed) >= n as u64) {
             loop {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
@@ -793,7 +884,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
-         \"user_mode_only\":{},\"pinned_calls\":{},\"pinned_in\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\
+         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\
          \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
@@ -812,6 +903,7 @@ fn stats_json(g: &Global) -> String {
         ld(&s.store_faults),
         ld(&s.lone_faults),
         user_mode_only,
+        if manager::signal_path() { "signal" } else { "thread" },
         ld(&s.pinned_calls),
         ld(&s.pinned_in),
         ld(&s.prefetched),

@@ -639,9 +639,12 @@ unsafe impl Send for Manager {}
 /// Opens a userfaultfd and registers the arena for missing and
 /// write-protect faults.
 /// `ZTIER_UFFD_USER_MODE_ONLY=1` opens it as an unprivileged user would
-/// get it (`UFFD_USER_MODE_ONLY`), also as root: for the tests.
+/// get it (`UFFD_USER_MODE_ONLY`), also as root: for the tests. With
+/// `ZTIER_FAULT_PATH=signal` faults raise `SIGBUS` in the faulting thread
+/// (see [`signal_path`]).
 fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
-    let u = Uffd::open_with(std::env::var("ZTIER_UFFD_USER_MODE_ONLY").is_ok_and(|v| v == "1"))?;
+    let u =
+        Uffd::open_opts(std::env::var("ZTIER_UFFD_USER_MODE_ONLY").is_ok_and(|v| v == "1"), signal_path())?;
     u.register_mode(base, len, REGISTER_MODE_MISSING | REGISTER_MODE_WP).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -649,6 +652,16 @@ fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
         )
     })?;
     Ok(Arc::new(u))
+}
+
+/// Faults are served in the faulting thread, from a `SIGBUS` handler
+/// (`ZTIER_FAULT_PATH=signal`, `ztier run --fault-path signal`), instead
+/// of by the handler thread: no wake-up of another thread per fault, but
+/// every system call of the program is caught first (the `sud` module),
+/// since the kernel's own faults on evicted memory fail with `EFAULT`.
+pub fn signal_path() -> bool {
+    static SIGNAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SIGNAL.get_or_init(|| std::env::var("ZTIER_FAULT_PATH").is_ok_and(|v| v == "signal"))
 }
 
 fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
@@ -713,10 +726,11 @@ impl Manager {
         // A user-mode-only userfaultfd fails the kernel's writes to a
         // write-protected page with EFAULT, so pages are not installed
         // write-protected there (the same result, told by content).
-        let clean = if uffd.user_mode_only && clean == CleanMode::Wp {
+        let clean = if (uffd.user_mode_only || uffd.sigbus) && clean == CleanMode::Wp {
             eprintln!(
                 "ztier: --clean wp needs a userfaultfd that serves the kernel's faults too \
-                 (this one is user-mode-only): using --clean verify"
+                 (this one is {}): using --clean verify",
+                if uffd.sigbus { "in --fault-path signal mode" } else { "user-mode-only" }
             );
             CleanMode::Verify
         } else {

@@ -84,9 +84,16 @@ const EFAULT: i64 = -(libc::EFAULT as i64);
 
 /// Dispatch is on for the program's threads (user-mode-only userfaultfd).
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// Faults are served by our `SIGBUS` handler (`--fault-path signal`).
+static SIGBUS_ON: AtomicBool = AtomicBool::new(false);
 /// The program's own `SIGSYS` action (kernel layout: handler, flags,
 /// restorer, mask), kept while ours is installed.
 static PROGRAM_SIGSYS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+/// The program's own `SIGBUS` action, kept while ours is installed.
+static PROGRAM_SIGBUS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+/// `si_code` of a fault on an address the kernel cannot back (what a
+/// userfaultfd with `UFFD_FEATURE_SIGBUS` raises).
+const BUS_ADRERR: libc::c_int = 2;
 
 thread_local! {
     /// The selector byte the kernel reads at each system call.
@@ -176,25 +183,86 @@ fn raw(nr: i64, a: [u64; 6]) -> i64 {
     unsafe { ztier_sud_syscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5]) }
 }
 
-/// Installs the dispatch handler and enables dispatch for the calling
-/// thread. The error says why dispatch is not available.
-pub fn install() -> std::io::Result<()> {
+/// The signals that must never be blocked or taken over by the program:
+/// `SIGSYS` (dispatch) and, with `--fault-path signal`, `SIGBUS` (a
+/// blocked synchronous `SIGBUS` kills the process).
+fn ours() -> u64 {
+    bit(libc::SIGSYS) | if SIGBUS_ON.load(Ordering::Relaxed) { bit(libc::SIGBUS) } else { 0 }
+}
+
+/// The program's kept action for one of [`ours`].
+fn kept_slot(sig: libc::c_int) -> Option<&'static [AtomicU64; 4]> {
+    match sig {
+        libc::SIGSYS => Some(&PROGRAM_SIGSYS),
+        libc::SIGBUS if SIGBUS_ON.load(Ordering::Relaxed) => Some(&PROGRAM_SIGBUS),
+        _ => None,
+    }
+}
+
+fn kept(slot: &[AtomicU64; 4]) -> KSigaction {
+    KSigaction {
+        handler: slot[0].load(Ordering::Relaxed),
+        flags: slot[1].load(Ordering::Relaxed),
+        restorer: slot[2].load(Ordering::Relaxed),
+        mask: slot[3].load(Ordering::Relaxed),
+    }
+}
+
+fn keep(slot: &[AtomicU64; 4], a: &KSigaction) {
+    for (s, v) in slot.iter().zip([a.handler, a.flags, a.restorer, a.mask]) {
+        s.store(v, Ordering::Relaxed);
+    }
+}
+
+/// Installs `handler` for `sig`, keeping the program's action in `slot`.
+fn take_over(
+    sig: libc::c_int,
+    handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void),
+    extra: u64,
+    slot: &[AtomicU64; 4],
+) -> std::io::Result<()> {
     let act = KSigaction {
-        handler: on_sigsys as *const () as usize as u64,
-        flags: libc::SA_SIGINFO as u64 | SA_RESTORER,
+        handler: handler as *const () as usize as u64,
+        flags: libc::SA_SIGINFO as u64 | SA_RESTORER | extra,
         restorer: ztier_sud_sigreturn as *const () as usize as u64,
         mask: 0,
     };
     let mut old = KSigaction::default();
     let r = raw(
         libc::SYS_rt_sigaction,
-        [libc::SIGSYS as u64, &act as *const _ as u64, &mut old as *mut _ as u64, 8, 0, 0],
+        [sig as u64, &act as *const _ as u64, &mut old as *mut _ as u64, 8, 0, 0],
     );
     if r < 0 {
         return Err(std::io::Error::from_raw_os_error(-r as i32));
     }
-    for (slot, v) in PROGRAM_SIGSYS.iter().zip([old.handler, old.flags, old.restorer, old.mask]) {
-        slot.store(v, Ordering::Relaxed);
+    keep(slot, &old);
+    Ok(())
+}
+
+/// Installs the dispatch handler (and with `sigbus` the fault handler,
+/// `--fault-path signal`) and enables dispatch for the calling thread.
+/// The error says why dispatch is not available.
+pub fn install(sigbus: bool) -> std::io::Result<()> {
+    take_over(libc::SIGSYS, on_sigsys, 0, &PROGRAM_SIGSYS)?;
+    if sigbus {
+        // SA_NODEFER: a program's SIGBUS handler chained from ours, or a
+        // fault in a signal handler, may fault on the arena again.
+        take_over(libc::SIGBUS, on_sigbus, libc::SA_NODEFER as u64, &PROGRAM_SIGBUS)?;
+        SIGBUS_ON.store(true, Ordering::Relaxed);
+    }
+    // Handlers the program installed before: they must not block ours
+    // while they run.
+    for sig in 1..=64 {
+        if matches!(sig, libc::SIGKILL | libc::SIGSTOP) || kept_slot(sig).is_some() {
+            continue;
+        }
+        let mut a = KSigaction::default();
+        if raw(libc::SYS_rt_sigaction, [sig as u64, 0, &mut a as *mut _ as u64, 8, 0, 0]) == 0
+            && a.mask & ours() != 0
+        {
+            a.mask &= !ours();
+            raw(libc::SYS_rt_sigaction, [sig as u64, &a as *const _ as u64, 0, 8, 0, 0]);
+        }
     }
     ACTIVE.store(true, Ordering::Relaxed);
     enable_thread()
@@ -208,9 +276,10 @@ pub fn enable_thread() -> std::io::Result<()> {
         return Ok(());
     }
     set_selector(ALLOW);
-    // SIGSYS must not be blocked (a blocked dispatch signal kills the
-    // process); a mask inherited through exec may block it.
-    let sys = bit(libc::SIGSYS);
+    // SIGSYS (and SIGBUS in signal mode) must not be blocked (a blocked
+    // dispatch or fault signal kills the process); a mask inherited
+    // through exec may block it.
+    let sys = ours();
     raw(libc::SYS_rt_sigprocmask, [libc::SIG_UNBLOCK as u64, &sys as *const u64 as u64, 0, 8, 0, 0]);
     let begin = ztier_sud_begin as *const () as usize;
     let end = ztier_sud_end as *const () as usize;
@@ -685,7 +754,7 @@ fn sigprocmask(uc: &mut libc::ucontext_t, a: [u64; 6]) -> i64 {
             _ => return -(libc::EINVAL as i64),
         };
         // SAFETY: as above.
-        unsafe { cur.write(new & !(bit(libc::SIGSYS) | bit(libc::SIGKILL) | bit(libc::SIGSTOP))) };
+        unsafe { cur.write(new & !(ours() | bit(libc::SIGKILL) | bit(libc::SIGSTOP))) };
     }
     if !old.is_null() {
         // SAFETY: the program's out-parameter.
@@ -698,23 +767,15 @@ fn sigprocmask(uc: &mut libc::ucontext_t, a: [u64; 6]) -> i64 {
 /// aside); other actions are installed without `SIGSYS` in their masks.
 fn sigaction(a: [u64; 6]) -> i64 {
     let (sig, act, old) = (a[0] as libc::c_int, a[1] as *const KSigaction, a[2] as *mut KSigaction);
-    if sig == libc::SIGSYS {
-        let kept = KSigaction {
-            handler: PROGRAM_SIGSYS[0].load(Ordering::Relaxed),
-            flags: PROGRAM_SIGSYS[1].load(Ordering::Relaxed),
-            restorer: PROGRAM_SIGSYS[2].load(Ordering::Relaxed),
-            mask: PROGRAM_SIGSYS[3].load(Ordering::Relaxed),
-        };
+    if let Some(slot) = kept_slot(sig) {
+        let was = kept(slot);
         if !act.is_null() {
             // SAFETY: the program's sigaction.
-            let n = unsafe { act.read_unaligned() };
-            for (slot, v) in PROGRAM_SIGSYS.iter().zip([n.handler, n.flags, n.restorer, n.mask]) {
-                slot.store(v, Ordering::Relaxed);
-            }
+            keep(slot, &unsafe { act.read_unaligned() });
         }
         if !old.is_null() {
             // SAFETY: the program's out-parameter.
-            unsafe { old.write_unaligned(kept) };
+            unsafe { old.write_unaligned(was) };
         }
         return 0;
     }
@@ -723,34 +784,45 @@ fn sigaction(a: [u64; 6]) -> i64 {
     }
     // SAFETY: the program's sigaction.
     let mut k = unsafe { act.read_unaligned() };
-    k.mask &= !bit(libc::SIGSYS);
+    k.mask &= !ours();
     raw(libc::SYS_rt_sigaction, [a[0], &k as *const _ as u64, a[2], a[3], 0, 0])
 }
 
-/// A `SIGSYS` that dispatch did not raise: the program's own action.
-fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let h = PROGRAM_SIGSYS[0].load(Ordering::Relaxed);
-    let flags = PROGRAM_SIGSYS[1].load(Ordering::Relaxed);
-    match h as usize {
+/// A signal of [`ours`] that is not ours (a `SIGSYS` dispatch did not
+/// raise, a `SIGBUS` outside the arena): the program's own action, kept
+/// in `slot`.
+fn chain(sig: libc::c_int, slot: &[AtomicU64; 4], info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let a = kept(slot);
+    match a.handler as usize {
         libc::SIG_IGN => {}
         libc::SIG_DFL => {
             // Its default: end the process, as the kernel would have.
             let dfl = KSigaction::default();
             raw(libc::SYS_rt_sigaction, [sig as u64, &dfl as *const _ as u64, 0, 8, 0, 0]);
             // SAFETY: plain calls; the signal is delivered once the
-            // handler returns and unblocks it.
+            // handler returns and unblocks it (a fault's signal comes
+            // again anyway when the instruction is retried).
             unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), sig) };
         }
-        f if flags & libc::SA_SIGINFO as u64 != 0 => {
-            // SAFETY: the program installed this SA_SIGINFO handler.
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                unsafe { std::mem::transmute(f) };
-            f(sig, info, ctx)
-        }
         f => {
-            // SAFETY: the program installed this handler.
-            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(f) };
-            f(sig)
+            if a.flags & libc::SA_RESETHAND as u64 != 0 {
+                keep(slot, &KSigaction::default());
+            }
+            // The mask the kernel would have applied for it (never ours):
+            // the return through our frame restores the interrupted mask.
+            let nodefer = a.flags & libc::SA_NODEFER as u64 != 0;
+            let add = (a.mask | if nodefer { 0 } else { bit(sig) }) & !ours();
+            raw(libc::SYS_rt_sigprocmask, [libc::SIG_BLOCK as u64, &add as *const u64 as u64, 0, 8, 0, 0]);
+            if a.flags & libc::SA_SIGINFO as u64 != 0 {
+                // SAFETY: the program installed this SA_SIGINFO handler.
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    unsafe { std::mem::transmute(f) };
+                f(sig, info, ctx)
+            } else {
+                // SAFETY: the program installed this handler.
+                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(f) };
+                f(sig)
+            }
         }
     }
 }
@@ -777,17 +849,19 @@ impl Drop for KeepErrno {
 
 /// The dispatch handler (see the module docs).
 extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo and ucontext to an
+    // SA_SIGINFO handler.
+    let (code, uc) = unsafe { ((*info).si_code, &mut *ctx.cast::<libc::ucontext_t>()) };
     let _errno = KeepErrno::new();
     // SAFETY: this thread's own selector byte.
     let prev = unsafe { selector().read_volatile() };
     set_selector(ALLOW);
     DEPTH.with(|d| d.set(d.get() + 1));
-    // SAFETY: the kernel passes a valid siginfo and ucontext to an
-    // SA_SIGINFO handler.
-    let (code, uc) = unsafe { ((*info).si_code, &mut *ctx.cast::<libc::ucontext_t>()) };
     let mut after = BLOCK;
     if code != SYS_USER_DISPATCH {
-        chain(sig, info, ctx);
+        // The program's own (seccomp's, a kill): its handler runs with
+        // calls let through, since SIGSYS is blocked while it runs.
+        chain(sig, &PROGRAM_SIGSYS, info, ctx);
         after = prev;
     } else {
         // SAFETY: a dispatch siginfo: `si_syscall` is the int at byte 24.
@@ -842,4 +916,30 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // Nested in an outer dispatch (a signal handler of the program ran
     // during its call), the outer one re-arms.
     set_selector(if DEPTH.with(Cell::get) > 0 { ALLOW } else { after });
+}
+
+/// The fault handler of `--fault-path signal`: a missing page of the
+/// arena raises `SIGBUS` (`UFFD_FEATURE_SIGBUS`) in the thread that
+/// touched it, which serves it here ([`crate::serve_in_thread`]) and
+/// retries the instruction on return. Any other `SIGBUS` is the
+/// program's.
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel's siginfo for this signal.
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    let ours = code == BUS_ADRERR && {
+        let _errno = KeepErrno::new();
+        // SAFETY: this thread's own selector byte.
+        let prev = unsafe { selector().read_volatile() };
+        set_selector(ALLOW);
+        DEPTH.with(|d| d.set(d.get() + 1));
+        let served = crate::serve_in_thread(addr);
+        DEPTH.with(|d| d.set(d.get() - 1));
+        set_selector(if DEPTH.with(Cell::get) > 0 { ALLOW } else { prev });
+        served
+    };
+    if !ours {
+        // The program's own (a file mapping past its end, …): its handler
+        // runs as the interrupted code did, and may leave by longjmp.
+        chain(sig, &PROGRAM_SIGBUS, info, ctx);
+    }
 }

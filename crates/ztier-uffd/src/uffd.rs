@@ -22,6 +22,9 @@ pub const REGISTER_MODE_MISSING: u64 = 1;
 pub const REGISTER_MODE_WP: u64 = 2;
 /// Only user-mode faults (unprivileged use).
 pub const USER_MODE_ONLY: libc::c_int = 1;
+/// `UFFD_FEATURE_SIGBUS`: a fault raises `SIGBUS` in the faulting thread
+/// instead of waiting for a handler to read it (Linux 4.14).
+pub const FEATURE_SIGBUS: u64 = 1 << 7;
 
 const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
 const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
@@ -126,6 +129,10 @@ pub struct Uffd {
     /// program's behalf (a `read()` into a missing page) are not reported
     /// but fail the system call with `EFAULT`.
     pub user_mode_only: bool,
+    /// Opened with [`FEATURE_SIGBUS`]: no fault is ever read from this
+    /// descriptor; each raises `SIGBUS` in the faulting thread (and a
+    /// fault the kernel takes fails its system call with `EFAULT`).
+    pub sigbus: bool,
 }
 
 /// What an install found.
@@ -161,6 +168,12 @@ impl Uffd {
     /// As [`Uffd::open`]; with `user_mode_only`, only `UFFD_USER_MODE_ONLY`
     /// is tried (what an unprivileged user gets; for tests run as root).
     pub fn open_with(user_mode_only: bool) -> io::Result<Uffd> {
+        Uffd::open_opts(user_mode_only, false)
+    }
+
+    /// As [`Uffd::open_with`]; with `sigbus`, faults raise `SIGBUS` in the
+    /// faulting thread ([`FEATURE_SIGBUS`]; an error if the kernel lacks it).
+    pub fn open_opts(user_mode_only: bool, sigbus: bool) -> io::Result<Uffd> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         let mut fd = -1;
         let mut umo = user_mode_only;
@@ -185,9 +198,16 @@ impl Uffd {
         }
         // SAFETY: fd is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut api = ApiArg { api: UFFD_API, features: 0, ioctls: 0 };
-        ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api)?;
-        Ok(Uffd { fd, features: api.features, user_mode_only: umo })
+        let want = if sigbus { FEATURE_SIGBUS } else { 0 };
+        let mut api = ApiArg { api: UFFD_API, features: want, ioctls: 0 };
+        ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api).map_err(|e| {
+            if sigbus {
+                io::Error::new(e.kind(), format!("userfaultfd with UFFD_FEATURE_SIGBUS (Linux 4.14): {e}"))
+            } else {
+                e
+            }
+        })?;
+        Ok(Uffd { fd, features: api.features, user_mode_only: umo, sigbus })
     }
 
     /// Registers `[start, start + len)` for missing-page faults.
