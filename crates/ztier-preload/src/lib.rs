@@ -20,6 +20,10 @@
 //! `ztier-evictor` (compresses pages in the background to keep a reserve
 //! below the budget) and `ztier-watchdog` (aborts with a message if faults
 //! wait and the handler has been stuck for `ZTIER_WATCHDOG_S` seconds).
+//! With `ZTIER_FAULT_PATH=signal` (`ztier run --fault-path signal`) each
+//! fault is served in the thread that took it, from a `SIGBUS` handler
+//! ([`serve_in_thread`], see [`sud`]); the handler thread then only
+//! answers the control socket and evicts when idle.
 //!
 //! ```text
 //!  arena (64 GiB of address space, MAP_NORESERVE, uffd missing + wp)
@@ -485,10 +489,11 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     }
     EVICTOR_FD.store(fd, Ordering::Relaxed);
     // For the tests of the watchdog only: stop after taking this many
-    // batches, holding the last one, as a stuck evictor would.
+    // batches, holding the last one (released, not committed, so faults
+    // on its pages wait), as a stuck evictor would.
     let hang_after = env_size("ZTIER_TEST_EVICTOR_HANG_AFTER");
     loop {
-        let batch = lock(&g.mgr).take_background_victims(manager::BACKGROUND_BATCH, &g.stats)?;
+        let batch = lock(&g.mgr).take_background_victims(manager::BACKGROUND_BATCH)?;
         let Some(v) = batch else {
             EVICTOR_IDLE.store(true, Ordering::Release);
             // Re-check after announcing sleep (a wake-up may have been missed).
@@ -506,14 +511,14 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
             continue;
         };
         EVICTOR_BUSY.store(true, Ordering::Release);
+        // Without the lock: the victims are OWNED (see manager's docs).
+        let outcome = v.compress(&g.stats)?;
+        v.release(&outcome)?;
         if hang_after.is_some_and(|n| EVICTOR_BATCHES.load(Ordering::Relaxed) + 1 >= n as u64) {
             loop {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
-        let outcome = v.compress(&g.stats)?;
-        // Without the lock: the victims are OWNED (see manager's docs).
-        v.release(&outcome)?;
         lock(&g.mgr).commit(&v, &outcome, &g.stats);
         v.unprotect(&outcome)?;
         EVICTOR_BATCHES.fetch_add(1, Ordering::Release);

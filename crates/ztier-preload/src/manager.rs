@@ -1113,7 +1113,7 @@ impl Manager {
         let target = self.budget.saturating_sub(EVICT_BATCH);
         // The same steps as the background evictor, with the lock held
         // throughout (this is the handler making room right now).
-        while let Some(v) = self.take_victims(EVICT_BATCH, target, 0, stats)? {
+        while let Some(v) = self.take_victims(EVICT_BATCH, target, 0)? {
             PROGRESS.fetch_add(1, Ordering::Relaxed);
             stats.evicted_inline.fetch_add(v.pages.len() as u64, Ordering::Relaxed);
             let outcome = v.compress(stats)?;
@@ -1157,20 +1157,14 @@ impl Manager {
     /// Takes up to `max` victims for the background evictor, oldest first,
     /// and marks them EVICTING; `None` when the resident count, less the
     /// pages already being evicted, is at or below budget − reserve.
-    pub fn take_background_victims(&mut self, max: usize, stats: &Stats) -> io::Result<Option<Victims>> {
-        self.take_victims(max, self.budget - self.reserve(), self.evicting, stats)
+    pub fn take_background_victims(&mut self, max: usize) -> io::Result<Option<Victims>> {
+        self.take_victims(max, self.budget - self.reserve(), self.evicting)
     }
 
     /// Takes up to `max` victims, oldest first, while the resident count
     /// is above `target` + `in_flight` + those taken; marks them EVICTING
-    /// and write-protects them (see [`Manager::protect`]).
-    fn take_victims(
-        &mut self,
-        max: usize,
-        target: usize,
-        in_flight: usize,
-        stats: &Stats,
-    ) -> io::Result<Option<Victims>> {
+    /// and OWNED. [`Victims::compress`] write-protects them first.
+    fn take_victims(&mut self, max: usize, target: usize, in_flight: usize) -> io::Result<Option<Victims>> {
         let mut pages = Vec::with_capacity(max);
         // Each queue entry is looked at most once per call (pages that
         // cannot be evicted go to the back).
@@ -1246,8 +1240,8 @@ impl Manager {
         // Clean pages in write-protect mode are write-protected already.
         let verify = self.clean == CleanMode::Verify;
         let dirty = pages.iter().zip(&clean).filter(|(_, &c)| !c || verify).map(|(&i, _)| i);
-        self.protect(&runs_of(dirty), stats)?;
         Ok(Some(Victims {
+            protect: runs_of(dirty),
             clean,
             mode: self.clean,
             hashes: self.hashes as usize,
@@ -1257,24 +1251,6 @@ impl Manager {
             pool: self.pool,
             base: self.base,
         }))
-    }
-
-    /// Write-protects the victims' `runs` (first page, pages), a call
-    /// each, with the manager's lock held. A thread that writes one of
-    /// them from now on waits on a write-protect fault until the eviction
-    /// commits ([`Manager::write_fault`] leaves EVICTING pages alone).
-    fn protect(&self, runs: &[(usize, usize)], stats: &Stats) -> io::Result<()> {
-        for &(f, n) in runs {
-            let addr = self.addr(f);
-            stats.wp_calls.fetch_add(1, Ordering::Relaxed);
-            self.uffd.writeprotect(addr, n * PAGE, true).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("write-protecting {addr:#x}+{:#x} to evict it: {e}", n * PAGE),
-                )
-            })?;
-        }
-        Ok(())
     }
 
     /// Moves the oldest resident page of the protected segment to the back
@@ -1584,6 +1560,10 @@ pub enum Outcome {
 pub struct Victims {
     /// Page indices, sorted.
     pub pages: Vec<usize>,
+    /// Runs (first page, pages) to write-protect before reading them:
+    /// every victim but the clean ones of `--clean wp` (protected since
+    /// they came back).
+    protect: Vec<(usize, usize)>,
     /// Per page: CLEAN (it came from the store, which kept its copy).
     clean: Vec<bool>,
     mode: CleanMode,
@@ -1614,10 +1594,34 @@ impl Victims {
         runs_of(self.pages.iter().copied())
     }
 
-    /// Write-protects the victims, then reads and compresses them (no
-    /// lock held: the handler keeps serving faults meanwhile). A writer
-    /// that touches a victim now waits until [`Victims::unprotect`].
+    /// Write-protects the victims, a call per run: a thread that writes
+    /// one from now on waits on a write-protect fault until the eviction
+    /// commits ([`Manager::write_fault`] leaves EVICTING pages alone).
+    /// The background evictor does it without the manager's lock: each
+    /// call is a TLB shootdown, and faults waited behind a batch of them
+    /// (the lock wait's long tail). Nothing can change a victim's
+    /// mapping meanwhile: it is OWNED, so releases, protection changes
+    /// and pins wait for the commit, and faults on it are not served.
+    fn protect(&self, stats: &Stats) -> io::Result<()> {
+        for &(f, n) in &self.protect {
+            let addr = self.base + f * PAGE;
+            stats.wp_calls.fetch_add(1, Ordering::Relaxed);
+            self.uffd.writeprotect(addr, n * PAGE, true).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("write-protecting {addr:#x}+{:#x} to evict it: {e}", n * PAGE),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Write-protects the victims ([`Victims::protect`]), then reads and
+    /// compresses them (no lock held: the handler keeps serving faults
+    /// meanwhile). A writer that touches a victim now waits until
+    /// [`Victims::unprotect`].
     pub fn compress(&self, stats: &Stats) -> io::Result<Vec<Outcome>> {
+        self.protect(stats)?;
         let runs = self.runs();
         let mut out = Vec::with_capacity(self.pages.len());
         let mut at = 0;
@@ -1846,7 +1850,7 @@ mod tests {
         fill_pages(&mut m, base, 2048, &stats, |i| 1 + i as u8 % 250);
         assert_eq!(m.resident(), 2048);
         m.prot_max = 100;
-        let v = m.take_victims(32, 0, 0, &stats).unwrap().expect("victims");
+        let v = m.take_victims(32, 0, 0).unwrap().expect("victims");
         let demoted: Vec<usize> = (0..2048).filter(|&i| m.st(i) & DEMOTED != 0).collect();
         assert!(!demoted.is_empty(), "over its share, the protected segment sheds pages");
         let outcome = v.compress(&stats).unwrap();
@@ -1858,7 +1862,7 @@ mod tests {
         m.prot_max = 2048;
         let mut gone = false;
         for _ in 0..64 {
-            let v = m.take_victims(64, 0, 0, &stats).unwrap().expect("victims");
+            let v = m.take_victims(64, 0, 0).unwrap().expect("victims");
             let outcome = v.compress(&stats).unwrap();
             v.release(&outcome).unwrap();
             m.commit(&v, &outcome, &stats);
@@ -1934,7 +1938,18 @@ mod tests {
         }
         let runs = runs_of(victims);
         assert_eq!(runs, vec![(3, 3), (20, 1), (39, 1)]);
-        m.protect(&runs, &stats).unwrap();
+        let v = Victims {
+            protect: runs.clone(),
+            pages: victims.to_vec(),
+            clean: vec![false; victims.len()],
+            mode: m.clean,
+            hashes: m.hashes as usize,
+            uffd: m.uffd.clone(),
+            store: m.store.clone(),
+            pool: m.pool,
+            base: m.base,
+        };
+        v.protect(&stats).unwrap();
         assert_eq!(stats.wp_calls.load(Ordering::Relaxed), 3, "one call per run");
         for i in 0..40 {
             let victim = victims.contains(&i);
@@ -1964,7 +1979,7 @@ mod tests {
             // SAFETY: resident, writable pages of our mapping.
             unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, 0x40 + i as u8, PAGE) };
         }
-        let v = m.take_victims(4, 0, 0, &stats).unwrap().expect("victims");
+        let v = m.take_victims(4, 0, 0).unwrap().expect("victims");
         assert_eq!(v.pages.len(), 4);
         let outcome = v.compress(&stats).unwrap();
         assert!(outcome.iter().all(|&o| o == Outcome::Stored), "{outcome:?}");
@@ -2002,7 +2017,7 @@ mod tests {
     /// Evicts every resident page of `m` (background steps, one batch at
     /// a time).
     fn evict_all(m: &mut Manager, stats: &Stats) {
-        while let Some(v) = m.take_victims(64, 0, 0, stats).unwrap() {
+        while let Some(v) = m.take_victims(64, 0, 0).unwrap() {
             let outcome = v.compress(stats).unwrap();
             v.release(&outcome).unwrap();
             m.commit(&v, &outcome, stats);

@@ -1,5 +1,6 @@
 //! System calls that touch evicted memory, under a user-mode-only
-//! userfaultfd.
+//! userfaultfd or with faults served in the faulting thread
+//! (`--fault-path signal`).
 //!
 //! An unprivileged user gets userfaultfd only with `UFFD_USER_MODE_ONLY`
 //! (unless `vm.unprivileged_userfaultfd` is 1). In that mode only faults
@@ -64,6 +65,46 @@
 //! the manager's lock). Threads of the library never enable dispatch. A
 //! new thread does not inherit it, so `pthread_create`'s start routine
 //! enables it, and a forked child's fork handler.
+//!
+//! **`--fault-path signal`.** The userfaultfd is opened with
+//! `UFFD_FEATURE_SIGBUS`: a missing page raises `SIGBUS` in the thread
+//! that touched it, and [`on_sigbus`] serves it there
+//! ([`crate::serve_in_thread`]: the manager's lock, the store, the
+//! install) and returns, so the instruction runs again — no handler
+//! thread and no two wake-ups per fault. The kernel's own faults fail
+//! with `EFAULT` in that mode exactly as under a user-mode-only
+//! userfaultfd, so dispatch is on as well, and `SIGBUS` joins `SIGSYS`
+//! wherever `SIGSYS` is kept from the program:
+//!
+//! ```text
+//!  program thread                         SIGBUS handler (same thread)
+//!  ──────────────                         ───────────────────────────
+//!  load from an evicted page ── fault ─► si_addr in the arena?
+//!                                           yes: manager lock, serve (decode,
+//!                                                UFFDIO_COPY), unlock
+//!                                           no:  the program's own SIGBUS
+//!                                                action (kept aside), with
+//!                                                the selector as it was
+//!  the load again, now a hit  ◄────────  return through ztier_sud_sigreturn
+//! ```
+//!
+//! - The program's `SIGBUS` action (the JVM's, for faults in mapped
+//!   files) is kept aside: `rt_sigaction` reads and sets the kept one,
+//!   and a `SIGBUS` outside the arena (or not `BUS_ADRERR`) is passed to
+//!   it with its mask applied, as the kernel would; it may leave by
+//!   `siglongjmp`, since it runs with the selector the interrupted code
+//!   had.
+//! - `SIGBUS` is never blocked (a blocked synchronous `SIGBUS` kills the
+//!   process): masks set with `rt_sigprocmask` and handler masks set with
+//!   `rt_sigaction` lose it, and at start-up so do the masks of handlers
+//!   the program installed before. The handler is `SA_NODEFER`, so a
+//!   program's handler chained from it may fault on the arena too.
+//! - A page owned by an eviction in flight is not served: the thread
+//!   sleeps 20 µs and the retried access faults again (counted
+//!   `deferred`).
+//! - A fault inside the service itself (which must never touch arena
+//!   memory it does not know resident) aborts with a message at once;
+//!   a service that stops making progress is caught by the watchdog.
 //!
 //! Left out: memory the kernel touches outside a system call (a
 //! `sigaltstack` in the arena, an `rseq` area there, asynchronous I/O
