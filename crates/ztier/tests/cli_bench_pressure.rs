@@ -75,6 +75,42 @@ fn ztier_against_native_same_output() {
     }
 }
 
+/// `--fault-path signal`: `ztier run` serves faults in the faulting
+/// thread; the row says so, its output is the same, and the handler
+/// thread's floor is not applied to it.
+#[test]
+fn the_fault_path_can_be_chosen() {
+    let dir = std::env::temp_dir().join(format!("ztier-bp-path-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("rows.json");
+    let o = Command::new(ztier())
+        .args([
+            "bench",
+            "pressure",
+            "--kernel",
+            "none",
+            "--budgets",
+            "16M",
+            "--fault-path",
+            "signal",
+            "--json",
+        ])
+        .arg(&json)
+        .args(["--", "python3", "-c", JOB])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
+    let rows: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let z = rows.as_array().unwrap().iter().find(|r| r["mode"] == "ztier run").expect("a ztier run row");
+    assert_eq!(z["fault_path"], "signal", "{z}");
+    assert_eq!(z["same_output"], true, "{z}");
+    assert!(z["faults"].as_u64().unwrap() > 0 && z["uffd_floor_s"].is_null(), "{z}");
+    assert!(text.contains("fault service at 16M (ztier run, in the faulting thread"), "{text}");
+    assert!(!text.lines().any(|l| l.starts_with("at 16M: ") && l.contains(" at that floor (")), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The two root tests change system-wide state (swap, zswap, zram) and
 /// compare snapshots of it: one at a time.
 static SYSTEM: std::sync::Mutex<()> = std::sync::Mutex::new(());

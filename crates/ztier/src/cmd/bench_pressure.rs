@@ -80,6 +80,10 @@ pub struct PressureArgs {
     /// Codec of ztier's store.
     #[arg(long, default_value = "lz4")]
     pub codec: String,
+    /// Where `ztier run` serves faults (its --fault-path): thread (a handler
+    /// thread) or signal (the faulting thread, in a SIGBUS handler).
+    #[arg(long, default_value = "thread", value_parser = ["thread", "signal"])]
+    pub fault_path: String,
     /// Seconds after which a kernel-baseline run is killed and reported as
     /// timed out (memory-cgroup swapping can stall for minutes).
     #[arg(long, default_value_t = 300)]
@@ -166,6 +170,8 @@ struct Row {
     /// ztier run with `--pairs`: the pairs' ratios of its wall time to
     /// native's, taken pair by pair.
     paired: Option<Paired>,
+    /// ztier run: its `--fault-path` (thread or signal).
+    fault_path: Option<String>,
 }
 
 /// `--pairs`: native and ztier run timed in turn at one budget.
@@ -330,13 +336,24 @@ fn fault_lines(rows: &[Row]) -> Vec<String> {
                 (Some(st), Some(l)) => format!(" ({st} from the store, {l} of them lone pages off any walk)"),
                 _ => String::new(),
             };
+            let path = match r.fault_path.as_deref() {
+                Some("signal") => ", in the faulting thread: signal delivery not counted",
+                _ => "",
+            };
             Some(format!(
-                "fault service at {}M ({}): p50 {p50:.1} µs, p99 {p99:.1} µs, mean {mean:.1} µs over {n} faults{lone}{parts}",
+                "fault service at {}M ({}{path}): p50 {p50:.1} µs, p99 {p99:.1} µs, mean {mean:.1} µs over {n} faults{lone}{parts}",
                 r.budget.unwrap_or(0) >> 20,
                 r.mode
             ))
         })
         .collect()
+}
+
+/// The `ztier run` settings of a bench run at `budget`.
+fn ztier_args(a: &PressureArgs, budget: u64) -> RunArgs {
+    let mut ra = RunArgs::defaults(budget, &a.codec, a.cmd.clone());
+    ra.fault_path = a.fault_path.clone();
+    ra
 }
 
 /// Per ztier run row with a floor: the seconds its faults and pages take
@@ -649,8 +666,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         }
         eprintln!("ztier run at {} MiB ...", budget >> 20);
         let out = work.join(format!("ztier-{budget}.out"));
-        let ra = RunArgs::defaults(budget, &a.codec, a.cmd.clone());
-        let r = run_program(&ra, Some(std::fs::File::create(&out)?))?;
+        let r = run_program(&ztier_args(&a, budget), Some(std::fs::File::create(&out)?))?;
         if super::run::interrupted() {
             bail!("interrupted");
         }
@@ -678,6 +694,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             lone_faults: s["lone_faults"].as_u64(),
             fault_time_s: FaultTime::from_stats(s),
             further_pages: s["prefetched"].as_u64(),
+            fault_path: Some(a.fault_path.clone()),
             ..Default::default()
         });
     }
@@ -695,8 +712,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                 bail!("interrupted");
             }
             let out_z = work.join("pair-ztier.out");
-            let ra = RunArgs::defaults(budget, &a.codec, a.cmd.clone());
-            let r = run_program(&ra, Some(std::fs::File::create(&out_z)?))?;
+            let r = run_program(&ztier_args(&a, budget), Some(std::fs::File::create(&out_z)?))?;
             if super::run::interrupted() {
                 bail!("interrupted");
             }
@@ -727,7 +743,9 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     eprintln!("userfaultfd floor ...");
     let floor = match ztier_uffd::floor::measure(16384, 8) {
         Ok(f) => {
-            for r in rows.iter_mut() {
+            // The floor is a handler thread's round trip: not the path of
+            // faults served in the faulting thread.
+            for r in rows.iter_mut().filter(|r| r.fault_path.as_deref() != Some("signal")) {
                 if let (Some(n), Some(p)) = (r.faults, r.further_pages) {
                     r.uffd_floor_s = Some(f.service_floor_s(n, p));
                     (r.uffd_fault_us, r.uffd_page_us) = (Some(f.fault_us), Some(f.page_us));
