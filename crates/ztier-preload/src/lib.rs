@@ -521,6 +521,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
         }
         lock(&g.mgr).commit(&v, &outcome, &g.stats);
         v.unprotect(&outcome)?;
+        batch_committed();
         EVICTOR_BATCHES.fetch_add(1, Ordering::Release);
         EVICTOR_BUSY.store(false, Ordering::Release);
         if outcome.iter().all(|&o| o == manager::Outcome::Kept) {
@@ -610,6 +611,48 @@ static UFFD_FD: AtomicI32 = AtomicI32::new(-1);
 /// for the watchdog.
 static SIGNAL_BUSY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// Batches the background evictor has committed and unprotected: a futex
+/// word that threads of the in-thread service wait on while a page they
+/// faulted on is owned by the batch in flight.
+static COMMITS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// Threads waiting on [`COMMITS`] (the evictor wakes them only if any).
+static COMMIT_WAITERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// The evictor committed a batch: wakes the threads waiting for one.
+fn batch_committed() {
+    COMMITS.fetch_add(1, Ordering::AcqRel);
+    if COMMIT_WAITERS.load(Ordering::Acquire) > 0 {
+        // SAFETY: a futex wake on a static word.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                COMMITS.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                i32::MAX,
+            )
+        };
+    }
+}
+
+/// Waits until [`COMMITS`] is no longer `seen` (a batch was committed),
+/// for at most 10 ms.
+fn wait_for_commit(seen: u32) {
+    COMMIT_WAITERS.fetch_add(1, Ordering::AcqRel);
+    let ts = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+    // SAFETY: a futex wait on a static word with a relative timeout; it
+    // returns at once if the word is no longer `seen`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            COMMITS.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            seen,
+            &ts as *const libc::timespec,
+        )
+    };
+    COMMIT_WAITERS.fetch_sub(1, Ordering::AcqRel);
+}
+
 thread_local! {
     /// This thread is serving a fault in its `SIGBUS` handler.
     static IN_SERVICE: Cell<bool> = const { Cell::new(false) };
@@ -620,7 +663,8 @@ thread_local! {
 /// handler thread's, without the round trip to it (two wake-ups, often
 /// across CPUs). `false` if `addr` is not the arena's (the program's own
 /// `SIGBUS`). A page owned by an eviction in flight is not served: the
-/// thread sleeps a moment and the retried access faults again.
+/// thread waits for the evictor's next commit ([`wait_for_commit`]) and
+/// the retried access faults again.
 fn serve_in_thread(addr: usize) -> bool {
     if STATE.load(Ordering::Acquire) != READY {
         return false;
@@ -652,9 +696,12 @@ fn serve_in_thread(addr: usize) -> bool {
             }
         }
         if m.owned_in(g.page_of(page), 1) {
+            // Read under the lock: the batch that owns the page commits
+            // (under the lock) after this.
+            let seen = COMMITS.load(Ordering::Acquire);
             drop(m);
             g.stats.deferred.fetch_add(1, Ordering::Relaxed);
-            std::thread::sleep(std::time::Duration::from_micros(20));
+            wait_for_commit(seen);
         } else {
             g.stats.lock_wait_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             if let Err(e) = m.serve(page, &g.stats) {

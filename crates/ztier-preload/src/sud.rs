@@ -100,8 +100,8 @@
 //!   the program installed before. The handler is `SA_NODEFER`, so a
 //!   program's handler chained from it may fault on the arena too.
 //! - A page owned by an eviction in flight is not served: the thread
-//!   sleeps 20 µs and the retried access faults again (counted
-//!   `deferred`).
+//!   waits (a futex, at most 10 ms) for the evictor's next commit and the
+//!   retried access faults again (counted `deferred`).
 //! - A fault inside the service itself (which must never touch arena
 //!   memory it does not know resident) aborts with a message at once;
 //!   a service that stops making progress is caught by the watchdog.

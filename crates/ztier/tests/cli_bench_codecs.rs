@@ -147,6 +147,12 @@ fn demo_runs_on_built_in_defaults() {
     // were not compressed again.
     let part5 = text.split("part 5").nth(1).expect("demo has a ztier run part");
     assert!(part5.contains("output identical to the native run"), "{part5}");
+    assert!(
+        part5
+            .lines()
+            .any(|l| l.trim_start().starts_with("--fault-path signal") && l.ends_with("output identical)")),
+        "{part5}"
+    );
     assert!(part5.contains(" s in all: lock wait ") && part5.contains(" s, store reads "), "{part5}");
     let clean: u64 = part5
         .split(" more evicted unchanged")

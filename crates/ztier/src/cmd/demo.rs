@@ -143,11 +143,20 @@ fn run_demo() -> Result<()> {
     if n.code != 0 {
         bail!("the job failed natively (exit {})", n.code);
     }
-    let ra = super::run::RunArgs::defaults(BUDGET, "lz4", vec![python.into(), job.into(), N.into()]);
+    let mut ra = super::run::RunArgs::defaults(
+        BUDGET,
+        "lz4",
+        vec![python.clone().into(), job.clone().into(), N.into()],
+    );
     let managed_out = dir.join("managed.out");
     let r = super::run::run_program(&ra, Some(std::fs::File::create(&managed_out)?))?;
     let s = &r.stats;
     let same = std::fs::read(&native_out)? == std::fs::read(&managed_out)?;
+    // The same with faults served in the faulting thread.
+    ra.fault_path = "signal".into();
+    let signal_out = dir.join("signal.out");
+    let rs = super::run::run_program(&ra, Some(std::fs::File::create(&signal_out)?))?;
+    let same_signal = rs.code == 0 && std::fs::read(&native_out)? == std::fs::read(&signal_out)?;
     let mb = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / 1e6;
     let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);
     println!("{:<22} {:>9} {:>12} {:>16}", "", "wall s", "peak RSS", "heap in memory");
@@ -158,6 +167,14 @@ fn run_demo() -> Result<()> {
         s["wall_s"].as_f64().unwrap_or(0.0),
         mb(&s["peak_rss_bytes"]),
         mb(&s["peak_resident_bytes"])
+    );
+    println!(
+        "{:<22} {:>9.2} {:>9.0} MB {:>10.0} MB max   (faults served in the faulting thread; output {})",
+        "  --fault-path signal",
+        rs.stats["wall_s"].as_f64().unwrap_or(0.0),
+        mb(&rs.stats["peak_rss_bytes"]),
+        mb(&rs.stats["peak_resident_bytes"]),
+        if same_signal { "identical" } else { "DIFFERENT" }
     );
     println!(
         "\nUnder ztier run: {} pages compressed and {} more evicted unchanged, without compression \
@@ -181,6 +198,12 @@ fn run_demo() -> Result<()> {
     );
     if !same || r.code != 0 {
         bail!("the managed run did not reproduce the native output (exit {})", r.code);
+    }
+    if !same_signal {
+        bail!(
+            "the managed run with --fault-path signal did not reproduce the native output (exit {})",
+            rs.code
+        );
     }
     println!("Kernel swap, zswap and zram side by side: sudo ztier bench pressure --budgets 256M -- python3 examples/workloads/pyapp.py");
     Ok(())
