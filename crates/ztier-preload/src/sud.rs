@@ -834,9 +834,12 @@ fn sigaction(a: [u64; 6]) -> i64 {
 /// in `slot`.
 fn chain(sig: libc::c_int, slot: &[AtomicU64; 4], info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let a = kept(slot);
+    // A fault's SIGBUS cannot be ignored: the access would fault again
+    // forever; the kernel ends the process then, and so does this.
+    let ignore = a.handler as usize == libc::SIG_IGN && sig != libc::SIGBUS;
     match a.handler as usize {
-        libc::SIG_IGN => {}
-        libc::SIG_DFL => {
+        _ if ignore => {}
+        libc::SIG_DFL | libc::SIG_IGN => {
             // Its default: end the process, as the kernel would have.
             let dfl = KSigaction::default();
             raw(libc::SYS_rt_sigaction, [sig as u64, &dfl as *const _ as u64, 0, 8, 0, 0]);
