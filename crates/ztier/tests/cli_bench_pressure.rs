@@ -80,35 +80,33 @@ fn ztier_against_native_same_output() {
 /// thread's floor is not applied to it.
 #[test]
 fn the_fault_path_can_be_chosen() {
-    let dir = std::env::temp_dir().join(format!("ztier-bp-path-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("rows.json");
-    let o = Command::new(ztier())
-        .args([
-            "bench",
-            "pressure",
-            "--kernel",
-            "none",
-            "--budgets",
-            "16M",
-            "--fault-path",
-            "signal",
-            "--json",
-        ])
-        .arg(&json)
-        .args(["--", "python3", "-c", JOB])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
-    let rows: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (text, rows) =
+        pressure_json("path", &["--kernel", "none", "--budgets", "16M", "--fault-path", "signal"]);
     let z = rows.as_array().unwrap().iter().find(|r| r["mode"] == "ztier run").expect("a ztier run row");
     assert_eq!(z["fault_path"], "signal", "{z}");
     assert_eq!(z["same_output"], true, "{z}");
     assert!(z["faults"].as_u64().unwrap() > 0 && z["uffd_floor_s"].is_null(), "{z}");
     assert!(text.contains("fault service at 16M (ztier run, in the faulting thread"), "{text}");
     assert!(!text.lines().any(|l| l.starts_with("at 16M: ") && l.contains(" at that floor (")), "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `ztier bench pressure ARGS --json F -- python3 -c JOB`, which
+/// must succeed: its table and its JSON rows.
+fn pressure_json(name: &str, args: &[&str]) -> (String, serde_json::Value) {
+    let json = std::env::temp_dir().join(format!("ztier-pressure-{name}-{}.json", std::process::id()));
+    let o = Command::new(ztier())
+        .args(["bench", "pressure"])
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .args(["--", "python3", "-c", JOB])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
+    let rows = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    (text, rows)
 }
 
 /// The two root tests change system-wide state (swap, zswap, zram) and
@@ -127,17 +125,7 @@ fn kernel_baselines_restore_every_setting() {
     root();
     let _one = SYSTEM.lock().unwrap_or_else(|e| e.into_inner());
     let before = system_state();
-    let json = std::env::temp_dir().join(format!("ztier-pressure-test-{}.json", std::process::id()));
-    let o = Command::new(ztier())
-        .args(["bench", "pressure", "--budgets", "24M", "--timeout", "60", "--json"])
-        .arg(&json)
-        .args(["--", "python3", "-c", JOB])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
-    let rows: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
+    let (text, rows) = pressure_json("kernel", &["--budgets", "24M", "--timeout", "60"]);
     let modes: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["mode"].as_str().unwrap()).collect();
     assert_eq!(modes, ["native", "kernel swap (file)", "kernel zswap", "kernel zram", "ztier run"], "{text}");
     for r in rows.as_array().unwrap() {
