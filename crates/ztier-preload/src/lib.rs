@@ -1016,12 +1016,18 @@ fn used(g: &Global, pages: &PageAlloc) -> [std::ops::Range<usize>; 2] {
     [0..g.page_of(g.span_next.load(Ordering::Relaxed)).min(region), region..pages.high.max(region)]
 }
 
+/// The thread that forks (set in `fork_prepare`): in the child, its kept
+/// pins are the child's.
+static FORKING_TID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
 extern "C" fn fork_prepare() {
     if STATE.load(Ordering::Acquire) != READY {
         return;
     }
     let _ = INSIDE.try_with(|c| c.set(true));
     sud::allow();
+    // SAFETY: gettid has no preconditions.
+    FORKING_TID.store(unsafe { libc::gettid() }, Ordering::Relaxed);
     let g = GLOBAL.get().expect("ready");
     let classes: Vec<_> = g.classes.iter().map(lock).collect();
     let mut m = lock(&g.mgr);
@@ -1074,6 +1080,8 @@ extern "C" fn fork_child() {
             eprintln!("ztier: the forked child cannot manage its memory: {e}: aborting");
             std::process::abort();
         }
+        // SAFETY: gettid has no preconditions.
+        m.kept_after_fork(FORKING_TID.load(Ordering::Relaxed), unsafe { libc::gettid() });
         g.stats.reset(m.resident());
         g.stats.forked_child.store(1, Ordering::Relaxed);
     });

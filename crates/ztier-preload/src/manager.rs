@@ -633,6 +633,27 @@ pub struct Manager {
     /// Page ranges `[first, end)` pinned resident for system calls in
     /// flight (see [`Manager::pin`]); never victims.
     pins: Vec<(usize, usize)>,
+    /// Pins that outlive a system call (see [`Manager::keep_pinned`]).
+    kept: Vec<Kept>,
+}
+
+/// Memory the kernel writes for a thread outside any system call, kept
+/// pinned while the thread has it registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeptKind {
+    /// An alternate signal stack (`sigaltstack`): signal frames.
+    AltStack,
+    /// An `rseq` area: the CPU number, on every return to user space.
+    Rseq,
+}
+
+/// One kept pin: thread `tid`'s `kind` of memory, pages `[first, end)`.
+#[derive(Clone, Copy, Debug)]
+struct Kept {
+    tid: i32,
+    kind: KeptKind,
+    first: usize,
+    end: usize,
 }
 
 // SAFETY: `states` points to a private mapping owned by the manager; all
@@ -774,6 +795,7 @@ impl Manager {
             zero: vec![0; ZERO_RUN * PAGE],
             cfg,
             pins: Vec::new(),
+            kept: Vec::new(),
         };
         m.apply_sizing(true);
         Ok(m)
@@ -1351,6 +1373,17 @@ impl Manager {
     /// Releases `[first, first + n)`: memory returned to the kernel,
     /// compressed copies dropped; the pages read as zeros afterwards.
     pub fn release(&mut self, first: usize, n: usize, stats: &Stats) {
+        // Kept pins there end: the memory is no longer what was registered.
+        let mut k = 0;
+        while k < self.kept.len() {
+            let e = self.kept[k];
+            if e.first < first + n && first < e.end {
+                self.kept.swap_remove(k);
+                self.unpin(e.first, e.end - e.first);
+            } else {
+                k += 1;
+            }
+        }
         for i in first..first + n {
             let s = self.st(i);
             match s & STATE {
@@ -1467,6 +1500,69 @@ impl Manager {
                 self.fifo.push_back(i as u32);
                 self.set(i, s | QUEUED);
             }
+        }
+    }
+
+    /// Keeps pages `[first, first + n)` pinned for thread `tid`'s memory
+    /// of `kind` until it is replaced (another call for the same thread
+    /// and kind; `n` = 0 drops it), released ([`Manager::release`]) or
+    /// the thread is gone. For memory the kernel writes on the thread's
+    /// behalf outside any system call — a signal frame on an alternate
+    /// stack, an rseq area's CPU number — which under a user-mode-only
+    /// or SIGBUS userfaultfd must never be missing (the kernel's write
+    /// would fail and kill the process). Kept pins of threads that no
+    /// longer exist are dropped here.
+    ///
+    /// `Ok(false)`, with nothing changed: as [`Manager::pin`].
+    pub fn keep_pinned(
+        &mut self,
+        tid: i32,
+        kind: KeptKind,
+        first: usize,
+        n: usize,
+        stats: &Stats,
+    ) -> io::Result<bool> {
+        let end = (first + n).min(self.pages);
+        if first < end && !self.pin(first, end - first, stats)? {
+            return Ok(false);
+        }
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        let mut k = 0;
+        while k < self.kept.len() {
+            let e = self.kept[k];
+            let gone = e.tid != tid && {
+                // SAFETY: signal 0 only checks that the thread exists.
+                let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, e.tid, 0) };
+                r != 0 && sys::errno() == libc::ESRCH
+            };
+            if (e.tid == tid && e.kind == kind) || gone {
+                self.kept.swap_remove(k);
+                self.unpin(e.first, e.end - e.first);
+            } else {
+                k += 1;
+            }
+        }
+        if first < end {
+            self.kept.push(Kept { tid, kind, first, end });
+        }
+        Ok(true)
+    }
+
+    /// In a forked child, whose one thread is `child` (the parent's
+    /// thread `parent`, which forked): that thread's kept pins stay, now
+    /// the child's; every other pin (other threads' kept ones, system
+    /// calls in flight in the parent) ends.
+    pub fn kept_after_fork(&mut self, parent: i32, child: i32) {
+        let mine: Vec<Kept> =
+            self.kept.iter().filter(|k| k.tid == parent).map(|&k| Kept { tid: child, ..k }).collect();
+        self.kept.clear();
+        while let Some(&(first, end)) = self.pins.last() {
+            self.unpin(first, end - first);
+        }
+        for k in mine {
+            self.pins.push((k.first, k.end));
+            self.kept.push(k);
         }
     }
 
@@ -2070,6 +2166,49 @@ mod tests {
         evict_all(&mut m, &stats);
         assert_eq!(m.resident(), 0);
         assert_eq!(m.st(41) & STATE, STORED);
+    }
+
+    #[test]
+    fn kept_pins_last_until_replaced_released_or_their_thread_is_gone() {
+        let (mut m, base) = test_manager(1024);
+        let stats = Stats::new();
+        fill_pages(&mut m, base, 256, &stats, |i| 1 + (i % 200) as u8);
+        evict_all(&mut m, &stats);
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        // A thread id that is no thread of this process.
+        let gone = i32::MAX - 7;
+        assert!(m.keep_pinned(me, KeptKind::AltStack, 10, 4, &stats).unwrap());
+        assert!(m.keep_pinned(me, KeptKind::Rseq, 20, 1, &stats).unwrap());
+        assert!(m.keep_pinned(gone, KeptKind::AltStack, 30, 2, &stats).unwrap());
+        evict_all(&mut m, &stats);
+        for i in (10..14).chain([20, 30, 31]) {
+            assert_eq!(m.st(i) & STATE, RESIDENT, "kept page {i}");
+        }
+        // A new alternate stack replaces the old one; the pins of a
+        // thread that is gone end with it.
+        assert!(m.keep_pinned(me, KeptKind::AltStack, 100, 2, &stats).unwrap());
+        evict_all(&mut m, &stats);
+        assert_eq!(m.resident(), 3, "pages 20, 100, 101 stay");
+        for i in [10, 13, 30] {
+            assert_eq!(m.st(i) & STATE, STORED, "page {i} no longer kept");
+        }
+        // Releasing the memory ends its pin; an rseq unregistration (no
+        // pages) ends the other.
+        m.release(100, 2, &stats);
+        assert!(m.keep_pinned(me, KeptKind::Rseq, 0, 0, &stats).unwrap());
+        evict_all(&mut m, &stats);
+        assert_eq!(m.resident(), 0);
+        // After fork: the forking thread's kept pins only, as the child's.
+        assert!(m.keep_pinned(me, KeptKind::AltStack, 40, 1, &stats).unwrap());
+        assert!(m.keep_pinned(gone - 1, KeptKind::AltStack, 50, 1, &stats).unwrap());
+        assert!(m.pin(60, 1, &stats).unwrap());
+        m.kept_after_fork(me, 4242);
+        evict_all(&mut m, &stats);
+        assert_eq!(m.resident(), 1);
+        assert_eq!(m.st(40) & STATE, RESIDENT);
+        assert_eq!(m.kept.len(), 1);
+        assert_eq!(m.kept[0].tid, 4242);
     }
 
     #[test]

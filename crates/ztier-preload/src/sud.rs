@@ -106,10 +106,28 @@
 //!   memory it does not know resident) aborts with a message at once;
 //!   a service that stops making progress is caught by the watchdog.
 //!
-//! Left out: memory the kernel touches outside a system call (a
-//! `sigaltstack` in the arena, an `rseq` area there, asynchronous I/O
-//! and `io_uring` buffers); a signal handler that leaves the dispatch
-//! handler by `longjmp` leaves that thread unprotected from then on.
+//! **Memory the kernel writes outside a system call.** An alternate
+//! signal stack (`sigaltstack`) gets the frame of every `SA_ONSTACK`
+//! signal, and an `rseq` area the CPU number on the way back to user
+//! space; in the arena, a missing page there would fail the kernel's
+//! write and kill the process with `SIGSEGV` (measured: at the first
+//! signal). Both are set by a system call, so the call's handler keeps
+//! the new range pinned for that thread
+//! ([`crate::manager::Manager::keep_pinned`]) — before the call runs,
+//! through it and after it — until the thread replaces or drops it
+//! (`SS_DISABLE`, `RSEQ_FLAG_UNREGISTER`), the memory is released, or
+//! the thread is gone (checked at the next such call); a forked child
+//! keeps the forking thread's. And since the handler's own return
+//! (`rt_sigreturn`) sets the alternate stack back to the one saved in
+//! its frame, a `sigaltstack` run from it writes the new stack into the
+//! frame it returns through (without that, a thread's `sigaltstack` was
+//! silently undone).
+//!
+//! Left out: a thread running on a stack in the arena (a coroutine's
+//! stack from malloc: the frames of signals delivered there),
+//! asynchronous I/O and `io_uring` buffers; a signal handler that leaves
+//! the dispatch handler by `longjmp` leaves that thread unprotected from
+//! then on.
 
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -635,6 +653,18 @@ fn memory_of(nr: i64, a: [u64; 6], r: &mut Ranges) -> bool {
             r.push(a[1], 8);
             r.push(a[3], 8);
         }
+        SYS_sigaltstack => {
+            const STACK: u64 = std::mem::size_of::<libc::stack_t>() as u64;
+            r.push(a[0], STACK);
+            r.push(a[1], STACK);
+            // The new stack itself: pinned through the call, then kept
+            // (see `keep_kernel_memory`), so that no signal finds it
+            // missing in between.
+            if let Some((sp, size)) = new_alt_stack(a) {
+                r.push(sp, size);
+            }
+        }
+        SYS_rseq => r.push(a[0], a[1]),
         _ => return false,
     }
     true
@@ -729,8 +759,68 @@ fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
         ret = raw(nr, a);
         tries += 1;
     }
+    if ret == 0 {
+        crate::as_inside(|| keep_kernel_memory(g, nr, a));
+    }
     crate::as_inside(|| unpin(g, &pinned));
     ret
+}
+
+/// The alternate stack a `sigaltstack` call sets (`None` when it only
+/// reads the current one or disables it).
+fn new_alt_stack(a: [u64; 6]) -> Option<(u64, u64)> {
+    if a[0] == 0 {
+        return None;
+    }
+    // SAFETY: the program's stack_t, as the call reads it (a bad pointer
+    // would fault in the program's own call natively too).
+    let ss = unsafe { (a[0] as *const libc::stack_t).read_unaligned() };
+    (ss.ss_flags & libc::SS_DISABLE == 0).then_some((ss.ss_sp as u64, ss.ss_size as u64))
+}
+
+/// After a successful `sigaltstack` or `rseq`: memory the kernel will
+/// write for this thread outside any system call (signal frames, the
+/// CPU number) stays pinned while registered, since under a
+/// user-mode-only or SIGBUS userfaultfd the kernel's write to a missing
+/// page fails and kills the process ([`crate::manager::Manager::keep_pinned`]).
+fn keep_kernel_memory(g: &crate::Global, nr: i64, a: [u64; 6]) {
+    use crate::manager::KeptKind;
+    let (kind, range) = match nr {
+        libc::SYS_sigaltstack if a[0] != 0 => (KeptKind::AltStack, new_alt_stack(a)),
+        // RSEQ_FLAG_UNREGISTER is 1.
+        libc::SYS_rseq => (KeptKind::Rseq, (a[2] & 1 == 0).then_some((a[0], a[1]))),
+        _ => return,
+    };
+    let (first, n) = match range {
+        Some((p, len)) => {
+            let (p, end) = (
+                (p as usize).max(g.base),
+                (p as usize).saturating_add(len as usize).min(g.base + crate::ARENA_BYTES),
+            );
+            if p < end {
+                (g.page_of(p), g.page_of(end - 1) + 1 - g.page_of(p))
+            } else {
+                (0, 0)
+            }
+        }
+        None => (0, 0),
+    };
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    loop {
+        let mut m = crate::lock(&g.mgr);
+        match m.keep_pinned(tid, kind, first, n, &g.stats) {
+            Ok(true) => break,
+            Ok(false) => {
+                drop(m);
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            Err(e) => {
+                eprintln!("ztier: bringing back memory the kernel writes ({kind:?}) failed: {e}: aborting");
+                std::process::abort();
+            }
+        }
+    }
 }
 
 /// A `read`, `write`, `pread64` or `pwrite64` of `a[2]` bytes as calls of
@@ -944,6 +1034,21 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             }
             libc::SYS_rt_sigprocmask => uc.uc_mcontext.gregs[rax] = sigprocmask(uc, a),
             libc::SYS_rt_sigaction => uc.uc_mcontext.gregs[rax] = sigaction(a),
+            libc::SYS_sigaltstack => {
+                let r = dispatch(nr, a);
+                uc.uc_mcontext.gregs[rax] = r;
+                if r == 0 && a[0] != 0 {
+                    // This handler's return (rt_sigreturn) sets the
+                    // alternate stack back to the one saved in its frame:
+                    // the program's new one must be the one saved there.
+                    // SAFETY: stack_t is plain data; all zeros is valid.
+                    let mut cur: libc::stack_t = unsafe { std::mem::zeroed() };
+                    if raw(libc::SYS_sigaltstack, [0, &mut cur as *mut libc::stack_t as u64, 0, 0, 0, 0]) == 0
+                    {
+                        uc.uc_stack = cur;
+                    }
+                }
+            }
             libc::SYS_execve | libc::SYS_execveat => {
                 // The new program starts with the signal mask of the
                 // thread at exec: the program's, not this handler's

@@ -333,6 +333,47 @@ fn faults_served_in_the_faulting_thread() {
     assert!(s["pinned_calls"].as_u64().unwrap() >= 8 && s["pinned_in"].as_u64().unwrap() >= 4096, "{s}");
 }
 
+/// Memory the kernel writes for a thread outside its system calls —
+/// signal frames on an alternate stack from malloc, the CPU number in an
+/// rseq area from malloc — while it goes cold under the budget
+/// (`kernel_writes.c`: also a thread that replaces its alternate stack,
+/// and a forked child that keeps the one it inherited). With faults
+/// served in the faulting thread, and in user-mode-only mode, the kernel's
+/// write to a missing page is not served but kills the process
+/// (SIGSEGV at the first signal, before these pages were kept pinned); in
+/// every mode the output is the native one.
+#[test]
+fn memory_the_kernel_writes_outside_system_calls() {
+    let d = tmp("kernel-writes");
+    let exe = compile(&d, "kernel_writes");
+    // glibc registers an rseq area of its own unless told not to.
+    let tunables = ("GLIBC_TUNABLES", "glibc.pthread.rseq=0");
+    let n = Command::new(&exe).env(tunables.0, tunables.1).output().unwrap();
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    let text = String::from_utf8_lossy(&n.stdout);
+    for line in
+        ["rseq: own, cpu_id valid 1", "signals on the alternate stack 12, elsewhere 0", "child ended: exit 0"]
+    {
+        assert!(text.contains(line), "native run: {text}");
+    }
+    for (path, umo) in [("thread", "0"), ("signal", "0"), ("thread", "1")] {
+        let stats = d.join(format!("{path}-{umo}.json"));
+        let m = Command::new(ztier())
+            .args(["run", "--budget", "16M", "--fault-path", path, "--stats"])
+            .arg(&stats)
+            .args(["--", &exe])
+            .env(tunables.0, tunables.1)
+            .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+            .output()
+            .unwrap();
+        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        assert!(compressed(&s) > 20000, "{s}");
+        assert_eq!(s["per_process"][0]["user_mode_only"].as_bool(), Some(umo == "1"), "{s}");
+    }
+}
+
 /// The same for real: an unprivileged user (`nobody`, when the tests run
 /// as root) sorts a file larger than the budget. Before dispatch, sort's
 /// reads into evicted buffers failed ("read failed: Bad address").
