@@ -413,6 +413,11 @@ pub struct Stats {
     pub pinned_calls: AtomicU64,
     /// Stored pages brought back for those calls (not faults).
     pub pinned_in: AtomicU64,
+    /// System calls run by the dispatch handler (a `SIGSYS` each).
+    pub dispatched_calls: AtomicU64,
+    /// System calls that entered through the library's wrappers of
+    /// glibc's functions and so needed no `SIGSYS` (see `sud::fast`).
+    pub direct_calls: AtomicU64,
     /// Extra stored pages installed by sequential prefetch.
     pub prefetched: AtomicU64,
     /// Faults left waiting for an eviction's commit (the page was OWNED).
@@ -478,6 +483,8 @@ impl Stats {
             store_faults: AtomicU64::new(0),
             lone_faults: AtomicU64::new(0),
             pinned_calls: AtomicU64::new(0),
+            dispatched_calls: AtomicU64::new(0),
+            direct_calls: AtomicU64::new(0),
             pinned_in: AtomicU64::new(0),
             prefetched: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
@@ -516,6 +523,8 @@ impl Stats {
             &self.lone_faults,
             &self.pinned_calls,
             &self.pinned_in,
+            &self.dispatched_calls,
+            &self.direct_calls,
             &self.prefetched,
             &self.pages_compressed,
             &self.evicted_inline,

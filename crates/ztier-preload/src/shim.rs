@@ -883,3 +883,123 @@ pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, 
         }
     })
 }
+
+// glibc's wrappers for the calls below, under their exported internal
+// names (the same functions, with glibc's errno, restart and
+// cancellation handling).
+extern "C-unwind" {
+    fn __read(fd: c_int, buf: *mut c_void, n: usize) -> isize;
+    fn __write(fd: c_int, buf: *const c_void, n: usize) -> isize;
+    fn __pread64(fd: c_int, buf: *mut c_void, n: usize, off: off_t) -> isize;
+    fn __pwrite64(fd: c_int, buf: *const c_void, n: usize, off: off_t) -> isize;
+    fn __lseek(fd: c_int, off: off_t, whence: c_int) -> off_t;
+    fn __close(fd: c_int) -> c_int;
+}
+
+// The system calls programs make most, entered here so that under
+// syscall user dispatch (user-mode-only mode, `--fault-path signal`)
+// they skip the `SIGSYS` round trip: see `sud::fast`. Elsewhere they
+// are glibc's functions, called straight through. `C-unwind`: a thread
+// cancelled inside glibc's function unwinds through these frames.
+
+/// `read(2)`.
+///
+/// # Safety
+/// The C contract of `read`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
+    crate::sud::fast(libc::SYS_read, [fd as u64, buf as u64, n as u64, 0, 0, 0], || {
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { __read(fd, buf, n) }
+    })
+}
+
+/// `write(2)`.
+///
+/// # Safety
+/// The C contract of `write`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
+    crate::sud::fast(libc::SYS_write, [fd as u64, buf as u64, n as u64, 0, 0, 0], || {
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { __write(fd, buf, n) }
+    })
+}
+
+/// `pread64(2)`.
+///
+/// # Safety
+/// The C contract of `pread64`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: off_t) -> isize {
+    crate::sud::fast(libc::SYS_pread64, [fd as u64, buf as u64, n as u64, off as u64, 0, 0], || {
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { __pread64(fd, buf, n, off) }
+    })
+}
+
+/// `pread(2)`: the same call on x86-64.
+///
+/// # Safety
+/// The C contract of `pread`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: off_t) -> isize {
+    // SAFETY: the same contract.
+    unsafe { pread64(fd, buf, n, off) }
+}
+
+/// `pwrite64(2)`.
+///
+/// # Safety
+/// The C contract of `pwrite64`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn pwrite64(fd: c_int, buf: *const c_void, n: usize, off: off_t) -> isize {
+    crate::sud::fast(libc::SYS_pwrite64, [fd as u64, buf as u64, n as u64, off as u64, 0, 0], || {
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { __pwrite64(fd, buf, n, off) }
+    })
+}
+
+/// `pwrite(2)`: the same call on x86-64.
+///
+/// # Safety
+/// The C contract of `pwrite`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn pwrite(fd: c_int, buf: *const c_void, n: usize, off: off_t) -> isize {
+    // SAFETY: the same contract.
+    unsafe { pwrite64(fd, buf, n, off) }
+}
+
+/// `lseek(2)`.
+///
+/// # Safety
+/// The C contract of `lseek`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
+    crate::sud::fast(libc::SYS_lseek, [fd as u64, off as u64, whence as u64, 0, 0, 0], || {
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { __lseek(fd, off, whence) as isize }
+    }) as off_t
+}
+
+/// `lseek64(3)`: the same call on x86-64.
+///
+/// # Safety
+/// The C contract of `lseek64`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t {
+    // SAFETY: the same contract.
+    unsafe { lseek(fd, off, whence) }
+}
+
+/// `close(2)`.
+///
+/// # Safety
+/// The C contract of `close`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn close(fd: c_int) -> c_int {
+    crate::sud::fast(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0], || {
+        // SAFETY: the caller's argument, passed on.
+        unsafe { __close(fd) as isize }
+    }) as c_int
+}

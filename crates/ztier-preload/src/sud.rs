@@ -60,6 +60,25 @@
 //!   process). The program's own `SIGSYS` action is kept aside and called
 //!   for `SIGSYS` that does not come from dispatch.
 //!
+//! **Entered directly.** The calls programs make most — `read`, `write`,
+//! `pread64`, `pwrite64`, `lseek`, `close` — are also exported by the
+//! library (`shim`), so a program (or a library such as CPython or
+//! SQLite) calling glibc's function reaches ours first: on a thread whose
+//! selector says BLOCK, [`fast`] does the handler's work — the call's
+//! memory pinned — and calls glibc's own function with the selector at
+//! ALLOW, with no signal (a `SIGSYS` round trip is ~3–4 µs):
+//!
+//! ```text
+//!  program: read(fd, buf, n) ──► ztier's read ──► selector BLOCK? ── no ─► glibc's __read
+//!                                                      │ yes
+//!                                 pin buf ∩ arena; selector ALLOW; glibc's __read
+//!                                 unpin; selector BLOCK; errno kept
+//! ```
+//!
+//! glibc's own internal calls (`fread` → `__read`) bypass the exports
+//! and still take the signal; so does a read or write long enough to be
+//! split into parts.
+//!
 //! The library's own code runs with the selector at ALLOW ([`Allow`], at
 //! every exported entry point): it must not wait for a pin (it may hold
 //! the manager's lock). Threads of the library never enable dispatch. A
@@ -721,6 +740,7 @@ fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
         _ => None,
     };
     let Some(g) = g else { return raw(nr, a) };
+    g.stats.dispatched_calls.fetch_add(1, Ordering::Relaxed);
     // A long read or write into the arena runs in parts of at most a
     // quarter of the budget, so that what it pins stays well within it.
     let part = (g.cfg.budget_pages / 4).max(16) * crate::PAGE;
@@ -763,6 +783,59 @@ fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
         crate::as_inside(|| keep_kernel_memory(g, nr, a));
     }
     crate::as_inside(|| unpin(g, &pinned));
+    ret
+}
+
+/// A system call made through one of the library's own entry points for
+/// glibc's wrappers (`read`, `write`, `pread64`, `pwrite64`, `lseek`,
+/// `close`; see `shim`): the same work as the dispatch handler — the
+/// call's memory pinned resident around it — without the signal, so
+/// such a call costs what it costs natively plus the pin (a `SIGSYS`
+/// round trip is ~3–4 µs a call). `real` is glibc's own function for
+/// the call, run with the selector at ALLOW: errno, restarts and
+/// cancellation are glibc's. Whenever the dispatch handler would not
+/// have been involved (dispatch off, this thread not dispatching, inside
+/// library code or the handler), or would do more (a read or write long
+/// enough to be split, a call not in its table), `real` runs as is.
+///
+/// A thread cancelled inside `real` (a forced unwind through here: no
+/// destructors live across the call) leaves its pins in place.
+pub fn fast(nr: i64, a: [u64; 6], real: impl FnOnce() -> isize) -> isize {
+    // SAFETY: this thread's own selector byte.
+    if !active() || unsafe { selector().read_volatile() } != BLOCK {
+        return real();
+    }
+    let g = match crate::STATE.load(Ordering::Acquire) {
+        crate::READY if !crate::inside() => crate::GLOBAL.get(),
+        _ => None,
+    };
+    let Some(g) = g else { return real() };
+    let part = (g.cfg.budget_pages / 4).max(16) * crate::PAGE;
+    let mut r = Ranges::new();
+    let known = match nr {
+        libc::SYS_lseek | libc::SYS_close => true,
+        libc::SYS_read | libc::SYS_write | libc::SYS_pread64 | libc::SYS_pwrite64
+            if a[2] as usize > part && g.in_arena(a[1] as usize) =>
+        {
+            false
+        }
+        _ => memory_of(nr, a, &mut r),
+    };
+    if !known {
+        return real();
+    }
+    g.stats.direct_calls.fetch_add(1, Ordering::Relaxed);
+    set_selector(ALLOW);
+    let mut pinned = Ranges::new();
+    crate::as_inside(|| pin(g, &r, &mut pinned));
+    if pinned.n > 0 {
+        g.stats.pinned_calls.fetch_add(1, Ordering::Relaxed);
+    }
+    let ret = real();
+    let e = crate::sys::errno();
+    crate::as_inside(|| unpin(g, &pinned));
+    set_selector(BLOCK);
+    crate::sys::set_errno(e);
     ret
 }
 

@@ -333,6 +333,50 @@ fn faults_served_in_the_faulting_thread() {
     assert!(s["pinned_calls"].as_u64().unwrap() >= 8 && s["pinned_in"].as_u64().unwrap() >= 4096, "{s}");
 }
 
+/// Where system calls are caught first (user-mode-only mode, faults
+/// served in the faulting thread), the ones programs make most through
+/// glibc — `read`, `write`, `pread64`, `pwrite64`, `lseek`, `close` —
+/// are entered by the library's own wrappers and skip the `SIGSYS`
+/// round trip, still with their cold buffers brought back and pinned
+/// (`direct.c`: ~29 k such calls on buffers evicted between them, and a
+/// thread blocked in `read` that `pthread_cancel` must still reach).
+/// Same output as native in every mode; without dispatch nothing is
+/// counted.
+#[test]
+fn system_calls_through_glibc_skip_the_dispatch_signal() {
+    let d = tmp("direct");
+    let dir = d.to_string_lossy().into_owned();
+    let exe = compile(&d, "direct");
+    let n = native(&[&exe, &dir], &d);
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    let text = String::from_utf8_lossy(&n.stdout).into_owned();
+    assert!(text.contains("same: 1") && text.contains("reader cancelled: 1"), "native run: {text}");
+    for (path, umo) in [("thread", "0"), ("signal", "0"), ("thread", "1")] {
+        let stats = d.join(format!("{path}-{umo}.json"));
+        let m = Command::new(ztier())
+            .args(["run", "--budget", "16M", "--fault-path", path, "--stats"])
+            .arg(&stats)
+            .args(["--", &exe, &dir])
+            .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+            .current_dir(&d)
+            .output()
+            .unwrap();
+        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        let (direct, dispatched) =
+            (s["direct_calls"].as_u64().unwrap(), s["dispatched_calls"].as_u64().unwrap());
+        assert!(compressed(&s) > 20000, "{s}");
+        if path == "thread" && umo == "0" {
+            assert_eq!((direct, dispatched, s["pinned_calls"].as_u64().unwrap()), (0, 0, 0), "{s}");
+        } else {
+            assert!(direct >= 29000 && dispatched < 200, "{path}, user-mode-only {umo}: {s}");
+            // Buffers that had gone cold came back for the calls.
+            assert!(s["pinned_in"].as_u64().unwrap() >= 2048, "{s}");
+        }
+    }
+}
+
 /// Memory the kernel writes for a thread outside its system calls —
 /// signal frames on an alternate stack from malloc, the CPU number in an
 /// rseq area from malloc — while it goes cold under the budget

@@ -49,7 +49,8 @@ Needs userfaultfd: root, or vm.unprivileged_userfaultfd=1, or (any other user)\n
 UFFD_USER_MODE_ONLY with syscall user dispatch (Linux 5.11): in that mode the\n\
 kernel's own accesses to evicted memory are not reported, so each system call\n\
 of the program is caught first and the memory it reads or writes brought back\n\
-(a signal per call; --clean wp becomes verify).")]
+(a signal per call, except read/write/pread/pwrite/lseek/close made through\n\
+glibc's functions, which ztier enters directly; --clean wp becomes verify).")]
 pub struct RunArgs {
     /// Most uncompressed memory (managed pages resident) per process, e.g. 256M.
     /// With --policy: resident pages and the compressed store together.
@@ -120,8 +121,10 @@ pub struct RunArgs {
     /// ~10 µs). signal: the faulting thread serves it itself, in a SIGBUS
     /// handler (UFFD_FEATURE_SIGBUS) — less time per fault, but every system
     /// call of the program is then caught first, as in user-mode-only mode
-    /// (a signal per call, ~4 µs), and --clean wp becomes verify. Pays for
-    /// programs that fault far more often than they make system calls.
+    /// (a signal per call, ~4 µs, except the read/write family entered
+    /// directly through glibc's functions), and --clean wp becomes verify.
+    /// Pays for programs that fault far more often than they make other
+    /// system calls.
     #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "thread", value_parser = ["thread", "signal"])]
     pub fault_path: String,
     /// Print a one-line summary to stderr when the program ends.
@@ -534,6 +537,8 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "lone_faults",
         "pinned_calls",
         "pinned_in",
+        "dispatched_calls",
+        "direct_calls",
         "prefetched",
         "evicted_zero",
         "refused",
