@@ -145,8 +145,9 @@
 //! Left out: a thread running on a stack in the arena (a coroutine's
 //! stack from malloc: the frames of signals delivered there),
 //! asynchronous I/O and `io_uring` buffers; a signal handler that leaves
-//! the dispatch handler by `longjmp` leaves that thread unprotected from
-//! then on.
+//! the dispatch handler by `longjmp` (out of a blocking call that took
+//! the signal) leaves that thread unprotected from then on — out of one
+//! entered directly ([`fast`]), only until its next such call.
 
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -182,6 +183,9 @@ thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
     /// Nesting of [`Allow`] guards on this thread.
     static GUARDS: Cell<u32> = const { Cell::new(0) };
+    /// Inside glibc's function in [`fast`] (still set if the thread left
+    /// it by `siglongjmp` from a signal handler).
+    static FAST: Cell<bool> = const { Cell::new(false) };
 }
 
 // The region system calls are always allowed from: a six-argument
@@ -799,10 +803,25 @@ fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
 /// enough to be split, a call not in its table), `real` runs as is.
 ///
 /// A thread cancelled inside `real` (a forced unwind through here: no
-/// destructors live across the call) leaves its pins in place.
+/// destructors live across the call), or that leaves it by `siglongjmp`
+/// from a signal handler, leaves its pins in place; after a
+/// `siglongjmp` its selector stays at ALLOW until its next call here or
+/// into the library.
 pub fn fast(nr: i64, a: [u64; 6], real: impl FnOnce() -> isize) -> isize {
+    if !active() {
+        return real();
+    }
     // SAFETY: this thread's own selector byte.
-    if !active() || unsafe { selector().read_volatile() } != BLOCK {
+    let sel = unsafe { selector().read_volatile() };
+    // A thread that left an earlier call here by `siglongjmp` (a timeout
+    // around a blocking read) kept the selector at ALLOW: this call
+    // re-arms it.
+    let left = sel == ALLOW
+        && FAST.with(Cell::get)
+        && ENABLED.with(Cell::get)
+        && DEPTH.with(Cell::get) == 0
+        && GUARDS.with(Cell::get) == 0;
+    if sel != BLOCK && !left {
         return real();
     }
     let g = match crate::STATE.load(Ordering::Acquire) {
@@ -831,7 +850,9 @@ pub fn fast(nr: i64, a: [u64; 6], real: impl FnOnce() -> isize) -> isize {
     if pinned.n > 0 {
         g.stats.pinned_calls.fetch_add(1, Ordering::Relaxed);
     }
+    FAST.with(|f| f.set(true));
     let ret = real();
+    FAST.with(|f| f.set(false));
     let e = crate::sys::errno();
     crate::as_inside(|| unpin(g, &pinned));
     set_selector(BLOCK);

@@ -2,14 +2,20 @@
  * (read, write, pread64, pwrite64, lseek, close), on buffers that go
  * cold under the budget, many times over; and a thread blocked in read()
  * on a pipe, cancelled with pthread_cancel (glibc's cancellation must
- * still reach it). Prints checksums; the same natively. */
+ * still reach it); and a read() on an empty pipe left by siglongjmp
+ * from a SIGALRM handler (a timeout), after which calls must still get
+ * their cold memory back. Prints checksums; the same natively. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define MB (1u << 20)
@@ -18,6 +24,12 @@
 #define CALLS 20000
 
 static int fds[2];
+static sigjmp_buf timeout;
+
+static void on_alarm(int sig) {
+    (void)sig;
+    siglongjmp(timeout, 1);
+}
 
 static void *reader(void *arg) {
     (void)arg;
@@ -71,6 +83,29 @@ int main(int argc, char **argv) {
     printf("same: %d, sum %llu, churn %llu\n", memcmp(src, dst, FILE_BYTES) == 0, (unsigned long long)sum,
            (unsigned long long)s);
     unlink(path);
+
+    /* A read with a timeout, left by siglongjmp; then calls on memory
+     * that went cold meanwhile, with no other call in between. */
+    int p2[2];
+    if (pipe(p2)) { perror("pipe"); return 2; }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    if (sigaction(SIGALRM, &sa, NULL)) { perror("sigaction"); return 2; }
+    char small[16];
+    if (sigsetjmp(timeout, 1) == 0) {
+        struct itimerval it = { { 0, 0 }, { 0, 50000 } };
+        setitimer(ITIMER_REAL, &it, NULL);
+        if (read(p2[0], small, sizeof small) >= 0) { puts("read returned"); return 2; }
+        perror("read");
+        return 2;
+    }
+    uint64_t s2 = churn(big, 77);
+    if (write(p2[1], src + 5 * 4096, 4096) != 4096) { perror("write after timeout"); return 2; }
+    struct iovec v = { dst + 9 * 4096, 4096 };
+    if (readv(p2[0], &v, 1) != 4096) { perror("readv after timeout"); return 2; }
+    printf("after the timeout: %d, churn %llu\n", memcmp(src + 5 * 4096, dst + 9 * 4096, 4096) == 0,
+           (unsigned long long)s2);
 
     if (pipe(fds)) { perror("pipe"); return 2; }
     pthread_t t;
