@@ -142,12 +142,26 @@
 //! frame it returns through (without that, a thread's `sigaltstack` was
 //! silently undone).
 //!
+//! **Jumps out of a signal handler.** A program's signal handler that
+//! ran while the dispatch handler made a blocking call for it (a
+//! timeout: `alarm`, then `poll`) may leave by `siglongjmp` or
+//! `longjmp`, past the dispatch handler's frame, which then never
+//! lowers its nesting count or sets the selector back: every later call
+//! of that thread would run unprotected. So the library exports the
+//! `longjmp` family too ([`jump`]): each level of the dispatch handler
+//! records the stack pointer the program had when it was entered; a
+//! jump whose target (glibc's `jmp_buf`, its stack pointer demangled
+//! with the thread's pointer guard) lies above it leaves that level,
+//! which is dropped. Left at the outermost level, `SIGSYS` (and
+//! `SIGBUS`) is unblocked before glibc's own function jumps — a plain
+//! `longjmp` keeps the handler's mask, and a blocked dispatch signal
+//! kills the process — and the selector goes back to BLOCK.
+//!
 //! Left out: a thread running on a stack in the arena (a coroutine's
 //! stack from malloc: the frames of signals delivered there),
-//! asynchronous I/O and `io_uring` buffers; a signal handler that leaves
-//! the dispatch handler by `longjmp` (out of a blocking call that took
-//! the signal) leaves that thread unprotected from then on — out of one
-//! entered directly ([`fast`]), only until its next such call.
+//! asynchronous I/O and `io_uring` buffers; a jump out of the dispatch
+//! handler that does not go through glibc's exported functions (a
+//! program's own assembly) still leaves that thread unprotected.
 
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -186,6 +200,9 @@ thread_local! {
     /// Inside glibc's function in [`fast`] (still set if the thread left
     /// it by `siglongjmp` from a signal handler).
     static FAST: Cell<bool> = const { Cell::new(false) };
+    /// The stack pointer the program had at each level of the dispatch
+    /// handler (`DEPTH` - 1 is the innermost; 0: not recorded).
+    static SAVED_SP: Cell<[u64; 8]> = const { Cell::new([0; 8]) };
 }
 
 // The region system calls are always allowed from: a six-argument
@@ -860,6 +877,113 @@ pub fn fast(nr: i64, a: [u64; 6], real: impl FnOnce() -> isize) -> isize {
     ret
 }
 
+/// glibc's `longjmp`, `_longjmp`, `siglongjmp` and `__longjmp_chk`,
+/// looked up when the library is loaded (a jump is often made from a
+/// signal handler, where `dlsym` is not safe to call).
+static REAL_JUMPS: [std::sync::atomic::AtomicUsize; 4] =
+    [const { std::sync::atomic::AtomicUsize::new(0) }; 4];
+
+/// Which of glibc's jumps [`jump`] ends in.
+#[derive(Clone, Copy)]
+pub enum Jump {
+    /// `longjmp`.
+    Longjmp = 0,
+    /// `_longjmp`.
+    UnderscoreLongjmp = 1,
+    /// `siglongjmp`.
+    Siglongjmp = 2,
+    /// `__longjmp_chk` (what `longjmp` becomes with `_FORTIFY_SOURCE`).
+    LongjmpChk = 3,
+}
+
+extern "C" fn find_jumps() {
+    for (slot, name) in REAL_JUMPS.iter().zip([c"longjmp", c"_longjmp", c"siglongjmp", c"__longjmp_chk"]) {
+        // SAFETY: dlsym with a NUL-terminated name, at load time.
+        slot.store(unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize, Ordering::Relaxed);
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static FIND_JUMPS: extern "C" fn() = find_jumps;
+
+/// A jump out of code the program runs (`longjmp` and friends, exported
+/// by `shim`): if it leaves levels of the dispatch handler behind — a
+/// signal handler of the program, run while the handler made a blocking
+/// call for it, jumps out past it (a timeout around `poll`) — those
+/// levels are dropped, so the thread's calls are caught again; then
+/// glibc's own function jumps.
+///
+/// A level is left when the jump's target stack pointer lies above the
+/// stack pointer the program had when that level was entered (glibc
+/// keeps it in the `jmp_buf` mangled with the thread's pointer guard).
+/// Left at the outermost level, `SIGSYS` (and `SIGBUS` with
+/// `--fault-path signal`) is unblocked first: a jump that does not
+/// restore a mask would keep the handler's, and a blocked dispatch
+/// signal kills the process.
+///
+/// # Safety
+/// `env` is a `jmp_buf` filled by `setjmp`/`sigsetjmp` in a frame still
+/// live, as glibc's functions require.
+pub unsafe fn jump(which: Jump, env: *mut libc::c_void, val: libc::c_int) -> ! {
+    // SAFETY: the caller's jmp_buf.
+    unsafe { leave_levels(env.cast::<u64>()) };
+    let p = REAL_JUMPS[which as usize].load(Ordering::Relaxed);
+    if p == 0 {
+        let _ = raw(libc::SYS_write, [2, c"ztier: glibc's longjmp not found\n".as_ptr() as u64, 33, 0, 0, 0]);
+        std::process::abort();
+    }
+    // SAFETY: glibc's function of that name, with the caller's arguments.
+    let real = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C-unwind" fn(*mut libc::c_void, libc::c_int) -> !>(p)
+    };
+    // SAFETY: as above.
+    unsafe { real(env, val) }
+}
+
+/// See [`jump`].
+///
+/// # Safety
+/// `env` points to a `jmp_buf`.
+unsafe fn leave_levels(env: *const u64) {
+    if !active() || !ENABLED.with(Cell::get) {
+        return;
+    }
+    let depth = DEPTH.with(Cell::get);
+    let fast = FAST.with(Cell::get);
+    if depth == 0 && !fast {
+        return;
+    }
+    let guard: u64;
+    // SAFETY: glibc's thread control block on x86-64 keeps the pointer
+    // guard at fs:0x30; reading it has no effect.
+    unsafe {
+        std::arch::asm!("mov {}, fs:[0x30]", out(reg) guard, options(nostack, readonly, preserves_flags))
+    };
+    // SAFETY: the jmp_buf's saved rsp (index 6 of glibc's x86-64 layout),
+    // mangled as glibc's PTR_MANGLE does: xor with the guard, rotate left 17.
+    let target = unsafe { env.add(6).read() }.rotate_right(17) ^ guard;
+    let saved = SAVED_SP.with(Cell::get);
+    let mut d = depth;
+    while d > 0 {
+        let at = saved.get(d as usize - 1).copied().unwrap_or(0);
+        if at != 0 && at < target && target - at < 64 << 20 {
+            d -= 1;
+        } else {
+            break;
+        }
+    }
+    DEPTH.with(|c| c.set(d));
+    if d == 0 {
+        FAST.with(|f| f.set(false));
+        let sys = ours();
+        raw(libc::SYS_rt_sigprocmask, [libc::SIG_UNBLOCK as u64, &sys as *const u64 as u64, 0, 8, 0, 0]);
+        if GUARDS.with(Cell::get) == 0 {
+            set_selector(BLOCK);
+        }
+    }
+}
+
 /// The alternate stack a `sigaltstack` call sets (`None` when it only
 /// reads the current one or disables it).
 fn new_alt_stack(a: [u64; 6]) -> Option<(u64, u64)> {
@@ -1084,7 +1208,18 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: this thread's own selector byte.
     let prev = unsafe { selector().read_volatile() };
     set_selector(ALLOW);
-    DEPTH.with(|d| d.set(d.get() + 1));
+    let depth = DEPTH.with(|d| {
+        d.set(d.get() + 1);
+        d.get()
+    });
+    let sp = uc.uc_mcontext.gregs[libc::REG_RSP as usize] as u64;
+    SAVED_SP.with(|s| {
+        let mut v = s.get();
+        if let Some(at) = v.get_mut(depth as usize - 1) {
+            *at = sp;
+        }
+        s.set(v);
+    });
     let mut after = BLOCK;
     if code != SYS_USER_DISPATCH {
         // The program's own (seccomp's, a kill): its handler runs with
@@ -1155,7 +1290,7 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             _ => uc.uc_mcontext.gregs[rax] = dispatch(nr, a),
         }
     }
-    DEPTH.with(|d| d.set(d.get() - 1));
+    DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
     // Nested in an outer dispatch (a signal handler of the program ran
     // during its call), the outer one re-arms.
     set_selector(if DEPTH.with(Cell::get) > 0 { ALLOW } else { after });

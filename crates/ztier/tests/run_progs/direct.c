@@ -2,11 +2,14 @@
  * (read, write, pread64, pwrite64, lseek, close), on buffers that go
  * cold under the budget, many times over; and a thread blocked in read()
  * on a pipe, cancelled with pthread_cancel (glibc's cancellation must
- * still reach it); and a read() on an empty pipe left by siglongjmp
- * from a SIGALRM handler (a timeout), after which calls must still get
- * their cold memory back. Prints checksums; the same natively. */
+ * still reach it); and timeouts: a read() (entered directly), a readv()
+ * and a poll() (caught by dispatch) on an empty pipe, each left from a
+ * SIGALRM handler by siglongjmp (or plain longjmp, which keeps the
+ * handler's signal mask), after which calls on cold memory must still
+ * work. Prints checksums; the same natively. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -25,10 +28,31 @@
 
 static int fds[2];
 static sigjmp_buf timeout;
+static jmp_buf plain;
+static volatile int use_plain;
 
 static void on_alarm(int sig) {
     (void)sig;
+    if (use_plain) longjmp(plain, 1);
     siglongjmp(timeout, 1);
+}
+
+static uint64_t churn(uint64_t *a, uint64_t seed);
+
+static void arm(void) {
+    struct itimerval it = { { 0, 0 }, { 0, 50000 } };
+    setitimer(ITIMER_REAL, &it, NULL);
+}
+
+/* After a timeout: a write and a readv on memory gone cold meanwhile,
+ * with no other call of the thread in between. */
+static int after_timeout(int *p, unsigned char *src, unsigned char *dst, uint64_t *big, size_t at, uint64_t seed) {
+    (void)churn(big, seed);
+    struct iovec w = { src + at * 4096, 4096 };
+    if (writev(p[1], &w, 1) != 4096) { perror("writev after timeout"); return -1; }
+    struct iovec v = { dst + (at + 3) * 4096, 4096 };
+    if (readv(p[0], &v, 1) != 4096) { perror("readv after timeout"); return -1; }
+    return memcmp(src + at * 4096, dst + (at + 3) * 4096, 4096) == 0;
 }
 
 static void *reader(void *arg) {
@@ -106,6 +130,28 @@ int main(int argc, char **argv) {
     if (readv(p2[0], &v, 1) != 4096) { perror("readv after timeout"); return 2; }
     printf("after the timeout: %d, churn %llu\n", memcmp(src + 5 * 4096, dst + 9 * 4096, 4096) == 0,
            (unsigned long long)s2);
+    /* The same around calls that dispatch catches (not entered directly). */
+    if (sigsetjmp(timeout, 1) == 0) {
+        arm();
+        struct iovec v = { small, sizeof small };
+        readv(p2[0], &v, 1);
+        puts("readv returned");
+        return 2;
+    }
+    int ok = after_timeout(p2, src, dst, big, 20, 78);
+    if (ok < 0) return 2;
+    printf("after the readv timeout: %d\n", ok);
+    use_plain = 1;
+    if (setjmp(plain) == 0) {
+        arm();
+        struct pollfd pf = { p2[0], POLLIN, 0 };
+        poll(&pf, 1, -1);
+        puts("poll returned");
+        return 2;
+    }
+    ok = after_timeout(p2, src, dst, big, 40, 79);
+    if (ok < 0) return 2;
+    printf("after the poll timeout: %d\n", ok);
 
     if (pipe(fds)) { perror("pipe"); return 2; }
     pthread_t t;
