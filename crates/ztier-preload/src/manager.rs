@@ -646,6 +646,10 @@ pub struct Manager {
     kept: Vec<Kept>,
 }
 
+/// Pages pinned now (the sum of [`Manager::pin`]s not yet ended): at
+/// exit, pins that nothing ended.
+pub static PINNED_PAGES: AtomicUsize = AtomicUsize::new(0);
+
 /// Memory the kernel writes for a thread outside any system call, kept
 /// pinned while the thread has it registered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1455,6 +1459,7 @@ impl Manager {
             return Ok(false);
         }
         self.pins.push((first, end));
+        PINNED_PAGES.fetch_add(end - first, Ordering::Relaxed);
         let mut i = first;
         while i < end {
             let s = self.st(i);
@@ -1501,6 +1506,7 @@ impl Manager {
         let end = (first + n).min(self.pages);
         if let Some(k) = self.pins.iter().position(|&p| p == (first, end)) {
             self.pins.swap_remove(k);
+            PINNED_PAGES.fetch_sub(end - first, Ordering::Relaxed);
         }
         // Pages that left the queues while pinned go back to probation.
         for i in first..end {
@@ -1571,6 +1577,7 @@ impl Manager {
         }
         for k in mine {
             self.pins.push((k.first, k.end));
+            PINNED_PAGES.fetch_add(k.end - k.first, Ordering::Relaxed);
             self.kept.push(k);
         }
     }

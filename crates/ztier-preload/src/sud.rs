@@ -155,7 +155,12 @@
 //! which is dropped. Left at the outermost level, `SIGSYS` (and
 //! `SIGBUS`) is unblocked before glibc's own function jumps — a plain
 //! `longjmp` keeps the handler's mask, and a blocked dispatch signal
-//! kills the process — and the selector goes back to BLOCK.
+//! kills the process — and the selector goes back to BLOCK. The pins of
+//! the calls a jump leaves end with it: each call that pinned memory is
+//! recorded on a small per-thread stack ([`Flight`]) with the address
+//! of its frame; a thread that exits inside one (cancelled) has its
+//! pins ended by a thread-specific key's destructor. `pinned_bytes` in
+//! the stats says what was still pinned at exit.
 //!
 //! Left out: a thread running on a stack in the arena (a coroutine's
 //! stack from malloc: the frames of signals delivered there),
@@ -203,6 +208,100 @@ thread_local! {
     /// The stack pointer the program had at each level of the dispatch
     /// handler (`DEPTH` - 1 is the innermost; 0: not recorded).
     static SAVED_SP: Cell<[u64; 8]> = const { Cell::new([0; 8]) };
+    /// Calls in flight on this thread that pinned memory, innermost last
+    /// (see [`Flight`]), and how many.
+    static FLIGHTS: Cell<[Flight; 8]> = const { Cell::new([Flight::NONE; 8]) };
+    static FLIGHTS_N: Cell<usize> = const { Cell::new(0) };
+    /// This thread's exit runs [`flights_at_exit`].
+    static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A call in flight that pinned memory: the address of a local of the
+/// frame that will unpin it (a jump to a target above it leaves that
+/// frame) and the page ranges it pinned (the first four).
+#[derive(Clone, Copy)]
+struct Flight {
+    frame: usize,
+    pins: [(usize, usize); 4],
+}
+
+impl Flight {
+    const NONE: Flight = Flight { frame: 0, pins: [(0, 0); 4] };
+}
+
+/// Records a call in flight with pins (`frame`: the address of a local
+/// of the caller). Returns whether it was recorded (and so must be
+/// ended with [`land`]).
+fn take_off(frame: usize, pinned: &Ranges) -> bool {
+    let n = FLIGHTS_N.with(Cell::get);
+    if pinned.n == 0 || n == 8 {
+        return false;
+    }
+    let mut f = Flight { frame, pins: [(0, 0); 4] };
+    for (slot, &p) in f.pins.iter_mut().zip(&pinned.r[..pinned.n]) {
+        *slot = p;
+    }
+    FLIGHTS.with(|c| {
+        let mut v = c.get();
+        v[n] = f;
+        c.set(v);
+    });
+    FLIGHTS_N.with(|c| c.set(n + 1));
+    if !EXIT_HOOKED.with(Cell::get) {
+        EXIT_HOOKED.with(|c| c.set(true));
+        let key = EXIT_KEY.load(Ordering::Relaxed);
+        if key != u32::MAX {
+            // SAFETY: a key made by `install`; the value only marks the
+            // thread (its destructor runs at the thread's exit).
+            unsafe { libc::pthread_setspecific(key, std::ptr::dangling::<libc::c_void>()) };
+        }
+    }
+    true
+}
+
+/// Ends the innermost call recorded by [`take_off`] (its pins are
+/// unpinned by the caller).
+fn land() {
+    FLIGHTS_N.with(|c| c.set(c.get().saturating_sub(1)));
+}
+
+/// Unpins the recorded pins of calls in flight whose frame lies below
+/// `target` (all of them if `usize::MAX`): a jump leaves them, or the
+/// thread exits inside them (cancelled).
+fn abandon_flights(target: usize) {
+    let Some(g) = crate::GLOBAL.get() else { return };
+    if crate::inside() {
+        // Jumping out of a handler that interrupted library code (which
+        // may hold the manager's lock): the pins stay.
+        return;
+    }
+    let v = FLIGHTS.with(Cell::get);
+    let mut n = FLIGHTS_N.with(Cell::get);
+    while n > 0 {
+        let f = v[n - 1];
+        if target != usize::MAX && !(f.frame < target && target - f.frame < 64 << 20) {
+            break;
+        }
+        crate::as_inside(|| {
+            let mut m = crate::lock(&g.mgr);
+            for &(first, k) in f.pins.iter().filter(|p| p.1 > 0) {
+                m.unpin(first, k);
+            }
+        });
+        n -= 1;
+    }
+    FLIGHTS_N.with(|c| c.set(n));
+}
+
+/// The key whose destructor ends a thread's calls in flight at its exit
+/// (`u32::MAX`: none).
+static EXIT_KEY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+
+/// At a thread's exit (after a cancellation inside a call): its pins
+/// still in flight end.
+extern "C" fn flights_at_exit(_: *mut libc::c_void) {
+    let _sud = Allow::new();
+    abandon_flights(usize::MAX);
 }
 
 // The region system calls are always allowed from: a six-argument
@@ -342,6 +441,11 @@ fn take_over(
 /// `--fault-path signal`) and enables dispatch for the calling thread.
 /// The error says why dispatch is not available.
 pub fn install(sigbus: bool) -> std::io::Result<()> {
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: a new key with a destructor of ours.
+    if unsafe { libc::pthread_key_create(&mut key, Some(flights_at_exit)) } == 0 {
+        EXIT_KEY.store(key, Ordering::Relaxed);
+    }
     take_over(libc::SIGSYS, on_sigsys, 0, &PROGRAM_SIGSYS)?;
     if sigbus {
         // SA_NODEFER: a program's SIGBUS handler chained from ours, or a
@@ -781,6 +885,8 @@ fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
     if pinned.n > 0 {
         g.stats.pinned_calls.fetch_add(1, Ordering::Relaxed);
     }
+    let frame = &pinned as *const Ranges as usize;
+    let mut flying = take_off(frame, &pinned);
     let mut ret = raw(nr, a);
     // A call not in the table: if the kernel met a missing page behind
     // one of its arguments, bring back more there and run it again.
@@ -797,11 +903,18 @@ fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
         }
         crate::as_inside(|| pin(g, &more, &mut pinned));
         g.stats.pinned_calls.fetch_add(1, Ordering::Relaxed);
+        if flying {
+            land();
+        }
+        flying = take_off(frame, &pinned);
         ret = raw(nr, a);
         tries += 1;
     }
     if ret == 0 {
         crate::as_inside(|| keep_kernel_memory(g, nr, a));
+    }
+    if flying {
+        land();
     }
     crate::as_inside(|| unpin(g, &pinned));
     ret
@@ -820,10 +933,11 @@ fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
 /// enough to be split, a call not in its table), `real` runs as is.
 ///
 /// A thread cancelled inside `real` (a forced unwind through here: no
-/// destructors live across the call), or that leaves it by `siglongjmp`
-/// from a signal handler, leaves its pins in place; after a
-/// `siglongjmp` its selector stays at ALLOW until its next call here or
-/// into the library.
+/// destructors live across the call) keeps its pins until it exits (a
+/// thread-specific key's destructor ends them); one that leaves by a
+/// jump from a signal handler has them ended by the jump ([`jump`]),
+/// or, if the jump bypasses glibc's exported functions, keeps the
+/// selector at ALLOW until its next call here.
 pub fn fast(nr: i64, a: [u64; 6], real: impl FnOnce() -> isize) -> isize {
     if !active() {
         return real();
@@ -867,10 +981,14 @@ pub fn fast(nr: i64, a: [u64; 6], real: impl FnOnce() -> isize) -> isize {
     if pinned.n > 0 {
         g.stats.pinned_calls.fetch_add(1, Ordering::Relaxed);
     }
+    let flying = take_off(&pinned as *const Ranges as usize, &pinned);
     FAST.with(|f| f.set(true));
     let ret = real();
     FAST.with(|f| f.set(false));
     let e = crate::sys::errno();
+    if flying {
+        land();
+    }
     crate::as_inside(|| unpin(g, &pinned));
     set_selector(BLOCK);
     crate::sys::set_errno(e);
@@ -951,7 +1069,7 @@ unsafe fn leave_levels(env: *const u64) {
     }
     let depth = DEPTH.with(Cell::get);
     let fast = FAST.with(Cell::get);
-    if depth == 0 && !fast {
+    if depth == 0 && !fast && FLIGHTS_N.with(Cell::get) == 0 {
         return;
     }
     let guard: u64;
@@ -963,6 +1081,8 @@ unsafe fn leave_levels(env: *const u64) {
     // SAFETY: the jmp_buf's saved rsp (index 6 of glibc's x86-64 layout),
     // mangled as glibc's PTR_MANGLE does: xor with the guard, rotate left 17.
     let target = unsafe { env.add(6).read() }.rotate_right(17) ^ guard;
+    // Calls in flight the jump leaves: their pins end.
+    abandon_flights(target as usize);
     let saved = SAVED_SP.with(Cell::get);
     let mut d = depth;
     while d > 0 {

@@ -346,7 +346,9 @@ fn faults_served_in_the_faulting_thread() {
 /// memory must still work: before, the first failed with EFAULT, the
 /// thread's calls left unprotected, and without `SIGSYS` unblocked at the
 /// jump the process is killed by it). Same output as native in every
-/// mode; without dispatch nothing is counted.
+/// mode; without dispatch nothing is counted; no pin outlives its call
+/// (`pinned_bytes` at exit: 64 KiB before the cancelled reader's pins
+/// ended at its exit, a page each before the jumps ended theirs).
 #[test]
 fn system_calls_through_glibc_skip_the_dispatch_signal() {
     let d = tmp("direct");
@@ -387,6 +389,13 @@ fn system_calls_through_glibc_skip_the_dispatch_signal() {
             // Buffers that had gone cold came back for the calls.
             assert!(s["pinned_in"].as_u64().unwrap() >= 2048, "{s}");
         }
+        // Every pin ended: also those of the calls left by a jump (a page
+        // each) and of the reader cancelled in its read (64 KiB).
+        assert_eq!(
+            s["per_process"][0]["pinned_bytes"].as_u64(),
+            Some(0),
+            "{path}, user-mode-only {umo}: {s}"
+        );
     }
 }
 

@@ -116,11 +116,12 @@ int main(int argc, char **argv) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_alarm;
     if (sigaction(SIGALRM, &sa, NULL)) { perror("sigaction"); return 2; }
-    char small[16];
+    char *small = malloc(16); /* from the arena: pinned for the read */
+    if (!small) { perror("malloc"); return 2; }
     if (sigsetjmp(timeout, 1) == 0) {
         struct itimerval it = { { 0, 0 }, { 0, 50000 } };
         setitimer(ITIMER_REAL, &it, NULL);
-        if (read(p2[0], small, sizeof small) >= 0) { puts("read returned"); return 2; }
+        if (read(p2[0], small, 16) >= 0) { puts("read returned"); return 2; }
         perror("read");
         return 2;
     }
@@ -133,7 +134,7 @@ int main(int argc, char **argv) {
     /* The same around calls that dispatch catches (not entered directly). */
     if (sigsetjmp(timeout, 1) == 0) {
         arm();
-        struct iovec v = { small, sizeof small };
+        struct iovec v = { small, 16 };
         readv(p2[0], &v, 1);
         puts("readv returned");
         return 2;
