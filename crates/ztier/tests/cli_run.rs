@@ -333,6 +333,35 @@ fn faults_served_in_the_faulting_thread() {
     assert!(s["pinned_calls"].as_u64().unwrap() >= 8 && s["pinned_in"].as_u64().unwrap() >= 4096, "{s}");
 }
 
+/// The three ways `ztier run` serves a program: (`--fault-path`,
+/// `ZTIER_UFFD_USER_MODE_ONLY`) — a handler thread, the faulting thread,
+/// a handler thread under a user-mode-only userfaultfd.
+const MODES: [(&str, &str); 3] = [("thread", "0"), ("signal", "0"), ("thread", "1")];
+
+/// Runs `cmd` (in `d`) under `ztier run --budget 16M` in one of
+/// [`MODES`], with `env` set too; its output and merged stats.
+fn managed_in_mode(
+    d: &Path,
+    (path, umo): (&str, &str),
+    cmd: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, serde_json::Value) {
+    let stats = d.join(format!("{path}-{umo}.json"));
+    let m = Command::new(ztier())
+        .args(["run", "--budget", "16M", "--fault-path", path, "--stats"])
+        .arg(&stats)
+        .arg("--")
+        .args(cmd)
+        .envs(env.iter().copied())
+        .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let s = std::fs::read_to_string(&stats)
+        .unwrap_or_else(|e| panic!("{path}, user-mode-only {umo}: no stats ({e}); {m:?}"));
+    (m, serde_json::from_str(&s).unwrap())
+}
+
 /// Where system calls are caught first (user-mode-only mode, faults
 /// served in the faulting thread), the ones programs make most through
 /// glibc — `read`, `write`, `pread64`, `pwrite64`, `lseek`, `close` —
@@ -366,19 +395,10 @@ fn system_calls_through_glibc_skip_the_dispatch_signal() {
     ] {
         assert!(text.contains(line), "native run: {text}");
     }
-    for (path, umo) in [("thread", "0"), ("signal", "0"), ("thread", "1")] {
-        let stats = d.join(format!("{path}-{umo}.json"));
-        let m = Command::new(ztier())
-            .args(["run", "--budget", "16M", "--fault-path", path, "--stats"])
-            .arg(&stats)
-            .args(["--", &exe, &dir])
-            .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
-            .current_dir(&d)
-            .output()
-            .unwrap();
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe, &dir], &[]);
         assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
         assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
-        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
         let (direct, dispatched) =
             (s["direct_calls"].as_u64().unwrap(), s["dispatched_calls"].as_u64().unwrap());
         assert!(compressed(&s) > 20000, "{s}");
@@ -422,19 +442,10 @@ fn memory_the_kernel_writes_outside_system_calls() {
     {
         assert!(text.contains(line), "native run: {text}");
     }
-    for (path, umo) in [("thread", "0"), ("signal", "0"), ("thread", "1")] {
-        let stats = d.join(format!("{path}-{umo}.json"));
-        let m = Command::new(ztier())
-            .args(["run", "--budget", "16M", "--fault-path", path, "--stats"])
-            .arg(&stats)
-            .args(["--", &exe])
-            .env(tunables.0, tunables.1)
-            .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
-            .output()
-            .unwrap();
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[tunables]);
         assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
         assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
-        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
         assert!(compressed(&s) > 20000, "{s}");
         assert_eq!(s["per_process"][0]["user_mode_only"].as_bool(), Some(umo == "1"), "{s}");
     }
