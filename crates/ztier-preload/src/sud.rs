@@ -830,20 +830,7 @@ fn pin(g: &crate::Global, r: &Ranges, out: &mut Ranges) {
         if out.n == out.r.len() {
             break;
         }
-        loop {
-            let mut m = crate::lock(&g.mgr);
-            match m.pin(first, n, &g.stats) {
-                Ok(true) => break,
-                Ok(false) => {
-                    drop(m);
-                    std::thread::sleep(std::time::Duration::from_micros(50));
-                }
-                Err(e) => {
-                    eprintln!("ztier: bringing back the memory of a system call failed: {e}: aborting");
-                    std::process::abort();
-                }
-            }
-        }
+        until_pinned(g, "the memory of a system call", |m| m.pin(first, n, &g.stats));
         out.r[out.n] = (first, n);
         out.n += 1;
     }
@@ -1145,16 +1132,32 @@ fn keep_kernel_memory(g: &crate::Global, nr: i64, a: [u64; 6]) {
     };
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
+    let what = match kind {
+        KeptKind::AltStack => "an alternate signal stack",
+        KeptKind::Rseq => "an rseq area",
+    };
+    until_pinned(g, what, |m| m.keep_pinned(tid, kind, first, n, &g.stats));
+}
+
+/// Runs a pin (`f`, under the manager's lock) until it is done: `false`
+/// means a page is owned by an eviction in flight, so it lets go of the
+/// lock and tries again shortly. An error (the store cannot give a page
+/// back) aborts with a message naming `what`.
+fn until_pinned(
+    g: &crate::Global,
+    what: &str,
+    mut f: impl FnMut(&mut crate::manager::Manager) -> std::io::Result<bool>,
+) {
     loop {
         let mut m = crate::lock(&g.mgr);
-        match m.keep_pinned(tid, kind, first, n, &g.stats) {
-            Ok(true) => break,
+        match f(&mut m) {
+            Ok(true) => return,
             Ok(false) => {
                 drop(m);
                 std::thread::sleep(std::time::Duration::from_micros(50));
             }
             Err(e) => {
-                eprintln!("ztier: bringing back memory the kernel writes ({kind:?}) failed: {e}: aborting");
+                eprintln!("ztier: bringing back {what} failed: {e}: aborting");
                 std::process::abort();
             }
         }
