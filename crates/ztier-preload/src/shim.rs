@@ -1008,42 +1008,23 @@ pub unsafe extern "C-unwind" fn close(fd: c_int) -> c_int {
 // the dispatch handler made a call for the program must not leave that
 // handler's state behind (see `sud::jump`). Elsewhere they are glibc's.
 
-/// `longjmp(3)`.
-///
-/// # Safety
-/// The C contract of `longjmp`.
-#[no_mangle]
-pub unsafe extern "C-unwind" fn longjmp(env: *mut c_void, val: c_int) -> ! {
-    // SAFETY: the caller's contract.
-    unsafe { crate::sud::jump(crate::sud::Jump::Longjmp, env, val) }
+/// Exports glibc's jump `$name` (documented as `$doc`) through
+/// [`crate::sud::jump`].
+macro_rules! jump_export {
+    ($name:ident, $which:ident, $doc:literal) => {
+        #[doc = $doc]
+        ///
+        /// # Safety
+        /// The C contract of `longjmp`.
+        #[no_mangle]
+        pub unsafe extern "C-unwind" fn $name(env: *mut c_void, val: c_int) -> ! {
+            // SAFETY: the caller's contract.
+            unsafe { crate::sud::jump(crate::sud::Jump::$which, env, val) }
+        }
+    };
 }
 
-/// `_longjmp(3)`.
-///
-/// # Safety
-/// The C contract of `_longjmp`.
-#[no_mangle]
-pub unsafe extern "C-unwind" fn _longjmp(env: *mut c_void, val: c_int) -> ! {
-    // SAFETY: the caller's contract.
-    unsafe { crate::sud::jump(crate::sud::Jump::UnderscoreLongjmp, env, val) }
-}
-
-/// `siglongjmp(3)`.
-///
-/// # Safety
-/// The C contract of `siglongjmp`.
-#[no_mangle]
-pub unsafe extern "C-unwind" fn siglongjmp(env: *mut c_void, val: c_int) -> ! {
-    // SAFETY: the caller's contract.
-    unsafe { crate::sud::jump(crate::sud::Jump::Siglongjmp, env, val) }
-}
-
-/// `__longjmp_chk`: `longjmp` under `_FORTIFY_SOURCE`.
-///
-/// # Safety
-/// The C contract of `longjmp`.
-#[no_mangle]
-pub unsafe extern "C-unwind" fn __longjmp_chk(env: *mut c_void, val: c_int) -> ! {
-    // SAFETY: the caller's contract.
-    unsafe { crate::sud::jump(crate::sud::Jump::LongjmpChk, env, val) }
-}
+jump_export!(longjmp, Longjmp, "`longjmp(3)`.");
+jump_export!(_longjmp, UnderscoreLongjmp, "`_longjmp(3)`.");
+jump_export!(siglongjmp, Siglongjmp, "`siglongjmp(3)`.");
+jump_export!(__longjmp_chk, LongjmpChk, "`__longjmp_chk`: `longjmp` under `_FORTIFY_SOURCE`.");
