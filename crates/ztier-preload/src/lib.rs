@@ -60,6 +60,7 @@
 //! `@ztier-PID` answers every connection with the same JSON (`ztier stats
 //! PID`).
 
+mod direct;
 mod manager;
 mod pages;
 mod shim;

@@ -60,24 +60,28 @@
 //!   process). The program's own `SIGSYS` action is kept aside and called
 //!   for `SIGSYS` that does not come from dispatch.
 //!
-//! **Entered directly.** The calls programs make most — `read`, `write`,
-//! `pread64`, `pwrite64`, `lseek`, `close` — are also exported by the
-//! library (`shim`), so a program (or a library such as CPython or
-//! SQLite) calling glibc's function reaches ours first: on a thread whose
+//! **Entered directly.** The calls programs make most through glibc's
+//! functions — `read`, `write`, the positioned and vectored ones,
+//! `lseek`, `close`, `open`, the `stat` family, the socket calls,
+//! `poll`, `select`, `epoll_wait`, sleeps, `syscall` itself (see
+//! [`crate::direct`] for the list) — are also exported by the library,
+//! so a program (or a library such as CPython, SQLite or the JVM)
+//! calling glibc's function reaches ours first: on a thread whose
 //! selector says BLOCK, [`fast`] does the handler's work — the call's
 //! memory pinned — and calls glibc's own function with the selector at
 //! ALLOW, with no signal (a `SIGSYS` round trip is ~3–4 µs):
 //!
 //! ```text
-//!  program: read(fd, buf, n) ──► ztier's read ──► selector BLOCK? ── no ─► glibc's __read
+//!  program: read(fd, buf, n) ──► ztier's read ──► selector BLOCK? ── no ─► glibc's read
 //!                                                      │ yes
-//!                                 pin buf ∩ arena; selector ALLOW; glibc's __read
+//!                                 pin buf ∩ arena; selector ALLOW; glibc's read
 //!                                 unpin; selector BLOCK; errno kept
 //! ```
 //!
-//! glibc's own internal calls (`fread` → `__read`) bypass the exports
-//! and still take the signal; so does a read or write long enough to be
-//! split into parts.
+//! glibc's own internal calls (`fread` → `__read`, `pthread_mutex_lock`
+//! → `futex`) bypass the exports and still take the signal; so do a read
+//! or write long enough to be split into parts, and, through `syscall`,
+//! the calls the handler runs itself (below).
 //!
 //! The library's own code runs with the selector at ALLOW ([`Allow`], at
 //! every exported entry point): it must not wait for a pin (it may hold
@@ -210,23 +214,27 @@ thread_local! {
     static SAVED_SP: Cell<[u64; 8]> = const { Cell::new([0; 8]) };
     /// Calls in flight on this thread that pinned memory, innermost last
     /// (see [`Flight`]), and how many.
-    static FLIGHTS: Cell<[Flight; 8]> = const { Cell::new([Flight::NONE; 8]) };
+    static FLIGHTS: UnsafeCell<[Flight; 8]> = const { UnsafeCell::new([Flight::NONE; 8]) };
     static FLIGHTS_N: Cell<usize> = const { Cell::new(0) };
     /// This thread's exit runs [`flights_at_exit`].
     static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
 }
 
+/// How many of a call's pinned ranges a [`Flight`] keeps (a `readv` of
+/// up to 15 buffers and its `iovec` array).
+const FLIGHT_PINS: usize = 16;
+
 /// A call in flight that pinned memory: the address of a local of the
 /// frame that will unpin it (a jump to a target above it leaves that
-/// frame) and the page ranges it pinned (the first four).
+/// frame) and the page ranges it pinned (the first [`FLIGHT_PINS`]).
 #[derive(Clone, Copy)]
 struct Flight {
     frame: usize,
-    pins: [(usize, usize); 4],
+    pins: [(usize, usize); FLIGHT_PINS],
 }
 
 impl Flight {
-    const NONE: Flight = Flight { frame: 0, pins: [(0, 0); 4] };
+    const NONE: Flight = Flight { frame: 0, pins: [(0, 0); FLIGHT_PINS] };
 }
 
 /// Records a call in flight with pins (`frame`: the address of a local
@@ -237,15 +245,14 @@ fn take_off(frame: usize, pinned: &Ranges) -> bool {
     if pinned.n == 0 || n == 8 {
         return false;
     }
-    let mut f = Flight { frame, pins: [(0, 0); 4] };
+    let mut f = Flight { frame, pins: [(0, 0); FLIGHT_PINS] };
     for (slot, &p) in f.pins.iter_mut().zip(&pinned.r[..pinned.n]) {
         *slot = p;
     }
-    FLIGHTS.with(|c| {
-        let mut v = c.get();
-        v[n] = f;
-        c.set(v);
-    });
+    // SAFETY: this thread's own array, not borrowed elsewhere (a signal
+    // handler that interrupts this adds its flights above `n`, and is
+    // over before this goes on).
+    FLIGHTS.with(|c| unsafe { (*c.get())[n] = f });
     FLIGHTS_N.with(|c| c.set(n + 1));
     if !EXIT_HOOKED.with(Cell::get) {
         EXIT_HOOKED.with(|c| c.set(true));
@@ -275,10 +282,10 @@ fn abandon_flights(target: usize) {
         // may hold the manager's lock): the pins stay.
         return;
     }
-    let v = FLIGHTS.with(Cell::get);
     let mut n = FLIGHTS_N.with(Cell::get);
     while n > 0 {
-        let f = v[n - 1];
+        // SAFETY: this thread's own array, read by value.
+        let f = FLIGHTS.with(|c| unsafe { (*c.get())[n - 1] });
         if target != usize::MAX && !(f.frame < target && target - f.frame < 64 << 20) {
             break;
         }
@@ -749,7 +756,28 @@ fn memory_of(nr: i64, a: [u64; 6], r: &mut Ranges) -> bool {
         }
         SYS_epoll_wait | SYS_epoll_pwait | SYS_epoll_pwait2 => r.push(a[1], a[2] * 12),
         SYS_epoll_ctl => r.push(a[3], 12),
-        SYS_futex => r.push(a[0], 4),
+        SYS_futex => {
+            r.push(a[0], 4);
+            // The operation (less the private and clock flags) decides
+            // what the fourth and fifth arguments are.
+            match a[1] & 127 {
+                // WAIT, LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2:
+                // a timeout.
+                0 | 6 | 9 | 11 | 13 => r.push(a[3], 16),
+                _ => {}
+            }
+            // REQUEUE, CMP_REQUEUE, WAKE_OP, WAIT_REQUEUE_PI,
+            // CMP_REQUEUE_PI: a second futex word.
+            if matches!(a[1] & 127, 3 | 4 | 5 | 11 | 12) {
+                r.push(a[4], 4);
+            }
+        }
+        // No memory at all.
+        SYS_close | SYS_lseek | SYS_gettid | SYS_getpid | SYS_getppid | SYS_sched_yield | SYS_dup
+        | SYS_dup2 | SYS_dup3 | SYS_fsync | SYS_fdatasync | SYS_socket | SYS_listen | SYS_shutdown
+        | SYS_kill | SYS_tgkill | SYS_tkill | SYS_getuid | SYS_geteuid | SYS_getgid | SYS_getegid
+        | SYS_umask | SYS_ftruncate | SYS_fallocate | SYS_fadvise64 | SYS_fchmod | SYS_fchown
+        | SYS_fchdir | SYS_flock | SYS_eventfd2 | SYS_epoll_create1 | SYS_timerfd_create => {}
         SYS_nanosleep => {
             r.push(a[0], 16);
             r.push(a[1], 16);
@@ -908,16 +936,17 @@ fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
 }
 
 /// A system call made through one of the library's own entry points for
-/// glibc's wrappers (`read`, `write`, `pread64`, `pwrite64`, `lseek`,
-/// `close`; see `shim`): the same work as the dispatch handler — the
-/// call's memory pinned resident around it — without the signal, so
-/// such a call costs what it costs natively plus the pin (a `SIGSYS`
-/// round trip is ~3–4 µs a call). `real` is glibc's own function for
-/// the call, run with the selector at ALLOW: errno, restarts and
-/// cancellation are glibc's. Whenever the dispatch handler would not
-/// have been involved (dispatch off, this thread not dispatching, inside
-/// library code or the handler), or would do more (a read or write long
-/// enough to be split, a call not in its table), `real` runs as is.
+/// glibc's wrappers ([`crate::direct`]): the same work as the dispatch
+/// handler — the call's memory pinned resident around it — without the
+/// signal, so such a call costs what it costs natively plus the pin (a
+/// `SIGSYS` round trip is ~3–4 µs a call). `nr` and `a` are the system
+/// call whose memory table entry describes `real`'s. `real` is glibc's
+/// own function for the call, run with the selector at ALLOW: errno,
+/// restarts and cancellation are glibc's. Whenever the dispatch handler
+/// would not have been involved (dispatch off, this thread not
+/// dispatching, inside library code or the handler), or would do more (a
+/// read or write long enough to be split, a call not in its table, one it
+/// runs itself), `real` runs as is — and its call takes the signal.
 ///
 /// A thread cancelled inside `real` (a forced unwind through here: no
 /// destructors live across the call) keeps its pins until it exits (a
@@ -950,7 +979,19 @@ pub fn fast(nr: i64, a: [u64; 6], real: impl FnOnce() -> isize) -> isize {
     let part = (g.cfg.budget_pages / 4).max(16) * crate::PAGE;
     let mut r = Ranges::new();
     let known = match nr {
-        libc::SYS_lseek | libc::SYS_close => true,
+        // Calls the dispatch handler runs itself (signals, new tasks,
+        // exec, memory the kernel keeps writing), made through `syscall`.
+        libc::SYS_rt_sigreturn
+        | libc::SYS_rt_sigaction
+        | libc::SYS_rt_sigprocmask
+        | libc::SYS_sigaltstack
+        | libc::SYS_rseq
+        | libc::SYS_clone
+        | libc::SYS_clone3
+        | libc::SYS_fork
+        | libc::SYS_vfork
+        | libc::SYS_execve
+        | libc::SYS_execveat => false,
         libc::SYS_read | libc::SYS_write | libc::SYS_pread64 | libc::SYS_pwrite64
             if a[2] as usize > part && g.in_arena(a[1] as usize) =>
         {
@@ -1019,9 +1060,11 @@ static FIND_JUMPS: extern "C" fn() = find_jumps;
 /// levels are dropped, so the thread's calls are caught again; then
 /// glibc's own function jumps.
 ///
-/// A level is left when the jump's target stack pointer lies above the
-/// stack pointer the program had when that level was entered (glibc
-/// keeps it in the `jmp_buf` mangled with the thread's pointer guard).
+/// A level is left when the jump's target stack pointer lies at or above
+/// the stack pointer the program had when that level was entered (glibc
+/// keeps it in the `jmp_buf` mangled with the thread's pointer guard;
+/// equal when the program made the call with its own `syscall`
+/// instruction in the very frame that called `sigsetjmp`).
 /// Left at the outermost level, `SIGSYS` (and `SIGBUS` with
 /// `--fault-path signal`) is unblocked first: a jump that does not
 /// restore a mask would keep the handler's, and a blocked dispatch
@@ -1074,7 +1117,7 @@ unsafe fn leave_levels(env: *const u64) {
     let mut d = depth;
     while d > 0 {
         let at = saved.get(d as usize - 1).copied().unwrap_or(0);
-        if at != 0 && at < target && target - at < 64 << 20 {
+        if at != 0 && at <= target && target - at < 64 << 20 {
             d -= 1;
         } else {
             break;

@@ -49,8 +49,9 @@ Needs userfaultfd: root, or vm.unprivileged_userfaultfd=1, or (any other user)\n
 UFFD_USER_MODE_ONLY with syscall user dispatch (Linux 5.11): in that mode the\n\
 kernel's own accesses to evicted memory are not reported, so each system call\n\
 of the program is caught first and the memory it reads or writes brought back\n\
-(a signal per call, except read/write/pread/pwrite/lseek/close made through\n\
-glibc's functions, which ztier enters directly; --clean wp becomes verify).")]
+(a signal per call, except the common ones made through glibc's functions -\n\
+read/write and kin, open, stat, socket calls, poll/epoll_wait, syscall - which\n\
+ztier enters directly; --clean wp becomes verify).")]
 pub struct RunArgs {
     /// Most uncompressed memory (managed pages resident) per process, e.g. 256M.
     /// With --policy: resident pages and the compressed store together.

@@ -1,13 +1,17 @@
 /* System calls made through glibc's wrappers that ztier enters directly
- * (read, write, pread64, pwrite64, lseek, close), on buffers that go
- * cold under the budget, many times over; and a thread blocked in read()
- * on a pipe, cancelled with pthread_cancel (glibc's cancellation must
- * still reach it); and timeouts: a read() (entered directly), a readv()
- * and a poll() (caught by dispatch) on an empty pipe, each left from a
- * SIGALRM handler by siglongjmp (or plain longjmp, which keeps the
- * handler's signal mask), after which calls on cold memory must still
+ * (read, write, pread64, pwrite64, lseek, close; readv, writev, send,
+ * recv and the other socket calls, poll, epoll_wait, stat and friends,
+ * open, syscall() itself), on buffers that go cold under the budget,
+ * many times over; and a thread blocked in read() on a pipe, cancelled
+ * with pthread_cancel (glibc's cancellation must still reach it); and
+ * timeouts on an empty pipe, each left from a SIGALRM handler by
+ * siglongjmp (or plain longjmp, which keeps the handler's signal mask):
+ * a read() and a readv() of eight buffers (entered directly), a readv()
+ * made with the program's own syscall instruction (caught by dispatch),
+ * and a poll() each way; after each, calls on cold memory must still
  * work. Prints checksums; the same natively. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -17,6 +21,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -38,6 +47,13 @@ static void on_alarm(int sig) {
 }
 
 static uint64_t churn(uint64_t *a, uint64_t seed);
+
+/* A system call made by the program's own instruction, not glibc's. */
+static long own_syscall(long nr, long a, long b, long c) {
+    long r;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(nr), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+    return r;
+}
 
 static void arm(void) {
     struct itimerval it = { { 0, 0 }, { 0, 50000 } };
@@ -70,6 +86,80 @@ static uint64_t churn(uint64_t *a, uint64_t seed) {
     return s;
 }
 
+/* The other wrappers, on cold memory: a socket pair (send/recv,
+ * sendto/recvfrom, sendmsg/recvmsg), writev/readv of six buffers, poll
+ * and epoll_wait with their arrays in the heap, stat/lstat/fstat/fstatat
+ * into heap structs and open of a heap path, and syscall(): gettid, a
+ * futex wake and a futex wait with a timeout on a heap word. */
+#define ROUNDS 1500
+static int more_calls(const char *dir, unsigned char *src, unsigned char *dst, uint64_t *big) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) { perror("socketpair"); return -1; }
+    int ep = epoll_create1(0);
+    if (ep < 0) { perror("epoll_create1"); return -1; }
+    struct epoll_event *ev = malloc(4 * sizeof *ev);
+    struct pollfd *pf = malloc(2 * sizeof *pf);
+    struct stat *st = malloc(4 * sizeof *st);
+    uint32_t *word = malloc(64);
+    char *path = malloc(4096);
+    struct msghdr *mh = malloc(sizeof *mh);
+    struct iovec *iv = malloc(8 * sizeof *iv);
+    if (!ev || !pf || !st || !word || !path || !mh || !iv) { perror("malloc"); return -1; }
+    snprintf(path, 4096, "%s/more.bin", dir);
+    int fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
+    if (fd < 0) { perror("open"); return -1; }
+    struct epoll_event add = { EPOLLIN, { .fd = sv[1] } };
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, sv[1], &add)) { perror("epoll_ctl"); return -1; }
+    uint64_t sum = 0, s = 0;
+    pid_t tid = (pid_t)syscall(SYS_gettid);
+    for (int k = 0; k < ROUNDS; k++) {
+        size_t a = (size_t)(k * 37) % 1500, b = (size_t)(k * 53 + 11) % 1500;
+        if (k % 50 == 0) s += churn(big, 1000 + k);
+        if (send(sv[0], src + a * 4096, 4096, 0) != 4096) { perror("send"); return -1; }
+        pf[0] = (struct pollfd){ sv[1], POLLIN, 0 };
+        if (poll(pf, 1, 1000) != 1) { perror("poll"); return -1; }
+        if (epoll_wait(ep, ev, 4, 1000) != 1 || ev[0].data.fd != sv[1]) { perror("epoll_wait"); return -1; }
+        if (recv(sv[1], dst + b * 4096, 4096, MSG_WAITALL) != 4096) { perror("recv"); return -1; }
+        sum += memcmp(src + a * 4096, dst + b * 4096, 4096) == 0;
+        if (sendto(sv[1], dst + b * 4096, 2048, 0, NULL, 0) != 2048) { perror("sendto"); return -1; }
+        if (recvfrom(sv[0], dst + a * 4096, 2048, MSG_WAITALL, NULL, NULL) != 2048) { perror("recvfrom"); return -1; }
+        for (int j = 0; j < 2; j++) iv[j] = (struct iovec){ src + ((a + 7 * j) % 1500) * 4096, 1024 };
+        *mh = (struct msghdr){ .msg_iov = iv, .msg_iovlen = 2 };
+        if (sendmsg(sv[0], mh, 0) != 2048) { perror("sendmsg"); return -1; }
+        for (int j = 0; j < 2; j++) iv[j] = (struct iovec){ dst + ((b + 5 * j) % 1500) * 4096, 1024 };
+        if (recvmsg(sv[1], mh, MSG_WAITALL) != 2048) { perror("recvmsg"); return -1; }
+        for (int j = 0; j < 6; j++) iv[j] = (struct iovec){ src + ((a + 13 * j) % 1500) * 4096, 512 };
+        if (pwritev(fd, iv, 6, 0) != 3072) { perror("pwritev"); return -1; }
+        for (int j = 0; j < 6; j++) iv[j] = (struct iovec){ dst + ((b + 17 * j) % 1500) * 4096, 512 };
+        if (preadv(fd, iv, 6, 0) != 3072) { perror("preadv"); return -1; }
+        sum += dst[((b + 17 * 5) % 1500) * 4096 + 511];
+        if (fstat(fd, st) || stat(path, st + 1) || lstat(path, st + 2) || fstatat(AT_FDCWD, path, st + 3, 0)) {
+            perror("stat");
+            return -1;
+        }
+        sum += st[0].st_size == 3072 && st[1].st_ino == st[0].st_ino && st[3].st_ino == st[2].st_ino;
+        int f2 = open(path, O_RDONLY);
+        if (f2 < 0 || close(f2)) { perror("open again"); return -1; }
+        if ((pid_t)syscall(SYS_gettid) != tid || getpid() <= 0) { perror("gettid"); return -1; }
+        *word = (uint32_t)k;
+        if (syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0) != 0) { perror("futex wake"); return -1; }
+        if (k % 100 == 0) {
+            struct timespec ts = { 0, 1000 };
+            if (syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, (uint32_t)k, &ts, NULL, 0) != -1 || errno != ETIMEDOUT) {
+                perror("futex wait");
+                return -1;
+            }
+        }
+    }
+    close(fd);
+    unlink(path);
+    close(ep);
+    close(sv[0]);
+    close(sv[1]);
+    printf("more calls: %llu, churn %llu\n", (unsigned long long)sum, (unsigned long long)s);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : ".";
     char path[4096];
@@ -77,6 +167,17 @@ int main(int argc, char **argv) {
     unsigned char *src = malloc(FILE_BYTES), *dst = malloc(FILE_BYTES);
     uint64_t *big = malloc(BIG);
     if (!src || !dst || !big) { perror("malloc"); return 2; }
+    /* A futex wait whose timeout, written once, went cold meanwhile
+     * (the kernel reads it before anything else). */
+    struct timespec *cold = malloc(BIG);
+    if (!cold) { perror("malloc"); return 2; }
+    *cold = (struct timespec){ 0, 1000 };
+    for (size_t i = 0; i < BIG / 8; i++) big[i] = i;
+    uint32_t word = 1;
+    errno = 0;
+    long w = syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, 1, cold, NULL, 0);
+    printf("futex wait with a cold timeout: %ld, %s\n", w, strerror(errno));
+    free(cold);
     for (size_t i = 0; i < FILE_BYTES; i++) src[i] = (unsigned char)(i * 131 + (i >> 12));
 
     int fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
@@ -131,17 +232,30 @@ int main(int argc, char **argv) {
     if (readv(p2[0], &v, 1) != 4096) { perror("readv after timeout"); return 2; }
     printf("after the timeout: %d, churn %llu\n", memcmp(src + 5 * 4096, dst + 9 * 4096, 4096) == 0,
            (unsigned long long)s2);
-    /* The same around calls that dispatch catches (not entered directly). */
+    /* A readv of eight buffers, entered directly: each one pinned while
+     * it blocks, and all of them unpinned by the jump. */
     if (sigsetjmp(timeout, 1) == 0) {
         arm();
-        struct iovec v = { small, 16 };
-        readv(p2[0], &v, 1);
-        puts("readv returned");
+        struct iovec v8[8];
+        for (int k = 0; k < 8; k++) v8[k] = (struct iovec){ dst + (100 + 2 * k) * 4096, 4096 };
+        readv(p2[0], v8, 8);
+        puts("readv of eight returned");
         return 2;
     }
     int ok = after_timeout(p2, src, dst, big, 20, 78);
     if (ok < 0) return 2;
     printf("after the readv timeout: %d\n", ok);
+    /* The same around a call that dispatch catches (not entered directly). */
+    if (sigsetjmp(timeout, 1) == 0) {
+        arm();
+        struct iovec v = { small, 16 };
+        own_syscall(SYS_readv, p2[0], (long)&v, 1);
+        puts("own readv returned");
+        return 2;
+    }
+    ok = after_timeout(p2, src, dst, big, 30, 80);
+    if (ok < 0) return 2;
+    printf("after the own readv timeout: %d\n", ok);
     use_plain = 1;
     if (setjmp(plain) == 0) {
         arm();
@@ -153,6 +267,24 @@ int main(int argc, char **argv) {
     ok = after_timeout(p2, src, dst, big, 40, 79);
     if (ok < 0) return 2;
     printf("after the poll timeout: %d\n", ok);
+    /* The plain longjmp kept SIGALRM blocked, as the handler had it. */
+    sigset_t alrm;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    sigprocmask(SIG_UNBLOCK, &alrm, NULL);
+    if (setjmp(plain) == 0) {
+        arm();
+        struct pollfd pf = { p2[0], POLLIN, 0 };
+        own_syscall(SYS_poll, (long)&pf, 1, -1);
+        puts("own poll returned");
+        return 2;
+    }
+    ok = after_timeout(p2, src, dst, big, 50, 81);
+    if (ok < 0) return 2;
+    printf("after the own poll timeout: %d\n", ok);
+    use_plain = 0;
+
+    if (more_calls(dir, src, dst, big)) return 2;
 
     if (pipe(fds)) { perror("pipe"); return 2; }
     pthread_t t;

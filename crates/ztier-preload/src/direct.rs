@@ -1,0 +1,340 @@
+//! glibc's system-call wrappers, entered directly.
+//!
+//! Under syscall user dispatch (user-mode-only mode, `--fault-path
+//! signal`; see [`crate::sud`]) every system call the program's code
+//! makes raises `SIGSYS`, a round trip of ~3–4 µs. The calls programs
+//! make most through glibc's exported functions are exported here too,
+//! under the same names, so the program (or a library such as CPython,
+//! SQLite or the JVM) reaches ours first. Each one hands glibc's own
+//! function to [`crate::sud::fast`], which pins the call's memory as the
+//! dispatch handler would and runs glibc's function with the selector
+//! at ALLOW, no signal. Outside those modes, or on a thread that does not
+//! dispatch, glibc's function is simply called.
+//!
+//! ```text
+//!   program ─ recv(fd, buf, n, 0) ─► ztier's recv ─► sud::fast(SYS_recvfrom, [fd, buf, n, 0, 0, 0])
+//!                                                         │ pin buf ∩ arena, selector ALLOW
+//!                                                         ▼
+//!                                                    glibc's recv (errno, restarts, cancellation)
+//! ```
+//!
+//! glibc's functions are looked up with `dlsym(RTLD_NEXT)` when the
+//! library is loaded (an `.init_array` entry), since such a call may come
+//! from a signal handler, where `dlsym` is not safe; a call made before
+//! that (another library's constructor) looks its function up then.
+//!
+//! Each export names the system call whose memory table entry
+//! ([`crate::sud`]'s `memory_of`) describes what glibc's function hands
+//! the kernel, with the arguments in that call's order: `recv` is
+//! `recvfrom` with no address, `stat` is `stat`'s path and buffer even
+//! though glibc makes it a `newfstatat`. The exports are `extern
+//! "C-unwind"` and keep no destructors across glibc's call: a thread
+//! cancelled inside one (`read`, `recv`, `poll`, … are cancellation
+//! points) unwinds through them.
+//!
+//! `syscall(2)` itself is exported too (the JVM asks for its thread ids
+//! with `syscall(SYS_gettid)` thousands of times a second); calls that
+//! the dispatch handler must run itself (signals, `clone`, `exec`,
+//! `sigaltstack`, `rseq`) still go to it.
+
+use std::ffi::{c_int, c_long, c_uint, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use libc::{
+    epoll_event, iovec, mode_t, msghdr, nfds_t, off_t, pollfd, sigset_t, sockaddr, socklen_t, timespec,
+};
+
+/// glibc's function `name` (NUL-terminated), or 0 if this glibc has none
+/// (`stat`, `gettid` and `statx` are younger than some glibc releases).
+fn lookup(name: &str) -> usize {
+    // SAFETY: dlsym with a NUL-terminated name.
+    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) as usize }
+}
+
+/// glibc's function at `slot` of `table` (named `name`), looked up now
+/// if the library's constructor has not run yet. Aborts with a message
+/// if glibc has none (a program could not have been linked to it).
+fn real(table: &[AtomicUsize], slot: usize, name: &str) -> usize {
+    match table[slot].load(Ordering::Relaxed) {
+        0 => {
+            let p = lookup(name);
+            if p == 0 {
+                let msg = format!("ztier: glibc's {} not found\n", name.trim_end_matches('\0'));
+                // SAFETY: writes a buffer of that length to stderr.
+                unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
+                std::process::abort();
+            }
+            table[slot].store(p, Ordering::Relaxed);
+            p
+        }
+        p => p,
+    }
+}
+
+/// Six system-call arguments from the first `N`, the rest zero.
+fn args<const N: usize>(a: [u64; N]) -> [u64; 6] {
+    let mut r = [0; 6];
+    r[..N].copy_from_slice(&a);
+    r
+}
+
+/// Defines each export: `fn name(args) -> ret = SYS_nr, [arguments of
+/// that system call];`, with its glibc function's slot and name in
+/// `REAL`/`NAMES`.
+macro_rules! direct {
+    ($(
+        $(#[doc = $doc:literal])*
+        fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $nr:expr, [$($a:expr),*];
+    )*) => {
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[derive(Clone, Copy)]
+        enum Slot { $($name,)* }
+
+        const NAMES: &[&str] = &[$(concat!(stringify!($name), "\0")),*];
+
+        /// glibc's function for each export (0: not looked up yet).
+        static REAL: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
+
+        $(
+            $(#[doc = $doc])*
+            ///
+            /// # Safety
+            /// The C contract of glibc's function of the same name.
+            #[no_mangle]
+            pub unsafe extern "C-unwind" fn $name($($arg: $ty),*) -> $ret {
+                let p = real(&REAL, Slot::$name as usize, NAMES[Slot::$name as usize]);
+                // SAFETY: glibc's function of this name, which has this
+                // signature.
+                let f = unsafe { std::mem::transmute::<usize, unsafe extern "C-unwind" fn($($ty),*) -> $ret>(p) };
+                crate::sud::fast($nr, args([$($a as u64),*]), || {
+                    // SAFETY: the caller's arguments, passed on.
+                    unsafe { f($($arg),*) as isize }
+                }) as $ret
+            }
+        )*
+    };
+}
+
+direct! {
+    /// `read(2)`.
+    fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize = libc::SYS_read, [fd, buf, n];
+    /// `write(2)`.
+    fn write(fd: c_int, buf: *const c_void, n: usize) -> isize = libc::SYS_write, [fd, buf, n];
+    /// `pread64(2)`.
+    fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: off_t) -> isize = libc::SYS_pread64, [fd, buf, n, off];
+    /// `pread(2)`: the same call on x86-64.
+    fn pread(fd: c_int, buf: *mut c_void, n: usize, off: off_t) -> isize = libc::SYS_pread64, [fd, buf, n, off];
+    /// `pwrite64(2)`.
+    fn pwrite64(fd: c_int, buf: *const c_void, n: usize, off: off_t) -> isize =
+        libc::SYS_pwrite64, [fd, buf, n, off];
+    /// `pwrite(2)`: the same call on x86-64.
+    fn pwrite(fd: c_int, buf: *const c_void, n: usize, off: off_t) -> isize = libc::SYS_pwrite64, [fd, buf, n, off];
+    /// `readv(2)`.
+    fn readv(fd: c_int, iov: *const iovec, n: c_int) -> isize = libc::SYS_readv, [fd, iov, n];
+    /// `writev(2)`.
+    fn writev(fd: c_int, iov: *const iovec, n: c_int) -> isize = libc::SYS_writev, [fd, iov, n];
+    /// `preadv(2)`.
+    fn preadv(fd: c_int, iov: *const iovec, n: c_int, off: off_t) -> isize = libc::SYS_preadv, [fd, iov, n, off];
+    /// `preadv64`: the same call on x86-64.
+    fn preadv64(fd: c_int, iov: *const iovec, n: c_int, off: off_t) -> isize = libc::SYS_preadv, [fd, iov, n, off];
+    /// `pwritev(2)`.
+    fn pwritev(fd: c_int, iov: *const iovec, n: c_int, off: off_t) -> isize = libc::SYS_pwritev, [fd, iov, n, off];
+    /// `pwritev64`: the same call on x86-64.
+    fn pwritev64(fd: c_int, iov: *const iovec, n: c_int, off: off_t) -> isize =
+        libc::SYS_pwritev, [fd, iov, n, off];
+    /// `lseek(2)`.
+    fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t = libc::SYS_lseek, [fd, off, whence];
+    /// `lseek64`: the same call on x86-64.
+    fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t = libc::SYS_lseek, [fd, off, whence];
+    /// `close(2)`.
+    fn close(fd: c_int) -> c_int = libc::SYS_close, [fd];
+    /// `stat(2)`.
+    fn stat(path: *const i8, st: *mut libc::stat) -> c_int = libc::SYS_stat, [path, st];
+    /// `stat64`: the same call on x86-64.
+    fn stat64(path: *const i8, st: *mut libc::stat) -> c_int = libc::SYS_stat, [path, st];
+    /// `lstat(2)`.
+    fn lstat(path: *const i8, st: *mut libc::stat) -> c_int = libc::SYS_lstat, [path, st];
+    /// `lstat64`: the same call on x86-64.
+    fn lstat64(path: *const i8, st: *mut libc::stat) -> c_int = libc::SYS_lstat, [path, st];
+    /// `fstat(2)`.
+    fn fstat(fd: c_int, st: *mut libc::stat) -> c_int = libc::SYS_fstat, [fd, st];
+    /// `fstat64`: the same call on x86-64.
+    fn fstat64(fd: c_int, st: *mut libc::stat) -> c_int = libc::SYS_fstat, [fd, st];
+    /// `fstatat(2)`.
+    fn fstatat(dir: c_int, path: *const i8, st: *mut libc::stat, flags: c_int) -> c_int =
+        libc::SYS_newfstatat, [dir, path, st, flags];
+    /// `fstatat64`: the same call on x86-64.
+    fn fstatat64(dir: c_int, path: *const i8, st: *mut libc::stat, flags: c_int) -> c_int =
+        libc::SYS_newfstatat, [dir, path, st, flags];
+    /// `statx(2)`.
+    fn statx(dir: c_int, path: *const i8, flags: c_int, mask: c_uint, buf: *mut c_void) -> c_int =
+        libc::SYS_statx, [dir, path, flags, mask, buf];
+    /// `recv(2)`: `recvfrom` with no address.
+    fn recv(fd: c_int, buf: *mut c_void, n: usize, flags: c_int) -> isize = libc::SYS_recvfrom, [fd, buf, n, flags];
+    /// `recvfrom(2)`.
+    fn recvfrom(fd: c_int, buf: *mut c_void, n: usize, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t)
+        -> isize = libc::SYS_recvfrom, [fd, buf, n, flags, addr, len];
+    /// `recvmsg(2)`.
+    fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> isize = libc::SYS_recvmsg, [fd, msg, flags];
+    /// `send(2)`: `sendto` with no address.
+    fn send(fd: c_int, buf: *const c_void, n: usize, flags: c_int) -> isize = libc::SYS_sendto, [fd, buf, n, flags];
+    /// `sendto(2)`.
+    fn sendto(fd: c_int, buf: *const c_void, n: usize, flags: c_int, addr: *const sockaddr, len: socklen_t)
+        -> isize = libc::SYS_sendto, [fd, buf, n, flags, addr, len];
+    /// `sendmsg(2)`.
+    fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> isize = libc::SYS_sendmsg, [fd, msg, flags];
+    /// `accept(2)`.
+    fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int = libc::SYS_accept, [fd, addr, len];
+    /// `accept4(2)`.
+    fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int =
+        libc::SYS_accept4, [fd, addr, len, flags];
+    /// `connect(2)`.
+    fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int = libc::SYS_connect, [fd, addr, len];
+    /// `poll(2)`.
+    fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int = libc::SYS_poll, [fds, n, timeout];
+    /// `ppoll(2)` (the signal mask's size is glibc's to pass).
+    fn ppoll(fds: *mut pollfd, n: nfds_t, timeout: *const timespec, mask: *const sigset_t) -> c_int =
+        libc::SYS_ppoll, [fds, n, timeout, mask, 8];
+    /// `select(2)`.
+    fn select(n: c_int, r: *mut c_void, w: *mut c_void, e: *mut c_void, timeout: *mut c_void) -> c_int =
+        libc::SYS_select, [n, r, w, e, timeout];
+    /// `epoll_wait(2)`.
+    fn epoll_wait(fd: c_int, events: *mut epoll_event, n: c_int, timeout: c_int) -> c_int =
+        libc::SYS_epoll_wait, [fd, events, n, timeout];
+    /// `epoll_pwait(2)`.
+    fn epoll_pwait(fd: c_int, events: *mut epoll_event, n: c_int, timeout: c_int, mask: *const sigset_t) -> c_int =
+        libc::SYS_epoll_pwait, [fd, events, n, timeout, mask, 8];
+    /// `epoll_ctl(2)`.
+    fn epoll_ctl(fd: c_int, op: c_int, target: c_int, event: *mut epoll_event) -> c_int =
+        libc::SYS_epoll_ctl, [fd, op, target, event];
+    /// `nanosleep(2)`.
+    fn nanosleep(req: *const timespec, rem: *mut timespec) -> c_int = libc::SYS_nanosleep, [req, rem];
+    /// `clock_nanosleep(2)` (returns the error, as glibc's does).
+    fn clock_nanosleep(clock: c_int, flags: c_int, req: *const timespec, rem: *mut timespec) -> c_int =
+        libc::SYS_clock_nanosleep, [clock, flags, req, rem];
+    /// `getdents64(2)`.
+    fn getdents64(fd: c_int, buf: *mut c_void, n: usize) -> isize = libc::SYS_getdents64, [fd, buf, n];
+    /// `getrandom(2)`.
+    fn getrandom(buf: *mut c_void, n: usize, flags: c_uint) -> isize = libc::SYS_getrandom, [buf, n, flags];
+    /// `sysinfo(2)` (the JVM asks for free memory often).
+    fn sysinfo(info: *mut libc::sysinfo) -> c_int = libc::SYS_sysinfo, [info];
+    /// `gettid(2)`.
+    fn gettid() -> libc::pid_t = libc::SYS_gettid, [];
+    /// `getpid(2)`.
+    fn getpid() -> libc::pid_t = libc::SYS_getpid, [];
+    /// `sched_yield(2)`.
+    fn sched_yield() -> c_int = libc::SYS_sched_yield, [];
+}
+
+/// glibc's `syscall`, looked up with the others.
+static REAL_SYSCALL: [AtomicUsize; 1] = [AtomicUsize::new(0)];
+
+/// `syscall(2)`: the call numbered `nr`, with up to six arguments.
+///
+/// Defined with six fixed arguments: on x86-64 a variadic call passes
+/// integer arguments exactly as a fixed one does (the sixth on the stack,
+/// which a caller passing fewer leaves as whatever its frame holds there;
+/// the kernel ignores arguments a call does not take).
+///
+/// # Safety
+/// The C contract of `syscall`, and that of the call numbered `nr`.
+#[no_mangle]
+pub unsafe extern "C" fn syscall(
+    nr: c_long,
+    a: c_long,
+    b: c_long,
+    c: c_long,
+    d: c_long,
+    e: c_long,
+    f: c_long,
+) -> c_long {
+    let p = real(&REAL_SYSCALL, 0, "syscall\0");
+    // SAFETY: glibc's `syscall`, a variadic function of this type.
+    let real = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_long, ...) -> c_long>(p) };
+    crate::sud::fast(nr, [a as u64, b as u64, c as u64, d as u64, e as u64, f as u64], || {
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { real(nr, a, b, c, d, e, f) as isize }
+    }) as c_long
+}
+
+/// glibc's `open`, `open64`, `openat` and `openat64` (variadic: the
+/// mode is read only with `O_CREAT` or `O_TMPFILE`), looked up with the
+/// others.
+static REAL_OPEN: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+const OPEN_NAMES: [&str; 4] = ["open\0", "open64\0", "openat\0", "openat64\0"];
+
+/// An `openat` (`dir` is `AT_FDCWD` for `open`) through glibc's function
+/// at `slot` of [`REAL_OPEN`]. The mode is passed on whether or not the
+/// flags use it (a caller that passes none leaves a register's value
+/// there, which glibc then ignores as it would have).
+fn open_via(slot: usize, dir: Option<c_int>, path: *const i8, flags: c_int, mode: mode_t) -> c_int {
+    let p = real(&REAL_OPEN, slot, OPEN_NAMES[slot]);
+    let at = dir.unwrap_or(libc::AT_FDCWD);
+    crate::sud::fast(libc::SYS_openat, [at as u64, path as u64, flags as u64, mode as u64, 0, 0], || {
+        // SAFETY: glibc's function of that name, variadic after the path
+        // and flags (and the directory for openat), called with the
+        // caller's arguments.
+        unsafe {
+            match dir {
+                None => std::mem::transmute::<
+                    usize,
+                    unsafe extern "C-unwind" fn(*const i8, c_int, ...) -> c_int,
+                >(p)(path, flags, mode as c_uint) as isize,
+                Some(d) => std::mem::transmute::<
+                    usize,
+                    unsafe extern "C-unwind" fn(c_int, *const i8, c_int, ...) -> c_int,
+                >(p)(d, path, flags, mode as c_uint) as isize,
+            }
+        }
+    }) as c_int
+}
+
+/// `open(2)`.
+///
+/// # Safety
+/// The C contract of `open`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn open(path: *const i8, flags: c_int, mode: mode_t) -> c_int {
+    open_via(0, None, path, flags, mode)
+}
+
+/// `open64`: the same call on x86-64.
+///
+/// # Safety
+/// The C contract of `open`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn open64(path: *const i8, flags: c_int, mode: mode_t) -> c_int {
+    open_via(1, None, path, flags, mode)
+}
+
+/// `openat(2)`.
+///
+/// # Safety
+/// The C contract of `openat`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn openat(dir: c_int, path: *const i8, flags: c_int, mode: mode_t) -> c_int {
+    open_via(2, Some(dir), path, flags, mode)
+}
+
+/// `openat64`: the same call on x86-64.
+///
+/// # Safety
+/// The C contract of `openat`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn openat64(dir: c_int, path: *const i8, flags: c_int, mode: mode_t) -> c_int {
+    open_via(3, Some(dir), path, flags, mode)
+}
+
+extern "C" fn look_up_all() {
+    for (slot, name) in REAL.iter().zip(NAMES) {
+        slot.store(lookup(name), Ordering::Relaxed);
+    }
+    REAL_SYSCALL[0].store(lookup("syscall\0"), Ordering::Relaxed);
+    for (slot, name) in REAL_OPEN.iter().zip(OPEN_NAMES) {
+        slot.store(lookup(name), Ordering::Relaxed);
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static LOOK_UP_ALL: extern "C" fn() = look_up_all;
