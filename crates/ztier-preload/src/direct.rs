@@ -224,6 +224,117 @@ direct! {
     fn getpid() -> libc::pid_t = libc::SYS_getpid, [];
     /// `sched_yield(2)`.
     fn sched_yield() -> c_int = libc::SYS_sched_yield, [];
+    /// `usleep(3)` (glibc's `nanosleep`, its time on glibc's stack).
+    fn usleep(us: c_uint) -> c_int = libc::SYS_nanosleep, [];
+    /// `access(2)`.
+    fn access(path: *const i8, mode: c_int) -> c_int = libc::SYS_access, [path, mode];
+    /// `unlink(2)`.
+    fn unlink(path: *const i8) -> c_int = libc::SYS_unlink, [path];
+    /// `mkdir(2)`.
+    fn mkdir(path: *const i8, mode: mode_t) -> c_int = libc::SYS_mkdir, [path, mode];
+    /// `rmdir(2)`.
+    fn rmdir(path: *const i8) -> c_int = libc::SYS_rmdir, [path];
+    /// `rename(2)`.
+    fn rename(from: *const i8, to: *const i8) -> c_int = libc::SYS_rename, [from, to];
+    /// `readlink(2)`.
+    fn readlink(path: *const i8, buf: *mut i8, n: usize) -> isize = libc::SYS_readlink, [path, buf, n];
+    /// `pipe(2)`.
+    fn pipe(fds: *mut c_int) -> c_int = libc::SYS_pipe, [fds];
+    /// `pipe2(2)`.
+    fn pipe2(fds: *mut c_int, flags: c_int) -> c_int = libc::SYS_pipe2, [fds, flags];
+    /// `dup(2)`.
+    fn dup(fd: c_int) -> c_int = libc::SYS_dup, [fd];
+    /// `dup2(2)`.
+    fn dup2(fd: c_int, to: c_int) -> c_int = libc::SYS_dup2, [fd, to];
+    /// `dup3(2)`.
+    fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int = libc::SYS_dup3, [fd, to, flags];
+    /// `fsync(2)`.
+    fn fsync(fd: c_int) -> c_int = libc::SYS_fsync, [fd];
+    /// `fdatasync(2)`.
+    fn fdatasync(fd: c_int) -> c_int = libc::SYS_fdatasync, [fd];
+    /// `ftruncate(2)`.
+    fn ftruncate(fd: c_int, len: off_t) -> c_int = libc::SYS_ftruncate, [fd, len];
+    /// `ftruncate64`: the same call on x86-64.
+    fn ftruncate64(fd: c_int, len: off_t) -> c_int = libc::SYS_ftruncate, [fd, len];
+    /// `sendfile(2)`.
+    fn sendfile(out: c_int, from: c_int, off: *mut off_t, n: usize) -> isize = libc::SYS_sendfile, [out, from, off, n];
+    /// `sendfile64`: the same call on x86-64.
+    fn sendfile64(out: c_int, from: c_int, off: *mut off_t, n: usize) -> isize =
+        libc::SYS_sendfile, [out, from, off, n];
+    /// `wait4(2)`.
+    fn wait4(pid: libc::pid_t, status: *mut c_int, options: c_int, usage: *mut libc::rusage) -> libc::pid_t =
+        libc::SYS_wait4, [pid, status, options, usage];
+    /// `waitpid(2)`: `wait4` with no usage.
+    fn waitpid(pid: libc::pid_t, status: *mut c_int, options: c_int) -> libc::pid_t =
+        libc::SYS_wait4, [pid, status, options];
+    /// `uname(2)`.
+    fn uname(buf: *mut libc::utsname) -> c_int = libc::SYS_uname, [buf];
+    /// `getrusage(2)`.
+    fn getrusage(who: c_int, usage: *mut libc::rusage) -> c_int = libc::SYS_getrusage, [who, usage];
+    /// `sched_getaffinity(2)`.
+    fn sched_getaffinity(pid: libc::pid_t, n: usize, mask: *mut libc::cpu_set_t) -> c_int =
+        libc::SYS_sched_getaffinity, [pid, n, mask];
+    /// `socket(2)`.
+    fn socket(domain: c_int, kind: c_int, protocol: c_int) -> c_int = libc::SYS_socket, [domain, kind, protocol];
+    /// `bind(2)`.
+    fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int = libc::SYS_bind, [fd, addr, len];
+    /// `listen(2)`.
+    fn listen(fd: c_int, backlog: c_int) -> c_int = libc::SYS_listen, [fd, backlog];
+    /// `shutdown(2)`.
+    fn shutdown(fd: c_int, how: c_int) -> c_int = libc::SYS_shutdown, [fd, how];
+    /// `getsockopt(2)`.
+    fn getsockopt(fd: c_int, level: c_int, name: c_int, value: *mut c_void, len: *mut socklen_t) -> c_int =
+        libc::SYS_getsockopt, [fd, level, name, value, len];
+    /// `setsockopt(2)`.
+    fn setsockopt(fd: c_int, level: c_int, name: c_int, value: *const c_void, len: socklen_t) -> c_int =
+        libc::SYS_setsockopt, [fd, level, name, value, len];
+    /// `getsockname(2)`.
+    fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int =
+        libc::SYS_getsockname, [fd, addr, len];
+    /// `getpeername(2)`.
+    fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int =
+        libc::SYS_getpeername, [fd, addr, len];
+    /// `eventfd_read(3)`.
+    fn eventfd_read(fd: c_int, value: *mut u64) -> c_int = libc::SYS_read, [fd, value, 8];
+    /// `eventfd_write(3)` (the value is written from glibc's stack).
+    fn eventfd_write(fd: c_int, value: u64) -> c_int = libc::SYS_write, [fd, 0, 8];
+    // What `_FORTIFY_SOURCE` makes of the calls above when the buffer's
+    // size is known (Debian builds its packages so).
+    /// `__read_chk`: `read` with the buffer's size checked.
+    fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, size: usize) -> isize = libc::SYS_read, [fd, buf, n];
+    /// `__pread64_chk`: `pread64` with the buffer's size checked.
+    fn __pread64_chk(fd: c_int, buf: *mut c_void, n: usize, off: off_t, size: usize) -> isize =
+        libc::SYS_pread64, [fd, buf, n, off];
+    /// `__pread_chk`: the same call on x86-64.
+    fn __pread_chk(fd: c_int, buf: *mut c_void, n: usize, off: off_t, size: usize) -> isize =
+        libc::SYS_pread64, [fd, buf, n, off];
+    /// `__recv_chk`: `recv` with the buffer's size checked.
+    fn __recv_chk(fd: c_int, buf: *mut c_void, n: usize, size: usize, flags: c_int) -> isize =
+        libc::SYS_recvfrom, [fd, buf, n, flags];
+    /// `__recvfrom_chk`: `recvfrom` with the buffer's size checked.
+    fn __recvfrom_chk(
+        fd: c_int,
+        buf: *mut c_void,
+        n: usize,
+        size: usize,
+        flags: c_int,
+        addr: *mut sockaddr,
+        len: *mut socklen_t
+    ) -> isize = libc::SYS_recvfrom, [fd, buf, n, flags, addr, len];
+    /// `__poll_chk`: `poll` with the array's size checked.
+    fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, size: usize) -> c_int =
+        libc::SYS_poll, [fds, n, timeout];
+    /// `__readlink_chk`: `readlink` with the buffer's size checked.
+    fn __readlink_chk(path: *const i8, buf: *mut i8, n: usize, size: usize) -> isize =
+        libc::SYS_readlink, [path, buf, n];
+    /// `__open_2`: `open` without a mode, checked not to need one.
+    fn __open_2(path: *const i8, flags: c_int) -> c_int = libc::SYS_openat, [libc::AT_FDCWD, path, flags];
+    /// `__open64_2`: the same call on x86-64.
+    fn __open64_2(path: *const i8, flags: c_int) -> c_int = libc::SYS_openat, [libc::AT_FDCWD, path, flags];
+    /// `__openat_2`: `openat` without a mode, checked not to need one.
+    fn __openat_2(dir: c_int, path: *const i8, flags: c_int) -> c_int = libc::SYS_openat, [dir, path, flags];
+    /// `__openat64_2`: the same call on x86-64.
+    fn __openat64_2(dir: c_int, path: *const i8, flags: c_int) -> c_int = libc::SYS_openat, [dir, path, flags];
 }
 
 /// glibc's `syscall`, looked up with the others.
@@ -325,12 +436,49 @@ pub unsafe extern "C-unwind" fn openat64(dir: c_int, path: *const i8, flags: c_i
     open_via(3, Some(dir), path, flags, mode)
 }
 
+/// glibc's `fcntl` and `fcntl64` (variadic: the third argument is an
+/// integer or a pointer, as the command says), looked up with the others.
+static REAL_FCNTL: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+const FCNTL_NAMES: [&str; 2] = ["fcntl\0", "fcntl64\0"];
+
+fn fcntl_via(slot: usize, fd: c_int, cmd: c_int, arg: u64) -> c_int {
+    let p = real(&REAL_FCNTL, slot, FCNTL_NAMES[slot]);
+    crate::sud::fast(libc::SYS_fcntl, [fd as u64, cmd as u64, arg, 0, 0, 0], || {
+        // SAFETY: glibc's function of that name, variadic after the
+        // command, called with the caller's arguments (the third passed
+        // in its register whether or not the command reads it).
+        unsafe {
+            std::mem::transmute::<usize, unsafe extern "C-unwind" fn(c_int, c_int, ...) -> c_int>(p)(
+                fd, cmd, arg,
+            ) as isize
+        }
+    }) as c_int
+}
+
+/// `fcntl(2)`.
+///
+/// # Safety
+/// The C contract of `fcntl`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn fcntl(fd: c_int, cmd: c_int, arg: u64) -> c_int {
+    fcntl_via(0, fd, cmd, arg)
+}
+
+/// `fcntl64`: the same call on x86-64.
+///
+/// # Safety
+/// The C contract of `fcntl`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn fcntl64(fd: c_int, cmd: c_int, arg: u64) -> c_int {
+    fcntl_via(1, fd, cmd, arg)
+}
+
 extern "C" fn look_up_all() {
     for (slot, name) in REAL.iter().zip(NAMES) {
         slot.store(lookup(name), Ordering::Relaxed);
     }
     REAL_SYSCALL[0].store(lookup("syscall\0"), Ordering::Relaxed);
-    for (slot, name) in REAL_OPEN.iter().zip(OPEN_NAMES) {
+    for (slot, name) in REAL_OPEN.iter().zip(OPEN_NAMES).chain(REAL_FCNTL.iter().zip(FCNTL_NAMES)) {
         slot.store(lookup(name), Ordering::Relaxed);
     }
 }

@@ -772,6 +772,14 @@ fn memory_of(nr: i64, a: [u64; 6], r: &mut Ranges) -> bool {
                 r.push(a[4], 4);
             }
         }
+        SYS_fcntl => match a[1] as i32 {
+            // struct flock
+            F_GETLK | F_SETLK | F_SETLKW | F_OFD_GETLK | F_OFD_SETLK | F_OFD_SETLKW => r.push(a[2], 32),
+            // F_SETOWN_EX, F_GETOWN_EX (struct f_owner_ex); the write
+            // hints (a u64)
+            15 | 16 | 1035..=1038 => r.push(a[2], 8),
+            _ => {}
+        },
         // No memory at all.
         SYS_close | SYS_lseek | SYS_gettid | SYS_getpid | SYS_getppid | SYS_sched_yield | SYS_dup
         | SYS_dup2 | SYS_dup3 | SYS_fsync | SYS_fdatasync | SYS_socket | SYS_listen | SYS_shutdown

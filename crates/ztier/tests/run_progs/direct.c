@@ -1,8 +1,10 @@
 /* System calls made through glibc's wrappers that ztier enters directly
  * (read, write, pread64, pwrite64, lseek, close; readv, writev, send,
  * recv and the other socket calls, poll, epoll_wait, stat and friends,
- * open, syscall() itself), on buffers that go cold under the budget,
- * many times over; and a thread blocked in read() on a pipe, cancelled
+ * open, file and directory calls, fcntl, pipe2, waitpid, eventfds,
+ * __read_chk, syscall() itself), on buffers that go cold under the
+ * budget, many times over; a futex wait through syscall() whose timeout
+ * went cold; and a thread blocked in read() on a pipe, cancelled
  * with pthread_cancel (glibc's cancellation must still reach it); and
  * timeouts on an empty pipe, each left from a SIGALRM handler by
  * siglongjmp (or plain longjmp, which keeps the handler's signal mask):
@@ -15,6 +17,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -23,11 +26,15 @@
 #include <string.h>
 #include <linux/futex.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/uio.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MB (1u << 20)
@@ -160,6 +167,85 @@ static int more_calls(const char *dir, unsigned char *src, unsigned char *dst, u
     return 0;
 }
 
+/* Still more wrappers, on heap memory that goes cold between rounds:
+ * paths for access/mkdir/rename/readlink/rmdir/unlink, a pipe2 array, a
+ * struct flock for fcntl, eventfd_read's value, waitpid's status, uname,
+ * getrusage and sched_getaffinity's structs, glibc's fortified
+ * __read_chk, and usleep. */
+extern ssize_t __read_chk(int fd, void *buf, size_t n, size_t size);
+#define OTHER_ROUNDS 300
+static int other_calls(const char *dir, uint64_t *big) {
+    char *a = malloc(64 << 10), *b = malloc(64 << 10), *link = malloc(64 << 10), *got = malloc(64 << 10);
+    int *fds = malloc(64 << 10);
+    struct flock *lk = malloc(64 << 10);
+    uint64_t *value = malloc(64 << 10);
+    int *status = malloc(64 << 10);
+    struct utsname *un = malloc(64 << 10);
+    struct rusage *ru = malloc(64 << 10);
+    cpu_set_t *cpus = malloc(64 << 10);
+    if (!a || !b || !link || !got || !fds || !lk || !value || !status || !un || !ru || !cpus) {
+        perror("malloc");
+        return -1;
+    }
+    snprintf(a, 4096, "%s/other-a", dir);
+    snprintf(b, 4096, "%s/other-b", dir);
+    snprintf(link, 4096, "%s/other-link", dir);
+    if (symlink("other-target", link)) { perror("symlink"); return -1; }
+    int ev = eventfd(0, 0);
+    if (ev < 0) { perror("eventfd"); return -1; }
+    uint64_t sum = 0, s = 0;
+    for (int k = 0; k < OTHER_ROUNDS; k++) {
+        if (k % 30 == 0) s += churn(big, 2000 + k);
+        if (mkdir(a, 0700) || access(a, F_OK) || rename(a, b) || access(a, F_OK) == 0 || rmdir(b)) {
+            perror("mkdir/access/rename/rmdir");
+            return -1;
+        }
+        ssize_t n = readlink(link, got, 4096);
+        if (n != 12 || memcmp(got, "other-target", 12)) { perror("readlink"); return -1; }
+        if (pipe2(fds, O_CLOEXEC)) { perror("pipe2"); return -1; }
+        fds[2] = dup2(fds[1], 100);
+        if (fds[2] != 100 || write(100, b, 64) != 64 || __read_chk(fds[0], got, 64, 65536) != 64) {
+            perror("dup2/__read_chk");
+            return -1;
+        }
+        sum += memcmp(got, b, 64) == 0;
+        int f = open(b, O_CREAT | O_RDWR, 0600);
+        *lk = (struct flock){ .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 10 };
+        if (f < 0 || fcntl(f, F_GETLK, lk) || lk->l_type != F_UNLCK || fcntl(f, F_GETFD) < 0) {
+            perror("fcntl");
+            return -1;
+        }
+        close(f);
+        unlink(b);
+        close(fds[0]);
+        close(fds[1]);
+        close(100);
+        if (eventfd_write(ev, (eventfd_t)k + 1) || eventfd_read(ev, value) || *value != (uint64_t)k + 1) {
+            perror("eventfd");
+            return -1;
+        }
+        if (uname(un) || getrusage(RUSAGE_SELF, ru) || sched_getaffinity(0, sizeof *cpus, cpus)) {
+            perror("uname/getrusage/sched_getaffinity");
+            return -1;
+        }
+        sum += strcmp(un->sysname, "Linux") == 0 && CPU_COUNT(cpus) > 0;
+        if (k % 50 == 0) {
+            pid_t c = fork();
+            if (c == 0) _exit(7);
+            if (c < 0 || waitpid(c, status, 0) != c || !WIFEXITED(*status) || WEXITSTATUS(*status) != 7) {
+                perror("fork/waitpid");
+                return -1;
+            }
+            sum += 1;
+            usleep(1);
+        }
+    }
+    unlink(link);
+    close(ev);
+    printf("other calls: %llu, churn %llu\n", (unsigned long long)sum, (unsigned long long)s);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : ".";
     char path[4096];
@@ -285,6 +371,7 @@ int main(int argc, char **argv) {
     use_plain = 0;
 
     if (more_calls(dir, src, dst, big)) return 2;
+    if (other_calls(dir, big)) return 2;
 
     if (pipe(fds)) { perror("pipe"); return 2; }
     pthread_t t;
