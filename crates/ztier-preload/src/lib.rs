@@ -20,6 +20,9 @@
 //! `ztier-evictor` (compresses pages in the background to keep a reserve
 //! below the budget) and `ztier-watchdog` (aborts with a message if faults
 //! wait and the handler has been stuck for `ZTIER_WATCHDOG_S` seconds).
+//! They block every asynchronous signal (the program's signals must
+//! reach the program's threads), and a thread of the program blocks them
+//! while it holds the manager's lock ([`Held`]).
 //! With `ZTIER_FAULT_PATH=signal` (`ztier run --fault-path signal`) each
 //! fault is served in the thread that took it, from a `SIGBUS` handler
 //! ([`serve_in_thread`], see [`sud`]); the handler thread then only
@@ -201,6 +204,60 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The manager's lock held by a thread of the program, with its
+/// asynchronous signals kept from the program's handlers until it is let
+/// go: a handler run meanwhile could touch an evicted page, whose service
+/// needs this lock (the handler thread would wait for it, or with
+/// `--fault-path signal` the same thread would take it again) — a
+/// deadlock that a profiler's `SIGPROF` handler reading its heap buffer
+/// found. Under syscall user dispatch every handler of the program runs
+/// through `sud::on_program_signal`, which puts a signal that finds the
+/// lock held aside and sends it again when the lock is let go (no system
+/// call on the way: this lock is taken twice for each system call with
+/// memory in the arena). Otherwise the signals are blocked meanwhile
+/// (two `rt_sigprocmask` calls).
+pub struct Held<'a> {
+    guard: Option<std::sync::MutexGuard<'a, Manager>>,
+    /// The mask to put back (`None`: the signals were not blocked).
+    mask: Option<u64>,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Manager;
+    fn deref(&self) -> &Manager {
+        self.guard.as_ref().expect("held")
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Manager {
+        self.guard.as_mut().expect("held")
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        match self.mask {
+            Some(mask) => {
+                sys::sigprocmask(libc::SIG_SETMASK, mask);
+            }
+            None => sud::let_go(),
+        }
+    }
+}
+
+/// The manager's lock for a thread of the program (see [`Held`]).
+fn lock_program(g: &Global) -> Held<'_> {
+    let mask = if sud::active() {
+        sud::hold();
+        None
+    } else {
+        Some(sys::sigprocmask(libc::SIG_BLOCK, sys::ASYNC_SIGNALS))
+    };
+    Held { guard: Some(lock(&g.mgr)), mask }
+}
+
 /// The manager's lock, taken once no eviction in flight owns a page of
 /// `[first, first + n)`. The background evictor reads and releases its
 /// victims without the lock (see the manager's docs), so the program
@@ -209,12 +266,12 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// evictor's own commit (a deadlock), or read a page it may not read.
 /// The wait is short (one batch) and cannot deadlock: the evictor never
 /// needs anything the caller holds, only this lock to commit.
-fn lock_unowned(g: &Global, first: usize, n: usize) -> std::sync::MutexGuard<'_, Manager> {
-    let mut m = lock(&g.mgr);
+fn lock_unowned(g: &Global, first: usize, n: usize) -> Held<'_> {
+    let mut m = lock_program(g);
     while m.owned_in(first, n) {
         drop(m);
         std::thread::sleep(std::time::Duration::from_micros(50));
-        m = lock(&g.mgr);
+        m = lock_program(g);
     }
     m
 }
@@ -585,8 +642,15 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
     }
     let arg = Box::into_raw(Box::new(HandlerArg { cpus, role }));
     let mut t: libc::pthread_t = 0;
+    // The thread starts with (and keeps) every asynchronous signal
+    // blocked: a signal sent to the process must reach a thread of the
+    // program (a program that blocks SIGTERM and takes it with sigwait
+    // would be killed if one of ours took it), and the program's
+    // handlers must never run here.
+    let mask = sys::sigprocmask(libc::SIG_SETMASK, sys::ASYNC_SIGNALS);
     // SAFETY: creating a thread running `entry`, which owns `arg`.
     let r = unsafe { libc::pthread_create(&mut t, std::ptr::null(), entry, arg.cast()) };
+    sys::sigprocmask(libc::SIG_SETMASK, mask);
     if r != 0 {
         eprintln!("ztier: cannot start the fault handler: {}", std::io::Error::from_raw_os_error(r));
         std::process::abort();
@@ -608,6 +672,9 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
 /// The userfaultfd the handler reads (for the watchdog's look).
 static UFFD_FD: AtomicI32 = AtomicI32::new(-1);
 
+/// The handler thread has read a fault it has not served yet (for the
+/// watchdog).
+static HANDLER_BUSY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Threads inside the in-thread fault service (`--fault-path signal`),
 /// for the watchdog.
 static SIGNAL_BUSY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -755,8 +822,9 @@ fn watchdog_loop() -> std::io::Result<()> {
         let waiting = if signal {
             SIGNAL_BUSY.load(Ordering::Acquire) > 0
         } else {
-            // SAFETY: one live pollfd, no waiting.
-            p.fd >= 0 && unsafe { libc::poll(&mut p, 1, 0) } > 0
+            HANDLER_BUSY.load(Ordering::Acquire)
+                // SAFETY: one live pollfd, no waiting.
+                || (p.fd >= 0 && unsafe { libc::poll(&mut p, 1, 0) } > 0)
         };
         if now != seen || !waiting {
             seen = now;
@@ -813,6 +881,7 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
     // watches the in-thread service, whose progress this must not fake).
     let signal = manager::signal_path();
     loop {
+        HANDLER_BUSY.store(false, Ordering::Release);
         if !signal {
             manager::PROGRESS.fetch_add(1, Ordering::Relaxed);
         }
@@ -860,6 +929,10 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
         if ev.kind != ztier_uffd::uffd::EVENT_PAGEFAULT {
             continue;
         }
+        // A fault read and not yet served: the watchdog counts it as
+        // waiting (the descriptor no longer shows it) until the loop
+        // comes round again.
+        HANDLER_BUSY.store(true, Ordering::Release);
         let addr = (ev.address as usize) & !(PAGE - 1);
         if ev.flags & ztier_uffd::uffd::PAGEFAULT_FLAG_WP != 0 {
             // A write hit a write-protected page: one being evicted (the
@@ -920,7 +993,7 @@ fn stats_json(g: &Global) -> String {
         manager::lat_upper_ns(manager::LAT_BUCKETS - 1) as f64 / 1000.0
     };
     let (now_orig, now_stored, spilled, policy, resident_budget, user_mode_only) = {
-        let m = lock(&g.mgr);
+        let m = lock_program(g);
         let st = m.store().stats();
         (st.orig_bytes, st.memory_used, st.tier_bytes, m.sizing(), m.budget() * PAGE, m.uffd.user_mode_only)
     };
@@ -1024,12 +1097,20 @@ fn used(g: &Global, pages: &PageAlloc) -> [std::ops::Range<usize>; 2] {
 /// pins are the child's.
 static FORKING_TID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
+thread_local! {
+    /// The signal mask the forking thread had before `fork_prepare`
+    /// blocked the asynchronous signals (see [`Held`]: the manager's lock
+    /// is held across the fork).
+    static FORK_MASK: Cell<u64> = const { Cell::new(0) };
+}
+
 extern "C" fn fork_prepare() {
     if STATE.load(Ordering::Acquire) != READY {
         return;
     }
     let _ = INSIDE.try_with(|c| c.set(true));
     sud::allow();
+    FORK_MASK.with(|c| c.set(sys::sigprocmask(libc::SIG_BLOCK, sys::ASYNC_SIGNALS)));
     // SAFETY: gettid has no preconditions.
     FORKING_TID.store(unsafe { libc::gettid() }, Ordering::Relaxed);
     let g = GLOBAL.get().expect("ready");
@@ -1068,6 +1149,7 @@ extern "C" fn fork_parent() {
         eprintln!("ztier: evicting after fork failed: {e}: aborting");
         std::process::abort();
     }
+    sys::sigprocmask(libc::SIG_SETMASK, FORK_MASK.with(Cell::get));
     let _ = INSIDE.try_with(|c| c.set(false));
     sud::rearm();
 }
@@ -1101,6 +1183,7 @@ extern "C" fn fork_child() {
         eprintln!("ztier: the forked child cannot protect its system calls: {e}: aborting");
         std::process::abort();
     }
+    sys::sigprocmask(libc::SIG_SETMASK, FORK_MASK.with(Cell::get));
     let _ = INSIDE.try_with(|c| c.set(false));
     sud::rearm();
 }

@@ -83,6 +83,20 @@
 //! or write long enough to be split into parts, and, through `syscall`,
 //! the calls the handler runs itself (below).
 //!
+//! **The program's signal handlers.** Under dispatch every handler the
+//! program installs (for a signal not of ours) is installed as
+//! [`on_program_signal`], which calls it; `rt_sigaction` shows the
+//! program its own. A signal can come while the library runs a blocking
+//! call for the thread with the selector at ALLOW (the dispatch
+//! handler's, or glibc's function entered directly): the program's
+//! handler then runs with the selector at BLOCK, so that its own calls
+//! are caught (the dispatch handler is `SA_NODEFER`, so such a call nests
+//! inside it), and ALLOW is put back when it returns. A signal that
+//! finds the thread holding the manager's lock (`crate::Held`: a handler
+//! could touch an evicted page, whose service needs that lock) is put
+//! aside and queued again with its siginfo when the lock is let go
+//! ([`hold`], [`let_go`]).
+//!
 //! The library's own code runs with the selector at ALLOW ([`Allow`], at
 //! every exported entry point): it must not wait for a pin (it may hold
 //! the manager's lock). Threads of the library never enable dispatch. A
@@ -290,7 +304,7 @@ fn abandon_flights(target: usize) {
             break;
         }
         crate::as_inside(|| {
-            let mut m = crate::lock(&g.mgr);
+            let mut m = crate::lock_program(g);
             for &(first, k) in f.pins.iter().filter(|p| p.1 > 0) {
                 m.unpin(first, k);
             }
@@ -419,18 +433,159 @@ fn keep(slot: &[AtomicU64; 4], a: &KSigaction) {
     }
 }
 
+/// The program's handlers for the other signals (handler, flags; 0: none),
+/// which the kernel runs through [`on_program_signal`].
+static PROGRAM_HANDLERS: [[AtomicU64; 2]; 65] = [const { [const { AtomicU64::new(0) }; 2] }; 65];
+
+fn is_function(handler: u64) -> bool {
+    !matches!(handler as usize, libc::SIG_DFL | libc::SIG_IGN)
+}
+
+/// What the kernel gets for the program's action `k` for `sig` (one not of
+/// [`ours`]): a handler of the program goes through [`on_program_signal`]
+/// (recorded first); never a mask that blocks ours.
+fn wrapped(sig: libc::c_int, mut k: KSigaction) -> KSigaction {
+    k.mask &= !ours();
+    if is_function(k.handler) && k.handler != on_program_signal as *const () as usize as u64 {
+        PROGRAM_HANDLERS[sig as usize][0].store(k.handler, Ordering::Relaxed);
+        PROGRAM_HANDLERS[sig as usize][1].store(k.flags, Ordering::Relaxed);
+        k.handler = on_program_signal as *const () as usize as u64;
+        k.flags |= libc::SA_SIGINFO as u64;
+    }
+    k
+}
+
+/// The program's view of the kernel's action `k` for `sig`, with `was` the
+/// handler and flags recorded for it when the kernel's was set.
+fn unwrapped(mut k: KSigaction, was: (u64, u64)) -> KSigaction {
+    if k.handler == on_program_signal as *const () as usize as u64 {
+        (k.handler, k.flags) = was;
+    }
+    k
+}
+
+fn recorded(sig: libc::c_int) -> (u64, u64) {
+    let r = &PROGRAM_HANDLERS[sig as usize];
+    (r[0].load(Ordering::Relaxed), r[1].load(Ordering::Relaxed))
+}
+
+// SAFETY: siginfo_t is plain data; all zeros is a valid value.
+const NO_INFO: libc::siginfo_t = unsafe { std::mem::zeroed() };
+
+thread_local! {
+    /// This thread holds the manager's lock (see [`hold`]).
+    static HOLDING: Cell<u32> = const { Cell::new(0) };
+    /// Signals that came while it did, put aside (their siginfo), and how
+    /// many.
+    static ASIDE: UnsafeCell<[libc::siginfo_t; 4]> = const { UnsafeCell::new([NO_INFO; 4]) };
+    static ASIDE_N: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The thread takes the manager's lock (`crate::Held`): a signal for a
+/// handler of the program that comes before [`let_go`] is put aside.
+pub fn hold() {
+    HOLDING.with(|h| h.set(h.get() + 1));
+}
+
+/// The thread has let the manager's lock go: the signals put aside
+/// meanwhile are sent to it again, each with its own siginfo.
+pub fn let_go() {
+    let left = HOLDING.with(|h| {
+        h.set(h.get().saturating_sub(1));
+        h.get()
+    });
+    if left > 0 || ASIDE_N.with(Cell::get) == 0 {
+        return;
+    }
+    let n = ASIDE_N.with(|c| c.replace(0));
+    // SAFETY: getpid and gettid have no preconditions.
+    let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+    for k in 0..n.min(4) {
+        // SAFETY: this thread's own array, read by value.
+        let info = ASIDE.with(|a| unsafe { (*a.get())[k] });
+        // The kernel allows a process to queue any siginfo to itself.
+        raw(
+            libc::SYS_rt_tgsigqueueinfo,
+            [pid as u64, tid as u64, info.si_signo as u64, &info as *const _ as u64, 0, 0],
+        );
+    }
+}
+
+/// Every handler of the program for a signal not of [`ours`] (under
+/// dispatch): a signal can interrupt a call the library makes for the
+/// thread with the selector at ALLOW — a blocking one run by the dispatch
+/// handler, or glibc's function entered directly ([`fast`]) — and the
+/// program's handler must then run as the program's code does, with its
+/// calls caught; it runs with the selector at BLOCK, which is put back
+/// when it returns (a handler that leaves by a jump is seen to by
+/// [`jump`]). Elsewhere the handler runs as the kernel would run it.
+extern "C" fn on_program_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let one_shot = recorded(sig).1 & libc::SA_RESETHAND as u64 != 0;
+    if HOLDING.with(Cell::get) > 0 && crate::sys::ASYNC_SIGNALS & bit(sig) != 0 && !one_shot {
+        // The thread holds the manager's lock: later (see `hold`). A
+        // standard signal pending twice is delivered once anyway. (A
+        // one-shot handler's action is the default already, so it runs
+        // now.)
+        let n = ASIDE_N.with(Cell::get);
+        let dup = sig < 32
+            && (0..n.min(4)).any(|k| {
+                // SAFETY: this thread's own array, read by value.
+                ASIDE.with(|a| unsafe { (*a.get())[k].si_signo }) == sig
+            });
+        if n < 4 && !dup {
+            // SAFETY: the kernel's siginfo for this signal, copied into
+            // this thread's own array (a nested signal's store comes
+            // wholly before or after this one).
+            ASIDE.with(|a| unsafe { (*a.get())[n] = info.read() });
+            ASIDE_N.with(|c| c.set(n + 1));
+        }
+        return;
+    }
+    let (h, flags) = recorded(sig);
+    if flags & libc::SA_RESETHAND as u64 != 0 {
+        // The kernel has put the default action back already.
+        PROGRAM_HANDLERS[sig as usize][0].store(0, Ordering::Relaxed);
+    }
+    // SAFETY: this thread's own selector byte.
+    let sel = unsafe { selector().read_volatile() };
+    let caught = sel == ALLOW
+        && ENABLED.with(Cell::get)
+        && GUARDS.with(Cell::get) == 0
+        && !crate::inside()
+        && (DEPTH.with(Cell::get) > 0 || FAST.with(Cell::get));
+    if caught {
+        set_selector(BLOCK);
+    }
+    if is_function(h) && h != 0 {
+        if flags & libc::SA_SIGINFO as u64 != 0 {
+            // SAFETY: the program installed this SA_SIGINFO handler.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(h as usize) };
+            f(sig, info, ctx)
+        } else {
+            // SAFETY: the program installed this handler.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h as usize) };
+            f(sig)
+        }
+    }
+    if caught {
+        set_selector(ALLOW);
+    }
+}
+
 /// Installs `handler` for `sig`, keeping the program's action in `slot`.
 fn take_over(
     sig: libc::c_int,
     handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void),
     extra: u64,
+    mask: u64,
     slot: &[AtomicU64; 4],
 ) -> std::io::Result<()> {
     let act = KSigaction {
         handler: handler as *const () as usize as u64,
         flags: libc::SA_SIGINFO as u64 | SA_RESTORER | extra,
         restorer: ztier_sud_sigreturn as *const () as usize as u64,
-        mask: 0,
+        mask,
     };
     let mut old = KSigaction::default();
     let r = raw(
@@ -453,11 +608,22 @@ pub fn install(sigbus: bool) -> std::io::Result<()> {
     if unsafe { libc::pthread_key_create(&mut key, Some(flights_at_exit)) } == 0 {
         EXIT_KEY.store(key, Ordering::Relaxed);
     }
-    take_over(libc::SIGSYS, on_sigsys, 0, &PROGRAM_SIGSYS)?;
+    // SA_NODEFER: a handler of the program run during a call made here
+    // (see `on_program_signal`) has its own calls caught.
+    take_over(libc::SIGSYS, on_sigsys, libc::SA_NODEFER as u64, 0, &PROGRAM_SIGSYS)?;
     if sigbus {
         // SA_NODEFER: a program's SIGBUS handler chained from ours, or a
-        // fault in a signal handler, may fault on the arena again.
-        take_over(libc::SIGBUS, on_sigbus, libc::SA_NODEFER as u64, &PROGRAM_SIGBUS)?;
+        // fault in a signal handler, may fault on the arena again. The
+        // asynchronous signals wait while a fault is served (under the
+        // manager's lock: see `crate::Held`); a program's handler chained
+        // from ours gets the mask it would have had.
+        take_over(
+            libc::SIGBUS,
+            on_sigbus,
+            libc::SA_NODEFER as u64,
+            crate::sys::ASYNC_SIGNALS,
+            &PROGRAM_SIGBUS,
+        )?;
         SIGBUS_ON.store(true, Ordering::Relaxed);
     }
     // Handlers the program installed before: they must not block ours
@@ -468,10 +634,10 @@ pub fn install(sigbus: bool) -> std::io::Result<()> {
         }
         let mut a = KSigaction::default();
         if raw(libc::SYS_rt_sigaction, [sig as u64, 0, &mut a as *mut _ as u64, 8, 0, 0]) == 0
-            && a.mask & ours() != 0
+            && (a.mask & ours() != 0 || is_function(a.handler))
         {
-            a.mask &= !ours();
-            raw(libc::SYS_rt_sigaction, [sig as u64, &a as *const _ as u64, 0, 8, 0, 0]);
+            let k = wrapped(sig, a);
+            raw(libc::SYS_rt_sigaction, [sig as u64, &k as *const _ as u64, 0, 8, 0, 0]);
         }
     }
     ACTIVE.store(true, Ordering::Relaxed);
@@ -874,7 +1040,7 @@ fn pin(g: &crate::Global, r: &Ranges, out: &mut Ranges) {
 
 fn unpin(g: &crate::Global, pinned: &Ranges) {
     if pinned.n > 0 {
-        let mut m = crate::lock(&g.mgr);
+        let mut m = crate::lock_program(g);
         for &(first, n) in &pinned.r[..pinned.n] {
             m.unpin(first, n);
         }
@@ -1018,9 +1184,11 @@ pub fn fast(nr: i64, a: [u64; 6], real: impl FnOnce() -> isize) -> isize {
         g.stats.pinned_calls.fetch_add(1, Ordering::Relaxed);
     }
     let flying = take_off(&pinned as *const Ranges as usize, &pinned);
-    FAST.with(|f| f.set(true));
+    // Saved and put back: a call made here by a handler of the program
+    // that interrupted another (see `on_program_signal`) ends inside it.
+    let was_fast = FAST.with(|f| f.replace(true));
     let ret = real();
-    FAST.with(|f| f.set(false));
+    FAST.with(|f| f.set(was_fast));
     let e = crate::sys::errno();
     if flying {
         land();
@@ -1200,7 +1368,7 @@ fn until_pinned(
     mut f: impl FnMut(&mut crate::manager::Manager) -> std::io::Result<bool>,
 ) {
     loop {
-        let mut m = crate::lock(&g.mgr);
+        let mut m = crate::lock_program(g);
         match f(&mut m) {
             Ok(true) => return,
             Ok(false) => {
@@ -1302,13 +1470,29 @@ fn sigaction(a: [u64; 6]) -> i64 {
         }
         return 0;
     }
-    if act.is_null() {
+    if !(1..=64).contains(&sig) {
         return raw(libc::SYS_rt_sigaction, a);
     }
-    // SAFETY: the program's sigaction.
-    let mut k = unsafe { act.read_unaligned() };
-    k.mask &= !ours();
-    raw(libc::SYS_rt_sigaction, [a[0], &k as *const _ as u64, a[2], a[3], 0, 0])
+    let was = recorded(sig);
+    let mut prev = KSigaction::default();
+    let k = (!act.is_null()).then(|| {
+        // SAFETY: the program's sigaction.
+        wrapped(sig, unsafe { act.read_unaligned() })
+    });
+    let r = raw(
+        libc::SYS_rt_sigaction,
+        [a[0], k.as_ref().map_or(0, |k| k as *const _ as u64), &mut prev as *mut _ as u64, a[3], 0, 0],
+    );
+    if r != 0 {
+        PROGRAM_HANDLERS[sig as usize][0].store(was.0, Ordering::Relaxed);
+        PROGRAM_HANDLERS[sig as usize][1].store(was.1, Ordering::Relaxed);
+        return r;
+    }
+    if !old.is_null() {
+        // SAFETY: the program's out-parameter.
+        unsafe { old.write_unaligned(unwrapped(prev, was)) };
+    }
+    r
 }
 
 /// A signal of [`ours`] that is not ours (a `SIGSYS` dispatch did not
@@ -1335,10 +1519,15 @@ fn chain(sig: libc::c_int, slot: &[AtomicU64; 4], info: *mut libc::siginfo_t, ct
                 keep(slot, &KSigaction::default());
             }
             // The mask the kernel would have applied for it (never ours):
+            // the interrupted one, its handler's and the signal itself;
             // the return through our frame restores the interrupted mask.
             let nodefer = a.flags & libc::SA_NODEFER as u64 != 0;
-            let add = (a.mask | if nodefer { 0 } else { bit(sig) }) & !ours();
-            raw(libc::SYS_rt_sigprocmask, [libc::SIG_BLOCK as u64, &add as *const u64 as u64, 0, 8, 0, 0]);
+            // SAFETY: the kernel's ucontext for this signal.
+            let was = unsafe { (*ctx.cast::<libc::ucontext_t>()).uc_sigmask };
+            // SAFETY: a sigset_t starts with the kernel's 64-bit set.
+            let was = unsafe { (&was as *const libc::sigset_t).cast::<u64>().read() };
+            let set = (was | a.mask | if nodefer { 0 } else { bit(sig) }) & !ours();
+            raw(libc::SYS_rt_sigprocmask, [libc::SIG_SETMASK as u64, &set as *const u64 as u64, 0, 8, 0, 0]);
             if a.flags & libc::SA_SIGINFO as u64 != 0 {
                 // SAFETY: the program installed this SA_SIGINFO handler.
                 let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
@@ -1465,9 +1654,9 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         }
     }
     DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
-    // Nested in an outer dispatch (a signal handler of the program ran
-    // during its call), the outer one re-arms.
-    set_selector(if DEPTH.with(Cell::get) > 0 { ALLOW } else { after });
+    // Nested in an outer dispatch (a handler of the program ran during
+    // its call, caught as the program's code is), back to that handler.
+    set_selector(after);
 }
 
 /// The fault handler of `--fault-path signal`: a missing page of the
@@ -1486,7 +1675,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         DEPTH.with(|d| d.set(d.get() + 1));
         let served = crate::serve_in_thread(addr);
         DEPTH.with(|d| d.set(d.get() - 1));
-        set_selector(if DEPTH.with(Cell::get) > 0 { ALLOW } else { prev });
+        set_selector(prev);
         served
     };
     if !ours {

@@ -104,3 +104,30 @@ pub fn madvise_many(ranges: &[(usize, usize)], advice: c_int) -> std::io::Result
     }
     Ok(())
 }
+
+/// The signals the kernel raises for the instruction a thread runs (a
+/// fault, a trap, a dispatched system call): never blocked by the
+/// library, since a blocked one kills the process.
+const SYNCHRONOUS: u64 = (1 << (libc::SIGSEGV - 1))
+    | (1 << (libc::SIGBUS - 1))
+    | (1 << (libc::SIGILL - 1))
+    | (1 << (libc::SIGFPE - 1))
+    | (1 << (libc::SIGTRAP - 1))
+    | (1 << (libc::SIGSYS - 1));
+
+/// Every signal but the synchronous ones: what a thread of the library
+/// blocks for good, and a thread of the program while it holds the
+/// manager's lock (a handler of the program that touched an evicted page
+/// there would wait for a fault service that waits for that lock).
+pub const ASYNC_SIGNALS: u64 = !SYNCHRONOUS;
+
+/// `rt_sigprocmask(how, set)` for the calling thread; returns the mask
+/// it had.
+pub fn sigprocmask(how: c_int, set: u64) -> u64 {
+    let mut old = 0u64;
+    // SAFETY: kernel-sized (8-byte) signal sets, ours.
+    unsafe {
+        libc::syscall(libc::SYS_rt_sigprocmask, how as c_long, &set as *const u64, &mut old as *mut u64, 8)
+    };
+    old
+}

@@ -434,6 +434,63 @@ fn system_calls_through_glibc_skip_the_dispatch_signal() {
     }
 }
 
+/// Asynchronous signals under pressure (`asyncsig.c`), in every mode: a
+/// profiler's `SIGPROF` handler that reads a cold heap page each tick
+/// while the program allocates and frees large blocks (which the library
+/// manages under its lock) — before the library blocked such signals
+/// while a thread of the program held that lock, the handler's fault
+/// waited for a service that waited for the lock: the watchdog aborted
+/// the run (exit 134), and with faults served in the faulting thread
+/// the service faulted inside itself ("the fault handler faulted on
+/// managed memory"; under dispatch such a signal is now put aside and
+/// sent again when the lock is let go — without that, the watchdog
+/// aborted those modes too); and `SIGUSR1`/`SIGTERM` sent to a process whose
+/// threads block them, taken by `sigwait` — before the library's own
+/// threads blocked them, they took the signal and its default action
+/// ended the process (exit 138).
+#[test]
+fn asynchronous_signals_reach_the_program_and_never_wait_on_the_library() {
+    let d = tmp("asyncsig");
+    let exe = compile(&d, "asyncsig");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    let text = String::from_utf8_lossy(&n.stdout).into_owned();
+    assert!(text.contains("sigwait took SIGUSR1: yes, then SIGTERM"), "native run: {text}");
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
+        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
+        // The heap was managed and under pressure while the signals came.
+        assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
+    }
+}
+
+/// A signal handler of the program that runs while its thread is blocked
+/// in a system call the library made for it (`handlers.c`: a thread
+/// blocked in glibc's `read`, entered directly, and one blocked in a
+/// `read` of its own `syscall` instruction, caught by dispatch), and that
+/// writes a cold heap page to a pipe, half through glibc's `write` and
+/// half with its own instruction. The thread's selector is at ALLOW
+/// inside such a call; before the library ran the program's handlers
+/// with it at BLOCK (`on_program_signal`), their calls were not caught
+/// and 1–5 of the 24 pages got through in signal and user-mode-only
+/// modes. Same output as native in every mode.
+#[test]
+fn a_handler_run_during_a_blocked_call_has_its_calls_caught() {
+    let d = tmp("handlers");
+    let exe = compile(&d, "handlers");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    let text = String::from_utf8_lossy(&n.stdout).into_owned();
+    assert!(text.contains("handler pages matched 24 of 24, short 0, failed calls 0"), "native run: {text}");
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
+        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
+        assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
+    }
+}
+
 /// Memory the kernel writes for a thread outside its system calls —
 /// signal frames on an alternate stack from malloc, the CPU number in an
 /// rseq area from malloc — while it goes cold under the budget
