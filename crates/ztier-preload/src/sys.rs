@@ -1,7 +1,8 @@
 //! Raw system calls. Inside this library `mmap`, `munmap`, `madvise`, …
 //! name our own interposers (symbol interposition applies to the library
 //! itself), so every call that must reach the kernel goes through
-//! `syscall(2)` here.
+//! `syscall(2)` here. (`syscall` is exported by the library too, see
+//! `direct`; called from library code it goes straight to glibc's.)
 
 use libc::{c_int, c_long, c_void};
 
