@@ -520,7 +520,8 @@ pub fn let_go() {
 /// when it returns (a handler that leaves by a jump is seen to by
 /// [`jump`]). Elsewhere the handler runs as the kernel would run it.
 extern "C" fn on_program_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let one_shot = recorded(sig).1 & libc::SA_RESETHAND as u64 != 0;
+    let (h, flags) = recorded(sig);
+    let one_shot = flags & libc::SA_RESETHAND as u64 != 0;
     if HOLDING.with(Cell::get) > 0 && crate::sys::ASYNC_SIGNALS & bit(sig) != 0 && !one_shot {
         // The thread holds the manager's lock: later (see `hold`). A
         // standard signal pending twice is delivered once anyway. (A
@@ -541,8 +542,7 @@ extern "C" fn on_program_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ct
         }
         return;
     }
-    let (h, flags) = recorded(sig);
-    if flags & libc::SA_RESETHAND as u64 != 0 {
+    if one_shot {
         // The kernel has put the default action back already.
         PROGRAM_HANDLERS[sig as usize][0].store(0, Ordering::Relaxed);
     }

@@ -450,17 +450,23 @@ fn system_calls_through_glibc_skip_the_dispatch_signal() {
 /// ended the process (exit 138).
 #[test]
 fn asynchronous_signals_reach_the_program_and_never_wait_on_the_library() {
-    let d = tmp("asyncsig");
-    let exe = compile(&d, "asyncsig");
+    native_output_in_every_mode("asyncsig", "sigwait took SIGUSR1: yes, then SIGTERM");
+}
+
+/// Compiles `run_progs/NAME.c` and runs it natively (its output must
+/// contain `line`), then in each mode at `--budget 16M`: the same output,
+/// with its heap managed and under pressure (over 10 k compressions).
+fn native_output_in_every_mode(name: &str, line: &str) {
+    let d = tmp(name);
+    let exe = compile(&d, name);
     let n = native(&[&exe], &d);
     assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
     let text = String::from_utf8_lossy(&n.stdout).into_owned();
-    assert!(text.contains("sigwait took SIGUSR1: yes, then SIGTERM"), "native run: {text}");
+    assert!(text.contains(line), "native run: {text}");
     for (path, umo) in MODES {
         let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
         assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
         assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
-        // The heap was managed and under pressure while the signals came.
         assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
     }
 }
@@ -477,18 +483,7 @@ fn asynchronous_signals_reach_the_program_and_never_wait_on_the_library() {
 /// modes. Same output as native in every mode.
 #[test]
 fn a_handler_run_during_a_blocked_call_has_its_calls_caught() {
-    let d = tmp("handlers");
-    let exe = compile(&d, "handlers");
-    let n = native(&[&exe], &d);
-    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
-    let text = String::from_utf8_lossy(&n.stdout).into_owned();
-    assert!(text.contains("handler pages matched 24 of 24, short 0, failed calls 0"), "native run: {text}");
-    for (path, umo) in MODES {
-        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
-        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
-        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
-        assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
-    }
+    native_output_in_every_mode("handlers", "handler pages matched 24 of 24, short 0, failed calls 0");
 }
 
 /// Memory the kernel writes for a thread outside its system calls —
