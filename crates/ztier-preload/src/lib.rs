@@ -67,6 +67,7 @@ mod direct;
 mod manager;
 mod pages;
 mod shim;
+mod sigstack;
 mod small;
 mod sud;
 mod sys;
@@ -157,11 +158,12 @@ fn inside() -> bool {
     INSIDE.try_with(Cell::get).unwrap_or(true)
 }
 
-/// Runs `f` marked as library code.
+/// Runs `f` marked as library code (off the program's stack if that
+/// lies in the arena: see [`sigstack::on_library_stack`]).
 fn as_inside<R>(f: impl FnOnce() -> R) -> R {
     let was = inside();
     let _ = INSIDE.try_with(|c| c.set(true));
-    let r = f();
+    let r = sigstack::on_library_stack(|sp| GLOBAL.get().is_some_and(|g| g.in_arena(sp)), f);
     let _ = INSIDE.try_with(|c| c.set(was));
     r
 }

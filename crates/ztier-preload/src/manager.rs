@@ -435,7 +435,7 @@ pub struct Stats {
     /// Write-protect faults (a write hit a page while it was evicted).
     pub wp_faults: AtomicU64,
     /// Write-protect calls made to evict (each a TLB shootdown on the
-    /// program's CPU; see [`Manager::protect`]).
+    /// program's CPU; see `Victims::protect`).
     pub wp_calls: AtomicU64,
     /// Pages faulted back soon after their eviction, put in the
     /// protected segment.
@@ -650,12 +650,13 @@ pub struct Manager {
 /// exit, pins that nothing ended.
 pub static PINNED_PAGES: AtomicUsize = AtomicUsize::new(0);
 
-/// Memory the kernel writes for a thread outside any system call, kept
-/// pinned while the thread has it registered.
+/// Memory a thread needs resident outside any system call, kept pinned
+/// while the thread has it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeptKind {
-    /// An alternate signal stack (`sigaltstack`): signal frames.
-    AltStack,
+    /// A stack the program gave a thread (`pthread_attr_setstack`): its
+    /// frames, control block and thread-locals.
+    Stack,
     /// An `rseq` area: the CPU number, on every return to user space.
     Rseq,
 }
@@ -1521,12 +1522,15 @@ impl Manager {
     /// Keeps pages `[first, first + n)` pinned for thread `tid`'s memory
     /// of `kind` until it is replaced (another call for the same thread
     /// and kind; `n` = 0 drops it), released ([`Manager::release`]) or
-    /// the thread is gone. For memory the kernel writes on the thread's
-    /// behalf outside any system call — a signal frame on an alternate
-    /// stack, an rseq area's CPU number — which under a user-mode-only
-    /// or SIGBUS userfaultfd must never be missing (the kernel's write
-    /// would fail and kill the process). Kept pins of threads that no
-    /// longer exist are dropped here.
+    /// the thread is gone. For memory the kernel reads or writes on the
+    /// thread's behalf outside any system call — an rseq area's CPU
+    /// number; a stack the program gave the thread, which holds its
+    /// control block, its thread-locals (the dispatch selector among
+    /// them) and its signal frames' neighbours — which must never be
+    /// missing (under a user-mode-only or SIGBUS userfaultfd the kernel's
+    /// access would fail and kill the process; the library's
+    /// thread-locals are read under the manager's lock). Kept pins of
+    /// threads that no longer exist are dropped here.
     ///
     /// `Ok(false)`, with nothing changed: as [`Manager::pin`].
     pub fn keep_pinned(
@@ -2194,30 +2198,30 @@ mod tests {
         let me = unsafe { libc::gettid() };
         // A thread id that is no thread of this process.
         let gone = i32::MAX - 7;
-        assert!(m.keep_pinned(me, KeptKind::AltStack, 10, 4, &stats).unwrap());
-        assert!(m.keep_pinned(me, KeptKind::Rseq, 20, 1, &stats).unwrap());
-        assert!(m.keep_pinned(gone, KeptKind::AltStack, 30, 2, &stats).unwrap());
+        assert!(m.keep_pinned(me, KeptKind::Rseq, 10, 4, &stats).unwrap());
+        assert!(m.keep_pinned(gone, KeptKind::Rseq, 30, 2, &stats).unwrap());
         evict_all(&mut m, &stats);
-        for i in (10..14).chain([20, 30, 31]) {
+        for i in (10..14).chain([30, 31]) {
             assert_eq!(m.st(i) & STATE, RESIDENT, "kept page {i}");
         }
-        // A new alternate stack replaces the old one; the pins of a
-        // thread that is gone end with it.
-        assert!(m.keep_pinned(me, KeptKind::AltStack, 100, 2, &stats).unwrap());
+        // A new area replaces the old one; the pins of a thread that is
+        // gone end with it.
+        assert!(m.keep_pinned(me, KeptKind::Rseq, 100, 2, &stats).unwrap());
         evict_all(&mut m, &stats);
-        assert_eq!(m.resident(), 3, "pages 20, 100, 101 stay");
+        assert_eq!(m.resident(), 2, "pages 100, 101 stay");
         for i in [10, 13, 30] {
             assert_eq!(m.st(i) & STATE, STORED, "page {i} no longer kept");
         }
-        // Releasing the memory ends its pin; an rseq unregistration (no
-        // pages) ends the other.
+        // Releasing the memory ends its pin; an unregistration (no
+        // pages) leaves nothing kept.
         m.release(100, 2, &stats);
         assert!(m.keep_pinned(me, KeptKind::Rseq, 0, 0, &stats).unwrap());
         evict_all(&mut m, &stats);
         assert_eq!(m.resident(), 0);
+        assert!(m.kept.is_empty());
         // After fork: the forking thread's kept pins only, as the child's.
-        assert!(m.keep_pinned(me, KeptKind::AltStack, 40, 1, &stats).unwrap());
-        assert!(m.keep_pinned(gone - 1, KeptKind::AltStack, 50, 1, &stats).unwrap());
+        assert!(m.keep_pinned(me, KeptKind::Rseq, 40, 1, &stats).unwrap());
+        assert!(m.keep_pinned(gone - 1, KeptKind::Rseq, 50, 1, &stats).unwrap());
         assert!(m.pin(60, 1, &stats).unwrap());
         m.kept_after_fork(me, 4242);
         evict_all(&mut m, &stats);

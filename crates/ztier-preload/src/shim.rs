@@ -792,12 +792,39 @@ pub unsafe extern "C" fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_
 }
 
 type StartFn = extern "C" fn(*mut c_void) -> *mut c_void;
+
+/// The pages of the arena in the stack `attr` gives a new thread, if any.
+///
+/// # Safety
+/// `attr` is null or the program's initialised attributes.
+unsafe fn arena_stack(attr: *const libc::pthread_attr_t) -> Option<(usize, usize)> {
+    let g = crate::GLOBAL.get()?;
+    if attr.is_null() {
+        return None;
+    }
+    let mut p: *mut c_void = std::ptr::null_mut();
+    let mut len = 0usize;
+    // SAFETY: as the caller promises; glibc reports a null address when
+    // no stack was set.
+    if unsafe { libc::pthread_attr_getstack(attr, &mut p, &mut len) } != 0 || p.is_null() || len == 0 {
+        return None;
+    }
+    let (p, end) = (p as usize, p as usize + len);
+    if !g.in_arena(p) || !g.in_arena(end - 1) {
+        return None;
+    }
+    let first = g.page_of(p);
+    Some((first, g.page_of(end - 1) + 1 - first))
+}
 type CreateFn =
     unsafe extern "C" fn(*mut libc::pthread_t, *const libc::pthread_attr_t, StartFn, *mut c_void) -> c_int;
 
 struct Start {
     f: StartFn,
     arg: *mut c_void,
+    /// The pages of a stack the program gave it from the arena, pinned
+    /// (`(first, n)`; n = 0: none).
+    stack: (usize, usize),
 }
 
 extern "C" fn start_unpinned(a: *mut c_void) -> *mut c_void {
@@ -809,6 +836,9 @@ extern "C" fn start_unpinned(a: *mut c_void) -> *mut c_void {
     if let Err(e) = crate::sud::enable_thread() {
         eprintln!("ztier: a new thread cannot protect its system calls: {e}: aborting");
         std::process::abort();
+    }
+    if s.stack.1 > 0 {
+        crate::as_inside(|| crate::sud::keep_thread_stack(s.stack.0, s.stack.1));
     }
     crate::sud::rearm();
     (s.f)(s.arg)
@@ -852,16 +882,32 @@ pub unsafe extern "C" fn pthread_create(
     // the DTV could be evicted, and that read would fault while holding
     // the lock the handler needs to serve it (seen: `free` of a large
     // block deadlocked the handler).
-    if (crate::ALLOWED.get().is_none() && !crate::sud::active()) || crate::inside() {
+    // A stack the program gives from the arena (`pthread_attr_setstack`
+    // on memory from malloc) holds, besides the frames, the thread's
+    // control block and thread-locals — the library's among them, read
+    // under the manager's lock, and the dispatch selector, which the
+    // kernel reads at each system call. It stays resident while the
+    // thread runs: pinned from before the thread starts, then kept for
+    // it (until the memory is released or the thread is gone).
+    // SAFETY: the program's attributes, as glibc reads them.
+    let stack = unsafe { arena_stack(attr) };
+    if (crate::ALLOWED.get().is_none() && !crate::sud::active() && stack.is_none()) || crate::inside() {
         // SAFETY: forwarding.
         return crate::as_inside(|| unsafe { real(t, attr, f, arg) });
     }
-    let s = crate::as_inside(|| Box::into_raw(Box::new(Start { f, arg })));
+    let stack = stack.unwrap_or((0, 0));
+    if stack.1 > 0 {
+        crate::as_inside(|| crate::sud::pin_thread_stack(stack.0, stack.1));
+    }
+    let s = crate::as_inside(|| Box::into_raw(Box::new(Start { f, arg, stack })));
     // SAFETY: forwarding with our trampoline, which takes ownership of `s`.
     let r = crate::as_inside(|| unsafe { real(t, attr, start_unpinned, s.cast()) });
     if r != 0 {
         // SAFETY: the thread was not created; `s` is still ours.
         crate::as_inside(|| drop(unsafe { Box::from_raw(s) }));
+        if stack.1 > 0 {
+            crate::as_inside(|| crate::sud::unpin_thread_stack(stack.0, stack.1));
+        }
     }
     r
 }

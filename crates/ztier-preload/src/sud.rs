@@ -143,22 +143,22 @@
 //!   memory it does not know resident) aborts with a message at once;
 //!   a service that stops making progress is caught by the watchdog.
 //!
-//! **Memory the kernel writes outside a system call.** An alternate
-//! signal stack (`sigaltstack`) gets the frame of every `SA_ONSTACK`
-//! signal, and an `rseq` area the CPU number on the way back to user
-//! space; in the arena, a missing page there would fail the kernel's
+//! **Memory the kernel writes outside a system call.** A signal frame
+//! goes below the interrupted stack pointer, or on the alternate signal
+//! stack; in the arena, a missing page there would fail the kernel's
 //! write and kill the process with `SIGSEGV` (measured: at the first
-//! signal). Both are set by a system call, so the call's handler keeps
-//! the new range pinned for that thread
-//! ([`crate::manager::Manager::keep_pinned`]) — before the call runs,
-//! through it and after it — until the thread replaces or drops it
-//! (`SS_DISABLE`, `RSEQ_FLAG_UNREGISTER`), the memory is released, or
-//! the thread is gone (checked at the next such call); a forked child
-//! keeps the forking thread's. And since the handler's own return
-//! (`rt_sigreturn`) sets the alternate stack back to the one saved in
-//! its frame, a `sigaltstack` run from it writes the new stack into the
-//! frame it returns through (without that, a thread's `sigaltstack` was
-//! silently undone).
+//! signal). So every handler is `SA_ONSTACK` and the kernel's alternate
+//! stack is always one of the library's, outside the arena; the
+//! program's own (`sigaltstack`) is emulated, and the program's handlers
+//! run where the kernel would have run them ([`crate::sigstack`]). An
+//! `rseq` area gets the CPU number on the way back to user space: it is
+//! set by a system call, so the call's handler keeps the new range
+//! pinned for that thread ([`crate::manager::Manager::keep_pinned`]) —
+//! before the call runs, through it and after it — until the thread
+//! replaces or drops it, the memory is released, or the thread is gone
+//! (checked at the next such call); a forked child keeps the forking
+//! thread's. A stack the program gives a thread from the arena is kept
+//! pinned the same way (see `pthread_create` in the shim).
 //!
 //! **Jumps out of a signal handler.** A program's signal handler that
 //! ran while the dispatch handler made a blocking call for it (a
@@ -180,11 +180,9 @@
 //! pins ended by a thread-specific key's destructor. `pinned_bytes` in
 //! the stats says what was still pinned at exit.
 //!
-//! Left out: a thread running on a stack in the arena (a coroutine's
-//! stack from malloc: the frames of signals delivered there),
-//! asynchronous I/O and `io_uring` buffers; a jump out of the dispatch
-//! handler that does not go through glibc's exported functions (a
-//! program's own assembly) still leaves that thread unprotected.
+//! Left out: asynchronous I/O and `io_uring` buffers; a jump out of the
+//! dispatch handler that does not go through glibc's exported functions
+//! (a program's own assembly) still leaves that thread unprotected.
 
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -268,15 +266,7 @@ fn take_off(frame: usize, pinned: &Ranges) -> bool {
     // over before this goes on).
     FLIGHTS.with(|c| unsafe { (*c.get())[n] = f });
     FLIGHTS_N.with(|c| c.set(n + 1));
-    if !EXIT_HOOKED.with(Cell::get) {
-        EXIT_HOOKED.with(|c| c.set(true));
-        let key = EXIT_KEY.load(Ordering::Relaxed);
-        if key != u32::MAX {
-            // SAFETY: a key made by `install`; the value only marks the
-            // thread (its destructor runs at the thread's exit).
-            unsafe { libc::pthread_setspecific(key, std::ptr::dangling::<libc::c_void>()) };
-        }
-    }
+    hook_exit();
     true
 }
 
@@ -315,14 +305,50 @@ fn abandon_flights(target: usize) {
 }
 
 /// The key whose destructor ends a thread's calls in flight at its exit
-/// (`u32::MAX`: none).
+/// and puts its stack aside (`u32::MAX`: none).
 static EXIT_KEY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+
+/// [`EXIT_KEY`], made when first wanted.
+fn exit_key() -> u32 {
+    static MADE: std::sync::Once = std::sync::Once::new();
+    MADE.call_once(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: a new key with a destructor of ours.
+        if unsafe { libc::pthread_key_create(&mut key, Some(flights_at_exit)) } == 0 {
+            EXIT_KEY.store(key, Ordering::Relaxed);
+        }
+    });
+    EXIT_KEY.load(Ordering::Relaxed)
+}
 
 /// At a thread's exit (after a cancellation inside a call): its pins
 /// still in flight end.
 extern "C" fn flights_at_exit(_: *mut libc::c_void) {
     let _sud = Allow::new();
     abandon_flights(usize::MAX);
+    crate::sigstack::detach();
+}
+
+/// Marks the thread for [`flights_at_exit`] (once).
+pub(crate) fn hook_exit() {
+    if !EXIT_HOOKED.with(Cell::get) {
+        EXIT_HOOKED.with(|c| c.set(true));
+        let key = exit_key();
+        if key != u32::MAX {
+            // SAFETY: a key made by `install`; the value only marks the
+            // thread (its destructor runs at the thread's exit).
+            unsafe { libc::pthread_setspecific(key, std::ptr::dangling::<libc::c_void>()) };
+        }
+    }
+}
+
+/// The stack pointer a signal interrupted.
+///
+/// # Safety
+/// `ctx` is the kernel's ucontext for a signal being handled.
+unsafe fn interrupted_sp(ctx: *mut libc::c_void) -> usize {
+    // SAFETY: as the caller promises.
+    unsafe { (*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs[libc::REG_RSP as usize] as usize }
 }
 
 // The region system calls are always allowed from: a six-argument
@@ -396,7 +422,7 @@ pub fn active() -> bool {
 }
 
 /// Runs a system call from inside the region (never dispatched).
-fn raw(nr: i64, a: [u64; 6]) -> i64 {
+pub(crate) fn raw(nr: i64, a: [u64; 6]) -> i64 {
     // SAFETY: the arguments are the program's own for this call (or ours,
     // valid for it); the kernel checks them.
     unsafe { ztier_sud_syscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5]) }
@@ -436,6 +462,8 @@ fn keep(slot: &[AtomicU64; 4], a: &KSigaction) {
 /// The program's handlers for the other signals (handler, flags; 0: none),
 /// which the kernel runs through [`on_program_signal`].
 static PROGRAM_HANDLERS: [[AtomicU64; 2]; 65] = [const { [const { AtomicU64::new(0) }; 2] }; 65];
+/// Their restorers (glibc's `__restore_rt`), shown back to the program.
+static PROGRAM_RESTORERS: [AtomicU64; 65] = [const { AtomicU64::new(0) }; 65];
 
 fn is_function(handler: u64) -> bool {
     !matches!(handler as usize, libc::SIG_DFL | libc::SIG_IGN)
@@ -449,17 +477,24 @@ fn wrapped(sig: libc::c_int, mut k: KSigaction) -> KSigaction {
     if is_function(k.handler) && k.handler != on_program_signal as *const () as usize as u64 {
         PROGRAM_HANDLERS[sig as usize][0].store(k.handler, Ordering::Relaxed);
         PROGRAM_HANDLERS[sig as usize][1].store(k.flags, Ordering::Relaxed);
+        PROGRAM_RESTORERS[sig as usize].store(k.restorer, Ordering::Relaxed);
         k.handler = on_program_signal as *const () as usize as u64;
-        k.flags |= libc::SA_SIGINFO as u64;
+        // The frame on the library's stack; the handler itself runs
+        // where the kernel would have run it (`crate::sigstack::run`).
+        // The return is the region's own `rt_sigreturn`: glibc's restorer
+        // would take a dispatch signal to make the same call.
+        k.flags |= libc::SA_SIGINFO as u64 | libc::SA_ONSTACK as u64 | SA_RESTORER;
+        k.restorer = ztier_sud_sigreturn as *const () as usize as u64;
     }
     k
 }
 
 /// The program's view of the kernel's action `k` for `sig`, with `was` the
 /// handler and flags recorded for it when the kernel's was set.
-fn unwrapped(mut k: KSigaction, was: (u64, u64)) -> KSigaction {
+fn unwrapped(mut k: KSigaction, was: (u64, u64), restorer: u64) -> KSigaction {
     if k.handler == on_program_signal as *const () as usize as u64 {
         (k.handler, k.flags) = was;
+        k.restorer = restorer;
     }
     k
 }
@@ -520,6 +555,8 @@ pub fn let_go() {
 /// when it returns (a handler that leaves by a jump is seen to by
 /// [`jump`]). Elsewhere the handler runs as the kernel would run it.
 extern "C" fn on_program_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel's ucontext for this signal.
+    let _entry = crate::sigstack::Entry::new(unsafe { interrupted_sp(ctx) });
     let (h, flags) = recorded(sig);
     let one_shot = flags & libc::SA_RESETHAND as u64 != 0;
     if HOLDING.with(Cell::get) > 0 && crate::sys::ASYNC_SIGNALS & bit(sig) != 0 && !one_shot {
@@ -557,16 +594,7 @@ extern "C" fn on_program_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ct
         set_selector(BLOCK);
     }
     if is_function(h) && h != 0 {
-        if flags & libc::SA_SIGINFO as u64 != 0 {
-            // SAFETY: the program installed this SA_SIGINFO handler.
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                unsafe { std::mem::transmute(h as usize) };
-            f(sig, info, ctx)
-        } else {
-            // SAFETY: the program installed this handler.
-            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h as usize) };
-            f(sig)
-        }
+        crate::sigstack::run(sig, h, flags, info, ctx);
     }
     if caught {
         set_selector(ALLOW);
@@ -583,7 +611,8 @@ fn take_over(
 ) -> std::io::Result<()> {
     let act = KSigaction {
         handler: handler as *const () as usize as u64,
-        flags: libc::SA_SIGINFO as u64 | SA_RESTORER | extra,
+        // SA_ONSTACK: frames on the library's stack (`crate::sigstack`).
+        flags: libc::SA_SIGINFO as u64 | SA_RESTORER | libc::SA_ONSTACK as u64 | extra,
         restorer: ztier_sud_sigreturn as *const () as usize as u64,
         mask,
     };
@@ -603,11 +632,7 @@ fn take_over(
 /// `--fault-path signal`) and enables dispatch for the calling thread.
 /// The error says why dispatch is not available.
 pub fn install(sigbus: bool) -> std::io::Result<()> {
-    let mut key: libc::pthread_key_t = 0;
-    // SAFETY: a new key with a destructor of ours.
-    if unsafe { libc::pthread_key_create(&mut key, Some(flights_at_exit)) } == 0 {
-        EXIT_KEY.store(key, Ordering::Relaxed);
-    }
+    exit_key();
     // SA_NODEFER: a handler of the program run during a call made here
     // (see `on_program_signal`) has its own calls caught.
     take_over(libc::SIGSYS, on_sigsys, libc::SA_NODEFER as u64, 0, &PROGRAM_SIGSYS)?;
@@ -669,6 +694,9 @@ pub fn enable_thread() -> std::io::Result<()> {
         return Err(std::io::Error::new(e.kind(), format!("syscall user dispatch: {e}")));
     }
     ENABLED.with(|c| c.set(true));
+    if crate::sigstack::attach(true) {
+        hook_exit();
+    }
     Ok(())
 }
 
@@ -1003,12 +1031,6 @@ fn memory_of(nr: i64, a: [u64; 6], r: &mut Ranges) -> bool {
             const STACK: u64 = std::mem::size_of::<libc::stack_t>() as u64;
             r.push(a[0], STACK);
             r.push(a[1], STACK);
-            // The new stack itself: pinned through the call, then kept
-            // (see `keep_kernel_memory`), so that no signal finds it
-            // missing in between.
-            if let Some((sp, size)) = new_alt_stack(a) {
-                r.push(sp, size);
-            }
         }
         SYS_rseq => r.push(a[0], a[1]),
         _ => return false,
@@ -1049,11 +1071,17 @@ fn unpin(g: &crate::Global, pinned: &Ranges) {
 
 /// Runs a dispatched call with its memory pinned.
 fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
+    dispatch_via(nr, a, || raw(nr, a))
+}
+
+/// As [`dispatch`], with `call` making the call (or doing what the
+/// library does in its place).
+fn dispatch_via(nr: i64, a: [u64; 6], call: impl Fn() -> i64) -> i64 {
     let g = match crate::STATE.load(Ordering::Acquire) {
         crate::READY if !crate::inside() => crate::GLOBAL.get(),
         _ => None,
     };
-    let Some(g) = g else { return raw(nr, a) };
+    let Some(g) = g else { return call() };
     g.stats.dispatched_calls.fetch_add(1, Ordering::Relaxed);
     // A long read or write into the arena runs in parts of at most a
     // quarter of the budget, so that what it pins stays well within it.
@@ -1074,9 +1102,9 @@ fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
     if pinned.n > 0 {
         g.stats.pinned_calls.fetch_add(1, Ordering::Relaxed);
     }
-    let frame = &pinned as *const Ranges as usize;
+    let frame = crate::sigstack::frame_for_jumps(&pinned as *const Ranges as usize);
     let mut flying = take_off(frame, &pinned);
-    let mut ret = raw(nr, a);
+    let mut ret = call();
     // A call not in the table: if the kernel met a missing page behind
     // one of its arguments, bring back more there and run it again.
     let mut tries = 0;
@@ -1096,7 +1124,7 @@ fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
             land();
         }
         flying = take_off(frame, &pinned);
-        ret = raw(nr, a);
+        ret = call();
         tries += 1;
     }
     if ret == 0 {
@@ -1275,7 +1303,7 @@ unsafe fn leave_levels(env: *const u64) {
     }
     let depth = DEPTH.with(Cell::get);
     let fast = FAST.with(Cell::get);
-    if depth == 0 && !fast && FLIGHTS_N.with(Cell::get) == 0 {
+    if depth == 0 && !fast && FLIGHTS_N.with(Cell::get) == 0 && !crate::sigstack::in_handler() {
         return;
     }
     let guard: u64;
@@ -1287,6 +1315,7 @@ unsafe fn leave_levels(env: *const u64) {
     // SAFETY: the jmp_buf's saved rsp (index 6 of glibc's x86-64 layout),
     // mangled as glibc's PTR_MANGLE does: xor with the guard, rotate left 17.
     let target = unsafe { env.add(6).read() }.rotate_right(17) ^ guard;
+    crate::sigstack::leave(target as usize);
     // Calls in flight the jump leaves: their pins end.
     abandon_flights(target as usize);
     let saved = SAVED_SP.with(Cell::get);
@@ -1310,18 +1339,6 @@ unsafe fn leave_levels(env: *const u64) {
     }
 }
 
-/// The alternate stack a `sigaltstack` call sets (`None` when it only
-/// reads the current one or disables it).
-fn new_alt_stack(a: [u64; 6]) -> Option<(u64, u64)> {
-    if a[0] == 0 {
-        return None;
-    }
-    // SAFETY: the program's stack_t, as the call reads it (a bad pointer
-    // would fault in the program's own call natively too).
-    let ss = unsafe { (a[0] as *const libc::stack_t).read_unaligned() };
-    (ss.ss_flags & libc::SS_DISABLE == 0).then_some((ss.ss_sp as u64, ss.ss_size as u64))
-}
-
 /// After a successful `sigaltstack` or `rseq`: memory the kernel will
 /// write for this thread outside any system call (signal frames, the
 /// CPU number) stays pinned while registered, since under a
@@ -1330,7 +1347,6 @@ fn new_alt_stack(a: [u64; 6]) -> Option<(u64, u64)> {
 fn keep_kernel_memory(g: &crate::Global, nr: i64, a: [u64; 6]) {
     use crate::manager::KeptKind;
     let (kind, range) = match nr {
-        libc::SYS_sigaltstack if a[0] != 0 => (KeptKind::AltStack, new_alt_stack(a)),
         // RSEQ_FLAG_UNREGISTER is 1.
         libc::SYS_rseq => (KeptKind::Rseq, (a[2] & 1 == 0).then_some((a[0], a[1]))),
         _ => return,
@@ -1352,10 +1368,38 @@ fn keep_kernel_memory(g: &crate::Global, nr: i64, a: [u64; 6]) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     let what = match kind {
-        KeptKind::AltStack => "an alternate signal stack",
         KeptKind::Rseq => "an rseq area",
+        KeptKind::Stack => "a thread's stack",
     };
     until_pinned(g, what, |m| m.keep_pinned(tid, kind, first, n, &g.stats));
+}
+
+/// Pins the pages of a stack the program gives a new thread, before
+/// the thread starts (see `pthread_create` in the shim).
+pub fn pin_thread_stack(first: usize, n: usize) {
+    if let Some(g) = crate::GLOBAL.get() {
+        until_pinned(g, "a thread's stack", |m| m.pin(first, n, &g.stats));
+    }
+}
+
+/// Ends [`pin_thread_stack`] (the thread was not created).
+pub fn unpin_thread_stack(first: usize, n: usize) {
+    if let Some(g) = crate::GLOBAL.get() {
+        crate::lock_program(g).unpin(first, n);
+    }
+}
+
+/// In the new thread: its stack stays pinned for it
+/// ([`crate::manager::Manager::keep_pinned`]), and the pin made before
+/// it started ends.
+pub fn keep_thread_stack(first: usize, n: usize) {
+    if let Some(g) = crate::GLOBAL.get() {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        use crate::manager::KeptKind;
+        until_pinned(g, "a thread's stack", |m| m.keep_pinned(tid, KeptKind::Stack, first, n, &g.stats));
+        crate::lock_program(g).unpin(first, n);
+    }
 }
 
 /// Runs a pin (`f`, under the manager's lock) until it is done: `false`
@@ -1474,6 +1518,7 @@ fn sigaction(a: [u64; 6]) -> i64 {
         return raw(libc::SYS_rt_sigaction, a);
     }
     let was = recorded(sig);
+    let was_restorer = PROGRAM_RESTORERS[sig as usize].load(Ordering::Relaxed);
     let mut prev = KSigaction::default();
     let k = (!act.is_null()).then(|| {
         // SAFETY: the program's sigaction.
@@ -1486,11 +1531,12 @@ fn sigaction(a: [u64; 6]) -> i64 {
     if r != 0 {
         PROGRAM_HANDLERS[sig as usize][0].store(was.0, Ordering::Relaxed);
         PROGRAM_HANDLERS[sig as usize][1].store(was.1, Ordering::Relaxed);
+        PROGRAM_RESTORERS[sig as usize].store(was_restorer, Ordering::Relaxed);
         return r;
     }
     if !old.is_null() {
         // SAFETY: the program's out-parameter.
-        unsafe { old.write_unaligned(unwrapped(prev, was)) };
+        unsafe { old.write_unaligned(unwrapped(prev, was, was_restorer)) };
     }
     r
 }
@@ -1528,16 +1574,7 @@ fn chain(sig: libc::c_int, slot: &[AtomicU64; 4], info: *mut libc::siginfo_t, ct
             let was = unsafe { (&was as *const libc::sigset_t).cast::<u64>().read() };
             let set = (was | a.mask | if nodefer { 0 } else { bit(sig) }) & !ours();
             raw(libc::SYS_rt_sigprocmask, [libc::SIG_SETMASK as u64, &set as *const u64 as u64, 0, 8, 0, 0]);
-            if a.flags & libc::SA_SIGINFO as u64 != 0 {
-                // SAFETY: the program installed this SA_SIGINFO handler.
-                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                    unsafe { std::mem::transmute(f) };
-                f(sig, info, ctx)
-            } else {
-                // SAFETY: the program installed this handler.
-                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(f) };
-                f(sig)
-            }
+            crate::sigstack::run(sig, f as u64, a.flags, info, ctx);
         }
     }
 }
@@ -1568,6 +1605,7 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SA_SIGINFO handler.
     let (code, uc) = unsafe { ((*info).si_code, &mut *ctx.cast::<libc::ucontext_t>()) };
     let _errno = KeepErrno::new();
+    let _entry = crate::sigstack::Entry::new(uc.uc_mcontext.gregs[libc::REG_RSP as usize] as usize);
     // SAFETY: this thread's own selector byte.
     let prev = unsafe { selector().read_volatile() };
     set_selector(ALLOW);
@@ -1627,19 +1665,11 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             libc::SYS_rt_sigprocmask => uc.uc_mcontext.gregs[rax] = sigprocmask(uc, a),
             libc::SYS_rt_sigaction => uc.uc_mcontext.gregs[rax] = sigaction(a),
             libc::SYS_sigaltstack => {
-                let r = dispatch(nr, a);
-                uc.uc_mcontext.gregs[rax] = r;
-                if r == 0 && a[0] != 0 {
-                    // This handler's return (rt_sigreturn) sets the
-                    // alternate stack back to the one saved in its frame:
-                    // the program's new one must be the one saved there.
-                    // SAFETY: stack_t is plain data; all zeros is valid.
-                    let mut cur: libc::stack_t = unsafe { std::mem::zeroed() };
-                    if raw(libc::SYS_sigaltstack, [0, &mut cur as *mut libc::stack_t as u64, 0, 0, 0, 0]) == 0
-                    {
-                        uc.uc_stack = cur;
-                    }
-                }
+                // The program's alternate stack is the library's to keep
+                // (see `crate::sigstack`); its two stack_t are pinned.
+                let sp = uc.uc_mcontext.gregs[libc::REG_RSP as usize] as usize;
+                uc.uc_mcontext.gregs[rax] =
+                    dispatch_via(nr, a, || crate::sigstack::sigaltstack(a[0], a[1], sp));
             }
             libc::SYS_execve | libc::SYS_execveat => {
                 // The new program starts with the signal mask of the
@@ -1667,6 +1697,8 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel's siginfo for this signal.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    // SAFETY: the kernel's ucontext for this signal.
+    let _entry = crate::sigstack::Entry::new(unsafe { interrupted_sp(ctx) });
     let ours = code == BUS_ADRERR && {
         let _errno = KeepErrno::new();
         // SAFETY: this thread's own selector byte.

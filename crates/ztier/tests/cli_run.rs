@@ -486,6 +486,23 @@ fn a_handler_run_during_a_blocked_call_has_its_calls_caught() {
     native_output_in_every_mode("handlers", "handler pages matched 24 of 24, short 0, failed calls 0");
 }
 
+/// Stacks in the arena (`coro.c`): 24 coroutines on stacks from malloc
+/// (`makecontext`/`swapcontext`) that recurse up to 240 KiB deep, make
+/// system calls from there, free large blocks, and go cold between
+/// rounds, with a timer signal every 200 µs; then a thread given a stack
+/// from malloc (`pthread_attr_setstack`). Before the library's own signal
+/// stack, both dispatch modes died with SIGSEGV at once (a signal frame
+/// written below the stack pointer into a missing page); before library
+/// code moved off such stacks, a direct `write` hung pinning under the
+/// manager's lock (a page of its own stack missing); and before a
+/// thread's stack from the arena was kept resident, that thread died
+/// with SIGSEGV in `start_thread` (its control block evicted). Same
+/// output as native in every mode.
+#[test]
+fn coroutine_and_thread_stacks_from_malloc() {
+    native_output_in_every_mode("coro", "thread on a stack from malloc: sum");
+}
+
 /// Memory the kernel writes for a thread outside its system calls —
 /// signal frames on an alternate stack from malloc, the CPU number in an
 /// rseq area from malloc — while it goes cold under the budget
