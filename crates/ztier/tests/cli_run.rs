@@ -471,6 +471,37 @@ fn native_output_in_every_mode(name: &str, line: &str) {
     }
 }
 
+/// glibc's mutexes, condition variables and semaphores, whose `futex`
+/// calls glibc makes inside itself, where they take the dispatch signal
+/// (`sync.c`: turns handed between two threads 6000 times each way under
+/// a mutex and a condition variable, and with semaphores; timeouts whose
+/// times lie in cold memory; four threads on contended semaphores and a
+/// broadcast; 64 sets of the objects a page apart, going cold between
+/// rounds). Same output as native in every mode, nothing left pinned.
+#[test]
+fn waits_and_wakes_on_cold_memory() {
+    let d = tmp("sync");
+    let exe = compile(&d, "sync");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    let text = String::from_utf8_lossy(&n.stdout).into_owned();
+    for line in ["condition variable turns 6000", "timeouts 160 of 160", "counted 1000000 (expected 1000000)"]
+    {
+        assert!(text.contains(line), "native run: {text}");
+    }
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
+        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
+        assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
+        assert_eq!(
+            s["per_process"][0]["pinned_bytes"].as_u64(),
+            Some(0),
+            "{path}, user-mode-only {umo}: {s}"
+        );
+    }
+}
+
 /// A signal handler of the program that runs while its thread is blocked
 /// in a system call the library made for it (`handlers.c`: a thread
 /// blocked in glibc's `read`, entered directly, and one blocked in a
