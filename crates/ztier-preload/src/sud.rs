@@ -180,9 +180,15 @@
 //! pins ended by a thread-specific key's destructor. `pinned_bytes` in
 //! the stats says what was still pinned at exit.
 //!
-//! Left out: asynchronous I/O and `io_uring` buffers; a jump out of the
-//! dispatch handler that does not go through glibc's exported functions
-//! (a program's own assembly) still leaves that thread unprotected.
+//! **Asynchronous I/O.** `io_uring_setup` and `io_setup` fail with
+//! `ENOSYS` (said once on stderr): the kernel reads and writes their
+//! buffers after the call that submits them, where no pin can reach, so
+//! a transfer on an evicted page would fail. Programs fall back to
+//! ordinary calls (libuv and liburing users do).
+//!
+//! Left out: a jump out of the dispatch handler that does not go through
+//! glibc's exported functions (a program's own assembly) still leaves
+//! that thread unprotected.
 
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1599,6 +1605,20 @@ impl Drop for KeepErrno {
     }
 }
 
+/// Says once, on stderr, that `io_uring` and Linux AIO are not offered
+/// (see [`on_sigsys`]).
+fn refuse_async_io() {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        let msg: &[u8] = if SIGBUS_ON.load(Ordering::Relaxed) {
+            b"ztier: io_uring and Linux AIO are not offered with --fault-path signal (the kernel would meet evicted buffers after the call): the program was told ENOSYS\n"
+        } else {
+            b"ztier: io_uring and Linux AIO are not offered under a user-mode-only userfaultfd (the kernel would meet evicted buffers after the call): the program was told ENOSYS; as root, or with vm.unprivileged_userfaultfd=1, they are\n"
+        };
+        raw(libc::SYS_write, [2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
+    }
+}
+
 /// The dispatch handler (see the module docs).
 extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo and ucontext to an
@@ -1670,6 +1690,15 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                 let sp = uc.uc_mcontext.gregs[libc::REG_RSP as usize] as usize;
                 uc.uc_mcontext.gregs[rax] =
                     dispatch_via(nr, a, || crate::sigstack::sigaltstack(a[0], a[1], sp));
+            }
+            libc::SYS_io_uring_setup | libc::SYS_io_setup => {
+                // Their buffers are read and written by the kernel after
+                // the call that submits them, where no pin can reach:
+                // each transfer on an evicted page would fail (measured:
+                // `run_progs/uring.c`, every transfer in both modes). The
+                // program is told they do not exist, and falls back.
+                refuse_async_io();
+                uc.uc_mcontext.gregs[rax] = -(libc::ENOSYS as i64);
             }
             libc::SYS_execve | libc::SYS_execveat => {
                 // The new program starts with the signal mask of the

@@ -502,6 +502,41 @@ fn waits_and_wakes_on_cold_memory() {
     }
 }
 
+/// `io_uring` transfers into and out of heap buffers that go cold
+/// (`uring.c`: 30 rounds of 64 writes and 64 reads of 16 KiB, falling
+/// back to `pwrite`/`pread` if `io_uring_setup` fails). In full mode the
+/// program uses `io_uring` as natively (the kernel's own faults are
+/// served); where system calls are caught, the kernel would meet evicted
+/// buffers after the submitting call, where nothing can pin them (before:
+/// all 3840 transfers failed, `EFAULT` or short, in both modes), so
+/// `io_uring_setup` fails with `ENOSYS`, said once on stderr, and the
+/// program falls back. Same output as native in every mode.
+#[test]
+fn io_uring_is_served_in_full_mode_and_refused_where_calls_are_caught() {
+    let d = tmp("uring");
+    let exe = compile(&d, "uring");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{n:?}");
+    let text = String::from_utf8_lossy(&n.stdout).into_owned();
+    assert!(text.contains("failed transfers 0"), "native run: {text}");
+    let native_way = String::from_utf8_lossy(&n.stderr).into_owned();
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
+        let err = String::from_utf8_lossy(&m.stderr);
+        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
+        assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
+        if path == "thread" && umo == "0" {
+            assert_eq!(err.contains("using io_uring"), native_way.contains("using io_uring"), "{err}");
+        } else {
+            assert!(
+                err.contains("the program was told ENOSYS") && err.contains("using pread/pwrite"),
+                "{err}"
+            );
+        }
+    }
+}
+
 /// A signal handler of the program that runs while its thread is blocked
 /// in a system call the library made for it (`handlers.c`: a thread
 /// blocked in glibc's `read`, entered directly, and one blocked in a

@@ -51,7 +51,9 @@ kernel's own accesses to evicted memory are not reported, so each system call\n\
 of the program is caught first and the memory it reads or writes brought back\n\
 (a signal per call, except the common ones made through glibc's functions -\n\
 read/write and kin, open, stat, socket calls, poll/epoll_wait, syscall - which\n\
-ztier enters directly; --clean wp becomes verify).")]
+ztier enters directly; --clean wp becomes verify). io_uring and Linux AIO are not\n\
+offered in that mode (their buffers are used after the call: the program is told\n\
+ENOSYS and falls back), and signal frames go to a stack of ztier's.")]
 pub struct RunArgs {
     /// Most uncompressed memory (managed pages resident) per process, e.g. 256M.
     /// With --policy: resident pages and the compressed store together.
@@ -123,8 +125,8 @@ pub struct RunArgs {
     /// handler (UFFD_FEATURE_SIGBUS) — less time per fault, but every system
     /// call of the program is then caught first, as in user-mode-only mode
     /// (a signal per call, ~4 µs, except the read/write family entered
-    /// directly through glibc's functions), and --clean wp becomes verify.
-    /// Pays for programs that fault far more often than they make other
+    /// directly through glibc's functions), --clean wp becomes verify, and
+    /// io_uring and Linux AIO are not offered (ENOSYS). Pays for programs that fault far more often than they make other
     /// system calls.
     #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "thread", value_parser = ["thread", "signal"])]
     pub fault_path: String,
