@@ -45,8 +45,10 @@
 //!   there.
 //! - A signal that comes while a program's handler runs gets its frame
 //!   on the program's stack, as natively, unless that stack is in the
-//!   arena: then the signal part below the running wrapper is armed
-//!   first (one system call), so the frame lands here too.
+//!   arena or is the program's alternate stack (small: sized for its
+//!   handler, not for the dispatch handler of each call made there):
+//!   then the signal part below the running wrapper is armed first (one
+//!   system call), so the frame lands here too.
 //! - The program's own alternate stack (`sigaltstack`) is emulated: the
 //!   call records it for the thread and reports it, `SS_ONSTACK` from
 //!   the caller's stack pointer, `EPERM` to change it while on it,
@@ -343,11 +345,15 @@ pub fn run(sig: libc::c_int, h: u64, flags: u64, info: *mut libc::siginfo_t, ctx
         PROGRAM.with(|p| p.set((0, 0, libc::SS_DISABLE)));
     }
     // Signals that come while the handler runs get frames below this
-    // one's — needed only if the handler runs in the arena; elsewhere
-    // they go on the handler's stack, as natively (no system call).
+    // one's — needed if the handler runs in the arena, or on the
+    // program's alternate stack (sized for its handler alone: the
+    // dispatch handler of a call made there, with its frame, overflowed
+    // Rust's, and a stack overflow report ended in SIGSEGV instead of
+    // its abort); on the program's own stack elsewhere they go on the
+    // handler's stack, as natively (no system call).
     let top = here().saturating_sub(512) & !15;
     let in_arena = crate::GLOBAL.get().is_some_and(|g| g.in_arena(start.saturating_sub(1)));
-    let top = if in_arena && top > base + LIB + MIN_LEFT { top } else { 0 };
+    let top = if (in_arena || onstack) && top > base + LIB + MIN_LEFT { top } else { 0 };
     if top != 0 {
         arm(base, top);
     }

@@ -537,6 +537,32 @@ fn io_uring_is_served_in_full_mode_and_refused_where_calls_are_caught() {
     }
 }
 
+/// A stack overflow reported from a `SIGSEGV` handler on an 8 KiB
+/// alternate stack, as Rust's runtime reports one (`overflow.c`: a
+/// message, signal masks set, `abort()`). Where system calls are caught,
+/// the dispatch handler of each call the handler makes ran on that small
+/// stack and overflowed it: the process died by `SIGSEGV` (exit 139 with
+/// `--fault-path signal`, and in both modes for a Rust program) instead of
+/// `SIGABRT`. Same output and the same signal as native in every mode.
+#[test]
+fn a_handler_on_a_small_alternate_stack_makes_its_calls() {
+    use std::os::unix::process::ExitStatusExt;
+    let d = tmp("overflow");
+    let exe = compile(&d, "overflow");
+    let n = native(&[&exe], &d);
+    assert_eq!(n.status.signal(), Some(libc::SIGABRT), "{n:?}");
+    let text = String::from_utf8_lossy(&n.stdout).into_owned();
+    assert!(text.contains("thread has overflowed its stack"), "native run: {text}");
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
+        assert_eq!(m.status.code(), Some(128 + libc::SIGABRT), "{path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
+        // An aborted process writes no stats of its own (40 MiB of
+        // ballast under a 16 MiB budget all the same).
+        assert_eq!(s["exit_code"].as_i64(), Some(128 + libc::SIGABRT as i64), "{s}");
+    }
+}
+
 /// A signal handler of the program that runs while its thread is blocked
 /// in a system call the library made for it (`handlers.c`: a thread
 /// blocked in glibc's `read`, entered directly, and one blocked in a
