@@ -601,9 +601,11 @@ fn coroutine_and_thread_stacks_from_malloc() {
 /// (`kernel_writes.c`: also a thread that replaces its alternate stack,
 /// and a forked child that keeps the one it inherited). With faults
 /// served in the faulting thread, and in user-mode-only mode, the kernel's
-/// write to a missing page is not served but kills the process
-/// (SIGSEGV at the first signal, before these pages were kept pinned); in
-/// every mode the output is the native one.
+/// write to a missing page is not served but kills the process (SIGSEGV
+/// at the first signal, before the alternate stack was kept pinned; now
+/// the kernel writes every frame to a stack of the library's and the
+/// program's handler runs on its alternate stack in user mode, while the
+/// rseq area stays pinned); in every mode the output is the native one.
 #[test]
 fn memory_the_kernel_writes_outside_system_calls() {
     let d = tmp("kernel-writes");
