@@ -457,17 +457,31 @@ fn asynchronous_signals_reach_the_program_and_never_wait_on_the_library() {
 /// contain `line`), then in each mode at `--budget 16M`: the same output,
 /// with its heap managed and under pressure (over 10 k compressions).
 fn native_output_in_every_mode(name: &str, line: &str) {
+    native_output_in_every_mode_and(name, &[line], |_, _, _, _| {});
+}
+
+/// As [`native_output_in_every_mode`], with every one of `lines` in the
+/// native output, and `more` checking each mode's run besides (the mode,
+/// the managed run and its stats, the native run).
+fn native_output_in_every_mode_and(
+    name: &str,
+    lines: &[&str],
+    more: impl Fn((&str, &str), &Output, &serde_json::Value, &Output),
+) {
     let d = tmp(name);
     let exe = compile(&d, name);
     let n = native(&[&exe], &d);
-    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    assert!(n.status.success(), "{n:?}");
     let text = String::from_utf8_lossy(&n.stdout).into_owned();
-    assert!(text.contains(line), "native run: {text}");
+    for line in lines {
+        assert!(text.contains(line), "native run: {text}");
+    }
     for (path, umo) in MODES {
         let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
         assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
         assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
         assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
+        more((path, umo), &m, &s, &n);
     }
 }
 
@@ -480,26 +494,12 @@ fn native_output_in_every_mode(name: &str, line: &str) {
 /// rounds). Same output as native in every mode, nothing left pinned.
 #[test]
 fn waits_and_wakes_on_cold_memory() {
-    let d = tmp("sync");
-    let exe = compile(&d, "sync");
-    let n = native(&[&exe], &d);
-    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
-    let text = String::from_utf8_lossy(&n.stdout).into_owned();
-    for line in ["condition variable turns 6000", "timeouts 160 of 160", "counted 1000000 (expected 1000000)"]
-    {
-        assert!(text.contains(line), "native run: {text}");
-    }
-    for (path, umo) in MODES {
-        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
-        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
-        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
-        assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
-        assert_eq!(
-            s["per_process"][0]["pinned_bytes"].as_u64(),
-            Some(0),
-            "{path}, user-mode-only {umo}: {s}"
-        );
-    }
+    let lines =
+        ["condition variable turns 6000", "timeouts 160 of 160", "counted 1000000 (expected 1000000)"];
+    native_output_in_every_mode_and("sync", &lines, |(path, umo), _, s, _| {
+        let pinned = s["per_process"][0]["pinned_bytes"].as_u64();
+        assert_eq!(pinned, Some(0), "{path}, user-mode-only {umo}: {s}");
+    });
 }
 
 /// `io_uring` transfers into and out of heap buffers that go cold
@@ -513,19 +513,8 @@ fn waits_and_wakes_on_cold_memory() {
 /// program falls back. Same output as native in every mode.
 #[test]
 fn io_uring_is_served_in_full_mode_and_refused_where_calls_are_caught() {
-    let d = tmp("uring");
-    let exe = compile(&d, "uring");
-    let n = native(&[&exe], &d);
-    assert!(n.status.success(), "{n:?}");
-    let text = String::from_utf8_lossy(&n.stdout).into_owned();
-    assert!(text.contains("failed transfers 0"), "native run: {text}");
-    let native_way = String::from_utf8_lossy(&n.stderr).into_owned();
-    for (path, umo) in MODES {
-        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
-        let err = String::from_utf8_lossy(&m.stderr);
-        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
-        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
-        assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
+    native_output_in_every_mode_and("uring", &["failed transfers 0"], |(path, umo), m, _, n| {
+        let (err, native_way) = (String::from_utf8_lossy(&m.stderr), String::from_utf8_lossy(&n.stderr));
         if path == "thread" && umo == "0" {
             assert_eq!(err.contains("using io_uring"), native_way.contains("using io_uring"), "{err}");
         } else {
@@ -534,7 +523,7 @@ fn io_uring_is_served_in_full_mode_and_refused_where_calls_are_caught() {
                 "{err}"
             );
         }
-    }
+    });
 }
 
 /// A stack overflow reported from a `SIGSEGV` handler on an 8 KiB
