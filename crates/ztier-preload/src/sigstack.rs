@@ -167,7 +167,13 @@ pub fn attach(arm_it: bool) -> bool {
     ARMED.with(|a| a.set(true));
     // A child forked from inside a handler of the program keeps its
     // level's setting.
-    let n = LEVELS_N.with(Cell::get);
+    arm_for_levels(base, LEVELS_N.with(Cell::get));
+    true
+}
+
+/// Arms the stack at `base` as the innermost of the first `n` levels of
+/// the program's handlers had it, or whole if `n` is 0.
+fn arm_for_levels(base: usize, n: usize) {
     match n {
         0 => arm(base, base + SIZE),
         _ => match LEVELS.with(Cell::get).get(n - 1).map_or(0, |l| l.1) {
@@ -175,7 +181,6 @@ pub fn attach(arm_it: bool) -> bool {
             top => arm(base, top),
         },
     }
-    true
 }
 
 /// A stack put aside by a thread that is gone.
@@ -470,13 +475,7 @@ pub fn leave(target: usize) {
     if base == 0 || !ARMED.with(Cell::get) {
         return;
     }
-    match d {
-        0 => arm(base, base + SIZE),
-        _ => match levels.get(d - 1).map_or(0, |l| l.1) {
-            0 => disarm(),
-            top => arm(base, top),
-        },
-    }
+    arm_for_levels(base, d);
 }
 
 /// `sigaltstack(new, old)` of the program, made with stack pointer
