@@ -327,8 +327,9 @@ fn exit_key() -> u32 {
     EXIT_KEY.load(Ordering::Relaxed)
 }
 
-/// At a thread's exit (after a cancellation inside a call): its pins
-/// still in flight end.
+/// At a thread's exit: its pins still in flight end (after a
+/// cancellation inside a call), and its stack of the library's is put
+/// aside (`crate::sigstack::detach`).
 extern "C" fn flights_at_exit(_: *mut libc::c_void) {
     let _sud = Allow::new();
     abandon_flights(usize::MAX);
@@ -341,7 +342,7 @@ pub(crate) fn hook_exit() {
         EXIT_HOOKED.with(|c| c.set(true));
         let key = exit_key();
         if key != u32::MAX {
-            // SAFETY: a key made by `install`; the value only marks the
+            // SAFETY: a key made by `exit_key`; the value only marks the
             // thread (its destructor runs at the thread's exit).
             unsafe { libc::pthread_setspecific(key, std::ptr::dangling::<libc::c_void>()) };
         }
@@ -496,7 +497,8 @@ fn wrapped(sig: libc::c_int, mut k: KSigaction) -> KSigaction {
 }
 
 /// The program's view of the kernel's action `k` for `sig`, with `was` the
-/// handler and flags recorded for it when the kernel's was set.
+/// handler and flags and `restorer` the restorer recorded for it when the
+/// kernel's was set.
 fn unwrapped(mut k: KSigaction, was: (u64, u64), restorer: u64) -> KSigaction {
     if k.handler == on_program_signal as *const () as usize as u64 {
         (k.handler, k.flags) = was;
