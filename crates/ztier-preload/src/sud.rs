@@ -86,16 +86,21 @@
 //! **The program's signal handlers.** Under dispatch every handler the
 //! program installs (for a signal not of ours) is installed as
 //! [`on_program_signal`], which calls it; `rt_sigaction` shows the
-//! program its own. A signal can come while the library runs a blocking
-//! call for the thread with the selector at ALLOW (the dispatch
-//! handler's, or glibc's function entered directly): the program's
-//! handler then runs with the selector at BLOCK, so that its own calls
-//! are caught (the dispatch handler is `SA_NODEFER`, so such a call nests
-//! inside it), and ALLOW is put back when it returns. A signal that
-//! finds the thread holding the manager's lock (`crate::Held`: a handler
-//! could touch an evicted page, whose service needs that lock) is put
-//! aside and queued again with its siginfo when the lock is let go
-//! ([`hold`], [`let_go`]).
+//! program its own. A signal can come while the selector is at ALLOW:
+//! in a blocking call the library runs for the thread (the dispatch
+//! handler's, or glibc's function entered directly), or in the library's
+//! own code. The program's handler then runs at the program's level
+//! ([`ProgramLevel`]): the selector at BLOCK, so that its own calls are
+//! caught (the dispatch handler is `SA_NODEFER`, so such a call nests
+//! inside it), and the thread's library state (guards, dispatch depth,
+//! inside) as in the program's code; all of it is put back when it
+//! returns. A signal that finds the thread holding the manager's lock
+//! (`crate::Held`: a handler could touch an evicted page, whose service
+//! needs that lock) is put aside and queued again with its siginfo when
+//! the lock is let go ([`hold`], [`let_go`]). A one-shot handler
+//! (`SA_RESETHAND`) is put aside too: the kernel is not told it is one
+//! shot, and the default action is put back when the handler is run
+//! ([`reset_one_shot`]), not when the signal is delivered.
 //!
 //! The library's own code runs with the selector at ALLOW ([`Allow`], at
 //! every exported entry point): it must not wait for a pin (it may hold
@@ -491,6 +496,10 @@ fn wrapped(sig: libc::c_int, mut k: KSigaction) -> KSigaction {
         // The return is the region's own `rt_sigreturn`: glibc's restorer
         // would take a dispatch signal to make the same call.
         k.flags |= libc::SA_SIGINFO as u64 | libc::SA_ONSTACK as u64 | SA_RESTORER;
+        // A one-shot handler is reset by `on_program_signal` when it is
+        // run, not by the kernel when it delivers the signal: a delivery
+        // put aside (see `hold`) must still find the handler.
+        k.flags &= !(libc::SA_RESETHAND as u64);
         k.restorer = ztier_sud_sigreturn as *const () as usize as u64;
     }
     k
@@ -555,23 +564,18 @@ pub fn let_go() {
 }
 
 /// Every handler of the program for a signal not of [`ours`] (under
-/// dispatch): a signal can interrupt a call the library makes for the
-/// thread with the selector at ALLOW — a blocking one run by the dispatch
-/// handler, or glibc's function entered directly ([`fast`]) — and the
-/// program's handler must then run as the program's code does, with its
-/// calls caught; it runs with the selector at BLOCK, which is put back
-/// when it returns (a handler that leaves by a jump is seen to by
-/// [`jump`]). Elsewhere the handler runs as the kernel would run it.
+/// dispatch): put aside while the thread holds the manager's lock (see
+/// [`hold`]); a one-shot handler is reset here ([`reset_one_shot`]); a
+/// handler that interrupts the library runs at the program's level
+/// ([`ProgramLevel`]). Elsewhere the handler runs as the kernel would run
+/// it.
 extern "C" fn on_program_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel's ucontext for this signal.
     let _entry = crate::sigstack::Entry::new(unsafe { interrupted_sp(ctx) });
     let (h, flags) = recorded(sig);
-    let one_shot = flags & libc::SA_RESETHAND as u64 != 0;
-    if HOLDING.with(Cell::get) > 0 && crate::sys::ASYNC_SIGNALS & bit(sig) != 0 && !one_shot {
+    if HOLDING.with(Cell::get) > 0 && crate::sys::ASYNC_SIGNALS & bit(sig) != 0 {
         // The thread holds the manager's lock: later (see `hold`). A
-        // standard signal pending twice is delivered once anyway. (A
-        // one-shot handler's action is the default already, so it runs
-        // now.)
+        // standard signal pending twice is delivered once anyway.
         let n = ASIDE_N.with(Cell::get);
         let dup = sig < 32
             && (0..n.min(4)).any(|k| {
@@ -587,26 +591,101 @@ extern "C" fn on_program_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ct
         }
         return;
     }
-    if one_shot {
-        // The kernel has put the default action back already.
-        PROGRAM_HANDLERS[sig as usize][0].store(0, Ordering::Relaxed);
+    if flags & libc::SA_RESETHAND as u64 != 0 && !reset_one_shot(sig, h, flags) {
+        return;
+    }
+    if !is_function(h) || h == 0 {
+        return;
     }
     // SAFETY: this thread's own selector byte.
     let sel = unsafe { selector().read_volatile() };
-    let caught = sel == ALLOW
-        && ENABLED.with(Cell::get)
-        && GUARDS.with(Cell::get) == 0
-        && !crate::inside()
-        && (DEPTH.with(Cell::get) > 0 || FAST.with(Cell::get));
-    if caught {
-        set_selector(BLOCK);
-    }
-    if is_function(h) && h != 0 {
+    if sel == ALLOW && ENABLED.with(Cell::get) {
+        let _level = ProgramLevel::enter();
+        crate::sigstack::run(sig, h, flags, info, ctx);
+    } else {
         crate::sigstack::run(sig, h, flags, info, ctx);
     }
-    if caught {
-        set_selector(ALLOW);
+}
+
+/// A handler of the program run where the selector is at ALLOW: in a call
+/// the library makes for the thread (a blocking one run by the dispatch
+/// handler, or glibc's function entered directly, [`fast`]), or in the
+/// library's own code (an interposed function, the dispatch handler's
+/// own work, a signal sent again by [`let_go`]). The handler is the
+/// program's code all the same: it runs with the selector at BLOCK and
+/// the thread's library state as at the program's level (no guards, no
+/// dispatch handler, not inside), so that its calls are caught and
+/// emulated where they must be. A `sigaction` made there and let through
+/// would put the program's handler itself in the kernel, where it would
+/// then run while this thread holds the manager's lock. The state comes
+/// back when the handler returns; a handler that leaves by a jump leaves
+/// the library code it interrupted, and stays at the program's level
+/// (see [`jump`]).
+struct ProgramLevel {
+    guards: u32,
+    depth: u32,
+    fast: bool,
+    saved_sp: [u64; 8],
+    inside: bool,
+}
+
+impl ProgramLevel {
+    fn enter() -> ProgramLevel {
+        let l = ProgramLevel {
+            guards: GUARDS.with(|c| c.replace(0)),
+            depth: DEPTH.with(|c| c.replace(0)),
+            fast: FAST.with(|c| c.replace(false)),
+            saved_sp: SAVED_SP.with(Cell::get),
+            inside: crate::INSIDE.try_with(|c| c.replace(false)).unwrap_or(true),
+        };
+        set_selector(BLOCK);
+        l
     }
+}
+
+impl Drop for ProgramLevel {
+    fn drop(&mut self) {
+        set_selector(ALLOW);
+        GUARDS.with(|c| c.set(self.guards));
+        DEPTH.with(|c| c.set(self.depth));
+        FAST.with(|c| c.set(self.fast));
+        SAVED_SP.with(|c| c.set(self.saved_sp));
+        let _ = crate::INSIDE.try_with(|c| c.set(self.inside));
+    }
+}
+
+/// Puts the default action back for the one-shot handler `h` of `sig`
+/// (with the program's `flags`), as the kernel does when it delivers such
+/// a signal ([`wrapped`] leaves that to this). The signal is blocked here
+/// unless the handler asked for `SA_NODEFER`, so no other delivery of it
+/// comes to this thread meanwhile, and a delivery to another thread finds
+/// the handler taken: false, and the default action is taken for it, as
+/// the kernel would have (the signal is sent again, to be delivered once
+/// this handler returns). A `sigaction` for `sig` made by another thread
+/// during the few instructions between taking the handler and resetting
+/// the kernel's action is overwritten by the reset.
+fn reset_one_shot(sig: libc::c_int, h: u64, flags: u64) -> bool {
+    let slot = &PROGRAM_HANDLERS[sig as usize][0];
+    if h == 0 || slot.compare_exchange(h, 0, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+        let dfl = KSigaction::default();
+        raw(libc::SYS_rt_sigaction, [sig as u64, &dfl as *const _ as u64, 0, 8, 0, 0]);
+        // SAFETY: plain calls; the signal is delivered when this handler
+        // returns and the interrupted mask comes back.
+        unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), sig) };
+        return false;
+    }
+    // The program's view of the action, as the kernel leaves it after a
+    // delivery: the default, with the rest as the program set it.
+    let mut k = KSigaction::default();
+    raw(libc::SYS_rt_sigaction, [sig as u64, 0, &mut k as *mut _ as u64, 8, 0, 0]);
+    let k = KSigaction {
+        handler: libc::SIG_DFL as u64,
+        flags,
+        restorer: PROGRAM_RESTORERS[sig as usize].load(Ordering::Relaxed),
+        mask: k.mask,
+    };
+    raw(libc::SYS_rt_sigaction, [sig as u64, &k as *const _ as u64, 0, 8, 0, 0]);
+    true
 }
 
 /// Installs `handler` for `sig`, keeping the program's action in `slot`.

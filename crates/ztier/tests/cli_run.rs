@@ -453,6 +453,30 @@ fn asynchronous_signals_reach_the_program_and_never_wait_on_the_library() {
     native_output_in_every_mode("asyncsig", "sigwait took SIGUSR1: yes, then SIGTERM");
 }
 
+/// One-shot (`SA_RESETHAND`) handlers and handlers that install handlers
+/// (`oneshot.c`): a System V style handler that reads a cold page and
+/// re-arms itself with `sigaction`, its signal sent while the main thread
+/// allocates and frees large blocks; what `sigaction` reports after a
+/// one-shot delivery; a one-shot signal sent twice, and a `sysv_signal`
+/// handler raising its own signal, end a child by that signal. Before,
+/// in both dispatch modes, the handler ran where it interrupted ztier's
+/// code with its calls let through: its `sigaction` put the program's
+/// handler itself in the kernel, which then ran it while ztier's lock was
+/// held (hung until the watchdog aborted it).
+#[test]
+fn one_shot_handlers_and_handlers_that_rearm_themselves() {
+    native_output_in_every_mode_and(
+        "oneshot",
+        &[
+            "50 or more handled: yes",
+            "after: default 1, one-shot 1, restart 1, siginfo 0, onstack 0, mask has SIGINT 1",
+            "sent twice ended the child by signal 12",
+            "raising its signal ended the child by signal 12",
+        ],
+        |_, _, _, _| {},
+    );
+}
+
 /// Compiles `run_progs/NAME.c` and runs it natively (its output must
 /// contain `line`), then in each mode at `--budget 16M`: the same output,
 /// with its heap managed and under pressure (over 10 k compressions).
