@@ -995,7 +995,10 @@ fn stats_json(g: &Global) -> String {
         manager::lat_upper_ns(manager::LAT_BUCKETS - 1) as f64 / 1000.0
     };
     let (now_orig, now_stored, spilled, policy, resident_budget, user_mode_only) = {
-        let m = lock_program(g);
+        let mut m = lock_program(g);
+        // Pins kept for threads gone since (a robust mutex's until its
+        // owner is gone) are not pins any more.
+        m.drop_kept_of_gone();
         let st = m.store().stats();
         (st.orig_bytes, st.memory_used, st.tier_bytes, m.sizing(), m.budget() * PAGE, m.uffd.user_mode_only)
     };

@@ -659,6 +659,10 @@ pub enum KeptKind {
     Stack,
     /// An `rseq` area: the CPU number, on every return to user space.
     Rseq,
+    /// A robust mutex the thread holds as it exits (one entry each): the
+    /// kernel's walk of the thread's robust list reads and marks it
+    /// after the thread's last code has run.
+    Robust,
 }
 
 /// One kept pin: thread `tid`'s `kind` of memory, pages `[first, end)`.
@@ -1521,8 +1525,9 @@ impl Manager {
 
     /// Keeps pages `[first, first + n)` pinned for thread `tid`'s memory
     /// of `kind` until it is replaced (another call for the same thread
-    /// and kind; `n` = 0 drops it), released ([`Manager::release`]) or
-    /// the thread is gone. For memory the kernel reads or writes on the
+    /// and kind, except [`KeptKind::Robust`], whose entries add up; `n` =
+    /// 0 drops it, all of them for `Robust`), released
+    /// ([`Manager::release`]) or the thread is gone. For memory the kernel reads or writes on the
     /// thread's behalf outside any system call — an rseq area's CPU
     /// number; a stack the program gave the thread, which holds its
     /// control block, its thread-locals (the dispatch selector among
@@ -1545,27 +1550,39 @@ impl Manager {
         if first < end && !self.pin(first, end - first, stats)? {
             return Ok(false);
         }
+        self.drop_kept(|e| e.tid == tid && e.kind == kind && (kind != KeptKind::Robust || n == 0));
+        if first < end {
+            self.kept.push(Kept { tid, kind, first, end });
+        }
+        Ok(true)
+    }
+
+    /// Ends the kept pins of threads that are gone (see
+    /// [`Manager::keep_pinned`]); done there, and before the stats are
+    /// read.
+    pub fn drop_kept_of_gone(&mut self) {
+        self.drop_kept(|_| false);
+    }
+
+    /// Ends the kept pins that `drop` picks, and those of threads gone.
+    fn drop_kept(&mut self, drop: impl Fn(&Kept) -> bool) {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
         let mut k = 0;
         while k < self.kept.len() {
             let e = self.kept[k];
-            let gone = e.tid != tid && {
+            let gone = || {
                 // SAFETY: signal 0 only checks that the thread exists.
                 let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, e.tid, 0) };
                 r != 0 && sys::errno() == libc::ESRCH
             };
-            if (e.tid == tid && e.kind == kind) || gone {
+            if drop(&e) || gone() {
                 self.kept.swap_remove(k);
                 self.unpin(e.first, e.end - e.first);
             } else {
                 k += 1;
             }
         }
-        if first < end {
-            self.kept.push(Kept { tid, kind, first, end });
-        }
-        Ok(true)
     }
 
     /// In a forked child, whose one thread is `child` (the parent's

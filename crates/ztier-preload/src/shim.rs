@@ -837,6 +837,9 @@ extern "C" fn start_unpinned(a: *mut c_void) -> *mut c_void {
         eprintln!("ztier: a new thread cannot protect its system calls: {e}: aborting");
         std::process::abort();
     }
+    // In every mode: at its exit, the robust mutexes it holds are brought
+    // back for the kernel (`sud::keep_robust_list`).
+    crate::sud::hook_exit();
     if s.stack.1 > 0 {
         crate::as_inside(|| crate::sud::keep_thread_stack(s.stack.0, s.stack.1));
     }
@@ -891,7 +894,7 @@ pub unsafe extern "C" fn pthread_create(
     // it (until the memory is released or the thread is gone).
     // SAFETY: the program's attributes, as glibc reads them.
     let stack = unsafe { arena_stack(attr) };
-    if (crate::ALLOWED.get().is_none() && !crate::sud::active() && stack.is_none()) || crate::inside() {
+    if crate::inside() {
         // SAFETY: forwarding.
         return crate::as_inside(|| unsafe { real(t, attr, f, arg) });
     }

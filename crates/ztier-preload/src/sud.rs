@@ -333,12 +333,86 @@ fn exit_key() -> u32 {
 }
 
 /// At a thread's exit: its pins still in flight end (after a
-/// cancellation inside a call), and its stack of the library's is put
-/// aside (`crate::sigstack::detach`).
+/// cancellation inside a call), the robust mutexes it still holds are
+/// brought back for the kernel ([`keep_robust_list`]), and its stack of
+/// the library's is put aside (`crate::sigstack::detach`).
 extern "C" fn flights_at_exit(_: *mut libc::c_void) {
     let _sud = Allow::new();
     abandon_flights(usize::MAX);
+    crate::as_inside(keep_robust_list);
     crate::sigstack::detach();
+}
+
+/// The robust mutexes the exiting thread still holds, kept resident until
+/// it is gone: after its last code has run, the kernel walks the thread's
+/// robust list (`set_robust_list`, glibc's list through the mutexes
+/// themselves) and marks each lock word `FUTEX_OWNER_DIED`, waking a
+/// waiter, so that the next locker gets `EOWNERDEAD`. An exiting task's
+/// fault on a missing page is never handed to the userfaultfd (the
+/// kernel gives up on it, in every mode), so on an evicted mutex the walk
+/// stopped there, and its lockers waited forever (`run_progs/robust.c`).
+///
+/// ```text
+///   thread's control block          arena (the program's mutexes)
+///   robust_list_head                pthread_mutex_t
+///   ┌────────────────────┐          ┌──────────────────────────┐
+///   │ list.next ─────────┼──┐       │ __lock   ◀─ entry+offset │
+///   │ futex_offset (-32) │  │       │ …                        │
+///   │ list_op_pending    │  └─────▶ │ __list.__next  (entry) ──┼─▶ next … ─▶ head
+///   └────────────────────┘          └──────────────────────────┘
+/// ```
+///
+/// Each entry's page(s) and its lock word's are pinned before the entry
+/// is read, at most 2048 entries (the kernel's own limit).
+fn keep_robust_list() {
+    let Some(g) = crate::GLOBAL.get() else { return };
+    let mut head = 0u64;
+    let mut len = 0u64;
+    let r = raw(
+        libc::SYS_get_robust_list,
+        [0, &mut head as *mut u64 as u64, &mut len as *mut u64 as u64, 0, 0, 0],
+    );
+    if r != 0 || head == 0 || len < 24 {
+        return;
+    }
+    // The head lies in the thread's control block: outside the arena, or
+    // on a stack from it, which is kept pinned for the thread
+    // ([`KeptKind::Stack`]).
+    let h = head as *const u64;
+    // SAFETY: the head the kernel has for this thread (glibc's, in the
+    // thread's control block), resident as above; three words.
+    let (mut entry, offset, pending) =
+        unsafe { (h.read_volatile(), h.add(1).read_volatile() as i64, h.add(2).read_volatile()) };
+    if (entry == head || entry == 0) && pending == 0 {
+        // Holds none (the usual case): no lock taken.
+        return;
+    }
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    use crate::manager::KeptKind;
+    // Kept pins of threads gone since are dropped on the way.
+    until_pinned(g, "a robust mutex", |m| m.keep_pinned(tid, KeptKind::Robust, 0, 0, &g.stats));
+    let keep = |at: u64| {
+        let at = at as usize;
+        if g.in_arena(at) && g.in_arena(at + 7) {
+            let first = g.page_of(at);
+            let n = g.page_of(at + 7) - first + 1;
+            until_pinned(g, "a robust mutex", |m| m.keep_pinned(tid, KeptKind::Robust, first, n, &g.stats));
+        }
+    };
+    if pending != 0 {
+        keep(pending);
+        keep(pending.wrapping_add_signed(offset));
+    }
+    let mut walked = 0;
+    while entry != head && entry != 0 && walked < 2048 {
+        keep(entry);
+        keep(entry.wrapping_add_signed(offset));
+        // SAFETY: a list entry glibc linked in, resident now (pinned
+        // above if in the arena); its first word is the next entry.
+        entry = unsafe { (entry as *const u64).read_volatile() };
+        walked += 1;
+    }
 }
 
 /// Marks the thread for [`flights_at_exit`] (once).
@@ -1457,6 +1531,7 @@ fn keep_kernel_memory(g: &crate::Global, nr: i64, a: [u64; 6]) {
     let what = match kind {
         KeptKind::Rseq => "an rseq area",
         KeptKind::Stack => "a thread's stack",
+        KeptKind::Robust => "a robust mutex",
     };
     until_pinned(g, what, |m| m.keep_pinned(tid, kind, first, n, &g.stats));
 }

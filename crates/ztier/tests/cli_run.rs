@@ -526,6 +526,23 @@ fn waits_and_wakes_on_cold_memory() {
     });
 }
 
+/// Robust mutexes on the heap whose owner exits holding them (`robust.c`:
+/// 16, each on a page of its own, cold when the owner exits; one with a
+/// waiter blocked on it). The kernel marks them for the next locker
+/// (`EOWNERDEAD`) after the thread's last code has run, and an exiting
+/// thread's fault is never handed to a userfaultfd: before, in every
+/// mode, the waiter and all 15 later lockers timed out. The mutexes are
+/// now kept resident from the thread's exit until it is gone, and nothing
+/// stays pinned at the end.
+#[test]
+fn robust_mutexes_of_a_thread_that_exits_holding_them() {
+    let lines = ["the waiter got: EOWNERDEAD", "later lockers: owner died 15, timed out 0, other 0"];
+    native_output_in_every_mode_and("robust", &lines, |(path, umo), _, s, _| {
+        let pinned = s["per_process"][0]["pinned_bytes"].as_u64();
+        assert_eq!(pinned, Some(0), "{path}, user-mode-only {umo}: {s}");
+    });
+}
+
 /// `io_uring` transfers into and out of heap buffers that go cold
 /// (`uring.c`: 30 rounds of 64 writes and 64 reads of 16 KiB, falling
 /// back to `pwrite`/`pread` if `io_uring_setup` fails). In full mode the

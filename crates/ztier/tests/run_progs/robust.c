@@ -1,0 +1,106 @@
+/* Robust mutexes on the heap whose owner exits holding them.
+ *
+ * A thread locks 16 robust mutexes, each in its own heap block (so each
+ * on a page of its own), then waits while the main thread touches 64 MiB
+ * (the mutexes' pages go cold), then exits without unlocking them. At
+ * the thread's exit the kernel walks its robust list, which runs through
+ * the mutexes themselves, and marks each one's lock word with
+ * FUTEX_OWNER_DIED: the next pthread_mutex_lock returns EOWNERDEAD. A
+ * second thread already waiting on one of them (in the kernel) is woken
+ * the same way. If the kernel cannot read or write a mutex (an evicted
+ * page, where a userfaultfd reports only faults taken in user mode), the
+ * walk stops there and the lockers wait forever: here they time out.
+ *
+ * Prints counts; the same natively. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MUTEXES 16
+#define COLD (64u << 20)
+
+static pthread_mutex_t *m[MUTEXES];
+static sem_t ready, go;
+static int waiter_result = -1;
+
+static void *owner(void *arg) {
+    (void)arg;
+    for (int i = 0; i < MUTEXES; i++)
+        if (pthread_mutex_lock(m[i])) { perror("lock"); exit(2); }
+    sem_post(&ready);
+    sem_wait(&go);
+    return NULL; /* exits holding every one of them */
+}
+
+static struct timespec in_ms(long ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) { t.tv_sec++; t.tv_nsec -= 1000000000L; }
+    return t;
+}
+
+static void *waiter(void *arg) {
+    (void)arg;
+    struct timespec t = in_ms(20000);
+    waiter_result = pthread_mutex_timedlock(m[0], &t);
+    if (waiter_result == EOWNERDEAD) {
+        pthread_mutex_consistent(m[0]);
+        pthread_mutex_unlock(m[0]);
+    }
+    return NULL;
+}
+
+int main(void) {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    for (int i = 0; i < MUTEXES; i++) {
+        unsigned char *block = malloc(64 << 10);
+        if (!block) { perror("malloc"); return 2; }
+        memset(block, 0x5a, 64 << 10);
+        m[i] = (pthread_mutex_t *)(block + 1000 + 40 * i);
+        pthread_mutex_init(m[i], &a);
+    }
+    sem_init(&ready, 0, 0);
+    sem_init(&go, 0, 0);
+    pthread_t o, w;
+    if (pthread_create(&o, NULL, owner, NULL)) { perror("pthread_create"); return 2; }
+    sem_wait(&ready);
+    if (pthread_create(&w, NULL, waiter, NULL)) { perror("pthread_create"); return 2; }
+    /* Cold: the mutexes' pages go out while this touches more than the
+     * budget. */
+    unsigned char *cold = malloc(COLD);
+    if (!cold) { perror("malloc"); return 2; }
+    unsigned long s = 0;
+    for (int round = 0; round < 2; round++)
+        for (size_t i = 0; i < COLD; i += 4096) { cold[i] = (unsigned char)(i >> 12); s += cold[i]; }
+    sem_post(&go);
+    pthread_join(o, NULL);
+    pthread_join(w, NULL);
+    int died = 0, timed_out = 0, other = 0;
+    for (int i = 1; i < MUTEXES; i++) {
+        struct timespec t = in_ms(300);
+        int r = pthread_mutex_timedlock(m[i], &t);
+        if (r == EOWNERDEAD) {
+            died++;
+            pthread_mutex_consistent(m[i]);
+            pthread_mutex_unlock(m[i]);
+        } else if (r == ETIMEDOUT) {
+            timed_out++;
+        } else {
+            other++;
+            if (r == 0) pthread_mutex_unlock(m[i]);
+        }
+    }
+    printf("touched %lu\n", s);
+    printf("the waiter got: %s\n", waiter_result == EOWNERDEAD ? "EOWNERDEAD" : strerror(waiter_result));
+    printf("later lockers: owner died %d, timed out %d, other %d\n", died, timed_out, other);
+    return 0;
+}
