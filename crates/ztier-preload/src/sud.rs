@@ -381,8 +381,10 @@ fn keep_robust_list() {
     let h = head as *const u64;
     // SAFETY: the head the kernel has for this thread (glibc's, in the
     // thread's control block), resident as above; three words.
+    // The low bit of a link marks a priority-inheriting mutex; the
+    // kernel masks it off, and so does this.
     let (mut entry, offset, pending) =
-        unsafe { (h.read_volatile(), h.add(1).read_volatile() as i64, h.add(2).read_volatile()) };
+        unsafe { (h.read_volatile() & !1, h.add(1).read_volatile() as i64, h.add(2).read_volatile() & !1) };
     if (entry == head || entry == 0) && pending == 0 {
         // Holds none (the usual case): no lock taken.
         return;
@@ -410,7 +412,7 @@ fn keep_robust_list() {
         keep(entry.wrapping_add_signed(offset));
         // SAFETY: a list entry glibc linked in, resident now (pinned
         // above if in the arena); its first word is the next entry.
-        entry = unsafe { (entry as *const u64).read_volatile() };
+        entry = unsafe { (entry as *const u64).read_volatile() } & !1;
         walked += 1;
     }
 }

@@ -527,13 +527,15 @@ fn waits_and_wakes_on_cold_memory() {
 }
 
 /// Robust mutexes on the heap whose owner exits holding them (`robust.c`:
-/// 16, each on a page of its own, cold when the owner exits; one with a
-/// waiter blocked on it). The kernel marks them for the next locker
-/// (`EOWNERDEAD`) after the thread's last code has run, and an exiting
-/// thread's fault is never handed to a userfaultfd: before, in every
-/// mode, the waiter and all 15 later lockers timed out. The mutexes are
-/// now kept resident from the thread's exit until it is gone, and nothing
-/// stays pinned at the end.
+/// 16, half of them priority-inheriting, each on a page of its own, cold
+/// when the owner exits; one with a waiter blocked on it). The kernel
+/// marks them for the next locker (`EOWNERDEAD`) after the thread's last
+/// code has run, and an exiting thread's fault is never handed to a
+/// userfaultfd: before, in every mode, the waiter timed out and glibc's
+/// lock of a priority-inheriting one failed an assertion (abort); with
+/// plain ones only, the waiter and all 15 later lockers timed out. The
+/// mutexes are now kept resident from the thread's exit until it is gone,
+/// and nothing stays pinned at the end.
 #[test]
 fn robust_mutexes_of_a_thread_that_exits_holding_them() {
     let lines = ["the waiter got: EOWNERDEAD", "later lockers: owner died 15, timed out 0, other 0"];

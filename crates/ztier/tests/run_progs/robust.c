@@ -1,15 +1,18 @@
 /* Robust mutexes on the heap whose owner exits holding them.
  *
- * A thread locks 16 robust mutexes, each in its own heap block (so each
- * on a page of its own), then waits while the main thread touches 64 MiB
- * (the mutexes' pages go cold), then exits without unlocking them. At
+ * A thread locks 16 robust mutexes (half of them priority-inheriting),
+ * each in its own heap block (so each on a page of its own), then waits
+ * while the main thread touches 64 MiB (the mutexes' pages go cold),
+ * then exits without unlocking them. At
  * the thread's exit the kernel walks its robust list, which runs through
  * the mutexes themselves, and marks each one's lock word with
  * FUTEX_OWNER_DIED: the next pthread_mutex_lock returns EOWNERDEAD. A
  * second thread already waiting on one of them (in the kernel) is woken
  * the same way. If the kernel cannot read or write a mutex (an evicted
- * page, where a userfaultfd reports only faults taken in user mode), the
- * walk stops there and the lockers wait forever: here they time out.
+ * page: an exiting thread's faults are not handed to a userfaultfd), the
+ * walk stops there and the lockers wait forever (here they time out), or
+ * glibc's lock of a priority-inheriting one fails an assertion (its owner
+ * is gone without the mark).
  *
  * Prints counts; the same natively. */
 #define _GNU_SOURCE
@@ -58,15 +61,20 @@ static void *waiter(void *arg) {
 }
 
 int main(void) {
-    pthread_mutexattr_t a;
+    pthread_mutexattr_t a, pi;
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutexattr_init(&pi);
+    pthread_mutexattr_setrobust(&pi, PTHREAD_MUTEX_ROBUST);
+    pthread_mutexattr_setprotocol(&pi, PTHREAD_PRIO_INHERIT);
     for (int i = 0; i < MUTEXES; i++) {
         unsigned char *block = malloc(64 << 10);
         if (!block) { perror("malloc"); return 2; }
         memset(block, 0x5a, 64 << 10);
         m[i] = (pthread_mutex_t *)(block + 1000 + 40 * i);
-        pthread_mutex_init(m[i], &a);
+        /* Every other one priority-inheriting: glibc marks its link in
+         * the list (the low bit). */
+        pthread_mutex_init(m[i], i % 2 ? &pi : &a);
     }
     sem_init(&ready, 0, 0);
     sem_init(&go, 0, 0);
