@@ -403,6 +403,11 @@ fn start() -> bool {
                     std::process::abort();
                 }
             }
+            // The thread that starts the library (the main thread, since
+            // it starts before a second one) gets the exit hook that new
+            // threads get in `pthread_create`: one that leaves by
+            // `pthread_exit` may hold robust mutexes too.
+            sud::hook_exit();
             true
         }
         Err(e) => {

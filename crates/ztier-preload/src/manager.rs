@@ -646,6 +646,30 @@ pub struct Manager {
     kept: Vec<Kept>,
 }
 
+/// The main thread has left (`pthread_exit`) while others run: it stays
+/// a zombie until the process ends, and signal 0 still reaches it, but
+/// its `/proc` state says `Z`.
+fn leader_is_zombie(pid: i32) -> bool {
+    let mut path = [0u8; 48];
+    let mut w = std::io::Cursor::new(&mut path[..]);
+    if std::io::Write::write_fmt(&mut w, format_args!("/proc/self/task/{pid}/stat\0")).is_err() {
+        return false;
+    }
+    // SAFETY: a NUL-terminated path in a local buffer; plain calls.
+    let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return false;
+    }
+    let mut buf = [0u8; 128];
+    // SAFETY: reading into a local buffer of that size.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
+    // "pid (comm) S ...": the state follows the last ')'.
+    let text = &buf[..n.max(0) as usize];
+    text.iter().rposition(|&b| b == b')').and_then(|k| text.get(k + 2)) == Some(&b'Z')
+}
+
 /// Pages pinned now (the sum of [`Manager::pin`]s not yet ended): at
 /// exit, pins that nothing ended.
 pub static PINNED_PAGES: AtomicUsize = AtomicUsize::new(0);
@@ -1574,7 +1598,7 @@ impl Manager {
             let gone = || {
                 // SAFETY: signal 0 only checks that the thread exists.
                 let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, e.tid, 0) };
-                r != 0 && sys::errno() == libc::ESRCH
+                (r != 0 && sys::errno() == libc::ESRCH) || (e.tid == pid && leader_is_zombie(pid))
             };
             if drop(&e) || gone() {
                 self.kept.swap_remove(k);

@@ -14,6 +14,9 @@
  * glibc's lock of a priority-inheriting one fails an assertion (its owner
  * is gone without the mark).
  *
+ * Then the main thread leaves by pthread_exit holding 4 more, cold by
+ * then, and the last thread finds them marked.
+ *
  * Prints counts; the same natively. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -58,6 +61,27 @@ static void *waiter(void *arg) {
         pthread_mutex_unlock(m[0]);
     }
     return NULL;
+}
+
+static volatile int main_left;
+
+/* After the main thread has left holding m[0..4). */
+static void *last(void *arg) {
+    (void)arg;
+    struct timespec pause = { 0, 100 * 1000000L };
+    nanosleep(&pause, NULL);
+    int died = 0;
+    for (int i = 0; i < 4; i++) {
+        struct timespec t = in_ms(300);
+        int r = pthread_mutex_timedlock(m[i], &t);
+        if (r == EOWNERDEAD) {
+            died++;
+            pthread_mutex_consistent(m[i]);
+            pthread_mutex_unlock(m[i]);
+        }
+    }
+    printf("after the main thread left: owner died %d of 4\n", died);
+    exit(main_left ? 0 : 2);
 }
 
 int main(void) {
@@ -110,5 +134,22 @@ int main(void) {
     printf("touched %lu\n", s);
     printf("the waiter got: %s\n", waiter_result == EOWNERDEAD ? "EOWNERDEAD" : strerror(waiter_result));
     printf("later lockers: owner died %d, timed out %d, other %d\n", died, timed_out, other);
-    return 0;
+    fflush(stdout);
+
+    /* The main thread leaves by pthread_exit holding 4 new ones (cold by
+     * then: those above, used again and again, stay in); the last thread
+     * finds them marked. */
+    for (int i = 0; i < 4; i++) {
+        unsigned char *block = malloc(64 << 10);
+        if (!block) { perror("malloc"); return 2; }
+        memset(block, 0x3c, 64 << 10);
+        m[i] = (pthread_mutex_t *)(block + 2000 + 40 * i);
+        pthread_mutex_init(m[i], i % 2 ? &pi : &a);
+        if (pthread_mutex_lock(m[i])) { perror("lock"); return 2; }
+    }
+    for (int round = 0; round < 2; round++)
+        for (size_t i = 0; i < COLD; i += 4096) cold[i] ^= 1;
+    main_left = 1;
+    if (pthread_create(&o, NULL, last, NULL)) { perror("pthread_create"); return 2; }
+    pthread_exit(NULL);
 }
