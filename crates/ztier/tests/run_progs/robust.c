@@ -52,14 +52,35 @@ static struct timespec in_ms(long ms) {
     return t;
 }
 
+/* Locks `mx` waiting at most `ms`, and lets it go again (made consistent
+ * first if its owner died); returns what the lock returned. */
+static int lock_and_let_go(pthread_mutex_t *mx, long ms) {
+    struct timespec t = in_ms(ms);
+    int r = pthread_mutex_timedlock(mx, &t);
+    if (r == EOWNERDEAD) pthread_mutex_consistent(mx);
+    if (r == EOWNERDEAD || r == 0) pthread_mutex_unlock(mx);
+    return r;
+}
+
+/* A robust mutex (priority-inheriting if `pi`) in a heap block of its
+ * own, filled with `fill`, at byte `at` of it. */
+static pthread_mutex_t *new_mutex(int pi, int fill, size_t at) {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    if (pi) pthread_mutexattr_setprotocol(&a, PTHREAD_PRIO_INHERIT);
+    unsigned char *block = malloc(64 << 10);
+    if (!block) { perror("malloc"); exit(2); }
+    memset(block, fill, 64 << 10);
+    pthread_mutex_t *mx = (pthread_mutex_t *)(block + at);
+    pthread_mutex_init(mx, &a);
+    pthread_mutexattr_destroy(&a);
+    return mx;
+}
+
 static void *waiter(void *arg) {
     (void)arg;
-    struct timespec t = in_ms(20000);
-    waiter_result = pthread_mutex_timedlock(m[0], &t);
-    if (waiter_result == EOWNERDEAD) {
-        pthread_mutex_consistent(m[0]);
-        pthread_mutex_unlock(m[0]);
-    }
+    waiter_result = lock_and_let_go(m[0], 20000);
     return NULL;
 }
 
@@ -71,35 +92,15 @@ static void *last(void *arg) {
     struct timespec pause = { 0, 100 * 1000000L };
     nanosleep(&pause, NULL);
     int died = 0;
-    for (int i = 0; i < 4; i++) {
-        struct timespec t = in_ms(300);
-        int r = pthread_mutex_timedlock(m[i], &t);
-        if (r == EOWNERDEAD) {
-            died++;
-            pthread_mutex_consistent(m[i]);
-            pthread_mutex_unlock(m[i]);
-        }
-    }
+    for (int i = 0; i < 4; i++) died += lock_and_let_go(m[i], 300) == EOWNERDEAD;
     printf("after the main thread left: owner died %d of 4\n", died);
     exit(main_left ? 0 : 2);
 }
 
 int main(void) {
-    pthread_mutexattr_t a, pi;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    pthread_mutexattr_init(&pi);
-    pthread_mutexattr_setrobust(&pi, PTHREAD_MUTEX_ROBUST);
-    pthread_mutexattr_setprotocol(&pi, PTHREAD_PRIO_INHERIT);
-    for (int i = 0; i < MUTEXES; i++) {
-        unsigned char *block = malloc(64 << 10);
-        if (!block) { perror("malloc"); return 2; }
-        memset(block, 0x5a, 64 << 10);
-        m[i] = (pthread_mutex_t *)(block + 1000 + 40 * i);
-        /* Every other one priority-inheriting: glibc marks its link in
-         * the list (the low bit). */
-        pthread_mutex_init(m[i], i % 2 ? &pi : &a);
-    }
+    /* Every other one priority-inheriting: glibc marks its link in the
+     * list (the low bit). */
+    for (int i = 0; i < MUTEXES; i++) m[i] = new_mutex(i % 2, 0x5a, 1000 + 40 * i);
     sem_init(&ready, 0, 0);
     sem_init(&go, 0, 0);
     pthread_t o, w;
@@ -118,18 +119,10 @@ int main(void) {
     pthread_join(w, NULL);
     int died = 0, timed_out = 0, other = 0;
     for (int i = 1; i < MUTEXES; i++) {
-        struct timespec t = in_ms(300);
-        int r = pthread_mutex_timedlock(m[i], &t);
-        if (r == EOWNERDEAD) {
-            died++;
-            pthread_mutex_consistent(m[i]);
-            pthread_mutex_unlock(m[i]);
-        } else if (r == ETIMEDOUT) {
-            timed_out++;
-        } else {
-            other++;
-            if (r == 0) pthread_mutex_unlock(m[i]);
-        }
+        int r = lock_and_let_go(m[i], 300);
+        died += r == EOWNERDEAD;
+        timed_out += r == ETIMEDOUT;
+        other += r != EOWNERDEAD && r != ETIMEDOUT;
     }
     printf("touched %lu\n", s);
     printf("the waiter got: %s\n", waiter_result == EOWNERDEAD ? "EOWNERDEAD" : strerror(waiter_result));
@@ -140,11 +133,7 @@ int main(void) {
      * then: those above, used again and again, stay in); the last thread
      * finds them marked. */
     for (int i = 0; i < 4; i++) {
-        unsigned char *block = malloc(64 << 10);
-        if (!block) { perror("malloc"); return 2; }
-        memset(block, 0x3c, 64 << 10);
-        m[i] = (pthread_mutex_t *)(block + 2000 + 40 * i);
-        pthread_mutex_init(m[i], i % 2 ? &pi : &a);
+        m[i] = new_mutex(i % 2, 0x3c, 2000 + 40 * i);
         if (pthread_mutex_lock(m[i])) { perror("lock"); return 2; }
     }
     for (int round = 0; round < 2; round++)
