@@ -362,8 +362,8 @@ extern "C" fn flights_at_exit(_: *mut libc::c_void) {
 ///   └────────────────────┘          └──────────────────────────┘
 /// ```
 ///
-/// Each entry's page(s) and its lock word's are pinned before the entry
-/// is read, at most 2048 entries (the kernel's own limit).
+/// Each entry's page(s), its lock word's among them, are pinned before
+/// the entry is read, at most 2048 entries (the kernel's own limit).
 fn keep_robust_list() {
     let Some(g) = crate::GLOBAL.get() else { return };
     let mut head = 0u64;
@@ -394,22 +394,23 @@ fn keep_robust_list() {
     use crate::manager::KeptKind;
     // Kept pins of threads gone since are dropped on the way.
     until_pinned(g, "a robust mutex", |m| m.keep_pinned(tid, KeptKind::Robust, 0, 0, &g.stats));
-    let keep = |at: u64| {
-        let at = at as usize;
-        if g.in_arena(at) && g.in_arena(at + 7) {
-            let first = g.page_of(at);
-            let n = g.page_of(at + 7) - first + 1;
+    // An entry and its lock word (`offset` from it): one kept pin over
+    // both (one page, or two if the mutex straddles a page boundary).
+    let keep = |entry: u64| {
+        let word = entry.wrapping_add_signed(offset);
+        let (lo, hi) = (entry.min(word) as usize, entry.max(word) as usize + 7);
+        if g.in_arena(lo) && g.in_arena(hi) && hi - lo < 4096 {
+            let first = g.page_of(lo);
+            let n = g.page_of(hi) - first + 1;
             until_pinned(g, "a robust mutex", |m| m.keep_pinned(tid, KeptKind::Robust, first, n, &g.stats));
         }
     };
     if pending != 0 {
         keep(pending);
-        keep(pending.wrapping_add_signed(offset));
     }
     let mut walked = 0;
     while entry != head && entry != 0 && walked < 2048 {
         keep(entry);
-        keep(entry.wrapping_add_signed(offset));
         // SAFETY: a list entry glibc linked in, resident now (pinned
         // above if in the arena); its first word is the next entry.
         entry = unsafe { (entry as *const u64).read_volatile() } & !1;
