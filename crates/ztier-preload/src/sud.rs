@@ -332,13 +332,42 @@ fn exit_key() -> u32 {
     EXIT_KEY.load(Ordering::Relaxed)
 }
 
+/// How many rounds glibc runs the thread-specific data destructors
+/// (`PTHREAD_DESTRUCTOR_ITERATIONS`): while a destructor sets a value
+/// again, up to this many.
+const EXIT_ROUNDS: usize = 4;
+
 /// At a thread's exit: its pins still in flight end (after a
 /// cancellation inside a call), the robust mutexes it still holds are
 /// brought back for the kernel ([`keep_robust_list`]), and its stack of
 /// the library's is put aside (`crate::sigstack::detach`).
-extern "C" fn flights_at_exit(_: *mut libc::c_void) {
+///
+/// The key is the library's, made before any of the program's, so in
+/// each round of destructors this one runs first. The program's run
+/// after it and may still lock robust mutexes or call into the library.
+/// So it sets its value again (`round`: 1, 2, …) and does the last two
+/// steps only in glibc's last round, after every destructor of the
+/// program that does not set its own value again:
+///
+/// ```text
+///   round 1: ztier (flights; again) → program's destructors (lock, free…)
+///   round 2: ztier (flights; again)
+///   round 3: ztier (flights; again)
+///   round 4: ztier (flights, robust mutexes, stack put aside)
+/// ```
+extern "C" fn flights_at_exit(round: *mut libc::c_void) {
     let _sud = Allow::new();
     abandon_flights(usize::MAX);
+    let round = round as usize;
+    let key = EXIT_KEY.load(Ordering::Relaxed);
+    let again = round < EXIT_ROUNDS && {
+        // SAFETY: the key whose destructor this is; the value only counts
+        // the rounds.
+        unsafe { libc::pthread_setspecific(key, (round + 1) as *const libc::c_void) == 0 }
+    };
+    if again {
+        return;
+    }
     crate::as_inside(keep_robust_list);
     crate::sigstack::detach();
 }
@@ -424,8 +453,9 @@ pub(crate) fn hook_exit() {
         EXIT_HOOKED.with(|c| c.set(true));
         let key = exit_key();
         if key != u32::MAX {
-            // SAFETY: a key made by `exit_key`; the value only marks the
-            // thread (its destructor runs at the thread's exit).
+            // SAFETY: a key made by `exit_key`; the value marks the
+            // thread (its destructor runs at the thread's exit) and counts
+            // the destructor's rounds, from 1 (the dangling address).
             unsafe { libc::pthread_setspecific(key, std::ptr::dangling::<libc::c_void>()) };
         }
     }

@@ -14,6 +14,11 @@
  * glibc's lock of a priority-inheriting one fails an assertion (its owner
  * is gone without the mark).
  *
+ * Next, a thread whose thread-specific data destructor (the program's
+ * key, made after the library's) locks 4 more at its exit and waits
+ * there while they go cold: the kernel's walk at its end must find them
+ * too.
+ *
  * Then the main thread leaves by pthread_exit holding 4 more, cold by
  * then, and the last thread finds them marked.
  *
@@ -84,6 +89,25 @@ static void *waiter(void *arg) {
     return NULL;
 }
 
+static pthread_mutex_t *late[4];
+static pthread_key_t late_key;
+
+/* The program's destructor: locks late[] at the thread's exit, then
+ * waits while they go cold. */
+static void lock_late(void *v) {
+    (void)v;
+    for (int i = 0; i < 4; i++)
+        if (pthread_mutex_lock(late[i])) { perror("lock"); exit(2); }
+    sem_post(&ready);
+    sem_wait(&go);
+}
+
+static void *late_owner(void *arg) {
+    (void)arg;
+    pthread_setspecific(late_key, late);
+    return NULL; /* lock_late runs at the exit */
+}
+
 static volatile int main_left;
 
 /* After the main thread has left holding m[0..4). */
@@ -127,6 +151,20 @@ int main(void) {
     printf("touched %lu\n", s);
     printf("the waiter got: %s\n", waiter_result == EOWNERDEAD ? "EOWNERDEAD" : strerror(waiter_result));
     printf("later lockers: owner died %d, timed out %d, other %d\n", died, timed_out, other);
+    fflush(stdout);
+
+    /* A destructor of the program's locks 4 more at its thread's exit. */
+    if (pthread_key_create(&late_key, lock_late)) { perror("pthread_key_create"); return 2; }
+    for (int i = 0; i < 4; i++) late[i] = new_mutex(i % 2, 0x69, 3000 + 40 * i);
+    if (pthread_create(&o, NULL, late_owner, NULL)) { perror("pthread_create"); return 2; }
+    sem_wait(&ready);
+    for (int round = 0; round < 2; round++)
+        for (size_t i = 0; i < COLD; i += 4096) cold[i] ^= 2;
+    sem_post(&go);
+    pthread_join(o, NULL);
+    died = 0;
+    for (int i = 0; i < 4; i++) died += lock_and_let_go(late[i], 300) == EOWNERDEAD;
+    printf("locked in a destructor: owner died %d of 4\n", died);
     fflush(stdout);
 
     /* The main thread leaves by pthread_exit holding 4 new ones (cold by
