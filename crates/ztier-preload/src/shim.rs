@@ -830,6 +830,9 @@ struct Start {
 extern "C" fn start_unpinned(a: *mut c_void) -> *mut c_void {
     // SAFETY: `a` is the Box<Start> leaked by pthread_create below.
     let s = unsafe { Box::from_raw(a.cast::<Start>()) };
+    if s.stack.1 > 0 {
+        crate::sud::note_thread_stack(s.stack.0, s.stack.1);
+    }
     if let Some(cpus) = crate::ALLOWED.get() {
         crate::pin(cpus);
     }

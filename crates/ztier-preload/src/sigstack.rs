@@ -67,7 +67,12 @@
 //! - A stack the program gives a thread from the arena
 //!   (`pthread_attr_setstack`) holds the thread's control block and
 //!   thread-locals too; it is kept resident for the thread instead (see
-//!   `pthread_create` in the shim).
+//!   `pthread_create` in the shim), and library code runs on it in place.
+//!   (Before, such a thread took a library stack, put aside at its exit
+//!   by the library's destructor; the program's destructors run after
+//!   that one, and under dispatch the system calls glibc makes after the
+//!   last destructor, took another that was never given back: two
+//!   mappings left behind per thread, in every mode.)
 //! - A thread's stack is put aside at its exit (a key's destructor), and
 //!   taken by a new thread once the old one is gone.
 //!
@@ -112,6 +117,16 @@ thread_local! {
     /// at, and the top of this stack as armed for it (0: not armed).
     static LEVELS: Cell<[(usize, usize); LEVELS_MAX]> = const { Cell::new([(0, 0); LEVELS_MAX]) };
     static LEVELS_N: Cell<usize> = const { Cell::new(0) };
+    /// This thread's own stack, `[lo, hi)`, when it lies in the arena and
+    /// is kept resident for the thread (given by `pthread_attr_setstack`;
+    /// see `pthread_create` in the shim): library code runs on it in place.
+    static KEPT: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+}
+
+/// Says that the calling thread's own stack `[lo, hi)` stays resident
+/// while it runs (see [`KEPT`]).
+pub fn kept_resident(lo: usize, hi: usize) {
+    KEPT.with(|k| k.set((lo, hi)));
 }
 
 /// Stacks of threads that exited: `base >> 12 << 22 | tid` (0: free slot).
@@ -261,7 +276,8 @@ impl Drop for Entry {
 pub fn on_library_stack<R, F: FnOnce() -> R>(in_arena: impl FnOnce(usize) -> bool, f: F) -> R {
     let Ok(mut base) = BASE.try_with(Cell::get) else { return f() };
     let sp = here();
-    if ours(sp) || !in_arena(sp) {
+    let (lo, hi) = KEPT.with(Cell::get);
+    if ours(sp) || !in_arena(sp) || (lo..hi).contains(&sp) {
         return f();
     }
     if base == 0 {

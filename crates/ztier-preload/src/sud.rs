@@ -1577,6 +1577,16 @@ pub fn pin_thread_stack(first: usize, n: usize) {
     }
 }
 
+/// In the new thread, first: its own stack, pages `[first, first + n)`
+/// of the arena, is resident while it runs (pinned by its creator, then
+/// kept for it by [`keep_thread_stack`]).
+pub fn note_thread_stack(first: usize, n: usize) {
+    if let Some(g) = crate::GLOBAL.get() {
+        let lo = g.base + first * crate::PAGE;
+        crate::sigstack::kept_resident(lo, lo + n * crate::PAGE);
+    }
+}
+
 /// Ends [`pin_thread_stack`] (the thread was not created).
 pub fn unpin_thread_stack(first: usize, n: usize) {
     if let Some(g) = crate::GLOBAL.get() {
