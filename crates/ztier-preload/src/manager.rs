@@ -185,6 +185,13 @@ pub const EVICT_BATCH: usize = 32;
 /// batches: pyapp at 256M, against 256: same wall time, fault p99 77 µs
 /// instead of 110-150 µs; against 64: 8% slower.
 pub const BACKGROUND_BATCH: usize = EVICT_BATCH * 16;
+/// Fewest victims the background evictor takes while eviction is not
+/// wanted yet (at most half the reserve). Without it the evictor, never
+/// idle under a steady stream of faults, took whatever had come in since
+/// its last batch: ~18 pages a batch on the corpus builder at 256M, and
+/// each batch waits for a fault service to write-protect it (see the
+/// `near` module of the crate root) and costs a shootdown to release.
+pub const BACKGROUND_LEAST: usize = 256;
 /// Largest run of neighbours evicted with a victim from probation.
 pub const CLUSTER: usize = 16;
 /// Fewest victims per page aged out of the protected segment (the
@@ -1223,9 +1230,16 @@ impl Manager {
 
     /// Takes up to `max` victims for the background evictor, oldest first,
     /// and marks them EVICTING; `None` when the resident count, less the
-    /// pages already being evicted, is at or below budget − reserve.
+    /// pages already being evicted, is at or below budget − reserve, or
+    /// less than [`BACKGROUND_LEAST`] above it while eviction is not
+    /// wanted yet ([`Manager::evict_wanted`]).
     pub fn take_background_victims(&mut self, max: usize) -> io::Result<Option<Victims>> {
-        self.take_victims(max, self.budget - self.reserve(), self.evicting)
+        let target = self.budget - self.reserve();
+        let least = BACKGROUND_LEAST.min(self.reserve() / 2);
+        if !self.evict_wanted() && self.resident < target + self.evicting + least {
+            return Ok(None);
+        }
+        self.take_victims(max, target, self.evicting)
     }
 
     /// Takes up to `max` victims, oldest first, while the resident count
@@ -1762,7 +1776,7 @@ impl Victims {
     /// (the lock wait's long tail). Nothing can change a victim's
     /// mapping meanwhile: it is OWNED, so releases, protection changes
     /// and pins wait for the commit, and faults on it are not served.
-    fn protect(&self, stats: &Stats) -> io::Result<()> {
+    pub fn protect(&self, stats: &Stats) -> io::Result<()> {
         for &(f, n) in &self.protect {
             let addr = self.base + f * PAGE;
             stats.wp_calls.fetch_add(1, Ordering::Relaxed);
@@ -1782,6 +1796,32 @@ impl Victims {
     /// [`Victims::unprotect`].
     pub fn compress(&self, stats: &Stats) -> io::Result<Vec<Outcome>> {
         self.protect(stats)?;
+        self.compress_protected(stats)
+    }
+
+    /// The runs [`Victims::protect`] write-protects.
+    pub fn protect_runs(&self) -> &[(usize, usize)] {
+        &self.protect
+    }
+
+    /// Write-protects `runs` (from [`Victims::protect_runs`]) of the arena
+    /// at `base`: a call per run.
+    pub fn protect_these(uffd: &Uffd, base: usize, runs: &[(usize, usize)], stats: &Stats) -> io::Result<()> {
+        for &(f, n) in runs {
+            let addr = base + f * PAGE;
+            stats.wp_calls.fetch_add(1, Ordering::Relaxed);
+            uffd.writeprotect(addr, n * PAGE, true).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("write-protecting {addr:#x}+{:#x} to evict it: {e}", n * PAGE),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// [`Victims::compress`] after the victims were write-protected.
+    pub fn compress_protected(&self, stats: &Stats) -> io::Result<Vec<Outcome>> {
         let runs = self.runs();
         let mut out = Vec::with_capacity(self.pages.len());
         let mut at = 0;
