@@ -114,7 +114,8 @@
 //! fault, would otherwise wait (with the program) for the evictor's
 //! write protections and `MADV_DONTNEED`, each a TLB shootdown. So a
 //! victim is OWNED by the evictor from the pick to the commit, and it is
-//! write-protected, read and released in between, without the lock
+//! write-protected (by the next fault service, on the program's CPU: see
+//! the crate root's `near`), read and released in between, without the lock
 //! (faults waited behind the protections: lock wait 2.04 s of 13.5 s of
 //! service on the corpus builder at 256M with them under the lock, 0.14
 //! s without). While a page is OWNED, a
