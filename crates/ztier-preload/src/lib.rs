@@ -578,7 +578,11 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
         EVICTOR_BUSY.store(true, Ordering::Release);
         // Without the lock: the victims are OWNED (see manager's docs).
         // The write protections on the program's CPU (see `near`).
-        near::run_near(&|| v.protect(&g.stats))?;
+        let counter = match near::run_near(&|| v.protect(&g.stats))? {
+            true => &g.stats.wp_batches_near,
+            false => &g.stats.wp_batches_far,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         let outcome = v.compress_protected(&g.stats)?;
         v.release(&outcome)?;
         if hang_after.is_some_and(|n| EVICTOR_BATCHES.load(Ordering::Relaxed) + 1 >= n as u64) {
@@ -661,8 +665,9 @@ mod near {
     }
 
     /// In the evictor: has `f` run by the next fault service on the
-    /// program's CPU, or runs it here after [`NEAR_WAIT`].
-    pub fn run_near(f: &(dyn Fn() -> std::io::Result<()> + Sync)) -> std::io::Result<()> {
+    /// program's CPU (returns true), or runs it here after [`NEAR_WAIT`]
+    /// or if it failed there (false).
+    pub fn run_near(f: &(dyn Fn() -> std::io::Result<()> + Sync)) -> std::io::Result<bool> {
         let job = Job(f);
         JOB.store(&job as *const Job as *mut Job<'static>, Ordering::Release);
         STATE.store(POSTED, Ordering::Release);
@@ -672,15 +677,15 @@ mod near {
             match STATE.load(Ordering::Acquire) {
                 DONE => {
                     STATE.store(EMPTY, Ordering::Release);
-                    return Ok(());
+                    return Ok(true);
                 }
                 FAILED => {
                     STATE.store(EMPTY, Ordering::Release);
-                    return f();
+                    return f().map(|()| false);
                 }
                 POSTED if start.elapsed() >= NEAR_WAIT => {
                     if STATE.compare_exchange(POSTED, EMPTY, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                        return f();
+                        return f().map(|()| false);
                     }
                 }
                 // TAKEN: a thread with its signals blocked is making the
@@ -704,6 +709,72 @@ mod near {
         STATE.store(if ok { DONE } else { FAILED }, Ordering::Release);
         futex(libc::FUTEX_WAKE, 1, None);
         crate::sys::sigprocmask(libc::SIG_SETMASK, mask);
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        use std::sync::Arc;
+
+        /// One test: the mailbox is process-wide.
+        #[test]
+        fn a_job_runs_where_it_is_taken_or_back_in_the_evictor() {
+            // Nobody takes it: the evictor runs it after the wait.
+            let runs = AtomicUsize::new(0);
+            let t = std::time::Instant::now();
+            let near = run_near(&|| {
+                runs.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            })
+            .unwrap();
+            assert!(!near && runs.load(Ordering::Relaxed) == 1 && t.elapsed() >= NEAR_WAIT);
+            assert_eq!(STATE.load(Ordering::Relaxed), EMPTY);
+            take_posted(); // nothing posted: nothing happens
+
+            // A "fault service" that takes jobs: they run on its thread.
+            let stop = Arc::new(AtomicBool::new(false));
+            let taker = {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        take_posted();
+                        std::hint::spin_loop();
+                    }
+                })
+            };
+            let here = std::thread::current().id();
+            let mut taken = 0;
+            for _ in 0..200 {
+                let elsewhere = AtomicUsize::new(0);
+                let near = run_near(&|| {
+                    elsewhere.fetch_add(usize::from(std::thread::current().id() != here), Ordering::Relaxed);
+                    Ok(())
+                })
+                .unwrap();
+                // Taken in time (the taker spins), or at worst back here.
+                assert_eq!(elsewhere.load(Ordering::Relaxed), usize::from(near));
+                taken += usize::from(near);
+            }
+            assert!(taken > 100, "{taken} of 200 jobs taken by the spinning taker");
+            // A job that fails where it is taken runs again here, and its
+            // error is the evictor's to report.
+            let tries = AtomicUsize::new(0);
+            let r = run_near(&|| {
+                tries.fetch_add(1, Ordering::Relaxed);
+                if std::thread::current().id() == here {
+                    Err(std::io::Error::other("refused here too"))
+                } else {
+                    Err(std::io::Error::other("refused there"))
+                }
+            });
+            stop.store(true, Ordering::Relaxed);
+            taker.join().unwrap();
+            let e = r.unwrap_err();
+            assert_eq!(e.to_string(), "refused here too");
+            assert!((1..=2).contains(&tries.load(Ordering::Relaxed)));
+            assert_eq!(STATE.load(Ordering::Relaxed), EMPTY);
+        }
     }
 }
 
@@ -1133,7 +1204,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"pinned_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
-         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\
+         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\
          \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
@@ -1163,6 +1234,8 @@ fn stats_json(g: &Global) -> String {
         ld(&s.refused),
         ld(&s.wp_faults),
         ld(&s.wp_calls),
+        ld(&s.wp_batches_near),
+        ld(&s.wp_batches_far),
         ld(&s.deferred),
         ld(&s.promoted),
         ld(&s.demoted),

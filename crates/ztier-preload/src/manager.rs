@@ -442,9 +442,16 @@ pub struct Stats {
     pub refused: AtomicU64,
     /// Write-protect faults (a write hit a page while it was evicted).
     pub wp_faults: AtomicU64,
-    /// Write-protect calls made to evict (each a TLB shootdown on the
-    /// program's CPU; see `Victims::protect`).
+    /// Write-protect calls made to evict (see `Victims::protect`).
     pub wp_calls: AtomicU64,
+    /// Of the background evictor's batches, those it write-protected
+    /// itself, from its own CPU (each call a TLB shootdown on the
+    /// program's): no fault service took the job in time, or it failed
+    /// there (see the crate root's `near`). The others were protected on
+    /// the program's CPU.
+    pub wp_batches_far: AtomicU64,
+    /// The background evictor's batches protected by a fault service.
+    pub wp_batches_near: AtomicU64,
     /// Pages faulted back soon after their eviction, put in the
     /// protected segment.
     pub promoted: AtomicU64,
@@ -502,6 +509,8 @@ impl Stats {
             refused: AtomicU64::new(0),
             wp_faults: AtomicU64::new(0),
             wp_calls: AtomicU64::new(0),
+            wp_batches_far: AtomicU64::new(0),
+            wp_batches_near: AtomicU64::new(0),
             promoted: AtomicU64::new(0),
             demoted: AtomicU64::new(0),
             regretted: AtomicU64::new(0),
@@ -540,6 +549,8 @@ impl Stats {
             &self.refused,
             &self.wp_faults,
             &self.wp_calls,
+            &self.wp_batches_far,
+            &self.wp_batches_near,
             &self.deferred,
             &self.promoted,
             &self.demoted,
@@ -1798,27 +1809,6 @@ impl Victims {
     pub fn compress(&self, stats: &Stats) -> io::Result<Vec<Outcome>> {
         self.protect(stats)?;
         self.compress_protected(stats)
-    }
-
-    /// The runs [`Victims::protect`] write-protects.
-    pub fn protect_runs(&self) -> &[(usize, usize)] {
-        &self.protect
-    }
-
-    /// Write-protects `runs` (from [`Victims::protect_runs`]) of the arena
-    /// at `base`: a call per run.
-    pub fn protect_these(uffd: &Uffd, base: usize, runs: &[(usize, usize)], stats: &Stats) -> io::Result<()> {
-        for &(f, n) in runs {
-            let addr = base + f * PAGE;
-            stats.wp_calls.fetch_add(1, Ordering::Relaxed);
-            uffd.writeprotect(addr, n * PAGE, true).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("write-protecting {addr:#x}+{:#x} to evict it: {e}", n * PAGE),
-                )
-            })?;
-        }
-        Ok(())
     }
 
     /// [`Victims::compress`] after the victims were write-protected.

@@ -114,6 +114,11 @@ fn python3_dict_and_list_heavy() {
     assert!(p50 > 0.0 && p99 >= p50, "latency quantiles {p50} {p99}");
     let mean = s["fault_mean_us"].as_f64().unwrap();
     assert!(mean > 0.0, "mean service time {mean} (p50 {p50}, p99 {p99})");
+    // The background evictor's write protections are made by fault
+    // services on the program's CPU, unless no fault comes for 2 ms: in a
+    // program that faults all along, most of them.
+    let (near, far) = (s["wp_batches_near"].as_u64().unwrap(), s["wp_batches_far"].as_u64().unwrap());
+    assert!(near > 0 && near >= far, "batches protected near {near}, far {far}: {s}");
     // The service time in all and its parts: every store fault reads
     // the store and installs, and the parts fit inside the whole, which
     // the histogram's mean approximates (bucket middles).

@@ -547,6 +547,8 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "refused",
         "wp_faults",
         "wp_calls",
+        "wp_batches_near",
+        "wp_batches_far",
         "deferred",
         "promoted",
         "demoted",
