@@ -1783,9 +1783,11 @@ impl Victims {
     /// Write-protects the victims, a call per run: a thread that writes
     /// one from now on waits on a write-protect fault until the eviction
     /// commits ([`Manager::write_fault`] leaves EVICTING pages alone).
-    /// The background evictor does it without the manager's lock: each
-    /// call is a TLB shootdown, and faults waited behind a batch of them
-    /// (the lock wait's long tail). Nothing can change a victim's
+    /// The background evictor's batches are protected without the
+    /// manager's lock, by the next fault service on the program's CPU
+    /// (the crate root's `near`): from another CPU each call is a TLB
+    /// shootdown there, and under the lock faults waited behind a batch
+    /// of them (the lock wait's long tail). Nothing can change a victim's
     /// mapping meanwhile: it is OWNED, so releases, protection changes
     /// and pins wait for the commit, and faults on it are not served.
     pub fn protect(&self, stats: &Stats) -> io::Result<()> {
