@@ -634,7 +634,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
 ///   read + compress, MADV_DONTNEED, commit, unprotect + wake writers
 /// ```
 ///
-/// If no service takes the job within [`NEAR_WAIT`] (the program is not
+/// If no service takes the job within [`near::NEAR_WAIT`] (the program is not
 /// faulting) the evictor takes it back and makes the calls itself; a job
 /// that failed is made again by the evictor, which reports the error. A
 /// thread runs the job with its asynchronous signals blocked, so no
