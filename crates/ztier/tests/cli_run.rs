@@ -112,6 +112,26 @@ fn python3_dict_and_list_heavy() {
     assert!(s["faults"].as_u64().unwrap() > 100);
     let (p50, p99) = (s["fault_p50_us"].as_f64().unwrap(), s["fault_p99_us"].as_f64().unwrap());
     assert!(p50 > 0.0 && p99 >= p50, "latency quantiles {p50} {p99}");
+    // The histogram (merged over processes): one count per fault served,
+    // and the quantiles are read off it.
+    let hist: Vec<(f64, u64)> = s["latency_ns"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no latency histogram: {s}"))
+        .iter()
+        .map(|p| (p[0].as_f64().unwrap(), p[1].as_u64().unwrap()))
+        .collect();
+    assert!(hist.windows(2).all(|w| w[0].0 < w[1].0), "buckets out of order: {hist:?}");
+    let counted: u64 = hist.iter().map(|b| b.1).sum();
+    assert_eq!(counted, s["faults"].as_u64().unwrap(), "histogram counts against faults: {hist:?}");
+    let at = |q: f64| {
+        let mut seen = 0;
+        hist.iter().find(|b| {
+            seen += b.1;
+            seen as f64 >= q * counted as f64
+        })
+    };
+    assert_eq!(at(0.5).unwrap().0 / 1000.0, p50, "p50 against the histogram");
+    assert_eq!(at(0.99).unwrap().0 / 1000.0, p99, "p99 against the histogram");
     let mean = s["fault_mean_us"].as_f64().unwrap();
     assert!(mean > 0.0, "mean service time {mean} (p50 {p50}, p99 {p99})");
     // The background evictor's write protections are made by fault
@@ -1023,6 +1043,10 @@ fn live_stats_and_kill_9_leave_nothing_behind() {
     assert_eq!(v["pid"].as_u64(), Some(py as u64));
     assert!(v["pages_compressed"].as_u64().unwrap() > 5000, "{v}");
     assert!(v["spilled_bytes"].as_u64().unwrap() > 0, "the 4M store spilled: {v}");
+    // The live latency histogram: a count per fault served (the program
+    // sleeps now, so no fault is between its count and its timing).
+    let counted: u64 = v["latency_ns"].as_array().unwrap().iter().map(|p| p[1].as_u64().unwrap()).sum();
+    assert!(counted > 0 && counted == v["faults"].as_u64().unwrap(), "{v}");
     // SAFETY: signalling our grandchild by pid.
     unsafe { libc::kill(py as i32, libc::SIGKILL) };
     let st = child.wait().unwrap();

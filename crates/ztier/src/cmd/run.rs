@@ -569,7 +569,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
             continue;
         }
         let text = std::fs::read_to_string(&path)?;
-        let mut v: Value = serde_json::from_str(&text)
+        let v: Value = serde_json::from_str(&text)
             .with_context(|| format!("statistics {} are not JSON", path.display()))?;
         for (k, s) in sum_keys.iter().zip(sums.iter_mut()) {
             *s += v[*k].as_u64().unwrap_or(0);
@@ -581,9 +581,6 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
                     *hist.entry(b).or_default() += c;
                 }
             }
-        }
-        if let Some(o) = v.as_object_mut() {
-            o.remove("latency_ns");
         }
         per.push(v);
     }
@@ -599,10 +596,87 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
     out.insert("fault_p50_us".into(), quantile(&hist, 0.5).into());
     out.insert("fault_p99_us".into(), quantile(&hist, 0.99).into());
     out.insert("fault_mean_us".into(), mean_us(&hist).into());
+    // The histogram itself, merged: `[bucket upper bound in ns, count]`
+    // pairs of the buckets that counted any fault, in order.
+    out.insert("latency_ns".into(), hist.iter().map(|(&b, &c)| serde_json::json!([b, c])).collect());
     out.insert("peak_resident_bytes".into(), peak.into());
     out.insert("processes".into(), per.len().into());
     out.insert("per_process".into(), Value::Array(per));
     Ok(Value::Object(out))
+}
+
+/// `v` as indented JSON, except that an array inside an array is written
+/// on one line: the latency histograms' `[bound, count]` pairs take a
+/// line each instead of four.
+pub fn pretty(v: &Value) -> Result<String> {
+    use serde_json::ser::{CompactFormatter, Formatter, PrettyFormatter};
+    use std::io::{Result as IoResult, Write};
+    /// Indents like `PrettyFormatter` until an array opens inside an
+    /// array; from there to that array's end, writes like
+    /// `CompactFormatter`.
+    struct Pairs<'a> {
+        pretty: PrettyFormatter<'a>,
+        /// Whether each open container is an array.
+        open: Vec<bool>,
+        /// `open`'s length when the compact stretch began.
+        compact_from: Option<usize>,
+    }
+    impl Pairs<'_> {
+        fn compact(&self) -> bool {
+            self.compact_from.is_some()
+        }
+    }
+    macro_rules! either {
+        ($self:ident, $w:ident, $m:ident $(, $arg:expr)*) => {
+            if $self.compact() { CompactFormatter.$m($w $(, $arg)*) } else { $self.pretty.$m($w $(, $arg)*) }
+        };
+    }
+    impl Formatter for Pairs<'_> {
+        fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> IoResult<()> {
+            if self.compact_from.is_none() && self.open.last() == Some(&true) {
+                self.compact_from = Some(self.open.len());
+            }
+            self.open.push(true);
+            either!(self, w, begin_array)
+        }
+        fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> IoResult<()> {
+            let r = either!(self, w, end_array);
+            self.open.pop();
+            if self.compact_from == Some(self.open.len()) {
+                self.compact_from = None;
+            }
+            r
+        }
+        fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> IoResult<()> {
+            either!(self, w, begin_array_value, first)
+        }
+        fn end_array_value<W: ?Sized + Write>(&mut self, w: &mut W) -> IoResult<()> {
+            either!(self, w, end_array_value)
+        }
+        fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> IoResult<()> {
+            self.open.push(false);
+            either!(self, w, begin_object)
+        }
+        fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> IoResult<()> {
+            let r = either!(self, w, end_object);
+            self.open.pop();
+            r
+        }
+        fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> IoResult<()> {
+            either!(self, w, begin_object_key, first)
+        }
+        fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> IoResult<()> {
+            either!(self, w, begin_object_value)
+        }
+        fn end_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> IoResult<()> {
+            either!(self, w, end_object_value)
+        }
+    }
+    let mut out = Vec::new();
+    let f = Pairs { pretty: PrettyFormatter::new(), open: Vec::new(), compact_from: None };
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, f);
+    serde::Serialize::serialize(v, &mut ser)?;
+    Ok(String::from_utf8(out)?)
 }
 
 /// The parts of the fault handler's service time, in words: `lock wait
@@ -619,8 +693,7 @@ pub fn run(a: RunArgs) -> Result<i32> {
     let out = run_program(&a, None)?;
     let s = &out.stats;
     if let Some(path) = &a.stats {
-        std::fs::write(path, serde_json::to_string_pretty(s)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, pretty(s)? + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     if a.summary {
         let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);
@@ -665,18 +738,30 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
-    let mut v: Value = serde_json::from_str(&text).context("the answer is not JSON")?;
-    if let Some(o) = v.as_object_mut() {
-        o.remove("latency_ns");
-    }
+    let v: Value = serde_json::from_str(&text).context("the answer is not JSON")?;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    writeln!(out, "{}", pretty(&v)?)?;
     Ok(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pretty_json_puts_each_pair_on_a_line() {
+        let v = serde_json::json!({
+            "faults": 3,
+            "latency_ns": [[1700, 2], [250000, 1]],
+            "per_process": [{ "latency_ns": [[1700, 2]], "tags": [1, 2] }],
+        });
+        let want = "{\n  \"faults\": 3,\n  \"latency_ns\": [\n    [1700,2],\n    [250000,1]\n  ],\n  \
+                    \"per_process\": [\n    {\n      \"latency_ns\": [\n        [1700,2]\n      ],\n      \
+                    \"tags\": [\n        1,\n        2\n      ]\n    }\n  ]\n}";
+        let got = pretty(&v).unwrap();
+        assert_eq!(got, want, "got:\n{got}");
+        assert_eq!(serde_json::from_str::<Value>(&got).unwrap(), v);
+    }
 
     #[test]
     fn peak_rss_is_the_largest_process_of_the_tree() {
