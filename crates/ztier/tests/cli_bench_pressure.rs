@@ -80,12 +80,23 @@ fn ztier_against_native_same_output() {
 /// thread's floor is not applied to it.
 #[test]
 fn the_fault_path_can_be_chosen() {
-    let (text, rows) =
-        pressure_json("path", &["--kernel", "none", "--budgets", "16M", "--fault-path", "signal"]);
+    let svg = std::env::temp_dir().join(format!("ztier-pressure-path-{}.svg", std::process::id()));
+    let (text, rows) = pressure_json(
+        "path",
+        &["--kernel", "none", "--budgets", "16M", "--fault-path", "signal", "--plot", svg.to_str().unwrap()],
+    );
     let z = rows.as_array().unwrap().iter().find(|r| r["mode"] == "ztier run").expect("a ztier run row");
     assert_eq!(z["fault_path"], "signal", "{z}");
     assert_eq!(z["same_output"], true, "{z}");
     assert!(z["faults"].as_u64().unwrap() > 0 && z["uffd_floor_s"].is_null(), "{z}");
+    // The fault service histogram: a count per fault.
+    let counted: u64 = z["latency_ns"].as_array().unwrap().iter().map(|p| p[1].as_u64().unwrap()).sum();
+    assert_eq!(counted, z["faults"].as_u64().unwrap(), "{z}");
+    // The plot: wall times, and the faults' service times beside them.
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    let _ = std::fs::remove_file(&svg);
+    assert!(plot.contains("wall time under memory pressure"), "{plot}");
+    assert!(plot.contains("ztier run: faults served within") && plot.contains("at 16M"), "{plot}");
     assert!(text.contains("fault service at 16M (ztier run, in the faulting thread"), "{text}");
     assert!(!text.lines().any(|l| l.starts_with("at 16M: ") && l.contains(" at that floor (")), "{text}");
 }

@@ -97,7 +97,9 @@ pub struct PressureArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Write a bar chart of wall times (SVG) here.
+    /// Write a chart (SVG) here: wall times as bars, and beside them, for
+    /// each `ztier run`, the share of its faults served within a given
+    /// time (from its fault service histogram, log scale).
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// The program and its arguments.
@@ -172,6 +174,10 @@ struct Row {
     paired: Option<Paired>,
     /// ztier run: its `--fault-path` (thread or signal).
     fault_path: Option<String>,
+    /// ztier run: the fault service histogram, `[bucket upper bound in
+    /// ns, count]` of the buckets that counted a fault (its `--stats`
+    /// `latency_ns`).
+    latency_ns: Option<Vec<(u64, u64)>>,
 }
 
 /// `--pairs`: native and ztier run timed in turn at one budget.
@@ -695,6 +701,9 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             fault_time_s: FaultTime::from_stats(s),
             further_pages: s["prefetched"].as_u64(),
             fault_path: Some(a.fault_path.clone()),
+            latency_ns: s["latency_ns"]
+                .as_array()
+                .map(|h| h.iter().filter_map(|p| Some((p[0].as_u64()?, p[1].as_u64()?))).collect()),
             ..Default::default()
         });
     }
@@ -834,7 +843,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         writeln!(o, "{line}")?;
     }
     if let Some(p) = &a.json {
-        std::fs::write(p, serde_json::to_string_pretty(&rows)? + "\n")?;
+        std::fs::write(p, super::run::pretty(&serde_json::to_value(&rows)?)? + "\n")?;
     }
     if let Some(p) = &a.plot {
         plot(p, &rows)?;
@@ -848,8 +857,49 @@ pub fn run(a: PressureArgs) -> Result<i32> {
 /// Grouped bars: wall time per mode, one group per budget (native first).
 fn plot(path: &Path, rows: &[Row]) -> Result<()> {
     use plotters::prelude::*;
-    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let curves: Vec<(String, Vec<(f64, f64)>)> = rows
+        .iter()
+        .filter_map(|r| {
+            Some((r.budget.map_or(String::new(), |b| format!("{}M", b >> 20)), cdf(r.latency_ns.as_ref()?)?))
+        })
+        .collect();
+    let whole = SVGBackend::new(path, (if curves.is_empty() { 900 } else { 1400 }, 500)).into_drawing_area();
+    whole.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (root, right) = whole.split_horizontally(900);
+    if !curves.is_empty() {
+        // Fault service times of each `ztier run` row: the share of faults
+        // served within x µs, on a log scale.
+        let top = curves.iter().flat_map(|c| c.1.last()).map(|p| p.0).fold(1.0, f64::max);
+        let mut chart = ChartBuilder::on(&right)
+            .caption("ztier run: faults served within (µs)", ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d((0.1f64..top * 1.2).log_scale(), 0f64..1.0)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .x_desc("fault service (µs)")
+            .y_desc("share of faults")
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+        for (i, (label, points)) in curves.iter().enumerate() {
+            let c = colors[i % colors.len()];
+            chart
+                .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(2)))
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .label(format!("at {label}"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.8))
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     let max = rows.iter().map(|r| r.wall_s).fold(0.0, f64::max) * 1.15;
     let n = rows.len();
     let mut chart = ChartBuilder::on(&root)
@@ -886,8 +936,26 @@ fn plot(path: &Path, rows: &[Row]) -> Result<()> {
             )))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    whole.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
+}
+
+/// The cumulative share of faults served within each bucket's upper bound
+/// (µs), from a `latency_ns` histogram; `None` if it counted none.
+fn cdf(hist: &[(u64, u64)]) -> Option<Vec<(f64, f64)>> {
+    let total: u64 = hist.iter().map(|b| b.1).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut seen = 0;
+    Some(
+        hist.iter()
+            .map(|&(bound, count)| {
+                seen += count;
+                (bound as f64 / 1000.0, seen as f64 / total as f64)
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -904,6 +972,16 @@ mod tests {
             timed_out,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_latency_curve_climbs_to_all_faults() {
+        assert_eq!(cdf(&[]), None);
+        assert_eq!(cdf(&[(1700, 0)]), None);
+        assert_eq!(
+            cdf(&[(1700, 1), (1800, 2), (250_000, 1)]).unwrap(),
+            [(1.7, 0.25), (1.8, 0.75), (250.0, 1.0)]
+        );
     }
 
     #[test]
