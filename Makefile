@@ -12,14 +12,13 @@ test: deps lint unit fuzz-ci
 deps:
 	./scripts/install-deps.sh
 
-# Formatting, clippy, and the C measurement script ARCHITECTURE cites
-# (it must keep compiling).
+# Formatting, clippy, the docs (every intra-doc link resolves), and the
+# C measurement scripts ARCHITECTURE cites (they must keep compiling).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
-	cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null scripts/uffd-move-vs-copy.c
-	cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null scripts/uffd-sigbus.c
-	cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null scripts/uffd-cross-cpu.c
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --document-private-items
+	for c in scripts/*.c; do cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null $$c || exit 1; done
 
 # The `ztier run` tests run twice more: with faults served in the
 # faulting thread (--fault-path signal), and with the user-mode-only

@@ -7,7 +7,7 @@
 //! RAM, persisted by checkpoints; a cleaner that compacts extents; recovery
 //! that replays the log written since the last checkpoint.
 //!
-//! * [`format`] — the image layout, drawn.
+//! * [`format`](mod@format) — the image layout, drawn.
 //! * [`engine`] — the engine: writes, reads, flush, trim, zeroes, cleaner,
 //!   checkpoints, recovery, audit, statistics.
 //! * [`backing`] — the image file, and a device that forgets unflushed

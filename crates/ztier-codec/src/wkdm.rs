@@ -642,7 +642,7 @@ fn decode_words_fast(tags: &[u8], full: &[u32], index: &[u8], low: &[u16], dst: 
 /// segment's next entries are loaded and spread over the words of their
 /// tag (`vpexpandd`), and every word gets a *plan* — what it loads from and
 /// stores to the dictionary and which bits it keeps and adds. A short
-/// branch-free scalar loop ([`apply_plan`]) then runs the plans in order
+/// branch-free scalar loop (`apply_plan`) then runs the plans in order
 /// through the dictionary, the only part that is sequential.
 // The AVX-512 intrinsics are stable since Rust 1.89; the workspace builds
 // with 1.85 too. build.rs sets `wkdm_avx512` when the compiler has them.
@@ -805,14 +805,14 @@ mod avx512 {
 ///
 /// AVX2 has no `vpexpandd`, so each segment's entries are spread over the
 /// words of their tag by a lane permutation (`vpermd`) whose indices come
-/// from a 256-entry table keyed by the 8-bit tag mask ([`SPREAD`]); the
+/// from a 256-entry table keyed by the 8-bit tag mask (`SPREAD`); the
 /// full words are read with a plain load (a masked one near the end). As
 /// in `avx512`, each word gets a plan — the dictionary entry it loads, the
 /// bits it keeps, the bits it adds, the entry it stores to — and a short
 /// branch-free scalar loop runs the plans in order through the dictionary.
 /// Here the plans of zero words (~30% of the words of a Python heap) are
 /// left out: each 8 words' plans are packed to the front with the same
-/// permutation from a second table ([`PACK`]), each carrying its word's
+/// permutation from a second table (`PACK`), each carrying its word's
 /// position, and the zero words come out of a vector store of the
 /// words' full values (zero for them) made before the loop.
 #[cfg(target_arch = "x86_64")]

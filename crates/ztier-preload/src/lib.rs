@@ -63,6 +63,10 @@
 //! `@ztier-PID` answers every connection with the same JSON (`ztier stats
 //! PID`).
 
+// The library's interface is C symbols; these docs are read with
+// `cargo doc --document-private-items`, so they link its private modules.
+#![allow(rustdoc::private_intra_doc_links)]
+
 mod direct;
 mod manager;
 mod pages;
