@@ -870,12 +870,13 @@ fn plot(path: &Path, rows: &[Row]) -> Result<()> {
         // Fault service times of each `ztier run` row: the share of faults
         // served within x µs, on a log scale.
         let top = curves.iter().flat_map(|c| c.1.last()).map(|p| p.0).fold(1.0, f64::max);
+        let low = curves.iter().flat_map(|c| c.1.first()).map(|p| p.0 / 1.5).fold(top, f64::min).max(0.1);
         let mut chart = ChartBuilder::on(&right)
             .caption("ztier run: faults served within (µs)", ("sans-serif", 20))
             .margin(15)
             .x_label_area_size(40)
             .y_label_area_size(50)
-            .build_cartesian_2d((0.1f64..top * 1.2).log_scale(), 0f64..1.0)
+            .build_cartesian_2d((low..top * 1.2).log_scale(), 0f64..1.0)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         chart
             .configure_mesh()
@@ -930,7 +931,7 @@ fn plot(path: &Path, rows: &[Row]) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         chart
             .draw_series(std::iter::once(Text::new(
-                format!("{:.1}s", r.wall_s),
+                if r.wall_s < 10.0 { format!("{:.2}s", r.wall_s) } else { format!("{:.1}s", r.wall_s) },
                 (i as f64 + 0.25, r.wall_s + max * 0.02),
                 ("sans-serif", 12).into_font(),
             )))
