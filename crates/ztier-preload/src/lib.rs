@@ -588,7 +588,14 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         let outcome = v.compress_protected(&g.stats)?;
-        v.release(&outcome)?;
+        // Victims written meanwhile were taken back: not released.
+        let mut release = outcome.clone();
+        for i in lock(&g.mgr).seal_background() {
+            if let Ok(k) = v.pages.binary_search(&i) {
+                release[k] = manager::Outcome::Kept;
+            }
+        }
+        v.release(&release)?;
         if hang_after.is_some_and(|n| EVICTOR_BATCHES.load(Ordering::Relaxed) + 1 >= n as u64) {
             loop {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
@@ -956,13 +963,26 @@ fn serve_in_thread(addr: usize) -> bool {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
-        if m.owned_in(g.page_of(page), 1) {
+        let owned = m.owned_in(g.page_of(page), 1);
+        // A write to a victim of the batch in flight takes it back if it
+        // is still in memory (a SIGBUS does not tell a write from a
+        // missing page: mincore does).
+        let back = owned
+            && m.take_back(g.page_of(page), sys::present(page), &g.stats).unwrap_or_else(|e| {
+                eprintln!("ztier: taking back a page from eviction failed: {e}: aborting");
+                std::process::abort();
+            });
+        if back {
+            drop(m);
+        } else if owned {
             // Read under the lock: the batch that owns the page commits
             // (under the lock) after this.
             let seen = COMMITS.load(Ordering::Acquire);
             drop(m);
             g.stats.deferred.fetch_add(1, Ordering::Relaxed);
+            let waited = std::time::Instant::now();
             wait_for_commit(seen);
+            g.stats.deferred_wait_ns.fetch_add(waited.elapsed().as_nanos() as u64, Ordering::Relaxed);
         } else {
             g.stats.lock_wait_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             if let Err(e) = m.serve(page, &g.stats) {
@@ -1213,8 +1233,8 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"pinned_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
-         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\
-         \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"latency_ns\":[{}]}}\n",
+         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\
+         \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"deferred_wait_ns\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
         ld(&s.faults),
@@ -1246,6 +1266,7 @@ fn stats_json(g: &Global) -> String {
         ld(&s.wp_batches_near),
         ld(&s.wp_batches_far),
         ld(&s.deferred),
+        ld(&s.taken_back),
         ld(&s.promoted),
         ld(&s.demoted),
         ld(&s.regretted),
@@ -1263,6 +1284,7 @@ fn stats_json(g: &Global) -> String {
         ld(&s.lock_wait_ns),
         ld(&s.store_read_ns),
         ld(&s.install_ns),
+        ld(&s.deferred_wait_ns),
         hist.join(",")
     )
 }

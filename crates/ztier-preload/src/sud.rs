@@ -143,7 +143,10 @@
 //!   program's handler chained from it may fault on the arena too.
 //! - A page owned by an eviction in flight is not served: the thread
 //!   waits (a futex, at most 10 ms) for the evictor's next commit and the
-//!   retried access faults again (counted `deferred`).
+//!   retried access faults again (counted `deferred`) — unless the page
+//!   is still in memory (`mincore`: the fault was a write to it) and its
+//!   batch is not sealed, when the write takes it back at once
+//!   (`Manager::take_back`).
 //! - A fault inside the service itself (which must never touch arena
 //!   memory it does not know resident) aborts with a message at once;
 //!   a service that stops making progress is caught by the watchdog.

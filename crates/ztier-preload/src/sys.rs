@@ -33,6 +33,8 @@ pub fn mremap(
     unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags as c_long, new) as *mut c_void }
 }
 
+const PAGE_SIZE: usize = 4096;
+
 /// `madvise(2)` by syscall.
 pub fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     // SAFETY: as above.
@@ -43,6 +45,15 @@ pub fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
 pub fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
     // SAFETY: as above.
     unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot as c_long) as c_int }
+}
+
+/// Whether the page at `addr` (page-aligned) is in memory, by
+/// `mincore(2)`; false if the call fails.
+pub fn present(addr: usize) -> bool {
+    let mut v = 0u8;
+    // SAFETY: mincore over one page writes one byte into `v`.
+    let r = unsafe { libc::syscall(libc::SYS_mincore, addr, PAGE_SIZE, &mut v as *mut u8) };
+    r == 0 && v & 1 != 0
 }
 
 /// Sets errno.

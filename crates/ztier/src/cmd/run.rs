@@ -550,6 +550,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "wp_batches_near",
         "wp_batches_far",
         "deferred",
+        "taken_back",
         "promoted",
         "demoted",
         "regretted",
@@ -560,6 +561,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "fault_lock_wait_ns",
         "fault_store_read_ns",
         "fault_install_ns",
+        "deferred_wait_ns",
     ];
     let mut sums = vec![0u64; sum_keys.len()];
     let mut peak = 0u64;
