@@ -33,8 +33,6 @@ pub fn mremap(
     unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags as c_long, new) as *mut c_void }
 }
 
-const PAGE_SIZE: usize = 4096;
-
 /// `madvise(2)` by syscall.
 pub fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     // SAFETY: as above.
@@ -52,7 +50,7 @@ pub fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
 pub fn present(addr: usize) -> bool {
     let mut v = 0u8;
     // SAFETY: mincore over one page writes one byte into `v`.
-    let r = unsafe { libc::syscall(libc::SYS_mincore, addr, PAGE_SIZE, &mut v as *mut u8) };
+    let r = unsafe { libc::syscall(libc::SYS_mincore, addr, crate::manager::PAGE, &mut v as *mut u8) };
     r == 0 && v & 1 != 0
 }
 
