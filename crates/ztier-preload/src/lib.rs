@@ -587,6 +587,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
             false => &g.stats.wp_batches_far,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        lock(&g.mgr).background_protected();
         let outcome = v.compress_protected(&g.stats)?;
         // Victims written meanwhile were taken back: not released.
         let mut release = outcome.clone();

@@ -686,6 +686,9 @@ pub struct Manager {
     /// ([`Manager::seal_background`]): its victims can still be taken
     /// back ([`Manager::take_back`]).
     background_open: bool,
+    /// That batch's write protections are all made
+    /// ([`Manager::background_protected`]).
+    background_protected: bool,
     /// Victims of that batch taken back since it was picked.
     taken_back: Vec<usize>,
     prefetch: usize,
@@ -882,6 +885,7 @@ impl Manager {
             recent_at: 0,
             evicting: 0,
             background_open: false,
+            background_protected: false,
             taken_back: Vec::new(),
             prefetch: std::env::var("ZTIER_PREFETCH")
                 .ok()
@@ -1167,6 +1171,14 @@ impl Manager {
                 };
                 if r == Installed::Done {
                     stats.zero_faults.fetch_add(1, Ordering::Relaxed);
+                } else if signal_path() {
+                    // Present: with `--fault-path signal` a `SIGBUS` here
+                    // is a write to a page left write-protected though
+                    // nothing evicts it. Never meant (see
+                    // `background_protected`), but as the handler thread's
+                    // `write_fault` does, unprotect it rather than let
+                    // the write fault for ever.
+                    self.uffd.writeprotect(addr, PAGE, false)?;
                 }
                 None
             }
@@ -1290,6 +1302,7 @@ impl Manager {
         let v = self.take_victims(max, target, self.evicting)?;
         if v.is_some() {
             self.background_open = true;
+            self.background_protected = false;
             self.taken_back.clear();
         }
         Ok(v)
@@ -1310,7 +1323,11 @@ impl Manager {
     /// it nor keeps what it made of it. Returns whether it was taken back.
     pub fn take_back(&mut self, i: usize, present: bool, stats: &Stats) -> io::Result<bool> {
         let s = self.st(i);
-        if !self.background_open || !present || s & (STATE | OWNED) != EVICTING | OWNED {
+        if !self.background_open
+            || !self.background_protected
+            || !present
+            || s & (STATE | OWNED) != EVICTING | OWNED
+        {
             return Ok(false);
         }
         if s & CLEAN != 0 {
@@ -1321,6 +1338,17 @@ impl Manager {
         stats.taken_back.fetch_add(1, Ordering::Relaxed);
         self.uffd.writeprotect(self.addr(i), PAGE, false)?;
         Ok(true)
+    }
+
+    /// The background batch in flight is write-protected, all of it: its
+    /// victims may be taken back from now on. Not before: a protection
+    /// job that fails part way (`EAGAIN` while the kernel has a
+    /// userfaultfd event unread) is made again in full, and would protect
+    /// again a page taken back meanwhile — a RESIDENT page left
+    /// write-protected, whose every write faults (with `--fault-path
+    /// signal`, for ever: `sort` under `cli_run` spun so once).
+    pub fn background_protected(&mut self) {
+        self.background_protected = true;
     }
 
     /// Ends taking back victims of the background batch in flight, before
@@ -2309,9 +2337,12 @@ mod tests {
         let v = m.take_background_victims(8).unwrap().expect("victims");
         assert_eq!(v.pages.len(), 8);
         v.protect(&stats).unwrap();
+        let (a, b) = (v.pages[0], v.pages[1]);
+        // Not while the batch's protections may still be made again.
+        assert!(!m.take_back(a, true, &stats).unwrap());
+        m.background_protected();
         let outcome = v.compress_protected(&stats).unwrap();
         assert!(outcome.iter().all(|&o| o == Outcome::Stored), "{outcome:?}");
-        let (a, b) = (v.pages[0], v.pages[1]);
         // Not in memory: nothing to take back (the fault waits).
         assert!(!m.take_back(a, false, &stats).unwrap());
         assert!(write_protected(base + a * PAGE));
