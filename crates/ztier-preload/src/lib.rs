@@ -581,13 +581,22 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
         };
         EVICTOR_BUSY.store(true, Ordering::Release);
         // Without the lock: the victims are OWNED (see manager's docs).
-        // The write protections on the program's CPU (see `near`).
-        let counter = match near::run_near(&|| v.protect(&g.stats))? {
+        // The write protections on the program's CPU (see `near`). The
+        // thread that made them says so at once, before it goes back to
+        // the program: from then on a write to a victim takes it back
+        // instead of waiting for the commit, and the program's first
+        // writes come right after the job (the evictor, woken across
+        // CPUs, would say so tens of microseconds later).
+        let job = || {
+            v.protect(&g.stats)?;
+            lock(&g.mgr).background_protected();
+            Ok(())
+        };
+        let counter = match near::run_near(&job)? {
             true => &g.stats.wp_batches_near,
             false => &g.stats.wp_batches_far,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        lock(&g.mgr).background_protected();
         let outcome = v.compress_protected(&g.stats)?;
         // Victims written meanwhile were taken back: not released.
         let mut release = outcome.clone();

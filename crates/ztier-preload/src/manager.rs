@@ -135,11 +135,16 @@
 //! (nothing releases or evicts it while the evictor may be reading it)
 //! and out of the queues until the commit, which drops what the evictor
 //! stored of it and queues it at the back of probation; the evictor
-//! does not release it. Writes after the seal wait as before.
+//! does not release it. Writes after the seal wait as before, and so do
+//! faults before the batch's protections are all made (the thread that
+//! made them says so under the lock, [`Manager::background_protected`],
+//! before it goes back to the program): a late fault there could take
+//! back a page the protection job then protects.
 //!
 //! ```text
-//!   evictor:  take (lock) ─ protect ─ compress ─ seal (lock) ─ release ─ commit (lock)
-//!   a write:  ├──── takes the page back ────────┤├──── waits for the commit ────────┤
+//!   evictor:  take (lock) ─ protect ─┬─ compress ─ seal (lock) ─ release ─ commit (lock)
+//!                            protected (lock)
+//!   a write:  ├─ waits ─────────────┤├ takes back ┤├─ waits for the commit ────────────┤
 //! ```
 //!
 //! The handler never touches memory of the arena except pages it knows
@@ -1341,12 +1346,18 @@ impl Manager {
     }
 
     /// The background batch in flight is write-protected, all of it: its
-    /// victims may be taken back from now on. Not before: a protection
-    /// job that fails part way (`EAGAIN` while the kernel has a
-    /// userfaultfd event unread) is made again in full, and would protect
-    /// again a page taken back meanwhile — a RESIDENT page left
-    /// write-protected, whose every write faults (with `--fault-path
-    /// signal`, for ever: `sort` under `cli_run` spun so once).
+    /// victims may be taken back from now on (the thread that made the
+    /// protections calls this at once). Not before: a fault can reach
+    /// [`Manager::take_back`] late — one taken on a page while it was
+    /// out of memory or a victim of an earlier batch, its service delayed
+    /// (waiting for the lock) until the page was back in memory and
+    /// chosen again, say as a neighbour of another victim, by this batch
+    /// — and the protection job still to come would then protect a page
+    /// already taken back. The commit only wakes the waiters of a
+    /// page it counted as released, so that page would stay RESIDENT
+    /// and write-protected, every write to it faulting (with
+    /// `--fault-path signal`, for ever: `sort` under `cli_run` spun so
+    /// once).
     pub fn background_protected(&mut self) {
         self.background_protected = true;
     }
@@ -2336,9 +2347,12 @@ mod tests {
         fill_pages(&mut m, base, 64, &stats, |i| 0x40 + i as u8);
         let v = m.take_background_victims(8).unwrap().expect("victims");
         assert_eq!(v.pages.len(), 8);
-        v.protect(&stats).unwrap();
         let (a, b) = (v.pages[0], v.pages[1]);
-        // Not while the batch's protections may still be made again.
+        // Not before the batch's protections are all made: a fault that
+        // comes late (taken when the page was out) would otherwise take
+        // back a page the job then protects.
+        assert!(!m.take_back(a, true, &stats).unwrap());
+        v.protect(&stats).unwrap();
         assert!(!m.take_back(a, true, &stats).unwrap());
         m.background_protected();
         let outcome = v.compress_protected(&stats).unwrap();
@@ -2373,6 +2387,7 @@ mod tests {
         assert_eq!(stats.taken_back.load(Ordering::Relaxed), 1);
         assert_eq!(m.st(a) & (STATE | OWNED), RESIDENT);
         assert!(present(base + a * PAGE));
+        assert!(!write_protected(base + a * PAGE), "a page taken back is left write-protected");
         assert!(!m.store.contains(m.key(a)), "what the evictor stored of a page taken back is dropped");
         // SAFETY: page a is resident.
         let back = unsafe { std::slice::from_raw_parts((base + a * PAGE) as *const u8, PAGE) };
