@@ -61,13 +61,16 @@
 //! **Stats**: at exit each process writes `PID.json` into
 //! `ZTIER_STATS_DIR`; while it runs, the abstract unix socket
 //! `@ztier-PID` answers every connection with the same JSON (`ztier stats
-//! PID`).
+//! PID`). With `ZTIER_FAULT_LOG_DIR` (`ztier run --fault-log DIR`) each
+//! process also writes one row per page-in as `PID.csv` there (see
+//! [`faultlog`]).
 
 // The library's interface is C symbols; these docs are read with
 // `cargo doc --document-private-items`, so they link its private modules.
 #![allow(rustdoc::private_intra_doc_links)]
 
 mod direct;
+mod faultlog;
 mod manager;
 mod pages;
 mod shim;
@@ -973,6 +976,7 @@ fn serve_in_thread(addr: usize) -> bool {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
+        let t_log = m.log_clock();
         let owned = m.owned_in(g.page_of(page), 1);
         // A write to a victim of the batch in flight takes it back if it
         // is still in memory (a SIGBUS does not tell a write from a
@@ -983,11 +987,13 @@ fn serve_in_thread(addr: usize) -> bool {
                 std::process::abort();
             });
         if back {
+            m.log_fault(t_log, faultlog::Kind::Wp, page);
             drop(m);
         } else if owned {
             // Read under the lock: the batch that owns the page commits
             // (under the lock) after this.
             let seen = COMMITS.load(Ordering::Acquire);
+            m.log_fault(t_log, faultlog::Kind::Deferred, page);
             drop(m);
             g.stats.deferred.fetch_add(1, Ordering::Relaxed);
             let waited = std::time::Instant::now();
@@ -1305,6 +1311,14 @@ extern "C" fn at_exit() {
         if let Some(dir) = &g.cfg.stats_dir {
             let path = dir.join(format!("{}.json", std::process::id()));
             let _ = std::fs::write(path, stats_json(g));
+        }
+        // Taken under the lock, written after it is let go: threads still
+        // running may fault meanwhile (their rows are not written).
+        let log = lock_program(g).take_fault_log();
+        if let Some(log) = log {
+            if let Err(e) = log.write_file(std::process::id()) {
+                eprintln!("ztier: writing the fault log into {}: {e}", log.dir.display());
+            }
         }
     });
 }

@@ -164,6 +164,7 @@ use ztier_store::tier::FileTier;
 use ztier_store::{Key, PoolKind, PoolOptions, PutFlags, Store, StoreConfig, StoreError};
 use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP};
 
+use crate::faultlog::{FaultLog, Kind, Row};
 use crate::sys;
 
 /// Page size.
@@ -705,6 +706,8 @@ pub struct Manager {
     pins: Vec<(usize, usize)>,
     /// Pins that outlive a system call (see [`Manager::keep_pinned`]).
     kept: Vec<Kept>,
+    /// One row per page-in (`--fault-log`), if asked for.
+    log: Option<FaultLog>,
 }
 
 /// The main thread has left (`pthread_exit`) while others run: it stays
@@ -902,6 +905,7 @@ impl Manager {
             cfg,
             pins: Vec::new(),
             kept: Vec::new(),
+            log: FaultLog::from_env(),
         };
         m.apply_sizing(true);
         Ok(m)
@@ -1085,6 +1089,7 @@ impl Manager {
     /// go of the manager's lock; see [`Manager::install`].
     #[must_use = "the faulting thread sleeps until the returned range is woken"]
     pub fn serve(&mut self, addr: usize, stats: &Stats) -> io::Result<Option<(usize, usize)>> {
+        let t0 = self.log_clock();
         let i = (addr - self.base) / PAGE;
         let sequential = i == self.last_fault.wrapping_add(1);
         // One of several interleaved ascending walks (a collector tracing
@@ -1099,6 +1104,7 @@ impl Manager {
             // evictor wakes this fault after its commit (see the module
             // docs); the retry finds the page stored.
             stats.deferred.fetch_add(1, Ordering::Relaxed);
+            self.log_row(t0, Kind::Deferred, i, 0, None, false);
             return Ok(None);
         }
         let wake = match self.st(i) & STATE {
@@ -1155,8 +1161,10 @@ impl Manager {
                 }
                 self.make_room(n, stats)?;
                 let r = self.install(i, n, false, keep, stats);
+                let hot = self.hot == i;
                 self.hot = usize::MAX;
                 let wake = r?;
+                self.log_row(t0, Kind::Store, i, n, Some(d), hot);
                 stats.store_faults.fetch_add(1, Ordering::Relaxed);
                 if !sequential && !stream {
                     stats.lone_faults.fetch_add(1, Ordering::Relaxed);
@@ -1176,6 +1184,7 @@ impl Manager {
                 };
                 if r == Installed::Done {
                     stats.zero_faults.fetch_add(1, Ordering::Relaxed);
+                    self.log_row(t0, Kind::Lost, i, 1, None, false);
                 } else if signal_path() {
                     // Present: with `--fault-path signal` a `SIGBUS` here
                     // is a write to a page left write-protected though
@@ -1198,11 +1207,51 @@ impl Manager {
                 self.make_room(n, stats)?;
                 let wake = self.install(i, n, true, false, stats)?;
                 stats.zero_faults.fetch_add(1, Ordering::Relaxed);
+                self.log_row(t0, Kind::Zero, i, n, None, false);
                 wake
             }
         };
         stats.faults.fetch_add(1, Ordering::Relaxed);
         Ok(wake)
+    }
+
+    /// The fault log's clock (0 without a log).
+    #[inline]
+    pub fn log_clock(&self) -> u64 {
+        self.log.as_ref().map_or(0, FaultLog::now)
+    }
+
+    /// Logs a page-in of `n` pages from page `i` whose service began at
+    /// `t0` (see [`crate::faultlog`]); nothing without a log.
+    #[inline]
+    fn log_row(&mut self, t0: u64, kind: Kind, i: usize, n: usize, distance: Option<usize>, hot: bool) {
+        let (addr, evictions) = (self.addr(i) as u64, self.evict_seq);
+        if let Some(log) = &mut self.log {
+            let service = log.now().saturating_sub(t0);
+            log.push(Row {
+                t_ns: t0,
+                addr,
+                service_ns: service.min(u32::MAX as u64) as u32,
+                distance: distance.map_or(u32::MAX, |d| d.min(u32::MAX as usize - 1) as u32),
+                evictions,
+                pages: n.min(u16::MAX as usize) as u16,
+                kind,
+                hot,
+            });
+        }
+    }
+
+    /// Logs a fault the caller handled without [`Manager::serve`]
+    /// (`--fault-path signal`: a write that took a victim back, or a fault
+    /// deferred to an eviction's commit), at `addr`, begun at `t0`
+    /// ([`Manager::log_clock`] when the lock was taken).
+    pub fn log_fault(&mut self, t0: u64, kind: Kind, addr: usize) {
+        self.log_row(t0, kind, (addr - self.base) / PAGE, 0, None, false);
+    }
+
+    /// Takes the fault log's rows out (written at exit), if there is a log.
+    pub fn take_fault_log(&mut self) -> Option<FaultLog> {
+        self.log.as_mut().map(FaultLog::take)
     }
 
     /// Reads stored pages `[i, i + n)` into the buffer (their copies
@@ -1544,6 +1593,13 @@ impl Manager {
     /// evictor wakes the writer when it is done); anything else is
     /// unprotected and woken.
     pub fn write_fault(&mut self, addr: usize, stats: &Stats) -> io::Result<()> {
+        let t0 = self.log_clock();
+        let r = self.write_fault_at(addr, stats);
+        self.log_row(t0, Kind::Wp, (addr - self.base) / PAGE, 0, None, false);
+        r
+    }
+
+    fn write_fault_at(&mut self, addr: usize, stats: &Stats) -> io::Result<()> {
         let i = (addr - self.base) / PAGE;
         let s = self.st(i);
         if s & STATE == EVICTING {
@@ -1656,6 +1712,8 @@ impl Manager {
             };
             match s & STATE {
                 STORED => {
+                    let t0 = self.log_clock();
+                    let d = self.evict_seq.wrapping_sub(self.evicted_at_get(i)) as usize;
                     let mut k = 1;
                     while room(self, k) {
                         k += 1;
@@ -1665,10 +1723,12 @@ impl Manager {
                     if let Some((at, len)) = self.install(i, k, false, false, stats)? {
                         self.uffd.wake(at, len)?;
                     }
+                    self.log_row(t0, Kind::Pin, i, k, Some(d), false);
                     stats.pinned_in.fetch_add(k as u64, Ordering::Relaxed);
                     i += k;
                 }
                 ABSENT => {
+                    let t0 = self.log_clock();
                     let mut k = 1;
                     while k < ZERO_RUN && room(self, k) {
                         k += 1;
@@ -1677,6 +1737,7 @@ impl Manager {
                     if let Some((at, len)) = self.install(i, k, true, false, stats)? {
                         self.uffd.wake(at, len)?;
                     }
+                    self.log_row(t0, Kind::Pin, i, k, None, false);
                     i += k;
                 }
                 _ => i += 1,
@@ -1834,6 +1895,9 @@ impl Manager {
         self.store = store;
         self.pool = pool;
         self.apply_sizing(true);
+        if let Some(log) = &mut self.log {
+            log.clear();
+        }
         Ok(())
     }
 

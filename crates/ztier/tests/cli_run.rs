@@ -982,6 +982,130 @@ fn cyclic_reuse_larger_than_the_budget_keeps_a_protected_part() {
     assert!(s["peak_resident_bytes"].as_u64().unwrap() <= 32 << 20);
 }
 
+/// One row of a `--fault-log` file.
+struct LogRow {
+    t_ns: u64,
+    kind: String,
+    addr: u64,
+    pages: u64,
+    distance: Option<u64>,
+    evictions: u64,
+    hot: bool,
+}
+
+fn read_fault_log(path: &Path) -> Vec<LogRow> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("t_ns,kind,addr,pages,distance,evictions,hot,service_ns"));
+    lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            assert_eq!(f.len(), 8, "{l}");
+            let n = |s: &str| s.parse::<u64>().unwrap_or_else(|e| panic!("{l}: {e}"));
+            f[7].parse::<u32>().unwrap_or_else(|e| panic!("{l}: service_ns: {e}"));
+            LogRow {
+                t_ns: n(f[0]),
+                kind: f[1].to_string(),
+                addr: u64::from_str_radix(f[2].trim_start_matches("0x"), 16).unwrap(),
+                pages: n(f[3]),
+                distance: (!f[4].is_empty()).then(|| n(f[4])),
+                evictions: n(f[5]),
+                hot: match f[6] {
+                    "0" => false,
+                    "1" => true,
+                    h => panic!("{l}: hot {h}"),
+                },
+            }
+        })
+        .collect()
+}
+
+/// The rows of a process's fault log agree with its statistics.
+fn fault_log_agrees(rows: &[LogRow], p: &serde_json::Value) {
+    let stat = |k: &str| p[k].as_u64().unwrap_or_else(|| panic!("{k} in {p}"));
+    fn of<'a>(rows: &'a [LogRow], kind: &'a str) -> impl Iterator<Item = &'a LogRow> + 'a {
+        rows.iter().filter(move |r| r.kind == kind)
+    }
+    let of = |kind: &'static str| of(rows, kind);
+    assert_eq!(of("store").count() as u64, stat("store_faults"), "{p}");
+    assert_eq!(of("store").map(|r| r.pages).sum::<u64>(), stat("store_faults") + stat("prefetched"));
+    assert_eq!(of("zero").count() as u64 + of("lost").count() as u64, stat("zero_faults"));
+    assert_eq!(of("deferred").count() as u64, stat("deferred"));
+    assert_eq!(of("pin").filter(|r| r.distance.is_some()).map(|r| r.pages).sum::<u64>(), stat("pinned_in"));
+    assert!(rows.windows(2).all(|w| w[0].t_ns <= w[1].t_ns), "rows are in service order");
+    assert!(rows.windows(2).all(|w| w[0].evictions <= w[1].evictions), "the eviction clock only grows");
+    assert!(rows.iter().all(|r| r.addr % 4096 == 0 && r.addr != 0));
+    // A stored page joins the protected segment exactly when it comes
+    // back within a quarter of the budget's evictions.
+    let quarter = stat("resident_budget_bytes") / 4096 / 4;
+    for r in of("store") {
+        let d = r.distance.expect("store rows have a refault distance");
+        assert_eq!(r.hot, d < quarter, "distance {d}, budget/4 {quarter}");
+        assert!(r.pages >= 1 && d <= r.evictions);
+    }
+}
+
+#[test]
+fn the_fault_log_has_a_row_per_page_in_that_agrees_with_the_statistics() {
+    let d = tmp("faultlog");
+    let exe = compile(&d, "loop");
+    let log = d.join("log");
+    let opts = ["--fault-log", log.to_str().unwrap()];
+    let (o, s) = managed_with("32M", &opts, &[&exe], &d);
+    assert!(o.status.success() && o.stdout == native(&[&exe], &d).stdout);
+    let p = &s["per_process"][0];
+    let rows = read_fault_log(&log.join(format!("{}.csv", p["pid"])));
+    fault_log_agrees(&rows, p);
+    // The loop reads 8 passes of 16384 pages in one order under 8192
+    // pages: both kinds of refault appear.
+    let store: Vec<&LogRow> = rows.iter().filter(|r| r.kind == "store").collect();
+    assert!(store.len() > 16384, "{} store rows", store.len());
+    assert!(store.iter().any(|r| r.hot) && store.iter().any(|r| !r.hot));
+    assert_eq!(std::fs::read_dir(&log).unwrap().count(), 1, "one process, one file");
+
+    // Every process writes its own: a forked child starts an empty log,
+    // and an exec'd one has a library of its own.
+    let exe = compile(&d, "forks");
+    let log = d.join("log-forks");
+    let opts = ["--fault-log", log.to_str().unwrap()];
+    let cmd = [exe.as_str(), "python3", "-c", "print('hello from exec', len(bytearray(8 << 20)))"];
+    let (o, s) = managed_with("16M", &opts, &cmd, &d);
+    assert!(o.status.success() && o.stdout == native(&cmd, &d).stdout);
+    let procs = s["per_process"].as_array().unwrap();
+    assert!(procs.len() >= 3, "{s}");
+    for p in procs {
+        fault_log_agrees(&read_fault_log(&log.join(format!("{}.csv", p["pid"]))), p);
+    }
+    assert_eq!(std::fs::read_dir(&log).unwrap().count(), procs.len());
+
+    // Past its limit a process counts the rows it could not keep and says so.
+    let log = d.join("log-capped");
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "32M", "--fault-log"])
+        .arg(&log)
+        .arg("--")
+        .arg(d.join("loop"))
+        .env("ZTIER_TEST_FAULT_LOG_MAX", "1000")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("were not logged"), "{err}");
+    let files: Vec<_> = std::fs::read_dir(&log).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1);
+    assert_eq!(read_fault_log(&files[0]).len(), 1000);
+
+    // A file where the folder should be: refused before the program runs.
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "32M", "--fault-log"])
+        .arg(&files[0])
+        .args(["--", "sh", "-c", "echo ran"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success() && o.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a folder"));
+}
+
 #[test]
 fn a_new_working_set_that_fits_stops_faulting_once_the_old_one_ages_out() {
     // 48 MiB read 8 times in a scattered order under 32M, then left
