@@ -51,7 +51,14 @@
 //!   into the library (`malloc` and friends, `pthread_create`, the fork
 //!   handlers), which a program makes all the time. A `vfork`-like
 //!   child (`posix_spawn`, `system`) runs without dispatch until its
-//!   exec, so the environment it will pass is brought back first.
+//!   exec, so the environment it will pass is brought back first. A
+//!   clone caught here that shares the memory and is not `vfork`-like
+//!   starts a thread that will run without dispatch (the library's
+//!   `pthread_create` runs glibc's with the selector at ALLOW, so its
+//!   clones are never caught): the program's own `clone()`, or glibc
+//!   starting a thread by its internal `pthread_create` (`SIGEV_THREAD`
+//!   timers, POSIX AIO, `mq_notify`). That is said once on stderr
+//!   ([`warn_raw_thread`] has what such a thread loses).
 //! - `execve` runs with the program's signal mask, not the handler's
 //!   (the new program would start with `SIGSYS` blocked).
 //! - `rt_sigprocmask` is applied to the mask the handler returns to, and
@@ -1675,6 +1682,41 @@ fn vfork_like(nr: i64, a: [u64; 6]) -> bool {
     }
 }
 
+/// A clone whose child shares this memory (`CLONE_VM`).
+fn shares_memory(nr: i64, a: [u64; 6]) -> bool {
+    let vm = libc::CLONE_VM as u64;
+    match nr {
+        libc::SYS_clone => a[0] & vm != 0,
+        // SAFETY: as in `vfork_like`.
+        libc::SYS_clone3 if a[0] != 0 => (unsafe { (a[0] as *const u64).read_unaligned() } & vm) != 0,
+        _ => false,
+    }
+}
+
+/// Says once, on stderr, that a thread was started without the
+/// library's `pthread_create` — by the program's own `clone`, or by glibc
+/// calling its `pthread_create` internally (the threads of
+/// `timer_create`'s `SIGEV_THREAD`, POSIX AIO, `mq_notify`) — and runs
+/// without dispatch: the kernel enables it per thread and does not carry
+/// it over, and only threads started through the library's
+/// `pthread_create` enable it. Such a thread's faults are served, but
+/// its system calls are not caught, so one that reads or writes evicted
+/// memory fails with `EFAULT` (`run_progs/rawclone.c`: none of 16 cold
+/// pages written), and its `rt_sigprocmask` is not either: with
+/// `--fault-path signal`, a fault while it blocks `SIGBUS` (glibc's
+/// helper threads block every signal) ends the process.
+fn warn_raw_thread() {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        let msg: &[u8] = if SIGBUS_ON.load(Ordering::Relaxed) {
+            b"ztier: a thread was started without pthread_create (the program's own clone(), or a helper thread of glibc's: timer_create SIGEV_THREAD, POSIX AIO, mq_notify): with --fault-path signal its system calls are not caught, so those on evicted memory fail with EFAULT, and a fault in it while it blocks SIGBUS ends the process; --fault-path thread serves such threads\n"
+        } else {
+            b"ztier: a thread was started without pthread_create (the program's own clone(), or a helper thread of glibc's: timer_create SIGEV_THREAD, POSIX AIO, mq_notify): under a user-mode-only userfaultfd its system calls are not caught, so those on evicted memory fail with EFAULT; as root, or with vm.unprivileged_userfaultfd=1, they are served\n"
+        };
+        raw(libc::SYS_write, [2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
+    }
+}
+
 /// `rt_sigprocmask`, applied to the mask the handler returns to (a mask
 /// set inside a signal handler is undone by its return); `SIGSYS` is
 /// never blocked.
@@ -1878,6 +1920,12 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                     // SAFETY: glibc's environment pointer, read once.
                     let env = unsafe { environ } as u64;
                     crate::as_inside(|| Ranges::new().strvec(env));
+                } else if shares_memory(nr, a) {
+                    // Not through `pthread_create` (ours runs glibc's
+                    // with the selector at ALLOW, so its clone is never
+                    // caught): the program's own clone, or a thread
+                    // glibc starts by its internal call.
+                    warn_raw_thread();
                 }
                 // Back to the `syscall` instruction (2 bytes), run there.
                 uc.uc_mcontext.gregs[rax] = nr;
