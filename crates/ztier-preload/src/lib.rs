@@ -258,6 +258,7 @@ impl Drop for Held<'_> {
 
 /// The manager's lock for a thread of the program (see [`Held`]).
 fn lock_program(g: &Global) -> Held<'_> {
+    sud::dtv_out_of_arena(g);
     let mask = if sud::active() {
         sud::hold();
         None

@@ -53,12 +53,16 @@
 //!   child (`posix_spawn`, `system`) runs without dispatch until its
 //!   exec, so the environment it will pass is brought back first. A
 //!   clone caught here that shares the memory and is not `vfork`-like
-//!   starts a thread that will run without dispatch (the library's
-//!   `pthread_create` runs glibc's with the selector at ALLOW, so its
-//!   clones are never caught): the program's own `clone()`, or glibc
-//!   starting a thread by its internal `pthread_create` (`SIGEV_THREAD`
-//!   timers, POSIX AIO, `mq_notify`). That is said once on stderr
-//!   ([`warn_raw_thread`] has what such a thread loses).
+//!   starts a thread that did not come through the library's
+//!   `pthread_create` (which runs glibc's with the selector at ALLOW, so
+//!   its clones are never caught): glibc starting a thread by its
+//!   internal `pthread_create` (`SIGEV_THREAD` timers, POSIX AIO,
+//!   `mq_notify`), or the program's own `clone()`. A `clone3` with
+//!   thread-local storage of its own and a stack outside the arena is
+//!   made by the handler itself, so that the thread enables dispatch
+//!   before anything else ([`clone_with_dispatch`], drawn there); any
+//!   other runs as above, without dispatch in the child, which is said
+//!   once on stderr ([`warn_raw_thread`] has what such a thread loses).
 //! - `execve` runs with the program's signal mask, not the handler's
 //!   (the new program would start with `SIGSYS` blocked).
 //! - `rt_sigprocmask` is applied to the mask the handler returns to, and
@@ -520,6 +524,241 @@ extern "C" {
     fn ztier_sud_end();
     fn ztier_sud_sigreturn();
     fn ztier_sud_syscall6(nr: i64, a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64;
+}
+
+// A `clone3` made by the dispatch handler for the program (see
+// [`clone_with_dispatch`]): `ztier_sud_clone3(args, size, frame)`. The
+// parent gets the call's result. The child starts here on its new stack,
+// runs [`ztier_sud_clone_child`] below the copied signal frame at
+// `frame` (kept in r12, which the kernel gives the child as the parent
+// had it), and then returns to the program through that frame's
+// `rt_sigreturn`, in the region.
+std::arch::global_asm!(
+    ".pushsection .text.ztier_sud_clone,\"ax\",@progbits",
+    ".globl ztier_sud_clone3",
+    ".hidden ztier_sud_clone3",
+    "ztier_sud_clone3:",
+    "push r12",
+    "mov r12, rdx",
+    "mov eax, 435",
+    "syscall",
+    "test rax, rax",
+    "jz 2f",
+    "pop r12",
+    "ret",
+    "2:",
+    "lea rsp, [r12 - 64]",
+    "and rsp, -16",
+    "mov rdi, r12",
+    "call {child}",
+    "mov rsp, r12",
+    "jmp ztier_sud_sigreturn",
+    ".popsection",
+    child = sym ztier_sud_clone_child,
+);
+
+extern "C" {
+    fn ztier_sud_clone3(args: u64, size: u64, frame: *mut libc::ucontext_t) -> i64;
+}
+
+/// `struct clone_args` up to the fields read here (`clone3(2)`).
+#[repr(C)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+}
+
+/// The least stack a thread started by [`clone_with_dispatch`] must have
+/// (glibc's own helper threads get about its minimum, `PTHREAD_STACK_MIN`
+/// plus the static TLS), and the least that must be left below the copied
+/// frame (a few KiB with AVX-512 state) for the setup code's stack.
+const CLONE_STACK_MIN: u64 = 16 << 10;
+const CLONE_SETUP_STACK: u64 = 8 << 10;
+
+/// A thread started by a caught `clone3` — not the library's
+/// `pthread_create` (whose clone is never caught) but glibc's internal one
+/// (`SIGEV_THREAD` timers, POSIX AIO, `mq_notify`) or a program's own with
+/// its own thread-local storage — gets dispatch from its first
+/// instruction: the handler makes the call itself (`ztier_sud_clone3`),
+/// the child enables dispatch ([`ztier_sud_clone_child`]) and continues in
+/// the program's code with the program's registers, FPU state and signal
+/// mask, put back by `rt_sigreturn` of a copy of this handler's frame laid
+/// just below the top of the child's stack (`rax` 0, `rsp` the top):
+///
+/// ```text
+///  child stack  top ┬──────────────────────────┐
+///                   │ 256 B unused             │
+///                   │ FPU/xsave state (64-B    │ ◄─ frame's fpregs
+///                   │ aligned, as the kernel   │
+///                   │ wrote it)                │
+///                   │ ucontext (the kernel's)  │ ◄─ frame (r12); rt_sigreturn from here
+///                   │ setup code's stack ↓     │
+///             stack └──────────────────────────┘
+/// ```
+///
+/// `None` (the caller lets the program's own `syscall` run it, and the
+/// thread runs without dispatch) for anything else: `clone`, no
+/// `CLONE_SETTLS` (the child would share this thread's thread-locals), no
+/// stack or less than [`CLONE_STACK_MIN`], a stack in the arena.
+fn clone_with_dispatch(nr: i64, a: [u64; 6], uc: &mut libc::ucontext_t) -> Option<i64> {
+    if nr != libc::SYS_clone3 || a[0] == 0 || a[1] < std::mem::size_of::<CloneArgs>() as u64 {
+        return None;
+    }
+    // SAFETY: the program's clone_args, at least as large as read (the
+    // kernel reads it too; a bad pointer faults here as it would fail there).
+    let ca = unsafe { (a[0] as *const CloneArgs).read_unaligned() };
+    let want = (libc::CLONE_VM | libc::CLONE_SETTLS) as u64;
+    if ca.flags & want != want || ca.flags & libc::CLONE_VFORK as u64 != 0 || ca.stack == 0 {
+        return None;
+    }
+    let (stack, top) = (ca.stack, ca.stack.checked_add(ca.stack_size)?);
+    if ca.stack_size < CLONE_STACK_MIN {
+        return None;
+    }
+    let g = crate::GLOBAL.get()?;
+    if g.in_arena(stack as usize) || g.in_arena(top as usize - 1) || g.in_arena(ca.tls as usize) {
+        return None;
+    }
+    relocate_dtv(g, ca.tls);
+    let fp = uc.uc_mcontext.fpregs as u64;
+    if fp == 0 {
+        return None;
+    }
+    // The size of the state the kernel saved: `struct _fpx_sw_bytes` in the
+    // legacy area's software-reserved bytes (offset 464) says it when the
+    // frame has extended state (magic1); else the 512-byte legacy area.
+    // SAFETY: the kernel's FPU frame of this signal, at least 512 bytes.
+    let (magic1, extended) =
+        unsafe { ((fp as *const u32).add(116).read(), (fp as *const u32).add(117).read()) };
+    let fp_len = if magic1 == 0x4650_5853 { extended as u64 } else { 512 };
+    let fp_dst = (top - 256 - fp_len) & !63;
+    let uc_len = (std::mem::offset_of!(libc::ucontext_t, uc_sigmask) + 8) as u64;
+    let uc_dst = (fp_dst - uc_len) & !15;
+    if uc_dst < stack + CLONE_SETUP_STACK {
+        return None;
+    }
+    // SAFETY: [stack, top) is the child's stack, which the program gives
+    // the kernel to use and nothing uses before the child runs (checked
+    // outside the arena, so no fault); the sources are this handler's
+    // frame.
+    unsafe {
+        std::ptr::copy_nonoverlapping(fp as *const u8, fp_dst as *mut u8, fp_len as usize);
+        std::ptr::copy_nonoverlapping(
+            (uc as *const libc::ucontext_t).cast::<u8>(),
+            uc_dst as *mut u8,
+            uc_len as usize,
+        );
+        let frame = &mut *(uc_dst as *mut libc::ucontext_t);
+        frame.uc_mcontext.gregs[libc::REG_RAX as usize] = 0;
+        frame.uc_mcontext.gregs[libc::REG_RSP as usize] = top as i64;
+        frame.uc_mcontext.fpregs = fp_dst as *mut libc::_libc_fpstate;
+        Some(ztier_sud_clone3(a[0], a[1], frame))
+    }
+}
+
+/// A copy, in glibc's allocator, of the DTV at `dtv` if that lies in the
+/// arena (else `None`): the value for the thread's DTV pointer (glibc's
+/// `tcbhead_t`, second word), which points one 16-byte entry into the
+/// DTV's block, whose first entry holds the count of the entries after
+/// the two headers. glibc allocates the DTV with `calloc` before the
+/// clone: in the library's own `pthread_create` that goes to glibc's
+/// allocator, but in glibc's internal one (`SIGEV_THREAD` timers, POSIX
+/// AIO) it comes from the arena, and every access to the library's
+/// thread-locals reads it — in `--fault-path signal` from the `SIGBUS`
+/// handler itself, which then faulted on it for ever
+/// (`run_progs/sigev_thread.c`: the timer's helper thread, killed by
+/// `SIGSEGV` once its signal stack ran out). The old block is freed if
+/// `free_old`; glibc frees or grows the new one later with
+/// `free`/`realloc`, which send memory outside the arena to glibc.
+fn moved_dtv(g: &crate::Global, dtv: u64, free_old: bool) -> Option<u64> {
+    if dtv < 16 || !g.in_arena(dtv as usize) {
+        return None;
+    }
+    let block = dtv - 16;
+    // SAFETY: the DTV's block (arena memory: a fault here is served, as
+    // for any argument the dispatch handler reads).
+    let entries = unsafe { (block as *const u64).read() };
+    if entries > 1 << 16 {
+        return None;
+    }
+    let len = (entries as usize + 2) * 16;
+    // SAFETY: glibc's allocator, then a copy between two blocks of `len`
+    // bytes; the old block is our arena's, freed by our `free`.
+    unsafe {
+        let new = crate::__libc_malloc(len) as u64;
+        if new == 0 {
+            return None;
+        }
+        std::ptr::copy_nonoverlapping(block as *const u8, new as *mut u8, len);
+        if free_old {
+            crate::shim::free(block as *mut libc::c_void);
+        }
+        Some(new + 16)
+    }
+}
+
+/// Moves the DTV of the new thread whose thread pointer is `tp` out of
+/// the arena ([`moved_dtv`]), before its clone.
+fn relocate_dtv(g: &crate::Global, tp: u64) {
+    let slot = (tp + 8) as *mut u64;
+    // SAFETY: the new thread's TCB, which glibc filled in before the
+    // clone (checked outside the arena).
+    if let Some(new) = moved_dtv(g, unsafe { slot.read() }, true) {
+        // SAFETY: as above.
+        unsafe { slot.write(new) };
+    }
+}
+
+/// Moves this thread's DTV out of the arena if it is there
+/// ([`moved_dtv`]): a thread glibc started by its internal
+/// `pthread_create` where no clone is caught (full mode). Called before
+/// the manager's lock is taken for the program ([`crate::lock_program`]),
+/// since a thread-local read under that lock whose DTV page was evicted
+/// would wait for a handler that needs the lock. One load when there is
+/// nothing to do; the old block is left (freeing it could need an
+/// allocator lock the caller holds: one per such thread, a few hundred
+/// bytes).
+pub(crate) fn dtv_out_of_arena(g: &crate::Global) {
+    let dtv: u64;
+    // SAFETY: reads the second word at the thread pointer (glibc's
+    // `tcbhead_t.dtv`).
+    unsafe { std::arch::asm!("mov {}, fs:8", out(reg) dtv, options(nostack, readonly, preserves_flags)) };
+    if let Some(new) = moved_dtv(g, dtv, false) {
+        // SAFETY: this thread's own DTV pointer, read just above; only
+        // this thread reads it.
+        unsafe { std::arch::asm!("mov fs:8, {}", in(reg) new, options(nostack, preserves_flags)) };
+    }
+}
+
+/// The first code of a thread started by [`clone_with_dispatch`], on its
+/// own stack and thread-locals, before any of glibc's or the program's:
+/// dispatch on, the library's stack for its signals (kept through the
+/// `rt_sigreturn` that follows, by writing it into `frame`), the exit
+/// hook, the CPUs a new thread of the program gets; selector at BLOCK.
+#[no_mangle]
+extern "C" fn ztier_sud_clone_child(frame: *mut libc::ucontext_t) {
+    crate::as_inside(|| {
+        if let Some(cpus) = crate::ALLOWED.get() {
+            crate::pin(cpus);
+        }
+        if let Err(e) = enable_thread() {
+            let msg = format!("ztier: a new thread cannot protect its system calls: {e}: aborting\n");
+            raw(libc::SYS_write, [2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
+            std::process::abort();
+        }
+        hook_exit();
+        let mut ss = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: 0, ss_size: 0 };
+        raw(libc::SYS_sigaltstack, [0, &mut ss as *mut libc::stack_t as u64, 0, 0, 0, 0]);
+        // SAFETY: the frame laid for this thread by `clone_with_dispatch`.
+        unsafe { (*frame).uc_stack = ss };
+    });
+    rearm();
 }
 
 /// The kernel's `struct sigaction` (x86-64).
@@ -1693,25 +1932,25 @@ fn shares_memory(nr: i64, a: [u64; 6]) -> bool {
     }
 }
 
-/// Says once, on stderr, that a thread was started without the
-/// library's `pthread_create` — by the program's own `clone`, or by glibc
-/// calling its `pthread_create` internally (the threads of
-/// `timer_create`'s `SIGEV_THREAD`, POSIX AIO, `mq_notify`) — and runs
-/// without dispatch: the kernel enables it per thread and does not carry
-/// it over, and only threads started through the library's
-/// `pthread_create` enable it. Such a thread's faults are served, but
-/// its system calls are not caught, so one that reads or writes evicted
-/// memory fails with `EFAULT` (`run_progs/rawclone.c`: none of 16 cold
-/// pages written), and its `rt_sigprocmask` is not either: with
-/// `--fault-path signal`, a fault while it blocks `SIGBUS` (glibc's
-/// helper threads block every signal) ends the process.
+/// Says once, on stderr, that a thread the program started with its own
+/// clone runs without dispatch: the kernel enables it per thread and
+/// does not carry it over, and [`clone_with_dispatch`] could not start it
+/// with dispatch (a `clone` rather than `clone3`, no thread-local storage
+/// of its own, a stack under [`CLONE_STACK_MIN`] or in the arena). Such a
+/// thread's faults are served, but its system calls are not caught, so
+/// one that reads or writes evicted memory fails with `EFAULT`
+/// (`run_progs/rawclone.c`: none of 16 cold pages written), and its
+/// `rt_sigprocmask` is not either: with `--fault-path signal`, a fault
+/// while it blocks `SIGBUS` ends the process (what glibc's `SIGEV_THREAD`
+/// timer did, whose helper thread blocks every signal, before its clone
+/// was made with dispatch).
 fn warn_raw_thread() {
     static SAID: AtomicBool = AtomicBool::new(false);
     if !SAID.swap(true, Ordering::Relaxed) {
         let msg: &[u8] = if SIGBUS_ON.load(Ordering::Relaxed) {
-            b"ztier: a thread was started without pthread_create (the program's own clone(), or a helper thread of glibc's: timer_create SIGEV_THREAD, POSIX AIO, mq_notify): with --fault-path signal its system calls are not caught, so those on evicted memory fail with EFAULT, and a fault in it while it blocks SIGBUS ends the process; --fault-path thread serves such threads\n"
+            b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): with --fault-path signal its system calls are not caught, so those on evicted memory fail with EFAULT, and a fault in it while it blocks SIGBUS ends the process; --fault-path thread serves such threads\n"
         } else {
-            b"ztier: a thread was started without pthread_create (the program's own clone(), or a helper thread of glibc's: timer_create SIGEV_THREAD, POSIX AIO, mq_notify): under a user-mode-only userfaultfd its system calls are not caught, so those on evicted memory fail with EFAULT; as root, or with vm.unprivileged_userfaultfd=1, they are served\n"
+            b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): under a user-mode-only userfaultfd its system calls are not caught, so those on evicted memory fail with EFAULT; as root, or with vm.unprivileged_userfaultfd=1, they are served\n"
         };
         raw(libc::SYS_write, [2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
     }
@@ -1920,17 +2159,29 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                     // SAFETY: glibc's environment pointer, read once.
                     let env = unsafe { environ } as u64;
                     crate::as_inside(|| Ranges::new().strvec(env));
-                } else if shares_memory(nr, a) {
-                    // Not through `pthread_create` (ours runs glibc's
-                    // with the selector at ALLOW, so its clone is never
-                    // caught): the program's own clone, or a thread
-                    // glibc starts by its internal call.
-                    warn_raw_thread();
                 }
-                // Back to the `syscall` instruction (2 bytes), run there.
-                uc.uc_mcontext.gregs[rax] = nr;
-                uc.uc_mcontext.gregs[rip] -= 2;
-                after = ALLOW;
+                // A new thread not started through `pthread_create` (ours
+                // runs glibc's with the selector at ALLOW, so its clone is
+                // never caught): the program's own clone, or a thread
+                // glibc starts by its internal call. Made here if it can
+                // be given dispatch from its start.
+                let made = if !vfork_like(nr, a) && shares_memory(nr, a) {
+                    let r = clone_with_dispatch(nr, a, uc);
+                    if r.is_none() {
+                        warn_raw_thread();
+                    }
+                    r
+                } else {
+                    None
+                };
+                if let Some(r) = made {
+                    uc.uc_mcontext.gregs[rax] = r;
+                } else {
+                    // Back to the `syscall` instruction (2 bytes), run there.
+                    uc.uc_mcontext.gregs[rax] = nr;
+                    uc.uc_mcontext.gregs[rip] -= 2;
+                    after = ALLOW;
+                }
             }
             libc::SYS_rt_sigprocmask => uc.uc_mcontext.gregs[rax] = sigprocmask(uc, a),
             libc::SYS_rt_sigaction => uc.uc_mcontext.gregs[rax] = sigaction(a),

@@ -53,10 +53,11 @@ of the program is caught first and the memory it reads or writes brought back\n\
 read/write and kin, open, stat, socket calls, poll/epoll_wait, syscall - which\n\
 ztier enters directly; --clean wp becomes verify). io_uring and Linux AIO are not\n\
 offered in that mode (their buffers are used after the call: the program is told\n\
-ENOSYS and falls back), signal frames go to a stack of ztier's, and a thread\n\
-started without pthread_create (a clone() of the program's own, or glibc's thread\n\
-for a SIGEV_THREAD timer, POSIX AIO or mq_notify) runs without that catching: its\n\
-system calls on evicted memory fail with EFAULT (said on stderr when one starts).")]
+ENOSYS and falls back), signal frames go to a stack of ztier's, and a thread the\n\
+program starts with its own clone() and no thread-local storage of its own runs\n\
+without that catching: its system calls on evicted memory fail with EFAULT (said on\n\
+stderr when one starts). glibc's own threads (SIGEV_THREAD timers, POSIX AIO) are\n\
+caught as pthread_create's are.")]
 pub struct RunArgs {
     /// Most uncompressed memory (managed pages resident) per process, e.g. 256M.
     /// With --policy: resident pages and the compressed store together.
@@ -129,9 +130,9 @@ pub struct RunArgs {
     /// call of the program is then caught first, as in user-mode-only mode
     /// (a signal per call, ~4 µs, except the read/write family entered
     /// directly through glibc's functions), --clean wp becomes verify, and
-    /// io_uring and Linux AIO are not offered (ENOSYS), and threads started without
-    /// pthread_create (a program's own clone(), glibc's SIGEV_THREAD timer threads) get EFAULT
-    /// from system calls on evicted memory (said on stderr). Pays for programs that fault far more often than they make other
+    /// io_uring and Linux AIO are not offered (ENOSYS), and a thread of the program's own
+    /// clone() without thread-local storage of its own gets EFAULT from system calls on
+    /// evicted memory (said on stderr). Pays for programs that fault far more often than they make other
     /// system calls.
     #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "thread", value_parser = ["thread", "signal"])]
     pub fault_path: String,
