@@ -1946,12 +1946,19 @@ fn shares_memory(nr: i64, a: [u64; 6]) -> bool {
 /// was made with dispatch).
 fn warn_raw_thread() {
     static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        let msg: &[u8] = if SIGBUS_ON.load(Ordering::Relaxed) {
-            b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): with --fault-path signal its system calls are not caught, so those on evicted memory fail with EFAULT, and a fault in it while it blocks SIGBUS ends the process; --fault-path thread serves such threads\n"
-        } else {
-            b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): under a user-mode-only userfaultfd its system calls are not caught, so those on evicted memory fail with EFAULT; as root, or with vm.unprivileged_userfaultfd=1, they are served\n"
-        };
+    say_once(
+        &SAID,
+        b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): with --fault-path signal its system calls are not caught, so those on evicted memory fail with EFAULT, and a fault in it while it blocks SIGBUS ends the process; --fault-path thread serves such threads\n",
+        b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): under a user-mode-only userfaultfd its system calls are not caught, so those on evicted memory fail with EFAULT; as root, or with vm.unprivileged_userfaultfd=1, they are served\n",
+    );
+}
+
+/// Writes `signal` (with `--fault-path signal`) or `user_mode_only` (under
+/// a user-mode-only userfaultfd) to stderr, the first time `said` is
+/// found unset.
+fn say_once(said: &AtomicBool, signal: &[u8], user_mode_only: &[u8]) {
+    if !said.swap(true, Ordering::Relaxed) {
+        let msg = if SIGBUS_ON.load(Ordering::Relaxed) { signal } else { user_mode_only };
         raw(libc::SYS_write, [2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
     }
 }
@@ -2092,14 +2099,11 @@ impl Drop for KeepErrno {
 /// (see [`on_sigsys`]).
 fn refuse_async_io() {
     static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        let msg: &[u8] = if SIGBUS_ON.load(Ordering::Relaxed) {
-            b"ztier: io_uring and Linux AIO are not offered with --fault-path signal (the kernel would meet evicted buffers after the call): the program was told ENOSYS\n"
-        } else {
-            b"ztier: io_uring and Linux AIO are not offered under a user-mode-only userfaultfd (the kernel would meet evicted buffers after the call): the program was told ENOSYS; as root, or with vm.unprivileged_userfaultfd=1, they are\n"
-        };
-        raw(libc::SYS_write, [2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
-    }
+    say_once(
+        &SAID,
+        b"ztier: io_uring and Linux AIO are not offered with --fault-path signal (the kernel would meet evicted buffers after the call): the program was told ENOSYS\n",
+        b"ztier: io_uring and Linux AIO are not offered under a user-mode-only userfaultfd (the kernel would meet evicted buffers after the call): the program was told ENOSYS; as root, or with vm.unprivileged_userfaultfd=1, they are\n",
+    );
 }
 
 /// The dispatch handler (see the module docs).
