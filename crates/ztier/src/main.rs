@@ -54,6 +54,10 @@ enum Command {
     Run(cmd::run::RunArgs),
     /// Live statistics of a program running under `ztier run`.
     Stats(cmd::run::StatsArgs),
+    /// Summarise a `ztier run --fault-log` file: page-ins by kind, store
+    /// faults by run length and service time, refault distances, pages
+    /// that came back again and again, and page-ins over time.
+    Faults(cmd::faults::FaultsArgs),
 }
 
 fn main() {
@@ -66,6 +70,7 @@ fn main() {
         Command::Blk(b) => cmd::blk::run(b),
         Command::Run(a) => cmd::run::run(a),
         Command::Stats(a) => cmd::run::stats(a),
+        Command::Faults(a) => cmd::faults::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

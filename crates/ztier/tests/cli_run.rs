@@ -1107,6 +1107,23 @@ fn the_fault_log_has_a_row_per_page_in_that_agrees_with_the_statistics() {
     assert!(store.len() > 16384, "{} store rows", store.len());
     assert!(store.iter().any(|r| r.hot) && store.iter().any(|r| !r.hot));
     assert_eq!(std::fs::read_dir(&log).unwrap().count(), 1, "one process, one file");
+    // `ztier faults` summarises it: the same counts.
+    let file = log.join(format!("{}.csv", p["pid"]));
+    let o = Command::new(ztier()).arg("faults").arg(&file).args(["--budget", "32M"]).output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let pages_in = p["store_faults"].as_u64().unwrap() + p["prefetched"].as_u64().unwrap();
+    let line = format!("{:<10} {:>10} {:>12}", "store", p["store_faults"].as_u64().unwrap(), pages_in);
+    assert!(text.contains(&line), "{line:?} in {text}");
+    assert!(text.contains(&format!("{} rows from", rows.len())) && text.contains("budgets)"), "{text}");
+    // A damaged log: refused, naming the line.
+    let bad = d.join("bad.csv");
+    let mut damaged = std::fs::read_to_string(&file).unwrap();
+    damaged.push_str("12,store,0x1000,1,,5\n");
+    std::fs::write(&bad, damaged).unwrap();
+    let o = Command::new(ztier()).arg("faults").arg(&bad).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains(&format!("line {}", rows.len() + 2)), "{err}");
 
     // Every process writes its own: a forked child starts an empty log,
     // and an exec'd one has a library of its own.

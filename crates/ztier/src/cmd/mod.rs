@@ -8,6 +8,7 @@ pub mod bench_store;
 pub mod bench_uffd;
 pub mod blk;
 pub mod demo;
+pub mod faults;
 pub mod run;
 pub mod sim;
 pub mod trace;

@@ -145,7 +145,8 @@ pub struct RunArgs {
     /// refault distance, eviction clock, whether the page joined the protected
     /// segment, and service time. Misses only (userfaultfd never sees hits).
     /// Costs 32 bytes of memory per row, outside the budget, up to 8 Mi rows
-    /// per process; a process killed by a signal writes none.
+    /// per process; a process killed by a signal writes none. `ztier faults DIR/PID.csv`
+    /// summarises one.
     #[arg(long, value_name = "DIR")]
     pub fault_log: Option<PathBuf>,
     /// The program and its arguments.
