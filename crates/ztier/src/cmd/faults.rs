@@ -15,6 +15,10 @@ use crate::units::parse_size;
 /// The header of a fault log.
 pub const HEADER: &str = "t_ns,kind,addr,pages,distance,evictions,hot,service_ns";
 const KINDS: [&str; 6] = ["store", "zero", "pin", "deferred", "wp", "lost"];
+/// [`KINDS`] index of a fault served from the store.
+const STORE: usize = 0;
+/// [`KINDS`] index of a first touch (zeros installed).
+const ZERO: usize = 1;
 
 /// Arguments of `ztier faults`.
 #[derive(Args, Debug)]
@@ -105,7 +109,7 @@ pub fn summary(rows: &[Row], budget_pages: Option<u64>, slices: u32) -> String {
         let (n, p) = rows.iter().filter(|r| r.kind == k).fold((0u64, 0u64), |(n, p), r| (n + 1, p + r.pages));
         let _ = writeln!(out, "{name:<10} {n:>10} {p:>12}");
     }
-    let store: Vec<&Row> = rows.iter().filter(|r| r.kind == 0).collect();
+    let store: Vec<&Row> = rows.iter().filter(|r| r.kind == STORE).collect();
     if !store.is_empty() {
         let _ = writeln!(out, "store faults by pages installed (service inside the lock):");
         for (label, lo, hi) in [("1", 1, 1), ("2-7", 2, 7), ("8", 8, 8), ("9+", 9, u64::MAX)] {
@@ -168,7 +172,7 @@ pub fn summary(rows: &[Row], budget_pages: Option<u64>, slices: u32) -> String {
     if last > first {
         let width = (last - first) / slices as u64 + 1;
         let mut pages = vec![[0u64; 2]; slices as usize];
-        for r in rows.iter().filter(|r| r.kind <= 1) {
+        for r in rows.iter().filter(|r| r.kind == STORE || r.kind == ZERO) {
             let s = (((r.t_ns - first) / width) as usize).min(slices as usize - 1);
             pages[s][r.kind] += r.pages;
         }
