@@ -615,15 +615,14 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
+        // Pages the store refused are unprotected while still OWNED (see
+        // `unprotect_kept`); a refusal pauses evictions (`refusing`).
+        v.unprotect_kept(&outcome)?;
         lock(&g.mgr).commit(&v, &outcome, &g.stats);
-        v.unprotect(&outcome)?;
+        v.wake_released(&outcome)?;
         batch_committed();
         EVICTOR_BATCHES.fetch_add(1, Ordering::Release);
         EVICTOR_BUSY.store(false, Ordering::Release);
-        if outcome.iter().all(|&o| o == manager::Outcome::Kept) {
-            // The store refuses everything (full, no spill): do not spin.
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
     }
 }
 

@@ -204,6 +204,9 @@ pub const PREFETCH: usize = 8;
 pub const STREAM_PREFETCH: usize = 8;
 /// Pages evicted per round.
 pub const EVICT_BATCH: usize = 32;
+/// How long no eviction is tried after the store refused a victim
+/// ([`Manager::refusing`]).
+pub const REFUSED_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 /// Victims the background evictor takes at a time. Fewer write-protect
 /// calls (TLB shootdowns on the program's CPU) per page than smaller
 /// batches: pyapp at 256M, against 256: same wall time, fault p99 77 µs
@@ -708,6 +711,13 @@ pub struct Manager {
     kept: Vec<Kept>,
     /// One row per page-in (`--fault-log`), if asked for.
     log: Option<FaultLog>,
+    /// The store refused a victim (it is full and nothing can go to a
+    /// next tier): no eviction is tried before this time, or before
+    /// [`EVICT_BATCH`] pages have been read out of the store since, when
+    /// [`Manager::taken_out`] was the second value ([`Manager::refusing`]).
+    refusing: Option<(std::time::Instant, u64)>,
+    /// Pages read out of the store (their copies removed) so far.
+    taken_out: u64,
 }
 
 /// The main thread has left (`pthread_exit`) while others run: it stays
@@ -906,6 +916,8 @@ impl Manager {
             pins: Vec::new(),
             kept: Vec::new(),
             log: FaultLog::from_env(),
+            refusing: None,
+            taken_out: 0,
         };
         m.apply_sizing(true);
         Ok(m)
@@ -1268,6 +1280,9 @@ impl Manager {
                 self.addr(i + found)
             )));
         }
+        if exclusive {
+            self.taken_out += n as u64;
+        }
         Ok(())
     }
 
@@ -1287,9 +1302,10 @@ impl Manager {
     }
 
     /// Evicts first if installing `n` more pages would go over budget, so
-    /// the resident count never exceeds it.
+    /// the resident count never exceeds it — unless the store is full
+    /// ([`Manager::refusing`]): then the pages stay resident over it.
     fn make_room(&mut self, n: usize, stats: &Stats) -> io::Result<()> {
-        if self.resident + n > self.budget {
+        if self.resident + n > self.budget && !self.refusing() {
             self.evict(stats)?;
         }
         Ok(())
@@ -1300,20 +1316,57 @@ impl Manager {
     pub fn evict(&mut self, stats: &Stats) -> io::Result<()> {
         let target = self.budget.saturating_sub(EVICT_BATCH);
         // The same steps as the background evictor, with the lock held
-        // throughout (this is the handler making room right now).
-        while let Some(v) = self.take_victims(EVICT_BATCH, target, 0)? {
+        // throughout (this is the handler making room right now). A
+        // refusal by the store stops it (`commit` notes it).
+        while !self.refusing() {
+            let Some(v) = self.take_victims(EVICT_BATCH, target, 0)? else { break };
             PROGRESS.fetch_add(1, Ordering::Relaxed);
             stats.evicted_inline.fetch_add(v.pages.len() as u64, Ordering::Relaxed);
             let outcome = v.compress(stats)?;
             v.release(&outcome)?;
+            v.unprotect_kept(&outcome)?;
             self.commit(&v, &outcome, stats);
-            v.unprotect(&outcome)?;
-            if outcome.iter().all(|&o| o == Outcome::Kept) {
-                // The store refuses everything (full, no spill): stop.
-                break;
-            }
+            v.wake_released(&outcome)?;
         }
         Ok(())
+    }
+
+    /// Is the store refusing victims? After a refusal (the store is full,
+    /// and without a next tier, or with one that cannot take more — a
+    /// spill file at `--spill-max` or on a full device — nothing can
+    /// leave it) every eviction would compress its victims only to have
+    /// them refused: on the program's CPU under the manager's lock for
+    /// each fault over budget, and in the background evictor without end
+    /// (a run of `pyapp.py 100000` at `--budget 8M --store 4M` took 2.6×
+    /// as long as with room, one with a full spill device 7×). So for
+    /// [`REFUSED_PAUSE`] after one none is tried, or until the faults
+    /// have taken a batch of pages out of the store (room for a batch,
+    /// about), and faults install their pages over the budget meanwhile.
+    pub fn refusing(&self) -> bool {
+        self.refusing.is_some_and(|(until, out)| {
+            self.taken_out - out < EVICT_BATCH as u64 && std::time::Instant::now() < until
+        })
+    }
+
+    /// The store refused a victim: no evictions for a while
+    /// ([`Manager::refusing`]), and the first time, the reason on stderr.
+    fn store_refused(&mut self) {
+        self.refusing = Some((std::time::Instant::now() + REFUSED_PAUSE, self.taken_out));
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if SAID.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let next = match (self.cfg.spill_dir.is_some(), self.store.tier_error()) {
+            (false, _) => "there is no --spill folder".to_string(),
+            (true, Some(why)) => why,
+            (true, None) => "the spill file cannot take more".to_string(),
+        };
+        eprintln!(
+            "ztier: process {}: the compressed store is full ({} MiB) and {next}: pages over \
+             --budget stay in memory uncompressed until the store has room",
+            std::process::id(),
+            self.store.budget() >> 20
+        );
     }
 
     /// Records the store's size if it is the largest seen (for the
@@ -1339,7 +1392,7 @@ impl Manager {
 
     /// Should the background evictor work (resident above budget − reserve/2)?
     pub fn evict_wanted(&self) -> bool {
-        self.resident > self.budget - self.reserve() / 2
+        self.resident > self.budget - self.reserve() / 2 && !self.refusing()
     }
 
     /// Takes up to `max` victims for the background evictor, oldest first,
@@ -1350,7 +1403,7 @@ impl Manager {
     pub fn take_background_victims(&mut self, max: usize) -> io::Result<Option<Victims>> {
         let target = self.budget - self.reserve();
         let least = BACKGROUND_LEAST.min(self.reserve() / 2);
-        if !self.evict_wanted() && self.resident < target + self.evicting + least {
+        if self.refusing() || (!self.evict_wanted() && self.resident < target + self.evicting + least) {
             return Ok(None);
         }
         let v = self.take_victims(max, target, self.evicting)?;
@@ -1585,6 +1638,9 @@ impl Manager {
         stats.demoted.store(self.demoted, Ordering::Relaxed);
         stats.age_every.store(self.aging.every(), Ordering::Relaxed);
         self.sample_store(stats);
+        if outcome.contains(&Outcome::Kept) {
+            self.store_refused();
+        }
     }
 
     /// A write hit a write-protected page at `addr`. A clean page becomes
@@ -2095,28 +2151,42 @@ impl Victims {
         sys::madvise_many(&ranges, libc::MADV_DONTNEED)
     }
 
-    /// Ends the write protection (after the commit) and wakes writers.
-    /// Pages whose memory was released (`MADV_DONTNEED` on anonymous
-    /// memory drops the write-protect bit with the page) only need their
-    /// waiters woken — no page-table change, so no TLB shootdown; pages
-    /// the store refused are unprotected for real.
-    pub fn unprotect(&self, outcome: &[Outcome]) -> io::Result<()> {
-        for kept in [false, true] {
-            let pages = self.pages.iter().zip(outcome).filter(|(_, &o)| (o == Outcome::Kept) == kept);
-            for (f, n) in runs_of(pages.map(|(&i, _)| i)) {
-                let addr = self.base + f * PAGE;
-                let r = if kept {
-                    self.uffd.writeprotect(addr, n * PAGE, false)
-                } else {
-                    self.uffd.wake(addr, n * PAGE)
-                };
-                r.map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("unprotecting {addr:#x}+{:#x} after eviction: {e}", n * PAGE),
-                    )
-                })?;
-            }
+    /// Ends the write protection of the victims the store refused
+    /// (they stay resident), waking their writers — before the commit,
+    /// while the pages are still OWNED: after it the program may unmap
+    /// them, and the call would fail on a range no longer registered
+    /// (it did, `ENOENT`, and aborted the process, when a full store
+    /// refused many pages). Unprotecting only adds permissions: no TLB
+    /// shootdown.
+    pub fn unprotect_kept(&self, outcome: &[Outcome]) -> io::Result<()> {
+        let kept = self.pages.iter().zip(outcome).filter(|(_, &o)| o == Outcome::Kept);
+        for (f, n) in runs_of(kept.map(|(&i, _)| i)) {
+            let addr = self.base + f * PAGE;
+            self.uffd.writeprotect(addr, n * PAGE, false).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("unprotecting {addr:#x}+{:#x} the store refused: {e}", n * PAGE),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Wakes the writers of the other victims, after the commit (their
+    /// retried writes find the page STORED or ABSENT and fault it back).
+    /// Their memory was released, and `MADV_DONTNEED` on anonymous memory
+    /// drops the write-protect bit with the page: no page-table change.
+    /// A wake needs no registered range.
+    pub fn wake_released(&self, outcome: &[Outcome]) -> io::Result<()> {
+        let released = self.pages.iter().zip(outcome).filter(|(_, &o)| o != Outcome::Kept);
+        for (f, n) in runs_of(released.map(|(&i, _)| i)) {
+            let addr = self.base + f * PAGE;
+            self.uffd.wake(addr, n * PAGE).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("waking the writers of {addr:#x}+{:#x} after eviction: {e}", n * PAGE),
+                )
+            })?;
         }
         Ok(())
     }
@@ -2245,8 +2315,9 @@ mod tests {
         assert!(!demoted.is_empty(), "over its share, the protected segment sheds pages");
         let outcome = v.compress(&stats).unwrap();
         v.release(&outcome).unwrap();
+        v.unprotect_kept(&outcome).unwrap();
         m.commit(&v, &outcome, &stats);
-        v.unprotect(&outcome).unwrap();
+        v.wake_released(&outcome).unwrap();
         // Evict a demoted page, then fault it back: one regret, mark gone.
         let i = demoted[0];
         m.prot_max = 2048;
@@ -2255,8 +2326,9 @@ mod tests {
             let v = m.take_victims(64, 0, 0).unwrap().expect("victims");
             let outcome = v.compress(&stats).unwrap();
             v.release(&outcome).unwrap();
+            v.unprotect_kept(&outcome).unwrap();
             m.commit(&v, &outcome, &stats);
-            v.unprotect(&outcome).unwrap();
+            v.wake_released(&outcome).unwrap();
             if m.st(i) & STATE != RESIDENT {
                 gone = true;
                 break;
@@ -2388,8 +2460,9 @@ mod tests {
         assert_eq!(m.st(b) & (STATE | OWNED), ABSENT | OWNED);
         assert_eq!(m.serve(base + b * PAGE, &stats).unwrap(), None);
         assert!(!present(base + b * PAGE));
+        v.unprotect_kept(&outcome).unwrap();
         m.commit(&v, &outcome, &stats);
-        v.unprotect(&outcome).unwrap();
+        v.wake_released(&outcome).unwrap();
         assert_eq!(m.st(a) & (STATE | OWNED), STORED);
         assert_eq!(m.st(b) & (STATE | OWNED), ABSENT);
         assert!(!m.store.contains(m.key(b)), "the released page's copy is dropped");
@@ -2437,8 +2510,9 @@ mod tests {
             assert!(!w.pages.contains(&a), "a page taken back is evicted again before its commit");
             let wo = w.compress(&stats).unwrap();
             w.release(&wo).unwrap();
+            w.unprotect_kept(&wo).unwrap();
             m.commit(&w, &wo, &stats);
-            w.unprotect(&wo).unwrap();
+            w.wake_released(&wo).unwrap();
         }
         // Sealed: b stays with its batch.
         assert_eq!(m.seal_background(), vec![a]);
@@ -2446,8 +2520,9 @@ mod tests {
         let mut release = outcome.clone();
         release[0] = Outcome::Kept;
         v.release(&release).unwrap();
+        v.unprotect_kept(&outcome).unwrap();
         m.commit(&v, &outcome, &stats);
-        v.unprotect(&outcome).unwrap();
+        v.wake_released(&outcome).unwrap();
         assert_eq!(stats.taken_back.load(Ordering::Relaxed), 1);
         assert_eq!(m.st(a) & (STATE | OWNED), RESIDENT);
         assert!(present(base + a * PAGE));
@@ -2477,8 +2552,9 @@ mod tests {
         while let Some(v) = m.take_victims(64, 0, 0).unwrap() {
             let outcome = v.compress(stats).unwrap();
             v.release(&outcome).unwrap();
+            v.unprotect_kept(&outcome).unwrap();
             m.commit(&v, &outcome, stats);
-            v.unprotect(&outcome).unwrap();
+            v.wake_released(&outcome).unwrap();
         }
     }
 
@@ -2524,6 +2600,85 @@ mod tests {
         evict_all(&mut m, &stats);
         assert_eq!(m.resident(), 0);
         assert_eq!(m.st(41) & STATE, STORED);
+    }
+
+    /// A store that is full (1 MiB, no next tier) refuses victims: they
+    /// stay resident, readable, writable and unprotected, nothing is
+    /// lost, and evictions pause until pages leave the store (or
+    /// [`REFUSED_PAUSE`] passes) instead of compressing in vain.
+    #[test]
+    fn a_full_store_keeps_victims_resident_and_pauses_evictions() {
+        let (mut m, base) = test_manager(2048);
+        let stats = Stats::new();
+        // Incompressible pages: the 1 MiB store holds about 250 of them.
+        fill_pages(&mut m, base, 1024, &stats, |_| 0);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut words = vec![0u64; 1024 * PAGE / 8];
+        for w in words.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *w = x;
+        }
+        // SAFETY: pages 0..1024 are resident and writable, and `words`
+        // is that many bytes.
+        unsafe { std::ptr::copy_nonoverlapping(words.as_ptr().cast::<u8>(), base as *mut u8, 1024 * PAGE) };
+        m.budget = 64;
+        assert!(!m.refusing() && m.evict_wanted());
+        m.evict(&stats).unwrap();
+        let refused = stats.refused.load(Ordering::Relaxed);
+        assert!(refused > 0, "the store refused victims");
+        assert!(m.refusing(), "a refusal pauses evictions");
+        assert!(m.resident() > m.budget, "refused victims stay resident");
+        assert!(!m.evict_wanted(), "the background evictor is not woken meanwhile");
+        assert!(m.take_background_victims(BACKGROUND_BATCH).unwrap().is_none());
+        // Paused: a second round compresses nothing.
+        let compressed = stats.pages_compressed.load(Ordering::Relaxed);
+        m.evict(&stats).unwrap();
+        assert_eq!(stats.pages_compressed.load(Ordering::Relaxed), compressed);
+        assert_eq!(stats.refused.load(Ordering::Relaxed), refused);
+        assert_eq!(m.evicting(), 0);
+        // Resident victims are unprotected; stored ones are gone from memory.
+        let stored: Vec<usize> = (0..1024).filter(|&i| m.st(i) & STATE == STORED).collect();
+        assert!(!stored.is_empty());
+        for i in 0..1024 {
+            if m.st(i) & STATE == RESIDENT {
+                assert!(!write_protected(base + i * PAGE), "page {i} the store refused is left protected");
+            }
+        }
+        // Pages taken out of the store (a pin brings them back, making
+        // room for itself over the budget) end the pause before its time:
+        // not one page short of a batch, then at once (the next pin's
+        // room is made by evicting, into the room the pins left).
+        let (compressed, refused) =
+            (stats.pages_compressed.load(Ordering::Relaxed), stats.refused.load(Ordering::Relaxed));
+        for &i in &stored[..EVICT_BATCH - 1] {
+            assert!(m.pin(i, 1, &stats).unwrap());
+            m.unpin(i, 1);
+        }
+        assert!(m.refusing());
+        assert_eq!(stats.pages_compressed.load(Ordering::Relaxed), compressed);
+        assert_eq!(stats.refused.load(Ordering::Relaxed), refused);
+        assert!(m.pin(stored[EVICT_BATCH - 1], 1, &stats).unwrap());
+        m.unpin(stored[EVICT_BATCH - 1], 1);
+        assert!(stats.pages_compressed.load(Ordering::Relaxed) > compressed, "evictions resumed");
+        // So does time.
+        m.store_refused();
+        assert!(m.refusing());
+        m.refusing = m.refusing.map(|(_, out)| (std::time::Instant::now(), out));
+        assert!(!m.refusing());
+        // Nothing was lost: every page reads as written, in memory or
+        // brought back from the store.
+        for i in 0..1024 {
+            if m.st(i) & STATE == STORED {
+                assert!(m.pin(i, 1, &stats).unwrap());
+            }
+            // SAFETY: page i is resident now.
+            let got = unsafe { std::slice::from_raw_parts((base + i * PAGE) as *const u8, PAGE) };
+            // SAFETY: the same bytes of `words`, as u8.
+            let want = unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>().add(i * PAGE), PAGE) };
+            assert!(got == want, "page {i} changed");
+        }
     }
 
     #[test]

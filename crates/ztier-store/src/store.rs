@@ -1333,6 +1333,12 @@ impl Store {
         Ok(n)
     }
 
+    /// Why the next tier's latest put failed ([`NextTier::last_error`]);
+    /// `None` with no next tier or no failure.
+    pub fn tier_error(&self) -> Option<String> {
+        self.tier.as_ref().and_then(|t| t.last_error())
+    }
+
     /// The current budget in bytes.
     pub fn budget(&self) -> usize {
         self.budget.load(Ordering::Relaxed)

@@ -74,6 +74,11 @@ pub trait NextTier: Send + Sync {
     fn entries(&self) -> usize;
     /// Bytes of the tier's medium in use for entries.
     fn bytes_used(&self) -> u64;
+    /// Why the latest failed [`NextTier::put`] failed, in words for a
+    /// message to the user (`None` if no put has failed).
+    fn last_error(&self) -> Option<String> {
+        None
+    }
 }
 
 fn remove_where<V>(
@@ -232,6 +237,8 @@ struct FileInner {
     index: HashMap<Key, (u64, SpillMeta)>,
     free: FreeSpace,
     used: u64,
+    /// Why the latest failed put failed.
+    last_error: Option<String>,
 }
 
 /// A spill file: entries kept compressed on a file (de Castro's
@@ -252,7 +259,12 @@ impl FileTier {
         Ok(FileTier {
             file,
             max_bytes,
-            inner: Mutex::new(FileInner { index: HashMap::new(), free: FreeSpace::default(), used: 0 }),
+            inner: Mutex::new(FileInner {
+                index: HashMap::new(),
+                free: FreeSpace::default(),
+                used: 0,
+                last_error: None,
+            }),
         })
     }
 
@@ -281,11 +293,13 @@ impl NextTier for FileTier {
         let off = if size == 0 { 0 } else { g.free.take(size) };
         if size > 0 && g.free.end > self.max_bytes {
             g.free.give(off, size);
+            g.last_error = Some(format!("the spill file reached its limit of {} bytes", self.max_bytes));
             return Err(TierError::Full);
         }
         if size > 0 {
             if let Err(e) = self.file.write_all_at(data, off) {
                 g.free.give(off, size);
+                g.last_error = Some(format!("writing the spill file failed: {e}"));
                 return Err(e.into());
             }
         }
@@ -352,6 +366,10 @@ impl NextTier for FileTier {
     fn bytes_used(&self) -> u64 {
         self.inner.lock().used
     }
+
+    fn last_error(&self) -> Option<String> {
+        self.inner.lock().last_error.clone()
+    }
 }
 
 #[cfg(test)]
@@ -408,11 +426,24 @@ mod tests {
         let small = FileTier::create(&dir.join("small"), 512).unwrap();
         let k = |i| Key { pool: 0, object: 0, index: i };
         small.put(k(0), meta(300), &[1; 300]).unwrap();
+        assert_eq!(small.last_error(), None);
         assert!(matches!(small.put(k(1), meta(300), &[2; 300]), Err(TierError::Full)));
+        assert_eq!(small.last_error().as_deref(), Some("the spill file reached its limit of 512 bytes"));
         let mut out = Vec::new();
         assert_eq!(small.get(k(0), &mut out, false).unwrap(), Some(meta(300)));
         assert_eq!(out, vec![1; 300]);
         std::fs::remove_dir_all(&dir).unwrap();
+        // A full device: the write fails, its space is given back, and
+        // the reason is kept.
+        let full = FileTier::create(Path::new("/dev/full"), 1 << 20).unwrap();
+        match full.put(k(0), meta(300), &[3; 300]) {
+            Err(TierError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::StorageFull),
+            r => panic!("{r:?}"),
+        }
+        assert_eq!(full.file_end(), 0);
+        assert_eq!(full.entries(), 0);
+        let why = full.last_error().unwrap();
+        assert!(why.starts_with("writing the spill file failed: No space left on device"), "{why}");
     }
 
     #[test]

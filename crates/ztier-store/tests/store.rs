@@ -2,6 +2,7 @@
 //! concurrency, corruption, next tiers, caps, limits, order and resizing.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -424,6 +425,39 @@ fn persistent_pool_without_tier_refuses_instead_of_losing() {
     for i in ok {
         assert!(store.get(Key { pool, object: 0, index: i }, &mut out, false).unwrap());
         assert_eq!(out, page(Kind::Text, i as u64));
+    }
+}
+
+/// A spill device that is full (`/dev/full`: every write fails with
+/// `ENOSPC`): persistent pages the store cannot spill stay where they
+/// are, the put that needs room is refused, nothing is lost, and the
+/// store says why.
+#[test]
+fn a_full_spill_device_refuses_puts_and_loses_nothing() {
+    let tier = FileTier::create(Path::new("/dev/full"), 1 << 30).unwrap();
+    let store = Store::with_tier(cfg(48 << 10, AllocatorKind::Chunks, 1), Some(Box::new(tier)));
+    assert_eq!(store.tier_error(), None);
+    let pool =
+        store.create_pool(PoolOptions { store_raw: true, ..PoolOptions::new(PoolKind::Persistent) }).unwrap();
+    let mut ok = Vec::new();
+    let mut refused = 0;
+    for i in 0..100u32 {
+        let key = Key { pool, object: 0, index: i };
+        match store.put(key, &page(Kind::Text, i as u64), PutFlags::default()) {
+            Ok(()) => ok.push(i),
+            Err(StoreError::Refused(Refusal::Budget)) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(refused > 0 && !ok.is_empty(), "{refused} refused, {} stored", ok.len());
+    let s = store.stats();
+    assert!(s.tier_errors > 0 && s.tier_entries == 0 && s.evicted_dropped == 0, "{s:?}");
+    let why = store.tier_error().expect("the failure is kept");
+    assert!(why.contains("No space left on device"), "{why}");
+    let mut out = vec![0u8; PAGE];
+    for i in ok {
+        assert!(store.get(Key { pool, object: 0, index: i }, &mut out, true).unwrap(), "page {i}");
+        assert_eq!(out, page(Kind::Text, i as u64), "page {i}");
     }
 }
 

@@ -79,8 +79,9 @@ pub struct RunArgs {
     #[arg(long, default_value = "classes")]
     pub allocator: String,
     /// Most memory the compressed store may use per process (default: half of RAM).
-    /// When it is full the oldest compressed pages go to the spill file (with --spill)
-    /// or stay resident.
+    /// When it is full the oldest compressed pages go to the spill file (with --spill);
+    /// without one, or once the spill file can take no more (--spill-max, a full
+    /// device), the pages it refuses stay resident over --budget (said once on stderr).
     #[arg(long, value_parser = parse_size)]
     pub store: Option<u64>,
     /// Folder for spill files (kept compressed; unlinked at once, so nothing is left behind).
