@@ -1596,8 +1596,10 @@ impl Manager {
     /// Finishes an eviction whose memory [`Victims::release`] gave back:
     /// pages still EVICTING become STORED (or ABSENT); pages released
     /// meanwhile by the program get their stored copy dropped; refused
-    /// pages stay. No victim is OWNED afterwards; the caller then wakes
-    /// them all ([`Victims::unprotect`]).
+    /// pages stay (unprotected before, [`Victims::unprotect_kept`]), and
+    /// a refusal pauses evictions ([`Manager::refusing`]). No victim is
+    /// OWNED afterwards; the caller then wakes the others
+    /// ([`Victims::wake_released`]).
     pub fn commit(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) {
         for (&i, &o) in v.pages.iter().zip(outcome) {
             self.evicting -= 1;
@@ -2056,7 +2058,8 @@ impl Victims {
     /// Write-protects the victims ([`Victims::protect`]), then reads and
     /// compresses them (no lock held: the handler keeps serving faults
     /// meanwhile). A writer that touches a victim now waits until
-    /// [`Victims::unprotect`].
+    /// [`Victims::unprotect_kept`] (a page the store refused) or
+    /// [`Victims::wake_released`].
     pub fn compress(&self, stats: &Stats) -> io::Result<Vec<Outcome>> {
         self.protect(stats)?;
         self.compress_protected(stats)
