@@ -1365,6 +1365,43 @@ fn a_full_store_keeps_pages_resident_and_says_why() {
     assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "no spill file left");
 }
 
+/// `--spill` and `--stats` paths that cannot be written are refused
+/// before the program runs (a spill folder was an abort of the program
+/// at start-up, exit 134; a stats path an error after it had run), and a
+/// relative `--spill` holds in a child that changed its working folder
+/// (before, its library looked for the folder there and aborted it).
+#[test]
+fn spill_and_stats_paths_are_checked_before_the_program_runs() {
+    require("python3");
+    let d = tmp("paths");
+    let ran = d.join("ran");
+    for opts in [["--spill", "/proc"], ["--stats", "/proc/stats.json"]] {
+        let o = Command::new(ztier())
+            .args(["run", "--budget", "8M"])
+            .args(opts)
+            .args(["--", "touch"])
+            .arg(&ran)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{opts:?}: {err}");
+        assert!(err.contains(&format!("{} /proc", opts[0])), "{opts:?}: {err}");
+        assert!(!ran.exists(), "{opts:?}: the program ran");
+    }
+    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
+    let app = app.to_str().unwrap();
+    let n = native(&["python3", app, "30000"], &d);
+    std::fs::create_dir_all(d.join("spill")).unwrap();
+    let script = format!("cd / && exec python3 {app} 30000");
+    let (o, v) = managed_with("8M", &["--store", "2M", "--spill", "spill"], &["sh", "-c", &script], &d);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stdout == n.stdout, "output differs from the native run");
+    let spilled: u64 =
+        v["per_process"].as_array().unwrap().iter().map(|p| p["spilled_bytes"].as_u64().unwrap()).sum();
+    assert!(spilled > 0, "{v}");
+    assert_eq!(std::fs::read_dir(d.join("spill")).unwrap().count(), 0, "no spill file left");
+}
+
 #[test]
 fn a_stuck_handler_is_caught_by_the_watchdog() {
     require("python3");

@@ -316,6 +316,15 @@ pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutc
         if !d.is_dir() {
             bail!("--spill {}: not a folder", d.display());
         }
+        // Absolute: the program (or a child it starts elsewhere) may
+        // change its working folder before its library starts.
+        let d = std::fs::canonicalize(d).with_context(|| format!("--spill {}", d.display()))?;
+        // Each process makes its spill file there when it starts: a folder
+        // it cannot write in is said now, not as an abort of the program.
+        let probe = d.join(format!(".ztier-probe-{}", std::process::id()));
+        std::fs::File::create(&probe)
+            .with_context(|| format!("--spill {}: cannot make a spill file there", d.display()))?;
+        let _ = std::fs::remove_file(&probe);
         cmd.env("ZTIER_SPILL_DIR", d);
     }
     if let Some(m) = a.spill_max {
@@ -721,6 +730,15 @@ pub fn service_parts(service: f64, lock: f64, read: f64, install: f64) -> String
 
 /// `ztier run`.
 pub fn run(a: RunArgs) -> Result<i32> {
+    if let Some(path) = &a.stats {
+        // Said before the program runs, not after.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("--stats {}: cannot write there", path.display()))?;
+    }
     let out = run_program(&a, None)?;
     let s = &out.stats;
     if let Some(path) = &a.stats {
