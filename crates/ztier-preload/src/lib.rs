@@ -36,6 +36,12 @@
 //!  └──────────────────────────────┴──────────────────────────────────────────┘
 //! ```
 //!
+//! Under an address-space limit (`RLIMIT_AS`, `ulimit -v`), which counts
+//! the reservation though nothing is committed, the arena is smaller
+//! ([`arena_bytes`]), its span region a quarter of it as above. When the
+//! arena has no room left for a request, the memory comes from glibc or
+//! the kernel instead, unmanaged (said once on stderr).
+//!
 //! **The handler must never fault on arena memory** (it would wait for
 //! itself). Threads of the library (the handler, and any thread while it
 //! runs library code such as start-up or fork preparation) are marked;
@@ -104,13 +110,17 @@ struct LibcAlloc;
 unsafe impl GlobalAlloc for LibcAlloc {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         // SAFETY: plain calls into glibc's allocator.
-        unsafe {
+        let p: *mut u8 = unsafe {
             if l.align() <= 16 {
                 __libc_malloc(l.size()).cast()
             } else {
                 __libc_memalign(l.align(), l.size()).cast()
             }
+        };
+        if p.is_null() {
+            library_out_of_memory(l.size());
         }
+        p
     }
     unsafe fn dealloc(&self, p: *mut u8, _l: Layout) {
         // SAFETY: p came from this allocator.
@@ -118,7 +128,7 @@ unsafe impl GlobalAlloc for LibcAlloc {
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         // SAFETY: as in alloc.
-        unsafe {
+        let p: *mut u8 = unsafe {
             if l.align() <= 16 {
                 __libc_calloc(1, l.size()).cast()
             } else {
@@ -128,11 +138,15 @@ unsafe impl GlobalAlloc for LibcAlloc {
                 }
                 p
             }
+        };
+        if p.is_null() {
+            library_out_of_memory(l.size());
         }
+        p
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         // SAFETY: p came from this allocator with layout l.
-        unsafe {
+        let q: *mut u8 = unsafe {
             if l.align() <= 16 {
                 __libc_realloc(p.cast(), new).cast()
             } else {
@@ -143,17 +157,58 @@ unsafe impl GlobalAlloc for LibcAlloc {
                 }
                 q
             }
+        };
+        if q.is_null() {
+            library_out_of_memory(new);
         }
+        q
     }
 }
 
 #[global_allocator]
 static ALLOC: LibcAlloc = LibcAlloc;
 
-/// Address space of the arena.
+/// The library's own allocation of `size` bytes failed; Rust aborts the
+/// process next ("memory allocation of N bytes failed"). Says why first,
+/// without allocating: the usual cause is an address-space limit, under
+/// which ztier needs room for its arena and its compressed store besides
+/// the program's own mappings.
+#[cold]
+fn library_out_of_memory(size: usize) {
+    let mut buf = [0u8; 320];
+    let mut w = std::io::Cursor::new(&mut buf[..]);
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit fills the struct.
+    let limited =
+        unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } == 0 && lim.rlim_cur != libc::RLIM_INFINITY;
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let _ = if limited {
+        std::io::Write::write_fmt(
+            &mut w,
+            format_args!(
+                "ztier: process {pid}: the library cannot allocate {size} bytes under the address-space \
+                 limit (RLIMIT_AS, ulimit -v) of {} MiB: ztier needs address space for its arena and its \
+                 compressed store besides the program's; raise the limit or lower --store\n",
+                lim.rlim_cur >> 20
+            ),
+        )
+    } else {
+        std::io::Write::write_fmt(
+            &mut w,
+            format_args!("ztier: process {pid}: the library cannot allocate {size} bytes: out of memory\n"),
+        )
+    };
+    let n = w.position() as usize;
+    // SAFETY: writing n bytes of a local buffer to stderr.
+    unsafe { libc::write(2, buf.as_ptr().cast(), n) };
+}
+
+/// Address space of the arena (less under an address-space limit:
+/// [`arena_bytes`]).
 pub const ARENA_BYTES: usize = 64 << 30;
-/// The span region at its start.
-pub const SPAN_BYTES: usize = 16 << 30;
+/// The smallest arena made under an address-space limit.
+pub const ARENA_LEAST: usize = 64 << 20;
 
 thread_local! {
     /// This thread runs library code (or is the handler): its allocations
@@ -185,6 +240,10 @@ static GLOBAL: OnceLock<Global> = OnceLock::new();
 /// Everything the interposers share.
 pub struct Global {
     base: usize,
+    /// The arena's size ([`arena_bytes`]).
+    arena_bytes: usize,
+    /// The span region's, a quarter of it.
+    span_bytes: usize,
     classes: Vec<std::sync::Mutex<Class>>,
     span_next: AtomicUsize,
     granule_class: Vec<AtomicU8>,
@@ -196,10 +255,10 @@ pub struct Global {
 
 impl Global {
     fn in_arena(&self, p: usize) -> bool {
-        p.wrapping_sub(self.base) < ARENA_BYTES
+        p.wrapping_sub(self.base) < self.arena_bytes
     }
     fn in_spans(&self, p: usize) -> bool {
-        p.wrapping_sub(self.base) < SPAN_BYTES
+        p.wrapping_sub(self.base) < self.span_bytes
     }
     fn page_of(&self, p: usize) -> usize {
         (p - self.base) / PAGE
@@ -431,11 +490,55 @@ fn physical_memory() -> usize {
     (pages.max(1) as usize) * (size.max(1) as usize)
 }
 
+/// The arena's size: [`ARENA_BYTES`], or under an address-space limit
+/// (`RLIMIT_AS`, `ulimit -v`) half of what the limit leaves the process
+/// now, a multiple of four spans: the reservation counts against the
+/// limit though it is `MAP_NORESERVE` (before, a 64 GiB reservation under
+/// `ulimit -v 4000000` failed, and the program was aborted at start-up).
+/// The other half is left to the program's own mappings outside the
+/// arena, the manager's per-page tables (21 bytes a page, 0.5%), the
+/// library's threads and the store. An error if that is under
+/// [`ARENA_LEAST`].
+fn arena_bytes() -> std::io::Result<usize> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit fills the struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
+        return Ok(ARENA_BYTES);
+    }
+    // The process's address space now: the first field of statm, in pages.
+    let used = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()))
+        .unwrap_or(0)
+        * PAGE as u64;
+    let room = lim.rlim_cur.saturating_sub(used);
+    // glibc's allocator serves only the library here (and what the arena
+    // cannot take), but it reserves 64 MiB of address space for each
+    // thread that allocates: under the limit, the library's threads took
+    // enough to make its own allocations fail (`pyapp.py 300000` under
+    // `ulimit -v 400000` at `--budget 32M` aborted with any `--store`
+    // above 16M; with one arena it ran with 96M).
+    // SAFETY: mallopt has no memory-safety preconditions.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+    let arena = ((room / 2).min(ARENA_BYTES as u64) as usize) / (4 * SPAN) * (4 * SPAN);
+    if arena < ARENA_LEAST {
+        return Err(std::io::Error::other(format!(
+            "the address-space limit (RLIMIT_AS, ulimit -v) of {} MiB leaves this process {} MiB, too \
+             little for ztier's arena (at least {} MiB, half of what is left)",
+            lim.rlim_cur >> 20,
+            room >> 20,
+            ARENA_LEAST >> 20
+        )));
+    }
+    Ok(arena)
+}
+
 fn try_start(cfg: Config) -> std::io::Result<Global> {
-    // Reserve twice the size to align the arena to a span.
+    let arena = arena_bytes()?;
+    // Reserve a span more to align the arena to a span.
     let p = sys::mmap(
         std::ptr::null_mut(),
-        ARENA_BYTES + SPAN,
+        arena + SPAN,
         libc::PROT_READ | libc::PROT_WRITE,
         libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
         -1,
@@ -443,8 +546,8 @@ fn try_start(cfg: Config) -> std::io::Result<Global> {
     );
     if p == libc::MAP_FAILED {
         return Err(std::io::Error::other(format!(
-            "reserving {} GiB of address space: {}",
-            ARENA_BYTES >> 30,
+            "reserving {} MiB of address space: {}",
+            arena >> 20,
             std::io::Error::last_os_error()
         )));
     }
@@ -453,18 +556,21 @@ fn try_start(cfg: Config) -> std::io::Result<Global> {
     if base > raw {
         sys::munmap(raw as *mut _, base - raw);
     }
-    let tail = raw + ARENA_BYTES + SPAN - (base + ARENA_BYTES);
+    let tail = raw + arena + SPAN - (base + arena);
     if tail > 0 {
-        sys::munmap((base + ARENA_BYTES) as *mut _, tail);
+        sys::munmap((base + arena) as *mut _, tail);
     }
-    let pages = ARENA_BYTES / PAGE;
+    let pages = arena / PAGE;
+    let spans = arena / 4;
     let mgr = Manager::new(base, pages, cfg.clone())?;
     Ok(Global {
         base,
+        arena_bytes: arena,
+        span_bytes: spans,
         classes: (0..CLASSES).map(|_| std::sync::Mutex::new(Class::default())).collect(),
         span_next: AtomicUsize::new(base),
-        granule_class: (0..SPAN_BYTES / SPAN).map(|_| AtomicU8::new(u8::MAX)).collect(),
-        pages: std::sync::Mutex::new(PageAlloc::new(SPAN_BYTES / PAGE, (ARENA_BYTES - SPAN_BYTES) / PAGE)),
+        granule_class: (0..spans / SPAN).map(|_| AtomicU8::new(u8::MAX)).collect(),
+        pages: std::sync::Mutex::new(PageAlloc::new(spans / PAGE, (arena - spans) / PAGE)),
         mgr: std::sync::Mutex::new(mgr),
         stats: Stats::new(),
         cfg,
@@ -1340,7 +1446,7 @@ thread_local! {
 /// fork paths walk only these (the page region starts 4 Mi pages in:
 /// walking from page 0 cost every fork of a shell ~3 ms).
 fn used(g: &Global, pages: &PageAlloc) -> [std::ops::Range<usize>; 2] {
-    let region = SPAN_BYTES / PAGE;
+    let region = g.span_bytes / PAGE;
     [0..g.page_of(g.span_next.load(Ordering::Relaxed)).min(region), region..pages.high.max(region)]
 }
 

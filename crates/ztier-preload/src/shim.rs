@@ -26,7 +26,7 @@ fn small_alloc(g: &Global, c: usize) -> *mut c_void {
     }
     if cl.bump + size > cl.end {
         let span = g.span_next.fetch_add(SPAN, std::sync::atomic::Ordering::Relaxed);
-        if span + SPAN > g.base + crate::SPAN_BYTES {
+        if span + SPAN > g.base + g.span_bytes {
             g.span_next.fetch_sub(SPAN, std::sync::atomic::Ordering::Relaxed);
             return std::ptr::null_mut();
         }
@@ -120,7 +120,7 @@ fn usable(g: &Global, p: usize) -> usize {
 }
 
 fn alloc(g: &Global, size: usize, zeroed: bool) -> *mut c_void {
-    if size <= MAX_SMALL {
+    let p = if size <= MAX_SMALL {
         let p = small_alloc(g, class_of(size));
         if zeroed && !p.is_null() {
             // SAFETY: p is a fresh block of at least `size` bytes.
@@ -129,6 +129,37 @@ fn alloc(g: &Global, size: usize, zeroed: bool) -> *mut c_void {
         p
     } else {
         large_alloc(g, size.div_ceil(PAGE), 1, zeroed)
+    };
+    if !p.is_null() {
+        return p;
+    }
+    arena_full(g);
+    // SAFETY: glibc's allocator (its blocks are freed back to it: `free`
+    // tells them apart by address).
+    unsafe {
+        if zeroed {
+            __libc_calloc(1, size)
+        } else {
+            __libc_malloc(size)
+        }
+    }
+}
+
+/// The arena has no room for a request: it is served by glibc or the
+/// kernel instead, unmanaged (as natively), and stderr says so once. A
+/// small arena (under `ulimit -v`) fills; before, `malloc` then failed
+/// where it would have succeeded natively.
+pub(crate) fn arena_full(g: &Global) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        crate::as_inside(|| {
+            eprintln!(
+                "ztier: process {}: the arena ({} MiB of address space) is full: further memory comes \
+                 from glibc and the kernel, unmanaged",
+                std::process::id(),
+                g.arena_bytes >> 20
+            )
+        });
     }
 }
 
@@ -290,10 +321,17 @@ fn aligned(align: usize, size: usize) -> *mut c_void {
         return nomem(alloc(g, size, false));
     }
     let s = size.max(1).next_power_of_two().max(align);
-    if s <= MAX_SMALL {
-        return nomem(small_alloc(g, class_of(s)));
+    let p = if s <= MAX_SMALL {
+        small_alloc(g, class_of(s))
+    } else {
+        large_alloc(g, size.div_ceil(PAGE), align.div_ceil(PAGE), false)
+    };
+    if p.is_null() {
+        arena_full(g);
+        // SAFETY: glibc's memalign (see `alloc`).
+        return nomem(unsafe { __libc_memalign(align, size) });
     }
-    nomem(large_alloc(g, size.div_ceil(PAGE), align.div_ceil(PAGE), false))
+    p
 }
 
 /// `memalign(3)`.
@@ -524,7 +562,10 @@ pub unsafe extern "C" fn mmap(
     if managed {
         if let Some(g) = global_for(len) {
             let p = large_alloc_mmap(g, len);
-            if !p.is_null() {
+            if p.is_null() {
+                // Served by the kernel below.
+                arena_full(g);
+            } else {
                 if prot == libc::PROT_NONE {
                     // Free pages may be resident (a fault's run of zero
                     // pages reaches past the block it faulted in) and so

@@ -1485,7 +1485,7 @@ fn memory_of(nr: i64, a: [u64; 6], r: &mut Ranges) -> bool {
 /// pinned (to unpin), merged where they overlap.
 fn pin(g: &crate::Global, r: &Ranges, out: &mut Ranges) {
     for &(p, len) in &r.r[..r.n] {
-        let (p, end) = (p.max(g.base), p.saturating_add(len).min(g.base + crate::ARENA_BYTES));
+        let (p, end) = (p.max(g.base), p.saturating_add(len).min(g.base + g.arena_bytes));
         if p >= end {
             continue;
         }
@@ -1798,7 +1798,7 @@ fn keep_kernel_memory(g: &crate::Global, nr: i64, a: [u64; 6]) {
         Some((p, len)) => {
             let (p, end) = (
                 (p as usize).max(g.base),
-                (p as usize).saturating_add(len as usize).min(g.base + crate::ARENA_BYTES),
+                (p as usize).saturating_add(len as usize).min(g.base + g.arena_bytes),
             );
             if p < end {
                 (g.page_of(p), g.page_of(end - 1) + 1 - g.page_of(p))
