@@ -102,6 +102,11 @@ macro_rules! direct {
             /// The C contract of glibc's function of the same name.
             #[no_mangle]
             pub unsafe extern "C-unwind" fn $name($($arg: $ty),*) -> $ret {
+                // The library's own descriptors (`close`, `dup2`, `dup3`;
+                // nothing for the other calls).
+                if let Some(r) = crate::fds::guard_c($nr, args([$($a as u64),*])) {
+                    return r as $ret;
+                }
                 let p = real(&REAL, Slot::$name as usize, NAMES[Slot::$name as usize]);
                 // SAFETY: glibc's function of this name, which has this
                 // signature.
@@ -359,6 +364,9 @@ pub unsafe extern "C" fn syscall(
     e: c_long,
     f: c_long,
 ) -> c_long {
+    if let Some(r) = crate::fds::guard_c(nr, [a as u64, b as u64, c as u64, d as u64, e as u64, f as u64]) {
+        return r as c_long;
+    }
     let p = real(&REAL_SYSCALL, 0, "syscall\0");
     // SAFETY: glibc's `syscall`, a variadic function of this type.
     let real = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_long, ...) -> c_long>(p) };
@@ -366,6 +374,48 @@ pub unsafe extern "C" fn syscall(
         // SAFETY: the caller's arguments, passed on.
         unsafe { real(nr, a, b, c, d, e, f) as isize }
     }) as c_long
+}
+
+/// glibc's `close_range` and `closefrom`, looked up when first called.
+static REAL_CLOSE: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+
+/// `close_range(2)`: closes around the library's own descriptors
+/// ([`crate::fds`]).
+///
+/// # Safety
+/// The C contract of `close_range`.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    let a = [first as u64, last as u64, flags as u64, 0, 0, 0];
+    if let Some(r) = crate::fds::guard_c(libc::SYS_close_range, a) {
+        return r as c_int;
+    }
+    let p = real(&REAL_CLOSE, 0, "close_range\0");
+    // SAFETY: glibc's `close_range`, of this type.
+    let f = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_uint, c_uint, c_int) -> c_int>(p) };
+    // SAFETY: the caller's arguments, passed on.
+    crate::sud::fast(libc::SYS_close_range, a, || unsafe { f(first, last, flags) as isize }) as c_int
+}
+
+/// `closefrom(3)`: every descriptor from `low` up but the library's own
+/// ([`crate::fds`]).
+///
+/// # Safety
+/// The C contract of `closefrom`.
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(low: c_int) {
+    let a = [low.max(0) as u64, c_uint::MAX as u64, 0, 0, 0, 0];
+    if crate::fds::guard_c(libc::SYS_close_range, a).is_some() {
+        return;
+    }
+    let p = real(&REAL_CLOSE, 1, "closefrom\0");
+    // SAFETY: glibc's `closefrom`, of this type.
+    let f = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_int)>(p) };
+    crate::sud::fast(libc::SYS_close_range, a, || {
+        // SAFETY: the caller's argument, passed on.
+        unsafe { f(low) };
+        0
+    });
 }
 
 /// glibc's `open`, `open64`, `openat` and `openat64` (variadic: the

@@ -77,6 +77,7 @@
 
 mod direct;
 mod faultlog;
+mod fds;
 mod manager;
 mod pages;
 mod shim;
@@ -666,6 +667,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
+    let fd = fds::keep(fd);
     EVICTOR_FD.store(fd, Ordering::Relaxed);
     // For the tests of the watchdog only: stop after taking this many
     // batches, holding the last one (released, not committed, so faults
@@ -991,6 +993,9 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
 /// The userfaultfd the handler reads (for the watchdog's look).
 static UFFD_FD: AtomicI32 = AtomicI32::new(-1);
 
+/// The control socket's listening descriptor (-1: none yet).
+static CTL_FD: AtomicI32 = AtomicI32::new(-1);
+
 /// The handler thread has read a fault it has not served yet (for the
 /// watchdog).
 static HANDLER_BUSY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -1200,6 +1205,13 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
         std::os::unix::net::SocketAddr::from_abstract_name(format!("ztier-{}", std::process::id()))
             .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
             .ok()
+            .map(|l| {
+                use std::os::fd::{FromRawFd, IntoRawFd};
+                let fd = fds::keep(l.into_raw_fd());
+                CTL_FD.store(fd, Ordering::Relaxed);
+                // SAFETY: the listener's descriptor, moved (see `fds`).
+                unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) }
+            })
     } else {
         None
     };
@@ -1532,6 +1544,14 @@ extern "C" fn fork_child() {
         g.stats.forked_child.store(1, Ordering::Relaxed);
     });
     unlock_all();
+    // The parent's eventfd and control socket, which no thread of the
+    // child uses (its own are made next).
+    for fd in [EVICTOR_FD.swap(-1, Ordering::Relaxed), CTL_FD.swap(-1, Ordering::Relaxed)] {
+        if fd >= 0 {
+            fds::forget(fd);
+            sud::raw(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+        }
+    }
     spawn_handlers();
     // Back under the budget at once (the child inherited every page).
     let r = lock(&g.mgr).evict(&g.stats);

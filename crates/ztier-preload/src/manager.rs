@@ -783,8 +783,11 @@ unsafe impl Send for Manager {}
 /// `ZTIER_FAULT_PATH=signal` faults raise `SIGBUS` in the faulting thread
 /// (see [`signal_path`]).
 fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
-    let u =
+    let mut u =
         Uffd::open_opts(std::env::var("ZTIER_UFFD_USER_MODE_ONLY").is_ok_and(|v| v == "1"), signal_path())?;
+    // Out of the program's way, kept from its `close` (see `crate::fds`).
+    u.move_fd_up(crate::fds::low())?;
+    crate::fds::register(u.raw_fd());
     u.register_mode(base, len, REGISTER_MODE_MISSING | REGISTER_MODE_WP).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -811,8 +814,19 @@ fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
     let tier: Option<Box<dyn ztier_store::tier::NextTier>> = match &cfg.spill_dir {
         Some(dir) => {
             let path = dir.join(format!("spill.{}", std::process::id()));
-            let t = FileTier::create(&path, cfg.spill_bytes)
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
                 .map_err(|e| io::Error::new(e.kind(), format!("spill file {}: {e}", path.display())))?;
+            // Out of the program's way, kept from its `close` (see
+            // `crate::fds`).
+            use std::os::fd::{FromRawFd, IntoRawFd};
+            // SAFETY: the file's descriptor, moved.
+            let file = unsafe { std::fs::File::from_raw_fd(crate::fds::keep(file.into_raw_fd())) };
+            let t = FileTier::from_file(file, cfg.spill_bytes);
             // The descriptor keeps the file; nothing is left behind, even
             // if the process is killed.
             let _ = std::fs::remove_file(&path);

@@ -2214,7 +2214,10 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                 raw(libc::SYS_rt_sigprocmask, [libc::SIG_SETMASK as u64, mask as u64, 0, 8, 0, 0]);
                 uc.uc_mcontext.gregs[rax] = dispatch(nr, a);
             }
-            _ => uc.uc_mcontext.gregs[rax] = dispatch(nr, a),
+            _ => {
+                // The library's own descriptors (see `crate::fds`).
+                uc.uc_mcontext.gregs[rax] = crate::fds::guard(nr, a).unwrap_or_else(|| dispatch(nr, a));
+            }
         }
     }
     DEPTH.with(|d| d.set(d.get().saturating_sub(1)));

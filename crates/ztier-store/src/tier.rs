@@ -256,7 +256,13 @@ impl FileTier {
     pub fn create(path: &Path, max_bytes: u64) -> std::io::Result<Self> {
         let file =
             std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
-        Ok(FileTier {
+        Ok(Self::from_file(file, max_bytes))
+    }
+
+    /// A spill file on `file`, open for reading and writing and empty,
+    /// holding at most `max_bytes` of file space.
+    pub fn from_file(file: File, max_bytes: u64) -> Self {
+        FileTier {
             file,
             max_bytes,
             inner: Mutex::new(FileInner {
@@ -265,7 +271,7 @@ impl FileTier {
                 used: 0,
                 last_error: None,
             }),
-        })
+        }
     }
 
     fn units(len: u16) -> u64 {

@@ -239,6 +239,24 @@ impl Uffd {
         self.fd.as_raw_fd()
     }
 
+    /// Moves the descriptor to the lowest free number at or above `min`
+    /// (close-on-exec), out of the way of a program's own numbers; stays
+    /// if it is there already or `min` is 0.
+    pub fn move_fd_up(&mut self, min: RawFd) -> io::Result<()> {
+        if min <= 0 || self.fd.as_raw_fd() >= min {
+            return Ok(());
+        }
+        // SAFETY: duplicating our own descriptor.
+        let up = unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
+        if up < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own; the old one is closed as it
+        // is dropped.
+        self.fd = unsafe { OwnedFd::from_raw_fd(up) };
+        Ok(())
+    }
+
     /// Unregisters a range.
     pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {
         let mut r = Range { start: start as u64, len: len as u64 };
