@@ -1540,6 +1540,7 @@ extern "C" fn fork_child() {
         }
         // SAFETY: gettid has no preconditions.
         m.kept_after_fork(FORKING_TID.load(Ordering::Relaxed), unsafe { libc::gettid() });
+        m.wipe_after_fork(&g.stats);
         g.stats.reset(m.resident());
         g.stats.forked_child.store(1, Ordering::Relaxed);
     });

@@ -707,6 +707,9 @@ pub struct Manager {
     /// Page ranges `[first, end)` pinned resident for system calls in
     /// flight (see [`Manager::pin`]); never victims.
     pins: Vec<(usize, usize)>,
+    /// Page ranges `[first, end)` a forked child gets as zeros
+    /// (`MADV_WIPEONFORK`, `MADV_DONTFORK`; see [`Manager::wipe_on_fork`]).
+    wipe: Vec<(usize, usize)>,
     /// Pins that outlive a system call (see [`Manager::keep_pinned`]).
     kept: Vec<Kept>,
     /// One row per page-in (`--fault-log`), if asked for.
@@ -743,6 +746,10 @@ fn leader_is_zombie(pid: i32) -> bool {
     let text = &buf[..n.max(0) as usize];
     text.iter().rposition(|&b| b == b')').and_then(|k| text.get(k + 2)) == Some(&b'Z')
 }
+
+/// Ranges marked for wiping in a forked child ([`Manager::wipe_on_fork`]):
+/// a `free` checks this before it takes the manager's lock to unmark.
+pub static WIPE_RANGES: AtomicUsize = AtomicUsize::new(0);
 
 /// Pages pinned now (the sum of [`Manager::pin`]s not yet ended): at
 /// exit, pins that nothing ended.
@@ -928,6 +935,7 @@ impl Manager {
             zero: vec![0; ZERO_RUN * PAGE],
             cfg,
             pins: Vec::new(),
+            wipe: Vec::new(),
             kept: Vec::new(),
             log: FaultLog::from_env(),
             refusing: None,
@@ -1901,6 +1909,47 @@ impl Manager {
     /// thread `parent`, which forked): that thread's kept pins stay, now
     /// the child's; every other pin (other threads' kept ones, system
     /// calls in flight in the parent) ends.
+    /// `MADV_WIPEONFORK` (or `MADV_DONTFORK`) on pages `[first, first +
+    /// n)` if `wipe`, `MADV_KEEPONFORK` (`MADV_DOFORK`) if not. The kernel
+    /// is not told: the arena must reach a forked child whole (its
+    /// registration, its other pages). Instead the child releases those
+    /// pages at once ([`Manager::wipe_after_fork`]), so they read as
+    /// zeros there, as a wiped range does natively (a range kept from
+    /// the child reads as zeros too, where natively it is not mapped).
+    /// Before, the child got the parent's bytes: a random generator's
+    /// state kept in such a page (its way to notice a fork) was the
+    /// parent's.
+    pub fn wipe_on_fork(&mut self, first: usize, n: usize, wipe: bool) {
+        let end = first + n;
+        let mut kept = Vec::with_capacity(self.wipe.len() + 2);
+        for &(f, e) in &self.wipe {
+            if e <= first || f >= end {
+                kept.push((f, e));
+                continue;
+            }
+            if f < first {
+                kept.push((f, first));
+            }
+            if e > end {
+                kept.push((end, e));
+            }
+        }
+        if wipe {
+            kept.push((first, end));
+        }
+        kept.sort_unstable();
+        self.wipe = kept;
+        WIPE_RANGES.store(self.wipe.len(), Ordering::Relaxed);
+    }
+
+    /// In a forked child: releases the pages the parent marked
+    /// ([`Manager::wipe_on_fork`]), which then read as zeros.
+    pub fn wipe_after_fork(&mut self, stats: &Stats) {
+        for (f, e) in self.wipe.clone() {
+            self.release(f, e - f, stats);
+        }
+    }
+
     pub fn kept_after_fork(&mut self, parent: i32, child: i32) {
         let mine: Vec<Kept> =
             self.kept.iter().filter(|k| k.tid == parent).map(|&k| Kept { tid: child, ..k }).collect();

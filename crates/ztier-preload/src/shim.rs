@@ -100,6 +100,13 @@ fn large_free(g: &Global, p: usize) {
     if p % PAGE != 0 {
         bad_pointer("free", p);
     }
+    if crate::manager::WIPE_RANGES.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        // A freed block is unmapped natively: its next owner's pages are
+        // not wiped in a forked child.
+        drop(pa);
+        crate::as_inside(|| crate::lock_program(g).wipe_on_fork(first, n, false));
+        pa = crate::lock(&g.pages);
+    }
     if pa.cache_push(first, n) {
         return;
     }
@@ -658,6 +665,8 @@ fn unmap_arena(g: &Global, first: usize, n: usize) -> c_int {
         let addr = (g.base + first * PAGE) as *mut c_void;
         let mut m = crate::lock_unowned(g, first, n);
         m.release(first, n, &g.stats);
+        // A new mapping here is not wiped in a forked child.
+        m.wipe_on_fork(first, n, false);
         // Restore a plain registered arena mapping over the range (undoes any
         // MAP_FIXED or mprotect the program did there).
         let p = sys::mmap(
@@ -786,8 +795,20 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
                 crate::as_inside(|| crate::lock_unowned(g, first, n).release(first, n, &g.stats));
                 return 0;
             }
-            if matches!(advice, libc::MADV_DONTFORK | libc::MADV_WIPEONFORK) {
-                // The arena must reach a forked child whole.
+            if matches!(
+                advice,
+                libc::MADV_DONTFORK | libc::MADV_WIPEONFORK | libc::MADV_DOFORK | libc::MADV_KEEPONFORK
+            ) {
+                // The arena must reach a forked child whole: the child
+                // releases such pages instead (`Manager::wipe_on_fork`).
+                let end = (a as usize).wrapping_add(len).next_multiple_of(PAGE);
+                if a as usize % PAGE != 0 || end < a as usize || !g.in_arena(end - 1) {
+                    sys::set_errno(libc::EINVAL);
+                    return -1;
+                }
+                let (first, n) = (g.page_of(a as usize), (end - a as usize) / PAGE);
+                let wipe = matches!(advice, libc::MADV_DONTFORK | libc::MADV_WIPEONFORK);
+                crate::as_inside(|| crate::lock_program(g).wipe_on_fork(first, n, wipe));
                 return 0;
             }
         }

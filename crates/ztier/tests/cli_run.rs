@@ -544,6 +544,27 @@ fn a_program_that_closes_every_descriptor_keeps_its_memory() {
     assert_eq!(err.matches("which ztier's library uses: refused (EBADF)").count(), 1, "{err}");
 }
 
+/// `MADV_WIPEONFORK` (how a random generator notices a fork),
+/// `MADV_KEEPONFORK` over part of it, `MADV_DONTFORK`, and a mapping made
+/// where a wiped one was unmapped (`wipeonfork.c`): in a forked child the
+/// wiped pages read as zeros, evicted before the fork or not, and nothing
+/// else does. Before, the library ignored that advice on its arena, and
+/// the child read the parent's bytes.
+#[test]
+fn pages_wiped_on_fork_read_as_zeros_in_the_child() {
+    native_output_in_every_mode_and(
+        "wipeonfork",
+        &[
+            "child wiped cold: 0 0 0 0",
+            "child wiped hot, middle kept: 0 22 22 0",
+            "child mapped after a wiped one: 55 55 55 55",
+            "parent wiped cold: 11 11 11 11",
+            "parent not forked: 33 33",
+        ],
+        |_, _, _, _| {},
+    );
+}
+
 /// Compiles `run_progs/NAME.c` and runs it natively (its output must
 /// contain `line`), then in each mode at `--budget 16M`: the same output,
 /// with its heap managed and under pressure (over 10 k compressions).
