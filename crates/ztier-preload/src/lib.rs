@@ -563,7 +563,11 @@ fn try_start(cfg: Config) -> std::io::Result<Global> {
     }
     let pages = arena / PAGE;
     let spans = arena / 4;
-    let mgr = Manager::new(base, pages, cfg.clone())?;
+    let locked = shim::locked_at_start(base, arena);
+    let mut mgr = Manager::new(base, pages, cfg.clone())?;
+    if locked {
+        mgr.lock_all(true, &[], &Stats::new())?;
+    }
     Ok(Global {
         base,
         arena_bytes: arena,
@@ -1541,6 +1545,8 @@ extern "C" fn fork_child() {
         // SAFETY: gettid has no preconditions.
         m.kept_after_fork(FORKING_TID.load(Ordering::Relaxed), unsafe { libc::gettid() });
         m.wipe_after_fork(&g.stats);
+        m.unlock_after_fork();
+        shim::unlock_after_fork();
         g.stats.reset(m.resident());
         g.stats.forked_child.store(1, Ordering::Relaxed);
     });

@@ -707,6 +707,11 @@ pub struct Manager {
     /// Page ranges `[first, end)` pinned resident for system calls in
     /// flight (see [`Manager::pin`]); never victims.
     pins: Vec<(usize, usize)>,
+    /// Page ranges `[first, end)` the program locked (`mlock`), disjoint;
+    /// each is also a pin ([`Manager::lock_pages`]).
+    locked: Vec<(usize, usize)>,
+    /// `mlockall`: no page is evicted ([`Manager::lock_all`]).
+    locked_all: bool,
     /// Page ranges `[first, end)` a forked child gets as zeros
     /// (`MADV_WIPEONFORK`, `MADV_DONTFORK`; see [`Manager::wipe_on_fork`]).
     wipe: Vec<(usize, usize)>,
@@ -746,6 +751,10 @@ fn leader_is_zombie(pid: i32) -> bool {
     let text = &buf[..n.max(0) as usize];
     text.iter().rposition(|&b| b == b')').and_then(|k| text.get(k + 2)) == Some(&b'Z')
 }
+
+/// Ranges the program locked ([`Manager::lock_pages`]): a `free` checks
+/// this before it takes the manager's lock to unlock.
+pub static LOCKED_RANGES: AtomicUsize = AtomicUsize::new(0);
 
 /// Ranges marked for wiping in a forked child ([`Manager::wipe_on_fork`]):
 /// a `free` checks this before it takes the manager's lock to unmark.
@@ -936,6 +945,8 @@ impl Manager {
             cfg,
             pins: Vec::new(),
             wipe: Vec::new(),
+            locked: Vec::new(),
+            locked_all: false,
             kept: Vec::new(),
             log: FaultLog::from_env(),
             refusing: None,
@@ -1499,6 +1510,9 @@ impl Manager {
     /// is above `target` + `in_flight` + those taken; marks them EVICTING
     /// and OWNED. [`Victims::compress`] write-protects them first.
     fn take_victims(&mut self, max: usize, target: usize, in_flight: usize) -> io::Result<Option<Victims>> {
+        if self.locked_all {
+            return Ok(None);
+        }
         let mut pages = Vec::with_capacity(max);
         // Each queue entry is looked at most once per call (pages that
         // cannot be evicted go to the back).
@@ -1940,6 +1954,98 @@ impl Manager {
         kept.sort_unstable();
         self.wipe = kept;
         WIPE_RANGES.store(self.wipe.len(), Ordering::Relaxed);
+    }
+
+    /// `mlock` of pages `[first, first + n)`: stored ones are brought back
+    /// and all stay resident, never victims, until
+    /// [`Manager::unlock_pages`], their release or unmapping, or a fork
+    /// (locks are not inherited). The kernel is not told: a locked range
+    /// of the arena would refuse the `MADV_DONTNEED` of every later
+    /// eviction and release (`EINVAL`; before, the first one aborted the
+    /// process). Pages already locked are left as they are. The pages
+    /// count against the budget, which they may exceed, as pins do.
+    /// `Ok(false)` as [`Manager::pin`] (nothing changed).
+    pub fn lock_pages(&mut self, first: usize, n: usize, stats: &Stats) -> io::Result<bool> {
+        let end = (first + n).min(self.pages);
+        if self.owned_in(first, end.saturating_sub(first)) {
+            return Ok(false);
+        }
+        // The parts of the range not locked yet.
+        let mut parts = Vec::new();
+        let mut at = first;
+        for &(f, e) in &self.locked {
+            if e <= at || f >= end {
+                continue;
+            }
+            if f > at {
+                parts.push((at, f));
+            }
+            at = at.max(e);
+        }
+        if at < end {
+            parts.push((at, end));
+        }
+        for &(f, e) in &parts {
+            if !self.pin(f, e - f, stats)? {
+                return Ok(false);
+            }
+            self.locked.push((f, e));
+        }
+        self.locked.sort_unstable();
+        LOCKED_RANGES.store(self.locked.len(), Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// `munlock` of pages `[first, first + n)` (any part of a locked range:
+    /// the rest stays locked). Also when the pages are unmapped or freed.
+    pub fn unlock_pages(&mut self, first: usize, n: usize) {
+        let end = first + n;
+        let mut keep = Vec::new();
+        for (f, e) in std::mem::take(&mut self.locked) {
+            if e <= first || f >= end {
+                keep.push((f, e));
+                continue;
+            }
+            self.unpin(f, e - f);
+            for (a, b) in [(f, first.max(f)), (end.min(e), e)] {
+                if a < b {
+                    // Resident and pinned until now: nothing to bring back.
+                    self.pins.push((a, b));
+                    PINNED_PAGES.fetch_add(b - a, Ordering::Relaxed);
+                    keep.push((a, b));
+                }
+            }
+        }
+        keep.sort_unstable();
+        self.locked = keep;
+        LOCKED_RANGES.store(self.locked.len(), Ordering::Relaxed);
+    }
+
+    /// `mlockall` (`on`) or `munlockall`: while on, no page is evicted and
+    /// every page the program faults in stays, as locked memory does;
+    /// `on` brings stored pages back first (`MCL_CURRENT`: what is mapped
+    /// now is resident). `munlockall` also ends every `mlock`.
+    pub fn lock_all(&mut self, on: bool, used: &[std::ops::Range<usize>], stats: &Stats) -> io::Result<()> {
+        self.locked_all = on;
+        if on {
+            for r in used {
+                let (f, e) = (r.start.min(self.pages), r.end.min(self.pages));
+                if f < e {
+                    // Brought back: a pin that ends at once.
+                    let _ = self.pin(f, e - f, stats)?;
+                    self.unpin(f, e - f);
+                }
+            }
+        } else {
+            self.unlock_pages(0, self.pages);
+        }
+        Ok(())
+    }
+
+    /// In a forked child: memory locks are not inherited.
+    pub fn unlock_after_fork(&mut self) {
+        self.locked_all = false;
+        self.unlock_pages(0, self.pages);
     }
 
     /// In a forked child: releases the pages the parent marked

@@ -100,11 +100,17 @@ fn large_free(g: &Global, p: usize) {
     if p % PAGE != 0 {
         bad_pointer("free", p);
     }
-    if crate::manager::WIPE_RANGES.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+    if crate::manager::WIPE_RANGES.load(std::sync::atomic::Ordering::Relaxed) > 0
+        || crate::manager::LOCKED_RANGES.load(std::sync::atomic::Ordering::Relaxed) > 0
+    {
         // A freed block is unmapped natively: its next owner's pages are
-        // not wiped in a forked child.
+        // neither wiped in a forked child nor locked.
         drop(pa);
-        crate::as_inside(|| crate::lock_program(g).wipe_on_fork(first, n, false));
+        crate::as_inside(|| {
+            let mut m = crate::lock_program(g);
+            m.wipe_on_fork(first, n, false);
+            m.unlock_pages(first, n);
+        });
         pa = crate::lock(&g.pages);
     }
     if pa.cache_push(first, n) {
@@ -665,8 +671,9 @@ fn unmap_arena(g: &Global, first: usize, n: usize) -> c_int {
         let addr = (g.base + first * PAGE) as *mut c_void;
         let mut m = crate::lock_unowned(g, first, n);
         m.release(first, n, &g.stats);
-        // A new mapping here is not wiped in a forked child.
+        // A new mapping here is not wiped in a forked child, nor locked.
         m.wipe_on_fork(first, n, false);
+        m.unlock_pages(first, n);
         // Restore a plain registered arena mapping over the range (undoes any
         // MAP_FIXED or mprotect the program did there).
         let p = sys::mmap(
@@ -683,6 +690,11 @@ fn unmap_arena(g: &Global, first: usize, n: usize) -> c_int {
         if m.reregister(first, n).is_err() {
             eprintln!("ztier: cannot register unmapped arena memory again: aborting");
             std::process::abort();
+        }
+        if LOCK_FUTURE.load(std::sync::atomic::Ordering::Relaxed) {
+            // `mlockall(MCL_FUTURE)` locked the new mapping (on fault):
+            // the arena's pages are the library's to keep (see `mlockall`).
+            crate::sud::raw(libc::SYS_munlock, [addr as u64, (n * PAGE) as u64, 0, 0, 0, 0]);
         }
         m.set_noevict(first, n, false);
         drop(m);
@@ -814,6 +826,182 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
         }
     }
     sys::madvise(a, len, advice)
+}
+
+/// `mlockall(MCL_FUTURE)` is in force: each new mapping the library makes
+/// in its arena is unlocked again.
+static LOCK_FUTURE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The arena pages `[first, first + n)` of `[a, a + len)` as `mlock`
+/// rounds it (`a` down, the end up, to pages); `None` if the range is not
+/// all arena memory.
+fn arena_pages(g: &Global, a: usize, len: usize) -> Option<(usize, usize)> {
+    let start = a & !(PAGE - 1);
+    let end = a.checked_add(len)?.next_multiple_of(PAGE);
+    (len > 0 && g.in_arena(start) && g.in_arena(end - 1)).then(|| (g.page_of(start), (end - start) / PAGE))
+}
+
+/// A raw system call's result as a C function returns it.
+fn c_result(r: i64) -> c_int {
+    if r < 0 {
+        sys::set_errno(-r as c_int);
+        -1
+    } else {
+        r as c_int
+    }
+}
+
+/// `mlock(2)` and `mlock2(2)` on arena memory: the pages are brought back
+/// and kept resident by the library (`Manager::lock_pages`), not by the
+/// kernel, whose lock would make every later eviction and release of the
+/// arena fail (`EINVAL`: the process was aborted). `MLOCK_ONFAULT` is
+/// served as a plain lock (the pages are brought in at once). Anything
+/// else goes to the kernel.
+fn lock_range(a: *const c_void, len: usize, nr: i64, flags: u64) -> c_int {
+    if let Some(g) = crate::GLOBAL.get() {
+        if let Some((first, n)) = arena_pages(g, a as usize, len) {
+            return crate::as_inside(|| loop {
+                let mut m = crate::lock_unowned(g, first, n);
+                match m.lock_pages(first, n, &g.stats) {
+                    Ok(true) => return 0,
+                    Ok(false) => continue,
+                    Err(e) => {
+                        eprintln!("ztier: mlock: bringing back {n} pages failed: {e}");
+                        sys::set_errno(libc::ENOMEM);
+                        return -1;
+                    }
+                }
+            });
+        }
+    }
+    c_result(crate::sud::raw(nr, [a as u64, len as u64, flags, 0, 0, 0]))
+}
+
+/// `mlock(2)`: see [`lock_range`].
+///
+/// # Safety
+/// The C contract of `mlock`.
+#[no_mangle]
+pub unsafe extern "C" fn mlock(a: *const c_void, len: usize) -> c_int {
+    let _sud = crate::sud::Allow::new();
+    lock_range(a, len, libc::SYS_mlock, 0)
+}
+
+/// `mlock2(2)`: see [`lock_range`].
+///
+/// # Safety
+/// The C contract of `mlock2`.
+#[no_mangle]
+pub unsafe extern "C" fn mlock2(a: *const c_void, len: usize, flags: libc::c_uint) -> c_int {
+    let _sud = crate::sud::Allow::new();
+    lock_range(a, len, libc::SYS_mlock2, flags as u64)
+}
+
+/// `munlock(2)`: ends the library's lock of arena pages
+/// (`Manager::unlock_pages`), or the kernel's of anything else.
+///
+/// # Safety
+/// The C contract of `munlock`.
+#[no_mangle]
+pub unsafe extern "C" fn munlock(a: *const c_void, len: usize) -> c_int {
+    let _sud = crate::sud::Allow::new();
+    if let Some(g) = crate::GLOBAL.get() {
+        if let Some((first, n)) = arena_pages(g, a as usize, len) {
+            crate::as_inside(|| crate::lock_program(g).unlock_pages(first, n));
+            return 0;
+        }
+    }
+    c_result(crate::sud::raw(libc::SYS_munlock, [a as u64, len as u64, 0, 0, 0, 0]))
+}
+
+/// The manager's lock once no eviction is in flight (they release pages
+/// without the lock: see `lock_unowned`).
+fn lock_quiet(g: &Global) -> crate::Held<'_> {
+    let mut m = crate::lock_program(g);
+    while m.evicting() > 0 {
+        drop(m);
+        std::thread::sleep(std::time::Duration::from_micros(50));
+        m = crate::lock_program(g);
+    }
+    m
+}
+
+/// `mlockall(2)`. The kernel locks everything but the arena: it is asked
+/// with `MCL_ONFAULT` added (so the arena's reservation is not filled in)
+/// and the arena unlocked right after, as is each mapping the library
+/// makes in it later under `MCL_FUTURE`. The arena's pages stay resident
+/// by the library instead: no eviction while it is in force, and stored
+/// pages brought back (`Manager::lock_all`). Before, the first eviction
+/// after it failed (`EINVAL`) and the process was aborted.
+///
+/// # Safety
+/// The C contract of `mlockall`.
+#[no_mangle]
+pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
+    let _sud = crate::sud::Allow::new();
+    let Some(g) = crate::GLOBAL.get() else {
+        // Before the library starts: its arena, reserved later, must not
+        // be filled in then (`MCL_FUTURE`), and it starts locked.
+        let r = crate::sud::raw(libc::SYS_mlockall, [(flags | libc::MCL_ONFAULT) as u64, 0, 0, 0, 0, 0]);
+        if r == 0 {
+            LOCK_FUTURE.store(flags & libc::MCL_FUTURE != 0, std::sync::atomic::Ordering::Relaxed);
+            LOCKED_BEFORE_START.store(flags & libc::MCL_FUTURE != 0, std::sync::atomic::Ordering::Relaxed);
+        }
+        return c_result(r);
+    };
+    crate::as_inside(|| {
+        let mut m = lock_quiet(g);
+        let r = crate::sud::raw(libc::SYS_mlockall, [(flags | libc::MCL_ONFAULT) as u64, 0, 0, 0, 0, 0]);
+        crate::sud::raw(libc::SYS_munlock, [g.base as u64, g.arena_bytes as u64, 0, 0, 0, 0]);
+        if r < 0 {
+            return c_result(r);
+        }
+        LOCK_FUTURE.store(flags & libc::MCL_FUTURE != 0, std::sync::atomic::Ordering::Relaxed);
+        let used = crate::used(g, &crate::lock(&g.pages));
+        if let Err(e) = m.lock_all(true, &used, &g.stats) {
+            eprintln!("ztier: mlockall: bringing back stored pages failed: {e}");
+            sys::set_errno(libc::ENOMEM);
+            return -1;
+        }
+        0
+    })
+}
+
+/// `munlockall(2)`: the kernel's locks and the library's (every `mlock`
+/// of arena pages too); evictions resume.
+///
+/// # Safety
+/// The C contract of `munlockall`.
+#[no_mangle]
+pub unsafe extern "C" fn munlockall() -> c_int {
+    let _sud = crate::sud::Allow::new();
+    let r = crate::sud::raw(libc::SYS_munlockall, [0; 6]);
+    if let Some(g) = crate::GLOBAL.get() {
+        LOCK_FUTURE.store(false, std::sync::atomic::Ordering::Relaxed);
+        crate::as_inside(|| {
+            let _ = crate::lock_program(g).lock_all(false, &[], &g.stats);
+        });
+    }
+    c_result(r)
+}
+
+/// `mlockall(MCL_FUTURE)` came before the library started: its arena
+/// starts locked ([`locked_at_start`]).
+static LOCKED_BEFORE_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// At start-up, the arena `[base, base + len)` just reserved: unlocked
+/// (`MCL_FUTURE` locked it on fault), and whether the program asked for
+/// its memory to be locked before (no eviction then).
+pub(crate) fn locked_at_start(base: usize, len: usize) -> bool {
+    if LOCK_FUTURE.load(std::sync::atomic::Ordering::Relaxed) {
+        crate::sud::raw(libc::SYS_munlock, [base as u64, len as u64, 0, 0, 0, 0]);
+    }
+    LOCKED_BEFORE_START.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// In a forked child: locks are not inherited.
+pub(crate) fn unlock_after_fork() {
+    LOCK_FUTURE.store(false, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Changes the protection of `[a, a + len)` with `call` (mprotect or

@@ -565,6 +565,27 @@ fn pages_wiped_on_fork_read_as_zeros_in_the_child() {
     );
 }
 
+/// Locked memory (`mlock.c`: `mlock`, `mlock2(MLOCK_ONFAULT)`, a partial
+/// `munlock`, `mlockall(MCL_CURRENT | MCL_FUTURE)` in a forked child),
+/// with everything else pushed out between: locked pages stay resident
+/// (`mincore`) and every byte reads back. Before, the kernel's lock made
+/// the next eviction's `MADV_DONTNEED` fail (`EINVAL`) and the process
+/// was aborted.
+#[test]
+fn locked_memory_stays_resident() {
+    native_output_in_every_mode_and(
+        "mlock",
+        &[
+            "mlock 0, mlock2 onfault 0",
+            "after pressure: key resident 256 of 256, intact 1; on-fault intact 1",
+            "second half resident 128 of 128, whole key intact 1",
+            "child: mlockall 0, new memory resident 256 of 256, sum 18432, key intact 1",
+            "parent after: key intact 1, on-fault intact 1",
+        ],
+        |_, _, _, _| {},
+    );
+}
+
 /// Compiles `run_progs/NAME.c` and runs it natively (its output must
 /// contain `line`), then in each mode at `--budget 16M`: the same output,
 /// with its heap managed and under pressure (over 10 k compressions).
