@@ -807,6 +807,17 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
                 crate::as_inside(|| crate::lock_unowned(g, first, n).release(first, n, &g.stats));
                 return 0;
             }
+            if matches!(advice, MADV_POPULATE_READ | MADV_POPULATE_WRITE) {
+                // Served here: where faults are caught by signal or in
+                // user mode only, the kernel's own faults fail, and the
+                // call did (`EFAULT`).
+                let Some((first, n)) = arena_pages(g, a as usize, len).filter(|_| a as usize % PAGE == 0)
+                else {
+                    sys::set_errno(libc::EINVAL);
+                    return -1;
+                };
+                return populate(g, first, n);
+            }
             if matches!(
                 advice,
                 libc::MADV_DONTFORK | libc::MADV_WIPEONFORK | libc::MADV_DOFORK | libc::MADV_KEEPONFORK
@@ -826,6 +837,40 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
         }
     }
     sys::madvise(a, len, advice)
+}
+
+/// `madvise` advice to fault a range in (Linux 5.14).
+const MADV_POPULATE_READ: c_int = 22;
+const MADV_POPULATE_WRITE: c_int = 23;
+
+/// `MADV_POPULATE_READ`/`_WRITE` of arena pages `[first, first + n)`:
+/// brought in (stored ones from the store, untouched ones as zeros) in
+/// parts of a quarter of the budget, each a pin that ends at once, so
+/// a range larger than the budget leaves its last part resident.
+fn populate(g: &Global, first: usize, n: usize) -> c_int {
+    let part = (g.cfg.budget_pages / 4).max(16);
+    let mut at = first;
+    while at < first + n {
+        let k = part.min(first + n - at);
+        let r = crate::as_inside(|| loop {
+            let mut m = crate::lock_unowned(g, at, k);
+            match m.pin(at, k, &g.stats) {
+                Ok(true) => {
+                    m.unpin(at, k);
+                    return Ok(());
+                }
+                Ok(false) => continue,
+                Err(e) => return Err(e),
+            }
+        });
+        if let Err(e) = r {
+            eprintln!("ztier: madvise(MADV_POPULATE): bringing back {k} pages failed: {e}");
+            sys::set_errno(libc::ENOMEM);
+            return -1;
+        }
+        at += k;
+    }
+    0
 }
 
 /// `mlockall(MCL_FUTURE)` is in force: each new mapping the library makes

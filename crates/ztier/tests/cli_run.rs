@@ -586,6 +586,15 @@ fn locked_memory_stays_resident() {
     );
 }
 
+/// `MADV_POPULATE_READ`/`_WRITE` of cold and fresh arena memory
+/// (`populate.c`): served by the library (the pages brought in); before,
+/// both failed with `EFAULT` with `--fault-path signal` and in
+/// user-mode-only mode.
+#[test]
+fn madvise_populate_brings_pages_in() {
+    native_output_in_every_mode("populate", "populate read 0 (0) write 0 (0) fresh 0 (0) sum 6144");
+}
+
 /// Compiles `run_progs/NAME.c` and runs it natively (its output must
 /// contain `line`), then in each mode at `--budget 16M`: the same output,
 /// with its heap managed and under pressure (over 10 k compressions).
