@@ -36,8 +36,8 @@
 //!  └──────────────────────────────┴──────────────────────────────────────────┘
 //! ```
 //!
-//! Under an address-space limit (`RLIMIT_AS`, `ulimit -v`), which counts
-//! the reservation though nothing is committed, the arena is smaller
+//! Under an address-space or data limit (`RLIMIT_AS`, `RLIMIT_DATA`),
+//! which count the reservation though nothing is committed, the arena is smaller
 //! ([`arena_bytes`]), its span region a quarter of it as above. When the
 //! arena has no room left for a request, the memory comes from glibc or
 //! the kernel instead, unmanaged (said once on stderr).
@@ -180,8 +180,13 @@ fn library_out_of_memory(size: usize) {
     let mut w = std::io::Cursor::new(&mut buf[..]);
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit fills the struct.
-    let limited =
+    let mut limited =
         unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } == 0 && lim.rlim_cur != libc::RLIM_INFINITY;
+    if !limited {
+        // SAFETY: as above.
+        limited = unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut lim) } == 0
+            && lim.rlim_cur != libc::RLIM_INFINITY;
+    }
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     let _ = if limited {
@@ -189,8 +194,8 @@ fn library_out_of_memory(size: usize) {
             &mut w,
             format_args!(
                 "ztier: process {pid}: the library cannot allocate {size} bytes under the address-space \
-                 limit (RLIMIT_AS, ulimit -v) of {} MiB: ztier needs address space for its arena and its \
-                 compressed store besides the program's; raise the limit or lower --store\n",
+                 or data limit (ulimit -v, ulimit -d) of {} MiB: ztier needs address space for its arena \
+                 and its compressed store besides the program's; raise the limit or lower --store\n",
                 lim.rlim_cur >> 20
             ),
         )
@@ -491,28 +496,50 @@ fn physical_memory() -> usize {
     (pages.max(1) as usize) * (size.max(1) as usize)
 }
 
-/// The arena's size: [`ARENA_BYTES`], or under an address-space limit
-/// (`RLIMIT_AS`, `ulimit -v`) half of what the limit leaves the process
-/// now, a multiple of four spans: the reservation counts against the
-/// limit though it is `MAP_NORESERVE` (before, a 64 GiB reservation under
-/// `ulimit -v 4000000` failed, and the program was aborted at start-up).
-/// The other half is left to the program's own mappings outside the
-/// arena, the manager's per-page tables (21 bytes a page, 0.5%), the
-/// library's threads and the store. An error if that is under
-/// [`ARENA_LEAST`].
+/// The arena's size: [`ARENA_BYTES`], or under an address-space or data
+/// limit (`RLIMIT_AS`, `ulimit -v`; `RLIMIT_DATA`, `ulimit -d`, which
+/// counts private writable mappings) half of what the tighter one leaves
+/// the process now, a multiple of four spans: the reservation counts
+/// against both though it is `MAP_NORESERVE` (before, a 64 GiB
+/// reservation under `ulimit -v 4000000` or `ulimit -d 4000000` failed,
+/// and the program was aborted at start-up). The other half is left to
+/// the program's own mappings outside the arena, the manager's per-page
+/// tables (21 bytes a page, 0.5%), the library's threads and the store.
+/// An error if that is under [`ARENA_LEAST`].
 fn arena_bytes() -> std::io::Result<usize> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit fills the struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
+    let limit = |res| {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit fills the struct.
+        (unsafe { libc::getrlimit(res, &mut lim) } == 0 && lim.rlim_cur != libc::RLIM_INFINITY)
+            .then_some(lim.rlim_cur)
+    };
+    let (space, data) = (limit(libc::RLIMIT_AS), limit(libc::RLIMIT_DATA));
+    if space.is_none() && data.is_none() {
         return Ok(ARENA_BYTES);
     }
-    // The process's address space now: the first field of statm, in pages.
-    let used = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()))
-        .unwrap_or(0)
-        * PAGE as u64;
-    let room = lim.rlim_cur.saturating_sub(used);
+    // What each counts now (VmSize, VmData: kB in /proc/self/status).
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+            << 10
+    };
+    let mut tightest = (u64::MAX, 0, "");
+    for (lim, used, what) in [
+        (space, kb("VmSize:"), "address-space limit (RLIMIT_AS, ulimit -v)"),
+        (data, kb("VmData:"), "data limit (RLIMIT_DATA, ulimit -d)"),
+    ] {
+        if let Some(l) = lim {
+            let room = l.saturating_sub(used);
+            if room < tightest.0 {
+                tightest = (room, l, what);
+            }
+        }
+    }
+    let (room, lim, what) = tightest;
     // glibc's allocator serves only the library here (and what the arena
     // cannot take), but it reserves 64 MiB of address space for each
     // thread that allocates: under the limit, the library's threads took
@@ -524,9 +551,9 @@ fn arena_bytes() -> std::io::Result<usize> {
     let arena = ((room / 2).min(ARENA_BYTES as u64) as usize) / (4 * SPAN) * (4 * SPAN);
     if arena < ARENA_LEAST {
         return Err(std::io::Error::other(format!(
-            "the address-space limit (RLIMIT_AS, ulimit -v) of {} MiB leaves this process {} MiB, too \
-             little for ztier's arena (at least {} MiB, half of what is left)",
-            lim.rlim_cur >> 20,
+            "the {what} of {} MiB leaves this process {} MiB, too little for ztier's arena (at least {} \
+             MiB, half of what is left)",
+            lim >> 20,
             room >> 20,
             ARENA_LEAST >> 20
         )));

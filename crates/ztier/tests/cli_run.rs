@@ -1495,38 +1495,46 @@ fn spill_and_stats_paths_are_checked_before_the_program_runs() {
     assert_eq!(std::fs::read_dir(d.join("spill")).unwrap().count(), 0, "no spill file left");
 }
 
-/// Under an address-space limit (`ulimit -v`), which counts the arena's
-/// reservation: the arena is made to fit (before, reserving 64 GiB
-/// failed and the program was aborted at start-up); when it is full,
-/// memory comes from glibc and the kernel, unmanaged, said once; and a
-/// limit too tight for any arena is a clear error.
+/// Under an address-space limit (`ulimit -v`) or a data limit (`ulimit
+/// -d`), both of which count the arena's reservation: the arena is made
+/// to fit (before, reserving 64 GiB failed and the program was aborted at
+/// start-up); when it is full, memory comes from glibc and the kernel,
+/// unmanaged, said once; and a limit too tight for any arena is a clear
+/// error.
 #[test]
 fn an_address_space_limit_shrinks_the_arena() {
     require("python3");
     let d = tmp("ulimit");
     let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
-    let under = |limit: u32, n: u32| format!("ulimit -v {limit}; exec python3 {} {n}", app.display());
-    for (limit, n, budget, full) in [(1_500_000, 100_000, "8M", false), (400_000, 300_000, "32M", true)] {
-        let script = under(limit, n);
+    let under =
+        |flag: &str, limit: u32, n: u32| format!("ulimit {flag} {limit}; exec python3 {} {n}", app.display());
+    for (flag, limit, n, budget, full) in [
+        ("-v", 1_500_000, 100_000, "8M", false),
+        ("-d", 1_500_000, 100_000, "8M", false),
+        ("-v", 400_000, 300_000, "32M", true),
+    ] {
+        let script = under(flag, limit, n);
         let native = native(&["sh", "-c", &script], &d);
-        assert!(native.status.success(), "ulimit -v {limit}: native: {native:?}");
+        assert!(native.status.success(), "ulimit {flag} {limit}: native: {native:?}");
         let (o, v) = managed_with(budget, &[], &["sh", "-c", &script], &d);
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "ulimit -v {limit}: {:?}: {err}", o.status);
-        assert!(o.stdout == native.stdout, "ulimit -v {limit}: output differs from the native run");
+        assert!(o.status.success(), "ulimit {flag} {limit}: {:?}: {err}", o.status);
+        assert!(o.stdout == native.stdout, "ulimit {flag} {limit}: output differs from the native run");
         let p = &v["per_process"][0];
-        assert!(p["faults"].as_u64().unwrap() > 1000, "ulimit -v {limit}: managed: {p}");
+        assert!(p["faults"].as_u64().unwrap() > 1000, "ulimit {flag} {limit}: managed: {p}");
         assert!(p["peak_resident_bytes"].as_u64().unwrap() <= budget_bytes(budget), "{p}");
         let said = err.matches("is full: further memory comes from glibc and the kernel").count();
-        assert_eq!(said, usize::from(full), "ulimit -v {limit}: {err}");
+        assert_eq!(said, usize::from(full), "ulimit {flag} {limit}: {err}");
     }
-    let o = Command::new(ztier())
-        .args(["run", "--budget", "8M", "--", "sh", "-c", &under(100_000, 1000)])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(134), "{err}");
-    assert!(err.contains("too little for ztier's arena"), "{err}");
+    for (flag, what) in [("-v", "address-space limit"), ("-d", "data limit")] {
+        let o = Command::new(ztier())
+            .args(["run", "--budget", "8M", "--", "sh", "-c", &under(flag, 100_000, 1000)])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(134), "{err}");
+        assert!(err.contains(what) && err.contains("too little for ztier's arena"), "{err}");
+    }
 }
 
 #[test]
