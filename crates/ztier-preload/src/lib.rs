@@ -998,8 +998,9 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
     // blocked: a signal sent to the process must reach a thread of the
     // program (a program that blocks SIGTERM and takes it with sigwait
     // would be killed if one of ours took it), and the program's
-    // handlers must never run here.
-    let mask = sys::sigprocmask(libc::SIG_SETMASK, sys::ASYNC_SIGNALS);
+    // handlers must never run here. glibc's own signals stay open (see
+    // `sys::LIBRARY_THREAD_SIGNALS`).
+    let mask = sys::sigprocmask(libc::SIG_SETMASK, sys::LIBRARY_THREAD_SIGNALS);
     // SAFETY: creating a thread running `entry`, which owns `arg`.
     let r = unsafe { libc::pthread_create(&mut t, std::ptr::null(), entry, arg.cast()) };
     sys::sigprocmask(libc::SIG_SETMASK, mask);
@@ -1459,7 +1460,15 @@ extern "C" fn at_exit() {
         let Some(g) = GLOBAL.get() else { return };
         if let Some(dir) = &g.cfg.stats_dir {
             let path = dir.join(format!("{}.json", std::process::id()));
-            let _ = std::fs::write(path, stats_json(g));
+            if let Err(e) = std::fs::write(&path, stats_json(g)) {
+                // Said, not lost silently: a process that dropped root
+                // cannot write into `ztier run`'s folder.
+                eprintln!(
+                    "ztier: process {}: its statistics are left out of --stats: writing {}: {e}",
+                    std::process::id(),
+                    path.display()
+                );
+            }
         }
         // Taken under the lock, written after it is let go: threads still
         // running may fault meanwhile (their rows are not written).
@@ -1568,6 +1577,19 @@ extern "C" fn fork_child() {
         if let Err(e) = m.reopen_after_fork(&used(g, pages)) {
             eprintln!("ztier: the forked child cannot manage its memory: {e}: aborting");
             std::process::abort();
+        }
+        if m.uffd.user_mode_only && !sud::active() {
+            // The parent had a full-mode userfaultfd, the child (forked
+            // after the program dropped root, with no /dev/userfaultfd
+            // kept) only a user-mode-only one: the kernel's own faults
+            // fail there unless system calls are caught.
+            if let Err(e) = sud::install(m.uffd.sigbus) {
+                eprintln!(
+                    "ztier: the forked child has only a user-mode-only userfaultfd and cannot catch its \
+                     system calls ({e}): aborting"
+                );
+                std::process::abort();
+            }
         }
         // SAFETY: gettid has no preconditions.
         m.kept_after_fork(FORKING_TID.load(Ordering::Relaxed), unsafe { libc::gettid() });

@@ -799,8 +799,8 @@ unsafe impl Send for Manager {}
 /// `ZTIER_FAULT_PATH=signal` faults raise `SIGBUS` in the faulting thread
 /// (see [`signal_path`]).
 fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
-    let mut u =
-        Uffd::open_opts(std::env::var("ZTIER_UFFD_USER_MODE_ONLY").is_ok_and(|v| v == "1"), signal_path())?;
+    let umo = std::env::var("ZTIER_UFFD_USER_MODE_ONLY").is_ok_and(|v| v == "1");
+    let mut u = Uffd::open_via(if umo { None } else { uffd_device() }, umo, signal_path())?;
     // Out of the program's way, kept from its `close` (see `crate::fds`).
     u.move_fd_up(crate::fds::low())?;
     crate::fds::register(u.raw_fd());
@@ -811,6 +811,29 @@ fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
         )
     })?;
     Ok(Arc::new(u))
+}
+
+/// `/dev/userfaultfd`, opened once (kept: see `crate::fds`; -2 not tried
+/// yet, -1 not available).
+static UFFD_DEVICE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-2);
+
+/// `/dev/userfaultfd` if this process could open it when it first made a
+/// userfaultfd: a full-mode userfaultfd is made from it, also in a child
+/// forked after the program dropped root (`setuid`), where the system
+/// call would refuse one. Before, such a child got a user-mode-only one
+/// without syscall user dispatch, and its system calls on evicted memory
+/// failed with `EFAULT`. Closed at `exec`: the new program gets what its
+/// own privileges allow.
+fn uffd_device() -> Option<i32> {
+    use std::os::fd::IntoRawFd;
+    let mut fd = UFFD_DEVICE.load(Ordering::Relaxed);
+    if fd == -2 {
+        // For the tests only: as on a kernel without the device.
+        let skip = std::env::var("ZTIER_TEST_NO_UFFD_DEVICE").is_ok_and(|v| v == "1");
+        fd = Uffd::open_device().filter(|_| !skip).map_or(-1, |d| crate::fds::keep(d.into_raw_fd()));
+        UFFD_DEVICE.store(fd, Ordering::Relaxed);
+    }
+    (fd >= 0).then_some(fd)
 }
 
 /// Faults are served in the faulting thread, from a `SIGBUS` handler

@@ -131,6 +131,17 @@ const SYNCHRONOUS: u64 = (1 << (libc::SIGSEGV - 1))
 /// there would wait for a fault service that waits for that lock).
 pub const ASYNC_SIGNALS: u64 = !SYNCHRONOUS;
 
+/// glibc's own signals, which it never lets a program block: 32
+/// (`SIGCANCEL`, `pthread_cancel`) and 33 (`SIGSETXID`: `setuid`,
+/// `setgid`, `setgroups` and the like send it to every thread, each of
+/// which makes the change for itself, and wait until all have).
+const GLIBC_SIGNALS: u64 = (1 << 31) | (1 << 32);
+
+/// What a thread of the library blocks for good: [`ASYNC_SIGNALS`] but
+/// glibc's own. With 33 blocked too, a program's `setuid` waited for the
+/// library's threads for ever (a daemon dropping root hung at start-up).
+pub const LIBRARY_THREAD_SIGNALS: u64 = ASYNC_SIGNALS & !GLIBC_SIGNALS;
+
 /// `rt_sigprocmask(how, set)` for the calling thread; returns the mask
 /// it had.
 pub fn sigprocmask(how: c_int, set: u64) -> u64 {

@@ -33,6 +33,8 @@ const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
 const UFFDIO_COPY: libc::c_ulong = 0xc028_aa03;
 const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
 const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xc018_aa06;
+/// `/dev/userfaultfd`'s one ioctl: a new userfaultfd (`_IO(0xAA, 0)`).
+const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xaa00;
 /// `UFFDIO_COPY_MODE_DONTWAKE`.
 const COPY_MODE_DONTWAKE: u64 = 1 << 0;
 /// `UFFDIO_COPY_MODE_WP`.
@@ -174,10 +176,33 @@ impl Uffd {
     /// As [`Uffd::open_with`]; with `sigbus`, faults raise `SIGBUS` in the
     /// faulting thread ([`FEATURE_SIGBUS`]; an error if the kernel lacks it).
     pub fn open_opts(user_mode_only: bool, sigbus: bool) -> io::Result<Uffd> {
+        Uffd::open_via(None, user_mode_only, sigbus)
+    }
+
+    /// Opens `/dev/userfaultfd` (Linux 6.1; close-on-exec), from which
+    /// [`Uffd::open_via`] makes full-mode userfaultfds. Permission is
+    /// checked at this open only, so a process that drops its privileges
+    /// later (`setuid`) can still make one, for a child it forks. `None`
+    /// if the device is missing or not this user's to open.
+    pub fn open_device() -> Option<OwnedFd> {
+        // SAFETY: a NUL-terminated path; a plain open.
+        let fd = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        // SAFETY: a fresh descriptor we own.
+        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// As [`Uffd::open_opts`]; a full-mode userfaultfd is asked of the
+    /// device `dev` ([`Uffd::open_device`]) first, then of the system call.
+    pub fn open_via(dev: Option<RawFd>, user_mode_only: bool, sigbus: bool) -> io::Result<Uffd> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         let mut fd = -1;
         let mut umo = user_mode_only;
-        if !user_mode_only {
+        if let (false, Some(dev)) = (user_mode_only, dev) {
+            // SAFETY: USERFAULTFD_IOC_NEW takes the new descriptor's flags
+            // as its integer argument.
+            fd = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW, flags) };
+        }
+        if !user_mode_only && fd < 0 {
             // SAFETY: plain syscall with integer arguments.
             fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
         }

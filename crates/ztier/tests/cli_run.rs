@@ -595,6 +595,54 @@ fn madvise_populate_brings_pages_in() {
     native_output_in_every_mode("populate", "populate read 0 (0) write 0 (0) fresh 0 (0) sum 6144");
 }
 
+/// A program that drops root (`setuid`, as a daemon does) and then forks
+/// a child that reads and writes its cold heap through system calls.
+/// Before, `setuid` hung for ever: glibc makes every thread change its
+/// own credentials (signal 33), and the library's threads blocked it.
+/// Then the child, no longer allowed a full-mode userfaultfd, got a
+/// user-mode-only one without syscall user dispatch, and its `write`
+/// from an evicted buffer failed (`EFAULT`). Now the library keeps
+/// `/dev/userfaultfd` open from its start and makes the child's from it;
+/// without the device, the child catches its system calls. The process
+/// that dropped root cannot write its `--stats` and says so.
+#[test]
+fn a_program_that_drops_root_and_forks_keeps_working() {
+    require("python3");
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test drops root: run it as root (make test does)");
+    let d = tmp("setuid");
+    let script = "import os, hashlib\n\
+                  data = [bytes([i % 251]) * 4000 + str(i).encode() for i in range(12000)]\n\
+                  os.setgid(65534); os.setuid(65534)\n\
+                  pid = os.fork()\n\
+                  if pid == 0:\n\
+                  \x20   h = hashlib.sha256()\n\
+                  \x20   r, w = os.pipe()\n\
+                  \x20   for x in data[:3000]:\n\
+                  \x20       os.write(w, x); h.update(os.read(r, len(x)))\n\
+                  \x20   print('child', h.hexdigest()[:16], os.getuid(), flush=True)\n\
+                  \x20   os._exit(0)\n\
+                  os.waitpid(pid, 0)\n\
+                  print('parent', hashlib.sha256(b''.join(data)).hexdigest()[:16], os.getuid())\n";
+    let n = native(&["python3", "-c", script], &d);
+    assert!(n.status.success(), "{n:?}");
+    for (path, umo) in MODES {
+        for device in ["0", "1"] {
+            let (m, _) = managed_in_mode(
+                &d,
+                (path, umo),
+                &["python3", "-c", script],
+                &[("ZTIER_TEST_NO_UFFD_DEVICE", device)],
+            );
+            let err = String::from_utf8_lossy(&m.stderr);
+            let what = format!("{path}, user-mode-only {umo}, no device {device}");
+            assert!(m.status.success(), "{what}: {:?}: {err}", m.status);
+            assert_eq!(m.stdout, n.stdout, "{what}: {err}");
+            assert!(err.contains("its statistics are left out of --stats"), "{what}: {err}");
+        }
+    }
+}
+
 /// Compiles `run_progs/NAME.c` and runs it natively (its output must
 /// contain `line`), then in each mode at `--budget 16M`: the same output,
 /// with its heap managed and under pressure (over 10 k compressions).
