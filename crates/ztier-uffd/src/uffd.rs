@@ -25,6 +25,9 @@ pub const USER_MODE_ONLY: libc::c_int = 1;
 /// `UFFD_FEATURE_SIGBUS`: a fault raises `SIGBUS` in the faulting thread
 /// instead of waiting for a handler to read it (Linux 4.14).
 pub const FEATURE_SIGBUS: u64 = 1 << 7;
+/// `UFFD_FEATURE_THREAD_ID` (Linux 4.14): a fault event names the
+/// faulting thread ([`Event::tid`]).
+pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 
 const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
 const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
@@ -120,6 +123,8 @@ pub struct Event {
     pub flags: u64,
     /// Faulting address.
     pub address: u64,
+    /// The faulting thread, with [`FEATURE_THREAD_ID`] (0 without).
+    pub tid: u32,
 }
 
 /// An open userfaultfd.
@@ -223,7 +228,8 @@ impl Uffd {
         }
         // SAFETY: fd is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let want = if sigbus { FEATURE_SIGBUS } else { 0 };
+        // Faults read from the descriptor name their thread.
+        let want = if sigbus { FEATURE_SIGBUS } else { FEATURE_THREAD_ID };
         let mut api = ApiArg { api: UFFD_API, features: want, ioctls: 0 };
         ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api).map_err(|e| {
             if sigbus {
@@ -371,6 +377,7 @@ impl Uffd {
             kind: msg[0],
             flags: u64::from_ne_bytes(msg[8..16].try_into().expect("8 bytes")),
             address: u64::from_ne_bytes(msg[16..24].try_into().expect("8 bytes")),
+            tid: u32::from_ne_bytes(msg[24..28].try_into().expect("4 bytes")),
         }))
     }
 }
