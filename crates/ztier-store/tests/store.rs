@@ -405,10 +405,9 @@ fn persistent_pages_spill_to_file_tier_compressed() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn persistent_pool_without_tier_refuses_instead_of_losing() {
-    let store = Store::new(cfg(48 << 10, AllocatorKind::Chunks, 1));
-    let pool = store.create_pool(PoolOptions::new(PoolKind::Persistent)).unwrap();
+/// Puts 100 text pages into `pool`: the indices stored, and how many
+/// were refused for want of room.
+fn put_text_pages(store: &Store, pool: u32) -> (Vec<u32>, u64) {
     let mut ok = Vec::new();
     let mut refused = 0;
     for i in 0..100u32 {
@@ -419,6 +418,14 @@ fn persistent_pool_without_tier_refuses_instead_of_losing() {
             Err(e) => panic!("{e}"),
         }
     }
+    (ok, refused)
+}
+
+#[test]
+fn persistent_pool_without_tier_refuses_instead_of_losing() {
+    let store = Store::new(cfg(48 << 10, AllocatorKind::Chunks, 1));
+    let pool = store.create_pool(PoolOptions::new(PoolKind::Persistent)).unwrap();
+    let (ok, refused) = put_text_pages(&store, pool);
     assert!(refused > 0 && !ok.is_empty());
     assert_eq!(store.stats().rejects.budget, refused);
     let mut out = vec![0u8; PAGE];
@@ -439,16 +446,7 @@ fn a_full_spill_device_refuses_puts_and_loses_nothing() {
     assert_eq!(store.tier_error(), None);
     let pool =
         store.create_pool(PoolOptions { store_raw: true, ..PoolOptions::new(PoolKind::Persistent) }).unwrap();
-    let mut ok = Vec::new();
-    let mut refused = 0;
-    for i in 0..100u32 {
-        let key = Key { pool, object: 0, index: i };
-        match store.put(key, &page(Kind::Text, i as u64), PutFlags::default()) {
-            Ok(()) => ok.push(i),
-            Err(StoreError::Refused(Refusal::Budget)) => refused += 1,
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let (ok, refused) = put_text_pages(&store, pool);
     assert!(refused > 0 && !ok.is_empty(), "{refused} refused, {} stored", ok.len());
     let s = store.stats();
     assert!(s.tier_errors > 0 && s.tier_entries == 0 && s.evicted_dropped == 0, "{s:?}");
