@@ -185,12 +185,5 @@ fn guard_slow(nr: i64, a: [u64; 6]) -> Option<i64> {
 /// [`guard`] for a C function: `Some` of its return value (-1 with
 /// `errno` set on failure).
 pub fn guard_c(nr: i64, a: [u64; 6]) -> Option<i64> {
-    guard(nr, a).map(|r| {
-        if r < 0 {
-            crate::sys::set_errno(-r as i32);
-            -1
-        } else {
-            r
-        }
-    })
+    guard(nr, a).map(crate::sys::c_ret)
 }

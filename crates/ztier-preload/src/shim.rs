@@ -888,12 +888,7 @@ fn arena_pages(g: &Global, a: usize, len: usize) -> Option<(usize, usize)> {
 
 /// A raw system call's result as a C function returns it.
 fn c_result(r: i64) -> c_int {
-    if r < 0 {
-        sys::set_errno(-r as c_int);
-        -1
-    } else {
-        r as c_int
-    }
+    sys::c_ret(r) as c_int
 }
 
 /// `mlock(2)` and `mlock2(2)` on arena memory: the pages are brought back

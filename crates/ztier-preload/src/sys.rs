@@ -142,6 +142,17 @@ const GLIBC_SIGNALS: u64 = (1 << 31) | (1 << 32);
 /// library's threads for ever (a daemon dropping root hung at start-up).
 pub const LIBRARY_THREAD_SIGNALS: u64 = ASYNC_SIGNALS & !GLIBC_SIGNALS;
 
+/// A raw system call's result (-errno on failure) as a C function
+/// returns it: -1 with `errno` set.
+pub fn c_ret(r: i64) -> i64 {
+    if r < 0 {
+        set_errno(-r as c_int);
+        -1
+    } else {
+        r
+    }
+}
+
 /// `rt_sigprocmask(how, set)` for the calling thread; returns the mask
 /// it had.
 pub fn sigprocmask(how: c_int, set: u64) -> u64 {
