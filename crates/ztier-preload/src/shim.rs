@@ -1199,6 +1199,11 @@ pub unsafe extern "C" fn pthread_create(
     if stack.1 > 0 {
         crate::as_inside(|| crate::sud::pin_thread_stack(stack.0, stack.1));
     }
+    if crate::sud::sigbus_on() {
+        if let Some(g) = crate::GLOBAL.get() {
+            crate::as_inside(|| keep_locale_resident(g));
+        }
+    }
     let s = crate::as_inside(|| Box::into_raw(Box::new(Start { f, arg, stack })));
     // SAFETY: forwarding with our trampoline, which takes ownership of `s`.
     let r = crate::as_inside(|| unsafe { real(t, attr, start_unpinned, s.cast()) });
@@ -1210,6 +1215,58 @@ pub unsafe extern "C" fn pthread_create(
         }
     }
     r
+}
+
+/// The global locale's `LC_CTYPE` data that [`keep_locale_resident`]
+/// keeps: (process, first page, pages).
+static LOCALE_KEPT: std::sync::Mutex<(u32, usize, usize)> = std::sync::Mutex::new((0, 0, 0));
+
+/// With `--fault-path signal`, keeps the global locale's `LC_CTYPE` data
+/// resident (the library's `mlock`, one locale at a time). glibc's
+/// `start_thread` runs `__ctype_init` in the new thread with every signal
+/// blocked (glibc's `pthread_create` blocks them all around the `clone`;
+/// the thread puts the creator's mask back only after): it reads that
+/// data, which `setlocale` allocated with `malloc`, so arena memory. A
+/// fault there is a blocked `SIGBUS`, and the kernel kills the process
+/// with it. Seen: a JVM at `--budget 32M` died so, without a word, in
+/// about one run of six, once the data had gone cold between two thread
+/// starts. The data read is the start of glibc's `struct __locale_data`
+/// (its header and first values); the tables they point to are in the
+/// locale's file mapping.
+fn keep_locale_resident(g: &Global) {
+    // SAFETY: a copy of the global locale, whose first field is its
+    // `__locales[LC_CTYPE]` (`LC_CTYPE` is 0); freed at once (the data is
+    // shared and counted, so it lives on in the global locale).
+    let data = unsafe {
+        // glibc's `LC_GLOBAL_LOCALE`.
+        let l = libc::duplocale(-1isize as libc::locale_t);
+        if l.is_null() {
+            return;
+        }
+        let d = *(l as *const usize);
+        libc::freelocale(l);
+        d
+    };
+    let Some((first, n)) = arena_pages(g, data & !(PAGE - 1), data % PAGE + 128) else { return };
+    let pid = std::process::id();
+    let mut kept = crate::lock(&LOCALE_KEPT);
+    if *kept == (pid, first, n) {
+        return;
+    }
+    loop {
+        let mut m = crate::lock_unowned(g, first, n);
+        match m.lock_pages(first, n, &g.stats) {
+            Ok(true) => break,
+            Ok(false) => continue,
+            // Not kept: a thread start may still find it cold.
+            Err(_) => return,
+        }
+    }
+    let was = std::mem::replace(&mut *kept, (pid, first, n));
+    // The locale before (same process: locks are not inherited by fork).
+    if was.0 == pid && was.2 > 0 {
+        crate::lock_program(g).unlock_pages(was.1, was.2);
+    }
 }
 
 /// `pkey_mprotect(2)`: pages tagged with a protection key other than the

@@ -784,6 +784,11 @@ fn set_selector(v: u8) {
     unsafe { selector().write_volatile(v) }
 }
 
+/// Are faults served by the `SIGBUS` handler (`--fault-path signal`)?
+pub fn sigbus_on() -> bool {
+    SIGBUS_ON.load(Ordering::Relaxed)
+}
+
 /// Is dispatch on (this process's userfaultfd is user-mode-only)?
 pub fn active() -> bool {
     ACTIVE.load(Ordering::Relaxed)

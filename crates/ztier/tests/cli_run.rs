@@ -586,6 +586,17 @@ fn locked_memory_stays_resident() {
     );
 }
 
+/// Threads started after the locale's data went cold (`locale.c`:
+/// `setlocale` once the library is up, then 20 rounds of 48 MiB written
+/// at a 16M budget and a new thread). glibc's new thread reads that data
+/// with every signal blocked; with `--fault-path signal` the fault there
+/// was a blocked `SIGBUS`, and the process was killed by it every time
+/// (a JVM, about one run in six at 32M).
+#[test]
+fn threads_started_after_the_locale_went_cold() {
+    native_output_in_every_mode("locale", "threads after the locale went cold: ");
+}
+
 /// `MADV_POPULATE_READ`/`_WRITE` of cold and fresh arena memory
 /// (`populate.c`): served by the library (the pages brought in); before,
 /// both failed with `EFAULT` with `--fault-path signal` and in
