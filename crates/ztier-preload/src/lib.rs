@@ -64,6 +64,9 @@
 //! share the parent's memory and handler. `exec` starts over (the
 //! environment carries `LD_PRELOAD`).
 //!
+//! **Core dumps** leave out the arena's unused parts and hold every
+//! stored page where cores are written (see [`coredump`]).
+//!
 //! **Stats**: at exit each process writes `PID.json` into
 //! `ZTIER_STATS_DIR`; while it runs, the abstract unix socket
 //! `@ztier-PID` answers every connection with the same JSON (`ztier stats
@@ -75,6 +78,7 @@
 // `cargo doc --document-private-items`, so they link its private modules.
 #![allow(rustdoc::private_intra_doc_links)]
 
+mod coredump;
 mod direct;
 mod faultlog;
 mod fds;
@@ -222,6 +226,11 @@ thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Is the library up in this process?
+fn ready() -> bool {
+    STATE.load(Ordering::Acquire) == READY
+}
+
 fn inside() -> bool {
     INSIDE.try_with(Cell::get).unwrap_or(true)
 }
@@ -253,6 +262,9 @@ pub struct Global {
     classes: Vec<std::sync::Mutex<Class>>,
     span_next: AtomicUsize,
     granule_class: Vec<AtomicU8>,
+    /// How far each region is dumped in a core ([`coredump`]).
+    dump_spans: coredump::DumpFront,
+    dump_pages: coredump::DumpFront,
     pages: std::sync::Mutex<PageAlloc>,
     mgr: std::sync::Mutex<Manager>,
     stats: Stats,
@@ -476,6 +488,8 @@ fn start() -> bool {
                     std::process::abort();
                 }
             }
+            // Every page in a core dump, where cores are written.
+            coredump::install();
             // The thread that starts the library (the main thread, since
             // it starts before a second one) gets the exit hook that new
             // threads get in `pthread_create`: one that leaves by
@@ -590,6 +604,8 @@ fn try_start(cfg: Config) -> std::io::Result<Global> {
     }
     let pages = arena / PAGE;
     let spans = arena / 4;
+    // Out of core dumps but for what is used (`coredump`).
+    coredump::exclude(base, arena);
     let locked = shim::locked_at_start(base, arena);
     let mut mgr = Manager::new(base, pages, cfg.clone())?;
     if locked {
@@ -601,6 +617,8 @@ fn try_start(cfg: Config) -> std::io::Result<Global> {
         span_bytes: spans,
         classes: (0..CLASSES).map(|_| std::sync::Mutex::new(Class::default())).collect(),
         span_next: AtomicUsize::new(base),
+        dump_spans: coredump::DumpFront::new(base, base + spans),
+        dump_pages: coredump::DumpFront::new(base + spans, base + arena),
         granule_class: (0..spans / SPAN).map(|_| AtomicU8::new(u8::MAX)).collect(),
         pages: std::sync::Mutex::new(PageAlloc::new(spans / PAGE, (arena - spans) / PAGE)),
         mgr: std::sync::Mutex::new(mgr),

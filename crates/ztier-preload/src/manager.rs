@@ -897,6 +897,9 @@ impl Manager {
             if p == libc::MAP_FAILED {
                 Err(io::Error::last_os_error())
             } else {
+                // The library's own: out of the program's core dumps,
+                // which would be as long as the tables (`crate::coredump`).
+                crate::coredump::exclude(p as usize, bytes);
                 Ok(p)
             }
         };

@@ -31,12 +31,18 @@ fn small_alloc(g: &Global, c: usize) -> *mut c_void {
             return std::ptr::null_mut();
         }
         g.granule_class[(span - g.base) / SPAN].store(c as u8, std::sync::atomic::Ordering::Release);
+        g.dump_spans.reach(span + SPAN);
         cl.bump = span;
         cl.end = span + SPAN;
     }
     let p = cl.bump;
     cl.bump += size;
     p as *mut c_void
+}
+
+/// The page region is used up to `pa.high`: dumped in a core that far.
+fn grown(g: &Global, pa: &crate::pages::PageAlloc) {
+    g.dump_pages.reach(g.base + pa.high * PAGE);
 }
 
 fn small_class(g: &Global, p: usize) -> usize {
@@ -80,6 +86,7 @@ fn large_alloc(g: &Global, n: usize, align: usize, zeroed: bool) -> *mut c_void 
     match pa.alloc(n, align) {
         Some(first) => {
             pa.large.insert(first, n);
+            grown(g, &pa);
             (g.base + first * PAGE) as *mut c_void
         }
         None => std::ptr::null_mut(),
@@ -268,6 +275,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         let mut pa = crate::lock(&g.pages);
         if pa.take(first + n, want - n) {
             pa.large.insert(first, want);
+            grown(g, &pa);
             return p;
         }
     }
@@ -640,7 +648,10 @@ fn large_alloc_mmap(g: &Global, len: usize) -> *mut c_void {
     let n = len.div_ceil(PAGE);
     let mut pa = crate::lock(&g.pages);
     match pa.alloc(n, 1) {
-        Some(first) => (g.base + first * PAGE) as *mut c_void,
+        Some(first) => {
+            grown(g, &pa);
+            (g.base + first * PAGE) as *mut c_void
+        }
         None => std::ptr::null_mut(),
     }
 }
@@ -769,9 +780,12 @@ pub unsafe extern "C" fn mremap(
         }
         return old;
     }
-    if crate::lock(&g.pages).take(first + n, want - n) {
+    let mut pa = crate::lock(&g.pages);
+    if pa.take(first + n, want - n) {
+        grown(g, &pa);
         return old;
     }
+    drop(pa);
     if flags & libc::MREMAP_MAYMOVE == 0 {
         sys::set_errno(libc::ENOMEM);
         return libc::MAP_FAILED;

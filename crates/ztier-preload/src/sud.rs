@@ -808,6 +808,50 @@ fn ours() -> u64 {
     bit(libc::SIGSYS) | if SIGBUS_ON.load(Ordering::Relaxed) { bit(libc::SIGBUS) } else { 0 }
 }
 
+/// Is `sig` one of the library's own here ([`ours`]: the program's action
+/// for it is kept aside)?
+pub(crate) fn taken(sig: libc::c_int) -> bool {
+    kept_slot(sig).is_some()
+}
+
+/// The kernel's handler for `sig` now (`None` if it cannot be read).
+pub(crate) fn action_of(sig: libc::c_int) -> Option<u64> {
+    let mut a = KSigaction::default();
+    (raw(libc::SYS_rt_sigaction, [sig as u64, 0, &mut a as *mut _ as u64, 8, 0, 0]) == 0).then_some(a.handler)
+}
+
+/// Installs a handler of the library for `sig` (not one of [`ours`]),
+/// with its frames on the library's signal stack and its return through
+/// the region (so under dispatch too), blocking `mask` while it runs
+/// (never ours). The program's later `rt_sigaction` replaces it.
+pub(crate) fn set_library_action(sig: libc::c_int, handler: Handler, mask: u64) -> bool {
+    let act = library_action(handler, mask);
+    raw(libc::SYS_rt_sigaction, [sig as u64, &act as *const _ as u64, 0, 8, 0, 0]) == 0
+}
+
+type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+fn library_action(handler: Handler, mask: u64) -> KSigaction {
+    KSigaction {
+        handler: handler as *const () as usize as u64,
+        flags: libc::SA_SIGINFO as u64 | SA_RESTORER | libc::SA_ONSTACK as u64,
+        restorer: ztier_sud_sigreturn as *const () as usize as u64,
+        mask: mask & !ours(),
+    }
+}
+
+/// What the kernel gets for the default action of `sig`: the library's
+/// core handler where it stands for the default ([`crate::coredump`]).
+fn default_action(sig: libc::c_int) -> Option<KSigaction> {
+    crate::coredump::handler_for(sig).map(|(h, mask)| library_action(h, mask))
+}
+
+/// Puts the default action back for `sig`.
+pub(crate) fn set_default(sig: libc::c_int) {
+    let dfl = KSigaction::default();
+    raw(libc::SYS_rt_sigaction, [sig as u64, &dfl as *const _ as u64, 0, 8, 0, 0]);
+}
+
 /// The program's kept action for one of [`ours`].
 fn kept_slot(sig: libc::c_int) -> Option<&'static [AtomicU64; 4]> {
     match sig {
@@ -846,6 +890,11 @@ fn is_function(handler: u64) -> bool {
 /// [`ours`]): a handler of the program goes through [`on_program_signal`]
 /// (recorded first); never a mask that blocks ours.
 fn wrapped(sig: libc::c_int, mut k: KSigaction) -> KSigaction {
+    if k.handler == libc::SIG_DFL as u64 {
+        if let Some(a) = default_action(sig) {
+            return a;
+        }
+    }
     k.mask &= !ours();
     if is_function(k.handler) && k.handler != on_program_signal as *const () as usize as u64 {
         PROGRAM_HANDLERS[sig as usize][0].store(k.handler, Ordering::Relaxed);
@@ -873,6 +922,9 @@ fn unwrapped(mut k: KSigaction, was: (u64, u64), restorer: u64) -> KSigaction {
     if k.handler == on_program_signal as *const () as usize as u64 {
         (k.handler, k.flags) = was;
         k.restorer = restorer;
+    } else if crate::coredump::is_handler(k.handler) {
+        // The library's core handler stands for the default action.
+        k = KSigaction::default();
     }
     k
 }
@@ -1039,12 +1091,12 @@ fn reset_one_shot(sig: libc::c_int, h: u64, flags: u64) -> bool {
     // delivery: the default, with the rest as the program set it.
     let mut k = KSigaction::default();
     raw(libc::SYS_rt_sigaction, [sig as u64, 0, &mut k as *mut _ as u64, 8, 0, 0]);
-    let k = KSigaction {
+    let k = default_action(sig).unwrap_or(KSigaction {
         handler: libc::SIG_DFL as u64,
         flags,
         restorer: PROGRAM_RESTORERS[sig as usize].load(Ordering::Relaxed),
         mask: k.mask,
-    };
+    });
     raw(libc::SYS_rt_sigaction, [sig as u64, &k as *const _ as u64, 0, 8, 0, 0]);
     true
 }
@@ -1108,6 +1160,7 @@ pub fn install(sigbus: bool) -> std::io::Result<()> {
         let mut a = KSigaction::default();
         if raw(libc::SYS_rt_sigaction, [sig as u64, 0, &mut a as *mut _ as u64, 8, 0, 0]) == 0
             && (a.mask & ours() != 0 || is_function(a.handler))
+            && !crate::coredump::is_handler(a.handler)
         {
             let k = wrapped(sig, a);
             raw(libc::SYS_rt_sigaction, [sig as u64, &k as *const _ as u64, 0, 8, 0, 0]);
@@ -2053,7 +2106,9 @@ fn chain(sig: libc::c_int, slot: &[AtomicU64; 4], info: *mut libc::siginfo_t, ct
     match a.handler as usize {
         _ if ignore => {}
         libc::SIG_DFL | libc::SIG_IGN => {
-            // Its default: end the process, as the kernel would have.
+            // Its default: end the process, as the kernel would have
+            // (with every page in the core, if one is written).
+            crate::coredump::before_core(sig);
             let dfl = KSigaction::default();
             raw(libc::SYS_rt_sigaction, [sig as u64, &dfl as *const _ as u64, 0, 8, 0, 0]);
             // SAFETY: plain calls; the signal is delivered once the

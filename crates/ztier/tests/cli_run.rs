@@ -586,6 +586,192 @@ fn locked_memory_stays_resident() {
     );
 }
 
+/// Where cores go while a test runs: as root `core_pattern` is set to
+/// `DIR/core.%p` and put back when this is dropped (also when the test
+/// fails); otherwise it must already write plain files into the folder
+/// of the crashing process (`core`, with or without the PID).
+struct CoresInto {
+    old: Option<String>,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+/// One test at a time sets `core_pattern` (each puts back what it found).
+static CORES_INTO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+const CORE_PATTERN: &str = "/proc/sys/kernel/core_pattern";
+
+impl CoresInto {
+    fn dir(d: &Path) -> CoresInto {
+        let one = CORES_INTO.lock().unwrap_or_else(|e| e.into_inner());
+        let old = std::fs::read_to_string(CORE_PATTERN).unwrap().trim_end().to_string();
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            std::fs::write(CORE_PATTERN, format!("{}/core.%p", d.display())).unwrap();
+            return CoresInto { old: Some(old), _one: one };
+        }
+        assert_eq!(
+            old, "core",
+            "this test needs cores written as files into the crashing program's folder: run it as root \
+             (it sets {CORE_PATTERN} for its run) or with core_pattern 'core'"
+        );
+        CoresInto { old: None, _one: one }
+    }
+}
+
+impl Drop for CoresInto {
+    fn drop(&mut self) {
+        if let Some(old) = &self.old {
+            std::fs::write(CORE_PATTERN, old).unwrap();
+        }
+    }
+}
+
+/// The one core file in `d` (taken out of it), if it is shorter than
+/// `most` bytes.
+fn take_core(d: &Path, most: u64) -> Result<Vec<u8>, String> {
+    let cores: Vec<PathBuf> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("core"))
+        .collect();
+    assert_eq!(cores.len(), 1, "one core file expected in {}: {cores:?}", d.display());
+    let len = std::fs::metadata(&cores[0]).unwrap().len();
+    let core = (len < most).then(|| std::fs::read(&cores[0]).unwrap());
+    std::fs::remove_file(&cores[0]).unwrap();
+    core.ok_or(format!("a core of {} MiB", len >> 20))
+}
+
+/// How many different numbered blocks `core` holds as the program wrote
+/// them: `prefix`, 8 digits (`i`), a NUL, and at least 64 bytes of
+/// `fill` + `i` % 26 (a compressed copy in the store has the marker too,
+/// but not the run of bytes after it).
+fn markers(core: &[u8], prefix: &str, fill: u8) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    for at in memchr::memmem::find_iter(core, prefix.as_bytes()) {
+        let at = at + prefix.len();
+        // (The format string itself is in the core too.)
+        let Some(i) = core.get(at..at + 8).and_then(|n| std::str::from_utf8(n).ok()?.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let want = fill + (i % 26) as u8;
+        if core.get(at + 8) == Some(&0)
+            && core.get(at + 9..at + 73).is_some_and(|r| r.iter().all(|&b| b == want))
+        {
+            seen.insert(i);
+        }
+    }
+    seen.len()
+}
+
+/// A program that crashes with its heap cold (`crash.c`: 24 MiB of
+/// numbered pages and 32 k numbered small blocks at a 4M budget; by
+/// `abort`, a `SIGSEGV`, a `SIGBUS` from a truncated file mapping, and a
+/// `SIGSEGV` whose handler puts back the action it found, as CPython's
+/// `faulthandler` does) leaves a core with every marker in it, as
+/// natively, in every mode, and a core about as long as native (the
+/// arena's unused reservation and the library's page tables are left
+/// out). Before, the evicted pages were holes in the core (zeros), and
+/// the core file was as long as the arena: 69 GB for a 64 MiB program.
+#[test]
+fn a_crash_dumps_core_with_every_page() {
+    let d = tmp("crash");
+    let exe = compile(&d, "crash");
+    let _cores = CoresInto::dir(&d);
+    let run = |cmd: &[&str], env: &[(&str, &str)], most: u64| {
+        let o = Command::new("sh")
+            .args(["-c", "ulimit -c unlimited && exec \"$@\"", "sh"])
+            .args(cmd)
+            .envs(env.iter().copied())
+            .current_dir(&d)
+            .output()
+            .unwrap();
+        let core = take_core(&d, most);
+        (o, core)
+    };
+    for (kind, sig) in [("abort", 6), ("segv", 11), ("bus", 7), ("chain", 11)] {
+        let (n, native_core) = run(&[&exe, kind], &[], 1 << 30);
+        let native_core = native_core.unwrap();
+        // `sh` execs the program, so it dies by the signal itself.
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(n.status.signal(), Some(sig), "native {kind}: {n:?}");
+        let text = String::from_utf8_lossy(&n.stdout).into_owned();
+        assert!(text.ends_with("SIGSEGV shown as default: 1, SIGABRT was: 1\n"), "{text}");
+        assert_eq!(markers(&native_core, "ztier-core-page-", b'a'), 6144, "native {kind}");
+        assert_eq!(markers(&native_core, "ztier-core-obj-", b'A'), 32768, "native {kind}");
+        for (path, umo) in MODES {
+            let what = format!("{kind}, {path}, user-mode-only {umo}");
+            // The two regions' fronts round up to 8 MiB each; the
+            // library's threads, stacks and store come on top.
+            let (m, core) = run(
+                &[ztier(), "run", "--budget", "4M", "--fault-path", path, "--", &exe, kind],
+                &[("ZTIER_UFFD_USER_MODE_ONLY", umo)],
+                native_core.len() as u64 + (96 << 20),
+            );
+            let err = String::from_utf8_lossy(&m.stderr);
+            let core = core
+                .unwrap_or_else(|e| panic!("{what}: {e}, against {} MiB natively", native_core.len() >> 20));
+            assert_eq!(m.status.code(), Some(128 + sig), "{what}: {err}");
+            assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{what}");
+            assert!(!err.contains("the core dump will miss"), "{what}: {err}");
+            assert_eq!(markers(&core, "ztier-core-page-", b'a'), 6144, "{what}");
+            assert_eq!(markers(&core, "ztier-core-obj-", b'A'), 32768, "{what}");
+        }
+    }
+}
+
+/// A JVM that crashes where core dumps are on still writes its
+/// `hs_err_pid*.log` report, and its core, in every mode. HotSpot keeps
+/// the `SIGSEGV` action it finds and calls it for a crash of its own
+/// before it writes the report; shown the library's core handler, it
+/// called that, and the report was never written (seen in the default
+/// thread path before `sigaction` showed the default there).
+#[test]
+fn a_crashing_jvm_still_writes_its_report_where_cores_are_on() {
+    require("java");
+    let d = tmp("jvm-crash");
+    std::fs::write(
+        d.join("Crash.java"),
+        "public class Crash { public static void main(String[] a) throws Exception {\n\
+         java.util.HashMap<Integer, String> m = new java.util.HashMap<>();\n\
+         for (int i = 0; i < 300000; i++) m.put(i, \"v\" + i);\n\
+         System.out.println(m.size());\n\
+         java.lang.reflect.Field f = sun.misc.Unsafe.class.getDeclaredField(\"theUnsafe\");\n\
+         f.setAccessible(true);\n\
+         ((sun.misc.Unsafe) f.get(null)).putLong(16L, 1L); } }\n",
+    )
+    .unwrap();
+    let _cores = CoresInto::dir(&d);
+    let reports = || -> Vec<PathBuf> {
+        std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("hs_err_pid"))
+            .collect()
+    };
+    for (path, umo) in MODES {
+        let what = format!("{path}, user-mode-only {umo}");
+        let o = Command::new("sh")
+            .args(["-c", "ulimit -c unlimited && exec \"$@\"", "sh"])
+            .args([ztier(), "run", "--budget", "32M", "--fault-path", path, "--"])
+            .args(["java", "-Xmx256m", "-XX:-CreateCoredumpOnCrash", "Crash.java"])
+            .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+            .current_dir(&d)
+            .output()
+            .unwrap();
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        // HotSpot's account of the crash goes to stdout, after the output.
+        assert!(out.starts_with("300000\n"), "{what}: {out} {err}");
+        assert!(
+            out.contains("A fatal error has been detected by the Java Runtime Environment"),
+            "{what}: {out} {err}"
+        );
+        let r = reports();
+        assert_eq!(r.len(), 1, "{what}: no hs_err report ({r:?}); {err}");
+        std::fs::remove_file(&r[0]).unwrap();
+    }
+}
+
 /// Threads started after the locale's data went cold (`locale.c`:
 /// `setlocale` once the library is up, then 20 rounds of 48 MiB written
 /// at a 16M budget and a new thread). glibc's new thread reads that data

@@ -2,8 +2,9 @@
  * storage blocks, read by every __tls_get_addr)? Under `ztier run` it
  * must not be arena memory: the library reads its thread-locals while it
  * holds the lock the fault handler needs, so an evicted DTV deadlocked
- * the handler. Finds the arena as the one anonymous mapping of 64 GiB or
- * more; natively there is none. Each thread also writes and reads a
+ * the handler. Finds the arena as the one run of adjacent anonymous
+ * mappings of 64 GiB or more (its parts differ in whether a core dump
+ * takes them); natively there is none. Each thread also writes and reads a
  * thread-local of its own. Prints one line per thread (same natively). */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -21,14 +22,21 @@ static const char *verdict[THREADS];
 static void find_arena(void) {
     FILE *f = fopen("/proc/self/maps", "r");
     char line[512];
+    uintptr_t run_lo = 0, run_hi = 0;
     while (f && fgets(line, sizeof line, f)) {
         uintptr_t lo, hi;
         char perms[8];
         unsigned long off;
-        if (sscanf(line, "%lx-%lx %7s %lx", &lo, &hi, perms, &off) == 4 && hi - lo >= (64ul << 30) &&
-            strncmp(perms, "rw", 2) == 0 && strchr(line, '/') == NULL) {
-            arena_lo = lo;
-            arena_hi = hi;
+        if (sscanf(line, "%lx-%lx %7s %lx", &lo, &hi, perms, &off) != 4 || strncmp(perms, "rw", 2) != 0 ||
+            strchr(line, '/') != NULL) {
+            run_lo = run_hi = 0;
+            continue;
+        }
+        if (lo != run_hi) run_lo = lo;
+        run_hi = hi;
+        if (run_hi - run_lo >= (64ul << 30)) {
+            arena_lo = run_lo;
+            arena_hi = run_hi;
         }
     }
     if (f) fclose(f);
