@@ -68,7 +68,9 @@
 //! stored page where cores are written (see [`coredump`]).
 //!
 //! **Stats**: at exit each process writes `PID.json` into
-//! `ZTIER_STATS_DIR`; while it runs, the abstract unix socket
+//! `ZTIER_STATS_DIR`, through a descriptor opened when it started (or was
+//! forked: [`STATS_FD`], so that dropping root meanwhile does not lose
+//! them); while it runs, the abstract unix socket
 //! `@ztier-PID` answers every connection with the same JSON (`ztier stats
 //! PID`). With `ZTIER_FAULT_LOG_DIR` (`ztier run --fault-log DIR`) each
 //! process also writes one row per page-in as `PID.csv` there (see
@@ -468,6 +470,7 @@ fn start() -> bool {
                 libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
                 libc::atexit(at_exit);
             }
+            open_stats();
             spawn_handlers();
             let (user_mode_only, sigbus) = {
                 let m = lock(&GLOBAL.get().expect("set").mgr);
@@ -1561,14 +1564,57 @@ fn stats_json(g: &Global) -> String {
     )
 }
 
+/// This process's `--stats` file, opened when the library starts and
+/// in a forked child (-1: none, or it could not be made then): a process
+/// that drops root later, as a daemon does, can no longer create a file
+/// in `ztier run`'s folder, but still writes through this at exit. Empty
+/// until then (`ztier run` passes over an empty one: the process ended
+/// without its exit handlers, by a signal or `_exit`).
+static STATS_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Opens [`STATS_FD`] for this process, closing one inherited from the
+/// parent (a forked child's statistics are its own).
+fn open_stats() {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::IntoRawFd;
+    let Some(dir) = GLOBAL.get().and_then(|g| g.cfg.stats_dir.as_ref()) else { return };
+    let fd = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(dir.join(format!("{}.json", std::process::id())))
+        .map_or(-1, |f| fds::keep(f.into_raw_fd()));
+    let old = STATS_FD.swap(fd, Ordering::Relaxed);
+    if old >= 0 {
+        fds::forget(old);
+        sud::raw(libc::SYS_close, [old as u64, 0, 0, 0, 0, 0]);
+    }
+}
+
+/// Writes this process's statistics: through [`STATS_FD`], else by path.
+fn write_stats(path: &std::path::Path, json: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::FromRawFd;
+    let fd = STATS_FD.load(Ordering::Relaxed);
+    if fd < 0 {
+        return std::fs::write(path, json);
+    }
+    // SAFETY: the library's own descriptor, borrowed (not closed here).
+    let f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+    f.set_len(0)?;
+    f.write_all_at(json.as_bytes(), 0)
+}
+
 extern "C" fn at_exit() {
     as_inside(|| {
         let Some(g) = GLOBAL.get() else { return };
         if let Some(dir) = &g.cfg.stats_dir {
             let path = dir.join(format!("{}.json", std::process::id()));
-            if let Err(e) = std::fs::write(&path, stats_json(g)) {
+            if let Err(e) = write_stats(&path, &stats_json(g)) {
                 // Said, not lost silently: a process that dropped root
-                // cannot write into `ztier run`'s folder.
+                // before it was forked cannot write into `ztier run`'s
+                // folder.
                 eprintln!(
                     "ztier: process {}: its statistics are left out of --stats: writing {}: {e}",
                     std::process::id(),
@@ -1717,6 +1763,8 @@ extern "C" fn fork_child() {
             sud::raw(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
         }
     }
+    // Its own statistics file (the parent's descriptor is closed).
+    as_inside(open_stats);
     spawn_handlers();
     // Back under the budget at once (the child inherited every page).
     let r = lock(&g.mgr).evict(&g.stats);

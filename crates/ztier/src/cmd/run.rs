@@ -609,6 +609,11 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
             continue;
         }
         let text = std::fs::read_to_string(&path)?;
+        if text.is_empty() {
+            // Opened when the process started, never written: it ended
+            // without its exit handlers (a signal, `_exit`).
+            continue;
+        }
         let v: Value = serde_json::from_str(&text)
             .with_context(|| format!("statistics {} are not JSON", path.display()))?;
         for (k, s) in sum_keys.iter().zip(sums.iter_mut()) {
