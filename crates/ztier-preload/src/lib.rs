@@ -630,6 +630,31 @@ fn try_start(cfg: Config) -> std::io::Result<Global> {
     })
 }
 
+/// Why pages could not be brought back in a thread of the program (a
+/// fault served in it with `--fault-path signal`, or a system call's
+/// memory under a user-mode-only userfaultfd), where the reason is the
+/// program's: a seccomp filter on the thread (a sandbox's allow-list)
+/// that forbids the library's calls (`ioctl` for `UFFDIO_COPY`). Empty
+/// otherwise. The library's own threads started before any filter and
+/// are not under it.
+pub(crate) fn filtered(e: &std::io::Error) -> &'static str {
+    let denied = e.kind() == std::io::ErrorKind::PermissionDenied;
+    let status = if denied {
+        std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default()
+    } else {
+        String::new()
+    };
+    if !status.lines().any(|l| l.starts_with("Seccomp:") && l.split_whitespace().nth(1) != Some("0")) {
+        ""
+    } else if sud::sigbus_on() {
+        " in this thread, which runs under a seccomp filter of the program that forbids the library's calls \
+         (with --fault-path thread faults are served by the library's own thread, which is not under it)"
+    } else {
+        " in this thread, which runs under a seccomp filter of the program that forbids the library's calls \
+         (as root, or with vm.unprivileged_userfaultfd=1, the library's own thread serves them)"
+    }
+}
+
 /// The handler thread: reads fault events, serves them under the manager
 /// lock, evicts when over budget, answers the control socket.
 /// CPUs this process may run on (as inherited: `ztier run`'s own mask
@@ -1246,7 +1271,10 @@ fn serve_in_thread(addr: usize) -> bool {
         } else {
             g.stats.lock_wait_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             if let Err(e) = m.serve(page, &g.stats) {
-                eprintln!("ztier: serving a fault failed: {e}; pages cannot be served: aborting");
+                eprintln!(
+                    "ztier: serving a fault failed: {e}; pages cannot be served{}: aborting",
+                    filtered(&e)
+                );
                 std::process::abort();
             }
             let wanted = m.evict_wanted();

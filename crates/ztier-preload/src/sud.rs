@@ -1932,7 +1932,7 @@ fn until_pinned(
                 std::thread::sleep(std::time::Duration::from_micros(50));
             }
             Err(e) => {
-                eprintln!("ztier: bringing back {what} failed: {e}: aborting");
+                eprintln!("ztier: bringing back {what} failed: {e}{}: aborting", crate::filtered(&e));
                 std::process::abort();
             }
         }

@@ -783,6 +783,47 @@ fn threads_started_after_the_locale_went_cold() {
     native_output_in_every_mode("locale", "threads after the locale went cold: ");
 }
 
+/// A sandbox's seccomp filter that forbids `ioctl` (`seccomp.c`), then
+/// cold memory read and written through system calls. The default thread
+/// path serves faults from the library's own thread, started before the
+/// filter: the native output. Where pages are brought back in the
+/// program's own thread (`--fault-path signal`; a system call's memory
+/// in user-mode-only mode) the library's `UFFDIO_COPY` is refused, and
+/// the run stops with a message that names the filter and the way out
+/// (before, "Operation not permitted" and nothing more).
+#[test]
+fn a_seccomp_filter_that_forbids_the_library_is_named() {
+    let d = tmp("seccomp");
+    let exe = compile(&d, "seccomp");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{n:?}");
+    for (path, umo) in MODES {
+        let (m, _) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
+        let err = String::from_utf8_lossy(&m.stderr);
+        let what = format!("{path}, user-mode-only {umo}");
+        match (path, umo) {
+            ("thread", "0") => {
+                assert!(m.status.success(), "{what}: {err}");
+                assert_eq!(m.stdout, n.stdout, "{what}: {err}");
+            }
+            _ => {
+                assert_eq!(m.status.code(), Some(134), "{what}: {err}");
+                let way = if path == "signal" {
+                    "with --fault-path thread"
+                } else {
+                    "vm.unprivileged_userfaultfd=1"
+                };
+                assert!(
+                    err.contains(
+                        "runs under a seccomp filter of the program that forbids the library's calls"
+                    ) && err.contains(way),
+                    "{what}: {err}"
+                );
+            }
+        }
+    }
+}
+
 /// `MADV_POPULATE_READ`/`_WRITE` of cold and fresh arena memory
 /// (`populate.c`): served by the library (the pages brought in); before,
 /// both failed with `EFAULT` with `--fault-path signal` and in
