@@ -126,15 +126,16 @@ static PIPE: AtomicBool = AtomicBool::new(false);
 
 /// Would a core be written for this process now?
 fn cores_written() -> bool {
+    // Raw calls: this runs in a signal handler, where under dispatch
+    // glibc's would each take a dispatch signal.
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: an out-parameter of ours.
-    if unsafe { libc::getrlimit(libc::RLIMIT_CORE, &mut lim) } != 0 {
+    let r = raw(libc::SYS_prlimit64, [0, libc::RLIMIT_CORE as u64, 0, &mut lim as *mut _ as u64, 0, 0]);
+    if r != 0 {
         return false;
     }
     // A pipe ignores the limit, but for 1, which turns it off.
     let limit_allows = if PIPE.load(Ordering::Relaxed) { lim.rlim_cur != 1 } else { lim.rlim_cur > 0 };
-    // SAFETY: a plain prctl query.
-    limit_allows && unsafe { libc::prctl(libc::PR_GET_DUMPABLE) } > 0
+    limit_allows && raw(libc::SYS_prctl, [libc::PR_GET_DUMPABLE as u64, 0, 0, 0, 0, 0]) > 0
 }
 
 /// Installs [`on_core_signal`] for each signal that dumps core, is not
@@ -190,8 +191,8 @@ extern "C" fn on_core_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: 
     // The same siginfo again, to this thread: delivered when this handler
     // returns and the signal is unblocked, with the default action (a
     // fault's signal would come again anyway when the access is retried).
-    // SAFETY: plain calls; `info` is the kernel's for this signal.
-    let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+    // `info` is the kernel's for this signal.
+    let (pid, tid) = (raw(libc::SYS_getpid, [0; 6]), raw(libc::SYS_gettid, [0; 6]));
     raw(libc::SYS_rt_tgsigqueueinfo, [pid as u64, tid as u64, sig as u64, info as u64, 0, 0]);
 }
 
