@@ -1263,7 +1263,9 @@ fn keep_locale_resident(g: &Global) {
     };
     let Some((first, n)) = arena_pages(g, data & !(PAGE - 1), data % PAGE + 128) else { return };
     let pid = std::process::id();
-    let mut kept = crate::lock(&LOCALE_KEPT);
+    // Not waited for: in a child forked while another thread held it, it
+    // stays taken (that child's thread starts go without, as before).
+    let Ok(mut kept) = LOCALE_KEPT.try_lock() else { return };
     if *kept == (pid, first, n) {
         return;
     }
