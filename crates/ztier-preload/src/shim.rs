@@ -1243,7 +1243,7 @@ static LOCALE_KEPT: std::sync::Mutex<(u32, usize, usize)> = std::sync::Mutex::ne
 /// data, which `setlocale` allocated with `malloc`, so arena memory. A
 /// fault there is a blocked `SIGBUS`, and the kernel kills the process
 /// with it. Seen: a JVM at `--budget 32M` died so, without a word, in
-/// about one run of six, once the data had gone cold between two thread
+/// 5 runs of 13, once the data had gone cold between two thread
 /// starts. The data read is the start of glibc's `struct __locale_data`
 /// (its header and first values); the tables they point to are in the
 /// locale's file mapping.
