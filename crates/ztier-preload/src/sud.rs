@@ -1080,8 +1080,7 @@ impl Drop for ProgramLevel {
 fn reset_one_shot(sig: libc::c_int, h: u64, flags: u64) -> bool {
     let slot = &PROGRAM_HANDLERS[sig as usize][0];
     if h == 0 || slot.compare_exchange(h, 0, Ordering::AcqRel, Ordering::Relaxed).is_err() {
-        let dfl = KSigaction::default();
-        raw(libc::SYS_rt_sigaction, [sig as u64, &dfl as *const _ as u64, 0, 8, 0, 0]);
+        set_default(sig);
         // SAFETY: plain calls; the signal is delivered when this handler
         // returns and the interrupted mask comes back.
         unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), sig) };
@@ -2109,8 +2108,7 @@ fn chain(sig: libc::c_int, slot: &[AtomicU64; 4], info: *mut libc::siginfo_t, ct
             // Its default: end the process, as the kernel would have
             // (with every page in the core, if one is written).
             crate::coredump::before_core(sig);
-            let dfl = KSigaction::default();
-            raw(libc::SYS_rt_sigaction, [sig as u64, &dfl as *const _ as u64, 0, 8, 0, 0]);
+            set_default(sig);
             // SAFETY: plain calls; the signal is delivered once the
             // handler returns and unblocks it (a fault's signal comes
             // again anyway when the instruction is retried).
