@@ -327,7 +327,9 @@ fn standing(sig: libc::c_int) -> bool {
 
 /// `sigaction(2)`: glibc's, except for a signal whose default action the
 /// library's core handler stands for ([`handler_for`], default thread
-/// path): that handler is shown as `SIG_DFL`, and `SIG_DFL` installs it.
+/// path): that handler is shown as `SIG_DFL`, and `SIG_DFL` installs it;
+/// and in a `vfork` child, for a signal the library keeps from the
+/// program ([`crate::sud::child_sigaction`]).
 ///
 /// # Safety
 /// The C contract of `sigaction`.
@@ -340,6 +342,9 @@ pub unsafe extern "C" fn sigaction(
     type F = unsafe extern "C" fn(libc::c_int, *const libc::sigaction, *mut libc::sigaction) -> libc::c_int;
     // SAFETY: glibc's sigaction, which has this signature.
     let f = unsafe { std::mem::transmute::<usize, F>(real(0)) };
+    if let Some(r) = crate::sud::child_sigaction(sig, old) {
+        return r;
+    }
     if !standing(sig) {
         // SAFETY: the caller's arguments.
         return unsafe { f(sig, act, old) };
@@ -375,6 +380,11 @@ pub unsafe extern "C" fn sigaction(
 /// The C contract of `signal`.
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: all zeros is a valid sigaction.
+    let mut kept: libc::sigaction = unsafe { std::mem::zeroed() };
+    if crate::sud::child_sigaction(sig, &mut kept).is_some() {
+        return kept.sa_sigaction;
+    }
     if !standing(sig) {
         type F = unsafe extern "C" fn(libc::c_int, libc::sighandler_t) -> libc::sighandler_t;
         // SAFETY: glibc's signal, which has this signature.

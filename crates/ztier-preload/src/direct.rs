@@ -54,7 +54,7 @@ fn lookup(name: &str) -> usize {
 /// glibc's function at `slot` of `table` (named `name`), looked up now
 /// if the library's constructor has not run yet. Aborts with a message
 /// if glibc has none (a program could not have been linked to it).
-fn real(table: &[AtomicUsize], slot: usize, name: &str) -> usize {
+pub(crate) fn real(table: &[AtomicUsize], slot: usize, name: &str) -> usize {
     match table[slot].load(Ordering::Relaxed) {
         0 => {
             let p = lookup(name);

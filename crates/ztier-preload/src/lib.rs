@@ -61,8 +61,9 @@
 //! `pthread_atfork` handler) every stored page is brought back and all
 //! allocator locks are taken; the child then opens its own userfaultfd
 //! and store and starts its own handler. `vfork`/`posix_spawn` children
-//! share the parent's memory and handler. `exec` starts over (the
-//! environment carries `LD_PRELOAD`).
+//! share the parent's memory and handler (under dispatch, what they read
+//! before and in their `exec` is brought back first: see [`spawn`]).
+//! `exec` starts over (the environment carries `LD_PRELOAD`).
 //!
 //! **Core dumps** leave out the arena's unused parts and hold every
 //! stored page where cores are written (see [`coredump`]).
@@ -89,6 +90,7 @@ mod pages;
 mod shim;
 mod sigstack;
 mod small;
+mod spawn;
 mod sud;
 mod sys;
 

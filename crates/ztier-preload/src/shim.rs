@@ -1246,7 +1246,10 @@ static LOCALE_KEPT: std::sync::Mutex<(u32, usize, usize)> = std::sync::Mutex::ne
 /// 5 runs of 13, once the data had gone cold between two thread
 /// starts. The data read is the start of glibc's `struct __locale_data`
 /// (its header and first values); the tables they point to are in the
-/// locale's file mapping.
+/// locale's file mapping. Threads glibc starts by its internal
+/// `pthread_create` (a `SIGEV_THREAD` timer's) need no keep: their
+/// creator runs under dispatch, whose `rt_sigprocmask` never blocks
+/// `SIGBUS` (`run_progs/locale.c` starts five with the data evicted).
 fn keep_locale_resident(g: &Global) {
     // SAFETY: a copy of the global locale, whose first field is its
     // `__locales[LC_CTYPE]` (`LC_CTYPE` is 0); freed at once (the data is

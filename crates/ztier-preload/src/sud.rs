@@ -246,6 +246,9 @@ thread_local! {
     /// Inside glibc's function in [`fast`] (still set if the thread left
     /// it by `siglongjmp` from a signal handler).
     static FAST: Cell<bool> = const { Cell::new(false) };
+    /// The thread id this thread enabled dispatch under (a `vfork` child,
+    /// which shares the thread-local state, has another).
+    static TID: Cell<i64> = const { Cell::new(0) };
     /// The stack pointer the program had at each level of the dispatch
     /// handler (`DEPTH` - 1 is the innermost; 0: not recorded).
     static SAVED_SP: Cell<[u64; 8]> = const { Cell::new([0; 8]) };
@@ -1194,6 +1197,7 @@ pub fn enable_thread() -> std::io::Result<()> {
         return Err(std::io::Error::new(e.kind(), format!("syscall user dispatch: {e}")));
     }
     ENABLED.with(|c| c.set(true));
+    TID.with(|c| c.set(raw(libc::SYS_gettid, [0; 6])));
     if crate::sigstack::attach(true) {
         hook_exit();
     }
@@ -1252,24 +1256,41 @@ impl Drop for Allow {
 }
 
 /// Memory ranges a call reads or writes (fixed capacity: the handler
-/// must not allocate — the interrupted code may be anywhere).
-struct Ranges {
+/// must not allocate — the interrupted code may be anywhere). A range
+/// whose pages touch or overlap the last one's is merged into it (the
+/// strings of an `argv` lie side by side), so what is pinned is the same
+/// set of pages.
+pub(crate) struct Ranges {
     r: [(usize, usize); 64],
     n: usize,
 }
 
 impl Ranges {
-    fn new() -> Ranges {
+    pub(crate) fn new() -> Ranges {
         Ranges { r: [(0, 0); 64], n: 0 }
     }
-    fn push(&mut self, p: u64, len: u64) {
-        if p != 0 && len > 0 && self.n < self.r.len() {
-            self.r[self.n] = (p as usize, len.min(1 << 40) as usize);
+    pub(crate) fn push(&mut self, p: u64, len: u64) {
+        if p == 0 || len == 0 {
+            return;
+        }
+        let (p, len) = (p as usize, len.min(1 << 40) as usize);
+        let end = p.saturating_add(len);
+        if let Some(last) = self.r[..self.n].last_mut() {
+            let (q, qend) = (last.0, last.0 + last.1);
+            let page = |a: usize| a / crate::PAGE;
+            if page(p) <= page(qend - 1) + 1 && page(q) <= page(end - 1) + 1 {
+                let lo = p.min(q);
+                *last = (lo, end.max(qend) - lo);
+                return;
+            }
+        }
+        if self.n < self.r.len() {
+            self.r[self.n] = (p, len);
             self.n += 1;
         }
     }
     /// A NUL-terminated string.
-    fn cstr(&mut self, p: u64) {
+    pub(crate) fn cstr(&mut self, p: u64) {
         if p != 0 {
             // SAFETY: the program passed it to the kernel as a string;
             // reading it here faults as the kernel's read would not.
@@ -1303,7 +1324,7 @@ impl Ranges {
         self.push(m.msg_control as u64, m.msg_controllen as u64);
     }
     /// A NULL-terminated array of strings (`argv`, `envp`).
-    fn strvec(&mut self, p: u64) {
+    pub(crate) fn strvec(&mut self, p: u64) {
         if p == 0 {
             return;
         }
@@ -1637,6 +1658,114 @@ fn dispatch_via(nr: i64, a: [u64; 6], call: impl Fn() -> i64) -> i64 {
     ret
 }
 
+/// Is this task a `vfork` child (`vfork`, `posix_spawn`) of a thread
+/// with dispatch, before its `exec`? It shares that thread's
+/// thread-local state (the selector still at ALLOW from the parent's
+/// `clone`, run where the program made it) but not its dispatch: the
+/// kernel does not keep dispatch across a `clone`. A system call it
+/// makes through the library's exports ([`fast`]: an `open` or `dup2`
+/// before its `exec`) gets its memory pinned as the parent's would, and
+/// leaves the selector at BLOCK, which is where the parent's belongs
+/// once the child has gone. Asks the kernel only in that state.
+fn vfork_child(sel: u8) -> bool {
+    sel == ALLOW
+        && ENABLED.with(Cell::get)
+        && DEPTH.with(Cell::get) == 0
+        && GUARDS.with(Cell::get) == 0
+        && raw(libc::SYS_gettid, [0; 6]) != TID.with(Cell::get)
+}
+
+/// Is this task a `vfork` child of a thread with dispatch, in any
+/// state of its selector (see [`vfork_child`])?
+fn in_vfork_child() -> bool {
+    active() && ENABLED.with(Cell::get) && raw(libc::SYS_gettid, [0; 6]) != TID.with(Cell::get)
+}
+
+/// glibc's `sigaction` called in a `vfork` child for a signal the
+/// library keeps from the program (`SIGSYS`; `SIGBUS` with `--fault-path
+/// signal`): the child has no dispatch to show it the program's action,
+/// and would see the library's handler. A child that resets every
+/// handler it sees before its `exec` (CPython's `_posixsubprocess`) would
+/// then set `SIGBUS` to its default, and its next read of an evicted
+/// page would kill it. So the program's kept action is shown, and a new
+/// one is not set (the kept actions are shared with the parent, and the
+/// `exec` resets the child's anyway). `None` for any other signal or
+/// task: glibc's function runs.
+pub fn child_sigaction(sig: libc::c_int, old: *mut libc::sigaction) -> Option<libc::c_int> {
+    let slot = kept_slot(sig)?;
+    if !in_vfork_child() {
+        return None;
+    }
+    if !old.is_null() {
+        let k = kept(slot);
+        // SAFETY: all zeros is a valid sigaction.
+        let mut s: libc::sigaction = unsafe { std::mem::zeroed() };
+        s.sa_sigaction = k.handler as usize;
+        s.sa_flags = k.flags as libc::c_int;
+        // SAFETY: the first word of a set of ours (the kernel's 64 signals).
+        unsafe { (&mut s.sa_mask as *mut libc::sigset_t).cast::<u64>().write(k.mask) };
+        // SAFETY: the caller's out-parameter.
+        unsafe { old.write(s) };
+    }
+    Some(0)
+}
+
+/// Runs `call`, a glibc function that starts a program
+/// ([`crate::spawn`]: `posix_spawn`, `system`, `popen`), with the memory
+/// that `named` names pinned around it, as the dispatch handler pins a
+/// system call's memory; the function's own system calls are caught as
+/// usual. `named` reads the program's memory (a cold page there is served
+/// as any fault). Outside dispatch, or from library code, `call` runs as
+/// is.
+pub(crate) fn with_pinned<R>(named: impl FnOnce(&mut Ranges), call: impl FnOnce() -> R) -> R {
+    let g = match crate::STATE.load(Ordering::Acquire) {
+        crate::READY if active() && !crate::inside() => crate::GLOBAL.get(),
+        _ => None,
+    };
+    let Some(g) = g else { return call() };
+    let mut pinned = Ranges::new();
+    let frame = crate::sigstack::frame_for_jumps(&pinned as *const Ranges as usize);
+    let flying = {
+        let _allow = Allow::new();
+        let mut r = Ranges::new();
+        named(&mut r);
+        crate::as_inside(|| pin(g, &r, &mut pinned));
+        if pinned.n > 0 {
+            g.stats.pinned_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        take_off(frame, &pinned)
+    };
+    let ret = call();
+    let _allow = Allow::new();
+    if flying {
+        land();
+    }
+    crate::as_inside(|| unpin(g, &pinned));
+    ret
+}
+
+/// Brings back the memory that `named` names, where dispatch is on (for
+/// an `exec` in a `vfork` child, which has no dispatch and cannot keep
+/// pins: the pages are pinned and let go at once). Returns whether any
+/// of it lies in the arena (a call that still failed with `EFAULT` may
+/// try again).
+pub(crate) fn bring_back(named: impl FnOnce(&mut Ranges)) -> bool {
+    let g = match crate::STATE.load(Ordering::Acquire) {
+        crate::READY if active() && !crate::inside() => crate::GLOBAL.get(),
+        _ => None,
+    };
+    let Some(g) = g else { return false };
+    let _allow = Allow::new();
+    let mut r = Ranges::new();
+    named(&mut r);
+    let mut pinned = Ranges::new();
+    crate::as_inside(|| {
+        pin(g, &r, &mut pinned);
+        unpin(g, &pinned)
+    });
+    pinned.n > 0
+}
+
 /// A system call made through one of the library's own entry points for
 /// glibc's wrappers ([`crate::direct`]): the same work as the dispatch
 /// handler — the call's memory pinned resident around it — without the
@@ -1670,7 +1799,7 @@ pub fn fast(nr: i64, a: [u64; 6], real: impl FnOnce() -> isize) -> isize {
         && ENABLED.with(Cell::get)
         && DEPTH.with(Cell::get) == 0
         && GUARDS.with(Cell::get) == 0;
-    if sel != BLOCK && !left {
+    if sel != BLOCK && !left && !vfork_child(sel) {
         return real();
     }
     let g = match crate::STATE.load(Ordering::Acquire) {
@@ -1995,8 +2124,12 @@ fn shares_memory(nr: i64, a: [u64; 6]) -> bool {
 /// with dispatch (a `clone` rather than `clone3`, no thread-local storage
 /// of its own, a stack under [`CLONE_STACK_MIN`] or in the arena). Such a
 /// thread's faults are served, but its system calls are not caught, so
-/// one that reads or writes evicted memory fails with `EFAULT`
-/// (`run_progs/rawclone.c`: none of 16 cold pages written), and its
+/// one that reads or writes evicted memory fails with `EFAULT` — unless
+/// it is made through one of the glibc functions the library exports
+/// by a thread that shares its creator's thread-local storage (as
+/// `run_progs/rawclone.c`'s does: [`fast`] finds its thread id is not
+/// the creator's and pins the call's memory, as for a `vfork` child;
+/// before, none of its 16 writes from cold pages succeeded) — and its
 /// `rt_sigprocmask` is not either: with `--fault-path signal`, a fault
 /// while it blocks `SIGBUS` ends the process (what glibc's `SIGEV_THREAD`
 /// timer did, whose helper thread blocks every signal, before its clone
@@ -2005,8 +2138,8 @@ fn warn_raw_thread() {
     static SAID: AtomicBool = AtomicBool::new(false);
     say_once(
         &SAID,
-        b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): with --fault-path signal its system calls are not caught, so those on evicted memory fail with EFAULT, and a fault in it while it blocks SIGBUS ends the process; --fault-path thread serves such threads\n",
-        b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): under a user-mode-only userfaultfd its system calls are not caught, so those on evicted memory fail with EFAULT; as root, or with vm.unprivileged_userfaultfd=1, they are served\n",
+        b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): with --fault-path signal its system calls are not caught, so those on evicted memory may fail with EFAULT, and a fault in it while it blocks SIGBUS ends the process; --fault-path thread serves such threads\n",
+        b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): under a user-mode-only userfaultfd its system calls are not caught, so those on evicted memory may fail with EFAULT; as root, or with vm.unprivileged_userfaultfd=1, they are served\n",
     );
 }
 

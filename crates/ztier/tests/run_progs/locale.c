@@ -5,9 +5,15 @@
  * data with malloc. With `ztier run --fault-path signal` a fault there
  * was a blocked SIGBUS, which killed the process. Here: setlocale, then
  * 20 rounds of 48 MiB written (a 16M budget: the data goes cold) and a
- * thread that uses the locale. Same output natively. */
+ * thread that uses the locale; before them, 5 rounds that end in a
+ * SIGEV_THREAD timer's expiry, whose threads glibc starts by its internal
+ * pthread_create (the dispatch handler catches their clone). Same
+ * output natively. */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
 #include <locale.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -15,6 +21,18 @@
 #include <string.h>
 
 #define BIG (48u << 20)
+
+static volatile long timer_sum;
+static volatile int ticks;
+
+/* A SIGEV_THREAD timer's function: glibc runs it in a thread it starts
+ * by its internal pthread_create (the library's does not see it). */
+static void on_tick(union sigval v) {
+    long sum = v.sival_int;
+    for (int c = 0; c < 256; c++) sum += toupper(c) + (isalpha(c) != 0);
+    __atomic_add_fetch(&timer_sum, sum, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&ticks, 1, __ATOMIC_RELEASE);
+}
 
 static void *worker(void *arg) {
     long round = (long)arg;
@@ -35,6 +53,24 @@ int main(void) {
         return 2;
     }
     printf("locale %s\n", l);
+    /* First threads that glibc starts itself, before any of the
+     * program's: a one-shot SIGEV_THREAD timer a round (the first starts
+     * glibc's helper thread, each expiry a thread of the helper's). */
+    for (int round = 0; round < 5; round++) {
+        memset(big, round + 100, BIG);
+        struct sigevent ev = {.sigev_notify = SIGEV_THREAD, .sigev_notify_function = on_tick};
+        ev.sigev_value.sival_int = round;
+        timer_t tm;
+        struct itimerspec its = {.it_value = {.tv_nsec = 1000000}};
+        if (timer_create(CLOCK_MONOTONIC, &ev, &tm) || timer_settime(tm, 0, &its, NULL)) return 4;
+        for (int w = 0; w < 5000 && __atomic_load_n(&ticks, __ATOMIC_ACQUIRE) <= round; w++) usleep(1000);
+        timer_delete(tm);
+        if (ticks != round + 1) {
+            printf("timer round %d: %d ticks\n", round, ticks);
+            return 5;
+        }
+    }
+    printf("timer threads after the locale went cold: %ld\n", timer_sum);
     long total = 0;
     for (long round = 0; round < 20; round++) {
         memset(big, (int)round, BIG);

@@ -1,10 +1,10 @@
 /* A thread made with the program's own clone() (not pthread_create)
  * writes 16 cold heap pages to a pipe with write(2), then reads the whole
- * heap. The main thread checks what arrived. Natively and under a
- * handler thread (full mode) it all works; where system calls are caught
- * (user-mode-only, --fault-path signal) such a thread runs without
- * dispatch, and its writes from evicted pages fail (EFAULT): it says how
- * many pages it wrote and exits 1. */
+ * heap. The main thread checks what arrived. Where system calls are
+ * caught (user-mode-only, --fault-path signal) such a thread runs without
+ * dispatch; its writes go through the library's export of write(), which
+ * pins their pages. If one fails (EFAULT), the program says how many
+ * pages it wrote and exits 1. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <sched.h>

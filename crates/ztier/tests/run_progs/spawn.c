@@ -1,0 +1,146 @@
+/* New programs started from cold memory. A program that keeps what it
+ * will run (a path, argv, an environment, posix_spawn's file actions)
+ * since before its heap went cold, then starts it: posix_spawn with file
+ * actions, posix_spawnp (a PATH search), system, popen, and vfork with
+ * execv / execve. The kernel reads the path and both vectors in the
+ * child's exec, and glibc's child reads the file actions with every
+ * signal blocked; a vfork-like child has no syscall user dispatch. With
+ * --fault-path signal or a user-mode-only userfaultfd such reads of
+ * evicted pages failed: posix_spawn and system with "Bad address",
+ * vfork's exec with it in the child (exit 127). A vfork child that
+ * resets every handler it sees (CPython's) and then reads cold memory
+ * must not lose the handler that serves its faults.
+ *
+ * Each round builds its command in malloc'd memory, writes 48 MiB three
+ * times over (a 16M budget: the command goes cold), and starts it. The
+ * children's output goes to stdout, the same as natively; how many
+ * rounds found argv, the environment, system's command and the file
+ * actions' path evicted goes to stderr ("cold rounds N"). */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+#define BIG (48u << 20)
+extern char **environ;
+
+static char *big;
+
+static void churn(int round) {
+    for (int pass = 0; pass < 3; pass++) memset(big, round + pass, BIG);
+}
+
+static int evicted(const void *p) {
+    unsigned char v = 0;
+    mincore((void *)((unsigned long)p & ~4095ul), 4096, &v);
+    return !(v & 1);
+}
+
+static char *dup_printf(const char *fmt, int n) {
+    char *s = malloc(64);
+    snprintf(s, 64, fmt, n);
+    return s;
+}
+
+static int waited(pid_t pid, const char *how) {
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)) {
+        printf("%s: child status %#x\n", how, st);
+        return 1;
+    }
+    return 0;
+}
+
+int main(void) {
+    big = malloc(BIG);
+    if (!big) return 2;
+    int cold = 0, bad = 0;
+    fflush(stdout);
+    for (int round = 0; round < 12; round++) {
+        int how = round % 6;
+        /* An environment of its own, as a daemon builds for its jobs. */
+        char **env = malloc(4 * sizeof *env);
+        env[0] = dup_printf("ROUND=%d", round);
+        env[1] = strdup("PATH=/usr/bin:/bin");
+        env[2] = strdup("LC_ALL=C");
+        env[3] = NULL;
+        char **av = malloc(4 * sizeof *av);
+        av[0] = strdup(how == 1 ? "sh" : "/bin/sh");
+        av[1] = strdup("-c");
+        av[2] = dup_printf("echo \"round %d: ${ROUND:-inherited} $0\" >&5; cat <&6", round);
+        av[3] = NULL;
+        char *path = strdup(av[0]);
+        char *line = dup_printf("echo round %d: system", round);
+        char *in = dup_printf("/proc/self/%s", 0);
+        strcpy(in + strlen("/proc/self/"), "comm");
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, 1, 5);
+        posix_spawn_file_actions_addopen(&fa, 6, in, 0, 0);
+        churn(round);
+        cold += evicted(av) && evicted(env) && evicted(line) && evicted(in);
+        fflush(stdout);
+        pid_t pid = -1;
+        int r = 0;
+        switch (how) {
+        case 0:
+            r = posix_spawn(&pid, path, &fa, NULL, av, env);
+            break;
+        case 1:
+            r = posix_spawnp(&pid, path, &fa, NULL, av, environ);
+            break;
+        case 2:
+            r = system(line);
+            if (r) printf("system: status %#x\n", r), bad++;
+            r = 0;
+            break;
+        case 3: {
+            FILE *f = popen(line, "r");
+            char buf[128];
+            if (!f) {
+                printf("popen failed\n");
+                bad++;
+                break;
+            }
+            while (fgets(buf, sizeof buf, f)) printf("popen: %s", buf);
+            int st = pclose(f);
+            if (st) printf("popen: status %#x\n", st), bad++;
+            break;
+        }
+        default:
+            pid = vfork();
+            if (pid == 0) {
+                /* As CPython's _posixsubprocess does in its vfork child:
+                 * every handler it sees set back to the default, then
+                 * its own data read (here system's command, cold). */
+                struct sigaction sa, dfl = {.sa_handler = SIG_DFL};
+                for (int sig = 1; sig < NSIG; sig++) {
+                    if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &sa)) continue;
+                    if (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN) sigaction(sig, &dfl, NULL);
+                }
+                if (strlen(line) < 8) _exit(125);
+                int fd = open(in, O_RDONLY);
+                if (fd < 0 || dup2(fd, 6) < 0 || dup2(1, 5) < 0) _exit(126);
+                if (how == 4) execv(path, av);
+                else execve(path, av, env);
+                _exit(127);
+            }
+        }
+        if (r) printf("round %d: spawn failed: %s\n", round, strerror(r)), bad++;
+        else if (pid > 0) bad += waited(pid, "round");
+        fflush(stdout);
+        posix_spawn_file_actions_destroy(&fa);
+        for (int i = 0; env[i]; i++) free(env[i]);
+        for (int i = 0; av[i]; i++) free(av[i]);
+        free(env), free(av), free(path), free(line), free(in);
+    }
+    printf("programs started from cold memory: %d failed\n", bad);
+    fprintf(stderr, "cold rounds %d\n", cold);
+    return 0;
+}
