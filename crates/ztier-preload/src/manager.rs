@@ -804,13 +804,69 @@ fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
     // Out of the program's way, kept from its `close` (see `crate::fds`).
     u.move_fd_up(crate::fds::low())?;
     crate::fds::register(u.raw_fd());
-    u.register_mode(base, len, REGISTER_MODE_MISSING | REGISTER_MODE_WP).map_err(|e| {
+    register_arena(&u, base, len).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!("registering the arena with userfaultfd (missing + write-protect): {e}"),
         )
     })?;
     Ok(Arc::new(u))
+}
+
+/// Registers the arena `[base, base + len)` for missing and
+/// write-protect faults. A process that mapped something else over part
+/// of it (a file or shared memory with `MAP_FIXED`; the shim marks such
+/// pages never evicted) cannot have it registered whole: the kernel
+/// refuses a range with such a mapping in it (`EINVAL`). That happens
+/// in a forked child, which registers again: node maps part of its own
+/// binary over its code range, which lies in the arena, and every child
+/// process it forked aborted here. Then each run of private anonymous
+/// mappings (from `/proc/self/maps`) is registered on its own.
+fn register_arena(u: &Uffd, base: usize, len: usize) -> io::Result<()> {
+    const MODE: u64 = REGISTER_MODE_MISSING | REGISTER_MODE_WP;
+    match u.register_mode(base, len, MODE) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            let maps = std::fs::read_to_string("/proc/self/maps")?;
+            let runs = anonymous_runs(&maps, base, base + len);
+            if runs.is_empty() {
+                return Err(e);
+            }
+            for (start, end) in runs {
+                u.register_mode(start, end - start, MODE)?;
+            }
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+/// The runs of private anonymous mappings in `maps` (the text of
+/// `/proc/PID/maps`) within `[lo, hi)`, adjacent ones merged.
+fn anonymous_runs(maps: &str, lo: usize, hi: usize) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let path = f.next().unwrap_or("");
+        let Some((s, e)) = range.split_once('-') else { continue };
+        let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) else { continue };
+        let (s, e) = (s.max(lo), e.min(hi));
+        // Named anonymous memory (`PR_SET_VMA_ANON_NAME`) is anonymous too.
+        let anonymous =
+            perms.ends_with('p') && inode == "0" && (path.is_empty() || path.starts_with("[anon:"));
+        if s >= e || !anonymous {
+            continue;
+        }
+        match runs.last_mut() {
+            Some(last) if last.1 == s => last.1 = e,
+            _ => runs.push((s, e)),
+        }
+    }
+    runs
 }
 
 /// `/dev/userfaultfd`, opened once (kept: see `crate::fds`; -2 not tried
@@ -2393,6 +2449,32 @@ impl Victims {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The arena's anonymous runs, around node's own text mapped into it
+    /// (a line of a real node process's maps) and a shared mapping;
+    /// clipped to the arena, adjacent mappings merged.
+    #[test]
+    fn anonymous_runs_skip_mappings_of_files_and_shared_memory() {
+        let maps = "\
+7f9787000000-7f9787ebf000 rw-p 00000000 00:00 0 \n\
+7f9787ebf000-7f9790000000 rw-p 00000000 00:00 0 \n\
+7f9790000000-7f9790100000 ---p 00000000 00:00 0 \n\
+7f9790100000-7f9790200000 rw-p 00000000 00:00 0                          [anon:v8]\n\
+7f9790200000-7f9790392000 r-xp 014c4000 fe:00 247584                     /usr/bin/node\n\
+7f9790392000-7f9790400000 rw-p 00000000 00:00 0 \n\
+7f9790400000-7f9790500000 rw-s 00000000 00:01 1234                       /dev/zero (deleted)\n\
+7f9790500000-7fa787f00000 rw-p 00000000 00:00 0 \n\
+7fa787f00000-7fa787f01000 r--p 00000000 fe:00 99                         /usr/lib/x.so\n";
+        let runs = anonymous_runs(maps, 0x7f9787ebf000, 0x7fa787f00000);
+        assert_eq!(
+            runs,
+            vec![
+                (0x7f9787ebf000, 0x7f9790200000),
+                (0x7f9790392000, 0x7f9790400000),
+                (0x7f9790500000, 0x7fa787f00000),
+            ]
+        );
+    }
 
     #[test]
     fn latency_buckets_are_ordered_and_bounded() {

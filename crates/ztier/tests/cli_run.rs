@@ -312,6 +312,33 @@ fn node_script() {
     assert!(compressed(&s) > 20000, "node's heap under 128M: {} compressions", compressed(&s));
 }
 
+/// node starting child processes (`execSync`, `spawnSync`: libuv forks,
+/// the child execs) with its heap compressed, in every mode. node maps
+/// part of its own binary into its code range, which lies in the arena;
+/// a forked child registers the arena again, the kernel refused the
+/// range with that file mapping in it (`EINVAL`), and every child
+/// aborted ("the forked child cannot manage its memory"), at any budget.
+#[test]
+fn node_starts_child_processes() {
+    require("node");
+    let d = tmp("node-child");
+    let js = "const cp = require('child_process'); const keep = []; \
+              for (let i = 0; i < 200000; i++) keep.push({ k: 'x' + i, v: 'y'.repeat(40) + i }); \
+              const out = []; for (let r = 0; r < 3; r++) { let s = 0; for (const o of keep) s += o.v.length; \
+              out.push(cp.execSync('echo run ' + r).toString().trim() + ' ' + s); \
+              out.push(cp.spawnSync('/bin/echo', ['spawned', String(r)]).stdout.toString().trim()); } \
+              console.log(out.join('\\n'));";
+    let n = native(&["node", "-e", js], &d);
+    assert!(n.status.success(), "{n:?}");
+    assert!(String::from_utf8_lossy(&n.stdout).contains("spawned 2"), "{n:?}");
+    for mode in MODES {
+        let (m, s) = managed_in_mode(&d, mode, &["node", "-e", js], &[]);
+        assert!(m.status.success(), "{mode:?}: {}", String::from_utf8_lossy(&m.stderr));
+        assert_eq!(m.stdout, n.stdout, "{mode:?}");
+        assert!(compressed(&s) > 5000, "{mode:?}: {s}");
+    }
+}
+
 #[test]
 fn java_program() {
     require("java");
@@ -844,10 +871,11 @@ fn threads_started_after_the_locale_went_cold() {
 /// `posix_spawnp`, `system`, `popen` and `vfork` with an `open` and an
 /// `execv`/`execve`). A `vfork`-like child has no dispatch; the kernel's
 /// reads for its `open` and `exec` failed with `EFAULT` with
-/// `--fault-path signal` and in user-mode-only mode: before, 12 of 12
-/// rounds failed there ("Bad address", a shell that exited 127, a child
-/// that exited 126). Same output as native in every mode, with most
-/// rounds' command evicted when it was started.
+/// `--fault-path signal` and in user-mode-only mode: before, 9 and 8 of
+/// the 12 rounds failed there ("Bad address", a shell that exited 127,
+/// `popen` failing, `vfork` children killed by `SIGBUS`). Same output as
+/// native in every mode, with most rounds' command evicted when it was
+/// started (10 or 11 of 12, by `mincore`).
 #[test]
 fn programs_started_from_cold_memory() {
     let lines = ["programs started from cold memory: 0 failed", "round 3: system", "round 11: 11 /bin/sh"];
@@ -858,7 +886,7 @@ fn programs_started_from_cold_memory() {
             .find_map(|l| l.strip_prefix("cold rounds "))
             .and_then(|n| n.trim().parse::<u32>().ok())
             .unwrap_or_else(|| panic!("{path}, user-mode-only {umo}: {err}"));
-        assert!(cold >= 4, "{path}, user-mode-only {umo}: only {cold} of 12 rounds started from cold memory");
+        assert!(cold >= 8, "{path}, user-mode-only {umo}: only {cold} of 12 rounds started from cold memory");
     });
 }
 
