@@ -1668,11 +1668,7 @@ fn dispatch_via(nr: i64, a: [u64; 6], call: impl Fn() -> i64) -> i64 {
 /// leaves the selector at BLOCK, which is where the parent's belongs
 /// once the child has gone. Asks the kernel only in that state.
 fn vfork_child(sel: u8) -> bool {
-    sel == ALLOW
-        && ENABLED.with(Cell::get)
-        && DEPTH.with(Cell::get) == 0
-        && GUARDS.with(Cell::get) == 0
-        && raw(libc::SYS_gettid, [0; 6]) != TID.with(Cell::get)
+    sel == ALLOW && DEPTH.with(Cell::get) == 0 && GUARDS.with(Cell::get) == 0 && in_vfork_child()
 }
 
 /// Is this task a `vfork` child of a thread with dispatch, in any
