@@ -1,0 +1,887 @@
+//! `ztier run` tests that run their program in each of the three ways
+//! ztier serves faults themselves ([`MODES`]: a handler thread, the
+//! faulting thread, a handler thread on a user-mode-only userfaultfd).
+//! `make test` runs this file once; `cli_run.rs`, whose tests take the
+//! way from the environment, runs once per way.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+mod common;
+use common::*;
+
+/// GNU make, which starts its recipes' shells with `posix_spawn`, from a
+/// heap of 60 k variables (~20 MiB) at a 4M budget, two jobs at a time:
+/// 300 targets, each a shell pipeline. Before the library exported
+/// `posix_spawn`, with `--fault-path signal` it stopped with "make:
+/// /bin/sh: Bad address" (the child's `exec` met evicted memory).
+/// Same output as native in every mode.
+#[test]
+fn make_runs_recipes_from_a_cold_heap() {
+    require("make");
+    require("md5sum");
+    let d = tmp("make");
+    let mut mk = String::new();
+    for i in 0..60_000 {
+        mk.push_str(&format!("V{i} := value-{i}-{}\n", "x".repeat(100)));
+    }
+    let targets: Vec<String> = (0..300).map(|i| format!("t{i}")).collect();
+    mk.push_str(&format!("T := {}\nall: $(T)\n\t@echo done $(words $(T))\n", targets.join(" ")));
+    mk.push_str("t%:\n\t@echo $@ $(V$(subst t,,$@)) | md5sum | cut -c1-8\n");
+    std::fs::write(d.join("Makefile"), mk).unwrap();
+    let sorted = |o: &[u8]| {
+        let mut l: Vec<String> = String::from_utf8_lossy(o).lines().map(str::to_owned).collect();
+        l.sort();
+        l
+    };
+    let n = native(&["make", "-s", "-j2"], &d);
+    assert!(n.status.success(), "{n:?}");
+    let want = sorted(&n.stdout);
+    assert_eq!(want.len(), 301, "{want:?}");
+    for (path, umo) in MODES {
+        let stats = d.join(format!("make-{path}-{umo}.json"));
+        let m = Command::new(ztier())
+            .args(["run", "--budget", "4M", "--fault-path", path, "--stats"])
+            .arg(&stats)
+            .args(["--", "make", "-s", "-j2"])
+            .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+            .current_dir(&d)
+            .output()
+            .unwrap();
+        let what = format!("{path}, user-mode-only {umo}");
+        assert!(m.status.success(), "{what}: {}", String::from_utf8_lossy(&m.stderr));
+        assert_eq!(sorted(&m.stdout), want, "{what}");
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        assert!(compressed(&s) > 2000, "{what}: {s}");
+    }
+}
+
+/// node starting child processes (`execSync`, `spawnSync`: libuv forks,
+/// the child execs) with its heap compressed, in every mode. node maps
+/// part of its own binary into its code range, which lies in the arena;
+/// a forked child registers the arena again, the kernel refused the
+/// range with that file mapping in it (`EINVAL`), and every child
+/// aborted ("the forked child cannot manage its memory"), at any budget.
+#[test]
+fn node_starts_child_processes() {
+    require("node");
+    let d = tmp("node-child");
+    let js = "const cp = require('child_process'); const keep = []; \
+              for (let i = 0; i < 200000; i++) keep.push({ k: 'x' + i, v: 'y'.repeat(40) + i }); \
+              const out = []; for (let r = 0; r < 3; r++) { let s = 0; for (const o of keep) s += o.v.length; \
+              out.push(cp.execSync('echo run ' + r).toString().trim() + ' ' + s); \
+              out.push(cp.spawnSync('/bin/echo', ['spawned', String(r)]).stdout.toString().trim()); } \
+              console.log(out.join('\\n'));";
+    let n = native(&["node", "-e", js], &d);
+    assert!(n.status.success(), "{n:?}");
+    assert!(String::from_utf8_lossy(&n.stdout).contains("spawned 2"), "{n:?}");
+    for mode in MODES {
+        let (m, s) = managed_in_mode(&d, mode, &["node", "-e", js], &[]);
+        assert!(m.status.success(), "{mode:?}: {}", String::from_utf8_lossy(&m.stderr));
+        assert_eq!(m.stdout, n.stdout, "{mode:?}");
+        assert!(compressed(&s) > 5000, "{mode:?}: {s}");
+    }
+}
+
+/// The three ways `ztier run` serves a program: (`--fault-path`,
+/// `ZTIER_UFFD_USER_MODE_ONLY`) — a handler thread, the faulting thread,
+/// a handler thread under a user-mode-only userfaultfd.
+const MODES: [(&str, &str); 3] = [("thread", "0"), ("signal", "0"), ("thread", "1")];
+
+/// Runs `cmd` (in `d`) under `ztier run --budget 16M` in one of
+/// [`MODES`], with `env` set too; its output and merged stats.
+fn managed_in_mode(
+    d: &Path,
+    (path, umo): (&str, &str),
+    cmd: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, serde_json::Value) {
+    let stats = d.join(format!("{path}-{umo}.json"));
+    let m = Command::new(ztier())
+        .args(["run", "--budget", "16M", "--fault-path", path, "--stats"])
+        .arg(&stats)
+        .arg("--")
+        .args(cmd)
+        .envs(env.iter().copied())
+        .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let s = std::fs::read_to_string(&stats)
+        .unwrap_or_else(|e| panic!("{path}, user-mode-only {umo}: no stats ({e}); {m:?}"));
+    (m, serde_json::from_str(&s).unwrap())
+}
+
+/// Where system calls are caught first (user-mode-only mode, faults
+/// served in the faulting thread), the ones programs make most through
+/// glibc — `read`, `write`, `pread64`, `pwrite64`, `lseek`, `close`,
+/// `readv`/`writev` and the positioned ones, the socket calls, `poll`,
+/// `epoll_wait`, the `stat` family, `open`, file and directory calls,
+/// `fcntl`, `pipe2`, `waitpid`, eventfds, glibc's fortified `__read_chk`,
+/// `syscall` itself — are entered by the library's own wrappers and skip
+/// the `SIGSYS` round trip, still with their cold buffers brought back
+/// and pinned (`direct.c`: ~64 k such calls on buffers evicted between
+/// them; a
+/// futex wait through `syscall` whose timeout went cold, EFAULT before
+/// the timeout was pinned; a thread blocked in `read` that
+/// `pthread_cancel` must still reach; and timeouts on an empty pipe,
+/// each left from a `SIGALRM` handler by `siglongjmp` or a plain
+/// `longjmp` that keeps the handler's mask: a `read`, a `readv` of eight
+/// buffers, a `poll`, and a `readv` and a `poll` made by the program's
+/// own `syscall` instruction, which dispatch catches — after which calls
+/// on cold memory must still work: before, the first failed with
+/// EFAULT, the thread's calls left unprotected, and without `SIGSYS`
+/// unblocked at the jump the process is killed by it; a jump to the very
+/// frame of the own `syscall` left its level behind, EFAULT again). Same
+/// output as native in every mode; without dispatch nothing is counted;
+/// no pin outlives its call (`pinned_bytes` at exit: 64 KiB before the
+/// cancelled reader's pins ended at its exit, a page each before the
+/// jumps ended theirs, 16 KiB when a jump ended only the first four of
+/// the eight buffers').
+#[test]
+fn system_calls_through_glibc_skip_the_dispatch_signal() {
+    let d = tmp("direct");
+    let dir = d.to_string_lossy().into_owned();
+    let exe = compile(&d, "direct");
+    let n = native(&[&exe, &dir], &d);
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    let text = String::from_utf8_lossy(&n.stdout).into_owned();
+    for line in [
+        "futex wait with a cold timeout: -1, Connection timed out",
+        "same: 1",
+        "after the timeout: 1",
+        "after the readv timeout: 1",
+        "after the own readv timeout: 1",
+        "after the poll timeout: 1",
+        "after the own poll timeout: 1",
+        "more calls: ",
+        "other calls: 606,",
+        "reader cancelled: 1",
+    ] {
+        assert!(text.contains(line), "native run: {text}");
+    }
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe, &dir], &[]);
+        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
+        let (direct, dispatched) =
+            (s["direct_calls"].as_u64().unwrap(), s["dispatched_calls"].as_u64().unwrap());
+        assert!(compressed(&s) > 20000, "{s}");
+        if path == "thread" && umo == "0" {
+            assert_eq!((direct, dispatched, s["pinned_calls"].as_u64().unwrap()), (0, 0, 0), "{s}");
+        } else {
+            assert!(direct >= 64000 && dispatched < 200, "{path}, user-mode-only {umo}: {s}");
+            // Buffers that had gone cold came back for the calls.
+            assert!(s["pinned_in"].as_u64().unwrap() >= 2048, "{s}");
+        }
+        // Every pin ended: also those of the calls left by a jump (a page
+        // each) and of the reader cancelled in its read (64 KiB).
+        assert_eq!(
+            s["per_process"][0]["pinned_bytes"].as_u64(),
+            Some(0),
+            "{path}, user-mode-only {umo}: {s}"
+        );
+    }
+}
+
+/// Asynchronous signals under pressure (`asyncsig.c`), in every mode: a
+/// profiler's `SIGPROF` handler that reads a cold heap page each tick
+/// while the program allocates and frees large blocks (which the library
+/// manages under its lock) — before the library blocked such signals
+/// while a thread of the program held that lock, the handler's fault
+/// waited for a service that waited for the lock: the watchdog aborted
+/// the run (exit 134), and with faults served in the faulting thread
+/// the service faulted inside itself ("the fault handler faulted on
+/// managed memory"; under dispatch such a signal is now put aside and
+/// sent again when the lock is let go — without that, the watchdog
+/// aborted those modes too); and `SIGUSR1`/`SIGTERM` sent to a process whose
+/// threads block them, taken by `sigwait` — before the library's own
+/// threads blocked them, they took the signal and its default action
+/// ended the process (exit 138).
+#[test]
+fn asynchronous_signals_reach_the_program_and_never_wait_on_the_library() {
+    native_output_in_every_mode("asyncsig", "sigwait took SIGUSR1: yes, then SIGTERM");
+}
+
+/// One-shot (`SA_RESETHAND`) handlers and handlers that install handlers
+/// (`oneshot.c`): a System V style handler that reads a cold page and
+/// re-arms itself with `sigaction`, its signal sent while the main thread
+/// allocates and frees large blocks; what `sigaction` reports after a
+/// one-shot delivery; a one-shot signal sent twice, and a `sysv_signal`
+/// handler raising its own signal, end a child by that signal. Before,
+/// in both dispatch modes, the handler ran where it interrupted ztier's
+/// code with its calls let through: its `sigaction` put the program's
+/// handler itself in the kernel, which then ran it while ztier's lock was
+/// held (hung until the watchdog aborted it).
+#[test]
+fn one_shot_handlers_and_handlers_that_rearm_themselves() {
+    native_output_in_every_mode_and(
+        "oneshot",
+        &[
+            "50 or more handled: yes",
+            "after: default 1, one-shot 1, restart 1, siginfo 0, onstack 0, mask has SIGINT 1",
+            "sent twice ended the child by signal 12",
+            "raising its signal ended the child by signal 12",
+        ],
+        |_, _, _, _| {},
+    );
+}
+
+/// A program that closes every descriptor it did not open
+/// (`closeall.c`: `close_range`, `closefrom`, a loop of `close`, the raw
+/// `close_range` system call, `CLOSE_RANGE_UNSHARE`), each time with its
+/// heap cold: the heap reads back intact and its next `open` gets
+/// descriptor 3, as natively. Before, those closes took the library's
+/// userfaultfd, and the next fault aborted the process (`EBADF`) or
+/// killed it by `SIGSEGV`; CPython's `os.closerange` did it too.
+#[test]
+fn a_program_that_closes_every_descriptor_keeps_its_memory() {
+    native_output_in_every_mode_and(
+        "closeall",
+        &[
+            "close_range(3, ~0U, 0): heap intact, next descriptor 3",
+            "closefrom(3): heap intact, next descriptor 3",
+            "close(3..4095): heap intact, next descriptor 3",
+            "syscall(SYS_close_range, 3, ~0U, 0): heap intact, next descriptor 3",
+            "close_range(3, ~0U, CLOSE_RANGE_UNSHARE): heap intact, next descriptor 3",
+        ],
+        |_, _, _, _| {},
+    );
+}
+
+/// `MADV_WIPEONFORK` (how a random generator notices a fork),
+/// `MADV_KEEPONFORK` over part of it, `MADV_DONTFORK`, and a mapping made
+/// where a wiped one was unmapped (`wipeonfork.c`): in a forked child the
+/// wiped pages read as zeros, evicted before the fork or not, and nothing
+/// else does. Before, the library ignored that advice on its arena, and
+/// the child read the parent's bytes.
+#[test]
+fn pages_wiped_on_fork_read_as_zeros_in_the_child() {
+    native_output_in_every_mode_and(
+        "wipeonfork",
+        &[
+            "child wiped cold: 0 0 0 0",
+            "child wiped hot, middle kept: 0 22 22 0",
+            "child mapped after a wiped one: 55 55 55 55",
+            "parent wiped cold: 11 11 11 11",
+            "parent not forked: 33 33",
+        ],
+        |_, _, _, _| {},
+    );
+}
+
+/// Locked memory (`mlock.c`: `mlock`, `mlock2(MLOCK_ONFAULT)`, a partial
+/// `munlock`, `mlockall(MCL_CURRENT | MCL_FUTURE)` in a forked child),
+/// with everything else pushed out between: locked pages stay resident
+/// (`mincore`) and every byte reads back. Before, the kernel's lock made
+/// the next eviction's `MADV_DONTNEED` fail (`EINVAL`) and the process
+/// was aborted.
+#[test]
+fn locked_memory_stays_resident() {
+    native_output_in_every_mode_and(
+        "mlock",
+        &[
+            "mlock 0, mlock2 onfault 0",
+            "after pressure: key resident 256 of 256, intact 1; on-fault intact 1",
+            "second half resident 128 of 128, whole key intact 1",
+            "child: mlockall 0, new memory resident 256 of 256, sum 18432, key intact 1",
+            "parent after: key intact 1, on-fault intact 1",
+        ],
+        |_, _, _, _| {},
+    );
+}
+
+/// Where cores go while a test runs: as root `core_pattern` is set to
+/// `DIR/core.%p` and put back when this is dropped (also when the test
+/// fails); otherwise it must already write plain files into the folder
+/// of the crashing process (`core`, with or without the PID).
+struct CoresInto {
+    old: Option<String>,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+/// One test at a time sets `core_pattern` (each puts back what it found).
+static CORES_INTO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+const CORE_PATTERN: &str = "/proc/sys/kernel/core_pattern";
+
+impl CoresInto {
+    fn dir(d: &Path) -> CoresInto {
+        let one = CORES_INTO.lock().unwrap_or_else(|e| e.into_inner());
+        let old = std::fs::read_to_string(CORE_PATTERN).unwrap().trim_end().to_string();
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            std::fs::write(CORE_PATTERN, format!("{}/core.%p", d.display())).unwrap();
+            return CoresInto { old: Some(old), _one: one };
+        }
+        assert_eq!(
+            old, "core",
+            "this test needs cores written as files into the crashing program's folder: run it as root \
+             (it sets {CORE_PATTERN} for its run) or with core_pattern 'core'"
+        );
+        CoresInto { old: None, _one: one }
+    }
+}
+
+impl Drop for CoresInto {
+    fn drop(&mut self) {
+        if let Some(old) = &self.old {
+            std::fs::write(CORE_PATTERN, old).unwrap();
+        }
+    }
+}
+
+/// The one core file in `d` (taken out of it), if it is shorter than
+/// `most` bytes.
+fn take_core(d: &Path, most: u64) -> Result<Vec<u8>, String> {
+    let cores: Vec<PathBuf> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("core"))
+        .collect();
+    assert_eq!(cores.len(), 1, "one core file expected in {}: {cores:?}", d.display());
+    let len = std::fs::metadata(&cores[0]).unwrap().len();
+    let core = (len < most).then(|| std::fs::read(&cores[0]).unwrap());
+    std::fs::remove_file(&cores[0]).unwrap();
+    core.ok_or(format!("a core of {} MiB", len >> 20))
+}
+
+/// How many different numbered blocks `core` holds as the program wrote
+/// them: `prefix`, 8 digits (`i`), a NUL, and at least 64 bytes of
+/// `fill` + `i` % 26 (a compressed copy in the store has the marker too,
+/// but not the run of bytes after it).
+fn markers(core: &[u8], prefix: &str, fill: u8) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    for at in memchr::memmem::find_iter(core, prefix.as_bytes()) {
+        let at = at + prefix.len();
+        // (The format string itself is in the core too.)
+        let Some(i) = core.get(at..at + 8).and_then(|n| std::str::from_utf8(n).ok()?.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let want = fill + (i % 26) as u8;
+        if core.get(at + 8) == Some(&0)
+            && core.get(at + 9..at + 73).is_some_and(|r| r.iter().all(|&b| b == want))
+        {
+            seen.insert(i);
+        }
+    }
+    seen.len()
+}
+
+/// A program that crashes with its heap cold (`crash.c`: 24 MiB of
+/// numbered pages and 32 k numbered small blocks at a 4M budget; by
+/// `abort`, a `SIGSEGV`, a `SIGBUS` from a truncated file mapping, and a
+/// `SIGSEGV` whose handler puts back the action it found, as CPython's
+/// `faulthandler` does) leaves a core with every marker in it, as
+/// natively, in every mode, and a core about as long as native (the
+/// arena's unused reservation and the library's page tables are left
+/// out). Before, the evicted pages were holes in the core (zeros), and
+/// the core file was as long as the arena: 69 GB for a 64 MiB program.
+#[test]
+fn a_crash_dumps_core_with_every_page() {
+    let d = tmp("crash");
+    let exe = compile(&d, "crash");
+    let _cores = CoresInto::dir(&d);
+    let run = |cmd: &[&str], env: &[(&str, &str)], most: u64| {
+        let o = Command::new("sh")
+            .args(["-c", "ulimit -c unlimited && exec \"$@\"", "sh"])
+            .args(cmd)
+            .envs(env.iter().copied())
+            .current_dir(&d)
+            .output()
+            .unwrap();
+        let core = take_core(&d, most);
+        (o, core)
+    };
+    for (kind, sig) in [("abort", 6), ("segv", 11), ("bus", 7), ("chain", 11)] {
+        let (n, native_core) = run(&[&exe, kind], &[], 1 << 30);
+        let native_core = native_core.unwrap();
+        // `sh` execs the program, so it dies by the signal itself.
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(n.status.signal(), Some(sig), "native {kind}: {n:?}");
+        let text = String::from_utf8_lossy(&n.stdout).into_owned();
+        assert!(text.ends_with("SIGSEGV shown as default: 1, SIGABRT was: 1\n"), "{text}");
+        assert_eq!(markers(&native_core, "ztier-core-page-", b'a'), 6144, "native {kind}");
+        assert_eq!(markers(&native_core, "ztier-core-obj-", b'A'), 32768, "native {kind}");
+        for (path, umo) in MODES {
+            let what = format!("{kind}, {path}, user-mode-only {umo}");
+            // The two regions' fronts round up to 8 MiB each; the
+            // library's threads, stacks and store come on top.
+            let (m, core) = run(
+                &[ztier(), "run", "--budget", "4M", "--fault-path", path, "--", &exe, kind],
+                &[("ZTIER_UFFD_USER_MODE_ONLY", umo)],
+                native_core.len() as u64 + (96 << 20),
+            );
+            let err = String::from_utf8_lossy(&m.stderr);
+            let core = core
+                .unwrap_or_else(|e| panic!("{what}: {e}, against {} MiB natively", native_core.len() >> 20));
+            assert_eq!(m.status.code(), Some(128 + sig), "{what}: {err}");
+            assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{what}");
+            assert!(!err.contains("the core dump will miss"), "{what}: {err}");
+            assert_eq!(markers(&core, "ztier-core-page-", b'a'), 6144, "{what}");
+            assert_eq!(markers(&core, "ztier-core-obj-", b'A'), 32768, "{what}");
+        }
+    }
+}
+
+/// A JVM that crashes where core dumps are on still writes its
+/// `hs_err_pid*.log` report, and its core, in every mode. HotSpot keeps
+/// the `SIGSEGV` action it finds and calls it for a crash of its own
+/// before it writes the report; shown the library's core handler, it
+/// called that, and the report was never written (seen in the default
+/// thread path before `sigaction` showed the default there).
+#[test]
+fn a_crashing_jvm_still_writes_its_report_where_cores_are_on() {
+    require("java");
+    let d = tmp("jvm-crash");
+    std::fs::write(
+        d.join("Crash.java"),
+        "public class Crash { public static void main(String[] a) throws Exception {\n\
+         java.util.HashMap<Integer, String> m = new java.util.HashMap<>();\n\
+         for (int i = 0; i < 300000; i++) m.put(i, \"v\" + i);\n\
+         System.out.println(m.size());\n\
+         java.lang.reflect.Field f = sun.misc.Unsafe.class.getDeclaredField(\"theUnsafe\");\n\
+         f.setAccessible(true);\n\
+         ((sun.misc.Unsafe) f.get(null)).putLong(16L, 1L); } }\n",
+    )
+    .unwrap();
+    let _cores = CoresInto::dir(&d);
+    let reports = || -> Vec<PathBuf> {
+        std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("hs_err_pid"))
+            .collect()
+    };
+    for (path, umo) in MODES {
+        let what = format!("{path}, user-mode-only {umo}");
+        let o = Command::new("sh")
+            .args(["-c", "ulimit -c unlimited && exec \"$@\"", "sh"])
+            .args([ztier(), "run", "--budget", "32M", "--fault-path", path, "--"])
+            .args(["java", "-Xmx256m", "-XX:-CreateCoredumpOnCrash", "Crash.java"])
+            .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+            .current_dir(&d)
+            .output()
+            .unwrap();
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        // HotSpot's account of the crash goes to stdout, after the output.
+        assert!(out.starts_with("300000\n"), "{what}: {out} {err}");
+        assert!(
+            out.contains("A fatal error has been detected by the Java Runtime Environment"),
+            "{what}: {out} {err}"
+        );
+        let r = reports();
+        assert_eq!(r.len(), 1, "{what}: no hs_err report ({r:?}); {err}");
+        std::fs::remove_file(&r[0]).unwrap();
+    }
+}
+
+/// Threads started after the locale's data went cold (`locale.c`:
+/// `setlocale` once the library is up, then 20 rounds of 48 MiB written
+/// at a 16M budget and a new thread). glibc's new thread reads that data
+/// with every signal blocked; with `--fault-path signal` the fault there
+/// was a blocked `SIGBUS`, and the process was killed by it every time
+/// (a JVM at 32M: 5 runs of 13). Before those, 5 rounds end in a
+/// `SIGEV_THREAD` timer's expiry, whose threads glibc starts by its
+/// internal `pthread_create`: their creator's block-all mask goes through
+/// dispatch, which keeps `SIGBUS` unblocked, so they need no keep (they
+/// passed before it too; the data was found evicted by `mincore` at 2 of
+/// those 5 starts).
+#[test]
+fn threads_started_after_the_locale_went_cold() {
+    native_output_in_every_mode_and(
+        "locale",
+        &["timer threads after the locale went cold: ", "\nthreads after the locale went cold: "],
+        |_, _, _, _| {},
+    );
+}
+
+/// Programs started from memory that went cold (`spawn.c`: a command,
+/// its environment and `posix_spawn`'s file actions built in the heap,
+/// 144 MiB written at a 16M budget, then started by `posix_spawn`,
+/// `posix_spawnp`, `system`, `popen` and `vfork` with an `open` and an
+/// `execv`/`execve`). A `vfork`-like child has no dispatch; the kernel's
+/// reads for its `open` and `exec` failed with `EFAULT` with
+/// `--fault-path signal` and in user-mode-only mode: before, 9 and 8 of
+/// the 12 rounds failed there ("Bad address", a shell that exited 127,
+/// `popen` failing, `vfork` children killed by `SIGBUS`). Same output as
+/// native in every mode, with most rounds' command evicted when it was
+/// started (10 or 11 of 12, by `mincore`).
+#[test]
+fn programs_started_from_cold_memory() {
+    let lines = ["programs started from cold memory: 0 failed", "round 3: system", "round 11: 11 /bin/sh"];
+    native_output_in_every_mode_and("spawn", &lines, |(path, umo), m, _, _| {
+        let err = String::from_utf8_lossy(&m.stderr);
+        let cold = err
+            .lines()
+            .find_map(|l| l.strip_prefix("cold rounds "))
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .unwrap_or_else(|| panic!("{path}, user-mode-only {umo}: {err}"));
+        assert!(cold >= 8, "{path}, user-mode-only {umo}: only {cold} of 12 rounds started from cold memory");
+    });
+}
+
+/// A sandbox's seccomp filter that forbids `ioctl` (`seccomp.c`), then
+/// cold memory read and written through system calls. The default thread
+/// path serves faults from the library's own thread, started before the
+/// filter: the native output. Where pages are brought back in the
+/// program's own thread (`--fault-path signal`; a system call's memory
+/// in user-mode-only mode) the library's `UFFDIO_COPY` is refused, and
+/// the run stops with a message that names the filter and the way out
+/// (before, "Operation not permitted" and nothing more).
+#[test]
+fn a_seccomp_filter_that_forbids_the_library_is_named() {
+    let d = tmp("seccomp");
+    let exe = compile(&d, "seccomp");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{n:?}");
+    for (path, umo) in MODES {
+        let (m, _) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
+        let err = String::from_utf8_lossy(&m.stderr);
+        let what = format!("{path}, user-mode-only {umo}");
+        match (path, umo) {
+            ("thread", "0") => {
+                assert!(m.status.success(), "{what}: {err}");
+                assert_eq!(m.stdout, n.stdout, "{what}: {err}");
+            }
+            _ => {
+                assert_eq!(m.status.code(), Some(134), "{what}: {err}");
+                let way = if path == "signal" {
+                    "with --fault-path thread"
+                } else {
+                    "vm.unprivileged_userfaultfd=1"
+                };
+                assert!(
+                    err.contains(
+                        "runs under a seccomp filter of the program that forbids the library's calls"
+                    ) && err.contains(way),
+                    "{what}: {err}"
+                );
+            }
+        }
+    }
+}
+
+/// `MADV_POPULATE_READ`/`_WRITE` of cold and fresh arena memory
+/// (`populate.c`): served by the library (the pages brought in); before,
+/// both failed with `EFAULT` with `--fault-path signal` and in
+/// user-mode-only mode.
+#[test]
+fn madvise_populate_brings_pages_in() {
+    native_output_in_every_mode("populate", "populate read 0 (0) write 0 (0) fresh 0 (0) sum 6144");
+}
+
+/// A program that drops root (`setuid`, as a daemon does) and then forks
+/// a child that reads and writes its cold heap through system calls.
+/// Before, `setuid` hung for ever: glibc makes every thread change its
+/// own credentials (signal 33), and the library's threads blocked it.
+/// Then the child, no longer allowed a full-mode userfaultfd, got a
+/// user-mode-only one without syscall user dispatch, and its `write`
+/// from an evicted buffer failed (`EFAULT`). Now the library keeps
+/// `/dev/userfaultfd` open from its start and makes the child's from it;
+/// without the device, the child catches its system calls. A worker
+/// forked before, which drops root itself (as nginx's do), too.
+/// Statistics: each process opens its `--stats` file when it starts, so
+/// the parent and the worker, which dropped root after that, are counted
+/// (before, neither was, and each said so); the child forked after the
+/// `setuid` cannot make one, and says so.
+#[test]
+fn a_program_that_drops_root_and_forks_keeps_working() {
+    require("python3");
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test drops root: run it as root (make test does)");
+    let d = tmp("setuid");
+    let script = "import os, sys, hashlib\n\
+                  data = [bytes([i % 251]) * 4000 + str(i).encode() for i in range(12000)]\n\
+                  def work(name, part):\n\
+                  \x20   h = hashlib.sha256()\n\
+                  \x20   r, w = os.pipe()\n\
+                  \x20   for x in part:\n\
+                  \x20       os.write(w, x); h.update(os.read(r, len(x)))\n\
+                  \x20   print(name, h.hexdigest()[:16], os.getuid(), flush=True)\n\
+                  \x20   sys.exit(0)\n\
+                  pid = os.fork()\n\
+                  if pid == 0:\n\
+                  \x20   os.setgid(65534); os.setuid(65534)\n\
+                  \x20   work('worker', data[6000:9000])\n\
+                  os.waitpid(pid, 0)\n\
+                  os.setgid(65534); os.setuid(65534)\n\
+                  pid = os.fork()\n\
+                  if pid == 0:\n\
+                  \x20   work('child', data[:3000])\n\
+                  os.waitpid(pid, 0)\n\
+                  print('parent', hashlib.sha256(b''.join(data)).hexdigest()[:16], os.getuid())\n";
+    let n = native(&["python3", "-c", script], &d);
+    assert!(n.status.success(), "{n:?}");
+    for (path, umo) in MODES {
+        for device in ["0", "1"] {
+            let (m, s) = managed_in_mode(
+                &d,
+                (path, umo),
+                &["python3", "-c", script],
+                &[("ZTIER_TEST_NO_UFFD_DEVICE", device)],
+            );
+            let err = String::from_utf8_lossy(&m.stderr);
+            let what = format!("{path}, user-mode-only {umo}, no device {device}");
+            assert!(m.status.success(), "{what}: {:?}: {err}", m.status);
+            assert_eq!(m.stdout, n.stdout, "{what}: {err}");
+            assert_eq!(err.matches("its statistics are left out of --stats").count(), 1, "{what}: {err}");
+            let per = s["per_process"].as_array().unwrap();
+            let forks: Vec<u64> = per.iter().map(|p| p["forks"].as_u64().unwrap()).collect();
+            assert_eq!(forks.len(), 2, "{what}: the parent and the worker: {forks:?}");
+            assert!(forks.contains(&2), "{what}: the parent, which forked twice: {forks:?}");
+        }
+    }
+}
+
+/// Compiles `run_progs/NAME.c` and runs it natively (its output must
+/// contain `line`), then in each mode at `--budget 16M`: the same output,
+/// with its heap managed and under pressure (over 10 k compressions).
+fn native_output_in_every_mode(name: &str, line: &str) {
+    native_output_in_every_mode_and(name, &[line], |_, _, _, _| {});
+}
+
+/// As [`native_output_in_every_mode`], with every one of `lines` in the
+/// native output, and `more` checking each mode's run besides (the mode,
+/// the managed run and its stats, the native run).
+fn native_output_in_every_mode_and(
+    name: &str,
+    lines: &[&str],
+    more: impl Fn((&str, &str), &Output, &serde_json::Value, &Output),
+) {
+    let d = tmp(name);
+    let exe = compile(&d, name);
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{n:?}");
+    let text = String::from_utf8_lossy(&n.stdout).into_owned();
+    for line in lines {
+        assert!(text.contains(line), "native run: {text}");
+    }
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
+        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
+        assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
+        more((path, umo), &m, &s, &n);
+    }
+}
+
+/// glibc's mutexes, condition variables and semaphores, whose `futex`
+/// calls glibc makes inside itself, where they take the dispatch signal
+/// (`sync.c`: turns handed between two threads 6000 times each way under
+/// a mutex and a condition variable, and with semaphores; timeouts whose
+/// times lie in cold memory; four threads on contended semaphores and a
+/// broadcast; 64 sets of the objects a page apart, going cold between
+/// rounds). Same output as native in every mode, nothing left pinned.
+#[test]
+fn waits_and_wakes_on_cold_memory() {
+    let lines =
+        ["condition variable turns 6000", "timeouts 160 of 160", "counted 1000000 (expected 1000000)"];
+    native_output_in_every_mode_and("sync", &lines, |(path, umo), _, s, _| {
+        let pinned = s["per_process"][0]["pinned_bytes"].as_u64();
+        assert_eq!(pinned, Some(0), "{path}, user-mode-only {umo}: {s}");
+    });
+}
+
+/// Robust mutexes on the heap whose owner exits holding them (`robust.c`:
+/// 16, half of them priority-inheriting, each on a page of its own, cold
+/// when the owner exits; one with a waiter blocked on it). The kernel
+/// marks them for the next locker (`EOWNERDEAD`) after the thread's last
+/// code has run, and an exiting thread's fault is never handed to a
+/// userfaultfd: before, in every mode, the waiter timed out and glibc's
+/// lock of a priority-inheriting one failed an assertion (abort); with
+/// plain ones only, the waiter and all 15 later lockers timed out. The
+/// mutexes are now kept resident from the thread's exit until it is gone,
+/// and nothing stays pinned at the end. Then a thread's destructor of the
+/// program's (its key made after the library's, so run after the
+/// library's in glibc's first round) locks 4 more at the thread's exit
+/// and waits while they go cold: before, the library had read the list
+/// already, and the same abort came in every mode. Then the main thread
+/// leaves by `pthread_exit` holding 4 more (in full mode it has the exit
+/// hook only since the library's start gives it: without that, the same
+/// abort).
+#[test]
+fn robust_mutexes_of_a_thread_that_exits_holding_them() {
+    let lines = [
+        "the waiter got: EOWNERDEAD",
+        "later lockers: owner died 15, timed out 0, other 0",
+        "locked in a destructor: owner died 4 of 4",
+        "after the main thread left: owner died 4 of 4",
+    ];
+    native_output_in_every_mode_and("robust", &lines, |(path, umo), _, s, _| {
+        let pinned = s["per_process"][0]["pinned_bytes"].as_u64();
+        assert_eq!(pinned, Some(0), "{path}, user-mode-only {umo}: {s}");
+    });
+}
+
+/// `io_uring` transfers into and out of heap buffers that go cold
+/// (`uring.c`: 30 rounds of 64 writes and 64 reads of 16 KiB, falling
+/// back to `pwrite`/`pread` if `io_uring_setup` fails). In full mode the
+/// program uses `io_uring` as natively (the kernel's own faults are
+/// served); where system calls are caught, the kernel would meet evicted
+/// buffers after the submitting call, where nothing can pin them (before:
+/// all 3840 transfers failed, `EFAULT` or short, in both modes), so
+/// `io_uring_setup` fails with `ENOSYS`, said once on stderr, and the
+/// program falls back. Same output as native in every mode.
+#[test]
+fn io_uring_is_served_in_full_mode_and_refused_where_calls_are_caught() {
+    native_output_in_every_mode_and("uring", &["failed transfers 0"], |(path, umo), m, _, n| {
+        let (err, native_way) = (String::from_utf8_lossy(&m.stderr), String::from_utf8_lossy(&n.stderr));
+        if path == "thread" && umo == "0" {
+            assert_eq!(err.contains("using io_uring"), native_way.contains("using io_uring"), "{err}");
+        } else {
+            assert!(
+                err.contains("the program was told ENOSYS") && err.contains("using pread/pwrite"),
+                "{err}"
+            );
+        }
+    });
+}
+
+/// Threads started without the library's `pthread_create`, whose clone
+/// the library catches where system calls are caught. glibc's own, by its
+/// internal `pthread_create` (`sigev_thread.c`: a periodic `SIGEV_THREAD`
+/// timer whose threads write 40 cold heap pages to a pipe, and POSIX AIO
+/// reading into cold buffers): the library makes that clone itself, so the
+/// thread has dispatch from its first instruction, and moves its DTV out
+/// of the arena. Before, their calls on evicted memory failed (no
+/// dispatch: 0 of 16 pages written), and with `--fault-path signal` the
+/// helper thread, which blocks every signal, was killed by `SIGBUS`; with
+/// dispatch but the DTV in the arena, the `SIGBUS` handler faulted on the
+/// DTV for ever (`SIGSEGV`). Same output as native in every mode, and no
+/// warning. A thread of the program's own `clone()` without its own
+/// thread-local storage (`rawclone.c`, writing 16 cold pages) cannot be
+/// given dispatch (it would share its parent's): the library says so once
+/// on stderr in the two modes that catch system calls. Its `write`s go
+/// through the library's export of glibc's function, which finds its
+/// thread id is not its creator's and pins their memory as for a `vfork`
+/// child: the native output in every mode. (Before, its writes from
+/// evicted pages failed there, 0 of 16, and the program exited 1; its raw
+/// system calls still would.) (The JVM's first thread, started before
+/// the library was, once set the warning off: its clone ran with dispatch
+/// just turned on.)
+#[test]
+fn threads_started_without_pthread_create() {
+    let warning = "a thread was started without pthread_create";
+    native_output_in_every_mode_and("sigev_thread", &["timer: 40 pages", "aio: 8 reads"], |mode, m, _, _| {
+        let err = String::from_utf8_lossy(&m.stderr);
+        assert!(!err.contains(warning), "{mode:?}: {err}");
+    });
+    let d = tmp("rawclone");
+    let exe = compile(&d, "rawclone");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{n:?}");
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
+        let err = String::from_utf8_lossy(&m.stderr);
+        assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
+        assert!(m.status.success() && m.stdout == n.stdout, "{path}, user-mode-only {umo}: {m:?}");
+        let said = if (path, umo) == ("thread", "0") { 0 } else { 1 };
+        assert_eq!(err.matches(warning).count(), said, "{path}, user-mode-only {umo}: {err}");
+    }
+}
+
+/// A stack overflow reported from a `SIGSEGV` handler on an 8 KiB
+/// alternate stack, as Rust's runtime reports one (`overflow.c`: a
+/// message, signal masks set, `abort()`). Where system calls are caught,
+/// the dispatch handler of each call the handler makes ran on that small
+/// stack and overflowed it: the process died by `SIGSEGV` (exit 139 with
+/// `--fault-path signal`, and in both modes for a Rust program) instead of
+/// `SIGABRT`. Same output and the same signal as native in every mode.
+#[test]
+fn a_handler_on_a_small_alternate_stack_makes_its_calls() {
+    use std::os::unix::process::ExitStatusExt;
+    let d = tmp("overflow");
+    let exe = compile(&d, "overflow");
+    let n = native(&[&exe], &d);
+    assert_eq!(n.status.signal(), Some(libc::SIGABRT), "{n:?}");
+    let text = String::from_utf8_lossy(&n.stdout).into_owned();
+    assert!(text.contains("thread has overflowed its stack"), "native run: {text}");
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
+        assert_eq!(m.status.code(), Some(128 + libc::SIGABRT), "{path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
+        // An aborted process writes no stats of its own (40 MiB of
+        // ballast under a 16 MiB budget all the same).
+        assert_eq!(s["exit_code"].as_i64(), Some(128 + libc::SIGABRT as i64), "{s}");
+    }
+}
+
+/// A signal handler of the program that runs while its thread is blocked
+/// in a system call the library made for it (`handlers.c`: a thread
+/// blocked in glibc's `read`, entered directly, and one blocked in a
+/// `read` of its own `syscall` instruction, caught by dispatch), and that
+/// writes a cold heap page to a pipe, half through glibc's `write` and
+/// half with its own instruction. The thread's selector is at ALLOW
+/// inside such a call; before the library ran the program's handlers
+/// with it at BLOCK (`on_program_signal`), their calls were not caught
+/// and 1–5 of the 24 pages got through in signal and user-mode-only
+/// modes. Same output as native in every mode.
+#[test]
+fn a_handler_run_during_a_blocked_call_has_its_calls_caught() {
+    native_output_in_every_mode("handlers", "handler pages matched 24 of 24, short 0, failed calls 0");
+}
+
+/// Stacks in the arena (`coro.c`): 24 coroutines on stacks from malloc
+/// (`makecontext`/`swapcontext`) that recurse up to 240 KiB deep, make
+/// system calls from there, free large blocks, and go cold between
+/// rounds, with a timer signal every 200 µs; then a thread given a stack
+/// from malloc (`pthread_attr_setstack`). Before the library's own signal
+/// stack, both dispatch modes died with SIGSEGV at once (a signal frame
+/// written below the stack pointer into a missing page); before library
+/// code moved off such stacks, a direct `write` hung pinning under the
+/// manager's lock (a page of its own stack missing); and before a
+/// thread's stack from the arena was kept resident, that thread died
+/// with SIGSEGV in `start_thread` (its control block evicted). Then 200
+/// short threads on stacks from malloc, each with a thread-specific data
+/// destructor that calls `malloc`, `free`, `write` and `read`: before,
+/// each left two mappings behind in every mode (a stack of the library's,
+/// taken again after the library's exit destructor had put the thread's
+/// aside, and never given back: 380 over 190 threads). Same output as
+/// native in every mode.
+#[test]
+fn coroutine_and_thread_stacks_from_malloc() {
+    native_output_in_every_mode_and(
+        "coro",
+        &[
+            "thread on a stack from malloc: sum",
+            "190 short threads on stacks from malloc: mappings gained few",
+        ],
+        |_, _, _, _| {},
+    );
+}
+
+/// Memory the kernel writes for a thread outside its system calls —
+/// signal frames on an alternate stack from malloc, the CPU number in an
+/// rseq area from malloc — while it goes cold under the budget
+/// (`kernel_writes.c`: also a thread that replaces its alternate stack,
+/// and a forked child that keeps the one it inherited). With faults
+/// served in the faulting thread, and in user-mode-only mode, the kernel's
+/// write to a missing page is not served but kills the process (SIGSEGV
+/// at the first signal, before the alternate stack was kept pinned; now
+/// the kernel writes every frame to a stack of the library's and the
+/// program's handler runs on its alternate stack in user mode, while the
+/// rseq area stays pinned); in every mode the output is the native one.
+#[test]
+fn memory_the_kernel_writes_outside_system_calls() {
+    let d = tmp("kernel-writes");
+    let exe = compile(&d, "kernel_writes");
+    // glibc registers an rseq area of its own unless told not to.
+    let tunables = ("GLIBC_TUNABLES", "glibc.pthread.rseq=0");
+    let n = Command::new(&exe).env(tunables.0, tunables.1).output().unwrap();
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    let text = String::from_utf8_lossy(&n.stdout);
+    for line in
+        ["rseq: own, cpu_id valid 1", "signals on the alternate stack 12, elsewhere 0", "child ended: exit 0"]
+    {
+        assert!(text.contains(line), "native run: {text}");
+    }
+    for (path, umo) in MODES {
+        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[tunables]);
+        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
+        assert!(compressed(&s) > 20000, "{s}");
+        assert_eq!(s["per_process"][0]["user_mode_only"].as_bool(), Some(umo == "1"), "{s}");
+    }
+}

@@ -1,0 +1,67 @@
+//! What the `ztier run` tests share: the binary, temporary directories,
+//! native runs, the C programs in `run_progs/`. Each test binary uses
+//! part of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `ztier` binary under test.
+pub fn ztier() -> &'static str {
+    env!("CARGO_BIN_EXE_ztier")
+}
+
+/// Fails the test, naming the package list, unless `tool` is on `PATH`.
+pub fn require(tool: &str) {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "{tool} is needed by this test (scripts/deb-packages/run.txt; `make deps` as root installs it)"
+    );
+}
+
+/// A fresh, empty directory for one test.
+pub fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ztier-run-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs `cmd` in `dir` without ztier.
+pub fn native(cmd: &[&str], dir: &Path) -> Output {
+    Command::new(cmd[0]).args(&cmd[1..]).current_dir(dir).output().unwrap()
+}
+
+/// Pages compressed, from merged stats.
+pub fn compressed(s: &serde_json::Value) -> u64 {
+    s["pages_compressed"].as_u64().unwrap()
+}
+
+/// `n` lines of text for `sort`, line `i` made by `line` from the `i`th
+/// number of a xorshift sequence started at `seed`.
+pub fn lines(seed: u64, n: u64, line: impl Fn(u64, u64) -> String) -> String {
+    let mut x = seed;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            line(x, i)
+        })
+        .collect()
+}
+
+/// Compiles `run_progs/NAME.c` into `d`; the binary's path.
+pub fn compile(d: &Path, name: &str) -> String {
+    require("cc");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run_progs").join(format!("{name}.c"));
+    let out = d.join(name);
+    let o = Command::new("cc").args(["-O2", "-pthread", "-o"]).arg(&out).arg(&src).output().unwrap();
+    assert!(o.status.success(), "compiling {name}.c: {}", String::from_utf8_lossy(&o.stderr));
+    out.to_string_lossy().into_owned()
+}
