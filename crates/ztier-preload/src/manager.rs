@@ -902,30 +902,35 @@ pub fn signal_path() -> bool {
     *SIGNAL.get_or_init(|| std::env::var("ZTIER_FAULT_PATH").is_ok_and(|v| v == "signal"))
 }
 
+/// A new spill file in `dir`, `spill.PID`, unlinked at once: the
+/// descriptor keeps it, so nothing is left behind even if the process is
+/// killed. Its descriptor is moved out of the program's way and kept from
+/// its `close` (see `crate::fds`).
+fn open_spill(dir: &std::path::Path) -> io::Result<std::fs::File> {
+    let path = dir.join(format!("spill.{}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .map_err(|e| io::Error::new(e.kind(), format!("spill file {}: {e}", path.display())))?;
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    // SAFETY: the file's descriptor, moved.
+    let file = unsafe { std::fs::File::from_raw_fd(crate::fds::keep(file.into_raw_fd())) };
+    let _ = std::fs::remove_file(&path);
+    Ok(file)
+}
+
 fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
     let mut sc = StoreConfig::new(cfg.store_bytes);
     sc.codec = cfg.codec;
     sc.allocator = cfg.allocator;
     let tier: Option<Box<dyn ztier_store::tier::NextTier>> = match &cfg.spill_dir {
+        // A forked child opens a spill file of its own the same way.
         Some(dir) => {
-            let path = dir.join(format!("spill.{}", std::process::id()));
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)
-                .map_err(|e| io::Error::new(e.kind(), format!("spill file {}: {e}", path.display())))?;
-            // Out of the program's way, kept from its `close` (see
-            // `crate::fds`).
-            use std::os::fd::{FromRawFd, IntoRawFd};
-            // SAFETY: the file's descriptor, moved.
-            let file = unsafe { std::fs::File::from_raw_fd(crate::fds::keep(file.into_raw_fd())) };
-            let t = FileTier::from_file(file, cfg.spill_bytes);
-            // The descriptor keeps the file; nothing is left behind, even
-            // if the process is killed.
-            let _ = std::fs::remove_file(&path);
-            Some(Box::new(t))
+            let dir = dir.clone();
+            Some(Box::new(FileTier::reopenable(Box::new(move || open_spill(&dir)), cfg.spill_bytes)?))
         }
         None => None,
     };
@@ -2152,58 +2157,84 @@ impl Manager {
         }
     }
 
-    /// Brings every stored page back into memory (before `fork`: a child
-    /// gets a copy of the memory, not of the handler). `used`: the parts
-    /// of the arena ever handed out (page ranges); the rest is ABSENT.
-    pub fn bring_all_back(&mut self, used: &[std::ops::Range<usize>], stats: &Stats) -> io::Result<()> {
-        for i in pages_in(self.pages, used) {
-            if i % 1024 == 0 {
-                PROGRESS.fetch_add(1, Ordering::Relaxed);
-            }
-            if self.st(i) & STATE == STORED {
-                let key = self.key(i);
-                let found = self.store.get(key, &mut self.buf[..PAGE], true).map_err(store_err)?;
-                if !found {
-                    return Err(io::Error::other(format!(
-                        "page {:#x} is missing from the store",
-                        self.addr(i)
-                    )));
+    /// Before `fork`: the child gets a copy of the memory, the store's
+    /// included, so stored pages stay stored: the child serves them from
+    /// its copy. Only pages in the store's next tier (the spill file,
+    /// which the two processes would share) are brought back into memory
+    /// first; the parent evicts them again after the fork. Then every
+    /// lock of the store is taken, so that the copy is whole; the parent
+    /// lets go of them in [`Manager::parent_after_fork`], the child in
+    /// [`Manager::reopen_after_fork`]. `used`: the parts of the arena ever
+    /// handed out (page ranges); the rest is ABSENT.
+    pub fn prepare_fork(&mut self, used: &[std::ops::Range<usize>], stats: &Stats) -> io::Result<()> {
+        if self.store.tier_entries() > 0 {
+            for i in pages_in(self.pages, used) {
+                if i % 1024 == 0 {
+                    PROGRESS.fetch_add(1, Ordering::Relaxed);
                 }
-                if let Some((addr, len)) = self.install(i, 1, false, false, stats)? {
-                    self.uffd.wake(addr, len)?;
+                if self.st(i) & STATE == STORED && !self.store.contains(self.key(i)) {
+                    let key = self.key(i);
+                    let found = self.store.get(key, &mut self.buf[..PAGE], true).map_err(store_err)?;
+                    if !found {
+                        return Err(io::Error::other(format!(
+                            "page {:#x} is missing from the store",
+                            self.addr(i)
+                        )));
+                    }
+                    if let Some((addr, len)) = self.install(i, 1, false, false, stats)? {
+                        self.uffd.wake(addr, len)?;
+                    }
                 }
             }
         }
+        // No thread waits for the store's locks (as `lock_for_fork`
+        // requires): every store call but the evictor's is made under the
+        // manager's lock, held here, and the evictor's batch is done.
+        self.store.lock_for_fork();
         Ok(())
     }
 
-    /// In a forked child: a userfaultfd and a store of its own (the
-    /// parent's are shared descriptors and a copy of the parent's state).
-    /// `used` as for [`Manager::bring_all_back`].
+    /// In the parent after `fork`: lets go of the store's locks.
+    pub fn parent_after_fork(&mut self) {
+        // SAFETY: `prepare_fork` took them in this thread, and nothing
+        // has let go of them since.
+        unsafe { self.store.unlock_after_fork() };
+    }
+
+    /// In a forked child: a userfaultfd of its own, over the same page
+    /// states, and its copy of the parent's store (the compressed pages
+    /// it holds are the child's now, shared with the parent's memory
+    /// until one of them changes it; its next tier the child's own: see
+    /// [`Store::after_fork`]). `used` as for [`Manager::prepare_fork`].
     pub fn reopen_after_fork(&mut self, used: &[std::ops::Range<usize>]) -> io::Result<()> {
-        // Pages the parent's evictor was working on are plain resident
-        // pages here (the child's copies lost the write protection).
+        // SAFETY: `prepare_fork` took them in the thread that forked,
+        // which is this thread of the child.
+        unsafe { self.store.unlock_after_fork() };
+        self.store.after_fork().map_err(store_err)?;
         for i in pages_in(self.pages, used) {
-            // The child's copies are not write-protected and its store is
-            // new: no page of it is clean.
-            let s = self.st(i) & !CLEAN;
-            self.set(i, s);
+            let s = self.st(i);
+            // The child's copies are not write-protected: with
+            // `--clean wp` a write would go unseen, so no page is clean
+            // (its kept copy dropped). Verify mode tells by content, and
+            // the copies and hashes are the child's as well.
+            if s & CLEAN != 0 && self.clean == CleanMode::Wp {
+                let _ = self.store.flush_page(self.key(i));
+                self.set(i, s & !CLEAN);
+            }
+            // Pages the parent's evictor was working on are plain
+            // resident pages here (the child's copies lost the write
+            // protection).
+            let s = self.st(i);
             if s & STATE == EVICTING {
-                self.set(i, (s & !STATE) | RESIDENT);
+                let _ = self.store.flush_page(self.key(i));
+                self.set(i, (s & !(STATE | CLEAN)) | RESIDENT);
                 if s & QUEUED == 0 {
                     self.fifo.push_back(i as u32);
-                    self.set(i, (s & !STATE) | RESIDENT | QUEUED);
+                    self.set(i, (s & !(STATE | CLEAN)) | RESIDENT | QUEUED);
                 }
             }
         }
         self.uffd = open_uffd(self.base, self.pages * PAGE)?;
-        let (store, pool) = open_store(&self.cfg)?;
-        // The parent's store object is a private copy: dropping it frees
-        // only this process's memory. Its spill file descriptor is shared
-        // with the parent but is only closed here, never written.
-        self.store = store;
-        self.pool = pool;
-        self.apply_sizing(true);
         if let Some(log) = &mut self.log {
             log.clear();
         }

@@ -1282,6 +1282,56 @@ impl Store {
         self.shard(h).lock().find(h, &key).is_some()
     }
 
+    /// Entries held by the next tier (0 without one).
+    pub fn tier_entries(&self) -> usize {
+        self.tier.as_ref().map_or(0, |t| t.entries())
+    }
+
+    /// Before `fork`: takes every shard's lock and keeps it, so that no
+    /// store operation is half done in the memory the child gets a copy
+    /// of. [`Store::unlock_after_fork`] lets them go, in the parent and in
+    /// the child. (The next tier is only called under a shard's lock, so
+    /// its own lock is free too.)
+    ///
+    /// No other thread may be *waiting* for a shard's lock when the
+    /// process forks: the child's copy of the lock would still name that
+    /// waiter, which the child does not have, and a fair unlock hands the
+    /// lock to it — the child would wait for ever (seen in a test). The
+    /// caller keeps other users out first; `ztier run` makes every store
+    /// call but its evictor's under the manager's lock, which its fork
+    /// preparation holds, after waiting for the evictor's batch.
+    pub fn lock_for_fork(&self) {
+        for sh in self.shards.iter() {
+            std::mem::forget(sh.lock());
+        }
+    }
+
+    /// After `fork`, in the parent or the child: lets go of the locks
+    /// [`Store::lock_for_fork`] took.
+    ///
+    /// # Safety
+    ///
+    /// Only once after [`Store::lock_for_fork`], by the thread that
+    /// called it (in the child: the thread that forked), while it still
+    /// holds every shard's lock.
+    pub unsafe fn unlock_after_fork(&self) {
+        for sh in self.shards.iter() {
+            // SAFETY: the caller holds this lock (taken and its guard
+            // forgotten in `lock_for_fork`), as the contract says.
+            unsafe { sh.force_unlock() };
+        }
+    }
+
+    /// In a forked child, whose store is a copy of its parent's: the
+    /// entries in RAM are the child's own already; the next tier is made
+    /// the child's own too ([`NextTier::after_fork`]).
+    pub fn after_fork(&self) -> Result<(), StoreError> {
+        match &self.tier {
+            Some(t) => t.after_fork().map_err(StoreError::from),
+            None => Ok(()),
+        }
+    }
+
     /// Marks the entry under `key` clean (its content now exists
     /// elsewhere). Returns whether the entry was found.
     pub fn set_clean(&self, key: Key) -> bool {

@@ -79,6 +79,17 @@ pub trait NextTier: Send + Sync {
     fn last_error(&self) -> Option<String> {
         None
     }
+    /// In a child just forked, whose tier is a copy of its parent's: make
+    /// it the child's own, so that neither process sees the other's
+    /// later entries or overwrites its space. Called with no other thread
+    /// running and before any other call. The default refuses (a tier on
+    /// a medium the two processes would share, with no way to part).
+    fn after_fork(&self) -> Result<(), TierError> {
+        Err(TierError::Io(std::io::Error::other(format!(
+            "the {} tier cannot be parted from a forked child's",
+            self.name()
+        ))))
+    }
 }
 
 fn remove_where<V>(
@@ -114,6 +125,11 @@ impl MemoryTier {
 impl NextTier for MemoryTier {
     fn name(&self) -> String {
         "memory".into()
+    }
+
+    /// The child's copy of the map is its own already.
+    fn after_fork(&self) -> Result<(), TierError> {
+        Ok(())
     }
 
     fn put(&self, key: Key, meta: SpillMeta, data: &[u8]) -> Result<(), TierError> {
@@ -234,6 +250,7 @@ impl FreeSpace {
 }
 
 struct FileInner {
+    file: File,
     index: HashMap<Key, (u64, SpillMeta)>,
     free: FreeSpace,
     used: u64,
@@ -245,10 +262,15 @@ struct FileInner {
 /// compressed swap). The index lives in RAM; the file is scratch space
 /// (truncated when opened), not a persistent format.
 pub struct FileTier {
-    file: File,
     max_bytes: u64,
     inner: Mutex<FileInner>,
+    /// Opens a new, empty spill file (for a forked child: see
+    /// [`NextTier::after_fork`]).
+    reopen: Option<Opener>,
 }
+
+/// How a [`FileTier`] opens its spill file.
+pub type Opener = Box<dyn Fn() -> std::io::Result<File> + Send + Sync>;
 
 impl FileTier {
     /// Creates (or truncates) the spill file at `path`, holding at most
@@ -263,15 +285,26 @@ impl FileTier {
     /// holding at most `max_bytes` of file space.
     pub fn from_file(file: File, max_bytes: u64) -> Self {
         FileTier {
-            file,
             max_bytes,
+            reopen: None,
             inner: Mutex::new(FileInner {
+                file,
                 index: HashMap::new(),
                 free: FreeSpace::default(),
                 used: 0,
                 last_error: None,
             }),
         }
+    }
+
+    /// A spill file on what `open` opens (open for reading and writing,
+    /// and empty), holding at most `max_bytes` of file space. A forked
+    /// child opens a file of its own the same way
+    /// ([`NextTier::after_fork`]).
+    pub fn reopenable(open: Opener, max_bytes: u64) -> std::io::Result<Self> {
+        let mut t = Self::from_file(open()?, max_bytes);
+        t.reopen = Some(open);
+        Ok(t)
     }
 
     fn units(len: u16) -> u64 {
@@ -303,7 +336,7 @@ impl NextTier for FileTier {
             return Err(TierError::Full);
         }
         if size > 0 {
-            if let Err(e) = self.file.write_all_at(data, off) {
+            if let Err(e) = g.file.write_all_at(data, off) {
                 g.free.give(off, size);
                 g.last_error = Some(format!("writing the spill file failed: {e}"));
                 return Err(e.into());
@@ -318,7 +351,7 @@ impl NextTier for FileTier {
         let mut g = self.inner.lock();
         let Some(&(off, meta)) = g.index.get(&key) else { return Ok(None) };
         out.resize(meta.len as usize, 0);
-        self.file.read_exact_at(out, off)?;
+        g.file.read_exact_at(out, off)?;
         if remove {
             g.index.remove(&key);
             g.free.give(off, Self::units(meta.len));
@@ -375,6 +408,29 @@ impl NextTier for FileTier {
 
     fn last_error(&self) -> Option<String> {
         self.inner.lock().last_error.clone()
+    }
+
+    /// The file is shared with the parent: the child takes a new, empty
+    /// one. It must hold no entries (the parent's would be lost: take
+    /// them back before forking).
+    fn after_fork(&self) -> Result<(), TierError> {
+        let mut g = self.inner.lock();
+        if !g.index.is_empty() {
+            return Err(TierError::Io(std::io::Error::other(format!(
+                "the spill file holds {} entries at fork; a child cannot keep them",
+                g.index.len()
+            ))));
+        }
+        let Some(open) = &self.reopen else {
+            return Err(TierError::Io(std::io::Error::other(
+                "the spill file was given ready-made; a forked child cannot open its own",
+            )));
+        };
+        g.file = open()?;
+        g.free = FreeSpace::default();
+        g.used = 0;
+        g.last_error = None;
+        Ok(())
     }
 }
 
@@ -450,6 +506,52 @@ mod tests {
         assert_eq!(full.entries(), 0);
         let why = full.last_error().unwrap();
         assert!(why.starts_with("writing the spill file failed: No space left on device"), "{why}");
+    }
+
+    /// A forked child's tier: a file tier takes a new file of its own
+    /// (and refuses while it holds entries, which the child would lose);
+    /// one given a ready-made file cannot; a memory tier's copy is the
+    /// child's already.
+    #[test]
+    fn after_fork_parts_a_tier_from_its_parent() {
+        let dir = std::env::temp_dir().join(format!("ztier-tier-fork-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (d, o) = (dir.clone(), opened.clone());
+        let open: Opener = Box::new(move || {
+            let n = o.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(d.join(format!("{n}")))
+        });
+        let t = FileTier::reopenable(open, 1 << 20).unwrap();
+        let k = |i| Key { pool: 0, object: 0, index: i };
+        t.put(k(0), meta(300), &[1; 300]).unwrap();
+        match t.after_fork() {
+            Err(TierError::Io(e)) => assert!(e.to_string().contains("holds 1 entries at fork"), "{e}"),
+            r => panic!("{r:?}"),
+        }
+        assert!(t.remove(k(0)));
+        t.after_fork().unwrap();
+        assert_eq!(opened.load(std::sync::atomic::Ordering::Relaxed), 2);
+        t.put(k(1), meta(500), &[2; 500]).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(t.get(k(1), &mut out, false).unwrap(), Some(meta(500)));
+        assert_eq!(out, vec![2; 500]);
+        // The new file took it; the parent's is as the parent left it.
+        assert_eq!(std::fs::metadata(dir.join("0")).unwrap().len(), 300);
+        assert_eq!(std::fs::metadata(dir.join("1")).unwrap().len(), 500);
+        let fixed = FileTier::create(&dir.join("fixed"), 1 << 20).unwrap();
+        assert!(fixed.after_fork().is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+        let m = MemoryTier::new(1 << 20);
+        m.put(k(2), meta(100), &[3; 100]).unwrap();
+        m.after_fork().unwrap();
+        assert_eq!(m.get(k(2), &mut out, true).unwrap(), Some(meta(100)));
+        assert_eq!(out, vec![3; 100]);
     }
 
     #[test]

@@ -776,3 +776,71 @@ fn destroying_pools_while_threads_put_leaves_nothing_behind() {
     );
     assert_eq!(store.stats().pages, 0);
 }
+
+/// A store across `fork`: [`Store::lock_for_fork`] holds every shard
+/// (a get on another thread waits for [`Store::unlock_after_fork`]), and,
+/// with no thread waiting,
+/// a forked child reads its copy of every page, spilled ones from a tier
+/// made its own, while the parent changes and removes its pages.
+#[test]
+fn a_forked_child_reads_its_copy_of_the_store() {
+    let store = Arc::new(Store::with_tier(
+        cfg(256 << 10, AllocatorKind::Classes, 2),
+        Some(Box::new(MemoryTier::new(1 << 30))),
+    ));
+    let pool =
+        store.create_pool(PoolOptions { store_raw: true, ..PoolOptions::new(PoolKind::Persistent) }).unwrap();
+    let n = 200u32;
+    let key = move |i| Key { pool, object: 0, index: i };
+    let data = |i: u32| page(synth::KINDS[i as usize % 5], i as u64);
+    for i in 0..n {
+        store.put(key(i), &data(i), PutFlags::default()).unwrap();
+    }
+    assert!(store.tier_entries() > 0);
+    store.lock_for_fork();
+    let got = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (store, got) = (store.clone(), got.clone());
+        std::thread::spawn(move || {
+            let mut out = vec![0u8; PAGE];
+            assert!(store.get(key(0), &mut out, false).unwrap());
+            got.store(true, std::sync::atomic::Ordering::Release);
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(!got.load(std::sync::atomic::Ordering::Acquire), "a get went through a held lock");
+    // SAFETY: this thread took the locks.
+    unsafe { store.unlock_after_fork() };
+    reader.join().unwrap();
+    assert!(got.load(std::sync::atomic::Ordering::Acquire));
+    // No thread waits for the store now, as `lock_for_fork` requires.
+    store.lock_for_fork();
+    // SAFETY: fork; the child only reads the store and leaves by _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: this thread took the locks before the fork.
+        unsafe { store.unlock_after_fork() };
+        let mut out = vec![0u8; PAGE];
+        let ok = store.after_fork().is_ok()
+            && (0..n).all(|i| store.get(key(i), &mut out, true).unwrap_or(false) && out == data(i));
+        // SAFETY: leaving the child without running the parent's exit.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    assert!(pid > 0);
+    // SAFETY: this thread took the locks.
+    unsafe { store.unlock_after_fork() };
+    // The parent's changes are its own.
+    for i in 0..n / 2 {
+        store.flush_page(key(i)).unwrap();
+        store.put(key(i), &page(Kind::Text, 1000 + i as u64), PutFlags::default()).unwrap();
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+    let mut out = vec![0u8; PAGE];
+    for i in 0..n {
+        assert!(store.get(key(i), &mut out, false).unwrap());
+        assert_eq!(out, if i < n / 2 { page(Kind::Text, 1000 + i as u64) } else { data(i) }, "page {i}");
+    }
+}

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #define P 4096
-#define HEAP (48u << 20)
+#define HEAP (64u << 20)
 
 static char *map(size_t n, int fill) {
     char *p = mmap(NULL, n * P, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
