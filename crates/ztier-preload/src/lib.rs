@@ -68,10 +68,11 @@
 //! store (shared with the parent's memory until one of them changes it),
 //! a fork costs no decompression or compression, and both stay within the
 //! budget. (Before, every stored page came back for each fork: 200 forks
-//! of a 64 MiB heap at a 16 MiB budget took 71 s against 2.7 s now.) `vfork`/`posix_spawn` children
-//! share the parent's memory and handler (under dispatch, what they read
-//! before and in their `exec` is brought back first: see [`spawn`]).
-//! `exec` starts over (the environment carries `LD_PRELOAD`).
+//! of a 64 MiB heap at a 16 MiB budget took 71 s against 2.7 s now.)
+//! `vfork`/`posix_spawn` children share the parent's memory and handler
+//! (under dispatch, what they read before and in their `exec` is brought
+//! back first: see [`spawn`]). `exec` starts over (the environment
+//! carries `LD_PRELOAD`).
 //!
 //! **Core dumps** leave out the arena's unused parts and hold every
 //! stored page where cores are written (see [`coredump`]).
