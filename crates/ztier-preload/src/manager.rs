@@ -2161,7 +2161,8 @@ impl Manager {
     /// included, so stored pages stay stored: the child serves them from
     /// its copy. Only pages in the store's next tier (the spill file,
     /// which the two processes would share) are brought back into memory
-    /// first; the parent evicts them again after the fork. Then every
+    /// first; the parent evicts them again after the fork. Clean pages
+    /// whose kept copies went there lose the copies (they are resident). Then every
     /// lock of the store is taken, so that the copy is whole; the parent
     /// lets go of them in [`Manager::parent_after_fork`], the child in
     /// [`Manager::reopen_after_fork`]. `used`: the parts of the arena ever
@@ -2172,7 +2173,14 @@ impl Manager {
                 if i % 1024 == 0 {
                     PROGRESS.fetch_add(1, Ordering::Relaxed);
                 }
-                if self.st(i) & STATE == STORED && !self.store.contains(self.key(i)) {
+                let s = self.st(i);
+                if s & CLEAN != 0 && !self.store.contains(self.key(i)) {
+                    // A clean page's kept copy went to the spill file: the
+                    // page is here, the copy is dropped (it is written
+                    // again when the page goes out).
+                    let _ = self.store.flush_page(self.key(i));
+                    self.set(i, s & !CLEAN);
+                } else if s & STATE == STORED && !self.store.contains(self.key(i)) {
                     let key = self.key(i);
                     let found = self.store.get(key, &mut self.buf[..PAGE], true).map_err(store_err)?;
                     if !found {

@@ -889,7 +889,9 @@ fn memory_the_kernel_writes_outside_system_calls() {
 /// Many forks of a process whose heap is mostly evicted (`forkmany.c`:
 /// 64 MiB of words at `--budget 16M`, 200 children that each close
 /// descriptors 3 to 99 blind, as a shell's subshell does, then check and
-/// write a 1 MiB slice; every tenth with a grandchild). Each child serves
+/// write a 1 MiB slice the parent read just before the fork, every tenth
+/// pushing it out of memory before it checks it again; every tenth with
+/// a grandchild; and with `--clean wp`). Each child serves
 /// its faults from its copy of the parent's store, so stored pages stay
 /// stored across a fork: every process stays within the budget, and the
 /// parent compresses its heap about once. Before, every stored page came
@@ -923,6 +925,25 @@ fn many_forks_of_a_cold_heap_keep_the_budget() {
         let c = parent["pages_compressed"].as_u64().unwrap();
         assert!(c > heap_pages / 2 && c < 3 * heap_pages, "{what}: the parent compressed {c} pages");
     }
+    // With `--clean wp` (full mode only): the parent's slice came back
+    // write-protected with its copy kept; the fork drops the protection,
+    // so the child's copy of it must count as written. Before, 4-5 of the
+    // 20 children that push their written slice out and read it again
+    // read the parent's bytes.
+    let stats = d.join("wp.json");
+    let m = Command::new(ztier())
+        .args(["run", "--budget", "16M", "--clean", "wp", "--fault-path", "thread", "--stats"])
+        .arg(&stats)
+        .arg("--")
+        .arg(&exe)
+        .env("ZTIER_UFFD_USER_MODE_ONLY", "0")
+        .current_dir(&d)
+        .output()
+        .unwrap();
+    assert!(m.status.success(), "--clean wp: {m:?}");
+    assert_eq!(String::from_utf8_lossy(&m.stdout), text, "--clean wp");
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert!(s["wp_faults"].as_u64().unwrap() > 0 && s["clean_evicted"].as_u64().unwrap() > 0, "{s}");
     // With a spill file: 10 children, at a store of 4 MiB.
     let n = native(&[&exe, "10"], &d);
     let spill = d.join("spill");
