@@ -451,12 +451,45 @@ fn env_size(name: &str) -> Option<usize> {
     std::env::var(name).ok()?.parse().ok()
 }
 
+/// The `ZTIER_*` settings read after start-up ([`knob`]).
+const KNOBS: [&str; 8] = [
+    "ZTIER_CPUS",
+    "ZTIER_PIN",
+    "ZTIER_SPIN_US",
+    "ZTIER_WATCHDOG_S",
+    "ZTIER_TEST_HANG_AFTER",
+    "ZTIER_TEST_EVICTOR_HANG_AFTER",
+    "ZTIER_UFFD_USER_MODE_ONLY",
+    "ZTIER_TEST_NO_UFFD_DEVICE",
+];
+static KNOB_VALUES: OnceLock<Vec<Option<String>>> = OnceLock::new();
+
+/// A setting of [`KNOBS`], as the environment had it at start-up (read
+/// there, all at once). Never read later: the program's `environ` may
+/// by then lie in the arena, and a library thread must not read arena
+/// memory (a cold page would leave the handler waiting on itself: a
+/// forked node child hung so, its threads in `getenv`), nor may a forked
+/// child before it has registered the arena (a cold page would read as
+/// zeros, and stay so).
+pub(crate) fn knob(name: &str) -> Option<String> {
+    let v = KNOB_VALUES.get_or_init(|| KNOBS.iter().map(|k| std::env::var(k).ok()).collect());
+    let i = KNOBS.iter().position(|k| *k == name).expect("a name in KNOBS");
+    v[i].clone()
+}
+
+/// [`knob`] as a number.
+fn knob_size(name: &str) -> Option<usize> {
+    knob(name)?.parse().ok()
+}
+
 /// Start-up: reads the environment, maps and registers the arena, opens
 /// the store, starts the handler. `false` (library stays off) without
 /// `ZTIER_BUDGET`; any other failure is fatal: the program was asked to
 /// run under a budget, and silently running without one would lie.
 fn start() -> bool {
     let Some(budget) = env_size("ZTIER_BUDGET") else { return false };
+    // Every setting read later, read now (see `knob`).
+    let _ = knob("ZTIER_PIN");
     let codec =
         std::env::var("ZTIER_CODEC").ok().and_then(|c| c.parse().ok()).unwrap_or(ztier_codec::CodecId::Lz4);
     let total = physical_memory();
@@ -671,7 +704,7 @@ pub(crate) fn filtered(e: &std::io::Error) -> &'static str {
 /// CPUs this process may run on (as inherited: `ztier run`'s own mask
 /// in `ZTIER_CPUS` when a parent pinned us).
 fn allowed_cpus() -> Vec<usize> {
-    if let Ok(list) = std::env::var("ZTIER_CPUS") {
+    if let Some(list) = knob("ZTIER_CPUS") {
         let v: Vec<usize> = list.split(',').filter_map(|c| c.parse().ok()).collect();
         if !v.is_empty() {
             return v;
@@ -725,7 +758,7 @@ fn spawn_handlers() {
     }
     EVICTOR_FD.store(fds::keep(fd), Ordering::Relaxed);
     let cpus = allowed_cpus();
-    let pin_main = std::env::var("ZTIER_PIN").map_or(true, |v| v != "off") && cpus.len() > 1;
+    let pin_main = knob("ZTIER_PIN").is_none_or(|v| v != "off") && cpus.len() > 1;
     if pin_main {
         let cpu = cpus[std::process::id() as usize % cpus.len()];
         pin(&[cpu]);
@@ -770,7 +803,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     // For the tests of the watchdog only: stop after taking this many
     // batches, holding the last one (released, not committed, so faults
     // on its pages wait), as a stuck evictor would.
-    let hang_after = env_size("ZTIER_TEST_EVICTOR_HANG_AFTER");
+    let hang_after = knob_size("ZTIER_TEST_EVICTOR_HANG_AFTER");
     loop {
         let batch = lock(&g.mgr).take_background_victims(manager::BACKGROUND_BATCH)?;
         let Some(v) = batch else {
@@ -1266,7 +1299,7 @@ fn serve_in_thread(addr: usize) -> bool {
         // For the tests of the watchdog only: stop serving after this
         // many faults, holding the lock, as a deadlocked service would.
         static HANG_AFTER: OnceLock<Option<usize>> = OnceLock::new();
-        if let Some(n) = *HANG_AFTER.get_or_init(|| env_size("ZTIER_TEST_HANG_AFTER")) {
+        if let Some(n) = *HANG_AFTER.get_or_init(|| knob_size("ZTIER_TEST_HANG_AFTER")) {
             while g.stats.faults.load(Ordering::Relaxed) >= n as u64 {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
@@ -1339,7 +1372,7 @@ fn serve_in_thread(addr: usize) -> bool {
 /// (SIGSTOP, a debugger) does not count as stuck.
 fn watchdog_loop() -> std::io::Result<()> {
     let signal = manager::signal_path();
-    let limit = env_size("ZTIER_WATCHDOG_S").unwrap_or(30).max(1);
+    let limit = knob_size("ZTIER_WATCHDOG_S").unwrap_or(30).max(1);
     let mut seen = manager::PROGRESS.load(Ordering::Relaxed);
     let mut batches = EVICTOR_BATCHES.load(Ordering::Acquire);
     let (mut still, mut evictor_still) = (0, 0);
@@ -1412,11 +1445,11 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
         std::mem::ManuallyDrop::new(unsafe { std::os::unix::net::UnixListener::from_raw_fd(ctl_fd) })
     });
     let uffd = lock(&g.mgr).uffd.clone();
-    let spin = std::time::Duration::from_micros(env_size("ZTIER_SPIN_US").unwrap_or(0) as u64);
+    let spin = std::time::Duration::from_micros(knob_size("ZTIER_SPIN_US").unwrap_or(0) as u64);
     let mut last = std::time::Instant::now();
     // For the tests of the watchdog only: stop serving after this many
     // faults, as a stuck handler would.
-    let hang_after = env_size("ZTIER_TEST_HANG_AFTER");
+    let hang_after = knob_size("ZTIER_TEST_HANG_AFTER");
     UFFD_FD.store(uffd.raw_fd(), Ordering::Relaxed);
     // With `--fault-path signal` no fault is read here (the watchdog
     // watches the in-thread service, whose progress this must not fake).

@@ -799,7 +799,7 @@ unsafe impl Send for Manager {}
 /// `ZTIER_FAULT_PATH=signal` faults raise `SIGBUS` in the faulting thread
 /// (see [`signal_path`]).
 fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
-    let umo = std::env::var("ZTIER_UFFD_USER_MODE_ONLY").is_ok_and(|v| v == "1");
+    let umo = crate::knob("ZTIER_UFFD_USER_MODE_ONLY").is_some_and(|v| v == "1");
     let mut u = Uffd::open_via(if umo { None } else { uffd_device() }, umo, signal_path())?;
     // Out of the program's way, kept from its `close` (see `crate::fds`).
     u.move_fd_up(crate::fds::low())?;
@@ -885,7 +885,7 @@ fn uffd_device() -> Option<i32> {
     let mut fd = UFFD_DEVICE.load(Ordering::Relaxed);
     if fd == -2 {
         // For the tests only: as on a kernel without the device.
-        let skip = std::env::var("ZTIER_TEST_NO_UFFD_DEVICE").is_ok_and(|v| v == "1");
+        let skip = crate::knob("ZTIER_TEST_NO_UFFD_DEVICE").is_some_and(|v| v == "1");
         fd = Uffd::open_device().filter(|_| !skip).map_or(-1, |d| crate::fds::keep(d.into_raw_fd()));
         UFFD_DEVICE.store(fd, Ordering::Relaxed);
     }
