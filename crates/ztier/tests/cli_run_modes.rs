@@ -930,38 +930,33 @@ fn many_forks_of_a_cold_heap_keep_the_budget() {
     // so the child's copy of it must count as written. Before, 4-5 of the
     // 20 children that push their written slice out and read it again
     // read the parent's bytes.
-    let stats = d.join("wp.json");
-    let m = Command::new(ztier())
-        .args(["run", "--budget", "16M", "--clean", "wp", "--fault-path", "thread", "--stats"])
-        .arg(&stats)
-        .arg("--")
-        .arg(&exe)
-        .env("ZTIER_UFFD_USER_MODE_ONLY", "0")
-        .current_dir(&d)
-        .output()
-        .unwrap();
-    assert!(m.status.success(), "--clean wp: {m:?}");
+    // In the default mode (a handler thread, full userfaultfd), with
+    // `opts`: the output and the merged stats.
+    let run = |opts: &[&str], cmd: &[&str], name: &str| {
+        let stats = d.join(format!("{name}.json"));
+        let m = Command::new(ztier())
+            .args(["run", "--budget", "16M", "--fault-path", "thread", "--stats"])
+            .arg(&stats)
+            .args(opts)
+            .arg("--")
+            .args(cmd)
+            .env("ZTIER_UFFD_USER_MODE_ONLY", "0")
+            .current_dir(&d)
+            .output()
+            .unwrap();
+        assert!(m.status.success(), "{opts:?}: {m:?}");
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        (m, s)
+    };
+    let (m, s) = run(&["--clean", "wp"], &[&exe], "wp");
     assert_eq!(String::from_utf8_lossy(&m.stdout), text, "--clean wp");
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert!(s["wp_faults"].as_u64().unwrap() > 0 && s["clean_evicted"].as_u64().unwrap() > 0, "{s}");
     // With a spill file: 10 children, at a store of 4 MiB.
     let n = native(&[&exe, "10"], &d);
     let spill = d.join("spill");
     std::fs::create_dir_all(&spill).unwrap();
-    let stats = d.join("spill.json");
-    let m = Command::new(ztier())
-        .args(["run", "--budget", "16M", "--store", "4M", "--spill"])
-        .arg(&spill)
-        .arg("--stats")
-        .arg(&stats)
-        .arg("--")
-        .args([exe.as_str(), "10"])
-        .current_dir(&d)
-        .output()
-        .unwrap();
-    assert!(m.status.success(), "{m:?}");
+    let (m, s) = run(&["--store", "4M", "--spill", spill.to_str().unwrap()], &[&exe, "10"], "spill");
     assert_eq!(m.stdout, n.stdout, "with a spill file");
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     let procs = s["per_process"].as_array().unwrap();
     assert_eq!(procs.len(), 12, "{s}");
     let spilled: Vec<u64> = procs.iter().map(|p| p["spilled_bytes"].as_u64().unwrap()).collect();
