@@ -1102,6 +1102,18 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
     }
     let arg = Box::into_raw(Box::new(HandlerArg { cpus, role }));
     let mut t: libc::pthread_t = 0;
+    // SAFETY: an all-zero pthread_attr_t is storage for pthread_attr_init.
+    let mut attr: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
+    // SAFETY: initialising the attribute object we own, then giving it a
+    // stack of ours (mapped, THREAD_STACK bytes, used by no other thread).
+    let r = unsafe {
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setstack(&mut attr, library_stack(), THREAD_STACK)
+    };
+    if r != 0 {
+        eprintln!("ztier: cannot give the fault handler a stack: {}", std::io::Error::from_raw_os_error(r));
+        std::process::abort();
+    }
     // The thread starts with (and keeps) every asynchronous signal
     // blocked: a signal sent to the process must reach a thread of the
     // program (a program that blocks SIGTERM and takes it with sigwait
@@ -1110,8 +1122,10 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
     // `sys::LIBRARY_THREAD_SIGNALS`).
     let mask = sys::sigprocmask(libc::SIG_SETMASK, sys::LIBRARY_THREAD_SIGNALS);
     // SAFETY: creating a thread running `entry`, which owns `arg`.
-    let r = unsafe { libc::pthread_create(&mut t, std::ptr::null(), entry, arg.cast()) };
+    let r = unsafe { libc::pthread_create(&mut t, &attr, entry, arg.cast()) };
     sys::sigprocmask(libc::SIG_SETMASK, mask);
+    // SAFETY: the attribute object was initialised above.
+    unsafe { libc::pthread_attr_destroy(&mut attr) };
     if r != 0 {
         eprintln!("ztier: cannot start the fault handler: {}", std::io::Error::from_raw_os_error(r));
         std::process::abort();
@@ -1128,6 +1142,74 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
             .as_ptr(),
         )
     };
+}
+
+/// Bytes of a library thread's stack (a guard page lies below it).
+const THREAD_STACK: usize = 8 << 20;
+/// Most library stacks remembered for reuse in a forked child.
+const STACKS_KEPT: usize = 64;
+/// The library's thread stacks, in the order they were made (the first
+/// `STACKS_KEPT`).
+static STACKS: [AtomicUsize; STACKS_KEPT] = [const { AtomicUsize::new(0) }; STACKS_KEPT];
+/// Stacks made (and recorded in `STACKS`, up to its size).
+static STACKS_MADE: AtomicUsize = AtomicUsize::new(0);
+/// Of `STACKS`, how many a new thread may take again: the parent's, in a
+/// forked child, whose copies of them no thread uses.
+static STACKS_FREE: AtomicUsize = AtomicUsize::new(0);
+/// Stacks taken since the process (or the forked child) started.
+static STACKS_TAKEN: AtomicUsize = AtomicUsize::new(0);
+
+/// A stack for a library thread: one of the parent's in a forked child,
+/// or a new mapping (by system call: never in the arena), `THREAD_STACK`
+/// bytes above a guard page. Returns its lowest address.
+///
+/// Library threads never take a stack from glibc's cache of the stacks
+/// of threads that ended. Taking one, glibc frees the dynamic thread
+/// vector of the thread that had it, which the program's `malloc` — ours
+/// — put in the arena. If that page is evicted, the thread creating the
+/// new one faults: in a forked child, whose handler is what is being
+/// started, nothing would serve that fault (redis's `BGSAVE` child hung
+/// there for good), nor in a handler starting handlers on the other
+/// CPUs. In a forked child every thread of the parent is gone, so the
+/// parent's library stacks are free again.
+fn library_stack() -> *mut libc::c_void {
+    let taken = STACKS_TAKEN.fetch_add(1, Ordering::AcqRel);
+    if taken < STACKS_FREE.load(Ordering::Acquire) {
+        // (Zero if the parent forked while another of its threads was
+        // between making a stack and recording it: then a new one.)
+        let s = STACKS[taken].load(Ordering::Acquire);
+        if s != 0 {
+            return s as *mut libc::c_void;
+        }
+    }
+    let len = THREAD_STACK + PAGE;
+    let p = sys::mmap(
+        std::ptr::null_mut(),
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_STACK,
+        -1,
+        0,
+    );
+    if p == libc::MAP_FAILED {
+        eprintln!("ztier: cannot map a stack for the fault handler: {}", std::io::Error::last_os_error());
+        std::process::abort();
+    }
+    // The guard page: an overflow faults instead of writing below.
+    sys::mprotect(p, PAGE, libc::PROT_NONE);
+    let stack = p as usize + PAGE;
+    let n = STACKS_MADE.fetch_add(1, Ordering::AcqRel);
+    if n < STACKS_KEPT {
+        STACKS[n].store(stack, Ordering::Release);
+    }
+    stack as *mut libc::c_void
+}
+
+/// In a forked child (one thread): every library stack of the parent is
+/// free to take again.
+fn stacks_after_fork() {
+    STACKS_FREE.store(STACKS_MADE.load(Ordering::Acquire).min(STACKS_KEPT), Ordering::Release);
+    STACKS_TAKEN.store(0, Ordering::Release);
 }
 
 /// The userfaultfd the handler reads (for the watchdog's look).
@@ -1847,7 +1929,9 @@ extern "C" fn fork_child() {
         g.stats.forked_child.store(1, Ordering::Relaxed);
     });
     unlock_all();
-    // The child starts with one handler, as a process does.
+    // The child starts with one handler, as a process does, on the
+    // parent's library stacks.
+    stacks_after_fork();
     MORE_HANDLERS.store(false, Ordering::Relaxed);
     HANDLER_THREADS.store(0, Ordering::Relaxed);
     // The parent's eventfd and control socket, which no thread of the

@@ -190,13 +190,78 @@ fn nomem<T>(p: *mut T) -> *mut T {
     p
 }
 
-/// `malloc(3)`.
+/// Where the dynamic linker's code lies, `[start, end)`: its allocations
+/// never go to the arena ([`from_ldso`]). (0, 0) if it is not known.
+static LDSO_TEXT: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+
+/// Is `ret` (the return address of a call into the malloc family) in the
+/// dynamic linker?
+///
+/// The dynamic linker allocates, among other things, each thread's DTV
+/// (its table of thread-local storage blocks) when glibc's
+/// `pthread_create` makes the thread. Every access to the library's
+/// thread-locals reads it, also while the manager's lock is held, so an
+/// evicted DTV would fault where the handler cannot serve it. Our
+/// `pthread_create` makes glibc's allocations with the mark that keeps
+/// them out of the arena, but glibc's is also reached without ours:
+/// glibc's own threads (`SIGEV_THREAD` timers, POSIX AIO) and libraries
+/// that look it up after ours (jemalloc's background thread, through
+/// `dlsym(RTLD_NEXT)` from libjemalloc, in redis). redis's `BGSAVE`
+/// child hung on that thread's evicted DTV, reading it while starting its
+/// fault handler. So whatever the dynamic linker allocates comes from
+/// glibc's malloc, whoever made the thread.
+fn from_ldso(ret: usize) -> bool {
+    let (lo, hi) = *LDSO_TEXT.get_or_init(ldso_text);
+    ret >= lo && ret < hi
+}
+
+/// The executable segment of the dynamic linker, from its ELF headers at
+/// the base the kernel gave it (`AT_BASE`).
+fn ldso_text() -> (usize, usize) {
+    // SAFETY: getauxval has no preconditions.
+    let base = unsafe { libc::getauxval(libc::AT_BASE) } as usize;
+    if base == 0 {
+        // Run as `ld.so PROGRAM`: the linker is the main program.
+        return (0, 0);
+    }
+    // SAFETY: the kernel maps the dynamic linker's first segment, with its
+    // ELF header and program headers, at AT_BASE; they stay mapped.
+    unsafe {
+        let eh = &*(base as *const libc::Elf64_Ehdr);
+        if eh.e_ident[..4] != *b"\x7fELF" {
+            return (0, 0);
+        }
+        for i in 0..eh.e_phnum as usize {
+            let ph =
+                &*((base + eh.e_phoff as usize + i * eh.e_phentsize as usize) as *const libc::Elf64_Phdr);
+            if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0 {
+                let lo = base + ph.p_vaddr as usize;
+                return (lo, lo + ph.p_memsz as usize);
+            }
+        }
+    }
+    (0, 0)
+}
+
+/// `malloc(3)`: passes its return address on to [`malloc_from`].
 ///
 /// # Safety
 /// The C contract of `malloc`.
 #[no_mangle]
+#[unsafe(naked)]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    // The return address, at the top of the stack on entry, becomes the
+    // second argument; the tail call returns straight to the caller.
+    std::arch::naked_asm!("mov rsi, [rsp]", "jmp {f}", f = sym malloc_from)
+}
+
+/// `malloc`, called from `ret`.
+extern "C" fn malloc_from(size: usize, ret: usize) -> *mut c_void {
     let _sud = crate::sud::Allow::new();
+    if from_ldso(ret) {
+        // SAFETY: glibc's malloc.
+        return unsafe { __libc_malloc(size) };
+    }
     match global_for(size) {
         // SAFETY: glibc's malloc.
         None => unsafe { __libc_malloc(size) },
@@ -204,13 +269,24 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     }
 }
 
-/// `calloc(3)`.
+/// `calloc(3)`: passes its return address on to [`calloc_from`].
 ///
 /// # Safety
 /// The C contract of `calloc`.
 #[no_mangle]
+#[unsafe(naked)]
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    // As `malloc`: the return address becomes the third argument.
+    std::arch::naked_asm!("mov rdx, [rsp]", "jmp {f}", f = sym calloc_from)
+}
+
+/// `calloc`, called from `ret`.
+extern "C" fn calloc_from(n: usize, size: usize, ret: usize) -> *mut c_void {
     let _sud = crate::sud::Allow::new();
+    if from_ldso(ret) {
+        // SAFETY: glibc's calloc.
+        return unsafe { __libc_calloc(n, size) };
+    }
     match global_for(n.saturating_mul(size)) {
         // SAFETY: glibc's calloc.
         None => unsafe { __libc_calloc(n, size) },
@@ -244,19 +320,28 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     }
 }
 
-/// `realloc(3)`.
+/// `realloc(3)`: passes its return address on to [`realloc_from`].
 ///
 /// # Safety
 /// The C contract of `realloc`.
 #[no_mangle]
+#[unsafe(naked)]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    // As `malloc`: the return address becomes the third argument.
+    std::arch::naked_asm!("mov rdx, [rsp]", "jmp {f}", f = sym realloc_from)
+}
+
+/// `realloc`, called from `ret`.
+extern "C" fn realloc_from(p: *mut c_void, size: usize, ret: usize) -> *mut c_void {
     let _sud = crate::sud::Allow::new();
+    let ldso = from_ldso(ret);
     if p.is_null() {
-        // SAFETY: forwarding.
-        return unsafe { malloc(size) };
+        return malloc_from(size, ret);
     }
     let g = match crate::GLOBAL.get() {
         Some(g) if g.in_arena(p as usize) => g,
+        // SAFETY: the dynamic linker's blocks stay glibc's (a DTV that grows).
+        _ if ldso => return unsafe { __libc_realloc(p, size) },
         _ => return realloc_glibc(p, size),
     };
     if size == 0 {

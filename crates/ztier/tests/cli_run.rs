@@ -422,7 +422,10 @@ fn new_threads_keep_their_dtv_out_of_the_arena() {
     // pthread_create; the library reads it (every thread-local access)
     // while holding the manager's lock, so from the arena it could be
     // evicted and deadlock the handler (multi_threaded_program hung 1 run
-    // in 10-15 that way).
+    // in 10-15 that way). Two of the threads are made by glibc's own
+    // pthread_create, not through the library's: what the dynamic linker
+    // allocates goes to glibc whoever made the thread (before, theirs was
+    // in the arena, and a forked child hung on it).
     let d = tmp("dtv");
     let exe = compile(&d, "dtv");
     let (m, _) = managed("16M", &[&exe], &d);

@@ -963,3 +963,18 @@ fn many_forks_of_a_cold_heap_keep_the_budget() {
     assert!(spilled.iter().filter(|&&b| b > 0).count() >= 2, "the parent and children spill: {spilled:?}");
     assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "no spill file left");
 }
+
+/// A fork while a thread made by glibc's own `pthread_create` runs (found
+/// in libc.so.6 itself, as libjemalloc finds it for redis's background
+/// thread), its early allocations cold (`forkthreads.c`). In the child
+/// that thread's stack is in glibc's cache, and taking it frees the old
+/// thread's DTV first. That DTV was arena memory, and the child's first
+/// `pthread_create`, the library's own starting the child's fault
+/// handler, faulted on it with no handler to serve it: every child hung
+/// (redis's `BGSAVE` child did). Now what the dynamic linker allocates
+/// never goes to the arena, and the library's threads run on stacks of
+/// their own. Each child checks a slice of the heap and starts a thread.
+#[test]
+fn forks_next_to_a_thread_the_library_did_not_start() {
+    native_output_in_every_mode("forkthreads", "children ok 8 of 8");
+}
