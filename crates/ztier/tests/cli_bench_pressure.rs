@@ -187,3 +187,28 @@ fn ctrl_c_in_the_middle_restores_too() {
     );
     assert_eq!(system_state(), before, "everything undone after Ctrl-C");
 }
+
+#[test]
+fn processes_left_in_the_cgroup_are_ended_and_everything_restored() {
+    // The program starts a process it leaves running (as a script leaves
+    // its server when the run is killed at the timeout). In the swap run
+    // that process stayed in the cgroup, so the cgroup could not be
+    // removed, nor the swap file turned off. Now every process left in
+    // the cgroup is killed by PID. (Outside the cgroup, in the native and
+    // ztier runs, the 20 s sleep ends by itself.)
+    root();
+    let _one = SYSTEM.lock().unwrap_or_else(|e| e.into_inner());
+    let before = system_state();
+    let t = std::time::Instant::now();
+    let o = Command::new(ztier())
+        .args(["bench", "pressure", "--kernel", "swap", "--budgets", "24M", "--timeout", "60", "--"])
+        .args(["sh", "-c", "sleep 20 > /dev/null 2>&1 & echo started"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("failed"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.lines().any(|l| l.starts_with("kernel swap (file)") && l.ends_with("same")), "{text}");
+    assert!(t.elapsed().as_secs() < 20, "the runs do not wait for what they left");
+    assert_eq!(system_state(), before, "swap and cgroups are as they were");
+}

@@ -442,7 +442,9 @@ fn cgroup(restore: &mut Restore, limit: u64, n: usize) -> Result<Cgroup> {
     std::fs::create_dir(&dir).with_context(|| format!("creating cgroup {}", dir.display()))?;
     let d = dir.clone();
     restore.push(format!("cgroup {}", dir.display()), move || {
-        // The program has exited; an empty cgroup can be removed.
+        // The program has exited; what it left running goes too, and an
+        // empty cgroup can be removed.
+        empty_cgroup(&d)?;
         for _ in 0..50 {
             if std::fs::remove_dir(&d).is_ok() {
                 return Ok(());
@@ -458,6 +460,31 @@ fn cgroup(restore: &mut Restore, limit: u64, n: usize) -> Result<Cgroup> {
         write(dir.join("memory.oom_control"), "1")?;
     }
     Ok(Cgroup { dir, v1: file == "memory.limit_in_bytes", limit })
+}
+
+/// Kills (`SIGKILL`, by PID) every process still in the cgroup `dir`, and
+/// waits until it is empty (up to 5 s). A run killed at the timeout loses
+/// only the program's own process: a script's server (`redis-server`
+/// under `examples/workloads/redis-bgsave.sh`, and its `BGSAVE` child)
+/// stayed in the cgroup, which then could not be removed, nor the swap
+/// file turned off (its pages were theirs). A program that exits leaving
+/// a process behind left it there too.
+fn empty_cgroup(dir: &Path) -> Result<()> {
+    for _ in 0..50 {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs"))
+            .with_context(|| format!("reading {}/cgroup.procs", dir.display()))?;
+        let pids: Vec<libc::pid_t> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if pids.is_empty() {
+            return Ok(());
+        }
+        for pid in pids {
+            // SAFETY: signalling a process of the cgroup this run made;
+            // one that has exited meanwhile makes kill fail, harmlessly.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    bail!("processes are still in {} after SIGKILL", dir.display())
 }
 
 /// While a v1 run goes on: a task paused by v1's disabled OOM killer
@@ -505,8 +532,12 @@ fn run_in_cgroup(cg: &Cgroup, cmd: &[OsString], out: &Path, timeout: u64) -> Res
         std::thread::spawn(move || wake_oom_waiters(&dir, limit, &stop))
     });
     let m = super::run::measure_with_timeout(&mut c, Some(std::time::Duration::from_secs(timeout)));
+    // What the program left in the cgroup goes before the next run (the
+    // OOM waiter still runs: a task paused at the limit must get to exit).
+    let emptied = empty_cgroup(&cg.dir);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let woken = waker.map_or(0, |w| w.join().unwrap_or(0));
+    emptied?;
     Ok((m?, woken))
 }
 
