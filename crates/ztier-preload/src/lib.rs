@@ -1164,14 +1164,17 @@ static STACKS_TAKEN: AtomicUsize = AtomicUsize::new(0);
 /// bytes above a guard page. Returns its lowest address.
 ///
 /// Library threads never take a stack from glibc's cache of the stacks
-/// of threads that ended. Taking one, glibc frees the dynamic thread
-/// vector of the thread that had it, which the program's `malloc` — ours
-/// — put in the arena. If that page is evicted, the thread creating the
-/// new one faults: in a forked child, whose handler is what is being
-/// started, nothing would serve that fault (redis's `BGSAVE` child hung
-/// there for good), nor in a handler starting handlers on the other
-/// CPUs. In a forked child every thread of the parent is gone, so the
-/// parent's library stacks are free again.
+/// of threads that ended. Taking one, glibc reads and frees the dynamic
+/// thread vector (DTV) of the thread that had it: memory of the
+/// program's. If that memory is arena memory and evicted, the thread
+/// creating the new one faults: in a forked child, whose handler is what
+/// is being started, nothing would serve that fault (redis's `BGSAVE`
+/// child hung there for good), nor in a handler starting handlers on the
+/// other CPUs. DTVs are kept out of the arena now (`shim::from_ldso`),
+/// but not where the dynamic linker cannot be located; so starting a
+/// library thread touches nothing of the program's at all. In a forked
+/// child every thread of the parent is gone, so the parent's library
+/// stacks are free again.
 fn library_stack() -> *mut libc::c_void {
     let taken = STACKS_TAKEN.fetch_add(1, Ordering::AcqRel);
     if taken < STACKS_FREE.load(Ordering::Acquire) {
