@@ -189,26 +189,42 @@ fn ctrl_c_in_the_middle_restores_too() {
 }
 
 #[test]
-fn processes_left_in_the_cgroup_are_ended_and_everything_restored() {
+fn processes_left_running_are_ended_and_everything_restored() {
     // The program starts a process it leaves running (as a script leaves
     // its server when the run is killed at the timeout). In the swap run
     // that process stayed in the cgroup, so the cgroup could not be
-    // removed, nor the swap file turned off. Now every process left in
-    // the cgroup is killed by PID. (Outside the cgroup, in the native and
-    // ztier runs, the 20 s sleep ends by itself.)
+    // removed, nor the swap file turned off; in the native and ztier runs
+    // it ran on into the next runs. Now every one is killed by PID: from
+    // the cgroup, or as an orphan that came to `bench pressure`.
     root();
     let _one = SYSTEM.lock().unwrap_or_else(|e| e.into_inner());
     let before = system_state();
+    let pids = std::env::temp_dir().join(format!("ztier-pressure-left-{}.pids", std::process::id()));
+    let _ = std::fs::remove_file(&pids);
     let t = std::time::Instant::now();
+    let script = format!("sleep 120 > /dev/null 2>&1 & echo $! >> {}; echo started", pids.display());
     let o = Command::new(ztier())
-        .args(["bench", "pressure", "--kernel", "swap", "--budgets", "24M", "--timeout", "60", "--"])
-        .args(["sh", "-c", "sleep 20 > /dev/null 2>&1 & echo started"])
+        .args(["bench", "pressure", "--kernel", "swap", "--budgets", "24M", "--pairs", "1"])
+        .args(["--timeout", "60", "--", "sh", "-c", &script])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
-    assert!(!String::from_utf8_lossy(&o.stderr).contains("failed"), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{text}\n{err}");
+    assert!(!err.contains("failed"), "{err}");
     assert!(text.lines().any(|l| l.starts_with("kernel swap (file)") && l.ends_with("same")), "{text}");
-    assert!(t.elapsed().as_secs() < 20, "the runs do not wait for what they left");
+    assert!(t.elapsed().as_secs() < 60, "the runs do not wait for what they left");
     assert_eq!(system_state(), before, "swap and cgroups are as they were");
+    // Native, swap, ztier run, then a pair: five sleeps, none left.
+    let listed = std::fs::read_to_string(&pids).unwrap();
+    std::fs::remove_file(&pids).unwrap();
+    let pids: Vec<u32> = listed.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 5, "{pids:?}");
+    for pid in &pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&cmdline).starts_with("sleep"), "sleep {pid} still runs: {err}");
+    }
+    // And the user is told, once for each native and ztier run.
+    assert_eq!(err.matches("the native run left 1 process running (").count(), 2, "{err}");
+    assert_eq!(err.matches("the ztier run left 1 process running (").count(), 2, "{err}");
 }

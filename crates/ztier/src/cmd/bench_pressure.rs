@@ -32,6 +32,11 @@
 //!                                                → rmdir
 //! ```
 //!
+//! A process a run leaves running (a script's server) is killed by PID
+//! before the next run starts: a kernel run's from its cgroup
+//! (`empty_cgroup`), a native or `ztier run` run's as an orphan that came
+//! to `bench pressure`, a child subreaper (`end_leftovers`).
+//!
 //! In a v1 cgroup the OOM killer is disabled (v1 would kill the program
 //! while reclaim waits for swap writeback); a program paused at the limit
 //! is woken by a watcher (`wake_oom_waiters`), since nothing else would.
@@ -471,6 +476,9 @@ fn cgroup(restore: &mut Restore, limit: u64, n: usize) -> Result<Cgroup> {
 /// a process behind left it there too.
 fn empty_cgroup(dir: &Path) -> Result<()> {
     for _ in 0..50 {
+        // Those whose parents died first are ours (see `end_leftovers`):
+        // their zombies are reaped here.
+        reap_zombies();
         let procs = std::fs::read_to_string(dir.join("cgroup.procs"))
             .with_context(|| format!("reading {}/cgroup.procs", dir.display()))?;
         let pids: Vec<libc::pid_t> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
@@ -485,6 +493,70 @@ fn empty_cgroup(dir: &Path) -> Result<()> {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     bail!("processes are still in {} after SIGKILL", dir.display())
+}
+
+/// Reaps every child of this process that has exited, without waiting.
+/// Only called between runs, on the thread that starts them: then every
+/// child is a leftover of a run (each measured run's own process is
+/// reaped by its `wait4` before).
+fn reap_zombies() {
+    let mut status = 0;
+    // SAFETY: waitpid with WNOHANG into a live out-parameter.
+    while unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } > 0 {}
+}
+
+/// This process's children now (`/proc/self/task/TID/children`).
+fn children() -> Vec<libc::pid_t> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+    let mut pids = Vec::new();
+    for t in tasks.flatten() {
+        if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+            pids.extend(c.split_whitespace().filter_map(|x| x.parse::<libc::pid_t>().ok()));
+        }
+    }
+    pids
+}
+
+/// Ends what a native or `ztier run` run left running, and says so on
+/// stderr. `bench pressure` is a child subreaper (`PR_SET_CHILD_SUBREAPER`,
+/// set in [`run`]), so a process the program leaves behind (a server its
+/// script started and did not stop, or stopped too late) becomes a child
+/// of `bench pressure` when its parent exits, instead of going to init
+/// and running on into the next runs, whose times it would disturb. Each
+/// is killed by PID (`SIGKILL`) and reaped; a killed process's own
+/// children come to `bench pressure` in turn and go the same way. Gives
+/// up after 10 s (a process can take long to die), naming who is left.
+fn end_leftovers(run: &str) {
+    let t = std::time::Instant::now();
+    let mut ended = std::collections::BTreeSet::new();
+    loop {
+        reap_zombies();
+        let pids = children();
+        if pids.is_empty() {
+            break;
+        }
+        if t.elapsed() > std::time::Duration::from_secs(10) {
+            eprintln!(
+                "ztier bench pressure: after the {run}, processes {pids:?} are still running after SIGKILL"
+            );
+            break;
+        }
+        for pid in pids {
+            ended.insert(pid);
+            // SAFETY: signalling our own child (not yet reaped, so its
+            // PID is not reused); again if it is still dying.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    if !ended.is_empty() {
+        eprintln!(
+            "ztier bench pressure: the {run} left {} process{} running ({}): killed",
+            ended.len(),
+            if ended.len() == 1 { "" } else { "es" },
+            ended.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+        );
+    }
 }
 
 /// While a v1 run goes on: a task paused by v1's disabled OOM killer
@@ -617,6 +689,15 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         );
     }
     let kernel = if root { kernel } else { Vec::new() };
+    // What a run leaves running becomes ours when its parent exits, to be
+    // ended before the next run (`end_leftovers`).
+    // SAFETY: a prctl that sets a flag of this process.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        eprintln!(
+            "ztier bench pressure: cannot become a child subreaper ({}): what a run leaves running is not ended",
+            std::io::Error::last_os_error()
+        );
+    }
     let work = std::env::temp_dir().join(format!("ztier-bench-pressure-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
     let mut restore = Restore::default();
@@ -629,6 +710,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     let mut c = Command::new(&a.cmd[0]);
     c.args(&a.cmd[1..]).stdout(std::fs::File::create(&native_out)?);
     let n = measure(&mut c)?;
+    end_leftovers("native run");
     if super::run::interrupted() {
         bail!("interrupted");
     }
@@ -704,6 +786,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         eprintln!("ztier run at {} MiB ...", budget >> 20);
         let out = work.join(format!("ztier-{budget}.out"));
         let r = run_program(&ztier_args(&a, budget), Some(std::fs::File::create(&out)?))?;
+        end_leftovers("ztier run");
         if super::run::interrupted() {
             bail!("interrupted");
         }
@@ -748,11 +831,13 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             let mut c = Command::new(&a.cmd[0]);
             c.args(&a.cmd[1..]).stdout(std::fs::File::create(&out)?);
             let m = measure(&mut c)?;
+            end_leftovers("native run");
             if super::run::interrupted() {
                 bail!("interrupted");
             }
             let out_z = work.join("pair-ztier.out");
             let r = run_program(&ztier_args(&a, budget), Some(std::fs::File::create(&out_z)?))?;
+            end_leftovers("ztier run");
             if super::run::interrupted() {
                 bail!("interrupted");
             }
