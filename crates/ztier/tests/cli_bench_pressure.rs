@@ -228,3 +228,48 @@ fn processes_left_running_are_ended_and_everything_restored() {
     assert_eq!(err.matches("the native run left 1 process running (").count(), 2, "{err}");
     assert_eq!(err.matches("the ztier run left 1 process running (").count(), 2, "{err}");
 }
+
+#[test]
+fn a_ztier_run_that_does_not_end_is_stopped_at_the_timeout() {
+    // A program that never ends under `ztier run` (here by choice: it
+    // waits on a sleep only when it sees the library's settings) left
+    // `bench pressure` waiting for ever: only kernel runs had a bound.
+    // Now the row says TIMEOUT, no ratio is drawn from it, the exit
+    // status says the comparison failed, and the sleep is ended too.
+    let pids = std::env::temp_dir().join(format!("ztier-pressure-hang-{}.pids", std::process::id()));
+    let _ = std::fs::remove_file(&pids);
+    let script = format!(
+        "if [ -n \"$ZTIER_BUDGET\" ]; then sleep 120 & echo $! >> {}; wait; fi; echo done",
+        pids.display()
+    );
+    let t = std::time::Instant::now();
+    let o = Command::new(ztier())
+        .args(["bench", "pressure", "--kernel", "none", "--budgets", "16M", "--pairs", "1"])
+        .args(["--timeout", "3", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{text}\n{err}");
+    assert!(t.elapsed().as_secs() < 60, "{err}");
+    let row = text.lines().find(|l| l.starts_with("ztier run")).expect(&text);
+    assert!(row.ends_with("TIMEOUT"), "{text}");
+    assert!(text.contains("ztier run at 16M: the program stopped at the timeout after 3 s"), "{text}");
+    assert!(!text.contains("× native pair by pair"), "{text}");
+    // A killed run wrote no statistics: none are made up for it.
+    assert!(!text.contains("fault service at 16M"), "{text}");
+    assert!(!text.contains("further pages take"), "{text}");
+    assert!(
+        err.contains("pair 1 at 16 MiB: native exit 0, ztier run exit 137 (killed at the timeout)"),
+        "{err}"
+    );
+    let listed = std::fs::read_to_string(&pids).unwrap();
+    std::fs::remove_file(&pids).unwrap();
+    let pids: Vec<u32> = listed.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    for pid in &pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&cmdline).starts_with("sleep"), "sleep {pid} still runs: {err}");
+    }
+    assert_eq!(err.matches("the ztier run left 1 process running (").count(), 2, "{err}");
+}

@@ -89,8 +89,9 @@ pub struct PressureArgs {
     /// thread) or signal (the faulting thread, in a SIGBUS handler).
     #[arg(long, default_value = "thread", value_parser = ["thread", "signal"])]
     pub fault_path: String,
-    /// Seconds after which a kernel-baseline run is killed and reported as
-    /// timed out (memory-cgroup swapping can stall for minutes).
+    /// Seconds after which a kernel-baseline or `ztier run` run is killed
+    /// and reported as timed out (memory-cgroup swapping can stall for
+    /// minutes). Native runs have no bound.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
     /// After the table's runs, time native and `ztier run` this many more
@@ -283,13 +284,25 @@ impl Row {
 /// and none when swap's run failed or gave another output — a run that
 /// did not do the work is no yardstick (e.g. xz in a pipeline whose
 /// write to the next stage got ENOMEM from a kernel allocation at the
-/// v1 limit: swap "finished" in 0.8× native).
+/// v1 limit: swap "finished" in 0.8× native); nor when ztier run did
+/// not do it.
 fn swap_ratios(rows: &[Row], budgets: &[u64]) -> Vec<String> {
     let mut lines = Vec::new();
     for &b in budgets {
         let find = |m: &str| rows.iter().find(|r| r.mode == m && r.budget == Some(b));
         let (Some(z), Some(s)) = (find("ztier run"), find("kernel swap (file)")) else { continue };
         let mb = b >> 20;
+        if !z.same_output {
+            let why = if z.timed_out {
+                "was stopped at the timeout"
+            } else if z.exit_code != 0 {
+                "failed"
+            } else {
+                "gave another output than native"
+            };
+            lines.push(format!("at {mb}M: no ratio to kernel swap to a file: ztier run {why}"));
+            continue;
+        }
         if !s.same_output && !s.timed_out {
             let why = if s.exit_code != 0 { "failed" } else { "gave another output than native" };
             lines.push(format!(
@@ -704,6 +717,8 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     let w2 = work.clone();
     restore.push("work folder", move || Ok(std::fs::remove_dir_all(&w2)?));
 
+    // Native runs, the yardstick, have no time bound (Ctrl-C ends them).
+    let timeout = std::time::Duration::from_secs(a.timeout);
     let mut rows: Vec<Row> = Vec::new();
     let native_out = work.join("native.out");
     eprintln!("native ...");
@@ -785,12 +800,15 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         }
         eprintln!("ztier run at {} MiB ...", budget >> 20);
         let out = work.join(format!("ztier-{budget}.out"));
-        let r = run_program(&ztier_args(&a, budget), Some(std::fs::File::create(&out)?))?;
+        let r = run_program(&ztier_args(&a, budget), Some(std::fs::File::create(&out)?), Some(timeout))?;
         end_leftovers("ztier run");
         if super::run::interrupted() {
             bail!("interrupted");
         }
         let s = &r.stats;
+        // What the library's processes wrote at exit: nothing to trust
+        // from a run killed at the timeout.
+        let lib = if r.timed_out { &serde_json::Value::Null } else { s };
         let wall = s["wall_s"].as_f64().unwrap_or(0.0);
         rows.push(Row {
             mode: "ztier run".into(),
@@ -800,22 +818,22 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             cpu_s: s["cpu_s"].as_f64().unwrap_or(0.0),
             peak_rss_bytes: s["peak_rss_bytes"].as_u64().unwrap_or(0),
             major_faults: s["major_faults"].as_u64().unwrap_or(0),
-            compressed_orig_bytes: s["orig_bytes"].as_u64(),
-            compressed_bytes: s["stored_bytes"].as_u64(),
-            same_output: r.code == 0 && same(&native_out, &out),
+            compressed_orig_bytes: lib["orig_bytes"].as_u64(),
+            compressed_bytes: lib["stored_bytes"].as_u64(),
+            same_output: r.code == 0 && !r.timed_out && same(&native_out, &out),
             exit_code: r.code,
-            timed_out: false,
+            timed_out: r.timed_out,
             oom_wakeups: 0,
-            faults: s["faults"].as_u64(),
-            fault_p50_us: s["fault_p50_us"].as_f64(),
-            fault_p99_us: s["fault_p99_us"].as_f64(),
-            fault_mean_us: s["fault_mean_us"].as_f64(),
-            store_faults: s["store_faults"].as_u64(),
-            lone_faults: s["lone_faults"].as_u64(),
-            fault_time_s: FaultTime::from_stats(s),
-            further_pages: s["prefetched"].as_u64(),
+            faults: lib["faults"].as_u64(),
+            fault_p50_us: lib["fault_p50_us"].as_f64(),
+            fault_p99_us: lib["fault_p99_us"].as_f64(),
+            fault_mean_us: lib["fault_mean_us"].as_f64(),
+            store_faults: lib["store_faults"].as_u64(),
+            lone_faults: lib["lone_faults"].as_u64(),
+            fault_time_s: FaultTime::from_stats(lib),
+            further_pages: lib["prefetched"].as_u64(),
             fault_path: Some(a.fault_path.clone()),
-            latency_ns: s["latency_ns"]
+            latency_ns: lib["latency_ns"]
                 .as_array()
                 .map(|h| h.iter().filter_map(|p| Some((p[0].as_u64()?, p[1].as_u64()?))).collect()),
             ..Default::default()
@@ -836,18 +854,20 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                 bail!("interrupted");
             }
             let out_z = work.join("pair-ztier.out");
-            let r = run_program(&ztier_args(&a, budget), Some(std::fs::File::create(&out_z)?))?;
+            let r =
+                run_program(&ztier_args(&a, budget), Some(std::fs::File::create(&out_z)?), Some(timeout))?;
             end_leftovers("ztier run");
             if super::run::interrupted() {
                 bail!("interrupted");
             }
             if m.code != 0 || r.code != 0 || !same(&native_out, &out) || !same(&native_out, &out_z) {
                 eprintln!(
-                    "ztier bench pressure: pair {i} at {} MiB: native exit {}, ztier run exit {}, \
+                    "ztier bench pressure: pair {i} at {} MiB: native exit {}, ztier run exit {}{}, \
                      outputs {} and {} the first native run's",
                     budget >> 20,
                     m.code,
                     r.code,
+                    if r.timed_out { " (killed at the timeout)" } else { "" },
                     if same(&native_out, &out) { "same as" } else { "differ from" },
                     if same(&native_out, &out_z) { "same as" } else { "differ from" },
                 );
@@ -1210,5 +1230,14 @@ mod tests {
         );
         let failed = swap_ratios(&[row("kernel swap (file)", 3.0, false, 1, false), z], &b);
         assert!(failed[0].contains("its run failed"), "{failed:?}");
+        // Nor a ztier run that did not do the work.
+        let swap = row("kernel swap (file)", 80.0, true, 0, false);
+        let stopped = swap_ratios(&[swap.clone(), row("ztier run", 60.0, false, 137, true)], &b);
+        assert_eq!(
+            stopped,
+            ["at 256M: no ratio to kernel swap to a file: ztier run was stopped at the timeout"]
+        );
+        let z_failed = swap_ratios(&[swap, row("ztier run", 2.0, false, 1, false)], &b);
+        assert_eq!(z_failed, ["at 256M: no ratio to kernel swap to a file: ztier run failed"]);
     }
 }

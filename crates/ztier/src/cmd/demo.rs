@@ -149,13 +149,13 @@ fn run_demo() -> Result<()> {
         vec![python.clone().into(), job.clone().into(), N.into()],
     );
     let managed_out = dir.join("managed.out");
-    let r = super::run::run_program(&ra, Some(std::fs::File::create(&managed_out)?))?;
+    let r = super::run::run_program(&ra, Some(std::fs::File::create(&managed_out)?), None)?;
     let s = &r.stats;
     let same = std::fs::read(&native_out)? == std::fs::read(&managed_out)?;
     // The same with faults served in the faulting thread.
     ra.fault_path = "signal".into();
     let signal_out = dir.join("signal.out");
-    let rs = super::run::run_program(&ra, Some(std::fs::File::create(&signal_out)?))?;
+    let rs = super::run::run_program(&ra, Some(std::fs::File::create(&signal_out)?), None)?;
     let same_signal = rs.code == 0 && std::fs::read(&native_out)? == std::fs::read(&signal_out)?;
     let mb = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / 1e6;
     let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);

@@ -257,11 +257,18 @@ pub struct RunOutcome {
     pub code: i32,
     /// The merged statistics.
     pub stats: Value,
+    /// Killed at the timeout given to [`run_program`].
+    pub timed_out: bool,
 }
 
 /// Runs `a.cmd` under the budget; the program's stdout goes to `stdout`
-/// (inherited when `None`), its stderr is inherited.
-pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutcome> {
+/// (inherited when `None`), its stderr is inherited. After `timeout` the
+/// program is killed (see [`measure_with_timeout`]).
+pub fn run_program(
+    a: &RunArgs,
+    stdout: Option<std::fs::File>,
+    timeout: Option<std::time::Duration>,
+) -> Result<RunOutcome> {
     let codec: ztier_codec::CodecId = a.codec.parse().map_err(|e| anyhow::anyhow!("--codec: {e}"))?;
     let allocator: ztier_store::alloc::AllocatorKind =
         a.allocator.parse().map_err(|e| anyhow::anyhow!("--allocator: {e}"))?;
@@ -344,7 +351,7 @@ pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutc
     if let Some(f) = stdout {
         cmd.stdout(f);
     }
-    let m = measure(&mut cmd)?;
+    let m = measure_with_timeout(&mut cmd, timeout)?;
     let code = m.code;
     let mut stats = merge_stats(&stats_dir)?;
     stats["wall_s"] = m.wall_s.into();
@@ -354,7 +361,7 @@ pub fn run_program(a: &RunArgs, stdout: Option<std::fs::File>) -> Result<RunOutc
     stats["cpu_s"] = m.cpu_s.into();
     stats["budget_bytes"] = a.budget.into();
     stats["fault_path"] = a.fault_path.clone().into();
-    Ok(RunOutcome { code, stats })
+    Ok(RunOutcome { code, stats, timed_out: m.timed_out })
 }
 
 /// What one measured child run gave.
@@ -744,7 +751,7 @@ pub fn run(a: RunArgs) -> Result<i32> {
             .open(path)
             .with_context(|| format!("--stats {}: cannot write there", path.display()))?;
     }
-    let out = run_program(&a, None)?;
+    let out = run_program(&a, None, None)?;
     let s = &out.stats;
     if let Some(path) = &a.stats {
         std::fs::write(path, pretty(s)? + "\n").with_context(|| format!("writing {}", path.display()))?;
