@@ -1886,8 +1886,8 @@ extern "C" fn fork_parent() {
     FORK_GUARDS.with(|f| f.borrow_mut().as_mut().expect("fork_prepare ran").1.parent_after_fork());
     unlock_all();
     g.stats.forks.fetch_add(1, Ordering::Relaxed);
-    // Back under the budget at once (pages of the spill file came back
-    // for the fork).
+    // Back under the budget at once (if the spill file could not be
+    // copied for the child, its pages came back for the fork).
     let r = lock(&g.mgr).evict(&g.stats);
     if let Err(e) = r {
         eprintln!("ztier: evicting after fork failed: {e}: aborting");
@@ -1948,8 +1948,9 @@ extern "C" fn fork_child() {
     // Its own statistics file (the parent's descriptor is closed).
     as_inside(open_stats);
     spawn_handlers();
-    // Back under the budget at once (pages of the spill file came back
-    // for the fork; the rest the child inherited as the parent had them).
+    // Back under the budget at once (if the spill file could not be
+    // copied for the child, its pages came back for the fork; the rest
+    // the child inherited as the parent had them).
     let r = lock(&g.mgr).evict(&g.stats);
     if let Err(e) = r {
         eprintln!("ztier: evicting in a forked child failed: {e}: aborting");

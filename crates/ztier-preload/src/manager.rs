@@ -2159,16 +2159,31 @@ impl Manager {
 
     /// Before `fork`: the child gets a copy of the memory, the store's
     /// included, so stored pages stay stored: the child serves them from
-    /// its copy. Only pages in the store's next tier (the spill file,
-    /// which the two processes would share) are brought back into memory
-    /// first; the parent evicts them again after the fork. Clean pages
-    /// whose kept copies went there lose the copies (they are resident). Then every
-    /// lock of the store is taken, so that the copy is whole; the parent
-    /// lets go of them in [`Manager::parent_after_fork`], the child in
+    /// its copy. The store's next tier (the spill file, which the two
+    /// processes would share) is copied for the child, each entry at its
+    /// offset ([`Store::prepare_fork_tier`]), so spilled pages stay
+    /// spilled too. Only if that copy cannot be made (a full device) are
+    /// they brought back into memory first, as before; the parent evicts
+    /// them again after the fork. Clean pages whose kept copies went
+    /// there then lose the copies (they are resident). Then every lock
+    /// of the store is taken, so that the copy is whole; the parent lets
+    /// go of them in [`Manager::parent_after_fork`], the child in
     /// [`Manager::reopen_after_fork`]. `used`: the parts of the arena ever
     /// handed out (page ranges); the rest is ABSENT.
     pub fn prepare_fork(&mut self, used: &[std::ops::Range<usize>], stats: &Stats) -> io::Result<()> {
-        if self.store.tier_entries() > 0 {
+        let child_keeps_tier = self.store.tier_entries() == 0
+            || self.store.prepare_fork_tier().unwrap_or_else(|e| {
+                static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                if !SAID.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "ztier: process {}: copying the spill file for a forked child failed ({e}): \
+                         spilled pages come back for a fork instead (said once)",
+                        std::process::id()
+                    );
+                }
+                false
+            });
+        if !child_keeps_tier {
             for i in pages_in(self.pages, used) {
                 if i % 1024 == 0 {
                     PROGRESS.fetch_add(1, Ordering::Relaxed);
@@ -2204,6 +2219,7 @@ impl Manager {
 
     /// In the parent after `fork`: lets go of the store's locks.
     pub fn parent_after_fork(&mut self) {
+        self.store.tier_parent_after_fork();
         // SAFETY: `prepare_fork` took them in this thread, and nothing
         // has let go of them since.
         unsafe { self.store.unlock_after_fork() };

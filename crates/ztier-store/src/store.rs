@@ -1322,9 +1322,30 @@ impl Store {
         }
     }
 
+    /// Before `fork`, with every other user of the store kept out (as for
+    /// [`Store::lock_for_fork`]): readies a copy of the next tier's
+    /// entries for the child ([`NextTier::prepare_fork`]). Returns whether
+    /// the child will keep them (also when there is no tier); if not, the
+    /// caller must take them back before forking.
+    pub fn prepare_fork_tier(&self) -> Result<bool, StoreError> {
+        match &self.tier {
+            Some(t) => t.prepare_fork().map_err(StoreError::from),
+            None => Ok(true),
+        }
+    }
+
+    /// In the parent after `fork` (or a failed one): lets go of what
+    /// [`Store::prepare_fork_tier`] readied.
+    pub fn tier_parent_after_fork(&self) {
+        if let Some(t) = &self.tier {
+            t.parent_after_fork();
+        }
+    }
+
     /// In a forked child, whose store is a copy of its parent's: the
     /// entries in RAM are the child's own already; the next tier is made
-    /// the child's own too ([`NextTier::after_fork`]).
+    /// the child's own too ([`NextTier::after_fork`]), with the entries
+    /// [`Store::prepare_fork_tier`] readied for it.
     pub fn after_fork(&self) -> Result<(), StoreError> {
         match &self.tier {
             Some(t) => t.after_fork().map_err(StoreError::from),

@@ -79,6 +79,18 @@ pub trait NextTier: Send + Sync {
     fn last_error(&self) -> Option<String> {
         None
     }
+    /// Before a fork, in the parent, with no other call in progress or
+    /// made until [`NextTier::after_fork`] (in the child) or
+    /// [`NextTier::parent_after_fork`]: readies a copy of every entry for
+    /// the child. Returns whether it did, so that the child keeps the
+    /// entries; if not (the default), the caller must take them back
+    /// before forking, since the child's tier starts empty.
+    fn prepare_fork(&self) -> Result<bool, TierError> {
+        Ok(false)
+    }
+    /// In the parent after a fork (or a failed one): lets go of what
+    /// [`NextTier::prepare_fork`] readied for the child.
+    fn parent_after_fork(&self) {}
     /// In a child just forked, whose tier is a copy of its parent's: make
     /// it the child's own, so that neither process sees the other's
     /// later entries or overwrites its space. Called with no other thread
@@ -90,6 +102,48 @@ pub trait NextTier: Send + Sync {
             self.name()
         ))))
     }
+}
+
+/// Copies `len` bytes at `off` of `from` to the same offset of `to`.
+fn copy_range(from: &File, to: &File, off: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (mut a, mut b) = (off as libc::loff_t, off as libc::loff_t);
+    let end = off + len;
+    while (a as u64) < end {
+        let want = (end - a as u64).min(1 << 30) as usize;
+        // SAFETY: two open descriptors and live offsets, which the call
+        // advances; it touches no memory of ours.
+        let n = unsafe { libc::copy_file_range(from.as_raw_fd(), &mut a, to.as_raw_fd(), &mut b, want, 0) };
+        match n {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n if n > 0 => {}
+            _ => {
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    // Not between these files: read and write instead.
+                    Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {
+                        return copy_by_hand(from, to, a as u64, end - a as u64)
+                    }
+                    Some(libc::EINTR) => {}
+                    _ => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`copy_range`] through a buffer.
+fn copy_by_hand(from: &File, to: &File, mut off: u64, len: u64) -> std::io::Result<()> {
+    let end = off + len;
+    let mut buf = vec![0u8; 1 << 20];
+    while off < end {
+        let n = (end - off).min(buf.len() as u64) as usize;
+        from.read_exact_at(&mut buf[..n], off)?;
+        to.write_all_at(&buf[..n], off)?;
+        off += n as u64;
+    }
+    Ok(())
 }
 
 fn remove_where<V>(
@@ -125,6 +179,11 @@ impl MemoryTier {
 impl NextTier for MemoryTier {
     fn name(&self) -> String {
         "memory".into()
+    }
+
+    /// The child's copy of the map will be its own.
+    fn prepare_fork(&self) -> Result<bool, TierError> {
+        Ok(true)
     }
 
     /// The child's copy of the map is its own already.
@@ -256,6 +315,9 @@ struct FileInner {
     used: u64,
     /// Why the latest failed put failed.
     last_error: Option<String>,
+    /// From [`NextTier::prepare_fork`] to the fork: a new spill file
+    /// holding every entry at the offset the index gives, for the child.
+    for_child: Option<File>,
 }
 
 /// A spill file: entries kept compressed on a file (de Castro's
@@ -293,6 +355,7 @@ impl FileTier {
                 free: FreeSpace::default(),
                 used: 0,
                 last_error: None,
+                for_child: None,
             }),
         }
     }
@@ -410,11 +473,56 @@ impl NextTier for FileTier {
         self.inner.lock().last_error.clone()
     }
 
-    /// The file is shared with the parent: the child takes a new, empty
-    /// one. It must hold no entries (the parent's would be lost: take
-    /// them back before forking).
+    /// A new spill file (opened as the first was) with every entry copied
+    /// to the same offset, so that the child's copy of the index holds
+    /// for it: by the kernel (`copy_file_range`, extents of adjacent
+    /// entries merged; a filesystem that shares blocks copies nothing),
+    /// or read and written where the kernel will not. Copying the
+    /// compressed bytes is the cheapest way to give the child its pages:
+    /// before, every spilled page came back resident for each fork, far
+    /// over the budget, and both processes compressed it again. Without
+    /// an opener, nothing is readied (`Ok(false)`); an error (a full
+    /// device) drops the partial copy.
+    fn prepare_fork(&self) -> Result<bool, TierError> {
+        let Some(open) = &self.reopen else { return Ok(false) };
+        let mut g = self.inner.lock();
+        g.for_child = None;
+        let mut extents: Vec<(u64, u64)> =
+            g.index.values().filter(|(_, m)| m.len > 0).map(|&(off, m)| (off, Self::units(m.len))).collect();
+        extents.sort_unstable();
+        let copy = open()?;
+        // Adjacent entries' extents merged into runs, each copied whole.
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (off, len) in extents {
+            match runs.last_mut() {
+                Some((a, l)) if *a + *l == off => *l += len,
+                _ => runs.push((off, len)),
+            }
+        }
+        // The last entry's padding may lie past the file's end.
+        let size = g.file.metadata()?.len();
+        for (off, len) in runs {
+            copy_range(&g.file, &copy, off, len.min(size.saturating_sub(off)))?;
+        }
+        g.for_child = Some(copy);
+        Ok(true)
+    }
+
+    fn parent_after_fork(&self) {
+        self.inner.lock().for_child = None;
+    }
+
+    /// The file is shared with the parent: the child takes the copy
+    /// [`NextTier::prepare_fork`] readied, or else a new, empty one. Then
+    /// it must hold no entries (the parent's would be lost: take them
+    /// back before forking).
     fn after_fork(&self) -> Result<(), TierError> {
         let mut g = self.inner.lock();
+        if let Some(copy) = g.for_child.take() {
+            g.file = copy;
+            g.last_error = None;
+            return Ok(());
+        }
         if !g.index.is_empty() {
             return Err(TierError::Io(std::io::Error::other(format!(
                 "the spill file holds {} entries at fork; a child cannot keep them",
@@ -552,6 +660,73 @@ mod tests {
         m.after_fork().unwrap();
         assert_eq!(m.get(k(2), &mut out, true).unwrap(), Some(meta(100)));
         assert_eq!(out, vec![3; 100]);
+    }
+
+    /// With a copy readied before the fork, a forked child's file tier
+    /// keeps every entry: it reads them from the copy (each at its
+    /// offset, the last one's padding past the file's end), whatever
+    /// the parent then writes to its own file. The parent lets go of the
+    /// copy and, holding entries, still cannot part without one.
+    #[test]
+    fn a_forked_child_keeps_the_entries_in_a_copy() {
+        let dir = std::env::temp_dir().join(format!("ztier-tier-forkcopy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (d, o) = (dir.clone(), opened.clone());
+        let open: Opener = Box::new(move || {
+            let n = o.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(d.join(format!("{n}")))
+        });
+        let t = FileTier::reopenable(open, 1 << 20).unwrap();
+        let k = |i| Key { pool: 0, object: 0, index: i };
+        let data = |i: u32| vec![i as u8 + 1; 100 + 37 * i as usize];
+        for i in 0..20 {
+            t.put(k(i), meta(data(i).len() as u16), &data(i)).unwrap();
+        }
+        // Holes between the entries left (not copied).
+        for i in [3, 4, 11] {
+            assert!(t.remove(k(i)));
+        }
+        // The parent's side: readied, then let go.
+        assert!(t.prepare_fork().unwrap());
+        t.parent_after_fork();
+        assert!(t.after_fork().unwrap_err().to_string().contains("holds 17 entries at fork"));
+        // The child's side.
+        assert!(t.prepare_fork().unwrap());
+        assert_eq!(opened.load(std::sync::atomic::Ordering::Relaxed), 3);
+        std::fs::write(dir.join("0"), vec![0xee; 8192]).unwrap();
+        t.after_fork().unwrap();
+        let mut out = Vec::new();
+        for i in (0..20).filter(|i| ![3, 4, 11].contains(i)) {
+            assert_eq!(t.get(k(i), &mut out, false).unwrap(), Some(meta(data(i).len() as u16)), "{i}");
+            assert_eq!(out, data(i), "{i}");
+        }
+        assert!(t.get(k(3), &mut out, false).unwrap().is_none());
+        // New entries go to the copy, into the holes first.
+        t.put(k(30), meta(200), &[9; 200]).unwrap();
+        assert_eq!(t.get(k(30), &mut out, true).unwrap(), Some(meta(200)));
+        assert_eq!(out, vec![9; 200]);
+        assert_eq!(t.entries(), 17);
+        // A tier given a ready-made file readies nothing; a memory tier's
+        // copy is the child's anyway.
+        assert!(!FileTier::create(&dir.join("fixed"), 1 << 20).unwrap().prepare_fork().unwrap());
+        assert!(MemoryTier::new(1 << 20).prepare_fork().unwrap());
+        // Where the kernel will not copy between two files, they are read
+        // and written.
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::write(&a, (0..3000u32).map(|i| i as u8).collect::<Vec<u8>>()).unwrap();
+        let (fa, fb) = (File::open(&a).unwrap(), std::fs::File::create(&b).unwrap());
+        copy_by_hand(&fa, &fb, 1000, 1500).unwrap();
+        let got = std::fs::read(&b).unwrap();
+        assert_eq!(got.len(), 2500);
+        assert!(got[..1000].iter().all(|&x| x == 0));
+        assert!(got[1000..].iter().enumerate().all(|(i, &x)| x == (1000 + i as u32) as u8));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
