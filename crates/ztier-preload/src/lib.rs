@@ -105,7 +105,7 @@ mod sys;
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use manager::{Config, Manager, Stats, PAGE};
@@ -514,6 +514,7 @@ fn start() -> bool {
                 libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
                 libc::atexit(at_exit);
             }
+            OWN_PID.store(std::process::id() as i32, Ordering::Relaxed);
             open_stats();
             spawn_handlers();
             let (user_mode_only, sigbus) = {
@@ -1747,7 +1748,8 @@ fn stats_json(g: &Global) -> String {
 /// that drops root later, as a daemon does, can no longer create a file
 /// in `ztier run`'s folder, but still writes through this at exit. Empty
 /// until then (`ztier run` passes over an empty one: the process ended
-/// without its exit handlers, by a signal or `_exit`).
+/// without its exit handlers, by a signal or a raw `exit_group`; `_exit`
+/// and `_Exit` write it first).
 static STATS_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// Opens [`STATS_FD`] for this process, closing one inherited from the
@@ -1784,7 +1786,54 @@ fn write_stats(path: &std::path::Path, json: &str) -> std::io::Result<()> {
     f.write_all_at(json.as_bytes(), 0)
 }
 
+/// The process whose library this is: set at start-up and in a forked
+/// child. A `vfork` child, which shares the memory, has another PID.
+static OWN_PID: AtomicI32 = AtomicI32::new(0);
+
+/// Has this process written its statistics and fault log ([`at_exit`])?
+static EXITED: AtomicBool = AtomicBool::new(false);
+
+/// `_exit(2)`: the process's statistics and fault log written first, as
+/// at a normal exit, then the process ends. Forked children often end
+/// so, their exit handlers being the parent's business: redis's `BGSAVE`
+/// child, CPython's `os._exit` (its `multiprocessing` workers), and
+/// their figures were missing from `--stats` and `bench pressure`
+/// (`forks.py`'s 20 children and redis's snapshots counted no fault).
+/// Not in a `vfork` child (its memory and descriptors are its parent's),
+/// nor from inside the library's own code on this thread (which may
+/// hold the lock the statistics are read under).
+///
+/// # Safety
+/// The C contract of `_exit`.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: libc::c_int) -> ! {
+    end(status)
+}
+
+/// `_Exit(3)`: as [`_exit`].
+///
+/// # Safety
+/// The C contract of `_Exit`.
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: libc::c_int) -> ! {
+    end(status)
+}
+
+fn end(status: libc::c_int) -> ! {
+    if ready() && !inside() && sud::raw(libc::SYS_getpid, [0; 6]) == OWN_PID.load(Ordering::Relaxed) as i64 {
+        at_exit();
+    }
+    // As glibc's `_exit`: the whole process, else (never seen) this thread.
+    loop {
+        sud::raw(libc::SYS_exit_group, [status as u64, 0, 0, 0, 0, 0]);
+        sud::raw(libc::SYS_exit, [status as u64, 0, 0, 0, 0, 0]);
+    }
+}
+
 extern "C" fn at_exit() {
+    if EXITED.swap(true, Ordering::AcqRel) {
+        return;
+    }
     as_inside(|| {
         let Some(g) = GLOBAL.get() else { return };
         if let Some(dir) = &g.cfg.stats_dir {
@@ -1946,6 +1995,7 @@ extern "C" fn fork_child() {
         }
     }
     // Its own statistics file (the parent's descriptor is closed).
+    OWN_PID.store(std::process::id() as i32, Ordering::Relaxed);
     as_inside(open_stats);
     spawn_handlers();
     // Back under the budget at once (if the spill file could not be

@@ -971,6 +971,32 @@ fn many_forks_of_a_cold_heap_keep_the_budget() {
     assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "no spill file left");
 }
 
+/// Forked children that end without their exit handlers (`exits.c`: by
+/// `_exit`, `_Exit`, and `_exit` from a signal handler; one by `exit`)
+/// are counted in `--stats`, each with the faults it took on its cold
+/// slice; a `vfork` child's `_exit` writes nothing of its parent's.
+/// Before, `ztier run` counted only the parent and the child that called
+/// `exit`: redis's `BGSAVE` children and CPython's `os._exit` (its
+/// `multiprocessing` workers, `examples/workloads/forks.py`) were left
+/// out of the figures.
+#[test]
+fn children_that_end_by_exit_without_handlers_are_counted() {
+    native_output_in_every_mode_and(
+        "exits",
+        &["children ok 4 of 4, vfork child ok", "heap intact: 1"],
+        |(path, umo), _, s, _| {
+            let procs = s["per_process"].as_array().unwrap();
+            assert_eq!(procs.len(), 5, "{path}, user-mode-only {umo}: the parent and four children: {s}");
+            let children: Vec<&serde_json::Value> = procs.iter().filter(|p| p["forked_child"] == 1).collect();
+            assert_eq!(children.len(), 4, "{path}, user-mode-only {umo}: {s}");
+            for c in children {
+                // 4096 pages, up to 32 a fault on a sequential walk.
+                assert!(c["store_faults"].as_u64().unwrap() > 50, "{path}, user-mode-only {umo}: {c}");
+            }
+        },
+    );
+}
+
 /// A spill file that cannot be copied for a forked child (its device
 /// is full: a 64 MiB tmpfs, against a spill file of ~46 MB): the parent
 /// says so and brings the spilled pages back for the fork, as before the
