@@ -616,16 +616,10 @@ mod tests {
         assert!(why.starts_with("writing the spill file failed: No space left on device"), "{why}");
     }
 
-    /// A forked child's tier: a file tier takes a new file of its own
-    /// (and refuses while it holds entries, which the child would lose);
-    /// one given a ready-made file cannot; a memory tier's copy is the
-    /// child's already.
-    #[test]
-    fn after_fork_parts_a_tier_from_its_parent() {
-        let dir = std::env::temp_dir().join(format!("ztier-tier-fork-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+    /// An opener of files 0, 1, 2, ... in `dir`, and how many it opened.
+    fn numbered_files(dir: &Path) -> (Opener, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
         let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (d, o) = (dir.clone(), opened.clone());
+        let (d, o) = (dir.to_path_buf(), opened.clone());
         let open: Opener = Box::new(move || {
             let n = o.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             std::fs::OpenOptions::new()
@@ -635,6 +629,18 @@ mod tests {
                 .truncate(true)
                 .open(d.join(format!("{n}")))
         });
+        (open, opened)
+    }
+
+    /// A forked child's tier: a file tier takes a new file of its own
+    /// (and refuses while it holds entries, which the child would lose);
+    /// one given a ready-made file cannot; a memory tier's copy is the
+    /// child's already.
+    #[test]
+    fn after_fork_parts_a_tier_from_its_parent() {
+        let dir = std::env::temp_dir().join(format!("ztier-tier-fork-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (open, opened) = numbered_files(&dir);
         let t = FileTier::reopenable(open, 1 << 20).unwrap();
         let k = |i| Key { pool: 0, object: 0, index: i };
         t.put(k(0), meta(300), &[1; 300]).unwrap();
@@ -671,17 +677,7 @@ mod tests {
     fn a_forked_child_keeps_the_entries_in_a_copy() {
         let dir = std::env::temp_dir().join(format!("ztier-tier-forkcopy-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (d, o) = (dir.clone(), opened.clone());
-        let open: Opener = Box::new(move || {
-            let n = o.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(d.join(format!("{n}")))
-        });
+        let (open, opened) = numbered_files(&dir);
         let t = FileTier::reopenable(open, 1 << 20).unwrap();
         let k = |i| Key { pool: 0, object: 0, index: i };
         let data = |i: u32| vec![i as u8 + 1; 100 + 37 * i as usize];

@@ -188,6 +188,19 @@ fn ctrl_c_in_the_middle_restores_too() {
     assert_eq!(system_state(), before, "everything undone after Ctrl-C");
 }
 
+/// The sleeps whose PIDs the program listed in `pids` (removed here):
+/// `n` of them, none still running (`err`: the bench's stderr).
+fn sleeps_ended(pids: &std::path::Path, n: usize, err: &str) {
+    let listed = std::fs::read_to_string(pids).unwrap();
+    std::fs::remove_file(pids).unwrap();
+    let pids: Vec<u32> = listed.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(pids.len(), n, "{pids:?}");
+    for pid in &pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&cmdline).starts_with("sleep"), "sleep {pid} still runs: {err}");
+    }
+}
+
 #[test]
 fn processes_left_running_are_ended_and_everything_restored() {
     // The program starts a process it leaves running (as a script leaves
@@ -216,14 +229,7 @@ fn processes_left_running_are_ended_and_everything_restored() {
     assert!(t.elapsed().as_secs() < 60, "the runs do not wait for what they left");
     assert_eq!(system_state(), before, "swap and cgroups are as they were");
     // Native, swap, ztier run, then a pair: five sleeps, none left.
-    let listed = std::fs::read_to_string(&pids).unwrap();
-    std::fs::remove_file(&pids).unwrap();
-    let pids: Vec<u32> = listed.lines().map(|l| l.parse().unwrap()).collect();
-    assert_eq!(pids.len(), 5, "{pids:?}");
-    for pid in &pids {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(!String::from_utf8_lossy(&cmdline).starts_with("sleep"), "sleep {pid} still runs: {err}");
-    }
+    sleeps_ended(&pids, 5, &err);
     // And the user is told, once for each native and ztier run.
     assert_eq!(err.matches("the native run left 1 process running (").count(), 2, "{err}");
     assert_eq!(err.matches("the ztier run left 1 process running (").count(), 2, "{err}");
@@ -263,13 +269,6 @@ fn a_ztier_run_that_does_not_end_is_stopped_at_the_timeout() {
         err.contains("pair 1 at 16 MiB: native exit 0, ztier run exit 137 (killed at the timeout)"),
         "{err}"
     );
-    let listed = std::fs::read_to_string(&pids).unwrap();
-    std::fs::remove_file(&pids).unwrap();
-    let pids: Vec<u32> = listed.lines().map(|l| l.parse().unwrap()).collect();
-    assert_eq!(pids.len(), 2, "{pids:?}");
-    for pid in &pids {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(!String::from_utf8_lossy(&cmdline).starts_with("sleep"), "sleep {pid} still runs: {err}");
-    }
+    sleeps_ended(&pids, 2, &err);
     assert_eq!(err.matches("the ztier run left 1 process running (").count(), 2, "{err}");
 }
