@@ -179,11 +179,36 @@ pub fn attach(arm_it: bool) -> bool {
     if !arm_it {
         return true;
     }
+    if !ARMED.with(Cell::get) {
+        adopt_program_stack(base);
+    }
     ARMED.with(|a| a.set(true));
     // A child forked from inside a handler of the program keeps its
     // level's setting.
     arm_for_levels(base, LEVELS_N.with(Cell::get));
     true
+}
+
+/// Before the library's stack becomes the kernel's alternate stack: an
+/// alternate stack the program set up before dispatch began (with a real
+/// `sigaltstack`: Rust's runtime does so at start, for its stack-overflow
+/// handler, before the library starts) becomes the emulated one, as if
+/// the call had come later. Replaced unseen, it was lost: the program's
+/// `SA_ONSTACK` handler then ran on the overflowed stack itself, faulted
+/// again and the process died by `SIGSEGV` without the runtime's "has
+/// overflowed its stack". The library's own stack (a forked child
+/// inherits it armed) is not the program's.
+fn adopt_program_stack(base: usize) {
+    // SAFETY: stack_t is plain data; all zeros is valid.
+    let mut old: libc::stack_t = unsafe { std::mem::zeroed() };
+    if raw(libc::SYS_sigaltstack, [0, &mut old as *mut libc::stack_t as u64, 0, 0, 0, 0]) != 0 {
+        return;
+    }
+    let sp = old.ss_sp as usize;
+    let ours = (base - GUARD..base + SIZE).contains(&sp);
+    if old.ss_flags & libc::SS_DISABLE == 0 && !ours && PROGRAM.with(Cell::get).2 & libc::SS_DISABLE != 0 {
+        PROGRAM.with(|p| p.set((sp, old.ss_size, old.ss_flags & SS_AUTODISARM)));
+    }
 }
 
 /// Arms the stack at `base` as the innermost of the first `n` levels of

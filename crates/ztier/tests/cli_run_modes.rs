@@ -789,22 +789,35 @@ fn threads_started_without_pthread_create() {
 /// stack and overflowed it: the process died by `SIGSEGV` (exit 139 with
 /// `--fault-path signal`, and in both modes for a Rust program) instead of
 /// `SIGABRT`. Same output and the same signal as native in every mode.
+///
+/// `overflow main`: the main thread overflows, its alternate stack set
+/// up before the library started (as Rust's runtime sets up the main
+/// thread's). Where system calls are caught, the library's own alternate
+/// stack replaced it unseen: the handler ran on the overflowed stack and
+/// the process died by `SIGSEGV`, without its message (every Rust program
+/// whose main thread overflowed, in signal and user-mode-only modes).
 #[test]
 fn a_handler_on_a_small_alternate_stack_makes_its_calls() {
     use std::os::unix::process::ExitStatusExt;
     let d = tmp("overflow");
     let exe = compile(&d, "overflow");
-    let n = native(&[&exe], &d);
-    assert_eq!(n.status.signal(), Some(libc::SIGABRT), "{n:?}");
-    let text = String::from_utf8_lossy(&n.stdout).into_owned();
-    assert!(text.contains("thread has overflowed its stack"), "native run: {text}");
-    for (path, umo) in MODES {
-        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
-        assert_eq!(m.status.code(), Some(128 + libc::SIGABRT), "{path}, user-mode-only {umo}: {m:?}");
-        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
-        // An aborted process writes no stats of its own (40 MiB of
-        // ballast under a 16 MiB budget all the same).
-        assert_eq!(s["exit_code"].as_i64(), Some(128 + libc::SIGABRT as i64), "{s}");
+    for args in [vec![exe.as_str()], vec![exe.as_str(), "main"]] {
+        let n = native(&args, &d);
+        assert_eq!(n.status.signal(), Some(libc::SIGABRT), "{args:?}: {n:?}");
+        let text = String::from_utf8_lossy(&n.stdout).into_owned();
+        assert!(text.contains("thread has overflowed its stack"), "native run {args:?}: {text}");
+        for (path, umo) in MODES {
+            let (m, s) = managed_in_mode(&d, (path, umo), &args, &[]);
+            assert_eq!(
+                m.status.code(),
+                Some(128 + libc::SIGABRT),
+                "{args:?}, {path}, user-mode-only {umo}: {m:?}"
+            );
+            assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{args:?}, {path}, user-mode-only {umo}");
+            // An aborted process writes no stats of its own (40 MiB of
+            // ballast under a 16 MiB budget all the same).
+            assert_eq!(s["exit_code"].as_i64(), Some(128 + libc::SIGABRT as i64), "{s}");
+        }
     }
 }
 

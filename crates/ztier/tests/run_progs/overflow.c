@@ -4,7 +4,12 @@
  * system calls (signal masks, as abort does) and ends the process with
  * abort(). The thread that overflows has a 1 MiB stack; the heap holds
  * ballast that goes cold. Exits by SIGABRT after printing its message;
- * the same natively. */
+ * the same natively.
+ *
+ * With the argument "main" the main thread overflows instead, on its own
+ * stack, and its alternate stack is set up first thing, before the heap
+ * is allocated: before the library starts (it starts after 1 MiB of
+ * allocations), as Rust's runtime sets up the main thread's. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -44,7 +49,13 @@ static void *overflow(void *arg) {
     return NULL;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    int on_main = argc > 1 && strcmp(argv[1], "main") == 0;
+    static unsigned char alt[ALT];
+    if (on_main) {
+        stack_t ss = { .ss_sp = alt, .ss_size = ALT, .ss_flags = 0 };
+        if (sigaltstack(&ss, NULL)) { perror("sigaltstack"); return 2; }
+    }
     size_t n = 40u << 20;
     unsigned char *ballast = malloc(n);
     if (!ballast) return 2;
@@ -56,6 +67,10 @@ int main(void) {
     sa.sa_handler = on_segv;
     sa.sa_flags = SA_ONSTACK;
     if (sigaction(SIGSEGV, &sa, NULL)) { perror("sigaction"); return 2; }
+    if (on_main) {
+        printf("%llu\n", (unsigned long long)deep(0));
+        return 0;
+    }
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 1 << 20);
