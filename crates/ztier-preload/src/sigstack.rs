@@ -53,7 +53,10 @@
 //!   call records it for the thread and reports it, `SS_ONSTACK` from
 //!   the caller's stack pointer, `EPERM` to change it while on it,
 //!   `SS_AUTODISARM` honoured; the kernel never writes there, so it may
-//!   lie in the arena with nothing kept pinned.
+//!   lie in the arena with nothing kept pinned. One the thread set up
+//!   before dispatch began (Rust's runtime sets up the main thread's
+//!   before the library starts) is taken over as the recorded one when
+//!   the library's stack replaces it (`adopt_program_stack`).
 //! - A handler that leaves by a jump (`siglongjmp`, see [`crate::sud`]'s
 //!   `jump`) leaves its level here too: the stack is armed again as the
 //!   innermost handler still running had it, or whole ([`leave`]).
