@@ -1978,6 +1978,7 @@ extern "C" fn fork_child() {
         m.unlock_after_fork();
         shim::unlock_after_fork();
         g.stats.reset(m.resident());
+        m.inherit_store(&g.stats);
         g.stats.forked_child.store(1, Ordering::Relaxed);
     });
     unlock_all();

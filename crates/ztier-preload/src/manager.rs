@@ -494,16 +494,28 @@ pub struct Stats {
     pub clean_evicted: AtomicU64,
     /// Clean pages written (a write-protect fault; their copy dropped).
     pub dirtied: AtomicU64,
-    /// Forks (each brought every stored page back first).
+    /// Forks.
     pub forks: AtomicU64,
-    /// 1 in a forked child (it inherited every page resident).
+    /// 1 in a forked child (it inherited the parent's pages, resident
+    /// and stored, and a copy of its store).
     pub forked_child: AtomicU64,
     /// Resident pages now.
     pub resident: AtomicUsize,
-    /// Most memory the store used (sampled after each eviction round).
+    /// Most memory the store used (sampled after each eviction round),
+    /// less what it held when this process was forked
+    /// ([`Stats::store_inherited`]).
     pub peak_store_bytes: AtomicU64,
-    /// Uncompressed bytes the store (and spill file) held at that moment.
+    /// Uncompressed bytes the store (and spill file) held at that moment,
+    /// less those it held at the fork.
     pub peak_store_orig: AtomicU64,
+    /// In a forked child, the store's memory and uncompressed bytes at
+    /// the fork: its copy of the parent's store, counted in the parent's
+    /// figures already. Without it, each child of a fork reported its
+    /// parent's store as its own, and the figures of a process tree
+    /// (`ztier run --stats`, `bench pressure`'s "compressed" column) summed
+    /// it once per child: 2692 MB in for a program of 169 MB
+    /// (`examples/workloads/forks.py`, 20 children).
+    pub store_inherited: (AtomicU64, AtomicU64),
     /// Most resident pages seen.
     pub peak_resident: AtomicUsize,
     /// Fault service time, buckets of [`lat_bucket`].
@@ -556,6 +568,7 @@ impl Stats {
             resident: AtomicUsize::new(0),
             peak_store_bytes: AtomicU64::new(0),
             peak_store_orig: AtomicU64::new(0),
+            store_inherited: (AtomicU64::new(0), AtomicU64::new(0)),
             peak_resident: AtomicUsize::new(0),
             latency: (0..LAT_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             service_ns: AtomicU64::new(0),
@@ -1490,7 +1503,8 @@ impl Manager {
     }
 
     /// Records the store's size if it is the largest seen (for the
-    /// `orig_bytes`/`stored_bytes` statistics).
+    /// `orig_bytes`/`stored_bytes` statistics), less what a forked child
+    /// inherited ([`Manager::inherit_store`]).
     fn sample_store(&mut self, stats: &Stats) {
         let st = self.store.stats();
         if let Some(s) = &mut self.sizing {
@@ -1499,9 +1513,14 @@ impl Manager {
                 s.policy.compressed(s.size);
             }
         }
-        if st.memory_used >= stats.peak_store_bytes.load(Ordering::Relaxed) {
-            stats.peak_store_bytes.store(st.memory_used, Ordering::Relaxed);
-            stats.peak_store_orig.store(st.orig_bytes + st.tier_entries * PAGE as u64, Ordering::Relaxed);
+        let used = st.memory_used.saturating_sub(stats.store_inherited.0.load(Ordering::Relaxed));
+        if used >= stats.peak_store_bytes.load(Ordering::Relaxed) {
+            let orig = st.orig_bytes + st.tier_entries * PAGE as u64;
+            stats.peak_store_bytes.store(used, Ordering::Relaxed);
+            stats.peak_store_orig.store(
+                orig.saturating_sub(stats.store_inherited.1.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -2133,6 +2152,14 @@ impl Manager {
     pub fn unlock_after_fork(&mut self) {
         self.locked_all = false;
         self.unlock_pages(0, self.pages);
+    }
+
+    /// In a forked child, after [`Stats::reset`]: what its store holds
+    /// now is the parent's, not counted in the child's store figures.
+    pub fn inherit_store(&self, stats: &Stats) {
+        let st = self.store.stats();
+        stats.store_inherited.0.store(st.memory_used, Ordering::Relaxed);
+        stats.store_inherited.1.store(st.orig_bytes + st.tier_entries * PAGE as u64, Ordering::Relaxed);
     }
 
     /// In a forked child: releases the pages the parent marked

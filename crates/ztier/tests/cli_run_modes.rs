@@ -915,7 +915,8 @@ fn memory_the_kernel_writes_outside_system_calls() {
 /// could take: with the children left to run at once, its handler failed
 /// with `EBADF` in every run (now they are made before the program runs
 /// on). With a spill file in use, the child gets a copy of it (each
-/// entry at its offset) and spills into that.
+/// entry at its offset) and spills into that. A child's store figures
+/// (`orig_bytes`, `stored_bytes`) leave out the copy it inherited.
 #[test]
 fn many_forks_of_a_cold_heap_keep_the_budget() {
     let d = tmp("forkmany");
@@ -937,6 +938,14 @@ fn many_forks_of_a_cold_heap_keep_the_budget() {
         let parent = procs.iter().find(|p| p["forks"] == 200).unwrap_or_else(|| panic!("{what}: {s}"));
         let c = parent["pages_compressed"].as_u64().unwrap();
         assert!(c > heap_pages / 2 && c < 3 * heap_pages, "{what}: the parent compressed {c} pages");
+        // A child's store figures count what its store grew by, not the
+        // copy of the parent's it inherited: before, a child that evicted
+        // anything reported the parent's ~49 MiB as its own.
+        let orig = parent["orig_bytes"].as_u64().unwrap();
+        assert!(orig > 16 << 20, "{what}: the parent's store held {orig} bytes of its heap");
+        for p in procs.iter().filter(|p| p["forked_child"] == 1) {
+            assert!(p["orig_bytes"].as_u64().unwrap() < orig / 4, "{what}: a child's store: {p}");
+        }
     }
     // With `--clean wp` (full mode only): the parent's slice came back
     // write-protected with its copy kept; the fork drops the protection,
