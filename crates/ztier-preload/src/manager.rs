@@ -83,7 +83,8 @@
 //! - `wp`: every store fault keeps the copies and installs the pages
 //!   write-protected (`UFFDIO_COPY_MODE_WP`), marked CLEAN. A first write
 //!   is a write-protect fault: the copy is dropped, the protection removed
-//!   (adding permissions needs no TLB shootdown), the writer woken. A page
+//!   (a call as dear as making one, shootdown included:
+//!   `scripts/wp-cost.c`), the writer woken. A page
 //!   still CLEAN when it is evicted is only released — no compression, no
 //!   write-protect call. Each first write costs a round trip through the
 //!   handler on the program's CPU, so this pays for read-mostly data only.
@@ -1563,7 +1564,8 @@ impl Manager {
     /// the batch: see the module docs): it becomes RESIDENT again (at the
     /// back of probation from its commit on), its stored copy (if it had
     /// one) dropped, its write protection
-    /// removed (adding a permission: no TLB shootdown). It stays OWNED
+    /// removed (one call; on this kernel removing a protection sends a
+    /// TLB shootdown as making one does, `scripts/wp-cost.c`). It stays OWNED
     /// until the commit, so nothing releases or evicts it while the
     /// evictor may still be reading it, and the evictor neither releases
     /// it nor keeps what it made of it. Returns whether it was taken back.
@@ -1815,8 +1817,7 @@ impl Manager {
         }
         let page = self.addr(i);
         if s & STATE == RESIDENT {
-            // Unprotecting only adds permissions: no TLB shootdown. It
-            // wakes the writer.
+            // It wakes the writer.
             self.uffd.writeprotect(page, PAGE, false)
         } else {
             self.uffd.wake(page, PAGE)
@@ -2492,8 +2493,7 @@ impl Victims {
     /// while the pages are still OWNED: after it the program may unmap
     /// them, and the call would fail on a range no longer registered
     /// (it did, `ENOENT`, and aborted the process, when a full store
-    /// refused many pages). Unprotecting only adds permissions: no TLB
-    /// shootdown.
+    /// refused many pages).
     pub fn unprotect_kept(&self, outcome: &[Outcome]) -> io::Result<()> {
         let kept = self.pages.iter().zip(outcome).filter(|(_, &o)| o == Outcome::Kept);
         for (f, n) in runs_of(kept.map(|(&i, _)| i)) {
