@@ -57,7 +57,6 @@
 //! Sharding makes the FIFO/LRU order per shard, an approximation of one
 //! global order that keeps every operation on one lock of N.
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -513,54 +512,80 @@ fn hash_key(k: &Key) -> u64 {
     (h & !(0xF | (0x7F << 57))) | ((h + lo) & 0xF) | (tag << 57)
 }
 
-thread_local! {
-    static ENCODERS: RefCell<Vec<PageEncoder>> = const { RefCell::new(Vec::new()) };
-    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+/// Page buffers and encoders lent to whichever thread needs one, from a
+/// pool rather than kept per thread: a thread-local value with a
+/// destructor registers it, on the thread's first use, with glibc's
+/// `__cxa_thread_atexit_impl`, which allocates with the program's
+/// `calloc`. Under `ztier run` that may be an allocator of the program's
+/// own (rustc links jemalloc in), whose lock the faulting thread — or
+/// the one the handler serves — holds while it touches its fresh memory:
+/// the fault's service then waited for that lock for ever. A pool that
+/// is busy (a crash handler that interrupted its holder) lends a fresh
+/// one; at most [`POOL_KEEP`] are kept.
+static SCRATCH: Mutex<Vec<Vec<u8>>> = parking_lot::const_mutex(Vec::new());
+static ENCODERS: Mutex<Vec<PageEncoder>> = parking_lot::const_mutex(Vec::new());
+const POOL_KEEP: usize = 64;
+
+/// Makes, now, what the store's locks keep per thread: parking_lot's
+/// thread data, made on a thread's first wait for a lock and registered
+/// then with glibc's thread-exit destructors, which allocate with the
+/// program's `calloc`. For a thread that will use the store where the
+/// program's own allocator may be locked (see the pool below): `ztier
+/// run`'s threads, and the program's threads where faults are served in
+/// the faulting thread.
+pub fn prepare_thread() {
+    static KEY: u8 = 0;
+    // SAFETY: parking on a key of our own with a validation that refuses:
+    // nothing is parked or unparked, and no callback but `validate` runs.
+    unsafe {
+        parking_lot_core::park(
+            &KEY as *const u8 as usize,
+            || false,
+            || {},
+            |_, _| {},
+            parking_lot_core::DEFAULT_PARK_TOKEN,
+            None,
+        )
+    };
 }
 
-/// A page-sized buffer borrowed from this thread (not zeroed on every
-/// use; the codec writes what is read back), returned when dropped.
+/// A page-sized buffer from the pool (not zeroed on every use; the codec
+/// writes what is read back), returned when dropped.
 struct Scratch(Vec<u8>);
 
 impl Scratch {
     fn take() -> Self {
-        // (A thread that is exiting may still use the store, from a
-        // system call its thread-local destructors make: a fresh buffer.)
-        let mut v = SCRATCH.try_with(|s| std::mem::take(&mut *s.borrow_mut())).unwrap_or_default();
-        if v.len() < PAGE_SIZE {
-            v = vec![0; PAGE_SIZE];
+        match SCRATCH.try_lock().and_then(|mut p| p.pop()) {
+            Some(v) => Scratch(v),
+            None => Scratch(vec![0; PAGE_SIZE]),
         }
-        Scratch(v)
     }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let v = std::mem::take(&mut self.0);
-        let _ = SCRATCH.try_with(|s| *s.borrow_mut() = v);
+        if let Some(mut p) = SCRATCH.try_lock() {
+            if p.len() < POOL_KEEP {
+                p.push(std::mem::take(&mut self.0));
+            }
+        }
     }
 }
 
-/// Runs `f` with this thread's encoder for `codec` (and raw fraction).
+/// Runs `f` with an encoder for `codec` (and raw fraction) from the pool.
 fn with_encoder<R>(codec: CodecId, raw: (usize, usize), f: impl FnOnce(&mut PageEncoder) -> R) -> R {
-    let mut f = Some(f);
-    let r = ENCODERS.try_with(|e| {
-        let f = f.take().expect("called once");
-        let mut v = e.borrow_mut();
-        let i = match v.iter().position(|p| p.codec_id() == codec && p.limit(4 * raw.1) == 4 * raw.0) {
-            Some(i) => i,
-            None => {
-                v.push(PageEncoder::new(codec).raw_fraction(raw.0, raw.1));
-                v.len() - 1
-            }
-        };
-        f(&mut v[i])
-    });
-    match r {
-        Ok(r) => r,
-        // This thread's encoders are gone (it is exiting): a fresh one.
-        Err(_) => (f.take().expect("not called"))(&mut PageEncoder::new(codec).raw_fraction(raw.0, raw.1)),
+    let fits = |p: &PageEncoder| p.codec_id() == codec && p.limit(4 * raw.1) == 4 * raw.0;
+    let mut enc = ENCODERS
+        .try_lock()
+        .and_then(|mut p| p.iter().position(fits).map(|i| p.swap_remove(i)))
+        .unwrap_or_else(|| PageEncoder::new(codec).raw_fraction(raw.0, raw.1));
+    let r = f(&mut enc);
+    if let Some(mut p) = ENCODERS.try_lock() {
+        if p.len() < POOL_KEEP {
+            p.push(enc);
+        }
     }
+    r
 }
 
 /// The compressed page store. Shared between threads by reference.
