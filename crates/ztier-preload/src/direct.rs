@@ -523,7 +523,7 @@ pub unsafe extern "C-unwind" fn fcntl64(fd: c_int, cmd: c_int, arg: u64) -> c_in
     fcntl_via(1, fd, cmd, arg)
 }
 
-extern "C" fn look_up_all() {
+pub(crate) extern "C" fn look_up_all() {
     for (slot, name) in REAL.iter().zip(NAMES) {
         slot.store(lookup(name), Ordering::Relaxed);
     }

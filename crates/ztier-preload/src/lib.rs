@@ -53,7 +53,9 @@
 //! **Start-up** waits until the process has asked for
 //! `ZTIER_START_AFTER` bytes (default 1 MiB) or creates a thread: a
 //! process that never does (a shell, a helper) makes no arena, thread or
-//! userfaultfd (see [`START_AFTER`]).
+//! userfaultfd (see [`START_AFTER`]). It never comes before the library's
+//! constructor has run, and a program with a `malloc` of its own starts
+//! it there ([`library_loaded`]).
 //!
 //! **fork**: a child gets a copy of the memory — the compressed store
 //! included — but not of the handler thread, and the kernel drops the
@@ -414,7 +416,9 @@ fn global_for(bytes: usize) -> Option<&'static Global> {
         return GLOBAL.get();
     }
     if state == UNINIT
-        && BEFORE_START.fetch_add(bytes.min(1 << 40), Ordering::Relaxed).saturating_add(bytes) < start_after()
+        && (BEFORE_START.fetch_add(bytes.min(1 << 40), Ordering::Relaxed).saturating_add(bytes)
+            < start_after()
+            || !LOADED.load(Ordering::Acquire))
     {
         return None;
     }
@@ -445,6 +449,75 @@ fn global_for(bytes: usize) -> Option<&'static Global> {
             _ => return None,
         }
     }
+}
+
+/// The library's constructor has run ([`library_loaded`]).
+static LOADED: AtomicBool = AtomicBool::new(false);
+
+/// The library's constructor. Until it has run the library does not
+/// start ([`global_for`]): constructors of the program's libraries run
+/// before it (the dynamic linker orders a preloaded library after the
+/// program's dependencies), and one that allocates may do so from
+/// inside a lock of the program's own allocator. rustc has jemalloc
+/// linked in, and libLLVM's constructor is its first `malloc`: jemalloc
+/// maps its first memory while it holds its initialisation lock, that
+/// `mmap` started the library, whose `pthread_create` allocates the new
+/// thread's TLS with the program's `calloc` — jemalloc's, which waited
+/// for that lock for ever (every rustc under `ztier run` hung before
+/// `main`). Memory asked for before then is glibc's or the kernel's,
+/// unmanaged.
+///
+/// Here, no lock of the program's is held. A program whose `malloc` is
+/// not the library's (its executable has one of its own) starts the
+/// library now, whatever it has allocated: later, its allocator's
+/// `mmap` calls are made with its locks held, and the start-up's
+/// thread creations would call back into it. Others start here if
+/// what they asked for before already reaches the threshold.
+extern "C" fn library_loaded() {
+    // Function pointers dispatch needs, which their own constructors
+    // may not have looked up yet (the order of one library's
+    // constructors is the linker's).
+    direct::look_up_all();
+    sud::find_jumps();
+    let own_malloc = program_has_own_malloc();
+    LOADED.store(true, Ordering::Release);
+    if STATE.load(Ordering::Acquire) == UNINIT
+        && (own_malloc || BEFORE_START.load(Ordering::Relaxed) >= start_after())
+    {
+        let _ = global_for(usize::MAX);
+        // Dispatch, if that start turned it on for this thread, is left
+        // open until library code ends (as a shim's guard does at its end):
+        // the program's calls from here on are caught.
+        sud::rearm();
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static LIBRARY_LOADED: extern "C" fn() = library_loaded;
+
+/// Does `malloc` resolve to another object's than this library (an
+/// allocator linked into the executable, which the dynamic linker finds
+/// before any preloaded library)? Told by the object that holds it: the
+/// address of the library's own exported `malloc`, taken here, is
+/// itself resolved through that lookup.
+fn program_has_own_malloc() -> bool {
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches
+    // the global scope, as a call from the program resolves.
+    let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
+    if found.is_null() {
+        return false;
+    }
+    let object = |addr: *const libc::c_void| {
+        // SAFETY: a zeroed Dl_info is valid (null pointers), and dladdr
+        // only writes it.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; any address may be asked about.
+        let known = unsafe { libc::dladdr(addr, &mut info) } != 0;
+        known.then_some(info.dli_fbase as usize)
+    };
+    let ours = object(library_loaded as *const () as *const libc::c_void);
+    ours.is_some() && object(found) != ours
 }
 
 fn env_size(name: &str) -> Option<usize> {
@@ -517,6 +590,10 @@ fn start() -> bool {
             OWN_PID.store(std::process::id() as i32, Ordering::Relaxed);
             open_stats();
             spawn_handlers();
+            // This thread's per-thread data for faults it serves itself
+            // (`prepare_thread`; new threads make theirs in
+            // `pthread_create`).
+            ztier_store::store::prepare_thread();
             let (user_mode_only, sigbus) = {
                 let m = lock(&GLOBAL.get().expect("set").mgr);
                 (m.uffd.user_mode_only, m.uffd.sigbus)
@@ -1060,6 +1137,8 @@ struct HandlerArg {
     /// CPUs to run on; `None`: the whole allowed set.
     cpus: Option<Vec<usize>>,
     role: Role,
+    /// Set by the new thread once it has made its per-thread data.
+    ready: std::sync::Arc<AtomicBool>,
 }
 
 fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
@@ -1071,6 +1150,12 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
         let _ = INSIDE.try_with(|c| c.set(true));
         // SAFETY: arg is the Box<HandlerArg> leaked by spawn_handler.
         let arg = unsafe { Box::from_raw(arg.cast::<HandlerArg>()) };
+        // What the store's locks need per thread, made while the spawner
+        // waits (see `prepare_thread`), and this thread's thread-local
+        // table kept resident (`keep_thread_vector`).
+        ztier_store::store::prepare_thread();
+        sud::keep_thread_vector();
+        arg.ready.store(true, Ordering::Release);
         match &arg.cpus {
             Some(cpus) => pin(cpus),
             // Not pinned: the whole allowed set, not the pin it inherited.
@@ -1101,7 +1186,8 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
     if let Role::Handler { .. } = role {
         HANDLER_THREADS.fetch_add(1, Ordering::Relaxed);
     }
-    let arg = Box::into_raw(Box::new(HandlerArg { cpus, role }));
+    let ready = std::sync::Arc::new(AtomicBool::new(false));
+    let arg = Box::into_raw(Box::new(HandlerArg { cpus, role, ready: ready.clone() }));
     let mut t: libc::pthread_t = 0;
     // SAFETY: an all-zero pthread_attr_t is storage for pthread_attr_init.
     let mut attr: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
@@ -1130,6 +1216,16 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
     if r != 0 {
         eprintln!("ztier: cannot start the fault handler: {}", std::io::Error::from_raw_os_error(r));
         std::process::abort();
+    }
+    // The new thread makes its per-thread data (glibc allocates for it
+    // with the program's `calloc`) before the program runs on: a program
+    // with an allocator of its own may take that allocator's lock and
+    // fault with it held, and a handler that then needed the lock would
+    // never serve the fault. Bounded: a spawn from a library thread while
+    // the program holds that lock waits no longer than this.
+    let t0 = std::time::Instant::now();
+    while !ready.load(Ordering::Acquire) && t0.elapsed() < std::time::Duration::from_secs(1) {
+        std::thread::yield_now();
     }
     // SAFETY: t is the thread just created; naming it is cosmetic.
     unsafe {

@@ -791,6 +791,12 @@ pub enum KeptKind {
     /// kernel's walk of the thread's robust list reads and marks it
     /// after the thread's last code has run.
     Robust,
+    /// The thread's dynamic thread vector (glibc's table of its
+    /// thread-local blocks), which every access to a library's
+    /// thread-local reads: glibc allocates it with the program's
+    /// `calloc`, arena memory where the program has an allocator of its
+    /// own ([`crate::sud::keep_thread_vector`]).
+    Dtv,
 }
 
 /// One kept pin: thread `tid`'s `kind` of memory, pages `[first, end)`.

@@ -1235,6 +1235,10 @@ extern "C" fn start_unpinned(a: *mut c_void) -> *mut c_void {
     if s.stack.1 > 0 {
         crate::as_inside(|| crate::sud::keep_thread_stack(s.stack.0, s.stack.1));
     }
+    // Before the program's code runs: what faults served in this thread
+    // need per thread (`prepare_thread`, `keep_thread_vector`).
+    ztier_store::store::prepare_thread();
+    crate::sud::keep_thread_vector();
     crate::sud::rearm();
     (s.f)(s.arg)
 }

@@ -1871,7 +1871,7 @@ pub enum Jump {
     LongjmpChk = 3,
 }
 
-extern "C" fn find_jumps() {
+pub(crate) extern "C" fn find_jumps() {
     for (slot, name) in REAL_JUMPS.iter().zip([c"longjmp", c"_longjmp", c"siglongjmp", c"__longjmp_chk"]) {
         // SAFETY: dlsym with a NUL-terminated name, at load time.
         slot.store(unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize, Ordering::Relaxed);
@@ -1996,8 +1996,49 @@ fn keep_kernel_memory(g: &crate::Global, nr: i64, a: [u64; 6]) {
         KeptKind::Rseq => "an rseq area",
         KeptKind::Stack => "a thread's stack",
         KeptKind::Robust => "a robust mutex",
+        KeptKind::Dtv => "a thread's thread-local table",
     };
     until_pinned(g, what, |m| m.keep_pinned(tid, kind, first, n, &g.stats));
+}
+
+/// In a new thread (the library's or the program's), before it runs
+/// anything else: its dynamic thread vector stays resident while it runs
+/// if it lies in the arena ([`crate::manager::KeptKind::Dtv`]). glibc allocates it in
+/// `pthread_create` with the program's `calloc`; where that is the
+/// library's, the dynamic linker's calls are sent to glibc's malloc, but
+/// a program with an allocator of its own (rustc's jemalloc) gives it
+/// arena memory. Each access to a thread-local of this library reads it:
+/// a handler thread whose table went out of memory faulted on itself,
+/// and under `--fault-path signal` the `SIGBUS` handler's first
+/// thread-local faulted again inside the handler (the process died by
+/// `SIGSEGV`). A table glibc moves later (a `dlopen`ed library with
+/// thread-locals of its own grows it) is not followed.
+///
+/// x86-64 glibc: the thread's control block, at `%fs:0`, holds the
+/// table's address at offset 8; the table's entry -1 (16 bytes before
+/// that address, where its allocation starts) holds its length, and the
+/// allocation has length + 2 entries of 16 bytes.
+pub fn keep_thread_vector() {
+    let Some(g) = crate::GLOBAL.get() else { return };
+    let dtv: usize;
+    // SAFETY: reads the thread pointer's word at offset 8 (glibc's
+    // tcbhead_t.dtv), which every glibc thread has.
+    unsafe { std::arch::asm!("mov {}, fs:[8]", out(reg) dtv, options(nostack, readonly, preserves_flags)) };
+    let start = dtv.wrapping_sub(16);
+    if dtv < 16 || start < g.base || start >= g.base + g.arena_bytes {
+        return;
+    }
+    // SAFETY: entry -1 of the table glibc made for this thread; just
+    // allocated and written (calloc), so resident.
+    let len = unsafe { *(start as *const usize) };
+    let end = start.saturating_add(len.saturating_add(2).saturating_mul(16)).min(g.base + g.arena_bytes);
+    let (first, last) = (g.page_of(start), g.page_of(end - 1));
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    use crate::manager::KeptKind;
+    until_pinned(g, "a thread's thread-local table", |m| {
+        m.keep_pinned(tid, KeptKind::Dtv, first, last + 1 - first, &g.stats)
+    });
 }
 
 /// Pins the pages of a stack the program gives a new thread, before

@@ -4,6 +4,7 @@
 //! `make test` runs this file once; `cli_run.rs`, whose tests take the
 //! way from the environment, runs once per way.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -896,6 +897,89 @@ fn memory_the_kernel_writes_outside_system_calls() {
         assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
         assert!(compressed(&s) > 20000, "{s}");
         assert_eq!(s["per_process"][0]["user_mode_only"].as_bool(), Some(umo == "1"), "{s}");
+    }
+}
+
+/// A program with a `malloc` of its own in its executable, as rustc has
+/// jemalloc (`ownmalloc.c`: a bump allocator that maps 4 MiB chunks with
+/// `mmap` while it holds its lock, which is not recursive; its first
+/// call made by the constructor of a library it links,
+/// `ownmalloc_early.c`, before the preloaded library's; 96 MiB of
+/// blocks, checked by a second thread and the main thread). glibc's own
+/// allocations go to that `malloc` too: a new thread's TLS table, and
+/// the thread-exit destructors a thread registers on its first use of a
+/// thread-local. Before, every such program hung before `main`: the
+/// allocator's first `mmap` started the library, whose `pthread_create`
+/// called back into the allocator, waiting on its own lock (every rustc
+/// under `ztier run`). Started in the library's constructor instead,
+/// the handler still hung on that lock (its first contended store lock
+/// registered parking_lot's per-thread data), and with `--fault-path
+/// signal` the `SIGBUS` handler's first thread-local read faulted on a
+/// thread's table evicted with the program's memory (`SIGSEGV`). Same
+/// output as native in every mode, the heap compressed; a run that does
+/// not end within a minute fails.
+#[test]
+fn a_program_with_a_malloc_of_its_own() {
+    let d = tmp("ownmalloc");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run_progs");
+    let cc = |args: &[&str], what: &str| {
+        let o = Command::new("cc").args(args).current_dir(&d).output().unwrap();
+        assert!(o.status.success(), "compiling {what}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    require("cc");
+    let early = src.join("ownmalloc_early.c");
+    cc(&["-O2", "-shared", "-fPIC", "-o", "libownmalloc_early.so", early.to_str().unwrap()], "the library");
+    let main = src.join("ownmalloc.c");
+    cc(
+        &[
+            "-O2",
+            "-pthread",
+            "-o",
+            "ownmalloc",
+            main.to_str().unwrap(),
+            "-Wl,--no-as-needed",
+            "-L.",
+            "-lownmalloc_early",
+            "-Wl,-rpath,$ORIGIN",
+        ],
+        "the program",
+    );
+    let n = native(&["./ownmalloc"], &d);
+    assert!(n.status.success(), "{n:?}");
+    let text = String::from_utf8_lossy(&n.stdout).into_owned();
+    assert!(
+        text.starts_with("own malloc: 3072 blocks, 96 MiB") && text.ends_with("called for all\n"),
+        "{text}"
+    );
+    for (path, umo) in MODES {
+        let what = format!("{path}, user-mode-only {umo}");
+        let stats = d.join(format!("{path}-{umo}.json"));
+        let mut child = Command::new(ztier())
+            .args(["run", "--budget", "16M", "--fault-path", path, "--stats"])
+            .arg(&stats)
+            .args(["--", "./ownmalloc"])
+            .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+            .current_dir(&d)
+            .stdout(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t0.elapsed() > std::time::Duration::from_secs(60) {
+                // The whole group: `ztier run` and the program, by its id.
+                // SAFETY: signalling the process group this test made.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                let _ = child.wait();
+                panic!("{what}: no end within 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let m = child.wait_with_output().unwrap();
+        assert!(m.status.success(), "{what}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{what}");
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        assert!(compressed(&s) > 10000, "{what}: {s}");
     }
 }
 

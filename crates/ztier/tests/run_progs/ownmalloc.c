@@ -1,0 +1,128 @@
+/* A program with a malloc of its own, linked into the executable, as
+ * rustc has jemalloc: the program's calls and glibc's and the dynamic
+ * linker's (a new thread's TLS, in pthread_create) all come to it, not
+ * to the library's. Like jemalloc, it maps its memory with mmap while it
+ * holds its lock, which is not recursive: a call into it from inside
+ * that mmap waits for ever. Its first call comes from the constructor of
+ * a library it links (ownmalloc_early.c), which runs before the
+ * preloaded library's, as rustc's comes from one of libLLVM's.
+ *
+ * Then 96 MiB in blocks of 4 to 64 KiB, each filled with a pattern of
+ * its own; a second thread checks the even blocks while the main thread
+ * checks the odd ones, and both sum them. Prints the sums. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define CHUNK (4u << 20)
+#define HEADER 16
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static char *cur, *end;
+static unsigned long calls;
+
+/* A block of at least n bytes aligned to `align` (a power of two, at
+ * least 16), its size kept in the 16 bytes before it. */
+static void *take(size_t n, size_t align) {
+    if (n > ((size_t)1 << 40)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    pthread_mutex_lock(&lock);
+    calls++;
+    for (;;) {
+        uintptr_t p = ((uintptr_t)cur + HEADER + align - 1) & ~(uintptr_t)(align - 1);
+        if (cur && p + n <= (uintptr_t)end) {
+            cur = (char *)((p + n + 15) & ~(uintptr_t)15);
+            ((size_t *)p)[-1] = n;
+            pthread_mutex_unlock(&lock);
+            return (void *)p;
+        }
+        size_t len = n + align + HEADER > CHUNK ? (n + align + HEADER + 4095) & ~(size_t)4095 : CHUNK;
+        /* Under the lock, as jemalloc grows its extents. */
+        void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            pthread_mutex_unlock(&lock);
+            errno = ENOMEM;
+            return NULL;
+        }
+        cur = m;
+        end = (char *)m + len;
+    }
+}
+
+static size_t size_of(void *p) { return ((size_t *)p)[-1]; }
+
+void *malloc(size_t n) { return take(n, 16); }
+void free(void *p) { (void)p; }
+void *calloc(size_t n, size_t size) {
+    if (size && n > SIZE_MAX / size) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *p = take(n * size, 16);
+    if (p) memset(p, 0, n * size);
+    return p;
+}
+void *realloc(void *p, size_t n) {
+    void *q = take(n, 16);
+    if (p && q) memcpy(q, p, size_of(p) < n ? size_of(p) : n);
+    return q;
+}
+void *memalign(size_t align, size_t n) { return take(n, align < 16 ? 16 : align); }
+void *aligned_alloc(size_t align, size_t n) { return memalign(align, n); }
+int posix_memalign(void **out, size_t align, size_t n) {
+    void *p = memalign(align, n);
+    if (!p) return ENOMEM;
+    *out = p;
+    return 0;
+}
+void *valloc(size_t n) { return memalign(4096, n); }
+void *pvalloc(size_t n) { return memalign(4096, (n + 4095) & ~(size_t)4095); }
+size_t malloc_usable_size(void *p) { return p ? size_of(p) : 0; }
+
+#define BLOCKS 3072
+static uint64_t *block[BLOCKS];
+static size_t words[BLOCKS];
+
+static uint64_t check(unsigned from) {
+    uint64_t sum = 0;
+    for (unsigned b = from; b < BLOCKS; b += 2)
+        for (size_t i = 0; i < words[b]; i++) {
+            if (block[b][i] != ((b * 0x9E3779B97F4A7C15u) ^ i)) {
+                printf("block %u word %zu: %llx\n", b, i, (unsigned long long)block[b][i]);
+                exit(1);
+            }
+            sum += block[b][i] >> 32;
+        }
+    return sum;
+}
+
+static void *checker(void *arg) {
+    (void)arg;
+    return (void *)(uintptr_t)check(0);
+}
+
+int main(void) {
+    size_t total = 0;
+    for (unsigned b = 0; b < BLOCKS; b++) {
+        words[b] = (4096 + (b * 7919u % 15) * 4096) / 8;
+        block[b] = malloc(words[b] * 8);
+        if (!block[b]) return 2;
+        for (size_t i = 0; i < words[b]; i++) block[b][i] = (b * 0x9E3779B97F4A7C15u) ^ i;
+        total += words[b] * 8;
+    }
+    pthread_t t;
+    if (pthread_create(&t, NULL, checker, NULL)) return 3;
+    uint64_t odd = check(1);
+    void *even;
+    pthread_join(t, &even);
+    printf("own malloc: %u blocks, %zu MiB, sums %llx %llx, called %s\n", BLOCKS, total >> 20,
+           (unsigned long long)(uintptr_t)even, (unsigned long long)odd, calls > BLOCKS ? "for all" : "too few");
+    return 0;
+}
