@@ -1976,20 +1976,7 @@ fn keep_kernel_memory(g: &crate::Global, nr: i64, a: [u64; 6]) {
         libc::SYS_rseq => (KeptKind::Rseq, (a[2] & 1 == 0).then_some((a[0], a[1]))),
         _ => return,
     };
-    let (first, n) = match range {
-        Some((p, len)) => {
-            let (p, end) = (
-                (p as usize).max(g.base),
-                (p as usize).saturating_add(len as usize).min(g.base + g.arena_bytes),
-            );
-            if p < end {
-                (g.page_of(p), g.page_of(end - 1) + 1 - g.page_of(p))
-            } else {
-                (0, 0)
-            }
-        }
-        None => (0, 0),
-    };
+    let (first, n) = range.map_or((0, 0), |(p, len)| arena_pages(g, p as usize, len as usize));
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     let what = match kind {
@@ -1999,6 +1986,17 @@ fn keep_kernel_memory(g: &crate::Global, nr: i64, a: [u64; 6]) {
         KeptKind::Dtv => "a thread's thread-local table",
     };
     until_pinned(g, what, |m| m.keep_pinned(tid, kind, first, n, &g.stats));
+}
+
+/// The arena's pages that bytes `[p, p + len)` touch: (first page,
+/// pages), (0, 0) if none.
+fn arena_pages(g: &crate::Global, p: usize, len: usize) -> (usize, usize) {
+    let (lo, end) = (p.max(g.base), p.saturating_add(len).min(g.base + g.arena_bytes));
+    if lo < end {
+        (g.page_of(lo), g.page_of(end - 1) + 1 - g.page_of(lo))
+    } else {
+        (0, 0)
+    }
 }
 
 /// In a new thread (the library's or the program's), before it runs
@@ -2025,19 +2023,19 @@ pub fn keep_thread_vector() {
     // tcbhead_t.dtv), which every glibc thread has.
     unsafe { std::arch::asm!("mov {}, fs:[8]", out(reg) dtv, options(nostack, readonly, preserves_flags)) };
     let start = dtv.wrapping_sub(16);
-    if dtv < 16 || start < g.base || start >= g.base + g.arena_bytes {
+    if dtv < 16 || !g.in_arena(start) {
         return;
     }
-    // SAFETY: entry -1 of the table glibc made for this thread; just
-    // allocated and written (calloc), so resident.
+    // SAFETY: entry -1 of the table glibc made for this thread, just
+    // allocated and written (calloc): mapped, and most likely still
+    // resident (a page evicted since is faulted back as any access).
     let len = unsafe { *(start as *const usize) };
-    let end = start.saturating_add(len.saturating_add(2).saturating_mul(16)).min(g.base + g.arena_bytes);
-    let (first, last) = (g.page_of(start), g.page_of(end - 1));
+    let (first, n) = arena_pages(g, start, len.saturating_add(2).saturating_mul(16));
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     use crate::manager::KeptKind;
     until_pinned(g, "a thread's thread-local table", |m| {
-        m.keep_pinned(tid, KeptKind::Dtv, first, last + 1 - first, &g.stats)
+        m.keep_pinned(tid, KeptKind::Dtv, first, n, &g.stats)
     });
 }
 
