@@ -479,6 +479,9 @@ extern "C" fn library_loaded() {
     // constructors is the linker's).
     direct::look_up_all();
     sud::find_jumps();
+    // glibc's exec and spawn functions, and what a program started from
+    // this one inherits (the environment is still the initial one).
+    spawn::note_start();
     let own_malloc = program_has_own_malloc();
     LOADED.store(true, Ordering::Release);
     if STATE.load(Ordering::Acquire) == UNINIT

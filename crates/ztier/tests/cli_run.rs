@@ -505,6 +505,40 @@ fn fork_with_and_without_exec() {
 }
 
 #[test]
+fn children_started_with_an_environment_of_their_own_are_managed_too() {
+    let d = tmp("clean-env");
+    // Each child holds 48 MiB at a 16M budget. Before, a child whose
+    // environment its parent made (no LD_PRELOAD, no ZTIER_*) ran
+    // unmanaged and silently outside the budget: only the parent was
+    // in the statistics.
+    let script = r#"
+import os, subprocess, sys
+code = "b = [bytes([i % 251]) * 4096 for i in range(12000)]; print('child', sum(x[0] for x in b), flush=True)"
+child = [sys.executable, "-c", code]
+subprocess.run(child, env={}, check=True)
+subprocess.run(child, env={"LD_PRELOAD": "", "ZTIER_BUDGET": "16777216"}, check=True, close_fds=False)
+pid = os.posix_spawn(child[0], child, {"A": "1"})
+assert os.waitpid(pid, 0)[1] == 0
+subprocess.run(["env", "-i", sys.executable, "-c", code], check=True)
+print("parent done")
+"#;
+    std::fs::write(d.join("clean_env.py"), script).unwrap();
+    let s = same_as_native("16M", &["python3", "clean_env.py"], &d);
+    let children: Vec<&serde_json::Value> = s["per_process"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pages_compressed"].as_u64().unwrap() > 5000)
+        .collect();
+    assert_eq!(
+        children.len(),
+        4,
+        "subprocess env={{}}, LD_PRELOAD='', posix_spawn, env -i: {}",
+        s["per_process"]
+    );
+}
+
+#[test]
 fn the_library_starts_at_the_first_mib_and_takes_blocks_that_grow_past_it() {
     let d = tmp("late");
     // A process that asks for less than 1 MiB is never managed: no arena,

@@ -43,6 +43,9 @@ hint (the memory comes from ztier's arena; runtimes check what they got). exec'd
 and forked children are managed too, each from the request that brings what it\n\
 asked for to 1 MiB (or from its second thread): the little it allocated before\n\
 stays glibc's, and small helpers (a shell's) run as natively, without the arena.\n\
+A child started with an environment its parent made (env -i, env LD_PRELOAD=..,\n\
+subprocess with env=) gets ztier's LD_PRELOAD and ZTIER_* settings added back,\n\
+except through system(), popen() and execl(): those keep the program's own.\n\
 Memory mapped with a fixed address outside the arena or other protections, thread\n\
 stacks and glibc's own internal mappings are not.\n\
 Needs userfaultfd: root, or vm.unprivileged_userfaultfd=1, or (any other user)\n\
