@@ -539,6 +539,43 @@ print("parent done")
 }
 
 #[test]
+fn a_statically_linked_program_is_said_to_be_out_of_reach() {
+    require("cc");
+    let d = tmp("static");
+    let src = d.join("st.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\nint main(void) { size_t n = 48 << 20; \
+         char *p = malloc(n); memset(p, 1, n); long s = 0; for (size_t i = 0; i < n; i += 4096) s += p[i]; \
+         printf(\"%ld\\n\", s); return 3; }\n",
+    )
+    .unwrap();
+    let exe = d.join("st");
+    let o = Command::new("cc").args(["-O2", "-static", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    assert!(o.status.success(), "cc -static (libc6-dev's libc.a): {}", String::from_utf8_lossy(&o.stderr));
+    // A script whose interpreter is that program is judged by it.
+    let script = d.join("st.sh");
+    std::fs::write(&script, format!("#!{}\n", exe.display())).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for cmd in [&exe, &script] {
+        let cmd = cmd.to_str().unwrap();
+        let n = native(&[cmd], &d);
+        let (m, s) = managed("16M", &[cmd], &d);
+        // It runs as natively, and the user is told that the budget
+        // did not hold: before, nothing said so.
+        assert_eq!((m.status.code(), &m.stdout), (n.status.code(), &n.stdout), "{cmd}");
+        assert_eq!(m.status.code(), Some(3));
+        let err = String::from_utf8_lossy(&m.stderr);
+        assert!(err.contains("st is statically linked") && err.contains("not managed"), "{cmd}: {err}");
+        assert!(err.contains("went over the budget (16 MiB)"), "{cmd}: {err}");
+        assert_eq!(s["processes"].as_u64(), Some(0), "{s}");
+    }
+    // A dynamically linked program gets no such warning.
+    let (m, _) = managed("16M", &["python3", "-c", "print(len(bytearray(48 << 20)))"], &d);
+    assert!(m.status.success() && !String::from_utf8_lossy(&m.stderr).contains("warning"), "{m:?}");
+}
+
+#[test]
 fn the_library_starts_at_the_first_mib_and_takes_blocks_that_grow_past_it() {
     let d = tmp("late");
     // A process that asks for less than 1 MiB is never managed: no arena,

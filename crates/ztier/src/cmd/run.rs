@@ -18,6 +18,7 @@
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -46,6 +47,9 @@ stays glibc's, and small helpers (a shell's) run as natively, without the arena.
 A child started with an environment its parent made (env -i, env LD_PRELOAD=..,\n\
 subprocess with env=) gets ztier's LD_PRELOAD and ZTIER_* settings added back,\n\
 except through system(), popen() and execl(): those keep the program's own.\n\
+A statically linked program is out of reach (no dynamic linker reads LD_PRELOAD):\n\
+ztier warns before it runs, and after, if no process started the library while\n\
+the peak RSS went over the budget.\n\
 Memory mapped with a fixed address outside the arena or other protections, thread\n\
 stacks and glibc's own internal mappings are not.\n\
 Needs userfaultfd: root, or vm.unprivileged_userfaultfd=1, or (any other user)\n\
@@ -365,6 +369,60 @@ pub fn run_program(
     stats["budget_bytes"] = a.budget.into();
     stats["fault_path"] = a.fault_path.clone().into();
     Ok(RunOutcome { code, stats, timed_out: m.timed_out })
+}
+
+/// Why the program `cmd` (a path, or a name looked up in `PATH`) cannot
+/// load ztier's library, if its file says so: a statically linked ELF
+/// executable has no dynamic linker to read `LD_PRELOAD`. A script is
+/// judged by its interpreter (`#!`, as the kernel follows it: a few
+/// levels). `None` when it can (or the file cannot be read: the
+/// program's start will say why).
+pub fn out_of_reach(cmd: &std::ffi::OsStr) -> Option<String> {
+    out_of_reach_at(cmd, 0)
+}
+
+fn out_of_reach_at(cmd: &std::ffi::OsStr, depth: u32) -> Option<String> {
+    let path = if cmd.as_encoded_bytes().contains(&b'/') {
+        PathBuf::from(cmd)
+    } else {
+        let dirs = std::env::var_os("PATH")?;
+        std::env::split_paths(&dirs).map(|d| d.join(cmd)).find(|p| {
+            use std::os::unix::fs::PermissionsExt;
+            p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })?
+    };
+    let mut head = vec![0; 4096];
+    let n = std::fs::File::open(&path).and_then(|mut f| f.read(&mut head)).ok()?;
+    head.truncate(n);
+    if head.starts_with(b"#!") && depth < 4 {
+        let line = head[2..].split(|&c| c == b'\n').next()?;
+        let interp = line.split(|&c| c == b' ' || c == b'\t').find(|t| !t.is_empty())?;
+        return out_of_reach_at(std::ffi::OsStr::from_bytes(interp), depth + 1)
+            .map(|why| format!("{why} (the interpreter of {})", path.display()));
+    }
+    if head.starts_with(b"\x7fELF") {
+        let whole = std::fs::read(&path).ok()?;
+        return (static_elf_executable(&whole) == Some(true))
+            .then(|| format!("{} is statically linked", path.display()));
+    }
+    None
+}
+
+/// Is this 64-bit little-endian ELF file an executable (`ET_EXEC`, or
+/// `ET_DYN`: a PIE, static or not) with no `PT_INTERP` program header,
+/// so that no dynamic linker runs for it? `None` if it is not such a
+/// file.
+fn static_elf_executable(b: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    if b.get(4) != Some(&2) || b.get(5) != Some(&1) {
+        return None;
+    }
+    let u16_at = |o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
+    let (phoff, phentsize, phnum) = (u64_at(0x20)? as usize, u16_at(0x36)? as usize, u16_at(0x38)? as usize);
+    let types: Vec<u32> = (0..phnum).map(|k| u32_at(phoff + k * phentsize)).collect::<Option<_>>()?;
+    Some(matches!(u16_at(16)?, 2 | 3) && !types.contains(&PT_INTERP))
 }
 
 /// What one measured child run gave.
@@ -754,8 +812,21 @@ pub fn run(a: RunArgs) -> Result<i32> {
             .open(path)
             .with_context(|| format!("--stats {}: cannot write there", path.display()))?;
     }
+    if let Some(why) = out_of_reach(a.cmd[0].as_ref()) {
+        eprintln!("ztier: warning: {why}: LD_PRELOAD cannot reach it, so its own memory is not managed");
+    }
     let out = run_program(&a, None, None)?;
     let s = &out.stats;
+    let peak = s["peak_rss_bytes"].as_u64().unwrap_or(0);
+    if s["processes"].as_u64() == Some(0) && peak > a.budget {
+        eprintln!(
+            "ztier: warning: no process of the program started ztier's library, and its peak RSS ({} MiB) \
+             went over the budget ({} MiB): none of its memory was managed (a statically linked program, \
+             a set-user-ID one, or one started without LD_PRELOAD)",
+            peak >> 20,
+            a.budget >> 20
+        );
+    }
     if let Some(path) = &a.stats {
         std::fs::write(path, pretty(s)? + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
