@@ -400,7 +400,10 @@ fn out_of_reach_at(cmd: &std::ffi::OsStr, depth: u32) -> Option<String> {
         return out_of_reach_at(std::ffi::OsStr::from_bytes(interp), depth + 1)
             .map(|why| format!("{why} (the interpreter of {})", path.display()));
     }
-    if head.starts_with(b"\x7fELF") {
+    // The dynamic linker run as a command (`ld-linux-x86-64.so.2 PROG`)
+    // has no PT_INTERP of its own, and reads LD_PRELOAD for PROG.
+    let name = path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default();
+    if head.starts_with(b"\x7fELF") && !name.starts_with(b"ld-linux") && !name.starts_with(b"ld.so") {
         let whole = std::fs::read(&path).ok()?;
         return (static_elf_executable(&whole) == Some(true))
             .then(|| format!("{} is statically linked", path.display()));
