@@ -203,48 +203,45 @@ fn completed<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c_char)
     }
     let text = if has_lib { 0 } else { 12 + inh.lib.len() + preload.map_or(0, |v| v.len() + 1) };
     let ptrs = n + missing + 2;
+    let scan = Scan { envp, n, old: preload, preload_entry: !has_lib, present };
     if ptrs <= ON_STACK_PTRS && text <= ON_STACK_TEXT {
-        build_on_stack(inh, envp, n, preload, !has_lib, &present, f)
+        build_on_stack(inh, &scan, f)
     } else {
         let mut p = vec![std::ptr::null(); ptrs];
         let mut t = vec![0u8; text.max(1)];
-        f(build(inh, envp, n, preload, !has_lib, &present, &mut p, &mut t))
+        f(build(inh, &scan, &mut p, &mut t))
     }
+}
+
+/// What [`completed`] found in a caller's environment that lacks
+/// something.
+struct Scan<'a> {
+    envp: *const *const c_char,
+    /// Its entries.
+    n: usize,
+    /// The value of its last `LD_PRELOAD`.
+    old: Option<&'a [u8]>,
+    /// That does not name the library: a new entry goes first.
+    preload_entry: bool,
+    /// Which of [`Inherit::vars`] it has.
+    present: [bool; MAX_VARS],
 }
 
 /// [`build`] into buffers on the stack (a frame of its own, so that
 /// calls that lack nothing do not reserve it).
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn build_on_stack<R>(
-    inh: &Inherit,
-    envp: *const *const c_char,
-    n: usize,
-    old: Option<&[u8]>,
-    preload_entry: bool,
-    present: &[bool; MAX_VARS],
-    f: impl FnOnce(*const *const c_char) -> R,
-) -> R {
+fn build_on_stack<R>(inh: &Inherit, scan: &Scan, f: impl FnOnce(*const *const c_char) -> R) -> R {
     let mut p = [std::ptr::null(); ON_STACK_PTRS];
     let mut t = [0u8; ON_STACK_TEXT];
-    f(build(inh, envp, n, old, preload_entry, present, &mut p, &mut t))
+    f(build(inh, scan, &mut p, &mut t))
 }
 
 /// Writes the completed environment into `p` (and its `LD_PRELOAD=`
-/// entry into `t` when `preload_entry`): that entry first, the caller's
+/// entry into `t` when one is needed): that entry first, the caller's
 /// entries (less its `LD_PRELOAD` ones, then), the missing `ZTIER_*`
 /// ones, a null.
-#[allow(clippy::too_many_arguments)]
-fn build(
-    inh: &Inherit,
-    envp: *const *const c_char,
-    n: usize,
-    old: Option<&[u8]>,
-    preload_entry: bool,
-    present: &[bool; MAX_VARS],
-    p: &mut [*const c_char],
-    t: &mut [u8],
-) -> *const *const c_char {
+fn build(inh: &Inherit, scan: &Scan, p: &mut [*const c_char], t: &mut [u8]) -> *const *const c_char {
+    let Scan { envp, n, old, preload_entry, ref present } = *scan;
     let mut k = 0;
     if preload_entry {
         let mut w = 0;
