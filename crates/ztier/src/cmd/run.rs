@@ -391,9 +391,10 @@ fn out_of_reach_at(cmd: &std::ffi::OsStr, depth: u32) -> Option<String> {
             p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })?
     };
-    let mut head = vec![0; 4096];
-    let n = std::fs::File::open(&path).and_then(|mut f| f.read(&mut head)).ok()?;
-    head.truncate(n);
+    // The ELF header and its program headers, which follow it in every
+    // linker's output, lie in the first 64 KiB; a `#!` line too.
+    let mut head = Vec::new();
+    std::fs::File::open(&path).and_then(|f| f.take(64 << 10).read_to_end(&mut head)).ok()?;
     if head.starts_with(b"#!") && depth < 4 {
         let line = head[2..].split(|&c| c == b'\n').next()?;
         let interp = line.split(|&c| c == b' ' || c == b'\t').find(|t| !t.is_empty())?;
@@ -404,8 +405,7 @@ fn out_of_reach_at(cmd: &std::ffi::OsStr, depth: u32) -> Option<String> {
     // has no PT_INTERP of its own, and reads LD_PRELOAD for PROG.
     let name = path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default();
     if head.starts_with(b"\x7fELF") && !name.starts_with(b"ld-linux") && !name.starts_with(b"ld.so") {
-        let whole = std::fs::read(&path).ok()?;
-        return (static_elf_executable(&whole) == Some(true))
+        return (static_elf_executable(&head) == Some(true))
             .then(|| format!("{} is statically linked", path.display()));
     }
     None
@@ -414,7 +414,7 @@ fn out_of_reach_at(cmd: &std::ffi::OsStr, depth: u32) -> Option<String> {
 /// Is this 64-bit little-endian ELF file an executable (`ET_EXEC`, or
 /// `ET_DYN`: a PIE, static or not) with no `PT_INTERP` program header,
 /// so that no dynamic linker runs for it? `None` if it is not such a
-/// file.
+/// file, or its program headers lie past the bytes given.
 fn static_elf_executable(b: &[u8]) -> Option<bool> {
     const PT_INTERP: u32 = 3;
     if b.get(4) != Some(&2) || b.get(5) != Some(&1) {
