@@ -1950,7 +1950,13 @@ extern "C" fn at_exit() {
         }
         // Taken under the lock, written after it is let go: threads still
         // running may fault meanwhile (their rows are not written).
-        let log = lock_program(g).take_fault_log();
+        let log = {
+            let mut m = lock_program(g);
+            // With `--budget-scope tree`, this process's pages go back to
+            // the command's budget.
+            m.leave_tree();
+            m.take_fault_log()
+        };
         if let Some(log) = log {
             if let Err(e) = log.write_file(std::process::id()) {
                 eprintln!("ztier: writing the fault log into {}: {e}", log.dir.display());

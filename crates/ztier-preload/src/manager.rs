@@ -163,6 +163,7 @@ use ztier_codec::CodecId;
 use ztier_store::alloc::AllocatorKind;
 use ztier_store::tier::FileTier;
 use ztier_store::{Key, PoolKind, PoolOptions, PutFlags, Store, StoreConfig, StoreError};
+use ztier_uffd::tree::Member;
 use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP};
 
 use crate::faultlog::{FaultLog, Kind, Row};
@@ -314,6 +315,12 @@ impl Default for Aging {
 /// `budget` pages: an eighth of the budget (at least 256).
 pub fn aging_period(budget: usize) -> usize {
     (budget / 8).max(256)
+}
+
+/// Resident pages kept free below a budget of `budget` pages by the
+/// background evictor.
+fn reserve_of(budget: usize) -> usize {
+    (budget / 16).clamp(EVICT_BATCH * 2, 4096).min(budget / 2)
 }
 
 /// Refault distance (evictions) under which a page is hot: it goes to the
@@ -699,7 +706,12 @@ pub struct Manager {
     /// copy ([`CleanMode::Verify`]).
     hashes: *mut u128,
     resident: usize,
+    /// Resident pages allowed: what the sizes of the segments follow.
+    /// With `--policy` it moves with the policy's split, with the tree
+    /// scope with what the process can have ([`Manager::follow_tree`]).
     budget: usize,
+    /// The budget asked for (`ZTIER_BUDGET`).
+    cap: usize,
     last_fault: usize,
     /// Pages of the last faults (stream detection).
     recent: [usize; 8],
@@ -740,6 +752,10 @@ pub struct Manager {
     refusing: Option<(std::time::Instant, u64)>,
     /// Pages read out of the store (their copies removed) so far.
     taken_out: u64,
+    /// `--budget-scope tree`: this process's share of the budget that
+    /// every process of the command holds together (`ZTIER_TREE`; see
+    /// [`ztier_uffd::tree`]). It holds at least a page per resident page.
+    tree: Option<Member>,
 }
 
 /// The main thread has left (`pthread_exit`) while others run: it stays
@@ -961,6 +977,26 @@ fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
     Ok((store, pool))
 }
 
+/// This process's share of the command's budget with `--budget-scope
+/// tree` (`ZTIER_TREE` names the segment), if it can take one; if not,
+/// it says why on stderr and keeps a budget of its own.
+fn join_tree() -> Option<Member> {
+    let path = std::env::var("ZTIER_TREE").ok().filter(|p| !p.is_empty())?;
+    let why = match ztier_uffd::tree::open(&path) {
+        Ok(seg) => match Member::join(seg) {
+            Some(m) => return Some(m),
+            None => format!("its {} processes' places are all taken", ztier_uffd::tree::SLOTS),
+        },
+        Err(e) => format!("{path}: {e}"),
+    };
+    eprintln!(
+        "ztier: process {}: cannot share the command's budget ({why}; `ztier run` has ended?): \
+         this process keeps its own --budget",
+        std::process::id()
+    );
+    None
+}
+
 impl Manager {
     /// A manager over `pages` pages at `base` (already mapped).
     pub fn new(base: usize, pages: usize, cfg: Config) -> io::Result<Manager> {
@@ -1035,6 +1071,7 @@ impl Manager {
             hashes: hashes.cast(),
             resident: 0,
             budget,
+            cap: budget,
             last_fault: usize::MAX,
             recent: [usize::MAX; 8],
             recent_at: 0,
@@ -1058,6 +1095,7 @@ impl Manager {
             log: FaultLog::from_env(),
             refusing: None,
             taken_out: 0,
+            tree: join_tree(),
         };
         m.apply_sizing(true);
         Ok(m)
@@ -1438,37 +1476,96 @@ impl Manager {
 
     /// Over budget?
     pub fn over_budget(&self) -> bool {
-        self.resident > self.budget
+        self.resident > self.limit()
     }
 
     /// Evicts first if installing `n` more pages would go over budget, so
     /// the resident count never exceeds it — unless the store is full
     /// ([`Manager::refusing`]): then the pages stay resident over it.
     fn make_room(&mut self, n: usize, stats: &Stats) -> io::Result<()> {
-        if self.resident + n > self.budget && !self.refusing() {
+        if self.resident + n > self.limit() && !self.refusing() {
             self.evict(stats)?;
         }
-        Ok(())
+        self.hold_tree(n, stats)
     }
 
     /// Evicts the oldest resident pages until the resident count is a
-    /// batch below the budget (or nothing more can go).
+    /// batch below the budget (or nothing more can go); with the tree
+    /// scope, then until the pool covers every resident page.
     pub fn evict(&mut self, stats: &Stats) -> io::Result<()> {
-        let target = self.budget.saturating_sub(EVICT_BATCH);
+        let target = self.limit().saturating_sub(EVICT_BATCH);
         // The same steps as the background evictor, with the lock held
         // throughout (this is the handler making room right now). A
         // refusal by the store stops it (`commit` notes it).
-        while !self.refusing() {
-            let Some(v) = self.take_victims(EVICT_BATCH, target, 0)? else { break };
-            PROGRESS.fetch_add(1, Ordering::Relaxed);
-            stats.evicted_inline.fetch_add(v.pages.len() as u64, Ordering::Relaxed);
-            let outcome = v.compress(stats)?;
-            v.release(&outcome)?;
-            v.unprotect_kept(&outcome)?;
-            self.commit(&v, &outcome, stats);
-            v.wake_released(&outcome)?;
+        while !self.refusing() && self.evict_batch(target, stats)? {}
+        self.hold_tree(0, stats)
+    }
+
+    /// One batch of [`Manager::evict`] towards `target` resident pages;
+    /// `false` if no victim could be taken.
+    fn evict_batch(&mut self, target: usize, stats: &Stats) -> io::Result<bool> {
+        let Some(v) = self.take_victims(EVICT_BATCH, target, 0)? else { return Ok(false) };
+        PROGRESS.fetch_add(1, Ordering::Relaxed);
+        stats.evicted_inline.fetch_add(v.pages.len() as u64, Ordering::Relaxed);
+        let outcome = v.compress(stats)?;
+        v.release(&outcome)?;
+        v.unprotect_kept(&outcome)?;
+        self.commit(&v, &outcome, stats);
+        v.wake_released(&outcome)?;
+        Ok(true)
+    }
+
+    /// With the tree scope: holds a page of the shared budget for every
+    /// resident page and `n` more. While the pool has none to give, this
+    /// process's own oldest pages go (the others' evictors give back
+    /// their share of the shortfall: [`Manager::tree_excess`]); with
+    /// nothing left to evict, the pages are taken past the budget
+    /// (counted).
+    fn hold_tree(&mut self, n: usize, stats: &Stats) -> io::Result<()> {
+        loop {
+            let want = self.resident + n;
+            let Some(t) = &mut self.tree else { return Ok(()) };
+            if t.ensure(want) {
+                return Ok(());
+            }
+            let target = self.resident.saturating_sub(EVICT_BATCH);
+            if self.refusing() || !self.evict_batch(target, stats)? {
+                if let Some(t) = &mut self.tree {
+                    t.force(self.resident + n);
+                }
+                return Ok(());
+            }
         }
-        Ok(())
+    }
+
+    /// With the tree scope, when the pages no process holds are fewer
+    /// than the reserve: this process's share of the shortfall, in
+    /// proportion to the pages it holds — what its background evictor
+    /// gives back.
+    fn tree_excess(&self) -> usize {
+        let Some(t) = &self.tree else { return 0 };
+        let (free, reserve) = (t.free(), self.reserve());
+        if free >= reserve {
+            return 0;
+        }
+        ((reserve - free) * t.held()).div_ceil(t.reserved().max(1)).min(self.resident)
+    }
+
+    /// Gives back to the shared budget what this process holds beyond its
+    /// resident pages (and a chunk).
+    fn trim_tree(&mut self) {
+        let resident = self.resident;
+        if let Some(t) = &mut self.tree {
+            t.trim(resident);
+        }
+    }
+
+    /// At exit: the pages this process holds go back to the shared budget.
+    pub fn leave_tree(&mut self) {
+        if let Some(t) = &mut self.tree {
+            t.leave();
+        }
+        self.tree = None;
     }
 
     /// Is the store refusing victims? After a refusal (the store is full,
@@ -1533,12 +1630,38 @@ impl Manager {
 
     /// Resident pages kept free below the budget by the background evictor.
     fn reserve(&self) -> usize {
-        (self.budget / 16).clamp(EVICT_BATCH * 2, 4096).min(self.budget / 2)
+        reserve_of(self.limit())
     }
 
-    /// Should the background evictor work (resident above budget − reserve/2)?
+    /// The most pages this process may have resident: the budget; with
+    /// the tree scope, all of it (the shared budget bounds it first).
+    fn limit(&self) -> usize {
+        if self.tree.is_some() {
+            self.cap
+        } else {
+            self.budget
+        }
+    }
+
+    /// With the tree scope, the budget the protected segment and the
+    /// other sizes follow ([`Manager::budget`]) is what this process can
+    /// have now: the pages it holds and those no process holds.
+    fn follow_tree(&mut self) {
+        let Some(t) = &self.tree else { return };
+        let b = (t.held() + t.free()).min(self.cap).max(EVICT_BATCH * 4);
+        if b.abs_diff(self.budget) >= EVICT_BATCH {
+            self.budget = b;
+            self.prot_max = b - probation(b);
+        }
+    }
+
+    /// Should the background evictor work (resident above budget −
+    /// reserve/2, or with the tree scope, fewer than half a reserve of
+    /// pages held by no process)?
     pub fn evict_wanted(&self) -> bool {
-        self.resident > self.budget - self.reserve() / 2 && !self.refusing()
+        let tree_short =
+            self.tree.as_ref().is_some_and(|t| t.free() < self.reserve() / 2 && self.resident > 0);
+        (self.resident > self.limit() - self.reserve() / 2 || tree_short) && !self.refusing()
     }
 
     /// Takes up to `max` victims for the background evictor, oldest first,
@@ -1547,7 +1670,8 @@ impl Manager {
     /// less than [`BACKGROUND_LEAST`] above it while eviction is not
     /// wanted yet ([`Manager::evict_wanted`]).
     pub fn take_background_victims(&mut self, max: usize) -> io::Result<Option<Victims>> {
-        let target = self.budget - self.reserve();
+        self.follow_tree();
+        let target = (self.limit() - self.reserve()).min(self.resident - self.tree_excess());
         let least = BACKGROUND_LEAST.min(self.reserve() / 2);
         if self.refusing() || (!self.evict_wanted() && self.resident < target + self.evicting + least) {
             return Ok(None);
@@ -1789,6 +1913,8 @@ impl Manager {
         stats.resident.store(self.resident, Ordering::Relaxed);
         stats.demoted.store(self.demoted, Ordering::Relaxed);
         stats.age_every.store(self.aging.every(), Ordering::Relaxed);
+        self.trim_tree();
+        self.follow_tree();
         self.sample_store(stats);
         if outcome.contains(&Outcome::Kept) {
             self.store_refused();
@@ -1869,6 +1995,7 @@ impl Manager {
         }
         sys::madvise(self.addr(first) as *mut libc::c_void, n * PAGE, libc::MADV_DONTNEED);
         stats.resident.store(self.resident, Ordering::Relaxed);
+        self.trim_tree();
     }
 
     /// Marks pages not evictable (not readable) or evictable again.
@@ -2295,6 +2422,20 @@ impl Manager {
         self.uffd = open_uffd(self.base, self.pages * PAGE)?;
         if let Some(log) = &mut self.log {
             log.clear();
+        }
+        // The parent's slot and pages are the parent's: the child takes
+        // its own (its resident pages are held at its first eviction,
+        // `evict` right after the fork).
+        if let Some(t) = self.tree.take() {
+            self.tree = t.rejoin();
+            if self.tree.is_none() {
+                eprintln!(
+                    "ztier: process {}: the command's {} places in its shared budget are all taken: \
+                     this forked child keeps its own --budget",
+                    std::process::id(),
+                    ztier_uffd::tree::SLOTS
+                );
+            }
         }
         Ok(())
     }

@@ -10,8 +10,10 @@
 //! API with missing + write-protect registration over its own arena.
 //! [`floor`] measures what the mechanism itself costs on the machine (a
 //! fault's round trip, a further page of a run), the floor under any
-//! fault service built on it.
+//! fault service built on it. [`tree`] is the budget the processes of one
+//! `ztier run --budget-scope tree` share.
 
 pub mod floor;
 pub mod region;
+pub mod tree;
 pub mod uffd;

@@ -94,6 +94,11 @@ pub struct PressureArgs {
     /// thread) or signal (the faulting thread, in a SIGBUS handler).
     #[arg(long, default_value = "thread", value_parser = ["thread", "signal"])]
     pub fault_path: String,
+    /// What `ztier run`'s budget bounds (its --budget-scope): process (each
+    /// process of the command has the budget) or tree (its processes share it, as
+    /// the kernel runs' cgroup limit covers all of them).
+    #[arg(long, default_value = "process", value_parser = ["process", "tree"])]
+    pub budget_scope: String,
     /// Seconds after which a kernel-baseline or `ztier run` run is killed
     /// and reported as timed out (memory-cgroup swapping can stall for
     /// minutes). Native runs have no bound.
@@ -382,6 +387,7 @@ fn fault_lines(rows: &[Row]) -> Vec<String> {
 fn ztier_args(a: &PressureArgs, budget: u64) -> RunArgs {
     let mut ra = RunArgs::defaults(budget, &a.codec, a.cmd.clone());
     ra.fault_path = a.fault_path.clone();
+    ra.budget_scope = a.budget_scope.clone();
     ra
 }
 

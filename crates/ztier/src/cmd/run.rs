@@ -66,10 +66,21 @@ without that catching: its system calls on evicted memory fail with EFAULT (said
 stderr when one starts). glibc's own threads (SIGEV_THREAD timers, POSIX AIO) are\n\
 caught as pthread_create's are.")]
 pub struct RunArgs {
-    /// Most uncompressed memory (managed pages resident) per process, e.g. 256M.
-    /// With --policy: resident pages and the compressed store together.
+    /// Most uncompressed memory (managed pages resident) per process, e.g. 256M, or
+    /// for all of the command's processes together with --budget-scope tree. With
+    /// --policy: resident pages and the compressed store together.
     #[arg(long, value_parser = parse_size)]
     pub budget: u64,
+    /// What --budget bounds. process: each process of the command has a budget of its
+    /// own. tree: the command's processes share one, as a memory cgroup's limit covers
+    /// every process in it (a make -j, a pool of forked workers, a pipeline): a process
+    /// that finds none left evicts its own oldest pages, and every process's evictor
+    /// gives back its share (by the pages it holds) while fewer than a reserve are left.
+    /// A page a forked child shares with its parent until one writes it counts in both,
+    /// as in their RSS. --stats then gives tree_peak_held_bytes (at most --budget, but
+    /// for tree_over_bytes taken when no process had pages to give back).
+    #[arg(long, default_value = "process", value_parser = ["process", "tree"], conflicts_with = "policy")]
+    pub budget_scope: String,
     /// Split the budget live between resident pages and the compressed store:
     /// static:F (a fixed fraction F compressed), kaplan (Wilson/Kaplan 1999
     /// cost/benefit), castro (de Castro 2003), pressure (refault feedback) — the
@@ -168,6 +179,7 @@ impl RunArgs {
     pub fn defaults(budget: u64, codec: &str, cmd: Vec<OsString>) -> RunArgs {
         RunArgs {
             budget,
+            budget_scope: "process".into(),
             codec: codec.into(),
             allocator: "classes".into(),
             store: None,
@@ -306,7 +318,17 @@ pub fn run_program(
         preload.push(":");
         preload.push(old);
     }
+    // Kept open until the command ends: its processes open it by a path
+    // into this process's descriptors.
+    let tree = match a.budget_scope.as_str() {
+        "tree" => Some(ztier_uffd::tree::Shared::create(a.budget >> 12).context("--budget-scope tree")?),
+        _ => None,
+    };
     let mut cmd = std::process::Command::new(&a.cmd[0]);
+    match &tree {
+        Some(t) => cmd.env("ZTIER_TREE", t.path()),
+        None => cmd.env_remove("ZTIER_TREE"),
+    };
     cmd.args(&a.cmd[1..])
         .env("LD_PRELOAD", preload)
         .env("ZTIER_BUDGET", a.budget.to_string())
@@ -368,6 +390,15 @@ pub fn run_program(
     stats["cpu_s"] = m.cpu_s.into();
     stats["budget_bytes"] = a.budget.into();
     stats["fault_path"] = a.fault_path.clone().into();
+    stats["budget_scope"] = a.budget_scope.clone().into();
+    if let Some(t) = &tree {
+        let seg = t.segment();
+        let bytes = |v: &std::sync::atomic::AtomicU64| v.load(std::sync::atomic::Ordering::Acquire) << 12;
+        stats["tree_peak_held_bytes"] = bytes(&seg.peak).into();
+        stats["tree_over_bytes"] = bytes(&seg.over).into();
+        stats["tree_reclaimed_bytes"] = bytes(&seg.reclaimed).into();
+        stats["tree_processes"] = seg.joined.load(std::sync::atomic::Ordering::Acquire).into();
+    }
     Ok(RunOutcome { code, stats, timed_out: m.timed_out })
 }
 

@@ -1,0 +1,389 @@
+//! One budget for a whole process tree (`ztier run --budget-scope tree`).
+//!
+//! Every process `ztier run` manages has its own arena, store and
+//! evictor, and by default its own `--budget`. With the tree scope the
+//! processes of the command share one budget, as the kernel's memory
+//! cgroup limit covers every process in the cgroup: a `make -j`, a pool
+//! of forked workers or a shell pipeline stays within it together.
+//!
+//! The processes share a small segment that `ztier run` makes (a memfd,
+//! reached by each process through `/proc/<ztier run's PID>/fd/<fd>`,
+//! named in `ZTIER_TREE`). It counts the budget in pages, and the pages
+//! each process *holds*: a process holds at least as many pages as it
+//! has resident (installing pages first takes more from the pool, in
+//! chunks of [`CHUNK`]; evicting them gives the excess back). So the
+//! pages resident in all processes together never exceed the budget,
+//! except pages taken with [`Member::force`] when no process had any to
+//! give (counted in `over`).
+//!
+//! ```text
+//!  offset  size
+//!  0       8     magic "ZTTREE01"
+//!  8       8     budget, pages
+//!  16      8     reserved: pages held by every slot together (atomic)
+//!  24      8     peak of reserved (atomic)
+//!  32      8     over: pages taken past the budget (atomic)
+//!  40      8     reclaimed: pages given back for processes that died
+//!                holding them (atomic)
+//!  48      8     joined: processes that took a slot (atomic)
+//!  56      8     (zero)
+//!  64      16×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
+//!                4 bytes of zero, held pages (u64, atomic)
+//! ```
+//!
+//! A process takes a slot when it starts (a slot of its own PID is from
+//! before an `exec` of the same process, whose memory is gone: taken over
+//! with its pages given back) and gives its pages back at exit. One
+//! killed or ended without the exit hook keeps its slot until another
+//! process finds the pool short: slots of processes that are gone (or
+//! zombies) are then reclaimed. A process whose PID was reused by an
+//! unrelated one would keep its pages held; the budget is then that much
+//! smaller until the run ends.
+
+use std::io;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+
+/// The segment's first eight bytes.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE01");
+/// Processes that can hold pages at once.
+pub const SLOTS: usize = 1024;
+/// Pages a process takes from the pool beyond what it needs now, so
+/// that most installs touch no shared cache line.
+pub const CHUNK: usize = 64;
+
+/// One process's share.
+#[repr(C)]
+pub struct Slot {
+    /// The process (0: free; -1: being reclaimed).
+    pub pid: AtomicI32,
+    _pad: u32,
+    /// Pages it holds.
+    pub held: AtomicU64,
+}
+
+/// The shared segment (see the module docs for the layout).
+#[repr(C)]
+pub struct Segment {
+    magic: u64,
+    /// The budget, in pages.
+    pub budget: u64,
+    /// Pages held by every slot together.
+    pub reserved: AtomicU64,
+    /// The most pages ever held together.
+    pub peak: AtomicU64,
+    /// Pages taken past the budget (no process had any to give).
+    pub over: AtomicU64,
+    /// Pages given back for processes that died holding them.
+    pub reclaimed: AtomicU64,
+    /// Processes that took a slot.
+    pub joined: AtomicU64,
+    _pad: u64,
+    /// One per process.
+    pub slots: [Slot; SLOTS],
+}
+
+/// Size of the segment in bytes.
+pub const BYTES: usize = std::mem::size_of::<Segment>();
+
+/// A segment made by [`Shared::create`] (in `ztier run`): the memfd and
+/// its mapping, both kept until dropped.
+pub struct Shared {
+    fd: std::os::fd::OwnedFd,
+    seg: &'static Segment,
+}
+
+impl Shared {
+    /// A new segment for a budget of `budget_pages`.
+    pub fn create(budget_pages: u64) -> io::Result<Shared> {
+        // SAFETY: a NUL-terminated name and valid flags.
+        let fd = unsafe { libc::memfd_create(c"ztier-tree".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor we just made and own from here on.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        // SAFETY: resizing our own memfd.
+        if unsafe { libc::ftruncate(raw, BYTES as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let seg = map(raw)?;
+        // SAFETY: the mapping is BYTES long, zero-filled, ours alone until
+        // the path is handed out; the two plain fields are written once,
+        // before any other process maps it.
+        unsafe {
+            let p = seg as *const Segment as *mut Segment;
+            (*p).budget = budget_pages;
+            (*p).magic = MAGIC;
+        }
+        Ok(Shared { fd, seg })
+    }
+
+    /// The path another process of this user opens it by, while this one
+    /// lives.
+    pub fn path(&self) -> String {
+        format!("/proc/{}/fd/{}", std::process::id(), std::os::fd::AsRawFd::as_raw_fd(&self.fd))
+    }
+
+    /// The segment.
+    pub fn segment(&self) -> &Segment {
+        self.seg
+    }
+}
+
+fn map(fd: i32) -> io::Result<&'static Segment> {
+    // SAFETY: a new shared mapping of BYTES of the descriptor; it is never
+    // unmapped, so the reference lives as long as the process.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: page-aligned, BYTES long, and Segment is plain integers
+    // and atomics, valid for any bytes.
+    Ok(unsafe { &*(p as *const Segment) })
+}
+
+/// Opens the segment at `path` (as `ZTIER_TREE` names it).
+pub fn open(path: &str) -> io::Result<&'static Segment> {
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    let len = f.metadata()?.len();
+    if len < BYTES as u64 {
+        return Err(io::Error::other(format!("{path} is {len} bytes, not a budget segment")));
+    }
+    let seg = map(std::os::fd::AsRawFd::as_raw_fd(&f))?;
+    if seg.magic != MAGIC {
+        return Err(io::Error::other(format!("{path} is not a budget segment")));
+    }
+    Ok(seg)
+}
+
+/// Is process `pid` gone (or a zombie, whose memory is gone)?
+fn gone(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    if unsafe { libc::kill(pid, 0) } != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return true;
+    }
+    // "pid (comm) S ...": the state follows the last ')'.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    matches!(stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()), Some('Z' | 'X') | None)
+}
+
+/// This process's membership: its slot and the pages it holds.
+pub struct Member {
+    seg: &'static Segment,
+    slot: usize,
+    /// Pages this process holds (its slot's count, kept here too).
+    held: usize,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member").field("slot", &self.slot).field("held", &self.held).finish()
+    }
+}
+
+impl Member {
+    /// Takes a slot for this process (`None`: all are taken).
+    pub fn join(seg: &'static Segment) -> Option<Member> {
+        let me = std::process::id() as i32;
+        // Our own PID's slot is from before an exec: its pages are gone.
+        let slot = match seg.slots.iter().position(|s| s.pid.load(Ordering::Acquire) == me) {
+            Some(k) => {
+                let h = seg.slots[k].held.swap(0, Ordering::AcqRel);
+                seg.reserved.fetch_sub(h, Ordering::AcqRel);
+                k
+            }
+            None => seg
+                .slots
+                .iter()
+                .position(|s| s.pid.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok())?,
+        };
+        seg.joined.fetch_add(1, Ordering::Relaxed);
+        Some(Member { seg, slot, held: 0 })
+    }
+
+    /// Pages this process holds.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// The budget, in pages.
+    pub fn budget(&self) -> usize {
+        self.seg.budget as usize
+    }
+
+    /// Pages no process holds.
+    pub fn free(&self) -> usize {
+        (self.seg.budget as usize).saturating_sub(self.seg.reserved.load(Ordering::Acquire) as usize)
+    }
+
+    /// Pages all processes hold together.
+    pub fn reserved(&self) -> usize {
+        self.seg.reserved.load(Ordering::Acquire) as usize
+    }
+
+    /// Holds at least `want` pages (a [`CHUNK`] more if the pool has
+    /// them); `false` if the pool cannot give enough, even after taking
+    /// back the pages of processes that are gone.
+    pub fn ensure(&mut self, want: usize) -> bool {
+        if self.held >= want {
+            return true;
+        }
+        let need = want - self.held;
+        self.take(need + CHUNK) || self.take(need) || (self.reclaim() > 0 && self.take(need))
+    }
+
+    /// Holds at least `want` pages, past the budget if need be (the pages
+    /// past it counted in `over`).
+    pub fn force(&mut self, want: usize) {
+        if self.ensure(want) {
+            return;
+        }
+        let k = (want - self.held) as u64;
+        let r = self.seg.reserved.fetch_add(k, Ordering::AcqRel) + k;
+        self.seg.over.fetch_add(r.saturating_sub(self.seg.budget).min(k), Ordering::Relaxed);
+        self.seg.peak.fetch_max(r, Ordering::Relaxed);
+        self.seg.slots[self.slot].held.fetch_add(k, Ordering::AcqRel);
+        self.held += k as usize;
+    }
+
+    /// Gives back what this process holds beyond `keep` + a [`CHUNK`],
+    /// once that is more than two chunks.
+    pub fn trim(&mut self, keep: usize) {
+        if self.held > keep + 2 * CHUNK {
+            self.give(self.held - keep - CHUNK);
+        }
+    }
+
+    /// Gives everything back and frees the slot (at exit).
+    pub fn leave(&mut self) {
+        self.give(self.held);
+        self.seg.slots[self.slot].pid.store(0, Ordering::Release);
+    }
+
+    /// In a forked child: a slot of its own, holding nothing yet (the
+    /// slot copied from the parent is the parent's).
+    pub fn rejoin(&self) -> Option<Member> {
+        Member::join(self.seg)
+    }
+
+    fn take(&mut self, k: usize) -> bool {
+        let k = k as u64;
+        let mut r = self.seg.reserved.load(Ordering::Acquire);
+        loop {
+            if r + k > self.seg.budget {
+                return false;
+            }
+            match self.seg.reserved.compare_exchange_weak(r, r + k, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(now) => r = now,
+            }
+        }
+        self.seg.peak.fetch_max(r + k, Ordering::Relaxed);
+        self.seg.slots[self.slot].held.fetch_add(k, Ordering::AcqRel);
+        self.held += k as usize;
+        true
+    }
+
+    fn give(&mut self, k: usize) {
+        self.seg.slots[self.slot].held.fetch_sub(k as u64, Ordering::AcqRel);
+        self.seg.reserved.fetch_sub(k as u64, Ordering::AcqRel);
+        self.held -= k;
+    }
+
+    /// Takes back the pages of processes that are gone; returns how many.
+    pub fn reclaim(&self) -> usize {
+        let mut total = 0;
+        for s in &self.seg.slots {
+            let pid = s.pid.load(Ordering::Acquire);
+            if pid <= 0 || s.held.load(Ordering::Acquire) == 0 || !gone(pid) {
+                continue;
+            }
+            if s.pid.compare_exchange(pid, -1, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                continue;
+            }
+            let h = s.held.swap(0, Ordering::AcqRel);
+            self.seg.reserved.fetch_sub(h, Ordering::AcqRel);
+            self.seg.reclaimed.fetch_add(h, Ordering::Relaxed);
+            s.pid.store(0, Ordering::Release);
+            total += h as usize;
+        }
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_share_the_budget_and_give_back_what_they_do_not_use() {
+        let shared = Shared::create(1000).unwrap();
+        let seg = open(&shared.path()).unwrap();
+        let mut a = Member::join(seg).unwrap();
+        assert!(a.ensure(100));
+        assert_eq!(a.held(), 100 + CHUNK, "a chunk more than asked");
+        // A second member of the same process (as after an exec) takes the
+        // slot over: what the first held is given back.
+        let mut b = Member::join(seg).unwrap();
+        assert_eq!(b.slot, a.slot);
+        assert_eq!(seg.reserved.load(Ordering::Relaxed), 0);
+        assert!(b.ensure(900));
+        assert!(!b.ensure(1001), "past the budget");
+        assert!(b.held() <= 1000);
+        b.force(1010);
+        assert_eq!(b.held(), 1010);
+        assert_eq!(seg.over.load(Ordering::Relaxed), 10);
+        assert_eq!(seg.peak.load(Ordering::Relaxed), 1010);
+        b.trim(100);
+        assert_eq!(b.held(), 100 + CHUNK);
+        assert_eq!(seg.reserved.load(Ordering::Relaxed) as usize, 100 + CHUNK);
+        b.leave();
+        assert_eq!(seg.reserved.load(Ordering::Relaxed), 0);
+        assert_eq!(seg.slots[b.slot].pid.load(Ordering::Relaxed), 0);
+        // `a` lost its slot to `b` (as an image replaced by exec would).
+        assert_eq!(a.slot, b.slot);
+    }
+
+    #[test]
+    fn the_pages_of_a_process_that_is_gone_are_taken_back_when_the_pool_runs_short() {
+        let shared = Shared::create(500).unwrap();
+        let seg = open(&shared.path()).unwrap();
+        // A child takes 400 pages and is killed.
+        // SAFETY: the child only joins, takes pages and waits to be killed
+        // (no allocation after fork beyond what join does on its stack).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut m = Member::join(seg).unwrap();
+            let ok = m.ensure(400);
+            // SAFETY: pause/_exit in the child.
+            unsafe {
+                if !ok {
+                    libc::_exit(1);
+                }
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        while seg.reserved.load(Ordering::Acquire) < 400 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut me = Member::join(seg).unwrap();
+        let small = me.ensure(30);
+        let big = me.ensure(400);
+        // SAFETY: killing and reaping our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        assert!(small && !big, "the child holds {} of 500", 400 + CHUNK);
+        assert!(me.ensure(400), "the dead child's pages came back");
+        assert!(seg.reclaimed.load(Ordering::Relaxed) >= 400);
+        assert!(seg.reserved.load(Ordering::Relaxed) <= 500);
+        me.leave();
+    }
+}
