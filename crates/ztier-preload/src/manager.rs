@@ -762,24 +762,7 @@ pub struct Manager {
 /// a zombie until the process ends, and signal 0 still reaches it, but
 /// its `/proc` state says `Z`.
 fn leader_is_zombie(pid: i32) -> bool {
-    let mut path = [0u8; 48];
-    let mut w = std::io::Cursor::new(&mut path[..]);
-    if std::io::Write::write_fmt(&mut w, format_args!("/proc/self/task/{pid}/stat\0")).is_err() {
-        return false;
-    }
-    // SAFETY: a NUL-terminated path in a local buffer; plain calls.
-    let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return false;
-    }
-    let mut buf = [0u8; 128];
-    // SAFETY: reading into a local buffer of that size.
-    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-    // SAFETY: our own descriptor.
-    unsafe { libc::close(fd) };
-    // "pid (comm) S ...": the state follows the last ')'.
-    let text = &buf[..n.max(0) as usize];
-    text.iter().rposition(|&b| b == b')').and_then(|k| text.get(k + 2)) == Some(&b'Z')
+    ztier_uffd::tree::proc_state(format_args!("/proc/self/task/{pid}/stat")) == Some(b'Z')
 }
 
 /// Ranges the program locked ([`Manager::lock_pages`]): a `free` checks

@@ -159,16 +159,42 @@ pub fn open(path: &str) -> io::Result<&'static Segment> {
     Ok(seg)
 }
 
+/// The state letter of a `/proc/.../stat` file (`R`, `S`, `Z`, ...) at
+/// the path `path` formats to; `None` if it cannot be read. Nothing is
+/// allocated (it runs in fault service, under the manager's lock).
+pub fn proc_state(path: std::fmt::Arguments) -> Option<u8> {
+    let mut name = [0u8; 64];
+    let mut w = std::io::Cursor::new(&mut name[..]);
+    std::io::Write::write_fmt(&mut w, path).ok()?;
+    std::io::Write::write_all(&mut w, b"\0").ok()?;
+    // SAFETY: a NUL-terminated path in a local buffer; plain calls.
+    let fd = unsafe { libc::open(name.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 128];
+    // SAFETY: reading into a local buffer of that size.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
+    // "pid (comm) S ...": the state follows the last ')'.
+    let text = &buf[..n.max(0) as usize];
+    text.iter().rposition(|&b| b == b')').and_then(|k| text.get(k + 2)).copied()
+}
+
 /// Is process `pid` gone (or a zombie, whose memory is gone)?
 fn gone(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     if unsafe { libc::kill(pid, 0) } != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
         return true;
     }
-    // "pid (comm) S ...": the state follows the last ')'.
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    matches!(stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()), Some('Z' | 'X') | None)
+    matches!(proc_state(format_args!("/proc/{pid}/stat")), Some(b'Z' | b'X') | None)
 }
+
+/// Least time between two looks for the pages of processes that are
+/// gone ([`Member::reclaim`]): a look costs a system call or more per
+/// process, and the pool runs short on every fault of a busy tree.
+pub const RECLAIM_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// This process's membership: its slot and the pages it holds.
 pub struct Member {
@@ -176,6 +202,8 @@ pub struct Member {
     slot: usize,
     /// Pages this process holds (its slot's count, kept here too).
     held: usize,
+    /// The last look for pages of processes that are gone.
+    looked: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for Member {
@@ -201,7 +229,7 @@ impl Member {
                 .position(|s| s.pid.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok())?,
         };
         seg.joined.fetch_add(1, Ordering::Relaxed);
-        Some(Member { seg, slot, held: 0 })
+        Some(Member { seg, slot, held: 0, looked: None })
     }
 
     /// Pages this process holds.
@@ -226,13 +254,22 @@ impl Member {
 
     /// Holds at least `want` pages (a [`CHUNK`] more if the pool has
     /// them); `false` if the pool cannot give enough, even after taking
-    /// back the pages of processes that are gone.
+    /// back the pages of processes that are gone (looked for at most
+    /// every [`RECLAIM_EVERY`]).
     pub fn ensure(&mut self, want: usize) -> bool {
         if self.held >= want {
             return true;
         }
         let need = want - self.held;
-        self.take(need + CHUNK) || self.take(need) || (self.reclaim() > 0 && self.take(need))
+        if self.take(need + CHUNK) || self.take(need) {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        if self.looked.is_some_and(|t| now.duration_since(t) < RECLAIM_EVERY) {
+            return false;
+        }
+        self.looked = Some(now);
+        self.reclaim() > 0 && self.take(need)
     }
 
     /// Holds at least `want` pages, past the budget if need be (the pages
@@ -348,6 +385,15 @@ mod tests {
     }
 
     #[test]
+    fn the_state_of_a_process_is_read_from_proc() {
+        // The reading thread is running.
+        assert_eq!(proc_state(format_args!("/proc/thread-self/stat")), Some(b'R'));
+        assert_eq!(proc_state(format_args!("/proc/{}/stat", i32::MAX)), None);
+        assert!(gone(i32::MAX));
+        assert!(!gone(std::process::id() as i32));
+    }
+
+    #[test]
     fn the_pages_of_a_process_that_is_gone_are_taken_back_when_the_pool_runs_short() {
         let shared = Shared::create(500).unwrap();
         let seg = open(&shared.path()).unwrap();
@@ -381,6 +427,8 @@ mod tests {
             libc::waitpid(pid, std::ptr::null_mut(), 0);
         }
         assert!(small && !big, "the child holds {} of 500", 400 + CHUNK);
+        // The failed `ensure` looked for dead processes just now.
+        std::thread::sleep(RECLAIM_EVERY);
         assert!(me.ensure(400), "the dead child's pages came back");
         assert!(seg.reclaimed.load(Ordering::Relaxed) >= 400);
         assert!(seg.reserved.load(Ordering::Relaxed) <= 500);
