@@ -237,11 +237,6 @@ impl Member {
         self.held
     }
 
-    /// The budget, in pages.
-    pub fn budget(&self) -> usize {
-        self.seg.budget as usize
-    }
-
     /// Pages no process holds.
     pub fn free(&self) -> usize {
         (self.seg.budget as usize).saturating_sub(self.seg.reserved.load(Ordering::Acquire) as usize)
