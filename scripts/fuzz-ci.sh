@@ -6,11 +6,14 @@ cd "$(dirname "$0")/.."
 secs=${1:-20}
 export RUSTC_BOOTSTRAP=1   # cargo-fuzz's sanitizer flags on the stable toolchain
 found=0
+# One target directory for every fuzz crate: they share ztier-codec and its
+# C codecs, built once with the sanitizer flags instead of once per crate.
+target_dir=$(pwd)/target/fuzz
 for dir in $(find . -path ./target -prune -o -name Cargo.toml -path '*/fuzz/Cargo.toml' -print | xargs -r -n1 dirname | sort); do
   parent=$(dirname "$dir")
   for t in $(cd "$parent" && cargo fuzz list); do
     echo "fuzz-ci: $parent $t for ${secs}s"
-    (cd "$parent" && cargo fuzz run --release "$t" -- -max_total_time="$secs" -rss_limit_mb=4096 2>&1 | tail -3)
+    (cd "$parent" && cargo fuzz run --release --target-dir "$target_dir" "$t" -- -max_total_time="$secs" -rss_limit_mb=4096 2>&1 | tail -3)
     found=$((found+1))
   done
 done
