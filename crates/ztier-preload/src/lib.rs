@@ -886,7 +886,11 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     // on its pages wait), as a stuck evictor would.
     let hang_after = knob_size("ZTIER_TEST_EVICTOR_HANG_AFTER");
     loop {
-        let batch = lock(&g.mgr).take_background_victims(manager::BACKGROUND_BATCH)?;
+        let batch = {
+            let mut m = lock(&g.mgr);
+            m.adopt_unshared(&g.stats)?;
+            m.take_background_victims(manager::BACKGROUND_BATCH)?
+        };
         let Some(v) = batch else {
             EVICTOR_IDLE.store(true, Ordering::Release);
             // Re-check after announcing sleep (a wake-up may have been missed).

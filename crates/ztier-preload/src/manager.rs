@@ -754,9 +754,47 @@ pub struct Manager {
     taken_out: u64,
     /// `--budget-scope tree`: this process's share of the budget that
     /// every process of the command holds together (`ZTIER_TREE`; see
-    /// [`ztier_uffd::tree`]). It holds at least a page per resident page.
+    /// [`ztier_uffd::tree`]). It holds at least a page per resident page
+    /// that is not [`Manager::inherited`].
     tree: Option<Member>,
+    /// With the tree scope, in a forked child: the pages it inherited
+    /// resident and still shares copy-on-write with its parent, which
+    /// holds them, so that they count once ([`Manager::adopt_unshared`]).
+    inherited: Option<Inherited>,
 }
+
+/// A forked child's resident pages shared with its parent: a bit per
+/// arena page (up to the last page in use at the fork).
+struct Inherited {
+    bits: Vec<u64>,
+    /// Bits set.
+    count: usize,
+    /// The page the next look at `/proc/self/pagemap` starts from.
+    cursor: usize,
+    /// When the last look was made.
+    looked: Option<std::time::Instant>,
+}
+
+impl Inherited {
+    /// Clears page `i`'s bit; `true` if it was set.
+    fn take(&mut self, i: usize) -> bool {
+        let (w, b) = (i / 64, 1u64 << (i % 64));
+        match self.bits.get_mut(w) {
+            Some(x) if *x & b != 0 => {
+                *x &= !b;
+                self.count -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Least time between two looks at which inherited pages are no longer
+/// shared ([`Manager::adopt_unshared`]).
+pub const ADOPT_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+/// Most inherited pages one look reads the page map of.
+pub const ADOPT_LOOK: usize = 1 << 14;
 
 /// The main thread has left (`pthread_exit`) while others run: it stays
 /// a zombie until the process ends, and signal 0 still reaches it, but
@@ -1079,6 +1117,7 @@ impl Manager {
             refusing: None,
             taken_out: 0,
             tree: join_tree(),
+            inherited: None,
         };
         m.apply_sizing(true);
         Ok(m)
@@ -1506,15 +1545,16 @@ impl Manager {
     /// (counted).
     fn hold_tree(&mut self, n: usize, stats: &Stats) -> io::Result<()> {
         loop {
-            let want = self.resident + n;
+            let want = self.tree_resident() + n;
             let Some(t) = &mut self.tree else { return Ok(()) };
             if t.ensure(want) {
                 return Ok(());
             }
             let target = self.resident.saturating_sub(EVICT_BATCH);
             if self.refusing() || !self.evict_batch(target, stats)? {
+                let want = self.tree_resident() + n;
                 if let Some(t) = &mut self.tree {
-                    t.force(self.resident + n);
+                    t.force(want);
                 }
                 return Ok(());
             }
@@ -1537,10 +1577,94 @@ impl Manager {
     /// Gives back to the shared budget what this process holds beyond its
     /// resident pages (and a chunk).
     fn trim_tree(&mut self) {
-        let resident = self.resident;
+        let resident = self.tree_resident();
         if let Some(t) = &mut self.tree {
             t.trim(resident);
         }
+    }
+
+    /// Resident pages this process must hold a page of the shared budget
+    /// for: all but those it shares with its parent.
+    fn tree_resident(&self) -> usize {
+        self.resident - self.inherited.as_ref().map_or(0, |h| h.count)
+    }
+
+    /// Page `i` is no longer resident: if it was shared with the parent,
+    /// it is not any more (and was not held).
+    fn uninherit(&mut self, i: usize) {
+        if let Some(h) = &mut self.inherited {
+            h.take(i);
+        }
+    }
+
+    /// In a forked child with the tree scope, at most every
+    /// [`ADOPT_EVERY`] (the background evictor calls it): looks up to
+    /// [`ADOPT_LOOK`] of the pages it still counts as shared with its
+    /// parent up in `/proc/self/pagemap`, and from then on holds those
+    /// that are not shared any more — mapped here alone (written since
+    /// by either process, so that copy-on-write gave one of them a page
+    /// of its own, or dropped by the parent) or not mapped. Holding them
+    /// may evict. A page map that cannot be read makes every inherited
+    /// page count as this process's own.
+    pub fn adopt_unshared(&mut self, stats: &Stats) -> io::Result<()> {
+        const PRESENT: u64 = 1 << 63;
+        const EXCLUSIVE: u64 = 1 << 56;
+        let base = self.base / PAGE;
+        let Some(h) = &mut self.inherited else { return Ok(()) };
+        let now = std::time::Instant::now();
+        if h.looked.is_some_and(|t| now.duration_since(t) < ADOPT_EVERY) {
+            return Ok(());
+        }
+        h.looked = Some(now);
+        // SAFETY: a NUL-terminated path; plain calls on our descriptor.
+        let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        let before = h.count;
+        let words = h.bits.len();
+        let (mut w, mut looked) = (h.cursor / 64 % words.max(1), 0);
+        for _ in 0..words {
+            if looked >= ADOPT_LOOK {
+                break;
+            }
+            let x = h.bits[w];
+            if x != 0 {
+                let mut map = [0u64; 64];
+                let at = ((base + w * 64) * 8) as libc::off_t;
+                let n = if fd < 0 {
+                    -1
+                } else {
+                    // SAFETY: reading 512 bytes into a local array of that size.
+                    unsafe { libc::pread(fd, map.as_mut_ptr().cast(), 512, at) }
+                };
+                let mut y = x;
+                while y != 0 {
+                    let b = y.trailing_zeros() as usize;
+                    y &= y - 1;
+                    let e = map[b];
+                    if n != 512 || e & PRESENT == 0 || e & EXCLUSIVE != 0 {
+                        h.bits[w] &= !(1 << b);
+                        h.count -= 1;
+                    }
+                }
+                looked += 64;
+            }
+            w = (w + 1) % words;
+        }
+        h.cursor = w * 64;
+        if fd >= 0 {
+            // SAFETY: our own descriptor.
+            unsafe { libc::close(fd) };
+        }
+        let adopted = before - h.count;
+        if h.count == 0 {
+            self.inherited = None;
+        }
+        if adopted > 0 {
+            if let Some(t) = &self.tree {
+                t.adopt(adopted);
+            }
+            self.hold_tree(0, stats)?;
+        }
+        Ok(())
     }
 
     /// At exit: the pages this process holds go back to the shared budget.
@@ -1631,7 +1755,8 @@ impl Manager {
     /// have now: the pages it holds and those no process holds.
     fn follow_tree(&mut self) {
         let Some(t) = &self.tree else { return };
-        let b = (t.held() + t.free()).min(self.cap).max(EVICT_BATCH * 4);
+        let shared = self.inherited.as_ref().map_or(0, |h| h.count);
+        let b = (t.held() + t.free() + shared).min(self.cap).max(EVICT_BATCH * 4);
         if b.abs_diff(self.budget) >= EVICT_BATCH {
             self.budget = b;
             self.prot_max = b - probation(b);
@@ -1884,6 +2009,7 @@ impl Manager {
                     // SAFETY: i < pages (a victim), the length of evicted_at.
                     unsafe { *self.evicted_at.add(i) = self.evict_seq };
                     self.resident -= 1;
+                    self.uninherit(i);
                 }
                 Outcome::Kept => {
                     self.set(i, (s & !STATE) | RESIDENT | QUEUED);
@@ -1958,6 +2084,7 @@ impl Manager {
             match s & STATE {
                 RESIDENT | EVICTING => {
                     self.resident -= 1;
+                    self.uninherit(i);
                     if s & PROTECTED != 0 {
                         self.prot_res -= 1;
                     }
@@ -2407,8 +2534,10 @@ impl Manager {
             log.clear();
         }
         // The parent's slot and pages are the parent's: the child takes
-        // its own (its resident pages are held at its first eviction,
-        // `evict` right after the fork).
+        // its own, and holds the resident pages it shares with the parent
+        // once they are its own ([`Manager::adopt_unshared`]); it holds
+        // those it installs from now on at once.
+        self.inherited = None;
         if let Some(t) = self.tree.take() {
             self.tree = t.rejoin();
             if self.tree.is_none() {
@@ -2419,6 +2548,17 @@ impl Manager {
                     ztier_uffd::tree::SLOTS
                 );
             }
+        }
+        if self.tree.is_some() {
+            let end = used.iter().map(|r| r.end.min(self.pages)).max().unwrap_or(0);
+            let mut h = Inherited { bits: vec![0; end.div_ceil(64)], count: 0, cursor: 0, looked: None };
+            for i in pages_in(self.pages, used) {
+                if self.st(i) & STATE == RESIDENT {
+                    h.bits[i / 64] |= 1 << (i % 64);
+                    h.count += 1;
+                }
+            }
+            self.inherited = (h.count > 0).then_some(h);
         }
         Ok(())
     }

@@ -26,10 +26,18 @@
 //!  40      8     reclaimed: pages given back for processes that died
 //!                holding them (atomic)
 //!  48      8     joined: processes that took a slot (atomic)
-//!  56      8     (zero)
+//!  56      8     adopted: pages forked children began to hold once no
+//!                longer shared with their parent (atomic)
 //!  64      16×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
 //!                4 bytes of zero, held pages (u64, atomic)
 //! ```
+//!
+//! A forked child holds only the resident pages it does not share with
+//! its parent: those it inherited are the parent's until they are its
+//! own (written since, or dropped by the parent), which the child's
+//! manager finds in `/proc/self/pagemap` and then holds
+//! ([`Member::adopt`] counts them). So a page shared copy-on-write counts
+//! once, as a memory cgroup charges it once.
 //!
 //! A process takes a slot when it starts (a slot of its own PID is from
 //! before an `exec` of the same process, whose memory is gone: taken over
@@ -77,7 +85,9 @@ pub struct Segment {
     pub reclaimed: AtomicU64,
     /// Processes that took a slot.
     pub joined: AtomicU64,
-    _pad: u64,
+    /// Pages forked children began to hold once no longer shared with
+    /// their parent ([`Member::adopt`]).
+    pub adopted: AtomicU64,
     /// One per process.
     pub slots: [Slot; SLOTS],
 }
@@ -279,6 +289,14 @@ impl Member {
         self.seg.peak.fetch_max(r, Ordering::Relaxed);
         self.seg.slots[self.slot].held.fetch_add(k, Ordering::AcqRel);
         self.held += k as usize;
+    }
+
+    /// Counts `k` pages a forked child takes over from its parent: pages
+    /// it inherited resident and shared, which its parent held, and which
+    /// are its own now (written since, or dropped by the parent). The
+    /// caller holds them next ([`Member::ensure`] or [`Member::force`]).
+    pub fn adopt(&self, k: usize) {
+        self.seg.adopted.fetch_add(k as u64, Ordering::Relaxed);
     }
 
     /// Gives back what this process holds beyond `keep` + a [`CHUNK`],

@@ -556,6 +556,59 @@ fn a_tree_budget_bounds_every_process_of_the_command_together() {
     assert!(tree["tree_peak_held_bytes"].as_u64().unwrap() <= (24 << 20) + over, "{tree}");
 }
 
+/// `--budget-scope tree` and `fork`: the pages a child inherits resident
+/// are shared copy-on-write with its parent, which holds them, so they
+/// count once. A child that only reads them evicts nothing for them
+/// (before, it took a page of the shared budget for each at the fork,
+/// and with the pool empty evicted them all first); one that writes
+/// them gets pages of its own, which it then holds (`tree_adopted_bytes`).
+#[test]
+fn a_forked_child_holds_the_pages_it_shares_with_its_parent_once_they_are_its_own() {
+    let d = tmp("tree-fork");
+    std::fs::write(
+        d.join("share.py"),
+        "import os, sys, time\n\
+         write = sys.argv[1] == 'write'\n\
+         data = bytearray(20 << 20)\n\
+         for i in range(0, len(data), 4096):\n    data[i] = 1\n\
+         r, w = os.pipe()\n\
+         pid = os.fork()\n\
+         if pid == 0:\n\
+         \x20   s = sum(data[::4096])\n\
+         \x20   time.sleep(0.2)\n\
+         \x20   if write:\n\
+         \x20       for i in range(0, len(data), 4096):\n            data[i] = 2\n\
+         \x20       time.sleep(0.3)\n\
+         \x20   os.write(w, str(s + sum(data[::4096])).encode())\n\
+         \x20   os._exit(0)\n\
+         os.close(w)\n\
+         out = os.read(r, 100).decode()\n\
+         os.waitpid(pid, 0)\n\
+         print(out, sum(data[::4096]))\n",
+    )
+    .unwrap();
+    for how in ["read", "write"] {
+        let cmd = ["python3", "share.py", how];
+        let n = native(&cmd, &d);
+        assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+        let (m, s) = managed_with("32M", &["--budget-scope", "tree"], &cmd, &d);
+        assert!(m.status.success() && m.stdout == n.stdout, "{how}: {}", String::from_utf8_lossy(&m.stderr));
+        let procs = s["per_process"].as_array().unwrap();
+        let child = procs.iter().find(|p| p["forked_child"] == 1).unwrap_or_else(|| panic!("{s}"));
+        let over = s["tree_over_bytes"].as_u64().unwrap();
+        assert!(over < 1 << 20, "{how}: {s}");
+        assert!(s["tree_peak_held_bytes"].as_u64().unwrap() <= (32 << 20) + over, "{how}: {s}");
+        let adopted = s["tree_adopted_bytes"].as_u64().unwrap();
+        if how == "read" {
+            let c = child["pages_compressed"].as_u64().unwrap();
+            assert!(c < 256, "a reading child evicted {c} pages: {child}");
+            assert!(adopted < 4 << 20, "a reading child took over {adopted} bytes: {s}");
+        } else {
+            assert!(adopted >= 16 << 20, "the child wrote 20 MiB it shared, took over {adopted} bytes: {s}");
+        }
+    }
+}
+
 #[test]
 fn children_started_with_an_environment_of_their_own_are_managed_too() {
     let d = tmp("clean-env");

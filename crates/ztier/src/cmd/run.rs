@@ -76,9 +76,9 @@ pub struct RunArgs {
     /// every process in it (a make -j, a pool of forked workers, a pipeline): a process
     /// that finds none left evicts its own oldest pages, and every process's evictor
     /// gives back its share (by the pages it holds) while fewer than a reserve are left.
-    /// A page a forked child shares with its parent until one writes it counts in both,
-    /// as in their RSS. --stats then gives tree_peak_held_bytes (at most --budget, but
-    /// for tree_over_bytes taken when no process had pages to give back).
+    /// A page a forked child shares with its parent counts once, in the parent, until
+    /// one of them writes it. --stats then gives tree_peak_held_bytes (at most --budget,
+    /// but for tree_over_bytes taken when no process had pages to give back).
     #[arg(long, default_value = "process", value_parser = ["process", "tree"], conflicts_with = "policy")]
     pub budget_scope: String,
     /// Split the budget live between resident pages and the compressed store:
@@ -397,6 +397,7 @@ pub fn run_program(
         stats["tree_peak_held_bytes"] = bytes(&seg.peak).into();
         stats["tree_over_bytes"] = bytes(&seg.over).into();
         stats["tree_reclaimed_bytes"] = bytes(&seg.reclaimed).into();
+        stats["tree_adopted_bytes"] = bytes(&seg.adopted).into();
         stats["tree_processes"] = seg.joined.load(std::sync::atomic::Ordering::Acquire).into();
     }
     Ok(RunOutcome { code, stats, timed_out: m.timed_out })
