@@ -869,6 +869,12 @@ static EVICTOR_IDLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 
 fn wake_evictor() {
     if EVICTOR_IDLE.swap(false, Ordering::AcqRel) {
+        let word = manager::TREE_WAKE.load(Ordering::Acquire);
+        if !word.is_null() {
+            // SAFETY: a word of the shared segment, mapped for good.
+            ztier_uffd::tree::wake(unsafe { &*word });
+            return;
+        }
         let one = 1u64.to_ne_bytes();
         // SAFETY: writing 8 bytes to our eventfd.
         unsafe { libc::write(EVICTOR_FD.load(Ordering::Relaxed), one.as_ptr().cast(), 8) };
@@ -892,9 +898,20 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
             m.take_background_victims(manager::BACKGROUND_BATCH)?
         };
         let Some(v) = batch else {
+            // With the tree scope the evictor sleeps on its word in the
+            // shared segment, where other processes can wake it too.
+            let word = manager::TREE_WAKE.load(Ordering::Acquire);
+            // SAFETY: a word of the shared segment, mapped for good.
+            let word = (!word.is_null()).then(|| unsafe { &*word });
+            let seen = word.map(|w| w.load(Ordering::Acquire));
             EVICTOR_IDLE.store(true, Ordering::Release);
             // Re-check after announcing sleep (a wake-up may have been missed).
             if lock(&g.mgr).evict_wanted() {
+                EVICTOR_IDLE.store(false, Ordering::Release);
+                continue;
+            }
+            if let (Some(w), Some(seen)) = (word, seen) {
+                ztier_uffd::tree::sleep(w, seen, std::time::Duration::from_millis(100));
                 EVICTOR_IDLE.store(false, Ordering::Release);
                 continue;
             }

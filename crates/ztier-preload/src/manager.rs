@@ -761,6 +761,8 @@ pub struct Manager {
     /// resident and still shares copy-on-write with its parent, which
     /// holds them, so that they count once ([`Manager::adopt_unshared`]).
     inherited: Option<Inherited>,
+    /// When its last wait for them ([`TREE_WAIT`]) ended with nothing.
+    tree_wait_failed: Option<std::time::Instant>,
 }
 
 /// A forked child's resident pages shared with its parent: a bit per
@@ -789,6 +791,18 @@ impl Inherited {
         }
     }
 }
+
+/// With the tree scope, the futex word in the shared segment that this
+/// process's background evictor sleeps on (null: its eventfd instead),
+/// so that other processes can wake it ([`Member::wake_others`]).
+pub static TREE_WAKE: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU32> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Longest a process that finds the shared budget empty while most of
+/// its resident pages are shared with its parent waits for the other
+/// processes' evictors, woken, to give pages back, before it evicts its
+/// own.
+pub const TREE_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Least time between two looks at which inherited pages are no longer
 /// shared ([`Manager::adopt_unshared`]).
@@ -1118,7 +1132,9 @@ impl Manager {
             taken_out: 0,
             tree: join_tree(),
             inherited: None,
+            tree_wait_failed: None,
         };
+        m.publish_wake_word();
         m.apply_sizing(true);
         Ok(m)
     }
@@ -1538,17 +1554,40 @@ impl Manager {
     }
 
     /// With the tree scope: holds a page of the shared budget for every
-    /// resident page and `n` more. While the pool has none to give, this
-    /// process's own oldest pages go (the others' evictors give back
-    /// their share of the shortfall: [`Manager::tree_excess`]); with
-    /// nothing left to evict, the pages are taken past the budget
-    /// (counted).
+    /// resident page (but those shared with its parent) and `n` more.
+    /// While the pool has none to give, this process's own oldest pages
+    /// go (the others' evictors give back their share of the shortfall:
+    /// [`Manager::tree_excess`]) — unless most of its resident pages are
+    /// shared with its parent: it wakes the others' evictors and waits
+    /// for them first, up to [`TREE_WAIT`]. With nothing left to evict,
+    /// the pages are taken past the budget (counted).
     fn hold_tree(&mut self, n: usize, stats: &Stats) -> io::Result<()> {
+        let mut waited = false;
         loop {
             let want = self.tree_resident() + n;
+            let shared = self.inherited.as_ref().map_or(0, |h| h.count);
             let Some(t) = &mut self.tree else { return Ok(()) };
             if t.ensure(want) {
                 return Ok(());
+            }
+            // Most of its resident pages are shared with its parent, and
+            // evicting them gives nothing back: wake the others' evictors
+            // and wait for them first (not again for a while after a wait
+            // that got nothing: they may have nothing they can give).
+            let now = std::time::Instant::now();
+            if !waited
+                && shared > self.resident / 2
+                && self.tree_wait_failed.is_none_or(|f| now.duration_since(f) >= TREE_WAIT * 20)
+            {
+                waited = true;
+                t.wake_others();
+                while now.elapsed() < TREE_WAIT {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                    if t.ensure(want) {
+                        return Ok(());
+                    }
+                }
+                self.tree_wait_failed = Some(std::time::Instant::now());
             }
             let target = self.resident.saturating_sub(EVICT_BATCH);
             if self.refusing() || !self.evict_batch(target, stats)? {
@@ -1667,12 +1706,19 @@ impl Manager {
         Ok(())
     }
 
+    /// Points [`TREE_WAKE`] at this process's wake word (or at nothing).
+    fn publish_wake_word(&self) {
+        let w = self.tree.as_ref().map_or(std::ptr::null_mut(), |t| t.wake_word() as *const _ as *mut _);
+        TREE_WAKE.store(w, Ordering::Release);
+    }
+
     /// At exit: the pages this process holds go back to the shared budget.
     pub fn leave_tree(&mut self) {
         if let Some(t) = &mut self.tree {
             t.leave();
         }
         self.tree = None;
+        self.publish_wake_word();
     }
 
     /// Is the store refusing victims? After a refusal (the store is full,
@@ -2549,6 +2595,7 @@ impl Manager {
                 );
             }
         }
+        self.publish_wake_word();
         if self.tree.is_some() {
             let end = used.iter().map(|r| r.end.min(self.pages)).max().unwrap_or(0);
             let mut h = Inherited { bits: vec![0; end.div_ceil(64)], count: 0, cursor: 0, looked: None };

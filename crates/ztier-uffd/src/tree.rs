@@ -29,7 +29,8 @@
 //!  56      8     adopted: pages forked children began to hold once no
 //!                longer shared with their parent (atomic)
 //!  64      16×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
-//!                4 bytes of zero, held pages (u64, atomic)
+//!                wake (u32, a futex word: bumped to wake the process's
+//!                background evictor), held pages (u64, atomic)
 //! ```
 //!
 //! A forked child holds only the resident pages it does not share with
@@ -49,7 +50,7 @@
 //! smaller until the run ends.
 
 use std::io;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// The segment's first eight bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE01");
@@ -64,7 +65,9 @@ pub const CHUNK: usize = 64;
 pub struct Slot {
     /// The process (0: free; -1: being reclaimed).
     pub pid: AtomicI32,
-    _pad: u32,
+    /// Its background evictor sleeps on this futex word (shared between
+    /// processes); bumped and woken by [`wake`].
+    pub wake: AtomicU32,
     /// Pages it holds.
     pub held: AtomicU64,
 }
@@ -192,6 +195,26 @@ pub fn proc_state(path: std::fmt::Arguments) -> Option<u8> {
     text.iter().rposition(|&b| b == b')').and_then(|k| text.get(k + 2)).copied()
 }
 
+/// Wakes whoever sleeps on `word` ([`sleep`]), in any process.
+pub fn wake(word: &AtomicU32) {
+    word.fetch_add(1, Ordering::Release);
+    // SAFETY: a futex wake on a word of a shared mapping (not private:
+    // the sleeper may be another process).
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize) };
+}
+
+/// Sleeps on `word` while it still reads `seen` (loaded before the
+/// caller's last look for work), for at most `timeout`.
+pub fn sleep(word: &AtomicU32, seen: u32, timeout: std::time::Duration) {
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    // SAFETY: a futex wait on a word of a shared mapping, with a relative
+    // timeout that lives through the call.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, seen, &ts as *const libc::timespec)
+    };
+}
+
 /// Is process `pid` gone (or a zombie, whose memory is gone)?
 fn gone(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
@@ -240,6 +263,21 @@ impl Member {
         };
         seg.joined.fetch_add(1, Ordering::Relaxed);
         Some(Member { seg, slot, held: 0, looked: None })
+    }
+
+    /// The futex word this process's background evictor sleeps on.
+    pub fn wake_word(&self) -> &'static AtomicU32 {
+        &self.seg.slots[self.slot].wake
+    }
+
+    /// Wakes the background evictors of the other processes that hold
+    /// pages (they give back their share of the shortfall).
+    pub fn wake_others(&self) {
+        for (k, s) in self.seg.slots.iter().enumerate() {
+            if k != self.slot && s.pid.load(Ordering::Relaxed) > 0 && s.held.load(Ordering::Relaxed) > 0 {
+                wake(&s.wake);
+            }
+        }
     }
 
     /// Pages this process holds.
@@ -395,6 +433,37 @@ mod tests {
         assert_eq!(seg.slots[b.slot].pid.load(Ordering::Relaxed), 0);
         // `a` lost its slot to `b` (as an image replaced by exec would).
         assert_eq!(a.slot, b.slot);
+    }
+
+    #[test]
+    fn a_process_wakes_the_evictors_of_the_others() {
+        let shared = Shared::create(100).unwrap();
+        let seg = open(&shared.path()).unwrap();
+        // SAFETY: the child joins, takes pages, sleeps on its word and
+        // exits (no allocation after fork beyond what join does).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut m = Member::join(seg).unwrap();
+            // Loaded before its pages show, so a wake after they do is seen.
+            let seen = m.wake_word().load(Ordering::Acquire);
+            let ok = m.ensure(10);
+            let t = std::time::Instant::now();
+            sleep(m.wake_word(), seen, std::time::Duration::from_secs(20));
+            // SAFETY: _exit in the child.
+            unsafe {
+                libc::_exit(if ok && t.elapsed() < std::time::Duration::from_secs(10) { 0 } else { 1 })
+            };
+        }
+        while seg.reserved.load(Ordering::Acquire) < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let me = Member::join(seg).unwrap();
+        me.wake_others();
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
     }
 
     #[test]
