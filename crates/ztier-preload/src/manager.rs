@@ -1680,8 +1680,7 @@ impl Manager {
                     y &= y - 1;
                     let e = map[b];
                     if n != 512 || e & PRESENT == 0 || e & EXCLUSIVE != 0 {
-                        h.bits[w] &= !(1 << b);
-                        h.count -= 1;
+                        h.take(w * 64 + b);
                     }
                 }
                 looked += 64;
