@@ -1,8 +1,9 @@
 //! One budget for a whole process tree (`ztier run --budget-scope tree`).
 //!
 //! Every process `ztier run` manages has its own arena, store and
-//! evictor, and by default its own `--budget`. With the tree scope the
-//! processes of the command share one budget, as the kernel's memory
+//! evictor; with `--budget-scope process` it has its own `--budget` too.
+//! With the tree scope (the default) the processes of the command share
+//! one budget, as the kernel's memory
 //! cgroup limit covers every process in the cgroup: a `make -j`, a pool
 //! of forked workers or a shell pipeline stays within it together.
 //!

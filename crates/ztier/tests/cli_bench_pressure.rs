@@ -87,6 +87,10 @@ fn the_fault_path_can_be_chosen() {
     );
     let z = rows.as_array().unwrap().iter().find(|r| r["mode"] == "ztier run").expect("a ztier run row");
     assert_eq!(z["fault_path"], "signal", "{z}");
+    assert_eq!(
+        z["budget_scope"], "tree",
+        "the default, as the kernel runs' cgroup covers every process: {z}"
+    );
     assert_eq!(z["same_output"], true, "{z}");
     assert!(z["faults"].as_u64().unwrap() > 0 && z["uffd_floor_s"].is_null(), "{z}");
     // The fault service histogram: a count per fault.

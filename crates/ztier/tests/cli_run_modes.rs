@@ -1024,11 +1024,14 @@ fn many_forks_of_a_cold_heap_keep_the_budget() {
         assert!(c > heap_pages / 2 && c < 3 * heap_pages, "{what}: the parent compressed {c} pages");
         // A child's store figures count what its store grew by, not the
         // copy of the parent's it inherited: before, a child that evicted
-        // anything reported the parent's ~49 MiB as its own.
+        // anything reported the parent's ~49 MiB as its own. (Every tenth
+        // child reads a third of the heap, ~21 MiB; with the budget shared
+        // and the parent holding most of it, it compresses nearly all it
+        // reads: ~15 MiB.)
         let orig = parent["orig_bytes"].as_u64().unwrap();
         assert!(orig > 16 << 20, "{what}: the parent's store held {orig} bytes of its heap");
         for p in procs.iter().filter(|p| p["forked_child"] == 1) {
-            assert!(p["orig_bytes"].as_u64().unwrap() < orig / 4, "{what}: a child's store: {p}");
+            assert!(p["orig_bytes"].as_u64().unwrap() < orig / 2, "{what}: a child's store: {p}");
         }
     }
     // With `--clean wp` (full mode only): the parent's slice came back
@@ -1083,9 +1086,9 @@ fn many_forks_of_a_cold_heap_keep_the_budget() {
     // before, 214 k (each child held every page it inherited and evicted
     // them all first), and 53 k with the sharing counted but no wake.
     let n = native(&[&exe, "50"], &d);
-    let (m, own) = run(&[], &[&exe, "50"], "own50");
+    let (m, own) = run(&["--budget-scope", "process"], &[&exe, "50"], "own50");
     assert_eq!(m.stdout, n.stdout, "50 children, a budget each");
-    let (m, tree) = run(&["--budget-scope", "tree"], &[&exe, "50"], "tree50");
+    let (m, tree) = run(&[], &[&exe, "50"], "tree50");
     assert_eq!(m.stdout, n.stdout, "50 children, one budget");
     let over = tree["tree_over_bytes"].as_u64().unwrap();
     assert!(tree["tree_peak_held_bytes"].as_u64().unwrap() <= (16 << 20) + over && over < 1 << 20, "{tree}");

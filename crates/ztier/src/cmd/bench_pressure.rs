@@ -94,10 +94,10 @@ pub struct PressureArgs {
     /// thread) or signal (the faulting thread, in a SIGBUS handler).
     #[arg(long, default_value = "thread", value_parser = ["thread", "signal"])]
     pub fault_path: String,
-    /// What `ztier run`'s budget bounds (its --budget-scope): process (each
-    /// process of the command has the budget) or tree (its processes share it, as
-    /// the kernel runs' cgroup limit covers all of them).
-    #[arg(long, default_value = "process", value_parser = ["process", "tree"])]
+    /// What `ztier run`'s budget bounds (its --budget-scope): tree (its processes
+    /// share it, as the kernel runs' cgroup limit covers all of them) or process
+    /// (each process of the command has the budget).
+    #[arg(long, default_value = "tree", value_parser = ["process", "tree"])]
     pub budget_scope: String,
     /// Seconds after which a kernel-baseline or `ztier run` run is killed
     /// and reported as timed out (memory-cgroup swapping can stall for
@@ -190,6 +190,8 @@ struct Row {
     paired: Option<Paired>,
     /// ztier run: its `--fault-path` (thread or signal).
     fault_path: Option<String>,
+    /// ztier run: its `--budget-scope` (tree or process).
+    budget_scope: Option<String>,
     /// ztier run: the fault service histogram, `[bucket upper bound in
     /// ns, count]` of the buckets that counted a fault (its `--stats`
     /// `latency_ns`).
@@ -387,7 +389,7 @@ fn fault_lines(rows: &[Row]) -> Vec<String> {
 fn ztier_args(a: &PressureArgs, budget: u64) -> RunArgs {
     let mut ra = RunArgs::defaults(budget, &a.codec, a.cmd.clone());
     ra.fault_path = a.fault_path.clone();
-    ra.budget_scope = a.budget_scope.clone();
+    ra.budget_scope = Some(a.budget_scope.clone());
     ra
 }
 
@@ -844,6 +846,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             fault_time_s: FaultTime::from_stats(lib),
             further_pages: lib["prefetched"].as_u64(),
             fault_path: Some(a.fault_path.clone()),
+            budget_scope: lib["budget_scope"].as_str().map(Into::into),
             latency_ns: lib["latency_ns"]
                 .as_array()
                 .map(|h| h.iter().filter_map(|p| Some((p[0].as_u64()?, p[1].as_u64()?))).collect()),

@@ -66,21 +66,24 @@ without that catching: its system calls on evicted memory fail with EFAULT (said
 stderr when one starts). glibc's own threads (SIGEV_THREAD timers, POSIX AIO) are\n\
 caught as pthread_create's are.")]
 pub struct RunArgs {
-    /// Most uncompressed memory (managed pages resident) per process, e.g. 256M, or
-    /// for all of the command's processes together with --budget-scope tree. With
-    /// --policy: resident pages and the compressed store together.
+    /// Most uncompressed memory (managed pages resident), e.g. 256M: for all of the
+    /// command's processes together (--budget-scope tree, the default), or per process
+    /// (--budget-scope process). With --policy: resident pages and the compressed store
+    /// together, per process.
     #[arg(long, value_parser = parse_size)]
     pub budget: u64,
-    /// What --budget bounds. process: each process of the command has a budget of its
-    /// own. tree: the command's processes share one, as a memory cgroup's limit covers
-    /// every process in it (a make -j, a pool of forked workers, a pipeline): a process
-    /// that finds none left evicts its own oldest pages, and every process's evictor
-    /// gives back its share (by the pages it holds) while fewer than a reserve are left.
-    /// A page a forked child shares with its parent counts once, in the parent, until
-    /// one of them writes it. --stats then gives tree_peak_held_bytes (at most --budget,
-    /// but for tree_over_bytes taken when no process had pages to give back).
-    #[arg(long, default_value = "process", value_parser = ["process", "tree"], conflicts_with = "policy")]
-    pub budget_scope: String,
+    /// What --budget bounds [default: tree; process with --policy]. tree: the
+    /// command's processes share one budget, as a memory cgroup's limit covers every
+    /// process in it (a make -j, a pool of forked workers, a pipeline): a process that
+    /// finds none left evicts its own oldest pages, and every process's evictor gives
+    /// back its share (by the pages it holds) while fewer than a reserve are left. A
+    /// page a forked child shares with its parent counts once, in the parent, until one
+    /// of them writes it. --stats then gives tree_peak_held_bytes (at most --budget, but
+    /// for tree_over_bytes taken when no process had pages to give back). process: each
+    /// process of the command has a budget of its own (the only scope --policy has: a
+    /// policy splits one process's budget between its resident pages and its store).
+    #[arg(long, value_parser = ["process", "tree"])]
+    pub budget_scope: Option<String>,
     /// Split the budget live between resident pages and the compressed store:
     /// static:F (a fixed fraction F compressed), kaplan (Wilson/Kaplan 1999
     /// cost/benefit), castro (de Castro 2003), pressure (refault feedback) — the
@@ -174,12 +177,26 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// What the budget bounds: `tree` (the default) or `process` (the
+    /// default with `--policy`, and the only scope it has).
+    pub fn scope(&self) -> anyhow::Result<&str> {
+        Ok(match (self.budget_scope.as_deref(), &self.policy) {
+            (Some("tree"), Some(p)) => bail!(
+                "--budget-scope tree cannot be used with --policy {p}: a policy splits one process's \
+                 budget between its resident pages and its store (use --budget-scope process)"
+            ),
+            (Some(s), _) => s,
+            (None, Some(_)) => "process",
+            (None, None) => "tree",
+        })
+    }
+
     /// The defaults of `ztier run` for `cmd` at `budget` with `codec`
     /// (what the demo and `bench pressure` use).
     pub fn defaults(budget: u64, codec: &str, cmd: Vec<OsString>) -> RunArgs {
         RunArgs {
             budget,
-            budget_scope: "process".into(),
+            budget_scope: None,
             codec: codec.into(),
             allocator: "classes".into(),
             store: None,
@@ -320,7 +337,7 @@ pub fn run_program(
     }
     // Kept open until the command ends: its processes open it by a path
     // into this process's descriptors.
-    let tree = match a.budget_scope.as_str() {
+    let tree = match a.scope()? {
         "tree" => Some(ztier_uffd::tree::Shared::create(a.budget >> 12).context("--budget-scope tree")?),
         _ => None,
     };
@@ -390,7 +407,7 @@ pub fn run_program(
     stats["cpu_s"] = m.cpu_s.into();
     stats["budget_bytes"] = a.budget.into();
     stats["fault_path"] = a.fault_path.clone().into();
-    stats["budget_scope"] = a.budget_scope.clone().into();
+    stats["budget_scope"] = a.scope()?.into();
     if let Some(t) = &tree {
         let seg = t.segment();
         let bytes = |v: &std::sync::atomic::AtomicU64| v.load(std::sync::atomic::Ordering::Acquire) << 12;
