@@ -763,6 +763,9 @@ pub struct Manager {
     inherited: Option<Inherited>,
     /// When its last wait for them ([`TREE_WAIT`]) ended with nothing.
     tree_wait_failed: Option<std::time::Instant>,
+    /// With the tree scope, when [`Manager::follow_tree`] last let the
+    /// budget grow.
+    tree_grown: std::time::Instant,
 }
 
 /// A forked child's resident pages shared with its parent: a bit per
@@ -803,6 +806,10 @@ pub static TREE_WAKE: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU32>
 /// processes' evictors, woken, to give pages back, before it evicts its
 /// own.
 pub const TREE_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// With the tree scope, how often the budget a process's protected
+/// segment follows may grow (by a 64th; [`Manager::follow_tree`]).
+pub const TREE_GROW_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Least time between two looks at which inherited pages are no longer
 /// shared ([`Manager::adopt_unshared`]).
@@ -1133,6 +1140,7 @@ impl Manager {
             tree: join_tree(),
             inherited: None,
             tree_wait_failed: None,
+            tree_grown: std::time::Instant::now(),
         };
         m.publish_wake_word();
         m.apply_sizing(true);
@@ -1797,15 +1805,43 @@ impl Manager {
 
     /// With the tree scope, the budget the protected segment and the
     /// other sizes follow ([`Manager::budget`]) is what this process can
-    /// have now: the pages it holds and those no process holds.
+    /// have now: the pages it holds and those no process holds. It
+    /// shrinks at once but grows by at most a 64th (or a batch) every
+    /// [`TREE_GROW_EVERY`]: processes that share the budget trade pages
+    /// back and forth, and a protected segment that grew with each
+    /// passing surplus then had to shed it as the others took their
+    /// pages back. Those pages, faulted back into the protected segment,
+    /// had no copy in the store (only probation's keep theirs), so each
+    /// was compressed again, and most came back (three `workers.py`
+    /// workers at 48M demoted 45 k pages each, 44 k of them regretted,
+    /// against 10 k with a budget of 16M each). Held to what the process
+    /// has kept for a while, its protected segment stays, and a passing
+    /// surplus goes to probation.
     fn follow_tree(&mut self) {
         let Some(t) = &self.tree else { return };
         let shared = self.inherited.as_ref().map_or(0, |h| h.count);
         let b = (t.held() + t.free() + shared).min(self.cap).max(EVICT_BATCH * 4);
-        if b.abs_diff(self.budget) >= EVICT_BATCH {
-            self.budget = b;
-            self.prot_max = b - probation(b);
+        if b.abs_diff(self.budget) < EVICT_BATCH {
+            return;
         }
+        let b = if b > self.budget {
+            let now = std::time::Instant::now();
+            if now.duration_since(self.tree_grown) < TREE_GROW_EVERY {
+                return;
+            }
+            self.tree_grown = now;
+            // (All the way once less than a batch would be left.)
+            let grown = self.budget + (self.budget / 64).max(EVICT_BATCH);
+            if grown + EVICT_BATCH > b {
+                b
+            } else {
+                grown
+            }
+        } else {
+            b
+        };
+        self.budget = b;
+        self.prot_max = b - probation(b);
     }
 
     /// Should the background evictor work (resident above budget −
@@ -2978,6 +3014,43 @@ mod tests {
             a.adjust();
         }
         assert_eq!(a.every(), held);
+    }
+
+    /// With the tree scope, the budget the protected segment follows
+    /// drops at once to what the process can have, and grows back by a
+    /// 64th (a batch at least) per [`TREE_GROW_EVERY`].
+    #[test]
+    fn a_tree_share_shrinks_at_once_and_grows_back_a_little_at_a_time() {
+        let (mut m, _) = test_manager(4096);
+        let shared = ztier_uffd::tree::Shared::create(4096).unwrap();
+        let seg = ztier_uffd::tree::open(&shared.path()).unwrap();
+        m.tree = Some(Member::join(seg).unwrap());
+        // Another process holds three quarters of it.
+        seg.reserved.fetch_add(3072, Ordering::AcqRel);
+        m.follow_tree();
+        assert_eq!((m.budget, m.prot_max), (1024, 1024 - probation(1024)));
+        // It gives them back: nothing before TREE_GROW_EVERY has passed.
+        seg.reserved.fetch_sub(3072, Ordering::AcqRel);
+        m.tree_grown = std::time::Instant::now();
+        m.follow_tree();
+        assert_eq!(m.budget, 1024);
+        let mut steps = 0;
+        while m.budget < 4096 {
+            let before = m.budget;
+            m.tree_grown -= TREE_GROW_EVERY;
+            m.follow_tree();
+            let step = (before / 64).max(EVICT_BATCH);
+            assert!(m.budget > before && m.budget - before < step + EVICT_BATCH, "{before} to {}", m.budget);
+            assert_eq!(m.prot_max, m.budget - probation(m.budget));
+            steps += 1;
+        }
+        assert_eq!(m.budget, 4096);
+        assert!((60..=100).contains(&steps), "{steps} steps from 1024 to 4096 pages");
+        // Taken again: down at once.
+        seg.reserved.fetch_add(2048, Ordering::AcqRel);
+        m.follow_tree();
+        assert_eq!(m.budget, 2048);
+        m.leave_tree();
     }
 
     #[test]
