@@ -522,9 +522,15 @@ fn a_tree_budget_bounds_every_process_of_the_command_together() {
     let cmd = ["python3", w, "100000", "3"];
     let n = native(&cmd, &d);
     assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
-    let (m, own) = managed_with("24M", &["--budget-scope", "process"], &cmd, &d);
+    let (m, own) = managed_with("24M", &["--budget-scope", "process", "--summary"], &cmd, &d);
     assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
     assert_eq!(own["budget_scope"], "process");
+    // --summary says what the budget bounded.
+    let line = format!(
+        "peak resident {:.1} MB (the most of its 4 processes) of the 25.2 MB budget each",
+        own["peak_resident_bytes"].as_f64().unwrap() / 1e6
+    );
+    assert!(String::from_utf8_lossy(&m.stderr).contains(&line), "{line:?}: {m:?}");
     let together: u64 = own["per_process"]
         .as_array()
         .unwrap()
@@ -535,9 +541,15 @@ fn a_tree_budget_bounds_every_process_of_the_command_together() {
     assert!(own.get("tree_peak_held_bytes").is_none(), "{own}");
 
     // The tree scope is the default.
-    let (m, tree) = managed_with("24M", &[], &cmd, &d);
+    let (m, tree) = managed_with("24M", &["--summary"], &cmd, &d);
     assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
     assert_eq!(tree["budget_scope"], "tree");
+    let line = format!(
+        "peak held by its 4 processes together {:.1} MB of the 25.2 MB budget (the most resident in one {:.1} MB)",
+        tree["tree_peak_held_bytes"].as_f64().unwrap() / 1e6,
+        tree["peak_resident_bytes"].as_f64().unwrap() / 1e6
+    );
+    assert!(String::from_utf8_lossy(&m.stderr).contains(&line), "{line:?}: {m:?}");
     // Past the budget only by pages taken when the process that needed
     // them had nothing it could evict at once (its resident pages all in
     // an eviction in flight or pinned): counted, and a few at most.

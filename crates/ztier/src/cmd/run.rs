@@ -884,8 +884,23 @@ pub fn run(a: RunArgs) -> Result<i32> {
     }
     if a.summary {
         let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);
+        let mb = |k: &str| s[k].as_f64().unwrap_or(0.0) / 1e6;
+        let budget = a.budget as f64 / 1e6;
+        let resident = match (s.get("tree_peak_held_bytes"), s["processes"].as_u64().unwrap_or(0)) {
+            (Some(_), n) if n > 1 => format!(
+                "peak held by its {n} processes together {:.1} MB of the {budget:.1} MB budget (the most \
+                 resident in one {:.1} MB)",
+                mb("tree_peak_held_bytes"),
+                mb("peak_resident_bytes")
+            ),
+            (None, n) if n > 1 => format!(
+                "peak resident {:.1} MB (the most of its {n} processes) of the {budget:.1} MB budget each",
+                mb("peak_resident_bytes")
+            ),
+            _ => format!("peak resident {:.1} MB of {budget:.1} MB budget", mb("peak_resident_bytes")),
+        };
         eprintln!(
-            "ztier run: exit {} in {:.2} s; {} faults ({} from the store, {} of them lone pages off any walk; p50 {} µs, p99 {} µs; served in {:.2} s: {}), {} pages compressed ({:.1} MB → {:.1} MB), peak resident {:.1} MB of {:.1} MB budget, peak RSS {:.1} MB",
+            "ztier run: exit {} in {:.2} s; {} faults ({} from the store, {} of them lone pages off any walk; p50 {} µs, p99 {} µs; served in {:.2} s: {}), {} pages compressed ({:.1} MB → {:.1} MB), {resident}, peak RSS {:.1} MB",
             out.code,
             s["wall_s"].as_f64().unwrap_or(0.0),
             s["faults"],
@@ -903,8 +918,6 @@ pub fn run(a: RunArgs) -> Result<i32> {
             s["pages_compressed"],
             s["orig_bytes"].as_f64().unwrap_or(0.0) / 1e6,
             s["stored_bytes"].as_f64().unwrap_or(0.0) / 1e6,
-            s["peak_resident_bytes"].as_f64().unwrap_or(0.0) / 1e6,
-            a.budget as f64 / 1e6,
             s["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1e6,
         );
     }
