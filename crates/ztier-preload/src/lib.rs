@@ -1791,13 +1791,25 @@ fn stats_json(g: &Global) -> String {
         }
         manager::lat_upper_ns(manager::LAT_BUCKETS - 1) as f64 / 1000.0
     };
-    let (now_orig, now_stored, spilled, policy, resident_budget, user_mode_only) = {
+    let (now_orig, now_stored, spilled, policy, resident_budget, user_mode_only, tree) = {
         let mut m = lock_program(g);
         // Pins kept for threads gone since (a robust mutex's until its
         // owner is gone) are not pins any more.
         m.drop_kept_of_gone();
         let st = m.store().stats();
-        (st.orig_bytes, st.memory_used, st.tier_bytes, m.sizing(), m.budget() * PAGE, m.uffd.user_mode_only)
+        let tree = m.tree_now();
+        (
+            st.orig_bytes,
+            st.memory_used,
+            st.tier_bytes,
+            m.sizing(),
+            m.budget() * PAGE,
+            m.uffd.user_mode_only,
+            tree,
+        )
+    };
+    let tree = |f: fn((usize, usize, usize)) -> usize| {
+        tree.map_or("null".to_string(), |t| (f(t) * PAGE).to_string())
     };
     let orig = s.peak_store_orig.load(Ordering::Relaxed);
     let stored = s.peak_store_bytes.load(Ordering::Relaxed);
@@ -1813,6 +1825,7 @@ fn stats_json(g: &Global) -> String {
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"pinned_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
          \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\
+         \"tree_held_bytes\":{},\"tree_reserved_bytes\":{},\"tree_inherited_bytes\":{},\
          \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"deferred_wait_ns\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
@@ -1860,6 +1873,9 @@ fn stats_json(g: &Global) -> String {
         ld(&s.forks),
         ld(&s.forked_child),
         HANDLER_THREADS.load(Ordering::Relaxed),
+        tree(|t| t.0),
+        tree(|t| t.1),
+        tree(|t| t.2),
         ld(&s.service_ns),
         ld(&s.lock_wait_ns),
         ld(&s.store_read_ns),

@@ -1742,6 +1742,14 @@ impl Manager {
         Ok(())
     }
 
+    /// With the tree scope, now: the pages this process holds of the
+    /// shared budget, those every process holds together, and its
+    /// resident pages still shared with its parent (not held).
+    pub fn tree_now(&self) -> Option<(usize, usize, usize)> {
+        let t = self.tree.as_ref()?;
+        Some((t.held(), t.reserved(), self.inherited.as_ref().map_or(0, |h| h.count)))
+    }
+
     /// Points [`TREE_WAKE`] at this process's wake word (or at nothing).
     fn publish_wake_word(&self) {
         let w = self.tree.as_ref().map_or(std::ptr::null_mut(), |t| t.wake_word() as *const _ as *mut _);

@@ -1052,6 +1052,12 @@ fn live_stats_and_kill_9_leave_nothing_behind() {
     assert_eq!(v["pid"].as_u64(), Some(py as u64));
     assert!(v["pages_compressed"].as_u64().unwrap() > 5000, "{v}");
     assert!(v["spilled_bytes"].as_u64().unwrap() > 0, "the 4M store spilled: {v}");
+    // Its share of the budget (the tree scope's, the default): at least
+    // a page per resident page, and the only process holding any.
+    let held = v["tree_held_bytes"].as_u64().unwrap();
+    assert!(held >= v["resident_bytes"].as_u64().unwrap() && held <= 8 << 20, "{v}");
+    assert_eq!(v["tree_reserved_bytes"].as_u64(), Some(held), "{v}");
+    assert_eq!(v["tree_inherited_bytes"].as_u64(), Some(0), "{v}");
     // The live latency histogram: a count per fault served. A fault the
     // program takes on its way into `sleep` may be counted and not yet
     // timed when the statistics are read: once it sleeps, the two agree.
