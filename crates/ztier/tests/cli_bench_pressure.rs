@@ -91,6 +91,7 @@ fn the_fault_path_can_be_chosen() {
         z["budget_scope"], "tree",
         "the default, as the kernel runs' cgroup covers every process: {z}"
     );
+    assert!(text.contains("ztier run's budget covers the command's processes together"), "{text}");
     assert_eq!(z["same_output"], true, "{z}");
     assert!(z["faults"].as_u64().unwrap() > 0 && z["uffd_floor_s"].is_null(), "{z}");
     // The fault service histogram: a count per fault.

@@ -385,6 +385,19 @@ fn fault_lines(rows: &[Row]) -> Vec<String> {
         .collect()
 }
 
+/// What `ztier run`'s budget covered, against the kernel runs' cgroup.
+fn scope_line(scope: &str) -> String {
+    match scope {
+        "tree" => "ztier run's budget covers the command's processes together, as each kernel run's cgroup \
+                   limit does (--budget-scope tree)"
+            .into(),
+        s => format!(
+            "ztier run's budget is for each process of the command, while each kernel run's cgroup limit \
+             covers them together (--budget-scope {s})"
+        ),
+    }
+}
+
 /// The `ztier run` settings of a bench run at `budget`.
 fn ztier_args(a: &PressureArgs, budget: u64) -> RunArgs {
     let mut ra = RunArgs::defaults(budget, &a.codec, a.cmd.clone());
@@ -964,6 +977,9 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                 "DIFFERS"
             }
         )?;
+    }
+    if let Some(scope) = rows.iter().find_map(|r| r.budget_scope.as_deref()) {
+        writeln!(o, "{}", scope_line(scope))?;
     }
     for r in rows.iter().filter(|r| r.oom_wakeups > 0) {
         writeln!(
