@@ -149,10 +149,12 @@ fn kernel_baselines_restore_every_setting() {
         // timeout); one that finished must match the native output.
         if r["exit_code"] == 0 {
             assert_eq!(r["same_output"], true, "{r}");
-            // Its CPU time is counted: a CPU-bound program, so most of
-            // the native wall time at least.
-            let (cpu, native) = (r["cpu_s"].as_f64().unwrap(), rows[0]["wall_s"].as_f64().unwrap());
-            assert!(cpu > native / 2.0, "{r}");
+            // Its CPU time is counted: a CPU-bound program, so half the
+            // native run's CPU time at least. (Not its wall time: on a
+            // busy machine the native run itself took 0.37 s of CPU in
+            // 0.79 s.)
+            let (cpu, native) = (r["cpu_s"].as_f64().unwrap(), rows[0]["cpu_s"].as_f64().unwrap());
+            assert!(native > 0.1 && cpu > native / 2.0, "{r}");
         }
     }
     assert_eq!(system_state(), before, "swap, zswap, cgroups and zram devices are as they were");
