@@ -161,4 +161,23 @@ fn demo_runs_on_built_in_defaults() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no count of unchanged evictions:\n{part5}"));
     assert!(clean > 0, "{part5}");
+    // The pool of forked workers: under one budget of 24M (25.2 MB) for
+    // the whole command, they hold at most that together; with one each,
+    // more than twice that in all.
+    let number_before = |line: &str, word: &str| -> f64 {
+        let head = line.split(word).next().unwrap().trim_end();
+        head.rsplit(' ')
+            .next()
+            .unwrap()
+            .trim_start_matches('(')
+            .parse()
+            .unwrap_or_else(|_| panic!("{line:?}"))
+    };
+    let tree = part5.lines().find(|l| l.starts_with("ztier run --budget 24M")).expect(part5);
+    let together = number_before(tree, " together");
+    assert!(together > 16.0 && together <= 26.0, "{tree}");
+    let own = part5.lines().find(|l| l.trim_start().starts_with("--budget-scope process")).expect(part5);
+    let all = number_before(own, " in all)");
+    assert!(all > 2.0 * together, "{own}\n{tree}");
+    assert!(part5.contains("Outputs identical. One budget covers every process"), "{part5}");
 }

@@ -388,12 +388,12 @@ fn fault_lines(rows: &[Row]) -> Vec<String> {
 /// What `ztier run`'s budget covered, against the kernel runs' cgroup.
 fn scope_line(scope: &str) -> String {
     match scope {
-        "tree" => "ztier run's budget covers the command's processes together, as each kernel run's cgroup \
-                   limit does (--budget-scope tree)"
+        "tree" => "budget scope tree: ztier run's budget covers the command's processes together, as each \
+                   kernel run's cgroup limit does"
             .into(),
         s => format!(
-            "ztier run's budget is for each process of the command, while each kernel run's cgroup limit \
-             covers them together (--budget-scope {s})"
+            "budget scope {s}: ztier run's budget is for each process of the command, while each kernel \
+             run's cgroup limit covers them together"
         ),
     }
 }

@@ -13,7 +13,10 @@
 //! writes, recovers, audits and reads everything flushed back; part 5
 //! runs a bundled memory-hungry Python job (`examples/workloads/pyapp.py`,
 //! embedded) natively and under `ztier run` at a budget well below its
-//! peak, checks the outputs are identical and prints the comparison. When no corpus is found
+//! peak, checks the outputs are identical and prints the comparison, then
+//! a pool of three forked workers (`examples/workloads/workers.py`)
+//! under one budget for the whole command (the default tree scope) and
+//! under one for each process. When no corpus is found
 //! it uses its own process's and synthetic pages, and says so; without
 //! valgrind part 3 says it is skipped and why.
 
@@ -206,6 +209,77 @@ fn run_demo() -> Result<()> {
         );
     }
     println!("Kernel swap, zswap and zram side by side: sudo ztier bench pressure --budgets 256M -- python3 examples/workloads/pyapp.py");
+    workers_demo(&python, &dir)
+}
+
+/// Part 5, second half: a pool of forked workers under one budget for
+/// the whole command (the tree scope, the default), and with a budget
+/// for each process.
+fn workers_demo(python: &Path, dir: &Path) -> Result<()> {
+    use anyhow::bail;
+    const JOB: &str = include_str!("../../../../examples/workloads/workers.py");
+    const N: &str = "100000";
+    const BUDGET: u64 = 24 << 20;
+    let job = dir.join("workers.py");
+    std::fs::write(&job, JOB)?;
+    println!(
+        "\npython3 workers.py {N} 3: three forked workers at once, each building ~25 MB of records and \
+         walking them twice."
+    );
+    let native_out = dir.join("workers-native.out");
+    let mut c = std::process::Command::new(python);
+    c.arg(&job).args([N, "3"]).stdout(std::fs::File::create(&native_out)?);
+    let n = super::run::measure(&mut c)?;
+    if n.code != 0 {
+        bail!("the workers failed natively (exit {})", n.code);
+    }
+    println!("{:<26} {:>7} {:>30} {:>17}", "", "wall s", "resident at most, MB", "pages compressed");
+    println!("{:<26} {:>7.2} {:>30} {:>17}", "native", n.wall_s, "all of it", 0);
+    for scope in ["tree", "process"] {
+        let mut ra = super::run::RunArgs::defaults(
+            BUDGET,
+            "lz4",
+            vec![python.to_path_buf().into(), job.clone().into(), N.into(), "3".into()],
+        );
+        ra.budget_scope = Some(scope.into());
+        let out = dir.join(format!("workers-{scope}.out"));
+        let r = super::run::run_program(&ra, Some(std::fs::File::create(&out)?), None)?;
+        let s = &r.stats;
+        if r.code != 0 || std::fs::read(&native_out)? != std::fs::read(&out)? {
+            bail!(
+                "the workers under --budget-scope {scope} did not reproduce the native output (exit {})",
+                r.code
+            );
+        }
+        let per: Vec<u64> = s["per_process"]
+            .as_array()
+            .map(|p| p.iter().filter_map(|p| p["peak_resident_bytes"].as_u64()).collect())
+            .unwrap_or_default();
+        let (label, resident) = match scope {
+            "tree" => (
+                format!("ztier run --budget {}M", BUDGET >> 20),
+                format!("{:.0} together", s["tree_peak_held_bytes"].as_f64().unwrap_or(0.0) / 1e6),
+            ),
+            _ => (
+                "  --budget-scope process".to_string(),
+                format!(
+                    "{} each ({:.0} in all)",
+                    per.iter().map(|b| format!("{:.0}", *b as f64 / 1e6)).collect::<Vec<_>>().join("+"),
+                    per.iter().sum::<u64>() as f64 / 1e6
+                ),
+            ),
+        };
+        println!(
+            "{label:<26} {:>7.2} {resident:>30} {:>17}",
+            s["wall_s"].as_f64().unwrap_or(0.0),
+            s["pages_compressed"].as_u64().unwrap_or(0)
+        );
+    }
+    println!(
+        "Outputs identical. One budget covers every process of the command (the parent and its\n\
+         workers), as a memory cgroup's limit does; with --budget-scope process each has {}M of its own.",
+        BUDGET >> 20
+    );
     Ok(())
 }
 
