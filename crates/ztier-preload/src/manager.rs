@@ -759,7 +759,7 @@ pub struct Manager {
     tree: Option<Member>,
     /// With the tree scope, in a forked child: the pages it inherited
     /// resident and still shares copy-on-write with its parent, which
-    /// holds them, so that they count once ([`Manager::adopt_look`]).
+    /// holds them, so that they count once ([`Manager::adopt_unshared`]).
     inherited: Option<Inherited>,
     /// When its last wait for them ([`TREE_WAIT`]) ended with nothing.
     tree_wait_failed: Option<std::time::Instant>,
@@ -795,53 +795,6 @@ impl Inherited {
     }
 }
 
-/// Pages a forked child counts as shared with its parent, to look up in
-/// `/proc/self/pagemap` without the manager's lock
-/// ([`Manager::adopt_look`]).
-pub struct AdoptLook {
-    /// The arena's first page, as a page number.
-    base: usize,
-    /// Words of [`Inherited::bits`] with a bit set: (index, bits).
-    words: Vec<(usize, u64)>,
-}
-
-impl AdoptLook {
-    /// The pages of the look that are no longer shared with the parent
-    /// (mapped here alone, or not at all); all of them if the page map
-    /// cannot be read.
-    pub fn read(&self) -> Vec<usize> {
-        const PRESENT: u64 = 1 << 63;
-        const EXCLUSIVE: u64 = 1 << 56;
-        // SAFETY: a NUL-terminated path.
-        let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        let mut gone = Vec::new();
-        for &(w, x) in &self.words {
-            let mut map = [0u64; 64];
-            let at = ((self.base + w * 64) * 8) as libc::off_t;
-            let n = if fd < 0 {
-                -1
-            } else {
-                // SAFETY: reading 512 bytes into a local array of that size.
-                unsafe { libc::pread(fd, map.as_mut_ptr().cast(), 512, at) }
-            };
-            let mut y = x;
-            while y != 0 {
-                let b = y.trailing_zeros() as usize;
-                y &= y - 1;
-                let e = map[b];
-                if n != 512 || e & PRESENT == 0 || e & EXCLUSIVE != 0 {
-                    gone.push(w * 64 + b);
-                }
-            }
-        }
-        if fd >= 0 {
-            // SAFETY: our own descriptor.
-            unsafe { libc::close(fd) };
-        }
-        gone
-    }
-}
-
 /// With the tree scope, the futex word in the shared segment that this
 /// process's background evictor sleeps on (null: its eventfd instead),
 /// so that other processes can wake it ([`Member::wake_others`]).
@@ -859,7 +812,7 @@ pub const TREE_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 pub const TREE_GROW_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Least time between two looks at which inherited pages are no longer
-/// shared ([`Manager::adopt_look`]).
+/// shared ([`Manager::adopt_unshared`]).
 pub const ADOPT_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 /// Most inherited pages one look reads the page map of.
 pub const ADOPT_LOOK: usize = 1 << 14;
@@ -1692,44 +1645,62 @@ impl Manager {
     }
 
     /// In a forked child with the tree scope, at most every
-    /// [`ADOPT_EVERY`] (the background evictor calls it, with the lock
-    /// held): up to [`ADOPT_LOOK`] of the pages it still counts as shared
-    /// with its parent, to look up in `/proc/self/pagemap` without the
-    /// lock ([`AdoptLook::read`]; a look at 16 Ki pages takes ~0.5–0.8 ms
-    /// here, which the faults would otherwise wait for), then
-    /// [`Manager::adopt_unshared`].
-    pub fn adopt_look(&mut self) -> Option<AdoptLook> {
-        let h = self.inherited.as_mut()?;
+    /// [`ADOPT_EVERY`] (the background evictor calls it): looks up to
+    /// [`ADOPT_LOOK`] of the pages it still counts as shared with its
+    /// parent up in `/proc/self/pagemap`, and from then on holds those
+    /// that are not shared any more — mapped here alone (written since
+    /// by either process, so that copy-on-write gave one of them a page
+    /// of its own, or dropped by the parent) or not mapped. Holding them
+    /// may evict. A page map that cannot be read makes every inherited
+    /// page count as this process's own.
+    pub fn adopt_unshared(&mut self, stats: &Stats) -> io::Result<()> {
+        const PRESENT: u64 = 1 << 63;
+        const EXCLUSIVE: u64 = 1 << 56;
+        let base = self.base / PAGE;
+        let Some(h) = &mut self.inherited else { return Ok(()) };
         let now = std::time::Instant::now();
         if h.looked.is_some_and(|t| now.duration_since(t) < ADOPT_EVERY) {
-            return None;
+            return Ok(());
         }
         h.looked = Some(now);
-        let n = h.bits.len();
-        let (mut w, mut words) = (h.cursor / 64 % n.max(1), Vec::new());
-        for _ in 0..n {
-            if words.len() * 64 >= ADOPT_LOOK {
+        // SAFETY: a NUL-terminated path; plain calls on our descriptor.
+        let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        let before = h.count;
+        let words = h.bits.len();
+        let (mut w, mut looked) = (h.cursor / 64 % words.max(1), 0);
+        for _ in 0..words {
+            if looked >= ADOPT_LOOK {
                 break;
             }
-            if h.bits[w] != 0 {
-                words.push((w, h.bits[w]));
+            let x = h.bits[w];
+            if x != 0 {
+                let mut map = [0u64; 64];
+                let at = ((base + w * 64) * 8) as libc::off_t;
+                let n = if fd < 0 {
+                    -1
+                } else {
+                    // SAFETY: reading 512 bytes into a local array of that size.
+                    unsafe { libc::pread(fd, map.as_mut_ptr().cast(), 512, at) }
+                };
+                let mut y = x;
+                while y != 0 {
+                    let b = y.trailing_zeros() as usize;
+                    y &= y - 1;
+                    let e = map[b];
+                    if n != 512 || e & PRESENT == 0 || e & EXCLUSIVE != 0 {
+                        h.take(w * 64 + b);
+                    }
+                }
+                looked += 64;
             }
-            w = (w + 1) % n;
+            w = (w + 1) % words;
         }
         h.cursor = w * 64;
-        Some(AdoptLook { base: self.base / PAGE, words })
-    }
-
-    /// From a look made by [`AdoptLook::read`]: the pages of `gone` that
-    /// are still counted as shared with the parent are this process's
-    /// own from now on — mapped here alone (written since by either
-    /// process, so that copy-on-write gave one of them a page of its
-    /// own, or dropped by the parent) or not mapped — and it holds them
-    /// (which may evict). A page that left memory since the look is not
-    /// counted any more (its bit went then).
-    pub fn adopt_unshared(&mut self, gone: &[usize], stats: &Stats) -> io::Result<()> {
-        let Some(h) = &mut self.inherited else { return Ok(()) };
-        let adopted = gone.iter().filter(|&&i| h.take(i)).count();
+        if fd >= 0 {
+            // SAFETY: our own descriptor.
+            unsafe { libc::close(fd) };
+        }
+        let adopted = before - h.count;
         if h.count == 0 {
             self.inherited = None;
         }
@@ -2653,7 +2624,7 @@ impl Manager {
         }
         // The parent's slot and pages are the parent's: the child takes
         // its own, and holds the resident pages it shares with the parent
-        // once they are its own ([`Manager::adopt_look`]); it holds
+        // once they are its own ([`Manager::adopt_unshared`]); it holds
         // those it installs from now on at once.
         self.inherited = None;
         if let Some(t) = self.tree.take() {
