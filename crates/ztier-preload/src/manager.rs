@@ -778,6 +778,25 @@ struct Inherited {
     cursor: usize,
     /// When the last look was made.
     looked: Option<std::time::Instant>,
+    /// `/proc/self/pagemap`, opened at the fork (before the program
+    /// runs on) and kept from the program's `close` ([`crate::fds::keep`]);
+    /// -1 if it could not be opened. Opened for each look instead, it
+    /// took the lowest free number, and a child that closes every
+    /// descriptor it does not know (`forkmany.c`, as a shell's subshell
+    /// does) closed it under the look: each of those reads failed, and
+    /// the child took every page it shared with its parent as its own.
+    /// It could as well have read, and then closed, a file the program
+    /// opened at that number meanwhile.
+    pagemap: i32,
+}
+
+impl Drop for Inherited {
+    fn drop(&mut self) {
+        if self.pagemap >= 0 {
+            crate::fds::forget(self.pagemap);
+            crate::sud::raw(libc::SYS_close, [self.pagemap as u64, 0, 0, 0, 0, 0]);
+        }
+    }
 }
 
 impl Inherited {
@@ -1663,8 +1682,7 @@ impl Manager {
             return Ok(());
         }
         h.looked = Some(now);
-        // SAFETY: a NUL-terminated path; plain calls on our descriptor.
-        let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        let fd = h.pagemap;
         let before = h.count;
         let words = h.bits.len();
         let (mut w, mut looked) = (h.cursor / 64 % words.max(1), 0);
@@ -1696,10 +1714,6 @@ impl Manager {
             w = (w + 1) % words;
         }
         h.cursor = w * 64;
-        if fd >= 0 {
-            // SAFETY: our own descriptor.
-            unsafe { libc::close(fd) };
-        }
         let adopted = before - h.count;
         if h.count == 0 {
             self.inherited = None;
@@ -2641,7 +2655,11 @@ impl Manager {
         self.publish_wake_word();
         if self.tree.is_some() {
             let end = used.iter().map(|r| r.end.min(self.pages)).max().unwrap_or(0);
-            let mut h = Inherited { bits: vec![0; end.div_ceil(64)], count: 0, cursor: 0, looked: None };
+            // SAFETY: a NUL-terminated path.
+            let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+            let pagemap = if fd >= 0 { crate::fds::keep(fd) } else { -1 };
+            let mut h =
+                Inherited { bits: vec![0; end.div_ceil(64)], count: 0, cursor: 0, looked: None, pagemap };
             for i in pages_in(self.pages, used) {
                 if self.st(i) & STATE == RESIDENT {
                     h.bits[i / 64] |= 1 << (i % 64);
