@@ -1881,6 +1881,11 @@ impl Manager {
     /// less than [`BACKGROUND_LEAST`] above it while eviction is not
     /// wanted yet ([`Manager::evict_wanted`]).
     pub fn take_background_victims(&mut self, max: usize) -> io::Result<Option<Victims>> {
+        // Short of pages: those of processes that are gone come back first.
+        let reserve = self.reserve();
+        if let Some(t) = self.tree.as_mut().filter(|t| t.free() < reserve) {
+            t.reclaim_due();
+        }
         self.follow_tree();
         let target = (self.limit() - self.reserve()).min(self.resident - self.tree_excess());
         let least = BACKGROUND_LEAST.min(self.reserve() / 2);
@@ -3076,6 +3081,33 @@ mod tests {
         seg.reserved.fetch_add(2048, Ordering::AcqRel);
         m.follow_tree();
         assert_eq!(m.budget, 2048);
+        m.leave_tree();
+    }
+
+    /// With the tree scope, a process that died holding pages (killed,
+    /// no exit hook) gives them back when the pool runs short and the
+    /// background evictor is called on, though no install ran short: the
+    /// others' evictors can keep the pool from running dry, and the pages
+    /// stayed held to the end (`workers.py ... kill` at 24M reclaimed
+    /// nothing now and then).
+    #[test]
+    fn the_background_evictor_takes_back_the_pages_of_a_dead_process() {
+        let (mut m, _) = test_manager(4096);
+        let shared = ztier_uffd::tree::Shared::create(4096).unwrap();
+        let seg = ztier_uffd::tree::open(&shared.path()).unwrap();
+        m.tree = Some(Member::join(seg).unwrap());
+        // A process that is gone holds all but a few pages of the pool.
+        let mut dead = std::process::Command::new("true").spawn().unwrap();
+        dead.wait().unwrap();
+        let slot = &seg.slots[seg.slots.len() - 1];
+        slot.pid.store(dead.id() as i32, Ordering::Release);
+        slot.held.store(4000, Ordering::Release);
+        seg.reserved.fetch_add(4000, Ordering::AcqRel);
+        assert!(m.tree.as_ref().unwrap().free() < m.reserve());
+        assert!(m.take_background_victims(EVICT_BATCH).unwrap().is_none(), "nothing resident");
+        assert_eq!(seg.reclaimed.load(Ordering::Acquire), 4000);
+        assert_eq!(seg.reserved.load(Ordering::Acquire), 0);
+        assert_eq!(m.budget, 4096, "reclaimed before the share was followed down");
         m.leave_tree();
     }
 

@@ -45,8 +45,9 @@
 //! before an `exec` of the same process, whose memory is gone: taken over
 //! with its pages given back) and gives its pages back at exit. One
 //! killed or ended without the exit hook keeps its slot until another
-//! process finds the pool short: slots of processes that are gone (or
-//! zombies) are then reclaimed. A process whose PID was reused by an
+//! process finds the pool short (an install that cannot get its pages,
+//! or a background evictor called on for the shortfall): slots of
+//! processes that are gone (or zombies) are then reclaimed. A process whose PID was reused by an
 //! unrelated one would keep its pages held; the budget is then that much
 //! smaller until the run ends.
 
@@ -308,12 +309,22 @@ impl Member {
         if self.take(need + CHUNK) || self.take(need) {
             return true;
         }
+        self.reclaim_due() > 0 && self.take(need)
+    }
+
+    /// Takes back the pages of processes that are gone ([`Member::reclaim`]),
+    /// unless this process looked less than [`RECLAIM_EVERY`] ago; returns
+    /// how many. Called when the pool runs short: by [`Member::ensure`],
+    /// and by the background evictor before it evicts for the shortfall
+    /// (a process killed while the others' evictors kept the pool from
+    /// running dry was otherwise never looked for).
+    pub fn reclaim_due(&mut self) -> usize {
         let now = std::time::Instant::now();
         if self.looked.is_some_and(|t| now.duration_since(t) < RECLAIM_EVERY) {
-            return false;
+            return 0;
         }
         self.looked = Some(now);
-        self.reclaim() > 0 && self.take(need)
+        self.reclaim()
     }
 
     /// Holds at least `want` pages, past the budget if need be (the pages
