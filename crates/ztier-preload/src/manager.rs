@@ -759,7 +759,7 @@ pub struct Manager {
     tree: Option<Member>,
     /// With the tree scope, in a forked child: the pages it inherited
     /// resident and still shares copy-on-write with its parent, which
-    /// holds them, so that they count once ([`Manager::adopt_unshared`]).
+    /// holds them, so that they count once ([`Manager::adopt_look`]).
     inherited: Option<Inherited>,
     /// When its last wait for them ([`TREE_WAIT`]) ended with nothing.
     tree_wait_failed: Option<std::time::Instant>,
@@ -778,24 +778,96 @@ struct Inherited {
     cursor: usize,
     /// When the last look was made.
     looked: Option<std::time::Instant>,
-    /// `/proc/self/pagemap`, opened at the fork (before the program
-    /// runs on) and kept from the program's `close` ([`crate::fds::keep`]);
-    /// -1 if it could not be opened. Opened for each look instead, it
-    /// took the lowest free number, and a child that closes every
-    /// descriptor it does not know (`forkmany.c`, as a shell's subshell
-    /// does) closed it under the look: each of those reads failed, and
-    /// the child took every page it shared with its parent as its own.
-    /// It could as well have read, and then closed, a file the program
-    /// opened at that number meanwhile.
-    pagemap: i32,
+    /// `/proc/self/pagemap`, opened at the fork (before the program runs
+    /// on); shared with a look in progress ([`AdoptLook`]), which reads
+    /// it without the manager's lock.
+    pagemap: std::sync::Arc<Pagemap>,
 }
 
-impl Drop for Inherited {
+/// `/proc/self/pagemap`, kept from the program's `close`
+/// ([`crate::fds::keep`]) until dropped; -1 if it could not be opened.
+/// Opened for each look instead, it took the lowest free number, and a
+/// child that closes every descriptor it does not know (`forkmany.c`, as
+/// a shell's subshell does) closed it under the look: each of those
+/// reads failed, and the child took every page it shared with its parent
+/// as its own. It could as well have read, and then closed, a file the
+/// program opened at that number meanwhile.
+struct Pagemap(i32);
+
+impl Pagemap {
+    fn open() -> Pagemap {
+        // SAFETY: a NUL-terminated path.
+        let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        Pagemap(if fd >= 0 { crate::fds::keep(fd) } else { -1 })
+    }
+}
+
+impl Drop for Pagemap {
     fn drop(&mut self) {
-        if self.pagemap >= 0 {
-            crate::fds::forget(self.pagemap);
-            crate::sud::raw(libc::SYS_close, [self.pagemap as u64, 0, 0, 0, 0, 0]);
+        if self.0 >= 0 {
+            crate::fds::forget(self.0);
+            crate::sud::raw(libc::SYS_close, [self.0 as u64, 0, 0, 0, 0, 0]);
         }
+    }
+}
+
+/// Pages a forked child counts as shared with its parent, to look up in
+/// its page map without the manager's lock ([`Manager::adopt_look`]).
+pub struct AdoptLook {
+    /// The arena's first page, as a page number.
+    base: usize,
+    /// Words of [`Inherited::bits`] with a bit set, (index, bits), in
+    /// ascending runs.
+    words: Vec<(usize, u64)>,
+    pagemap: std::sync::Arc<Pagemap>,
+}
+
+impl AdoptLook {
+    /// The pages of the look that are no longer shared with the parent
+    /// (mapped here alone, or not at all); all of them if the page map
+    /// cannot be read. Words near each other are read together, up to
+    /// [`ADOPT_SPAN`] pages per `pread`.
+    pub fn read(&self) -> Vec<usize> {
+        const PRESENT: u64 = 1 << 63;
+        const EXCLUSIVE: u64 = 1 << 56;
+        let mut map = vec![0u64; ADOPT_SPAN];
+        let mut gone = Vec::new();
+        let mut k = 0;
+        while k < self.words.len() {
+            // A span: the words from this one on, up to ADOPT_SPAN pages
+            // (within an ascending run).
+            let first = self.words[k].0;
+            let mut end = k + 1;
+            while end < self.words.len()
+                && self.words[end].0 > self.words[end - 1].0
+                && (self.words[end].0 - first + 1) * 64 <= ADOPT_SPAN
+            {
+                end += 1;
+            }
+            let bytes = (self.words[end - 1].0 - first + 1) * 64 * 8;
+            let at = ((self.base + first * 64) * 8) as libc::off_t;
+            let n = if self.pagemap.0 < 0 {
+                -1
+            } else {
+                // SAFETY: reading `bytes` ≤ 8 × ADOPT_SPAN bytes into `map`,
+                // which has ADOPT_SPAN words.
+                unsafe { libc::pread(self.pagemap.0, map.as_mut_ptr().cast(), bytes, at) }
+            };
+            let ok = n == bytes as isize;
+            for &(w, x) in &self.words[k..end] {
+                let mut y = x;
+                while y != 0 {
+                    let b = y.trailing_zeros() as usize;
+                    y &= y - 1;
+                    let e = map[(w - first) * 64 + b];
+                    if !ok || e & PRESENT == 0 || e & EXCLUSIVE != 0 {
+                        gone.push(w * 64 + b);
+                    }
+                }
+            }
+            k = end;
+        }
+        gone
     }
 }
 
@@ -835,6 +907,8 @@ pub const TREE_GROW_EVERY: std::time::Duration = std::time::Duration::from_milli
 pub const ADOPT_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 /// Most inherited pages one look reads the page map of.
 pub const ADOPT_LOOK: usize = 1 << 14;
+/// Most pages of the page map one `pread` of a look reads.
+pub const ADOPT_SPAN: usize = 4096;
 
 /// The main thread has left (`pthread_exit`) while others run: it stays
 /// a zombie until the process ends, and signal 0 still reaches it, but
@@ -1664,57 +1738,44 @@ impl Manager {
     }
 
     /// In a forked child with the tree scope, at most every
-    /// [`ADOPT_EVERY`] (the background evictor calls it): looks up to
-    /// [`ADOPT_LOOK`] of the pages it still counts as shared with its
-    /// parent up in `/proc/self/pagemap`, and from then on holds those
-    /// that are not shared any more — mapped here alone (written since
-    /// by either process, so that copy-on-write gave one of them a page
-    /// of its own, or dropped by the parent) or not mapped. Holding them
-    /// may evict. A page map that cannot be read makes every inherited
-    /// page count as this process's own.
-    pub fn adopt_unshared(&mut self, stats: &Stats) -> io::Result<()> {
-        const PRESENT: u64 = 1 << 63;
-        const EXCLUSIVE: u64 = 1 << 56;
-        let base = self.base / PAGE;
-        let Some(h) = &mut self.inherited else { return Ok(()) };
+    /// [`ADOPT_EVERY`] (the background evictor calls it, with the lock
+    /// held): up to [`ADOPT_LOOK`] of the pages it still counts as shared
+    /// with its parent, to look up in `/proc/self/pagemap` without the
+    /// lock ([`AdoptLook::read`]), then [`Manager::adopt_unshared`].
+    pub fn adopt_look(&mut self) -> Option<AdoptLook> {
+        let h = self.inherited.as_mut()?;
         let now = std::time::Instant::now();
         if h.looked.is_some_and(|t| now.duration_since(t) < ADOPT_EVERY) {
-            return Ok(());
+            return None;
         }
         h.looked = Some(now);
-        let fd = h.pagemap;
-        let before = h.count;
-        let words = h.bits.len();
-        let (mut w, mut looked) = (h.cursor / 64 % words.max(1), 0);
-        for _ in 0..words {
-            if looked >= ADOPT_LOOK {
+        let n = h.bits.len();
+        let (mut w, mut words) = (h.cursor / 64 % n.max(1), Vec::new());
+        for _ in 0..n {
+            if words.len() * 64 >= ADOPT_LOOK {
                 break;
             }
-            let x = h.bits[w];
-            if x != 0 {
-                let mut map = [0u64; 64];
-                let at = ((base + w * 64) * 8) as libc::off_t;
-                let n = if fd < 0 {
-                    -1
-                } else {
-                    // SAFETY: reading 512 bytes into a local array of that size.
-                    unsafe { libc::pread(fd, map.as_mut_ptr().cast(), 512, at) }
-                };
-                let mut y = x;
-                while y != 0 {
-                    let b = y.trailing_zeros() as usize;
-                    y &= y - 1;
-                    let e = map[b];
-                    if n != 512 || e & PRESENT == 0 || e & EXCLUSIVE != 0 {
-                        h.take(w * 64 + b);
-                    }
-                }
-                looked += 64;
+            if h.bits[w] != 0 {
+                words.push((w, h.bits[w]));
             }
-            w = (w + 1) % words;
+            w = (w + 1) % n;
         }
         h.cursor = w * 64;
-        let adopted = before - h.count;
+        Some(AdoptLook { base: self.base / PAGE, words, pagemap: h.pagemap.clone() })
+    }
+
+    /// From a look made by [`AdoptLook::read`]: the pages of `gone` still
+    /// counted as shared with the parent are this process's own from now
+    /// on — mapped here alone (written since by either process, so that
+    /// copy-on-write gave one of them a page of its own, or dropped by
+    /// the parent) or not mapped — and it holds them (which may evict).
+    /// A page that left memory since the look is not counted any more
+    /// (its bit went then), and one installed since is its own anyway.
+    /// A page map that cannot be read makes every inherited page looked
+    /// at count as this process's own.
+    pub fn adopt_unshared(&mut self, gone: &[usize], stats: &Stats) -> io::Result<()> {
+        let Some(h) = &mut self.inherited else { return Ok(()) };
+        let adopted = gone.iter().filter(|&&i| h.take(i)).count();
         if h.count == 0 {
             self.inherited = None;
         }
@@ -2660,9 +2721,7 @@ impl Manager {
         self.publish_wake_word();
         if self.tree.is_some() {
             let end = used.iter().map(|r| r.end.min(self.pages)).max().unwrap_or(0);
-            // SAFETY: a NUL-terminated path.
-            let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-            let pagemap = if fd >= 0 { crate::fds::keep(fd) } else { -1 };
+            let pagemap = std::sync::Arc::new(Pagemap::open());
             let mut h =
                 Inherited { bits: vec![0; end.div_ceil(64)], count: 0, cursor: 0, looked: None, pagemap };
             for i in pages_in(self.pages, used) {
@@ -3109,6 +3168,83 @@ mod tests {
         assert_eq!(seg.reserved.load(Ordering::Acquire), 0);
         assert_eq!(m.budget, 4096, "reclaimed before the share was followed down");
         m.leave_tree();
+    }
+
+    /// A look at the page map ([`AdoptLook::read`]) finds the pages that
+    /// are no longer shared — mapped here alone, or not at all — across
+    /// spans of [`ADOPT_SPAN`] pages and a look that wraps around. The
+    /// shared pages are those of a memfd mapped twice (as a forked
+    /// child's inherited ones are mapped in two processes).
+    #[test]
+    fn a_look_at_the_page_map_finds_the_pages_no_longer_shared() {
+        let n = 2 * ADOPT_SPAN + 320;
+        // SAFETY: a NUL-terminated name; sizing and mapping our own memfd.
+        let (base, other) = unsafe {
+            let fd = libc::memfd_create(c"look".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0);
+            assert_eq!(libc::ftruncate(fd, (n * PAGE) as libc::off_t), 0);
+            let map =
+                |p| libc::mmap(p, n * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+            let (a, b) = (map(std::ptr::null_mut()), map(std::ptr::null_mut()));
+            assert!(a != libc::MAP_FAILED && b != libc::MAP_FAILED);
+            libc::close(fd);
+            (a as usize, b as usize)
+        };
+        let touch = |at: usize| {
+            // SAFETY: a page of a mapping of ours.
+            unsafe { std::ptr::write_volatile(at as *mut u8, 1) };
+        };
+        for i in 0..n {
+            touch(base + i * PAGE);
+        }
+        for i in 0..n {
+            // SAFETY: reading a page of the second mapping maps it there too.
+            unsafe { std::ptr::read_volatile((other + i * PAGE) as *const u8) };
+        }
+        // Pages of our own (copy-on-write would give them one) and pages
+        // not mapped at all, at span edges and in between.
+        let own = [0, 63, 64, ADOPT_SPAN - 1, ADOPT_SPAN, ADOPT_SPAN + 5, n - 1];
+        let unmapped = [1, 700, 2 * ADOPT_SPAN, n - 2];
+        for (&i, fresh) in own.iter().map(|i| (i, true)).chain(unmapped.iter().map(|i| (i, false))) {
+            let at = base + i * PAGE;
+            let p = sys::mmap(
+                at as *mut libc::c_void,
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+            assert_eq!(p as usize, at);
+            if fresh {
+                touch(at);
+            }
+        }
+        // Every page counted as shared, the look starting in the middle.
+        let words = n.div_ceil(64);
+        let start = words / 2 + 3;
+        let words: Vec<(usize, u64)> = (start..words)
+            .chain(0..start)
+            .map(|w| (w, if (w + 1) * 64 <= n { u64::MAX } else { (1 << (n % 64)) - 1 }))
+            .collect();
+        let look = AdoptLook { base: base / PAGE, words, pagemap: std::sync::Arc::new(Pagemap::open()) };
+        let mut gone = look.read();
+        gone.sort_unstable();
+        let mut want: Vec<usize> = own.iter().chain(&unmapped).copied().collect();
+        want.sort_unstable();
+        assert_eq!(gone, want);
+        // A page map that cannot be read: every page looked at.
+        let blind = AdoptLook {
+            base: look.base,
+            words: look.words.clone(),
+            pagemap: std::sync::Arc::new(Pagemap(-1)),
+        };
+        assert_eq!(blind.read().len(), n);
+        // SAFETY: unmapping our own mappings.
+        unsafe {
+            libc::munmap(base as *mut libc::c_void, n * PAGE);
+            libc::munmap(other as *mut libc::c_void, n * PAGE);
+        }
     }
 
     #[test]
