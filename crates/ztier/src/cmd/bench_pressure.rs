@@ -159,6 +159,9 @@ struct Row {
     compressed_orig_bytes: Option<u64>,
     compressed_bytes: Option<u64>,
     same_output: bool,
+    /// A finished run whose output is not native's: where the two first
+    /// differ ([`first_difference`]).
+    output_difference: Option<String>,
     exit_code: i32,
     timed_out: bool,
     /// Kernel baselines in a v1 cgroup: how often a program paused at the
@@ -269,7 +272,7 @@ impl Row {
         budget: u64,
         m: &Measured,
         native_s: f64,
-        same: bool,
+        difference: Option<String>,
         compressed: Option<u64>,
         oom_wakeups: u64,
     ) -> Row {
@@ -282,7 +285,8 @@ impl Row {
             peak_rss_bytes: m.maxrss,
             major_faults: m.majflt,
             compressed_bytes: compressed,
-            same_output: m.code == 0 && same,
+            same_output: m.code == 0 && difference.is_none(),
+            output_difference: if m.code == 0 && !m.timed_out { difference } else { None },
             exit_code: m.code,
             timed_out: m.timed_out,
             oom_wakeups,
@@ -709,6 +713,47 @@ fn same(a: &Path, b: &Path) -> bool {
     matches!((std::fs::read(a), std::fs::read(b)), (Ok(x), Ok(y)) if x == y)
 }
 
+/// Where the output in `other` first differs from native's in `native`
+/// (`None`: the same): the line and both versions of it, or which one
+/// ends first. "DIFFERS" alone left the reader to guess (a worker killed
+/// under the limit, a line cut short, a number off).
+fn first_difference(native: &Path, other: &Path) -> Option<String> {
+    let (a, b) = match (std::fs::read(native), std::fs::read(other)) {
+        (Ok(a), Ok(b)) if a == b => return None,
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => return Some(format!("its output could not be read: {e}")),
+    };
+    let show = |l: &[u8]| {
+        let t = String::from_utf8_lossy(l);
+        let cut: String = t.chars().take(72).collect();
+        if cut.len() < t.len() {
+            format!("{cut:?}…")
+        } else {
+            format!("{cut:?}")
+        }
+    };
+    let lines = |x: &[u8]| -> Vec<Vec<u8>> {
+        let mut l: Vec<Vec<u8>> = x.split(|&c| c == b'\n').map(<[u8]>::to_vec).collect();
+        if x.ends_with(b"\n") {
+            l.pop();
+        }
+        l
+    };
+    let (la, lb) = (lines(&a), lines(&b));
+    let k = la.iter().zip(&lb).take_while(|(x, y)| x == y).count();
+    let count = |n: usize| if n == 1 { "1 line".to_string() } else { format!("{n} lines") };
+    Some(match (la.get(k), lb.get(k)) {
+        (Some(x), Some(y)) => format!("line {}: native {}, this run {}", k + 1, show(x), show(y)),
+        (None, None) => "the same lines, but one of the two ends without a newline".into(),
+        // One is the other cut short (or carried on), line by line.
+        _ => format!(
+            "this run has {} where native has {} (the same up to there)",
+            count(lb.len()),
+            count(la.len())
+        ),
+    })
+}
+
 /// `ztier bench pressure`.
 pub fn run(a: PressureArgs) -> Result<i32> {
     let budgets = crate::units::parse_size_list(&a.budgets)?;
@@ -792,7 +837,15 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                     bail!("interrupted");
                 }
                 let name = if mode == "swap" { "kernel swap (file)" } else { "kernel zswap" };
-                rows.push(Row::kernel(name, budget, &m, n.wall_s, same(&native_out, &out), None, woken));
+                rows.push(Row::kernel(
+                    name,
+                    budget,
+                    &m,
+                    n.wall_s,
+                    first_difference(&native_out, &out),
+                    None,
+                    woken,
+                ));
             }
             restore.undo_to(mark);
         }
@@ -819,7 +872,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                 budget,
                 &m,
                 n.wall_s,
-                same(&native_out, &out),
+                first_difference(&native_out, &out),
                 stat.get(4).copied(),
                 woken,
             ));
@@ -847,6 +900,11 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             compressed_orig_bytes: lib["orig_bytes"].as_u64(),
             compressed_bytes: lib["stored_bytes"].as_u64(),
             same_output: r.code == 0 && !r.timed_out && same(&native_out, &out),
+            output_difference: if r.code == 0 && !r.timed_out {
+                first_difference(&native_out, &out)
+            } else {
+                None
+            },
             exit_code: r.code,
             timed_out: r.timed_out,
             oom_wakeups: 0,
@@ -992,6 +1050,12 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     }
     for line in failure_lines(&rows) {
         writeln!(o, "{line}")?;
+    }
+    for r in &rows {
+        if let Some(d) = &r.output_difference {
+            let at = r.budget.map_or(String::new(), |b| format!(" at {}M", b >> 20));
+            writeln!(o, "{}{at}: the output differs from native's: {d}", r.mode)?;
+        }
     }
     for line in fault_lines(&rows) {
         writeln!(o, "{line}")?;
@@ -1139,6 +1203,48 @@ mod tests {
             timed_out,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_different_output_says_where_it_differs() {
+        let d = std::env::temp_dir().join(format!("ztier-diff-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let (a, b) = (d.join("native.out"), d.join("run.out"));
+        let cmp = |x: &str, y: &str| {
+            std::fs::write(&a, x).unwrap();
+            std::fs::write(&b, y).unwrap();
+            first_difference(&a, &b)
+        };
+        assert_eq!(cmp("w 0 ab\nw 1 cd\n", "w 0 ab\nw 1 cd\n"), None);
+        assert_eq!(
+            cmp(
+                "worker 0 3f2a 17\nworker 1 9c1e 18\ndone 2\n",
+                "worker 0 3f2a 17\nworker 1 ended by signal 9\ndone 2\n"
+            )
+            .unwrap(),
+            r#"line 2: native "worker 1 9c1e 18", this run "worker 1 ended by signal 9""#
+        );
+        assert_eq!(
+            cmp("a\nb\nc\n", "a\n").unwrap(),
+            "this run has 1 line where native has 3 lines (the same up to there)"
+        );
+        assert_eq!(
+            cmp("a\nb", "a\nb\n").unwrap(),
+            "the same lines, but one of the two ends without a newline"
+        );
+        let long = "x".repeat(100);
+        let d2 = cmp(&format!("{long}1\n"), &format!("{long}2\n")).unwrap();
+        assert!(d2.starts_with(&format!("line 1: native \"{}\"…, this run", "x".repeat(72))), "{d2}");
+        std::fs::remove_file(&b).unwrap();
+        assert!(first_difference(&a, &b).unwrap().starts_with("its output could not be read: "));
+        // A kernel row: kept only for a run that finished.
+        let m = Measured { code: 0, wall_s: 1.0, maxrss: 0, majflt: 0, cpu_s: 0.0, timed_out: false };
+        let r = Row::kernel("kernel zswap", 48 << 20, &m, 1.0, Some("line 2: …".into()), None, 0);
+        assert!(!r.same_output && r.output_difference.is_some());
+        let m = Measured { code: 137, ..m };
+        let r = Row::kernel("kernel zswap", 48 << 20, &m, 1.0, Some("line 2: …".into()), None, 0);
+        assert!(!r.same_output && r.output_difference.is_none(), "its failure line says why");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
