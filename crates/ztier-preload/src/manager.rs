@@ -766,6 +766,9 @@ pub struct Manager {
     /// With the tree scope, when [`Manager::follow_tree`] last let the
     /// budget grow.
     tree_grown: std::time::Instant,
+    /// With the tree scope, the store's share of the command's `--store`
+    /// last applied ([`Manager::follow_tree_store`]).
+    store_share: usize,
 }
 
 /// A forked child's resident pages shared with its parent: a bit per
@@ -1234,9 +1237,11 @@ impl Manager {
             inherited: None,
             tree_wait_failed: None,
             tree_grown: std::time::Instant::now(),
+            store_share: usize::MAX,
         };
         m.publish_wake_word();
         m.apply_sizing(true);
+        m.follow_tree_store(0, 0);
         Ok(m)
     }
 
@@ -1860,7 +1865,9 @@ impl Manager {
                 s.policy.compressed(s.size);
             }
         }
-        let used = st.memory_used.saturating_sub(stats.store_inherited.0.load(Ordering::Relaxed));
+        let inherited = stats.store_inherited.0.load(Ordering::Relaxed);
+        let used = st.memory_used.saturating_sub(inherited);
+        self.follow_tree_store(used as usize, inherited as usize);
         if used >= stats.peak_store_bytes.load(Ordering::Relaxed) {
             let orig = st.orig_bytes + st.tier_entries * PAGE as u64;
             stats.peak_store_bytes.store(used, Ordering::Relaxed);
@@ -1869,6 +1876,31 @@ impl Manager {
                 Ordering::Relaxed,
             );
         }
+    }
+
+    /// With the tree scope: says that this process's store uses `used`
+    /// bytes (besides the `inherited` a forked child's store began with,
+    /// shared with its parent's), and sizes the store to its share of the
+    /// command's `--store` ([`Member::store_share`]) when that moved by a
+    /// 32nd of the limit (256 KiB at least): resizing down moves the
+    /// oldest pages to the spill file, or, without one, makes the store
+    /// refuse pages until the faults take some out.
+    fn follow_tree_store(&mut self, used: usize, inherited: usize) {
+        let Some(t) = &mut self.tree else { return };
+        let limit = t.store_limit();
+        if limit == 0 {
+            return;
+        }
+        // Said when it moved by 64 KiB (a cache line the processes share).
+        if used.abs_diff(t.stored()) >= 64 << 10 || used == 0 {
+            t.publish_store(used);
+        }
+        let Some(share) = t.store_share() else { return };
+        if self.store_share != usize::MAX && share.abs_diff(self.store_share) < (limit / 32).max(256 << 10) {
+            return;
+        }
+        self.store_share = share;
+        self.store.set_budget(share + inherited);
     }
 
     /// Resident pages kept free below the budget by the background evictor.
@@ -3112,7 +3144,7 @@ mod tests {
     #[test]
     fn a_tree_share_shrinks_at_once_and_grows_back_a_little_at_a_time() {
         let (mut m, _) = test_manager(4096);
-        let shared = ztier_uffd::tree::Shared::create(4096).unwrap();
+        let shared = ztier_uffd::tree::Shared::create(4096, 0).unwrap();
         let seg = ztier_uffd::tree::open(&shared.path()).unwrap();
         m.tree = Some(Member::join(seg).unwrap());
         // Another process holds three quarters of it.
@@ -3152,7 +3184,7 @@ mod tests {
     #[test]
     fn the_background_evictor_takes_back_the_pages_of_a_dead_process() {
         let (mut m, _) = test_manager(4096);
-        let shared = ztier_uffd::tree::Shared::create(4096).unwrap();
+        let shared = ztier_uffd::tree::Shared::create(4096, 0).unwrap();
         let seg = ztier_uffd::tree::open(&shared.path()).unwrap();
         m.tree = Some(Member::join(seg).unwrap());
         // A process that is gone holds all but a few pages of the pool.
@@ -3161,6 +3193,7 @@ mod tests {
         let slot = &seg.slots[seg.slots.len() - 1];
         slot.pid.store(dead.id() as i32, Ordering::Release);
         slot.held.store(4000, Ordering::Release);
+        seg.members.fetch_add(1, Ordering::AcqRel);
         seg.reserved.fetch_add(4000, Ordering::AcqRel);
         assert!(m.tree.as_ref().unwrap().free() < m.reserve());
         assert!(m.take_background_victims(EVICT_BATCH).unwrap().is_none(), "nothing resident");

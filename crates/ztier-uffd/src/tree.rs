@@ -29,9 +29,16 @@
 //!  48      8     joined: processes that took a slot (atomic)
 //!  56      8     adopted: pages forked children began to hold once no
 //!                longer shared with their parent (atomic)
-//!  64      16×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
+//!  64      8     store limit: bytes all the processes' compressed stores
+//!                may use together (`--store`)
+//!  72      8     stored: bytes the stores use, as each process last
+//!                said (atomic)
+//!  80      8     peak of stored (atomic)
+//!  88      8     members: slots taken now (atomic)
+//!  96      24×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
 //!                wake (u32, a futex word: bumped to wake the process's
-//!                background evictor), held pages (u64, atomic)
+//!                background evictor), held pages (u64, atomic), stored
+//!                bytes (u64, atomic)
 //! ```
 //!
 //! A forked child holds only the resident pages it does not share with
@@ -40,6 +47,12 @@
 //! manager finds in `/proc/self/pagemap` and then holds
 //! ([`Member::adopt`] counts them). So a page shared copy-on-write counts
 //! once, as a memory cgroup charges it once.
+//!
+//! The compressed stores share `--store` the same way: each process says
+//! what its store uses after each eviction round ([`Member::publish_store`])
+//! and sizes its store to [`Member::store_share`] — what it uses and its
+//! part of what no store uses, or, once they use more than the limit
+//! together, its part of the limit in proportion to what it uses.
 //!
 //! A process takes a slot when it starts (a slot of its own PID is from
 //! before an `exec` of the same process, whose memory is gone: taken over
@@ -55,7 +68,7 @@ use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// The segment's first eight bytes.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE01");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE02");
 /// Processes that can hold pages at once.
 pub const SLOTS: usize = 1024;
 /// Pages a process takes from the pool beyond what it needs now, so
@@ -72,6 +85,8 @@ pub struct Slot {
     pub wake: AtomicU32,
     /// Pages it holds.
     pub held: AtomicU64,
+    /// Bytes its compressed store uses, as it last said.
+    pub stored: AtomicU64,
 }
 
 /// The shared segment (see the module docs for the layout).
@@ -93,6 +108,14 @@ pub struct Segment {
     /// Pages forked children began to hold once no longer shared with
     /// their parent ([`Member::adopt`]).
     pub adopted: AtomicU64,
+    /// Bytes all the compressed stores may use together.
+    pub store_limit: u64,
+    /// Bytes the stores use together, as each last said.
+    pub stored: AtomicU64,
+    /// The most of `stored` ever.
+    pub store_peak: AtomicU64,
+    /// Slots taken now.
+    pub members: AtomicU64,
     /// One per process.
     pub slots: [Slot; SLOTS],
 }
@@ -108,8 +131,9 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// A new segment for a budget of `budget_pages`.
-    pub fn create(budget_pages: u64) -> io::Result<Shared> {
+    /// A new segment for a budget of `budget_pages` and stores of
+    /// `store_limit` bytes together.
+    pub fn create(budget_pages: u64, store_limit: u64) -> io::Result<Shared> {
         // SAFETY: a NUL-terminated name and valid flags.
         let fd = unsafe { libc::memfd_create(c"ztier-tree".as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -129,6 +153,7 @@ impl Shared {
         unsafe {
             let p = seg as *const Segment as *mut Segment;
             (*p).budget = budget_pages;
+            (*p).store_limit = store_limit;
             (*p).magic = MAGIC;
         }
         Ok(Shared { fd, seg })
@@ -231,12 +256,18 @@ fn gone(pid: i32) -> bool {
 /// process, and the pool runs short on every fault of a busy tree.
 pub const RECLAIM_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// Least store a process is given of the shared limit
+/// ([`Member::store_share`]).
+pub const STORE_FLOOR: usize = 2 << 20;
+
 /// This process's membership: its slot and the pages it holds.
 pub struct Member {
     seg: &'static Segment,
     slot: usize,
     /// Pages this process holds (its slot's count, kept here too).
     held: usize,
+    /// Bytes its store uses, as it last said (its slot's, kept here too).
+    stored: usize,
     /// The last look for pages of processes that are gone.
     looked: Option<std::time::Instant>,
 }
@@ -256,15 +287,20 @@ impl Member {
             Some(k) => {
                 let h = seg.slots[k].held.swap(0, Ordering::AcqRel);
                 seg.reserved.fetch_sub(h, Ordering::AcqRel);
+                let b = seg.slots[k].stored.swap(0, Ordering::AcqRel);
+                seg.stored.fetch_sub(b, Ordering::AcqRel);
                 k
             }
-            None => seg
-                .slots
-                .iter()
-                .position(|s| s.pid.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok())?,
+            None => {
+                let k = seg.slots.iter().position(|s| {
+                    s.pid.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+                })?;
+                seg.members.fetch_add(1, Ordering::AcqRel);
+                k
+            }
         };
         seg.joined.fetch_add(1, Ordering::Relaxed);
-        Some(Member { seg, slot, held: 0, looked: None })
+        Some(Member { seg, slot, held: 0, stored: 0, looked: None })
     }
 
     /// The futex word this process's background evictor sleeps on.
@@ -360,13 +396,64 @@ impl Member {
     /// Gives everything back and frees the slot (at exit).
     pub fn leave(&mut self) {
         self.give(self.held);
+        self.publish_store(0);
         self.seg.slots[self.slot].pid.store(0, Ordering::Release);
+        self.seg.members.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// In a forked child: a slot of its own, holding nothing yet (the
     /// slot copied from the parent is the parent's).
     pub fn rejoin(&self) -> Option<Member> {
         Member::join(self.seg)
+    }
+
+    /// Says that this process's store uses `bytes` now.
+    pub fn publish_store(&mut self, bytes: usize) {
+        let slot = &self.seg.slots[self.slot].stored;
+        if bytes >= self.stored {
+            let d = (bytes - self.stored) as u64;
+            slot.fetch_add(d, Ordering::AcqRel);
+            let t = self.seg.stored.fetch_add(d, Ordering::AcqRel) + d;
+            self.seg.store_peak.fetch_max(t, Ordering::Relaxed);
+        } else {
+            let d = (self.stored - bytes) as u64;
+            slot.fetch_sub(d, Ordering::AcqRel);
+            self.seg.stored.fetch_sub(d, Ordering::AcqRel);
+        }
+        self.stored = bytes;
+    }
+
+    /// The bytes this process's store may use now (`None` without a
+    /// shared limit): what it uses and its part of what no store uses
+    /// (split evenly between the processes, which may all grow into it
+    /// at once); once the stores use more than the limit together, its
+    /// part of the limit in proportion to what it uses. At least
+    /// [`STORE_FLOOR`] (or an eighth of the limit, if smaller), so that
+    /// a process whose store is empty can still store pages while the
+    /// others give theirs back.
+    pub fn store_share(&self) -> Option<usize> {
+        let limit = self.seg.store_limit as usize;
+        if limit == 0 {
+            return None;
+        }
+        let total = self.seg.stored.load(Ordering::Acquire) as usize;
+        let share = if total <= limit {
+            let n = self.seg.members.load(Ordering::Relaxed) as usize;
+            self.stored + (limit - total) / n.max(1)
+        } else {
+            (self.stored as u128 * limit as u128 / total as u128) as usize
+        };
+        Some(share.max(STORE_FLOOR.min(limit / 8)))
+    }
+
+    /// Bytes this process's store uses, as it last said.
+    pub fn stored(&self) -> usize {
+        self.stored
+    }
+
+    /// The limit of all the stores together (0: none).
+    pub fn store_limit(&self) -> usize {
+        self.seg.store_limit as usize
     }
 
     fn take(&mut self, k: usize) -> bool {
@@ -398,7 +485,10 @@ impl Member {
         let mut total = 0;
         for s in &self.seg.slots {
             let pid = s.pid.load(Ordering::Acquire);
-            if pid <= 0 || s.held.load(Ordering::Acquire) == 0 || !gone(pid) {
+            if pid <= 0
+                || (s.held.load(Ordering::Acquire) == 0 && s.stored.load(Ordering::Acquire) == 0)
+                || !gone(pid)
+            {
                 continue;
             }
             if s.pid.compare_exchange(pid, -1, Ordering::AcqRel, Ordering::Relaxed).is_err() {
@@ -407,7 +497,10 @@ impl Member {
             let h = s.held.swap(0, Ordering::AcqRel);
             self.seg.reserved.fetch_sub(h, Ordering::AcqRel);
             self.seg.reclaimed.fetch_add(h, Ordering::Relaxed);
+            let b = s.stored.swap(0, Ordering::AcqRel);
+            self.seg.stored.fetch_sub(b, Ordering::AcqRel);
             s.pid.store(0, Ordering::Release);
+            self.seg.members.fetch_sub(1, Ordering::AcqRel);
             total += h as usize;
         }
         total
@@ -420,7 +513,7 @@ mod tests {
 
     #[test]
     fn members_share_the_budget_and_give_back_what_they_do_not_use() {
-        let shared = Shared::create(1000).unwrap();
+        let shared = Shared::create(1000, 0).unwrap();
         let seg = open(&shared.path()).unwrap();
         let mut a = Member::join(seg).unwrap();
         assert!(a.ensure(100));
@@ -448,8 +541,50 @@ mod tests {
     }
 
     #[test]
+    fn the_stores_share_their_limit_in_proportion_once_it_is_full() {
+        const M: usize = 1 << 20;
+        let shared = Shared::create(1000, 100 << 20).unwrap();
+        let seg = open(&shared.path()).unwrap();
+        let mut me = Member::join(seg).unwrap();
+        assert_eq!(me.store_share(), Some(100 * M), "all of it while no store uses any");
+        // Another process (a live one, as far as a look can tell) uses 30 MiB.
+        let other = &seg.slots[SLOTS - 1];
+        other.pid.store(1, Ordering::Release);
+        seg.members.fetch_add(1, Ordering::AcqRel);
+        let say = |b: usize| {
+            let was = other.stored.swap(b as u64, Ordering::AcqRel);
+            seg.stored.fetch_sub(was, Ordering::AcqRel);
+            seg.stored.fetch_add(b as u64, Ordering::AcqRel);
+        };
+        say(30 * M);
+        me.publish_store(10 * M);
+        assert_eq!(seg.stored.load(Ordering::Acquire) as usize, 40 * M);
+        assert_eq!(me.store_share(), Some(40 * M), "its own and half of what no store uses");
+        // The other went past the limit (its share shrank later than it grew).
+        say(120 * M);
+        seg.store_peak.fetch_max(130 << 20, Ordering::Relaxed);
+        assert_eq!(me.store_share(), Some(10 * M * 100 / 130), "in proportion");
+        me.publish_store(0);
+        assert_eq!(me.store_share(), Some(STORE_FLOOR), "an empty store can still take pages");
+        me.publish_store(5 * M);
+        me.leave();
+        assert_eq!(seg.stored.load(Ordering::Acquire) as usize, 120 * M, "given back at exit");
+        // A process gone with a store and no pages held: its bytes come back.
+        let mut dead = std::process::Command::new("true").spawn().unwrap();
+        dead.wait().unwrap();
+        other.pid.store(dead.id() as i32, Ordering::Release);
+        assert_eq!(me.reclaim(), 0, "no pages");
+        assert_eq!(seg.stored.load(Ordering::Acquire), 0);
+        assert_eq!(other.pid.load(Ordering::Acquire), 0);
+        assert_eq!(seg.members.load(Ordering::Acquire), 0, "both slots free");
+        // Without a shared limit, none.
+        let none = Shared::create(1000, 0).unwrap();
+        assert_eq!(Member::join(open(&none.path()).unwrap()).unwrap().store_share(), None);
+    }
+
+    #[test]
     fn a_process_wakes_the_evictors_of_the_others() {
-        let shared = Shared::create(100).unwrap();
+        let shared = Shared::create(100, 0).unwrap();
         let seg = open(&shared.path()).unwrap();
         // SAFETY: the child joins, takes pages, sleeps on its word and
         // exits (no allocation after fork beyond what join does).
@@ -489,7 +624,7 @@ mod tests {
 
     #[test]
     fn the_pages_of_a_process_that_is_gone_are_taken_back_when_the_pool_runs_short() {
-        let shared = Shared::create(500).unwrap();
+        let shared = Shared::create(500, 0).unwrap();
         let seg = open(&shared.path()).unwrap();
         // A child takes 400 pages and is killed.
         // SAFETY: the child only joins, takes pages and waits to be killed

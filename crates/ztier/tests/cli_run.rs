@@ -581,6 +581,46 @@ fn a_tree_budget_bounds_every_process_of_the_command_together() {
     assert!(tree["tree_peak_held_bytes"].as_u64().unwrap() <= (24 << 20) + over, "{tree}");
 }
 
+/// `--store` with the tree scope bounds the compressed stores of all the
+/// command's processes together, as `--budget` bounds their resident
+/// pages: three workers at `--store 6M` store 6M between them (the
+/// oldest pages go to the spill file), where with a store each they
+/// store 6M each.
+#[test]
+fn the_stores_of_the_command_share_one_store_limit() {
+    let d = tmp("tree-store");
+    let w = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/workers.py");
+    let cmd = ["python3", w.to_str().unwrap(), "100000", "3"];
+    let n = native(&cmd, &d);
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    let spill = d.join("spill");
+    std::fs::create_dir_all(&spill).unwrap();
+    let spill = spill.to_str().unwrap();
+    let store = 6u64 << 20;
+    let (m, own) =
+        managed_with("8M", &["--budget-scope", "process", "--store", "6M", "--spill", spill], &cmd, &d);
+    assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
+    let stores: Vec<u64> =
+        own["per_process"].as_array().unwrap().iter().map(|p| p["stored_bytes"].as_u64().unwrap()).collect();
+    assert!(stores.iter().sum::<u64>() > 2 * store, "a store each, more together: {stores:?}");
+    assert!(own.get("tree_store_peak_bytes").is_none(), "{own}");
+
+    let (m, tree) = managed_with("8M", &["--store", "6M", "--spill", spill], &cmd, &d);
+    assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
+    let peak = tree["tree_store_peak_bytes"].as_u64().unwrap();
+    // Each says what its store uses after an eviction round, and resizes
+    // it when its share moved by a 32nd of the limit: a little over, at
+    // most, for a moment.
+    assert!(peak > store / 2 && peak <= store + store / 4, "the stores together at most {peak}: {tree}");
+    let each = |k: &str| -> Vec<u64> {
+        tree["per_process"].as_array().unwrap().iter().map(|p| p[k].as_u64().unwrap()).collect()
+    };
+    let spilled: u64 = each("spilled_bytes").iter().sum();
+    assert!(spilled > 2 * store, "the rest went to the spill file: {spilled}: {tree}");
+    let stores = each("stored_bytes");
+    assert!(stores.iter().filter(|&&b| b > store / 16).count() >= 3, "each worker stored some: {stores:?}");
+}
+
 /// `--budget-scope tree` and `fork`: the pages a child inherits resident
 /// are shared copy-on-write with its parent, which holds them, so they
 /// count once. A child that only reads them evicts nothing for them

@@ -99,7 +99,9 @@ pub struct RunArgs {
     /// N pages; cells = cells2) — the allocators `ztier bench store` compares.
     #[arg(long, default_value = "classes")]
     pub allocator: String,
-    /// Most memory the compressed store may use per process (default: half of RAM).
+    /// Most memory the compressed stores may use (default: half of RAM): all the
+    /// command's processes together (the default --budget-scope tree), or each
+    /// process (--budget-scope process).
     /// When it is full the oldest compressed pages go to the spill file (with --spill);
     /// without one, or once the spill file can take no more (--spill-max, a full
     /// device), the pages it refuses stay resident over --budget (said once on stderr).
@@ -338,7 +340,10 @@ pub fn run_program(
     // Kept open until the command ends: its processes open it by a path
     // into this process's descriptors.
     let tree = match a.scope()? {
-        "tree" => Some(ztier_uffd::tree::Shared::create(a.budget >> 12).context("--budget-scope tree")?),
+        "tree" => Some(
+            ztier_uffd::tree::Shared::create(a.budget >> 12, a.store.unwrap_or(physical_memory() / 2))
+                .context("--budget-scope tree")?,
+        ),
         _ => None,
     };
     let mut cmd = std::process::Command::new(&a.cmd[0]);
@@ -415,6 +420,7 @@ pub fn run_program(
         stats["tree_over_bytes"] = bytes(&seg.over).into();
         stats["tree_reclaimed_bytes"] = bytes(&seg.reclaimed).into();
         stats["tree_adopted_bytes"] = bytes(&seg.adopted).into();
+        stats["tree_store_peak_bytes"] = seg.store_peak.load(std::sync::atomic::Ordering::Acquire).into();
         stats["tree_processes"] = seg.joined.load(std::sync::atomic::Ordering::Acquire).into();
     }
     Ok(RunOutcome { code, stats, timed_out: m.timed_out })
@@ -624,6 +630,13 @@ pub fn interrupted() -> bool {
 }
 
 static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Bytes of RAM (the library's default `--store` is half of it).
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    pages.max(1) as u64 * size.max(1) as u64
+}
 
 fn allowed_cpus() -> String {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
