@@ -1846,11 +1846,18 @@ impl Manager {
             (true, Some(why)) => why,
             (true, None) => "the spill file cannot take more".to_string(),
         };
+        let size = match self.tree.as_ref().map(Member::store_limit).filter(|&l| l > 0) {
+            Some(limit) => format!(
+                "its share, {} MiB, of the {} MiB of --store the command's processes share",
+                self.store.budget() >> 20,
+                limit >> 20
+            ),
+            None => format!("{} MiB", self.store.budget() >> 20),
+        };
         eprintln!(
-            "ztier: process {}: the compressed store is full ({} MiB) and {next}: pages over \
+            "ztier: process {}: the compressed store is full ({size}) and {next}: pages over \
              --budget stay in memory uncompressed until the store has room",
             std::process::id(),
-            self.store.budget() >> 20
         );
     }
 
