@@ -605,9 +605,11 @@ fn the_stores_of_the_command_share_one_store_limit() {
     assert!(stores.iter().sum::<u64>() > 2 * store, "a store each, more together: {stores:?}");
     assert!(own.get("tree_store_peak_bytes").is_none(), "{own}");
 
-    let (m, tree) = managed_with("8M", &["--store", "6M", "--spill", spill], &cmd, &d);
+    let (m, tree) = managed_with("8M", &["--store", "6M", "--spill", spill, "--summary"], &cmd, &d);
     assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
     let peak = tree["tree_store_peak_bytes"].as_u64().unwrap();
+    let line = format!("their stores together at most {:.1} MB of the 6.3 MB --store", peak as f64 / 1e6);
+    assert!(String::from_utf8_lossy(&m.stderr).contains(&line), "{line:?}: {m:?}");
     // Each says what its store uses after an eviction round, and resizes
     // it when its share moved by a 32nd of the limit: a little over, at
     // most, for a moment.

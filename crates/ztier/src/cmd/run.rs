@@ -912,6 +912,15 @@ pub fn run(a: RunArgs) -> Result<i32> {
             ),
             _ => format!("peak resident {:.1} MB of {budget:.1} MB budget", mb("peak_resident_bytes")),
         };
+        // An explicit --store the processes shared: what they stored together.
+        let resident = match (a.store, s.get("tree_store_peak_bytes")) {
+            (Some(limit), Some(_)) if s["processes"].as_u64().unwrap_or(0) > 1 => format!(
+                "{resident}, their stores together at most {:.1} MB of the {:.1} MB --store",
+                mb("tree_store_peak_bytes"),
+                limit as f64 / 1e6
+            ),
+            _ => resident,
+        };
         eprintln!(
             "ztier run: exit {} in {:.2} s; {} faults ({} from the store, {} of them lone pages off any walk; p50 {} µs, p99 {} µs; served in {:.2} s: {}), {} pages compressed ({:.1} MB → {:.1} MB), {resident}, peak RSS {:.1} MB",
             out.code,
