@@ -1789,7 +1789,7 @@ fn stats_json(g: &Global) -> String {
         }
         manager::lat_upper_ns(manager::LAT_BUCKETS - 1) as f64 / 1000.0
     };
-    let (now_orig, now_stored, spilled, policy, resident_budget, user_mode_only, tree) = {
+    let (now_orig, now_stored, spilled, policy, resident_budget, user_mode_only, tree, store_share) = {
         let mut m = lock_program(g);
         // Pins kept for threads gone since (a robust mutex's until its
         // owner is gone) are not pins any more.
@@ -1804,6 +1804,7 @@ fn stats_json(g: &Global) -> String {
             m.budget() * PAGE,
             m.uffd.user_mode_only,
             tree,
+            m.tree_store_budget(),
         )
     };
     let tree = |f: fn((usize, usize, usize)) -> usize| {
@@ -1867,7 +1868,7 @@ fn stats_json(g: &Global) -> String {
         resident_budget,
         policy.as_ref().map_or("null".to_string(), |(n, _)| format!("\"{n}\"")),
         g.cfg.allocator.name(),
-        policy.as_ref().map_or("null".to_string(), |(_, b)| b.to_string()),
+        policy.as_ref().map(|(_, b)| *b).or(store_share).map_or("null".to_string(), |b| b.to_string()),
         ld(&s.forks),
         ld(&s.forked_child),
         HANDLER_THREADS.load(Ordering::Relaxed),

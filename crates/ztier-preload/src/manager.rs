@@ -1801,6 +1801,12 @@ impl Manager {
         Some((t.held(), t.reserved(), self.inherited.as_ref().map_or(0, |h| h.count)))
     }
 
+    /// With the tree scope and the command's `--store` shared: the size
+    /// of this process's store now (its share, [`Manager::follow_tree_store`]).
+    pub fn tree_store_budget(&self) -> Option<usize> {
+        self.tree.as_ref().filter(|t| t.store_limit() > 0).map(|_| self.store.budget())
+    }
+
     /// Points [`TREE_WAKE`] at this process's wake word (or at nothing).
     fn publish_wake_word(&self) {
         let w = self.tree.as_ref().map_or(std::ptr::null_mut(), |t| t.wake_word() as *const _ as *mut _);

@@ -1107,6 +1107,8 @@ fn live_stats_and_kill_9_leave_nothing_behind() {
     assert!(held >= v["resident_bytes"].as_u64().unwrap() && held <= 8 << 20, "{v}");
     assert_eq!(v["tree_reserved_bytes"].as_u64(), Some(held), "{v}");
     assert_eq!(v["tree_inherited_bytes"].as_u64(), Some(0), "{v}");
+    // The one process's share of the command's --store: all of it.
+    assert_eq!(v["store_budget_bytes"].as_u64(), Some(4 << 20), "{v}");
     // The live latency histogram: a count per fault served. A fault the
     // program takes on its way into `sleep` may be counted and not yet
     // timed when the statistics are read: once it sleeps, the two agree.
