@@ -893,14 +893,17 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     let hang_after = knob_size("ZTIER_TEST_EVICTOR_HANG_AFTER");
     loop {
         // In a forked child with the tree scope, every so often: which
-        // pages inherited from the parent are no longer shared, looked up
-        // in the page map without the lock (the faults would wait for it).
-        let look = lock(&g.mgr).adopt_look();
+        // pages inherited from the parent are no longer shared, planned
+        // with the batch (one lock), looked up in the page map without
+        // the lock (the faults would wait for it), then applied.
+        let (look, batch) = {
+            let mut m = lock(&g.mgr);
+            (m.adopt_look(), m.take_background_victims(manager::BACKGROUND_BATCH)?)
+        };
         if let Some(look) = look {
             let gone = look.read();
             lock(&g.mgr).adopt_unshared(&gone, &g.stats)?;
         }
-        let batch = lock(&g.mgr).take_background_victims(manager::BACKGROUND_BATCH)?;
         let Some(v) = batch else {
             // With the tree scope the evictor sleeps on its word in the
             // shared segment, where other processes can wake it too.
