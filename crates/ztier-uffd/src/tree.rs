@@ -19,7 +19,7 @@
 //!
 //! ```text
 //!  offset  size
-//!  0       8     magic "ZTTREE01"
+//!  0       8     magic "ZTTREE03"
 //!  8       8     budget, pages
 //!  16      8     reserved: pages held by every slot together (atomic)
 //!  24      8     peak of reserved (atomic)
@@ -35,10 +35,11 @@
 //!                said (atomic)
 //!  80      8     peak of stored (atomic)
 //!  88      8     members: slots taken now (atomic)
-//!  96      24×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
+//!  96      32×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
 //!                wake (u32, a futex word: bumped to wake the process's
 //!                background evictor), held pages (u64, atomic), stored
-//!                bytes (u64, atomic)
+//!                bytes (u64, atomic), start time (u64, clock ticks after
+//!                boot as `/proc/PID/stat` says; 0 = not known)
 //! ```
 //!
 //! A forked child holds only the resident pages it does not share with
@@ -60,15 +61,16 @@
 //! killed or ended without the exit hook keeps its slot until another
 //! process finds the pool short (an install that cannot get its pages,
 //! or a background evictor called on for the shortfall): slots of
-//! processes that are gone (or zombies) are then reclaimed. A process whose PID was reused by an
-//! unrelated one would keep its pages held; the budget is then that much
-//! smaller until the run ends.
+//! processes that are gone (or zombies) are then reclaimed. A slot names
+//! its process by PID and start time, so a process whose PID an unrelated
+//! process took since is gone too: without the start time its pages
+//! stayed held, and the budget that much smaller, until the run ended.
 
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// The segment's first eight bytes.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE02");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE03");
 /// Processes that can hold pages at once.
 pub const SLOTS: usize = 1024;
 /// Pages a process takes from the pool beyond what it needs now, so
@@ -87,6 +89,10 @@ pub struct Slot {
     pub held: AtomicU64,
     /// Bytes its compressed store uses, as it last said.
     pub stored: AtomicU64,
+    /// When the process started (`/proc/PID/stat`'s field 22, clock
+    /// ticks after boot), so that another process given the same PID
+    /// later is not taken for it; 0: not known (PID alone).
+    pub start: AtomicU64,
 }
 
 /// The shared segment (see the module docs for the layout).
@@ -203,6 +209,14 @@ pub fn open(path: &str) -> io::Result<&'static Segment> {
 /// the path `path` formats to; `None` if it cannot be read. Nothing is
 /// allocated (it runs in fault service, under the manager's lock).
 pub fn proc_state(path: std::fmt::Arguments) -> Option<u8> {
+    proc_stat(path).map(|(state, _)| state)
+}
+
+/// The state letter and the start time (field 22: clock ticks after
+/// boot; 0 if the file stops short of it) of a `/proc/.../stat` file at
+/// the path `path` formats to; `None` if it cannot be read. Nothing is
+/// allocated.
+pub fn proc_stat(path: std::fmt::Arguments) -> Option<(u8, u64)> {
     let mut name = [0u8; 64];
     let mut w = std::io::Cursor::new(&mut name[..]);
     std::io::Write::write_fmt(&mut w, path).ok()?;
@@ -212,14 +226,30 @@ pub fn proc_state(path: std::fmt::Arguments) -> Option<u8> {
     if fd < 0 {
         return None;
     }
-    let mut buf = [0u8; 128];
+    // The first 22 fields take at most ~480 bytes (a 16-byte name and
+    // 20 numbers of at most 20 digits).
+    let mut buf = [0u8; 1024];
     // SAFETY: reading into a local buffer of that size.
     let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
     // SAFETY: our own descriptor.
     unsafe { libc::close(fd) };
-    // "pid (comm) S ...": the state follows the last ')'.
+    // "pid (comm) S ppid ...": the fields from the state on (field 3)
+    // follow the last ')'; the start time is field 22.
     let text = &buf[..n.max(0) as usize];
-    text.iter().rposition(|&b| b == b')').and_then(|k| text.get(k + 2)).copied()
+    let rest = &text[text.iter().rposition(|&b| b == b')')? + 1..];
+    let mut fields = rest.split(|&b| b == b' ').filter(|f| !f.is_empty());
+    let state = *fields.next()?.first()?;
+    let start = fields
+        .nth(22 - 4)
+        .and_then(|f| std::str::from_utf8(f).ok())
+        .and_then(|f| f.trim_end().parse().ok())
+        .unwrap_or(0);
+    Some((state, start))
+}
+
+/// This process's start time ([`Slot::start`]); 0 if it cannot be read.
+fn my_start() -> u64 {
+    proc_stat(format_args!("/proc/self/stat")).map_or(0, |(_, start)| start)
 }
 
 /// Wakes whoever sleeps on `word` ([`sleep`]), in any process.
@@ -242,13 +272,18 @@ pub fn sleep(word: &AtomicU32, seen: u32, timeout: std::time::Duration) {
     };
 }
 
-/// Is process `pid` gone (or a zombie, whose memory is gone)?
-fn gone(pid: i32) -> bool {
+/// Is the process that took a slot as `pid` at `start` gone (or a
+/// zombie, whose memory is gone)? A process of that PID that started at
+/// another time is another process (`start` 0: not known, PID alone).
+fn gone(pid: i32, start: u64) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     if unsafe { libc::kill(pid, 0) } != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
         return true;
     }
-    matches!(proc_state(format_args!("/proc/{pid}/stat")), Some(b'Z' | b'X') | None)
+    match proc_stat(format_args!("/proc/{pid}/stat")) {
+        None | Some((b'Z' | b'X', _)) => true,
+        Some((_, now)) => start != 0 && now != 0 && now != start,
+    }
 }
 
 /// Least time between two looks for the pages of processes that are
@@ -282,12 +317,20 @@ impl Member {
     /// Takes a slot for this process (`None`: all are taken).
     pub fn join(seg: &'static Segment) -> Option<Member> {
         let me = std::process::id() as i32;
-        // Our own PID's slot is from before an exec: its pages are gone.
+        let start = my_start();
+        // A slot of our own PID is from before an exec of this process
+        // (the same start time), or of a process that died with it
+        // before the PID came to us: either way its pages are gone.
         let slot = match seg.slots.iter().position(|s| s.pid.load(Ordering::Acquire) == me) {
             Some(k) => {
-                let h = seg.slots[k].held.swap(0, Ordering::AcqRel);
+                let s = &seg.slots[k];
+                let was = s.start.load(Ordering::Acquire);
+                let h = s.held.swap(0, Ordering::AcqRel);
                 seg.reserved.fetch_sub(h, Ordering::AcqRel);
-                let b = seg.slots[k].stored.swap(0, Ordering::AcqRel);
+                if was != 0 && start != 0 && was != start {
+                    seg.reclaimed.fetch_add(h, Ordering::Relaxed);
+                }
+                let b = s.stored.swap(0, Ordering::AcqRel);
                 seg.stored.fetch_sub(b, Ordering::AcqRel);
                 k
             }
@@ -299,6 +342,9 @@ impl Member {
                 k
             }
         };
+        // Until this store a look at the slot goes by the PID alone (a
+        // freed slot's start time is 0).
+        seg.slots[slot].start.store(start, Ordering::Release);
         seg.joined.fetch_add(1, Ordering::Relaxed);
         Some(Member { seg, slot, held: 0, stored: 0, looked: None })
     }
@@ -397,6 +443,7 @@ impl Member {
     pub fn leave(&mut self) {
         self.give(self.held);
         self.publish_store(0);
+        self.seg.slots[self.slot].start.store(0, Ordering::Release);
         self.seg.slots[self.slot].pid.store(0, Ordering::Release);
         self.seg.members.fetch_sub(1, Ordering::AcqRel);
     }
@@ -487,7 +534,7 @@ impl Member {
             let pid = s.pid.load(Ordering::Acquire);
             if pid <= 0
                 || (s.held.load(Ordering::Acquire) == 0 && s.stored.load(Ordering::Acquire) == 0)
-                || !gone(pid)
+                || !gone(pid, s.start.load(Ordering::Acquire))
             {
                 continue;
             }
@@ -499,6 +546,7 @@ impl Member {
             self.seg.reclaimed.fetch_add(h, Ordering::Relaxed);
             let b = s.stored.swap(0, Ordering::AcqRel);
             self.seg.stored.fetch_sub(b, Ordering::AcqRel);
+            s.start.store(0, Ordering::Release);
             s.pid.store(0, Ordering::Release);
             self.seg.members.fetch_sub(1, Ordering::AcqRel);
             total += h as usize;
@@ -618,8 +666,67 @@ mod tests {
         // The reading thread is running.
         assert_eq!(proc_state(format_args!("/proc/thread-self/stat")), Some(b'R'));
         assert_eq!(proc_state(format_args!("/proc/{}/stat", i32::MAX)), None);
-        assert!(gone(i32::MAX));
-        assert!(!gone(std::process::id() as i32));
+        assert!(gone(i32::MAX, 0));
+        let me = std::process::id() as i32;
+        // The process's state is its main thread's (the harness's, waiting).
+        let (_, start) = proc_stat(format_args!("/proc/self/stat")).unwrap();
+        assert_eq!(proc_stat(format_args!("/proc/thread-self/stat")).map(|s| s.0), Some(b'R'));
+        // Field 22 of the kernel's own line, read another way.
+        let line = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let after = &line[line.rfind(')').unwrap() + 2..];
+        assert_eq!(start, after.split(' ').nth(19).unwrap().parse::<u64>().unwrap());
+        assert!(start > 0);
+        assert!(!gone(me, 0));
+        assert!(!gone(me, start));
+        assert!(gone(me, start + 1), "another process that had this PID");
+    }
+
+    /// A slot names its process by PID and start time: an unrelated
+    /// process that took the PID of one that died holding pages does not
+    /// keep them held (before, they stayed held until the run ended).
+    #[test]
+    fn a_process_whose_pid_was_reused_is_gone() {
+        let shared = Shared::create(1000, 0).unwrap();
+        let seg = open(&shared.path()).unwrap();
+        let mut live = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let pid = live.id() as i32;
+        let (_, start) = proc_stat(format_args!("/proc/{pid}/stat")).unwrap();
+        let fake = |k: usize, pid: i32, start: u64, held: u64| {
+            let s = &seg.slots[k];
+            s.pid.store(pid, Ordering::Release);
+            s.start.store(start, Ordering::Release);
+            s.held.store(held, Ordering::Release);
+            seg.members.fetch_add(1, Ordering::AcqRel);
+            seg.reserved.fetch_add(held, Ordering::AcqRel);
+        };
+        // The process that holds them, and one that had its PID before.
+        fake(SLOTS - 1, pid, start, 100);
+        fake(SLOTS - 2, pid, start - 1, 300);
+        let me = Member::join(seg).unwrap();
+        assert_eq!(me.reclaim(), 300, "only the one that started earlier is gone");
+        assert_eq!(seg.slots[SLOTS - 2].pid.load(Ordering::Acquire), 0);
+        assert_eq!(seg.slots[SLOTS - 2].start.load(Ordering::Acquire), 0, "a freed slot's start time");
+        assert_eq!(seg.slots[SLOTS - 1].pid.load(Ordering::Acquire), pid);
+        assert_eq!(seg.reserved.load(Ordering::Acquire), 100);
+        // A slot of the joining process's own PID: from before an exec
+        // of it (its start time), or left by a process that died with
+        // that PID (another start time), whose pages count as reclaimed.
+        let mine = my_start();
+        let myself = std::process::id() as i32;
+        let mut m = me;
+        m.leave();
+        fake(0, myself, mine, 40);
+        let m = Member::join(seg).unwrap();
+        assert_eq!((m.slot, seg.reclaimed.load(Ordering::Acquire)), (0, 300), "an exec: not reclaimed");
+        assert_eq!(seg.slots[0].start.load(Ordering::Acquire), mine);
+        seg.slots[0].start.store(mine + 1, Ordering::Release);
+        seg.slots[0].held.store(50, Ordering::Release);
+        seg.reserved.fetch_add(50, Ordering::AcqRel);
+        let m = Member::join(seg).unwrap();
+        assert_eq!((m.slot, seg.reclaimed.load(Ordering::Acquire)), (0, 350));
+        assert_eq!(seg.reserved.load(Ordering::Acquire), 100, "the live process's alone");
+        live.kill().unwrap();
+        live.wait().unwrap();
     }
 
     #[test]
