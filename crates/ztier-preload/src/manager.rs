@@ -3105,6 +3105,20 @@ mod tests {
         (Manager::new(base, pages, cfg).unwrap(), base)
     }
 
+    /// A [`test_manager`] of `pages` that is the first member of a new
+    /// shared segment of `pages` and `store_limit` bytes (kept alive by
+    /// the returned [`ztier_uffd::tree::Shared`]).
+    fn test_manager_in_tree(
+        pages: usize,
+        store_limit: u64,
+    ) -> (Manager, ztier_uffd::tree::Shared, &'static ztier_uffd::tree::Segment) {
+        let (mut m, _) = test_manager(pages);
+        let shared = ztier_uffd::tree::Shared::create(pages as u64, store_limit).unwrap();
+        let seg = ztier_uffd::tree::open(&shared.path()).unwrap();
+        m.tree = Some(Member::join(seg).unwrap());
+        (m, shared, seg)
+    }
+
     #[test]
     fn aging_slows_while_demotions_come_back_and_speeds_up_when_they_do_not() {
         let period = 1000;
@@ -3167,10 +3181,7 @@ mod tests {
     /// 64th (a batch at least) per [`TREE_GROW_EVERY`].
     #[test]
     fn a_tree_share_shrinks_at_once_and_grows_back_a_little_at_a_time() {
-        let (mut m, _) = test_manager(4096);
-        let shared = ztier_uffd::tree::Shared::create(4096, 0).unwrap();
-        let seg = ztier_uffd::tree::open(&shared.path()).unwrap();
-        m.tree = Some(Member::join(seg).unwrap());
+        let (mut m, _shared, seg) = test_manager_in_tree(4096, 0);
         // Another process holds three quarters of it.
         seg.reserved.fetch_add(3072, Ordering::AcqRel);
         m.follow_tree();
@@ -3207,18 +3218,11 @@ mod tests {
     /// nothing now and then).
     #[test]
     fn the_background_evictor_takes_back_the_pages_of_a_dead_process() {
-        let (mut m, _) = test_manager(4096);
-        let shared = ztier_uffd::tree::Shared::create(4096, 0).unwrap();
-        let seg = ztier_uffd::tree::open(&shared.path()).unwrap();
-        m.tree = Some(Member::join(seg).unwrap());
+        let (mut m, _shared, seg) = test_manager_in_tree(4096, 0);
         // A process that is gone holds all but a few pages of the pool.
         let mut dead = std::process::Command::new("true").spawn().unwrap();
         dead.wait().unwrap();
-        let slot = &seg.slots[seg.slots.len() - 1];
-        slot.pid.store(dead.id() as i32, Ordering::Release);
-        slot.held.store(4000, Ordering::Release);
-        seg.members.fetch_add(1, Ordering::AcqRel);
-        seg.reserved.fetch_add(4000, Ordering::AcqRel);
+        seg.fake_member(seg.slots.len() - 1, dead.id() as i32, 0, 4000);
         assert!(m.tree.as_ref().unwrap().free() < m.reserve());
         assert!(m.take_background_victims(EVICT_BATCH).unwrap().is_none(), "nothing resident");
         assert_eq!(seg.reclaimed.load(Ordering::Acquire), 4000);
@@ -3234,19 +3238,11 @@ mod tests {
     #[test]
     fn a_store_share_that_shrinks_near_what_the_store_uses_is_followed_at_once() {
         const K: usize = 1 << 10;
-        let (mut m, _) = test_manager(64);
-        let shared = ztier_uffd::tree::Shared::create(64, 8 << 20).unwrap();
-        let seg = ztier_uffd::tree::open(&shared.path()).unwrap();
-        m.tree = Some(Member::join(seg).unwrap());
+        let (mut m, _shared, seg) = test_manager_in_tree(64, 8 << 20);
         // Another process (a live one, as far as a look can tell).
-        let other = &seg.slots[seg.slots.len() - 1];
-        other.pid.store(1, Ordering::Release);
-        seg.members.fetch_add(1, Ordering::AcqRel);
-        let say = |b: usize| {
-            let was = other.stored.swap(b as u64, Ordering::AcqRel);
-            seg.stored.fetch_sub(was, Ordering::AcqRel);
-            seg.stored.fetch_add(b as u64, Ordering::AcqRel);
-        };
+        let other = seg.slots.len() - 1;
+        seg.fake_member(other, 1, 0, 0);
+        let say = |b: usize| seg.fake_stored(other, b as u64);
         // Far from what the store uses: a small shrink waits.
         say(2 << 20);
         m.follow_tree_store(1536 * K, 0);

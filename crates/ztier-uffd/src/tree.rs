@@ -129,6 +129,30 @@ pub struct Segment {
 /// Size of the segment in bytes.
 pub const BYTES: usize = std::mem::size_of::<Segment>();
 
+impl Segment {
+    /// For tests: makes slot `k` a member as process `pid` (started at
+    /// `start`, 0: not known) holding `held` pages, as its own
+    /// [`Member::join`] and [`Member::ensure`] would have.
+    #[doc(hidden)]
+    pub fn fake_member(&self, k: usize, pid: i32, start: u64, held: u64) {
+        let s = &self.slots[k];
+        s.pid.store(pid, Ordering::Release);
+        s.start.store(start, Ordering::Release);
+        s.held.store(held, Ordering::Release);
+        self.members.fetch_add(1, Ordering::AcqRel);
+        self.reserved.fetch_add(held, Ordering::AcqRel);
+    }
+
+    /// For tests: says that slot `k`'s store uses `bytes`, as its own
+    /// [`Member::publish_store`] would have.
+    #[doc(hidden)]
+    pub fn fake_stored(&self, k: usize, bytes: u64) {
+        let was = self.slots[k].stored.swap(bytes, Ordering::AcqRel);
+        self.stored.fetch_sub(was, Ordering::AcqRel);
+        self.stored.fetch_add(bytes, Ordering::AcqRel);
+    }
+}
+
 /// A segment made by [`Shared::create`] (in `ztier run`): the memfd and
 /// its mapping, both kept until dropped.
 pub struct Shared {
@@ -597,13 +621,8 @@ mod tests {
         assert_eq!(me.store_share(), Some(100 * M), "all of it while no store uses any");
         // Another process (a live one, as far as a look can tell) uses 30 MiB.
         let other = &seg.slots[SLOTS - 1];
-        other.pid.store(1, Ordering::Release);
-        seg.members.fetch_add(1, Ordering::AcqRel);
-        let say = |b: usize| {
-            let was = other.stored.swap(b as u64, Ordering::AcqRel);
-            seg.stored.fetch_sub(was, Ordering::AcqRel);
-            seg.stored.fetch_add(b as u64, Ordering::AcqRel);
-        };
+        seg.fake_member(SLOTS - 1, 1, 0, 0);
+        let say = |b: usize| seg.fake_stored(SLOTS - 1, b as u64);
         say(30 * M);
         me.publish_store(10 * M);
         assert_eq!(seg.stored.load(Ordering::Acquire) as usize, 40 * M);
@@ -691,14 +710,7 @@ mod tests {
         let mut live = std::process::Command::new("sleep").arg("60").spawn().unwrap();
         let pid = live.id() as i32;
         let (_, start) = proc_stat(format_args!("/proc/{pid}/stat")).unwrap();
-        let fake = |k: usize, pid: i32, start: u64, held: u64| {
-            let s = &seg.slots[k];
-            s.pid.store(pid, Ordering::Release);
-            s.start.store(start, Ordering::Release);
-            s.held.store(held, Ordering::Release);
-            seg.members.fetch_add(1, Ordering::AcqRel);
-            seg.reserved.fetch_add(held, Ordering::AcqRel);
-        };
+        let fake = |k, pid, start, held| seg.fake_member(k, pid, start, held);
         // The process that holds them, and one that had its PID before.
         fake(SLOTS - 1, pid, start, 100);
         fake(SLOTS - 2, pid, start - 1, 300);
