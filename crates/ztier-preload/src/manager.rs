@@ -2001,7 +2001,10 @@ impl Manager {
         // Short of pages: those of processes that are gone come back first.
         let reserve = self.reserve();
         if let Some(t) = self.tree.as_mut().filter(|t| t.free() < reserve) {
-            t.reclaim_due();
+            // No /proc reads: this runs beside the program, whose next
+            // `open` would get a higher descriptor than the lowest free
+            // one meanwhile.
+            t.reclaim_due(ztier_uffd::tree::Look::Signal);
         }
         self.follow_tree();
         let target = (self.limit() - self.reserve()).min(self.resident - self.tree_excess());

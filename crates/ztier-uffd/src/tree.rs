@@ -65,6 +65,11 @@
 //! its process by PID and start time, so a process whose PID an unrelated
 //! process took since is gone too: without the start time its pages
 //! stayed held, and the budget that much smaller, until the run ended.
+//! Zombies and reused PIDs are told from `/proc/PID/stat`, whose read
+//! holds a descriptor for a moment, so only an install looks that far
+//! ([`Look::Full`]); the background evictor, which runs beside the
+//! program, takes back only processes that no longer exist
+//! ([`Look::Signal`]).
 
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -296,13 +301,34 @@ pub fn sleep(word: &AtomicU32, seen: u32, timeout: std::time::Duration) {
     };
 }
 
+/// How a look for processes that are gone ([`Member::reclaim`]) looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Look {
+    /// `kill(pid, 0)` and `/proc/PID/stat`: a zombie, and a process whose
+    /// PID another took since, are gone too. Reading the file opens a
+    /// descriptor for a moment, and it takes the lowest free number: so
+    /// only on a thread the program waits for (a fault's service), not
+    /// on one that runs beside it.
+    Full,
+    /// `kill(pid, 0)` alone (no such process): no descriptor is opened.
+    /// The background evictor's: its reads of `/proc` made a program's
+    /// `open` after `closefrom(3)` get descriptor 4 now and then, not 3
+    /// (`cli_run_modes::a_program_that_closes_every_descriptor_keeps_its_memory`
+    /// failed once so in CI).
+    Signal,
+}
+
 /// Is the process that took a slot as `pid` at `start` gone (or a
 /// zombie, whose memory is gone)? A process of that PID that started at
 /// another time is another process (`start` 0: not known, PID alone).
-fn gone(pid: i32, start: u64) -> bool {
+/// With [`Look::Signal`], only a process that no longer exists is gone.
+fn gone(pid: i32, start: u64, look: Look) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     if unsafe { libc::kill(pid, 0) } != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
         return true;
+    }
+    if look == Look::Signal {
+        return false;
     }
     match proc_stat(format_args!("/proc/{pid}/stat")) {
         None | Some((b'Z' | b'X', _)) => true,
@@ -415,7 +441,7 @@ impl Member {
         if self.take(need + CHUNK) || self.take(need) {
             return true;
         }
-        self.reclaim_due() > 0 && self.take(need)
+        self.reclaim_due(Look::Full) > 0 && self.take(need)
     }
 
     /// Takes back the pages of processes that are gone ([`Member::reclaim`]),
@@ -423,14 +449,14 @@ impl Member {
     /// how many. Called when the pool runs short: by [`Member::ensure`],
     /// and by the background evictor before it evicts for the shortfall
     /// (a process killed while the others' evictors kept the pool from
-    /// running dry was otherwise never looked for).
-    pub fn reclaim_due(&mut self) -> usize {
+    /// running dry was otherwise never looked for), with [`Look::Signal`].
+    pub fn reclaim_due(&mut self, look: Look) -> usize {
         let now = std::time::Instant::now();
         if self.looked.is_some_and(|t| now.duration_since(t) < RECLAIM_EVERY) {
             return 0;
         }
         self.looked = Some(now);
-        self.reclaim()
+        self.reclaim_with(look)
     }
 
     /// Holds at least `want` pages, past the budget if need be (the pages
@@ -551,14 +577,22 @@ impl Member {
         self.held -= k;
     }
 
-    /// Takes back the pages of processes that are gone; returns how many.
+    /// Takes back the pages of processes that are gone ([`Look::Full`]);
+    /// returns how many.
     pub fn reclaim(&self) -> usize {
+        self.reclaim_with(Look::Full)
+    }
+
+    /// [`Member::reclaim`], looking as `look` says. This process's own
+    /// slot is passed over (it is not gone).
+    pub fn reclaim_with(&self, look: Look) -> usize {
         let mut total = 0;
-        for s in &self.seg.slots {
+        for (k, s) in self.seg.slots.iter().enumerate() {
             let pid = s.pid.load(Ordering::Acquire);
             if pid <= 0
+                || k == self.slot
                 || (s.held.load(Ordering::Acquire) == 0 && s.stored.load(Ordering::Acquire) == 0)
-                || !gone(pid, s.start.load(Ordering::Acquire))
+                || !gone(pid, s.start.load(Ordering::Acquire), look)
             {
                 continue;
             }
@@ -685,7 +719,7 @@ mod tests {
         // The reading thread is running.
         assert_eq!(proc_state(format_args!("/proc/thread-self/stat")), Some(b'R'));
         assert_eq!(proc_state(format_args!("/proc/{}/stat", i32::MAX)), None);
-        assert!(gone(i32::MAX, 0));
+        assert!(gone(i32::MAX, 0, Look::Full) && gone(i32::MAX, 0, Look::Signal));
         let me = std::process::id() as i32;
         // The process's state is its main thread's (the harness's, waiting).
         let (_, start) = proc_stat(format_args!("/proc/self/stat")).unwrap();
@@ -695,9 +729,10 @@ mod tests {
         let after = &line[line.rfind(')').unwrap() + 2..];
         assert_eq!(start, after.split(' ').nth(19).unwrap().parse::<u64>().unwrap());
         assert!(start > 0);
-        assert!(!gone(me, 0));
-        assert!(!gone(me, start));
-        assert!(gone(me, start + 1), "another process that had this PID");
+        assert!(!gone(me, 0, Look::Full));
+        assert!(!gone(me, start, Look::Full));
+        assert!(gone(me, start + 1, Look::Full), "another process that had this PID");
+        assert!(!gone(me, start + 1, Look::Signal), "no descriptor: the PID alone");
     }
 
     /// A slot names its process by PID and start time: an unrelated
