@@ -456,7 +456,7 @@ impl Member {
             return 0;
         }
         self.looked = Some(now);
-        self.reclaim_with(look)
+        self.reclaim(look)
     }
 
     /// Holds at least `want` pages, past the budget if need be (the pages
@@ -577,15 +577,10 @@ impl Member {
         self.held -= k;
     }
 
-    /// Takes back the pages of processes that are gone ([`Look::Full`]);
-    /// returns how many.
-    pub fn reclaim(&self) -> usize {
-        self.reclaim_with(Look::Full)
-    }
-
-    /// [`Member::reclaim`], looking as `look` says. This process's own
-    /// slot is passed over (it is not gone).
-    pub fn reclaim_with(&self, look: Look) -> usize {
+    /// Takes back the pages of processes that are gone, looking as `look`
+    /// says; returns how many. This process's own slot is passed over
+    /// (it is not gone).
+    pub fn reclaim(&self, look: Look) -> usize {
         let mut total = 0;
         for (k, s) in self.seg.slots.iter().enumerate() {
             let pid = s.pid.load(Ordering::Acquire);
@@ -674,7 +669,7 @@ mod tests {
         let mut dead = std::process::Command::new("true").spawn().unwrap();
         dead.wait().unwrap();
         other.pid.store(dead.id() as i32, Ordering::Release);
-        assert_eq!(me.reclaim(), 0, "no pages");
+        assert_eq!(me.reclaim(Look::Full), 0, "no pages");
         assert_eq!(seg.stored.load(Ordering::Acquire), 0);
         assert_eq!(other.pid.load(Ordering::Acquire), 0);
         assert_eq!(seg.members.load(Ordering::Acquire), 0, "both slots free");
@@ -750,7 +745,7 @@ mod tests {
         fake(SLOTS - 1, pid, start, 100);
         fake(SLOTS - 2, pid, start - 1, 300);
         let me = Member::join(seg).unwrap();
-        assert_eq!(me.reclaim(), 300, "only the one that started earlier is gone");
+        assert_eq!(me.reclaim(Look::Full), 300, "only the one that started earlier is gone");
         assert_eq!(seg.slots[SLOTS - 2].pid.load(Ordering::Acquire), 0);
         assert_eq!(seg.slots[SLOTS - 2].start.load(Ordering::Acquire), 0, "a freed slot's start time");
         assert_eq!(seg.slots[SLOTS - 1].pid.load(Ordering::Acquire), pid);
