@@ -2,7 +2,9 @@
 //!
 //! The library holds a few descriptors for as long as a process runs:
 //! the userfaultfd, the evictor's eventfd, the control socket, the
-//! spill file, and in a forked child with the tree scope its page map. A program that closes every descriptor it does not know —
+//! spill file, and in a forked child with the tree scope its page map
+//! and its parent's. A program that closes every descriptor it does not
+//! know —
 //! `close_range(3, ~0U, 0)`, `closefrom(3)` or a loop of `close`, as
 //! daemons do at start-up and CPython's `os.closerange` does — closed them
 //! too: the next fault then failed (`EBADF`), and the process was aborted

@@ -785,6 +785,10 @@ struct Inherited {
     /// on); shared with a look in progress ([`AdoptLook`]), which reads
     /// it without the manager's lock.
     pagemap: std::sync::Arc<Pagemap>,
+    /// The parent's page map (`/proc/PPID/pagemap`), opened then too, to
+    /// tell a page still shared with the parent from one the parent has
+    /// dropped while brothers and sisters still share it.
+    parent: std::sync::Arc<Pagemap>,
 }
 
 /// `/proc/self/pagemap`, kept from the program's `close`
@@ -799,9 +803,34 @@ struct Pagemap(i32);
 
 impl Pagemap {
     fn open() -> Pagemap {
+        Pagemap::open_at(c"/proc/self/pagemap")
+    }
+
+    /// The page map of this process's parent.
+    fn open_parent() -> Pagemap {
+        // SAFETY: getppid cannot fail.
+        let ppid = unsafe { libc::getppid() };
+        match std::ffi::CString::new(format!("/proc/{ppid}/pagemap")) {
+            Ok(path) => Pagemap::open_at(&path),
+            Err(_) => Pagemap(-1),
+        }
+    }
+
+    fn open_at(path: &std::ffi::CStr) -> Pagemap {
         // SAFETY: a NUL-terminated path.
-        let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
         Pagemap(if fd >= 0 { crate::fds::keep(fd) } else { -1 })
+    }
+
+    /// Reads the entries of `bytes / 8` pages from page number `first`
+    /// into `map`; whether all of them were read.
+    fn read(&self, map: &mut [u64], first: usize, bytes: usize) -> bool {
+        if self.0 < 0 || bytes > map.len() * 8 {
+            return false;
+        }
+        // SAFETY: reading at most `bytes` ≤ 8 × map.len() bytes into `map`.
+        let n = unsafe { libc::pread(self.0, map.as_mut_ptr().cast(), bytes, (first * 8) as libc::off_t) };
+        n == bytes as isize
     }
 }
 
@@ -823,17 +852,32 @@ pub struct AdoptLook {
     /// ascending runs.
     words: Vec<(usize, u64)>,
     pagemap: std::sync::Arc<Pagemap>,
+    /// The parent's page map ([`Inherited::parent`]).
+    parent: std::sync::Arc<Pagemap>,
 }
 
 impl AdoptLook {
-    /// The pages of the look that are no longer shared with the parent
-    /// (mapped here alone, or not at all); all of them if the page map
-    /// cannot be read. Words near each other are read together, up to
-    /// [`ADOPT_SPAN`] pages per `pread`.
+    /// The pages of the look that are no longer shared with the parent:
+    /// mapped here alone, or not at all, or shared only with other
+    /// processes (the parent maps no page there, or a page of its own);
+    /// all of them if this process's page map cannot be read, and those
+    /// mapped here if the parent's cannot (the parent is gone). Words
+    /// near each other are read together, up to [`ADOPT_SPAN`] pages per
+    /// `pread`.
+    ///
+    /// A page that several children share after the parent dropped it
+    /// counts in each of them (so more than once, where a memory cgroup
+    /// charges it once), as none of them can tell which of the others
+    /// still maps it (a page map shows the frame number only to
+    /// `CAP_SYS_ADMIN`; where it shows it, a frame the parent does not
+    /// map there is not the parent's either). Counting it nowhere let the
+    /// command's processes keep that much more than the budget resident.
     pub fn read(&self) -> Vec<usize> {
         const PRESENT: u64 = 1 << 63;
         const EXCLUSIVE: u64 = 1 << 56;
+        const PFN: u64 = (1 << 55) - 1;
         let mut map = vec![0u64; ADOPT_SPAN];
+        let mut theirs = vec![0u64; ADOPT_SPAN];
         let mut gone = Vec::new();
         let mut k = 0;
         while k < self.words.len() {
@@ -848,22 +892,21 @@ impl AdoptLook {
                 end += 1;
             }
             let bytes = (self.words[end - 1].0 - first + 1) * 64 * 8;
-            let at = ((self.base + first * 64) * 8) as libc::off_t;
-            let n = if self.pagemap.0 < 0 {
-                -1
-            } else {
-                // SAFETY: reading `bytes` ≤ 8 × ADOPT_SPAN bytes into `map`,
-                // which has ADOPT_SPAN words.
-                unsafe { libc::pread(self.pagemap.0, map.as_mut_ptr().cast(), bytes, at) }
-            };
-            let ok = n == bytes as isize;
+            let ok = self.pagemap.read(&mut map, self.base + first * 64, bytes);
+            // Only where a page still looks shared is the parent's entry
+            // needed.
+            let shared = |e: u64| e & PRESENT != 0 && e & EXCLUSIVE == 0;
+            let asked = ok && map[..bytes / 8].iter().any(|&e| shared(e));
+            let parent_ok = asked && self.parent.read(&mut theirs, self.base + first * 64, bytes);
             for &(w, x) in &self.words[k..end] {
                 let mut y = x;
                 while y != 0 {
                     let b = y.trailing_zeros() as usize;
                     y &= y - 1;
-                    let e = map[(w - first) * 64 + b];
-                    if !ok || e & PRESENT == 0 || e & EXCLUSIVE != 0 {
+                    let (e, p) = (map[(w - first) * 64 + b], theirs[(w - first) * 64 + b]);
+                    let not_parents =
+                        !parent_ok || !shared(p) || (e & PFN != 0 && p & PFN != 0 && e & PFN != p & PFN);
+                    if !ok || !shared(e) || not_parents {
                         gone.push(w * 64 + b);
                     }
                 }
@@ -1766,7 +1809,12 @@ impl Manager {
             w = (w + 1) % n;
         }
         h.cursor = w * 64;
-        Some(AdoptLook { base: self.base / PAGE, words, pagemap: h.pagemap.clone() })
+        Some(AdoptLook {
+            base: self.base / PAGE,
+            words,
+            pagemap: h.pagemap.clone(),
+            parent: h.parent.clone(),
+        })
     }
 
     /// From a look made by [`AdoptLook::read`]: the pages of `gone` still
@@ -2781,8 +2829,15 @@ impl Manager {
         if self.tree.is_some() {
             let end = used.iter().map(|r| r.end.min(self.pages)).max().unwrap_or(0);
             let pagemap = std::sync::Arc::new(Pagemap::open());
-            let mut h =
-                Inherited { bits: vec![0; end.div_ceil(64)], count: 0, cursor: 0, looked: None, pagemap };
+            let parent = std::sync::Arc::new(Pagemap::open_parent());
+            let mut h = Inherited {
+                bits: vec![0; end.div_ceil(64)],
+                count: 0,
+                cursor: 0,
+                looked: None,
+                pagemap,
+                parent,
+            };
             for i in pages_in(self.pages, used) {
                 if self.st(i) & STATE == RESIDENT {
                     h.bits[i / 64] |= 1 << (i % 64);
@@ -3325,7 +3380,10 @@ mod tests {
             .chain(0..start)
             .map(|w| (w, if (w + 1) * 64 <= n { u64::MAX } else { (1 << (n % 64)) - 1 }))
             .collect();
-        let look = AdoptLook { base: base / PAGE, words, pagemap: std::sync::Arc::new(Pagemap::open()) };
+        // The parent's page map is ours here: the pages mapped twice are
+        // still the parent's.
+        let ours = std::sync::Arc::new(Pagemap::open());
+        let look = AdoptLook { base: base / PAGE, words, pagemap: ours.clone(), parent: ours.clone() };
         let mut gone = look.read();
         gone.sort_unstable();
         let mut want: Vec<usize> = own.iter().chain(&unmapped).copied().collect();
@@ -3336,12 +3394,110 @@ mod tests {
             base: look.base,
             words: look.words.clone(),
             pagemap: std::sync::Arc::new(Pagemap(-1)),
+            parent: ours.clone(),
         };
         assert_eq!(blind.read().len(), n);
+        // The parent's cannot (it is gone): every page as well.
+        let orphan =
+            AdoptLook { base: look.base, words: look.words.clone(), pagemap: ours, parent: blind.pagemap };
+        assert_eq!(orphan.read().len(), n);
         // SAFETY: unmapping our own mappings.
         unsafe {
             libc::munmap(base as *mut libc::c_void, n * PAGE);
             libc::munmap(other as *mut libc::c_void, n * PAGE);
+        }
+    }
+
+    /// Pages that two forked children share after their parent dropped
+    /// them, or wrote them (copy-on-write gave the parent a page of its
+    /// own), are no longer the parent's: a child's look finds them, and
+    /// still finds the pages the parent shares. Before the look read the
+    /// parent's page map too, it found neither kind: nobody counted them.
+    #[test]
+    fn pages_the_parent_dropped_while_two_children_share_them_are_no_longer_the_parents() {
+        let n = 256;
+        let base = sys::mmap(
+            std::ptr::null_mut(),
+            n * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        ) as usize;
+        assert_ne!(base as *mut libc::c_void, libc::MAP_FAILED);
+        let page = |i: usize| (base + i * PAGE) as *mut u8;
+        for i in 0..n {
+            // SAFETY: a page of our mapping.
+            unsafe { std::ptr::write_volatile(page(i), i as u8 | 1) };
+        }
+        // Two children that wait, their pages as they were at the fork.
+        let mut pipe = [0i32; 2];
+        // SAFETY: a pipe into a two-element array.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        let mut kids = Vec::new();
+        for _ in 0..2 {
+            // SAFETY: the child makes only async-signal-safe calls.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                let mut b = 0u8;
+                // SAFETY: waiting for the pipe to close, then leaving.
+                unsafe {
+                    libc::close(pipe[1]);
+                    libc::read(pipe[0], (&mut b as *mut u8).cast(), 1);
+                    libc::_exit(0);
+                }
+            }
+            kids.push(pid);
+        }
+        // SAFETY: our end of the pipe.
+        unsafe { libc::close(pipe[0]) };
+        // This process is the parent: it drops some pages and writes others.
+        let dropped = [0, 5, 64, 200, n - 1];
+        let written = [1, 63, 100];
+        for &i in &dropped {
+            // SAFETY: dropping a page of our mapping.
+            assert_eq!(unsafe { libc::madvise(page(i).cast(), PAGE, libc::MADV_DONTNEED) }, 0);
+        }
+        for &i in &written {
+            // SAFETY: a page of our mapping.
+            unsafe { std::ptr::write_volatile(page(i), 0xee) };
+        }
+        let open =
+            |pid: i32| Pagemap::open_at(&std::ffi::CString::new(format!("/proc/{pid}/pagemap")).unwrap());
+        let parent = std::sync::Arc::new(Pagemap::open());
+        let words = (0..n / 64).map(|w| (w, u64::MAX)).collect::<Vec<_>>();
+        let look =
+            AdoptLook { base: base / PAGE, words, pagemap: std::sync::Arc::new(open(kids[0])), parent };
+        let mut gone = look.read();
+        gone.sort_unstable();
+        let mut want: Vec<usize> = dropped.iter().chain(&written).copied().collect();
+        want.sort_unstable();
+        assert_eq!(gone, want, "the first child's look");
+        // The same from the second child, and once the first is gone (the
+        // second then maps those pages alone).
+        let second = AdoptLook {
+            base: look.base,
+            words: look.words.clone(),
+            pagemap: std::sync::Arc::new(open(kids[1])),
+            parent: look.parent.clone(),
+        };
+        let mut gone = second.read();
+        gone.sort_unstable();
+        assert_eq!(gone, want, "the second child's look");
+        // SAFETY: ending a child of ours.
+        unsafe {
+            libc::kill(kids[0], libc::SIGKILL);
+            libc::waitpid(kids[0], std::ptr::null_mut(), 0);
+        }
+        let mut gone = second.read();
+        gone.sort_unstable();
+        assert_eq!(gone, want, "the second child's look, alone with its parent");
+        // SAFETY: our end of the pipe; the other child; our mapping.
+        unsafe {
+            libc::close(pipe[1]);
+            libc::waitpid(kids[1], std::ptr::null_mut(), 0);
+            libc::munmap(base as *mut libc::c_void, n * PAGE);
         }
     }
 

@@ -45,9 +45,11 @@
 //! A forked child holds only the resident pages it does not share with
 //! its parent: those it inherited are the parent's until they are its
 //! own (written since, or dropped by the parent), which the child's
-//! manager finds in `/proc/self/pagemap` and then holds
+//! manager finds in `/proc/self/pagemap` and its parent's, and then holds
 //! ([`Member::adopt`] counts them). So a page shared copy-on-write counts
-//! once, as a memory cgroup charges it once.
+//! once, as a memory cgroup charges it once; a page that children still
+//! share after their parent dropped it counts in each of them that maps
+//! it (none can tell which others do), more than once but not nowhere.
 //!
 //! The compressed stores share `--store` the same way: each process says
 //! what its store uses after each eviction round ([`Member::publish_store`])
