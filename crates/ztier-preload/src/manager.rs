@@ -938,6 +938,12 @@ impl Inherited {
 pub static TREE_WAKE: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU32> =
     std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
+/// With the tree scope, this process's life word in the shared segment
+/// (null: none), which the watchdog thread holds for as long as it lives
+/// ([`ztier_uffd::tree::hold_life`]).
+pub static TREE_LIFE: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU32> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
 /// Longest a process that finds the shared budget empty while most of
 /// its resident pages are shared with its parent waits for the other
 /// processes' evictors, woken, to give pages back, before it evicts its
@@ -1855,10 +1861,12 @@ impl Manager {
         self.tree.as_ref().filter(|t| t.store_limit() > 0).map(|_| self.store.budget())
     }
 
-    /// Points [`TREE_WAKE`] at this process's wake word (or at nothing).
+    /// Points [`TREE_WAKE`] and [`TREE_LIFE`] at this process's words (or at nothing).
     fn publish_wake_word(&self) {
         let w = self.tree.as_ref().map_or(std::ptr::null_mut(), |t| t.wake_word() as *const _ as *mut _);
         TREE_WAKE.store(w, Ordering::Release);
+        let l = self.tree.as_ref().map_or(std::ptr::null_mut(), |t| t.life_word() as *const _ as *mut _);
+        TREE_LIFE.store(l, Ordering::Release);
     }
 
     /// At exit: the pages this process holds go back to the shared budget.

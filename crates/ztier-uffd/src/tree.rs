@@ -19,7 +19,7 @@
 //!
 //! ```text
 //!  offset  size
-//!  0       8     magic "ZTTREE03"
+//!  0       8     magic "ZTTREE04"
 //!  8       8     budget, pages
 //!  16      8     reserved: pages held by every slot together (atomic)
 //!  24      8     peak of reserved (atomic)
@@ -35,11 +35,14 @@
 //!                said (atomic)
 //!  80      8     peak of stored (atomic)
 //!  88      8     members: slots taken now (atomic)
-//!  96      32×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
+//!  96      40×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
 //!                wake (u32, a futex word: bumped to wake the process's
 //!                background evictor), held pages (u64, atomic), stored
 //!                bytes (u64, atomic), start time (u64, clock ticks after
-//!                boot as `/proc/PID/stat` says; 0 = not known)
+//!                boot as `/proc/PID/stat` says; 0 = not known), life
+//!                (u32, a robust futex word: a thread's TID, marked
+//!                FUTEX_OWNER_DIED by the kernel when that thread ends;
+//!                0 = not set), 4 bytes unused
 //! ```
 //!
 //! A forked child holds only the resident pages it does not share with
@@ -63,21 +66,29 @@
 //! killed or ended without the exit hook keeps its slot until another
 //! process finds the pool short (an install that cannot get its pages,
 //! or a background evictor called on for the shortfall): slots of
-//! processes that are gone (or zombies) are then reclaimed. A slot names
-//! its process by PID and start time, so a process whose PID an unrelated
-//! process took since is gone too: without the start time its pages
-//! stayed held, and the budget that much smaller, until the run ended.
-//! Zombies and reused PIDs are told from `/proc/PID/stat`, whose read
-//! holds a descriptor for a moment, so only an install looks that far
-//! ([`Look::Full`]); the background evictor, which runs beside the
-//! program, takes back only processes that no longer exist
-//! ([`Look::Signal`]).
+//! processes that are gone (or zombies) are then reclaimed.
+//!
+//! How a process is told gone: a library thread that lives as long as
+//! the process (the watchdog) puts its TID in the slot's life word and
+//! names that word in its robust futex list ([`hold_life`]). When the
+//! thread ends, as it does when the process dies, is killed, becomes a
+//! zombie or calls `exec`, the kernel marks the word
+//! `FUTEX_OWNER_DIED`. So one load tells a live process from a dead one,
+//! and a process whose PID an unrelated process took since is gone as
+//! well, with no system call and no descriptor. Until the word is set
+//! (between the join and the thread's start, or where the kernel has no
+//! robust lists), a slot goes by PID and start time: a process that no
+//! longer exists is gone ([`Look::Signal`], the background evictor's
+//! look); an install also reads `/proc/PID/stat` for zombies and reused
+//! PIDs ([`Look::Full`]). That read holds a descriptor for a moment,
+//! which takes the lowest free number, so a program's `open` on another
+//! thread could get the next one.
 
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// The segment's first eight bytes.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE03");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE04");
 /// Processes that can hold pages at once.
 pub const SLOTS: usize = 1024;
 /// Pages a process takes from the pool beyond what it needs now, so
@@ -100,7 +111,16 @@ pub struct Slot {
     /// ticks after boot), so that another process given the same PID
     /// later is not taken for it; 0: not known (PID alone).
     pub start: AtomicU64,
+    /// A robust futex word ([`hold_life`]): the TID of a thread of the
+    /// process that lives as long as it does, marked
+    /// [`FUTEX_OWNER_DIED`] by the kernel when that thread ends; 0: not
+    /// set.
+    pub life: AtomicU32,
+    _unused: u32,
 }
+
+/// The bit the kernel sets in a robust futex word whose owner ended.
+pub const FUTEX_OWNER_DIED: u32 = 0x4000_0000;
 
 /// The shared segment (see the module docs for the layout).
 #[repr(C)]
@@ -303,6 +323,68 @@ pub fn sleep(word: &AtomicU32, seen: u32, timeout: std::time::Duration) {
     };
 }
 
+/// The kernel's robust futex list (`struct robust_list_head`), with the
+/// one entry this process puts in it.
+#[repr(C)]
+struct RobustHead {
+    next: *const RobustEntry,
+    /// From the entry to the futex word, in bytes.
+    futex_offset: libc::c_long,
+    pending: *const RobustEntry,
+}
+
+/// An entry of the list (`struct robust_list`): the next one, or the
+/// head at the end.
+#[repr(C)]
+struct RobustEntry {
+    next: *const RobustHead,
+}
+
+/// Makes `word` (a slot's [`Slot::life`]) say while the calling thread
+/// lives: registers with the kernel a robust futex list whose one entry
+/// is `word`, then puts the thread's TID in it. The kernel marks it
+/// [`FUTEX_OWNER_DIED`] when the thread ends, however it ends. Call it
+/// on a thread that lives as long as the process and takes no robust
+/// mutex of glibc's: the list replaces the one glibc registered for the
+/// thread. `false` (the word left at 0) if the kernel refused the list.
+pub fn hold_life(word: &'static AtomicU32) -> bool {
+    thread_local! {
+        // The calling thread's list: it lives as long as the thread (the
+        // kernel walks it as the thread ends), and taking it allocates
+        // nothing (a forked child may call this).
+        static LIST: (std::cell::UnsafeCell<RobustHead>, std::cell::UnsafeCell<RobustEntry>) = const {
+            (
+                std::cell::UnsafeCell::new(RobustHead {
+                    next: std::ptr::null(),
+                    futex_offset: 0,
+                    pending: std::ptr::null(),
+                }),
+                std::cell::UnsafeCell::new(RobustEntry { next: std::ptr::null() }),
+            )
+        };
+    }
+    LIST.with(|(head, entry)| {
+        let (head, entry) = (head.get(), entry.get());
+        // SAFETY: this thread's own list, which only it and the kernel
+        // read: head -> entry -> head, the entry naming `word` (in a
+        // mapping kept for good) by its offset.
+        let r = unsafe {
+            (*head).next = entry;
+            (*head).futex_offset = (word.as_ptr() as isize).wrapping_sub(entry as isize) as libc::c_long;
+            (*head).pending = std::ptr::null();
+            (*entry).next = head;
+            libc::syscall(libc::SYS_set_robust_list, head, std::mem::size_of::<RobustHead>())
+        };
+        if r != 0 {
+            return false;
+        }
+        // SAFETY: gettid cannot fail.
+        let tid = unsafe { libc::gettid() } as u32;
+        word.store(tid, Ordering::Release);
+        true
+    })
+}
+
 /// How a look for processes that are gone ([`Member::reclaim`]) looks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Look {
@@ -320,11 +402,21 @@ pub enum Look {
     Signal,
 }
 
+/// Is the process that took slot `s` as `pid` gone (or a zombie, whose
+/// memory is gone)? By its life word once set ([`hold_life`]); until then
+/// by its PID and start time ([`gone_by_pid`]).
+fn gone(s: &Slot, pid: i32, look: Look) -> bool {
+    match s.life.load(Ordering::Acquire) {
+        0 => gone_by_pid(pid, s.start.load(Ordering::Acquire), look),
+        life => life & FUTEX_OWNER_DIED != 0,
+    }
+}
+
 /// Is the process that took a slot as `pid` at `start` gone (or a
-/// zombie, whose memory is gone)? A process of that PID that started at
-/// another time is another process (`start` 0: not known, PID alone).
-/// With [`Look::Signal`], only a process that no longer exists is gone.
-fn gone(pid: i32, start: u64, look: Look) -> bool {
+/// zombie)? A process of that PID that started at another time is
+/// another process (`start` 0: not known, PID alone). With
+/// [`Look::Signal`], only a process that no longer exists is gone.
+fn gone_by_pid(pid: i32, start: u64, look: Look) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     if unsafe { libc::kill(pid, 0) } != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
         return true;
@@ -370,10 +462,21 @@ impl Member {
     pub fn join(seg: &'static Segment) -> Option<Member> {
         let me = std::process::id() as i32;
         let start = my_start();
+        // A slot is taken as -1 (which every look passes over) and made
+        // this process's with its start time and an unset life word, then
+        // named by the PID.
+        //
         // A slot of our own PID is from before an exec of this process
         // (the same start time), or of a process that died with it
-        // before the PID came to us: either way its pages are gone.
-        let slot = match seg.slots.iter().position(|s| s.pid.load(Ordering::Acquire) == me) {
+        // before the PID came to us: either way its pages are gone. Its
+        // life word is marked (the thread that held it ended with the old
+        // image), so another process may be taking it back now: whoever
+        // turns the PID to -1 first has it.
+        let own = seg
+            .slots
+            .iter()
+            .position(|s| s.pid.compare_exchange(me, -1, Ordering::AcqRel, Ordering::Relaxed).is_ok());
+        let slot = match own {
             Some(k) => {
                 let s = &seg.slots[k];
                 let was = s.start.load(Ordering::Acquire);
@@ -388,15 +491,16 @@ impl Member {
             }
             None => {
                 let k = seg.slots.iter().position(|s| {
-                    s.pid.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+                    s.pid.compare_exchange(0, -1, Ordering::AcqRel, Ordering::Relaxed).is_ok()
                 })?;
                 seg.members.fetch_add(1, Ordering::AcqRel);
                 k
             }
         };
-        // Until this store a look at the slot goes by the PID alone (a
-        // freed slot's start time is 0).
-        seg.slots[slot].start.store(start, Ordering::Release);
+        let s = &seg.slots[slot];
+        s.start.store(start, Ordering::Release);
+        s.life.store(0, Ordering::Release);
+        s.pid.store(me, Ordering::Release);
         seg.joined.fetch_add(1, Ordering::Relaxed);
         Some(Member { seg, slot, held: 0, stored: 0, looked: None })
     }
@@ -404,6 +508,11 @@ impl Member {
     /// The futex word this process's background evictor sleeps on.
     pub fn wake_word(&self) -> &'static AtomicU32 {
         &self.seg.slots[self.slot].wake
+    }
+
+    /// This process's life word, for [`hold_life`].
+    pub fn life_word(&self) -> &'static AtomicU32 {
+        &self.seg.slots[self.slot].life
     }
 
     /// Wakes the background evictors of the other processes that hold
@@ -495,8 +604,10 @@ impl Member {
     pub fn leave(&mut self) {
         self.give(self.held);
         self.publish_store(0);
-        self.seg.slots[self.slot].start.store(0, Ordering::Release);
-        self.seg.slots[self.slot].pid.store(0, Ordering::Release);
+        let s = &self.seg.slots[self.slot];
+        s.start.store(0, Ordering::Release);
+        s.life.store(0, Ordering::Release);
+        s.pid.store(0, Ordering::Release);
         self.seg.members.fetch_sub(1, Ordering::AcqRel);
     }
 
@@ -589,11 +700,18 @@ impl Member {
             if pid <= 0
                 || k == self.slot
                 || (s.held.load(Ordering::Acquire) == 0 && s.stored.load(Ordering::Acquire) == 0)
-                || !gone(pid, s.start.load(Ordering::Acquire), look)
+                || !gone(s, pid, look)
             {
                 continue;
             }
             if s.pid.compare_exchange(pid, -1, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                continue;
+            }
+            // Between the look and the turn to -1, a new image of the
+            // same process (after an exec) may have taken the slot over
+            // (its life word set anew): looked at again, it lives.
+            if !gone(s, pid, look) {
+                s.pid.store(pid, Ordering::Release);
                 continue;
             }
             let h = s.held.swap(0, Ordering::AcqRel);
@@ -602,6 +720,7 @@ impl Member {
             let b = s.stored.swap(0, Ordering::AcqRel);
             self.seg.stored.fetch_sub(b, Ordering::AcqRel);
             s.start.store(0, Ordering::Release);
+            s.life.store(0, Ordering::Release);
             s.pid.store(0, Ordering::Release);
             self.seg.members.fetch_sub(1, Ordering::AcqRel);
             total += h as usize;
@@ -716,7 +835,7 @@ mod tests {
         // The reading thread is running.
         assert_eq!(proc_state(format_args!("/proc/thread-self/stat")), Some(b'R'));
         assert_eq!(proc_state(format_args!("/proc/{}/stat", i32::MAX)), None);
-        assert!(gone(i32::MAX, 0, Look::Full) && gone(i32::MAX, 0, Look::Signal));
+        assert!(gone_by_pid(i32::MAX, 0, Look::Full) && gone_by_pid(i32::MAX, 0, Look::Signal));
         let me = std::process::id() as i32;
         // The process's state is its main thread's (the harness's, waiting).
         let (_, start) = proc_stat(format_args!("/proc/self/stat")).unwrap();
@@ -726,10 +845,10 @@ mod tests {
         let after = &line[line.rfind(')').unwrap() + 2..];
         assert_eq!(start, after.split(' ').nth(19).unwrap().parse::<u64>().unwrap());
         assert!(start > 0);
-        assert!(!gone(me, 0, Look::Full));
-        assert!(!gone(me, start, Look::Full));
-        assert!(gone(me, start + 1, Look::Full), "another process that had this PID");
-        assert!(!gone(me, start + 1, Look::Signal), "no descriptor: the PID alone");
+        assert!(!gone_by_pid(me, 0, Look::Full));
+        assert!(!gone_by_pid(me, start, Look::Full));
+        assert!(gone_by_pid(me, start + 1, Look::Full), "another process that had this PID");
+        assert!(!gone_by_pid(me, start + 1, Look::Signal), "no descriptor: the PID alone");
     }
 
     /// A slot names its process by PID and start time: an unrelated
@@ -813,5 +932,88 @@ mod tests {
         assert!(seg.reclaimed.load(Ordering::Relaxed) >= 400);
         assert!(seg.reserved.load(Ordering::Relaxed) <= 500);
         me.leave();
+    }
+
+    /// A slot whose life word a thread holds ([`hold_life`]) is told
+    /// gone by that word alone: a zombie (its memory gone, though signal
+    /// 0 still reaches it) is found by the look that opens no descriptor
+    /// (before, only an install's look at `/proc` found it), a slot whose
+    /// thread ended is gone though its PID is alive (the PID another
+    /// process's now), and one whose thread lives is not gone though its
+    /// PID no longer is.
+    #[test]
+    fn a_process_is_told_gone_by_its_life_word() {
+        let shared = Shared::create(1000, 0).unwrap();
+        let seg = open(&shared.path()).unwrap();
+        // A child that joins, takes 300 pages, holds its life word on its
+        // one thread, and is killed, but not reaped: a zombie.
+        // SAFETY: the child joins, takes pages, registers its list and
+        // waits to be killed (no allocation after fork but the list's).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut m = Member::join(seg).unwrap();
+            let ok = m.ensure(300) && hold_life(m.life_word());
+            // SAFETY: pause/_exit in the child.
+            unsafe {
+                if !ok {
+                    libc::_exit(1);
+                }
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        while seg
+            .slots
+            .iter()
+            .all(|s| s.pid.load(Ordering::Acquire) != pid || s.life.load(Ordering::Acquire) == 0)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let k = seg.slots.iter().position(|s| s.pid.load(Ordering::Acquire) == pid).unwrap();
+        assert_eq!(seg.slots[k].life.load(Ordering::Acquire), pid as u32, "its one thread's TID");
+        let me = Member::join(seg).unwrap();
+        assert_eq!(me.reclaim(Look::Signal), 0, "alive");
+        // SAFETY: killing our own child; waiting for it to die without
+        // reaping it.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT);
+        }
+        assert_eq!(seg.slots[k].life.load(Ordering::Acquire), FUTEX_OWNER_DIED, "marked by the kernel");
+        // SAFETY: signal 0 to our zombie child.
+        assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "a zombie");
+        assert_eq!(me.reclaim(Look::Signal), 300 + CHUNK, "the zombie's pages, with no look at /proc");
+        assert_eq!(seg.slots[k].life.load(Ordering::Acquire), 0, "a freed slot's life word");
+        // SAFETY: reaping our child.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+
+        // Threads of this process stand for other processes: one whose
+        // thread ended though its PID (ours) lives, and one whose thread
+        // lives though its PID (the child's, reaped) does not.
+        let (a, b) = (SLOTS - 1, SLOTS - 2);
+        seg.fake_member(a, std::process::id() as i32, 0, 100);
+        seg.fake_member(b, pid, 0, 200);
+        let hold = |k: usize| {
+            let word = &seg.slots[k].life;
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let t = std::thread::spawn(move || {
+                assert!(hold_life(word));
+                let _ = rx.recv();
+            });
+            while word.load(Ordering::Acquire) == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            (tx, t)
+        };
+        let (ta, ja) = hold(a);
+        let (_tb, _jb) = hold(b);
+        assert_eq!(me.reclaim(Look::Full), 0, "both threads live");
+        drop(ta);
+        ja.join().unwrap();
+        assert_eq!(me.reclaim(Look::Signal), 100, "the slot whose thread ended");
+        assert_eq!(seg.slots[b].pid.load(Ordering::Acquire), pid, "the slot whose thread lives");
     }
 }
