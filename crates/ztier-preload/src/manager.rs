@@ -3336,8 +3336,16 @@ mod tests {
     /// spans of [`ADOPT_SPAN`] pages and a look that wraps around. The
     /// shared pages are those of a memfd mapped twice (as a forked
     /// child's inherited ones are mapped in two processes).
+    /// Held by the tests that read whether pages are mapped here alone,
+    /// and by the one that forks: while its children live, every private
+    /// page of this process is mapped by them too (a look in another
+    /// test, run at the same time, once found two pages of its own
+    /// shared).
+    static FORKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn a_look_at_the_page_map_finds_the_pages_no_longer_shared() {
+        let _one = FORKING.lock().unwrap_or_else(|e| e.into_inner());
         let n = 2 * ADOPT_SPAN + 320;
         // SAFETY: a NUL-terminated name; sizing and mapping our own memfd.
         let (base, other) = unsafe {
@@ -3423,6 +3431,7 @@ mod tests {
     /// parent's page map too, it found neither kind: nobody counted them.
     #[test]
     fn pages_the_parent_dropped_while_two_children_share_them_are_no_longer_the_parents() {
+        let _one = FORKING.lock().unwrap_or_else(|e| e.into_inner());
         let n = 256;
         let base = sys::mmap(
             std::ptr::null_mut(),
