@@ -892,18 +892,17 @@ mod tests {
         live.wait().unwrap();
     }
 
-    #[test]
-    fn the_pages_of_a_process_that_is_gone_are_taken_back_when_the_pool_runs_short() {
-        let shared = Shared::create(500, 0).unwrap();
-        let seg = open(&shared.path()).unwrap();
-        // A child takes 400 pages and is killed.
-        // SAFETY: the child only joins, takes pages and waits to be killed
-        // (no allocation after fork beyond what join does on its stack).
+    /// Forks a child that joins `seg`, takes `pages` (and, with `life`,
+    /// holds its life word on its one thread), then waits to be killed;
+    /// its PID.
+    fn fork_member(seg: &'static Segment, pages: usize, life: bool) -> i32 {
+        // SAFETY: the child only joins, takes pages, registers its robust
+        // list and waits (nothing allocated after the fork).
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
             let mut m = Member::join(seg).unwrap();
-            let ok = m.ensure(400);
+            let ok = m.ensure(pages) && (!life || hold_life(m.life_word()));
             // SAFETY: pause/_exit in the child.
             unsafe {
                 if !ok {
@@ -914,6 +913,15 @@ mod tests {
                 }
             }
         }
+        pid
+    }
+
+    #[test]
+    fn the_pages_of_a_process_that_is_gone_are_taken_back_when_the_pool_runs_short() {
+        let shared = Shared::create(500, 0).unwrap();
+        let seg = open(&shared.path()).unwrap();
+        // A child takes 400 pages and is killed.
+        let pid = fork_member(seg, 400, false);
         while seg.reserved.load(Ordering::Acquire) < 400 {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
@@ -947,23 +955,7 @@ mod tests {
         let seg = open(&shared.path()).unwrap();
         // A child that joins, takes 300 pages, holds its life word on its
         // one thread, and is killed, but not reaped: a zombie.
-        // SAFETY: the child joins, takes pages, registers its list and
-        // waits to be killed (no allocation after fork but the list's).
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let mut m = Member::join(seg).unwrap();
-            let ok = m.ensure(300) && hold_life(m.life_word());
-            // SAFETY: pause/_exit in the child.
-            unsafe {
-                if !ok {
-                    libc::_exit(1);
-                }
-                loop {
-                    libc::pause();
-                }
-            }
-        }
+        let pid = fork_member(seg, 300, true);
         while seg
             .slots
             .iter()
