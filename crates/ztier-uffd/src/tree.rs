@@ -178,6 +178,17 @@ impl Segment {
         self.stored.fetch_sub(was, Ordering::AcqRel);
         self.stored.fetch_add(bytes, Ordering::AcqRel);
     }
+
+    /// Gives back what slot `s` holds of the budget and of the stores'
+    /// limit (its process is gone, or this is the same process after an
+    /// exec); returns the pages. The caller has turned its PID to -1.
+    fn release(&self, s: &Slot) -> u64 {
+        let h = s.held.swap(0, Ordering::AcqRel);
+        self.reserved.fetch_sub(h, Ordering::AcqRel);
+        let b = s.stored.swap(0, Ordering::AcqRel);
+        self.stored.fetch_sub(b, Ordering::AcqRel);
+        h
+    }
 }
 
 /// A segment made by [`Shared::create`] (in `ztier run`): the memfd and
@@ -480,13 +491,10 @@ impl Member {
             Some(k) => {
                 let s = &seg.slots[k];
                 let was = s.start.load(Ordering::Acquire);
-                let h = s.held.swap(0, Ordering::AcqRel);
-                seg.reserved.fetch_sub(h, Ordering::AcqRel);
+                let h = seg.release(s);
                 if was != 0 && start != 0 && was != start {
                     seg.reclaimed.fetch_add(h, Ordering::Relaxed);
                 }
-                let b = s.stored.swap(0, Ordering::AcqRel);
-                seg.stored.fetch_sub(b, Ordering::AcqRel);
                 k
             }
             None => {
@@ -714,11 +722,8 @@ impl Member {
                 s.pid.store(pid, Ordering::Release);
                 continue;
             }
-            let h = s.held.swap(0, Ordering::AcqRel);
-            self.seg.reserved.fetch_sub(h, Ordering::AcqRel);
+            let h = self.seg.release(s);
             self.seg.reclaimed.fetch_add(h, Ordering::Relaxed);
-            let b = s.stored.swap(0, Ordering::AcqRel);
-            self.seg.stored.fetch_sub(b, Ordering::AcqRel);
             s.start.store(0, Ordering::Release);
             s.life.store(0, Ordering::Release);
             s.pid.store(0, Ordering::Release);
