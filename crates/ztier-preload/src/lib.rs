@@ -82,9 +82,9 @@
 //! **Stats**: at exit each process writes `PID.json` into
 //! `ZTIER_STATS_DIR`, through a descriptor opened when it started (or was
 //! forked: [`STATS_FD`], so that dropping root meanwhile does not lose
-//! them); while it runs, the abstract unix socket
-//! `@ztier-PID` answers every connection with the same JSON (`ztier stats
-//! PID`). With `ZTIER_FAULT_LOG_DIR` (`ztier run --fault-log DIR`) each
+//! them); while it runs, the abstract unix datagram socket
+//! `@ztier-PID` answers every request with the same JSON, in one
+//! datagram (`ztier stats PID`). With `ZTIER_FAULT_LOG_DIR` (`ztier run --fault-log DIR`) each
 //! process also writes one row per page-in as `PID.csv` there (see
 //! [`faultlog`]).
 
@@ -1640,18 +1640,56 @@ fn watchdog_loop() -> std::io::Result<()> {
     }
 }
 
-/// Makes the control socket `@ztier-PID` (non-blocking, its descriptor
-/// moved up and kept: see `fds`) into `CTL_FD`; without it (the name
-/// taken, no sockets) `ztier stats PID` gets no answer, and nothing else
-/// changes.
+/// Makes the control socket `@ztier-PID` (a datagram socket,
+/// non-blocking, its descriptor moved up and kept: see `fds`) into
+/// `CTL_FD`; without it (the name taken, no sockets) `ztier stats PID`
+/// gets no answer, and nothing else changes.
+///
+/// A datagram socket, not a listening one: each request is answered from
+/// this one descriptor ([`answer_ctl`]), where an `accept` would take the
+/// program's lowest free descriptor number for the connection's life, so
+/// that the program's `open` on another thread could get another number
+/// than the one it is owed (`cli_run::live_stats_take_none_of_the_programs_descriptor_numbers`).
 fn make_ctl_socket() {
-    use std::os::fd::IntoRawFd;
+    use std::os::fd::{AsRawFd, IntoRawFd};
     use std::os::linux::net::SocketAddrExt;
-    let l = std::os::unix::net::SocketAddr::from_abstract_name(format!("ztier-{}", std::process::id()))
-        .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
-        .and_then(|l| l.set_nonblocking(true).map(|()| l));
-    if let Ok(l) = l {
-        CTL_FD.store(fds::keep(l.into_raw_fd()), Ordering::Relaxed);
+    let s = std::os::unix::net::SocketAddr::from_abstract_name(format!("ztier-{}", std::process::id()))
+        .and_then(|a| std::os::unix::net::UnixDatagram::bind_addr(&a))
+        .and_then(|s| s.set_nonblocking(true).map(|()| s));
+    if let Ok(s) = s {
+        // Room for the largest answer in one datagram (the kernel caps it
+        // at twice `net.core.wmem_max`, 416 KiB by default; an answer is
+        // at most ~60 KiB: the fixed fields and 2,000 histogram buckets).
+        let size: libc::c_int = CTL_ANSWER_MAX as libc::c_int;
+        // SAFETY: a valid option value of its own size, on our socket.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        CTL_FD.store(fds::keep(s.into_raw_fd()), Ordering::Relaxed);
+    }
+}
+
+/// The send buffer asked for the control socket.
+const CTL_ANSWER_MAX: usize = 1 << 20;
+
+/// Answers every request waiting on the control socket: each datagram,
+/// whatever it holds, from a client bound to a name is sent the
+/// process's statistics as one JSON datagram. Nothing waits: a client
+/// whose queue is full, or that is gone, gets no answer. No descriptor is
+/// made.
+fn answer_ctl(ctl: &std::os::unix::net::UnixDatagram, g: &Global) {
+    let mut req = [0u8; 64];
+    while let Ok((_, from)) = ctl.recv_from(&mut req) {
+        if from.is_unnamed() {
+            continue;
+        }
+        let _ = ctl.send_to_addr(stats_json(g).as_bytes(), &from);
     }
 }
 
@@ -1664,7 +1702,7 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
         use std::os::fd::FromRawFd;
         // SAFETY: the listener's descriptor, kept open for the process's
         // life (the `ManuallyDrop` never closes it).
-        std::mem::ManuallyDrop::new(unsafe { std::os::unix::net::UnixListener::from_raw_fd(ctl_fd) })
+        std::mem::ManuallyDrop::new(unsafe { std::os::unix::net::UnixDatagram::from_raw_fd(ctl_fd) })
     });
     let uffd = lock(&g.mgr).uffd.clone();
     let spin = std::time::Duration::from_micros(knob_size("ZTIER_SPIN_US").unwrap_or(0) as u64);
@@ -1715,12 +1753,8 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
                 // SAFETY: two live pollfds.
                 unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
                 if fds[1].revents != 0 {
-                    if let Some(l) = &ctl {
-                        while let Ok((mut s, _)) = l.accept() {
-                            use std::io::Write;
-                            let _ = s.set_nonblocking(false);
-                            let _ = s.write_all(stats_json(g).as_bytes());
-                        }
+                    if let Some(c) = &ctl {
+                        answer_ctl(c, g);
                     }
                 }
                 continue;

@@ -1161,6 +1161,43 @@ fn live_stats_and_kill_9_leave_nothing_behind() {
     assert!(!o.status.success());
 }
 
+#[test]
+fn live_stats_take_none_of_the_programs_descriptor_numbers() {
+    // `lowfd 3`: its heap swept under a 16M budget, then 3 s of opens of
+    // /dev/null, each owed descriptor 3 (the lowest free), while the
+    // statistics are asked for 40 times. Before, the library accepted
+    // each request as a connection, at the lowest free number for as long
+    // as it wrote the answer: a few of the program's opens got 4 instead.
+    let d = tmp("lowfd-stats");
+    let exe = compile(&d, "lowfd");
+    let mut child = Command::new(ztier())
+        .args(["run", "--budget", "16M", "--", &exe, "3"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::{BufRead, Read};
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("not the lowest free descriptor 0,"), "{line}");
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let kids = children_of(child.id());
+    assert_eq!(kids.len(), 1, "ztier run has one child: {kids:?}");
+    for _ in 0..40 {
+        let o = Command::new(ztier()).args(["stats", &kids[0].to_string()]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(v["pages_compressed"].as_u64().unwrap() > 5000, "{v}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(rest.trim(), "then many opens, not the lowest free descriptor 0");
+}
+
 /// Runs the bundled pyapp job under `--policy` with a spill folder.
 fn with_policy(policy: &str, d: &Path) -> (Output, serde_json::Value) {
     let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");

@@ -946,21 +946,29 @@ pub fn run(a: RunArgs) -> Result<i32> {
     Ok(out.code)
 }
 
-/// `ztier stats PID`: asks the library inside a running program.
+/// `ztier stats PID`: asks the library inside a running program, by a
+/// datagram to its control socket `@ztier-PID`, from a socket bound to a
+/// name of our own (`@ztier-stats-OURPID`) for the answer, one JSON
+/// datagram.
 pub fn stats(a: StatsArgs) -> Result<i32> {
     use std::os::linux::net::SocketAddrExt;
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(format!("ztier-{}", a.pid))?;
-    let mut s = std::os::unix::net::UnixStream::connect_addr(&addr).with_context(|| {
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let me = SocketAddr::from_abstract_name(format!("ztier-stats-{}", std::process::id()))?;
+    let s = UnixDatagram::bind_addr(&me).context("binding the socket for the answer")?;
+    let addr = SocketAddr::from_abstract_name(format!("ztier-{}", a.pid))?;
+    let silent = || {
         format!(
             "process {} does not answer: is it running under `ztier run`, and has it started ztier's \
              library (a process does once it has asked for 1 MiB of memory or made a second thread)?",
             a.pid
         )
-    })?;
+    };
+    s.connect_addr(&addr).with_context(silent)?;
+    s.send(b"stats").with_context(silent)?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let v: Value = serde_json::from_str(&text).context("the answer is not JSON")?;
+    let mut buf = vec![0u8; 4 << 20];
+    let n = s.recv(&mut buf).with_context(silent)?;
+    let v: Value = serde_json::from_slice(&buf[..n]).context("the answer is not JSON")?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", pretty(&v)?)?;
     Ok(0)
