@@ -1186,6 +1186,19 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
         // table kept resident (`keep_thread_vector`).
         ztier_store::store::prepare_thread();
         sud::keep_thread_vector();
+        if arg.role == Role::Watchdog {
+            // With the tree scope the watchdog, which lives as long as the
+            // process, says in the shared segment that the process lives:
+            // when it ends, the kernel marks the word, and the others take
+            // back the pages this process held without a look at /proc.
+            // Before the spawner goes on, so that no page is held while
+            // the word is unset (at start-up, and in a forked child).
+            let life = manager::TREE_LIFE.load(Ordering::Acquire);
+            if !life.is_null() {
+                // SAFETY: a word of the shared segment, mapped for good.
+                ztier_uffd::tree::hold_life(unsafe { &*life });
+            }
+        }
         arg.ready.store(true, Ordering::Release);
         match &arg.cpus {
             Some(cpus) => pin(cpus),
@@ -1584,15 +1597,6 @@ fn serve_in_thread(addr: usize) -> bool {
 /// Time is counted in its own one-second ticks, so a stopped process
 /// (SIGSTOP, a debugger) does not count as stuck.
 fn watchdog_loop() -> std::io::Result<()> {
-    // With the tree scope this thread, which lives as long as the
-    // process, says in the shared segment that the process lives: when
-    // it ends, the kernel marks the word, and the others take back the
-    // pages this process held without a look at /proc.
-    let life = manager::TREE_LIFE.load(Ordering::Acquire);
-    if !life.is_null() {
-        // SAFETY: a word of the shared segment, mapped for good.
-        ztier_uffd::tree::hold_life(unsafe { &*life });
-    }
     let signal = manager::signal_path();
     let limit = knob_size("ZTIER_WATCHDOG_S").unwrap_or(30).max(1);
     let mut seen = manager::PROGRESS.load(Ordering::Relaxed);
