@@ -1148,6 +1148,12 @@ fn live_stats_and_kill_9_leave_nothing_behind() {
         (v, counted) = live();
     }
     assert!(counted > 0 && counted == v["faults"].as_u64().unwrap(), "{v}");
+    // A stopped program cannot answer: said after 5 s, no hang.
+    // SAFETY: signalling our grandchild by pid.
+    unsafe { libc::kill(py as i32, libc::SIGSTOP) };
+    let o = Command::new(ztier()).args(["stats", &py.to_string()]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("has not answered within 5 s"), "{err}");
     // SAFETY: signalling our grandchild by pid.
     unsafe { libc::kill(py as i32, libc::SIGKILL) };
     let st = child.wait().unwrap();

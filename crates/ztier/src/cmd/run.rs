@@ -967,7 +967,12 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     s.send(b"stats").with_context(silent)?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
     let mut buf = vec![0u8; 4 << 20];
-    let n = s.recv(&mut buf).with_context(silent)?;
+    let n = match s.recv(&mut buf) {
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            bail!("process {} has not answered within 5 s: is it stopped?", a.pid)
+        }
+        r => r.with_context(silent)?,
+    };
     let v: Value = serde_json::from_slice(&buf[..n]).context("the answer is not JSON")?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", pretty(&v)?)?;
