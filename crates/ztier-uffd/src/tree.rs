@@ -76,8 +76,9 @@
 //! `FUTEX_OWNER_DIED`. So one load tells a live process from a dead one,
 //! and a process whose PID an unrelated process took since is gone as
 //! well, with no system call and no descriptor. Until the word is set
-//! (between the join and the thread's start, or where the kernel has no
-//! robust lists), a slot goes by PID and start time: a process that no
+//! (between the join and the thread's start, during which the
+//! process holds no page: the library waits for it; or where the kernel
+//! has no robust lists), a slot goes by PID and start time: a process that no
 //! longer exists is gone ([`Look::Signal`], the background evictor's
 //! look); an install also reads `/proc/PID/stat` for zombies and reused
 //! PIDs ([`Look::Full`]). That read holds a descriptor for a moment,
