@@ -10,6 +10,7 @@
  * 5 microseconds for SECS seconds more (while a test asks for its live
  * statistics), and says how many of those opens got another number. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <stdio.h>
@@ -26,6 +27,18 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+/* Says on stderr what the first open that did not get descriptor 3 got,
+ * and what held 3 then (if it still does). */
+static void say_wrong(long n, int fd) {
+    char held[256] = "";
+    int e = errno;
+    ssize_t k = readlink("/proc/self/fd/3", held, sizeof held - 1);
+    if (k > 0)
+        held[k] = 0;
+    fprintf(stderr, "lowfd: open %ld got %d (%s), descriptor 3 was %s\n", n, fd, fd < 0 ? strerror(e) : "",
+            fd == 3 || k <= 0 ? "free again" : held);
+}
+
 int main(int argc, char **argv) {
     char *heap = malloc(HEAP);
     if (!heap)
@@ -38,8 +51,8 @@ int main(int argc, char **argv) {
             if ((i >> 12) % 16 == 0) {
                 int fd = open("/dev/null", O_RDONLY);
                 opens++;
-                if (fd != 3)
-                    wrong++;
+                if (fd != 3 && wrong++ == 0)
+                    say_wrong(opens, fd);
                 if (fd >= 0)
                     close(fd);
             }
@@ -67,8 +80,8 @@ int main(int argc, char **argv) {
             for (int k = 0; k < 1000; k++) {
                 int fd = open("/dev/null", O_RDONLY);
                 more++;
-                if (fd != 3)
-                    wrong_more++;
+                if (fd != 3 && wrong_more++ == 0)
+                    say_wrong(more, fd);
                 if (fd >= 0)
                     close(fd);
                 /* Number 3 free most of the time, as in a program that
