@@ -1108,6 +1108,7 @@ fn live_stats_and_kill_9_leave_nothing_behind() {
         .arg(&spill)
         .args(["--", "python3", "-c", "import os, time\nb = [os.urandom(4096) for i in range(12000)]\nprint('ready', flush=True)\ntime.sleep(60)\n"])
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
@@ -1158,6 +1159,12 @@ fn live_stats_and_kill_9_leave_nothing_behind() {
     unsafe { libc::kill(py as i32, libc::SIGKILL) };
     let st = child.wait().unwrap();
     assert_eq!(st.code(), Some(137), "ztier run passes on death by SIGKILL as 128 + 9");
+    // The program started the library (it answered), though it left no
+    // statistics: no warning that it did not.
+    let mut err = String::new();
+    use std::io::Read;
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!err.contains("started ztier's library"), "{err}");
     assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "no spill file left");
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };

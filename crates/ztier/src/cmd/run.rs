@@ -883,7 +883,10 @@ pub fn run(a: RunArgs) -> Result<i32> {
     let out = run_program(&a, None, None)?;
     let s = &out.stats;
     let peak = s["peak_rss_bytes"].as_u64().unwrap_or(0);
-    if s["processes"].as_u64() == Some(0) && peak > a.budget {
+    // With the tree scope, processes that joined its budget started the
+    // library, though none may have left statistics (killed by SIGKILL).
+    let started = s["processes"].as_u64().unwrap_or(0) + s["tree_processes"].as_u64().unwrap_or(0);
+    if started == 0 && peak > a.budget {
         eprintln!(
             "ztier: warning: no process of the program started ztier's library, and its peak RSS ({} MiB) \
              went over the budget ({} MiB): none of its memory was managed (a statically linked program, \
