@@ -1359,7 +1359,7 @@ fn stacks_after_fork() {
 /// The userfaultfd the handler reads (for the watchdog's look).
 static UFFD_FD: AtomicI32 = AtomicI32::new(-1);
 
-/// The control socket's listening descriptor (-1: none yet).
+/// The control socket's descriptor (-1: none yet).
 static CTL_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// Handler threads that have read a fault they have not served yet (for
@@ -1704,7 +1704,7 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
     let ctl_fd = CTL_FD.load(Ordering::Relaxed);
     let ctl = (serve_ctl && ctl_fd >= 0).then(|| {
         use std::os::fd::FromRawFd;
-        // SAFETY: the listener's descriptor, kept open for the process's
+        // SAFETY: the control socket's descriptor, kept open for the process's
         // life (the `ManuallyDrop` never closes it).
         std::mem::ManuallyDrop::new(unsafe { std::os::unix::net::UnixDatagram::from_raw_fd(ctl_fd) })
     });
