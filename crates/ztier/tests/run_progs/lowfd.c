@@ -39,6 +39,16 @@ static void say_wrong(long n, int fd) {
             fd == 3 || k <= 0 ? "free again" : held);
 }
 
+/* One open of /dev/null (and its close), the n-th: counted in *wrong if
+ * it did not get descriptor 3, the first such said. */
+static void open_once(long n, long *wrong) {
+    int fd = open("/dev/null", O_RDONLY);
+    if (fd != 3 && (*wrong)++ == 0)
+        say_wrong(n, fd);
+    if (fd >= 0)
+        close(fd);
+}
+
 int main(int argc, char **argv) {
     char *heap = malloc(HEAP);
     if (!heap)
@@ -48,14 +58,8 @@ int main(int argc, char **argv) {
     for (int round = 0; round < 40; round++) {
         for (size_t i = 0; i < HEAP; i += 4096) {
             heap[i] += 1;
-            if ((i >> 12) % 16 == 0) {
-                int fd = open("/dev/null", O_RDONLY);
-                opens++;
-                if (fd != 3 && wrong++ == 0)
-                    say_wrong(opens, fd);
-                if (fd >= 0)
-                    close(fd);
-            }
+            if ((i >> 12) % 16 == 0)
+                open_once(++opens, &wrong);
         }
     }
     long sum = 0;
@@ -78,12 +82,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         while (now() < end) {
             for (int k = 0; k < 1000; k++) {
-                int fd = open("/dev/null", O_RDONLY);
-                more++;
-                if (fd != 3 && wrong_more++ == 0)
-                    say_wrong(more, fd);
-                if (fd >= 0)
-                    close(fd);
+                open_once(++more, &wrong_more);
                 /* Number 3 free most of the time, as in a program that
                  * opens now and then. */
                 double t = now() + 5e-6;
