@@ -1152,9 +1152,23 @@ fn live_stats_and_kill_9_leave_nothing_behind() {
     // A stopped program cannot answer: said after 5 s, no hang.
     // SAFETY: signalling our grandchild by pid.
     unsafe { libc::kill(py as i32, libc::SIGSTOP) };
+    // The stop is asynchronous: asked once it shows (CI once got an
+    // answer here).
+    let state = || std::fs::read_to_string(format!("/proc/{py}/stat")).unwrap_or_default();
+    for _ in 0..200 {
+        if state().rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('T')) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let o = Command::new(ztier()).args(["stats", &py.to_string()]).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("has not answered within 5 s"), "{err}");
+    assert!(
+        !o.status.success() && err.contains("has not answered within 5 s"),
+        "{:?} {err} {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout).chars().take(300).collect::<String>()
+    );
     // SAFETY: signalling our grandchild by pid.
     unsafe { libc::kill(py as i32, libc::SIGKILL) };
     let st = child.wait().unwrap();
