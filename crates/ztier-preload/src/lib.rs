@@ -1665,16 +1665,21 @@ fn make_ctl_socket() {
         // at twice `net.core.wmem_max`, 416 KiB by default; an answer is
         // at most ~60 KiB: the fixed fields and 2,000 histogram buckets).
         let size: libc::c_int = CTL_ANSWER_MAX as libc::c_int;
-        // SAFETY: a valid option value of its own size, on our socket.
-        unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                (&size as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
+        // Each request comes with its sender's credentials
+        // ([`answer_ctl`] answers only the program's user and root).
+        let on: libc::c_int = 1;
+        for (opt, v) in [(libc::SO_SNDBUF, &size), (libc::SO_PASSCRED, &on)] {
+            // SAFETY: a valid option value of its own size, on our socket.
+            unsafe {
+                libc::setsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (v as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+        }
         CTL_FD.store(fds::keep(s.into_raw_fd()), Ordering::Relaxed);
     }
 }
@@ -1683,18 +1688,87 @@ fn make_ctl_socket() {
 const CTL_ANSWER_MAX: usize = 1 << 20;
 
 /// Answers every request waiting on the control socket: each datagram,
-/// whatever it holds, from a client bound to a name is sent the
-/// process's statistics as one JSON datagram. Nothing waits: a client
-/// whose queue is full, or that is gone, gets no answer. No descriptor is
-/// made.
+/// whatever it holds, from a client bound to a name is sent one JSON
+/// datagram. Nothing waits: a client whose queue is full, or that is
+/// gone, gets no answer. No descriptor is made.
+///
+/// The name is abstract, so anyone on the machine can send to it: the
+/// kernel tells who sent each request (`SO_PASSCRED`, set when the socket
+/// is made), and only the program's own user (its real or effective
+/// user ID) and root are sent the statistics. Anyone else is sent
+/// `{"denied": "..."}` (a key the statistics do not have), so that `ztier stats` can say why.
 fn answer_ctl(ctl: &std::os::unix::net::UnixDatagram, g: &Global) {
-    let mut req = [0u8; 64];
-    while let Ok((_, from)) = ctl.recv_from(&mut req) {
-        if from.is_unnamed() {
+    use std::os::fd::AsRawFd;
+    let fd = ctl.as_raw_fd();
+    loop {
+        let mut req = [0u8; 64];
+        let mut iov = libc::iovec { iov_base: req.as_mut_ptr().cast(), iov_len: req.len() };
+        // SAFETY: sockaddr_un and msghdr are plain C structs; all zeros is valid.
+        let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        // Room for one SCM_CREDENTIALS message (CMSG_SPACE(12) = 32),
+        // aligned as a cmsghdr.
+        let mut control = [0u64; 8];
+        // SAFETY: as above.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&mut from as *mut libc::sockaddr_un).cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        // SAFETY: msg points at live buffers of the sizes it names.
+        if unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) } < 0 {
+            return;
+        }
+        // An unnamed client (its name no longer than the family field)
+        // cannot be answered.
+        if (msg.msg_namelen as usize) <= std::mem::size_of::<libc::sa_family_t>() {
             continue;
         }
-        let _ = ctl.send_to_addr(stats_json(g).as_bytes(), &from);
+        let answer = match sender_uid(&msg) {
+            // SAFETY: getuid and geteuid have no preconditions.
+            Some(uid) if uid == 0 || uid == unsafe { libc::getuid() } || uid == unsafe { libc::geteuid() } => {
+                stats_json(g)
+            }
+            Some(uid) => format!(
+                "{{\"denied\": \"user {uid} asked; only the program's user ({}) and root may read its statistics\"}}",
+                // SAFETY: as above.
+                unsafe { libc::geteuid() }
+            ),
+            None => "{\"denied\": \"the request came without its sender's credentials\"}".to_string(),
+        };
+        // SAFETY: the answer's bytes and the sender's address as recvmsg
+        // filled it in (msg_namelen bytes of `from`).
+        unsafe {
+            libc::sendto(
+                fd,
+                answer.as_ptr().cast(),
+                answer.len(),
+                libc::MSG_DONTWAIT,
+                (&from as *const libc::sockaddr_un).cast(),
+                msg.msg_namelen,
+            )
+        };
     }
+}
+
+/// The user ID the kernel attached to a received message
+/// (`SCM_CREDENTIALS`, with `SO_PASSCRED` set on the socket).
+fn sender_uid(msg: &libc::msghdr) -> Option<libc::uid_t> {
+    // SAFETY: msg was filled in by recvmsg; CMSG_FIRSTHDR and CMSG_NXTHDR
+    // stay within its control buffer, and a credentials message's data is
+    // a ucred (read unaligned, as CMSG_DATA does not promise alignment).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
+                let cred = libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned();
+                return Some(cred.uid);
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    None
 }
 
 fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {

@@ -53,6 +53,13 @@ enum Command {
     /// pages are kept compressed and served back on touch by userfaultfd.
     Run(cmd::run::RunArgs),
     /// Live statistics of a program running under `ztier run`.
+    ///
+    /// Asks the program's library, through its control socket, for the
+    /// statistics that `ztier run --stats` writes at exit (JSON on stdout,
+    /// with the fault service histogram `latency_ns`). Only the program's
+    /// user and root are answered, and only an answer from the process
+    /// asked is trusted. A process that has not answered within 5 s (a
+    /// stopped one) is said to be so.
     Stats(cmd::run::StatsArgs),
     /// Summarise a `ztier run --fault-log` file: page-ins by kind, store
     /// faults by run length and service time, refault distances, pages

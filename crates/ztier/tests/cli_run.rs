@@ -1227,6 +1227,86 @@ fn live_stats_take_none_of_the_programs_descriptor_numbers() {
     assert_eq!(rest.trim(), "then many opens, not the lowest free descriptor 0");
 }
 
+#[test]
+fn live_stats_are_for_the_programs_user_and_root_only() {
+    require("python3");
+    require("setpriv");
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test asks as another user: run the tests as root");
+    let d = tmp("stats-who");
+    let bin = d.join("ztier");
+    std::fs::copy(ztier(), &bin).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for (p, mode) in [(&d, 0o755), (&bin, 0o755)] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let mut child = Command::new(ztier())
+        .args(["run", "--budget", "8M", "--"])
+        .args([
+            "python3",
+            "-c",
+            "import time\nb = bytearray(16 << 20)\nprint('ready', flush=True)\ntime.sleep(60)\n",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let kids = children_of(child.id());
+    assert_eq!(kids.len(), 1, "ztier run has one child: {kids:?}");
+    let py = kids[0].to_string();
+    // Root (here also the program's user) is answered.
+    let o = Command::new(&bin).args(["stats", &py]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["pid"].as_u64(), Some(kids[0] as u64), "{v}");
+    // Another user is refused, and told why.
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .args(["stats", &py])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && o.stdout.is_empty(), "{err}");
+    assert!(err.contains(&format!("process {py} refused: user 65534 asked")), "{err}");
+    // SAFETY: signalling our grandchild by pid.
+    unsafe { libc::kill(kids[0] as i32, libc::SIGKILL) };
+    assert_eq!(child.wait().unwrap().code(), Some(137));
+}
+
+#[test]
+fn live_stats_trust_only_the_process_asked() {
+    // Anyone can bind an abstract name: here the test holds
+    // `@ztier-PID` for a `sleep` that never ran ztier, and answers with
+    // made-up statistics. `ztier stats PID` must see that the answer came
+    // from another process and refuse it.
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id();
+    let name = SocketAddr::from_abstract_name(format!("ztier-{pid}")).unwrap();
+    let fake = UnixDatagram::bind_addr(&name).unwrap();
+    fake.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let asker =
+        Command::new(ztier()).args(["stats", &pid.to_string()]).stderr(Stdio::piped()).spawn().unwrap();
+    let mut req = [0u8; 64];
+    let (_, from) = fake.recv_from(&mut req).expect("ztier stats asks");
+    let lie = format!("{{\"pid\": {pid}, \"faults\": 0}}");
+    fake.send_to_addr(lie.as_bytes(), &from).unwrap();
+    let o = asker.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("the answer for process {pid} came from process {}", std::process::id())),
+        "{err}"
+    );
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
 /// Runs the bundled pyapp job under `--policy` with a spill folder.
 fn with_policy(policy: &str, d: &Path) -> (Output, serde_json::Value) {
     let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
