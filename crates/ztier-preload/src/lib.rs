@@ -1172,6 +1172,38 @@ struct HandlerArg {
     ready: std::sync::Arc<AtomicBool>,
 }
 
+/// Blocks the evictor takes from its own glibc arena when it starts
+/// ([`prime_heap_check`]).
+static PRIME: [std::sync::atomic::AtomicPtr<u8>; 3] =
+    [const { std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()) }; 3];
+/// Each below glibc's mmap threshold (128 KiB), so that they come from
+/// the arena's heap; together over its trim threshold (128 KiB).
+const PRIME_BYTES: usize = 120 << 10;
+
+/// Frees, on the thread that started the evictor, the blocks it took from
+/// its own glibc arena ([`PRIME`]). glibc gives the top of a thread
+/// arena back then, and the first time it does so in a process it opens
+/// `/proc/sys/vm/overcommit_memory` (`check_may_shrink_heap`), which takes
+/// the lowest free descriptor for a moment. Here that is the program's
+/// thread, at start-up or in a forked child's handler, before the program
+/// runs on. Otherwise it happened the first time the evictor, or a
+/// program thread serving a fault, freed the store's memory enough to
+/// shrink an arena: from the evictor, beside the program, whose `open`
+/// then got another number than the one it was owed (CI once saw 8 of
+/// `lowfd`'s opens get another; `strace -ff` showed the evictor's open in
+/// 4 of 6 runs). Keeping glibc to its main arena (`M_ARENA_MAX` 1, which
+/// shrinks by `sbrk` and opens nothing) also avoided it, but made the
+/// corpus builder at 256M 1.045× as slow (3 pairs): the program's thread
+/// and the evictor then share one arena lock.
+fn prime_heap_check() {
+    for b in &PRIME {
+        let p = b.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: null, or a block from `__libc_malloc` not yet freed
+        // (swapped out, so freed once).
+        unsafe { __libc_free(p.cast()) };
+    }
+}
+
 fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
     // A raw pthread, not std::thread: std initialises thread-locals (with
     // destructors registered through calloc) before running the closure,
@@ -1197,6 +1229,13 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
             if !life.is_null() {
                 // SAFETY: a word of the shared segment, mapped for good.
                 ztier_uffd::tree::hold_life(unsafe { &*life });
+            }
+        }
+        if arg.role == Role::Evictor {
+            for b in &PRIME {
+                // SAFETY: a plain allocation from glibc, freed by the
+                // spawner (`prime_heap_check`).
+                b.store(unsafe { __libc_malloc(PRIME_BYTES) }.cast(), Ordering::Release);
             }
         }
         arg.ready.store(true, Ordering::Release);
@@ -1270,6 +1309,9 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
     let t0 = std::time::Instant::now();
     while !ready.load(Ordering::Acquire) && t0.elapsed() < std::time::Duration::from_secs(1) {
         std::thread::yield_now();
+    }
+    if role == Role::Evictor {
+        prime_heap_check();
     }
     // SAFETY: t is the thread just created; naming it is cosmetic.
     unsafe {
