@@ -1192,9 +1192,10 @@ const PRIME_BYTES: usize = 120 << 10;
 /// then got another number than the one it was owed (CI once saw 8 of
 /// `lowfd`'s opens get another; `strace -ff` showed the evictor's open in
 /// 4 of 6 runs). Keeping glibc to its main arena (`M_ARENA_MAX` 1, which
-/// shrinks by `sbrk` and opens nothing) also avoided it, but made the
-/// corpus builder at 256M 1.045× as slow (3 pairs): the program's thread
-/// and the evictor then share one arena lock.
+/// shrinks by `sbrk` and opens nothing) also avoided it, but would put
+/// the program's thread and the evictor behind one arena lock (measured
+/// on the corpus builder at 256M: within this host's noise either way,
+/// see ARCHITECTURE); this leaves the arenas as they were.
 fn prime_heap_check() {
     for b in &PRIME {
         let p = b.swap(std::ptr::null_mut(), Ordering::AcqRel);
