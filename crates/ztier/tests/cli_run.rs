@@ -1095,6 +1095,19 @@ fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Waits until the program `ztier run` (`child`, its output piped)
+/// started prints "ready"; returns the program's PID (`ztier run`'s one
+/// child).
+fn ready_program(child: &mut std::process::Child) -> u32 {
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let kids = children_of(child.id());
+    assert_eq!(kids.len(), 1, "ztier run has one child: {kids:?}");
+    kids[0]
+}
+
 #[test]
 fn live_stats_and_kill_9_leave_nothing_behind() {
     require("python3");
@@ -1111,13 +1124,7 @@ fn live_stats_and_kill_9_leave_nothing_behind() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
-    let kids = children_of(child.id());
-    assert_eq!(kids.len(), 1, "ztier run has one child: {kids:?}");
-    let py = kids[0];
+    let py = ready_program(&mut child);
     // Live statistics through the control socket.
     let live = || {
         let o = Command::new(ztier()).args(["stats", &py.to_string()]).output().unwrap();
@@ -1250,18 +1257,13 @@ fn live_stats_are_for_the_programs_user_and_root_only() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
-    let kids = children_of(child.id());
-    assert_eq!(kids.len(), 1, "ztier run has one child: {kids:?}");
-    let py = kids[0].to_string();
+    let pid = ready_program(&mut child);
+    let py = pid.to_string();
     // Root (here also the program's user) is answered.
     let o = Command::new(&bin).args(["stats", &py]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["pid"].as_u64(), Some(kids[0] as u64), "{v}");
+    assert_eq!(v["pid"].as_u64(), Some(pid as u64), "{v}");
     // Another user is refused, and told why.
     let o = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
@@ -1273,7 +1275,7 @@ fn live_stats_are_for_the_programs_user_and_root_only() {
     assert!(!o.status.success() && o.stdout.is_empty(), "{err}");
     assert!(err.contains(&format!("process {py} refused: user 65534 asked")), "{err}");
     // SAFETY: signalling our grandchild by pid.
-    unsafe { libc::kill(kids[0] as i32, libc::SIGKILL) };
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     assert_eq!(child.wait().unwrap().code(), Some(137));
 }
 
