@@ -1708,21 +1708,20 @@ fn make_ctl_socket() {
         // at twice `net.core.wmem_max`, 416 KiB by default; an answer is
         // at most ~60 KiB: the fixed fields and 2,000 histogram buckets).
         let size: libc::c_int = CTL_ANSWER_MAX as libc::c_int;
-        // Each request comes with its sender's credentials
-        // ([`answer_ctl`] answers only the program's user and root).
-        let on: libc::c_int = 1;
-        for (opt, v) in [(libc::SO_SNDBUF, &size), (libc::SO_PASSCRED, &on)] {
-            // SAFETY: a valid option value of its own size, on our socket.
-            unsafe {
-                libc::setsockopt(
-                    s.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    (v as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-        }
+        // SAFETY: a valid option value of its own size, on our socket.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        // Each request comes with its sender ([`answer_ctl`] answers only
+        // the program's user and root). Without it, every request is
+        // refused.
+        let _ = ztier_uffd::ctl::pass_credentials(s.as_raw_fd());
         CTL_FD.store(fds::keep(s.into_raw_fd()), Ordering::Relaxed);
     }
 }
@@ -1743,45 +1742,27 @@ const CTL_ANSWER_MAX: usize = 1 << 20;
 fn answer_ctl(ctl: &std::os::unix::net::UnixDatagram, g: &Global) {
     use std::os::fd::AsRawFd;
     let fd = ctl.as_raw_fd();
-    loop {
-        let mut req = [0u8; 64];
-        let mut iov = libc::iovec { iov_base: req.as_mut_ptr().cast(), iov_len: req.len() };
-        // SAFETY: sockaddr_un and msghdr are plain C structs; all zeros is valid.
-        let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        // Room for one SCM_CREDENTIALS message (CMSG_SPACE(12) = 32),
-        // aligned as a cmsghdr.
-        let mut control = [0u64; 8];
-        // SAFETY: as above.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = (&mut from as *mut libc::sockaddr_un).cast();
-        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control);
-        // SAFETY: msg points at live buffers of the sizes it names.
-        if unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) } < 0 {
-            return;
-        }
+    let mut req = [0u8; 64];
+    // SAFETY: sockaddr_un is a plain C struct; all zeros is valid.
+    let mut from: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    while let Ok(r) = ztier_uffd::ctl::recv(fd, &mut req, Some(&mut from), libc::MSG_DONTWAIT) {
         // An unnamed client (its name no longer than the family field)
         // cannot be answered.
-        if (msg.msg_namelen as usize) <= std::mem::size_of::<libc::sa_family_t>() {
+        if (r.name_len as usize) <= std::mem::size_of::<libc::sa_family_t>() {
             continue;
         }
-        let answer = match sender_uid(&msg) {
-            // SAFETY: getuid and geteuid have no preconditions.
-            Some(uid) if uid == 0 || uid == unsafe { libc::getuid() } || uid == unsafe { libc::geteuid() } => {
-                stats_json(g)
-            }
-            Some(uid) => format!(
-                "{{\"denied\": \"user {uid} asked; only the program's user ({}) and root may read its statistics\"}}",
-                // SAFETY: as above.
-                unsafe { libc::geteuid() }
+        // SAFETY: getuid and geteuid have no preconditions.
+        let (uid, euid) = unsafe { (libc::getuid(), libc::geteuid()) };
+        let answer = match r.sender {
+            Some(c) if c.uid == 0 || c.uid == uid || c.uid == euid => stats_json(g),
+            Some(c) => format!(
+                "{{\"denied\": \"user {} asked; only the program's user ({euid}) and root may read its statistics\"}}",
+                c.uid
             ),
             None => "{\"denied\": \"the request came without its sender's credentials\"}".to_string(),
         };
         // SAFETY: the answer's bytes and the sender's address as recvmsg
-        // filled it in (msg_namelen bytes of `from`).
+        // filled it in (name_len bytes of `from`).
         unsafe {
             libc::sendto(
                 fd,
@@ -1789,29 +1770,10 @@ fn answer_ctl(ctl: &std::os::unix::net::UnixDatagram, g: &Global) {
                 answer.len(),
                 libc::MSG_DONTWAIT,
                 (&from as *const libc::sockaddr_un).cast(),
-                msg.msg_namelen,
+                r.name_len,
             )
         };
     }
-}
-
-/// The user ID the kernel attached to a received message
-/// (`SCM_CREDENTIALS`, with `SO_PASSCRED` set on the socket).
-fn sender_uid(msg: &libc::msghdr) -> Option<libc::uid_t> {
-    // SAFETY: msg was filled in by recvmsg; CMSG_FIRSTHDR and CMSG_NXTHDR
-    // stay within its control buffer, and a credentials message's data is
-    // a ucred (read unaligned, as CMSG_DATA does not promise alignment).
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
-                let cred = libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned();
-                return Some(cred.uid);
-            }
-            c = libc::CMSG_NXTHDR(msg, c);
-        }
-    }
-    None
 }
 
 fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {

@@ -11,8 +11,10 @@
 //! [`floor`] measures what the mechanism itself costs on the machine (a
 //! fault's round trip, a further page of a run), the floor under any
 //! fault service built on it. [`tree`] is the budget the processes of one
-//! `ztier run --budget-scope tree` share.
+//! `ztier run --budget-scope tree` share. [`ctl`] carries `ztier stats`
+//! requests and answers with their senders.
 
+pub mod ctl;
 pub mod floor;
 pub mod region;
 pub mod tree;

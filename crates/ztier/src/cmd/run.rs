@@ -964,20 +964,8 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     use std::os::unix::net::{SocketAddr, UnixDatagram};
     let me = SocketAddr::from_abstract_name(format!("ztier-stats-{}", std::process::id()))?;
     let s = UnixDatagram::bind_addr(&me).context("binding the socket for the answer")?;
-    let on: libc::c_int = 1;
-    // SAFETY: a valid option value of its own size, on our socket.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PASSCRED,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error()).context("asking for the answer's sender (SO_PASSCRED)");
-    }
+    ztier_uffd::ctl::pass_credentials(s.as_raw_fd())
+        .context("asking for the answer's sender (SO_PASSCRED)")?;
     let addr = SocketAddr::from_abstract_name(format!("ztier-{}", a.pid))?;
     let silent = || {
         format!(
@@ -990,13 +978,14 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     s.send(b"stats").with_context(silent)?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
     let mut buf = vec![0u8; 4 << 20];
-    let (n, sender) = match recv_with_sender(&s, &mut buf) {
+    // (The socket's read timeout bounds the wait.)
+    let r = match ztier_uffd::ctl::recv(s.as_raw_fd(), &mut buf, None, 0) {
         Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
             bail!("process {} has not answered within 5 s: is it stopped?", a.pid)
         }
         r => r.with_context(silent)?,
     };
-    match sender {
+    match r.sender.map(|c| c.pid) {
         Some(pid) if pid == a.pid as i32 => {}
         Some(pid) => bail!(
             "the answer for process {} came from process {pid}, which holds its control socket's name: \
@@ -1005,51 +994,13 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
         ),
         None => bail!("the answer for process {} came without its sender's credentials: not trusted", a.pid),
     }
-    let v: Value = serde_json::from_slice(&buf[..n]).context("the answer is not JSON")?;
+    let v: Value = serde_json::from_slice(&buf[..r.len]).context("the answer is not JSON")?;
     if let Some(why) = v.get("denied") {
         bail!("process {} refused: {}", a.pid, why.as_str().unwrap_or("no reason given"));
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", pretty(&v)?)?;
     Ok(0)
-}
-
-/// Receives one datagram into `buf`: its length and the process ID the
-/// kernel attached to it (`SCM_CREDENTIALS`; `SO_PASSCRED` is set).
-fn recv_with_sender(
-    s: &std::os::unix::net::UnixDatagram,
-    buf: &mut [u8],
-) -> std::io::Result<(usize, Option<i32>)> {
-    use std::os::fd::AsRawFd;
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // Room for one credentials message, aligned as a cmsghdr.
-    let mut control = [0u64; 8];
-    // SAFETY: msghdr is a plain C struct; all zeros is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    // SAFETY: msg points at live buffers of the sizes it names; the
-    // socket's read timeout bounds the wait.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, 0) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut pid = None;
-    // SAFETY: msg was filled in by recvmsg; CMSG_FIRSTHDR and CMSG_NXTHDR
-    // stay within its control buffer, and a credentials message's data is
-    // a ucred (read unaligned: CMSG_DATA does not promise alignment).
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
-                pid = Some(libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned().pid);
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    Ok((n as usize, pid))
 }
 
 #[cfg(test)]
