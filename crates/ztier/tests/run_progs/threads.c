@@ -1,15 +1,38 @@
 /* 4 threads each fill 24 MiB with a pattern, then re-read it twice and
- * print a checksum. Under a small budget most of it is compressed. */
+ * print a checksum. Under a small budget most of it is compressed.
+ *
+ * `threads pin`: thread i first binds itself to the i-th CPU of the set
+ * it was started with, in turn, so the faults come from every CPU at
+ * once whatever else the machine runs. */
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #define WORDS (24u << 20) / 8
 static uint64_t sums[4];
+static int pin;
+
+/* Binds this thread to the id-th allowed CPU, in turn. */
+static void pin_to(uintptr_t id) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set)) { perror("sched_getaffinity"); exit(2); }
+    int n = CPU_COUNT(&set), k = (int)(id % (uintptr_t)n);
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (CPU_ISSET(c, &set) && k-- == 0) {
+            CPU_ZERO(&set);
+            CPU_SET(c, &set);
+            if (sched_setaffinity(0, sizeof set, &set)) { perror("sched_setaffinity"); exit(2); }
+            return;
+        }
+    }
+}
 
 static void *work(void *arg) {
     uintptr_t id = (uintptr_t)arg;
+    if (pin) pin_to(id);
     uint64_t *a = malloc(WORDS * 8);
     if (!a) { perror("malloc"); exit(2); }
     for (uint64_t i = 0; i < WORDS; i++) a[i] = (i * 2654435761u) % 1000 + id;
@@ -21,7 +44,8 @@ static void *work(void *arg) {
     return NULL;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    pin = argc > 1 && argv[1][0] == 'p';
     pthread_t t[4];
     for (uintptr_t i = 0; i < 4; i++) pthread_create(&t[i], NULL, work, (void *)i);
     for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
