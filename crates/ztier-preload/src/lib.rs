@@ -1415,27 +1415,41 @@ static HANDLER_THREADS: AtomicU32 = AtomicU32::new(0);
 /// Handlers on the other CPUs have been started ([`more_handlers`]).
 static MORE_HANDLERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// The CPU thread `tid` of this process last ran on (field 39 of its
-/// `/proc` stat), for a fault it is blocked in.
-fn cpu_of(tid: u32) -> Option<usize> {
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    // Fields from the third (the state) on: the processor is the 39th.
-    after.split_whitespace().nth(39 - 3)?.parse().ok()
+/// Thread `tid` of this process can run on CPU `mine` alone: the main
+/// thread, pinned next to the first handler, or a thread the program
+/// bound there itself. `sched_getaffinity` makes no descriptor; reading
+/// the CPU a thread last ran on (its `/proc/self/task/TID/stat`) took
+/// one, the program's lowest free number, which another of its threads
+/// opening a file meanwhile was owed.
+/// `None` if the thread is gone.
+fn kept_on(tid: u32, mine: usize) -> Option<bool> {
+    // SAFETY: a zeroed set filled in by the kernel, then only read.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        if libc::sched_getaffinity(tid as libc::pid_t, size, &mut set) != 0 {
+            return None;
+        }
+        Some(libc::CPU_COUNT(&set) == 1 && libc::CPU_ISSET(mine, &set))
+    }
 }
 
-/// Which CPUs the faults read by the first handler were taken on, sampled
-/// (one fault in [`SAMPLE_EVERY`]): when a quarter of [`SAMPLES`] were
-/// off the handler's own CPU, a handler is started on each other CPU
-/// ([`more_handlers`]), once. The first handler sits next to the main
-/// thread, so a fault of a thread on another CPU cost a wake-up across
-/// CPUs each way: `examples/workloads/threads.py` (400 threads) at
-/// `--budget 16M` took 10.6× native. Every handler reads the same
-/// userfaultfd and all are woken for each fault; the one on the faulting
-/// CPU, idle since its thread blocked, usually serves it. Started for a
-/// single-threaded program, the extra handler made the corpus builder at
-/// 256M 1.20× as long (wake-ups for nothing on the evictor's CPU), hence
-/// the sampling: that program's faults are all on the main thread's CPU.
+/// Where the faults read by the first handler come from, sampled (one
+/// fault in [`SAMPLE_EVERY`]): when a quarter of [`SAMPLES`] were taken
+/// by threads that may run on other CPUs than the handler's own, a
+/// handler is started on each other CPU ([`more_handlers`]), once. The
+/// first handler sits next to the main thread, so a fault of a thread on
+/// another CPU cost a wake-up across CPUs each way:
+/// `examples/workloads/threads.py` (400 threads) at `--budget 16M` took
+/// 10.6× native. Every handler reads the same userfaultfd and all are
+/// woken for each fault; the one on the faulting CPU, idle since its
+/// thread blocked, usually serves it. Started for a single-threaded
+/// program, the extra handler made the corpus builder at 256M 1.20× as
+/// long (wake-ups for nothing on the evictor's CPU), hence the sampling:
+/// that program's faults are all its pinned main thread's ([`kept_on`]).
+/// A thread that may run anywhere counts as elsewhere even when the
+/// scheduler keeps it on the handler's CPU (as when the other CPUs are
+/// busy); then the other handlers are woken for nothing there.
 struct Spread {
     cpu: Option<usize>,
     faults: u64,
@@ -1462,9 +1476,9 @@ impl Spread {
         if tid == 0 || self.faults % SAMPLE_EVERY != 0 || MORE_HANDLERS.load(Ordering::Relaxed) {
             return;
         }
-        let Some(c) = cpu_of(tid) else { return };
+        let Some(kept) = kept_on(tid, mine) else { return };
         self.samples += 1;
-        self.off += u32::from(c != mine);
+        self.off += u32::from(!kept);
         if self.samples == SAMPLES {
             if self.off * 4 >= SAMPLES {
                 more_handlers(mine);

@@ -332,11 +332,13 @@ fn dup2_onto_a_library_descriptor_is_refused() {
 /// CPUs twice: `examples/workloads/threads.py`, 400 Python threads under
 /// 16M, took 10.6× native, against 5.1× with them); a single-threaded
 /// program keeps one (a second made it 1.20× slower). The threads of
-/// `threads pin` bind themselves to every CPU in turn: left to the
-/// scheduler (as `threads.py`'s were), a CPU kept busy by a test running
-/// beside this one could keep all of them on the other CPU, and then one
-/// handler is right. The thread path only: with `--fault-path signal`
-/// each thread serves its own faults.
+/// `threads pin` bind themselves to every CPU in turn, so half are bound
+/// to the handler's CPU and half of the faults come from elsewhere.
+/// (When the handler read the CPU each thread last ran on, `threads.py`'s
+/// threads, left to the scheduler, were once all kept on one CPU while a
+/// test beside this one kept the other busy, and CI saw one handler.)
+/// The thread path only: with `--fault-path signal` each thread serves
+/// its own faults.
 #[test]
 fn faults_from_other_cpus_get_a_handler_there() {
     require("python3");

@@ -240,18 +240,18 @@ fn the_library_never_holds_the_programs_lowest_free_descriptor() {
 }
 
 /// No library thread makes a descriptor while the program runs, seen
-/// by `strace -ff` (a file per thread): `lowfd` under `--fault-path
-/// signal`, where the program's one thread serves its own faults, so
-/// every other thread of its process is the library's. A descriptor one
-/// of those makes (`open`, `socket`, ...) is first the program's lowest
-/// free number, which the program's own `open` was owed. glibc's
-/// allocator opened `/proc/sys/vm/overcommit_memory` the first time a
-/// thread arena shrank, from the background evictor in 4 of 6 runs (CI
-/// once saw 8 of `lowfd`'s opens get another number), until the library
-/// made that first shrink at start-up (`prime_heap_check`). Two runs:
-/// the evictor did not open it in every run. (The thread path's handler opens `/proc/self/task/TID/stat`
-/// for the CPU of a thread whose fault it holds, `Spread`, so that path
-/// is not checked here.)
+/// by `strace -ff` (a file per thread): `lowfd`, whose one thread is the
+/// program's, so every other thread of its process is the library's. A
+/// descriptor one of those makes (`open`, `socket`, ...) is first the
+/// program's lowest free number, which the program's own `open` was
+/// owed. glibc's allocator opened `/proc/sys/vm/overcommit_memory` the
+/// first time a thread arena shrank, from the background evictor in 4 of
+/// 6 runs (CI once saw 8 of `lowfd`'s opens get another number), until
+/// the library made that first shrink at start-up (`prime_heap_check`):
+/// two runs with `--fault-path signal`, as the evictor did not open it in
+/// every run. The thread path's handler opened `/proc/self/task/TID/stat`
+/// for every 256th fault (`Spread`), until it asked `sched_getaffinity`
+/// instead: one run with `--fault-path thread`.
 #[test]
 fn the_library_threads_make_no_descriptor_while_the_program_runs() {
     require("strace");
@@ -292,14 +292,14 @@ fn the_library_threads_make_no_descriptor_while_the_program_runs() {
         "memfd_secret",
     ];
     let trace = format!("trace={},clone,clone3,execve", made.join(","));
-    for run in 0..2 {
+    for (run, path) in ["signal", "signal", "thread"].into_iter().enumerate() {
         let logs = d.join(format!("strace-{run}"));
         std::fs::create_dir_all(&logs).unwrap();
         let o = Command::new("strace")
             .args(["-ff", "-qq", "--seccomp-bpf", "-e", &trace, "-o"])
             .arg(logs.join("t"))
             .arg(ztier())
-            .args(["run", "--budget", "16M", "--fault-path", "signal", "--", &exe])
+            .args(["run", "--budget", "16M", "--fault-path", path, "--", &exe])
             .output()
             .unwrap();
         let out = String::from_utf8_lossy(&o.stdout);
@@ -340,7 +340,7 @@ fn the_library_threads_make_no_descriptor_while_the_program_runs() {
                 let call = l.split('(').next().unwrap_or("");
                 assert!(
                     !made.contains(&call) || (call == "fcntl" && !l.contains("F_DUPFD")),
-                    "run {run}: library thread {t} made a descriptor beside the program: {l}"
+                    "run {run} ({path} path): library thread {t} made a descriptor beside the program: {l}"
                 );
             }
         }
