@@ -1488,6 +1488,48 @@ impl Spread {
     }
 }
 
+#[cfg(test)]
+mod spread_tests {
+    use super::*;
+
+    /// A thread counts as kept on a CPU only while bound to it alone; a
+    /// thread that is gone is not counted at all.
+    #[test]
+    fn a_thread_is_kept_on_a_cpu_only_while_bound_to_it_alone() {
+        let all = allowed_cpus();
+        assert!(!all.is_empty());
+        // In a thread of its own: binding it leaves the test's threads be.
+        let cpus = all.clone();
+        let (tid, seen) = std::thread::spawn(move || {
+            let all = cpus;
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() } as u32;
+            let free: Vec<_> = all.iter().map(|&c| kept_on(tid, c)).collect();
+            pin(&[all[0]]);
+            let bound: Vec<_> = all.iter().map(|&c| kept_on(tid, c)).collect();
+            (tid, (free, bound))
+        })
+        .join()
+        .unwrap();
+        let (free, bound) = seen;
+        // Free to run on every allowed CPU: kept on none of them, unless
+        // there is only one.
+        let one = all.len() == 1;
+        assert!(free.iter().all(|&k| k == Some(one)), "{free:?}");
+        // Bound to the first: kept there, and nowhere else.
+        assert_eq!(bound[0], Some(true));
+        assert!(bound[1..].iter().all(|&k| k == Some(false)), "{bound:?}");
+        // The thread has ended: once the kernel has let it go (a moment
+        // after the join), it is not counted (its ID is not reused so
+        // soon: they are handed out in turn).
+        let t = std::time::Instant::now();
+        while kept_on(tid, all[0]).is_some() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(5), "thread {tid} still counted");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
 /// Starts a handler on each allowed CPU but `mine` (see [`Spread`]).
 fn more_handlers(mine: usize) {
     if MORE_HANDLERS.swap(true, Ordering::AcqRel) {
