@@ -14,10 +14,13 @@ deps:
 
 # Formatting, clippy, the docs (every intra-doc link resolves), and the
 # C measurement scripts ARCHITECTURE cites (they must keep compiling).
+# (The docs with --release: they reuse clippy's checked dependencies and
+# build scripts, the library `ztier` embeds among them; 1m12s against
+# 1m43s after clippy here.)
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --document-private-items
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --workspace --no-deps --document-private-items
 	for c in scripts/*.c; do cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null $$c || exit 1; done
 
 # The `ztier run` tests of cli_run run twice more: with faults served in
