@@ -780,8 +780,6 @@ pub(crate) fn filtered(e: &std::io::Error) -> &'static str {
     }
 }
 
-/// The handler thread: reads fault events, serves them under the manager
-/// lock, evicts when over budget, answers the control socket.
 /// CPUs this process may run on (as inherited: `ztier run`'s own mask
 /// in `ZTIER_CPUS` when a parent pinned us).
 fn allowed_cpus() -> Vec<usize> {
@@ -791,15 +789,19 @@ fn allowed_cpus() -> Vec<usize> {
             return v;
         }
     }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
-    // fills it for this thread.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
-        return Vec::new();
-    }
+    let Some(set) = affinity(0) else { return Vec::new() };
     // SAFETY: reading a filled set.
     (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+}
+
+/// The CPUs thread `tid` of this process may run on (0: the calling
+/// thread); `None` if it is gone. Makes no descriptor.
+fn affinity(tid: libc::pid_t) -> Option<libc::cpu_set_t> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sched_getaffinity fills the set it is given, of that size.
+    let r = unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    (r == 0).then_some(set)
 }
 
 /// Pins the calling thread to `cpus` (all of them).
@@ -1417,21 +1419,15 @@ static MORE_HANDLERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 
 /// Thread `tid` of this process can run on CPU `mine` alone: the main
 /// thread, pinned next to the first handler, or a thread the program
-/// bound there itself. `sched_getaffinity` makes no descriptor; reading
-/// the CPU a thread last ran on (its `/proc/self/task/TID/stat`) took
-/// one, the program's lowest free number, which another of its threads
-/// opening a file meanwhile was owed.
-/// `None` if the thread is gone.
+/// bound there itself. Its allowed CPUs ([`affinity`]) take no
+/// descriptor; reading the CPU a thread last ran on (its
+/// `/proc/self/task/TID/stat`) took one, the program's lowest free
+/// number, which another of its threads opening a file meanwhile was
+/// owed. `None` if the thread is gone.
 fn kept_on(tid: u32, mine: usize) -> Option<bool> {
-    // SAFETY: a zeroed set filled in by the kernel, then only read.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        if libc::sched_getaffinity(tid as libc::pid_t, size, &mut set) != 0 {
-            return None;
-        }
-        Some(libc::CPU_COUNT(&set) == 1 && libc::CPU_ISSET(mine, &set))
-    }
+    let set = affinity(tid as libc::pid_t)?;
+    // SAFETY: reading a filled set.
+    Some(unsafe { libc::CPU_COUNT(&set) == 1 && libc::CPU_ISSET(mine, &set) })
 }
 
 /// Where the faults read by the first handler come from, sampled (one
@@ -1832,6 +1828,8 @@ fn answer_ctl(ctl: &std::os::unix::net::UnixDatagram, g: &Global) {
     }
 }
 
+/// The handler thread: reads fault events, serves them under the manager
+/// lock, evicts when over budget, answers the control socket.
 fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // Made by `spawn_handlers` (`make_ctl_socket`); this thread only
