@@ -1658,8 +1658,11 @@ fn serve_in_thread(addr: usize) -> bool {
                 std::process::abort();
             }
             let wanted = m.evict_wanted();
-            drop(m);
+            // Timed under the lock that counted the fault, so that the
+            // statistics, read under it, count each fault in the
+            // histogram too.
             g.stats.record(t.elapsed().as_nanos() as u64);
+            drop(m);
             if wanted {
                 wake_evictor();
             }
@@ -1932,8 +1935,9 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
         let deferred = m.owned_in(g.page_of(addr), 1);
         let wake = m.serve(addr, &g.stats)?;
         let wanted = m.evict_wanted();
-        drop(m);
-        // Service time: from reading the fault to the page in place. The
+        // Service time: from reading the fault to the page in place,
+        // taken under the lock that counted the fault (the statistics,
+        // read under it, count each fault in the histogram too). The
         // wake that follows is not counted: the woken thread usually runs
         // on this CPU and preempts the handler inside the ioctl, which
         // then returns only at the program's next fault (counting it
@@ -1942,6 +1946,7 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
         if !deferred {
             g.stats.record(t.elapsed().as_nanos() as u64);
         }
+        drop(m);
         if let Some((at, len)) = wake {
             uffd.wake(at, len)?;
         }
@@ -1956,7 +1961,33 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
 /// plus counters and the latency histogram, for merging).
 fn stats_json(g: &Global) -> String {
     let s = &g.stats;
-    let lat: Vec<u64> = s.latency.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    // Filled under the lock (made before it: nothing is allocated there).
+    let mut lat = vec![0u64; manager::LAT_BUCKETS];
+    let (faults, now_orig, now_stored, spilled, policy, resident_budget, user_mode_only, tree, store_share) = {
+        let mut m = lock_program(g);
+        // A fault is counted and timed under this lock: read here, the
+        // histogram holds every fault counted.
+        let faults = s.faults.load(Ordering::Relaxed);
+        for (l, c) in lat.iter_mut().zip(&s.latency) {
+            *l = c.load(Ordering::Relaxed);
+        }
+        // Pins kept for threads gone since (a robust mutex's until its
+        // owner is gone) are not pins any more.
+        m.drop_kept_of_gone();
+        let st = m.store().stats();
+        let tree = m.tree_now();
+        (
+            faults,
+            st.orig_bytes,
+            st.memory_used,
+            st.tier_bytes,
+            m.sizing(),
+            m.budget() * PAGE,
+            m.uffd.user_mode_only,
+            tree,
+            m.tree_store_budget(),
+        )
+    };
     let q = |f: f64| -> f64 {
         let total: u64 = lat.iter().sum();
         if total == 0 {
@@ -1971,24 +2002,6 @@ fn stats_json(g: &Global) -> String {
             }
         }
         manager::lat_upper_ns(manager::LAT_BUCKETS - 1) as f64 / 1000.0
-    };
-    let (now_orig, now_stored, spilled, policy, resident_budget, user_mode_only, tree, store_share) = {
-        let mut m = lock_program(g);
-        // Pins kept for threads gone since (a robust mutex's until its
-        // owner is gone) are not pins any more.
-        m.drop_kept_of_gone();
-        let st = m.store().stats();
-        let tree = m.tree_now();
-        (
-            st.orig_bytes,
-            st.memory_used,
-            st.tier_bytes,
-            m.sizing(),
-            m.budget() * PAGE,
-            m.uffd.user_mode_only,
-            tree,
-            m.tree_store_budget(),
-        )
     };
     let tree = |f: fn((usize, usize, usize)) -> usize| {
         tree.map_or("null".to_string(), |t| (f(t) * PAGE).to_string())
@@ -2011,7 +2024,7 @@ fn stats_json(g: &Global) -> String {
          \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"deferred_wait_ns\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
         g.cfg.budget_pages * PAGE,
-        ld(&s.faults),
+        faults,
         q(0.5),
         q(0.99),
         ld(&s.pages_compressed),
