@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define WORDS (24u << 20) / 8
 static uint64_t sums[4];
@@ -45,7 +46,11 @@ static void *work(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    pin = argc > 1 && argv[1][0] == 'p';
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "pin") != 0)) {
+        fprintf(stderr, "usage: threads [pin]\n");
+        return 2;
+    }
+    pin = argc == 2;
     pthread_t t[4];
     for (uintptr_t i = 0; i < 4; i++) pthread_create(&t[i], NULL, work, (void *)i);
     for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
