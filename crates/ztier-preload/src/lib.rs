@@ -1963,14 +1963,28 @@ fn stats_json(g: &Global) -> String {
     let s = &g.stats;
     // Filled under the lock (made before it: nothing is allocated there).
     let mut lat = vec![0u64; manager::LAT_BUCKETS];
-    let (faults, now_orig, now_stored, spilled, policy, resident_budget, user_mode_only, tree, store_share) = {
+    let (
+        faults,
+        timing,
+        now_orig,
+        now_stored,
+        spilled,
+        policy,
+        resident_budget,
+        user_mode_only,
+        tree,
+        store_share,
+    ) = {
         let mut m = lock_program(g);
         // A fault is counted and timed under this lock: read here, the
-        // histogram holds every fault counted.
+        // histogram and the service time and its parts hold every fault
+        // counted.
         let faults = s.faults.load(Ordering::Relaxed);
         for (l, c) in lat.iter_mut().zip(&s.latency) {
             *l = c.load(Ordering::Relaxed);
         }
+        let timing = [&s.service_ns, &s.lock_wait_ns, &s.store_read_ns, &s.install_ns]
+            .map(|c| c.load(Ordering::Relaxed));
         // Pins kept for threads gone since (a robust mutex's until its
         // owner is gone) are not pins any more.
         m.drop_kept_of_gone();
@@ -1978,6 +1992,7 @@ fn stats_json(g: &Global) -> String {
         let tree = m.tree_now();
         (
             faults,
+            timing,
             st.orig_bytes,
             st.memory_used,
             st.tier_bytes,
@@ -2071,10 +2086,10 @@ fn stats_json(g: &Global) -> String {
         tree(|t| t.0),
         tree(|t| t.1),
         tree(|t| t.2),
-        ld(&s.service_ns),
-        ld(&s.lock_wait_ns),
-        ld(&s.store_read_ns),
-        ld(&s.install_ns),
+        timing[0],
+        timing[1],
+        timing[2],
+        timing[3],
         ld(&s.deferred_wait_ns),
         hist.join(",")
     )

@@ -1199,10 +1199,11 @@ fn live_stats_count_every_fault_in_the_histogram_while_the_program_faults() {
     // 47 MiB of random bytes under an 8M budget, then read round and
     // round: a fault every few microseconds while the statistics are
     // asked for. Each answer is one snapshot: its histogram counts every
-    // fault it counts. (The histogram was read before the lock and the
-    // count after it, and each fault was timed after letting the lock
-    // go: an answer lagged by the faults taken meanwhile, 7 to 13 in
-    // one reading of a program just going to sleep.)
+    // fault it counts, and its service time is theirs. (The histogram was
+    // read before the lock and the count after it, and each fault was
+    // timed after letting the lock go: an answer lagged by the faults
+    // taken meanwhile, 7 to 13 in one reading of a program just going to
+    // sleep.)
     let mut child = Command::new(ztier())
         .args(["run", "--budget", "8M", "--"])
         .args([
@@ -1215,19 +1216,40 @@ fn live_stats_count_every_fault_in_the_histogram_while_the_program_faults() {
         .spawn()
         .unwrap();
     let py = ready_program(&mut child);
-    let mut seen = Vec::new();
+    // The answers are checked once the program is gone: it loops for
+    // ever, so a failed check must not leave it running.
+    let mut answers = Vec::new();
     for _ in 0..30 {
-        let o = Command::new(ztier()).args(["stats", &py.to_string()]).output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        let counted: u64 = v["latency_ns"].as_array().unwrap().iter().map(|p| p[1].as_u64().unwrap()).sum();
-        let faults = v["faults"].as_u64().unwrap();
-        seen.push((faults, counted));
+        answers.push(Command::new(ztier()).args(["stats", &py.to_string()]).output().unwrap());
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     // SAFETY: signalling our grandchild by pid.
     unsafe { libc::kill(py as i32, libc::SIGKILL) };
     assert_eq!(child.wait().unwrap().code(), Some(137));
+    let mut seen = Vec::new();
+    for o in &answers {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let hist: Vec<(u64, u64)> = v["latency_ns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p[0].as_u64().unwrap(), p[1].as_u64().unwrap()))
+            .collect();
+        let counted: u64 = hist.iter().map(|h| h.1).sum();
+        seen.push((v["faults"].as_u64().unwrap(), counted));
+        // The exact sum of the service times lies within the bounds of
+        // the buckets that counted them (100 ns wide up to 100 µs, then
+        // 10 µs; the last, open one is printed at where it starts).
+        let service = v["fault_service_ns"].as_u64().unwrap();
+        let low: u64 = hist.iter().map(|&(u, c)| (u - if u <= 100_000 { 100 } else { 10_000 }) * c).sum();
+        let high: u64 = hist.iter().map(|&(u, c)| u * c).sum();
+        let open = hist.last().is_some_and(|&(u, _)| u >= 10_090_000);
+        assert!(
+            service >= low && (open || service <= high),
+            "service {service} ns, buckets {low}..{high}: {v}"
+        );
+    }
     // It faulted meanwhile (else the answers prove nothing) ...
     assert!(seen[seen.len() - 1].0 > seen[0].0, "faults, histogram: {seen:?}");
     // ... and every answer's histogram holds its faults.
