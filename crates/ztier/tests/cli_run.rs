@@ -333,7 +333,12 @@ fn dup2_onto_a_library_descriptor_is_refused() {
 /// 16M, took 10.6× native, against 5.1× with them); a single-threaded
 /// program keeps one (a second made it 1.20× slower). The threads of
 /// `threads pin` bind themselves to every CPU in turn, so half are bound
-/// to the handler's CPU and half of the faults come from elsewhere.
+/// to the handler's CPU and half of the faults come from elsewhere; and
+/// they fault ~45 k times, 11 of the library's windows of 4,096 faults.
+/// With ~7 k (one window), CI once saw one handler, as did 1 run in 12
+/// here with a busy loop on the other CPU (0 in 12 at ~45 k): one window
+/// can sample too few of the threads away from the handler, which fault
+/// more slowly (across CPUs, and on a busy one).
 /// (When the handler read the CPU each thread last ran on, `threads.py`'s
 /// threads, left to the scheduler, were once all kept on one CPU while a
 /// test beside this one kept the other busy, and CI saw one handler.)

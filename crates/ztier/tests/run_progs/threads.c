@@ -3,7 +3,8 @@
  *
  * `threads pin`: thread i first binds itself to the i-th CPU of the set
  * it was started with, in turn, so the faults come from every CPU at
- * once whatever else the machine runs. */
+ * once whatever else the machine runs; and it re-reads 16 times, so that
+ * the faults run to several of the library's sampling windows. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -15,6 +16,7 @@
 #define WORDS (24u << 20) / 8
 static uint64_t sums[4];
 static int pin;
+static int passes = 2;
 
 /* Binds this thread to the id-th allowed CPU, in turn. */
 static void pin_to(uintptr_t id) {
@@ -38,7 +40,7 @@ static void *work(void *arg) {
     if (!a) { perror("malloc"); exit(2); }
     for (uint64_t i = 0; i < WORDS; i++) a[i] = (i * 2654435761u) % 1000 + id;
     uint64_t s = 0;
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < passes; r++)
         for (uint64_t i = 0; i < WORDS; i += 7) s += a[i] ^ r;
     sums[id] = s;
     free(a);
@@ -51,6 +53,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     pin = argc == 2;
+    if (pin) passes = 16;
     pthread_t t[4];
     for (uintptr_t i = 0; i < 4; i++) pthread_create(&t[i], NULL, work, (void *)i);
     for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
