@@ -1961,7 +1961,8 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
 /// plus counters and the latency histogram, for merging).
 fn stats_json(g: &Global) -> String {
     let s = &g.stats;
-    // Filled under the lock (made before it: nothing is allocated there).
+    // Made before the lock, and only filled under it: the copy adds no
+    // allocation to the time the lock is held.
     let mut lat = vec![0u64; manager::LAT_BUCKETS];
     let (
         faults,
