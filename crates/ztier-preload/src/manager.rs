@@ -1525,6 +1525,8 @@ impl Manager {
                 } else {
                     1
                 };
+                // No longer than the shared budget can give ([`Manager::run_room`]).
+                let lim = self.run_room(lim);
                 {
                     while n < lim && i + n < self.pages && self.st(i + n) & (STATE | NOEVICT) == STORED {
                         n += 1;
@@ -1581,10 +1583,8 @@ impl Manager {
             }
             _ => {
                 let mut n = 1;
-                while n < ZERO_RUN
-                    && i + n < self.pages
-                    && self.st(i + n) & (STATE | NOEVICT | OWNED) == ABSENT
-                {
+                let lim = self.run_room(ZERO_RUN);
+                while n < lim && i + n < self.pages && self.st(i + n) & (STATE | NOEVICT | OWNED) == ABSENT {
                     n += 1;
                 }
                 self.make_room(n, stats)?;
@@ -1713,9 +1713,12 @@ impl Manager {
     /// While the pool has none to give, this process's own oldest pages
     /// go (the others' evictors give back their share of the shortfall:
     /// [`Manager::tree_excess`]) — unless most of its resident pages are
-    /// shared with its parent: it wakes the others' evictors and waits
-    /// for them first, up to [`TREE_WAIT`]. With nothing left to evict,
-    /// the pages are taken past the budget (counted).
+    /// shared with its parent: evicting those gives nothing back, so it
+    /// first wakes the others' evictors and waits for them
+    /// ([`Manager::wait_tree`]). With nothing of its own left to evict
+    /// (none resident, or all in an eviction in flight, pinned or not
+    /// evictable, or the store refusing), it waits for them too, and only
+    /// then takes the pages past the budget (counted in `over`).
     fn hold_tree(&mut self, n: usize, stats: &Stats) -> io::Result<()> {
         let mut waited = false;
         loop {
@@ -1725,34 +1728,55 @@ impl Manager {
             if t.ensure(want) {
                 return Ok(());
             }
-            // Most of its resident pages are shared with its parent, and
-            // evicting them gives nothing back: wake the others' evictors
-            // and wait for them first (not again for a while after a wait
-            // that got nothing: they may have nothing they can give).
-            let now = std::time::Instant::now();
-            if !waited
-                && shared > self.resident / 2
-                && self.tree_wait_failed.is_none_or(|f| now.duration_since(f) >= TREE_WAIT * 20)
-            {
+            if !waited && shared > self.resident / 2 {
                 waited = true;
-                t.wake_others();
-                while now.elapsed() < TREE_WAIT {
-                    std::thread::sleep(std::time::Duration::from_micros(50));
-                    if t.ensure(want) {
-                        return Ok(());
-                    }
+                if self.wait_tree(want) {
+                    return Ok(());
                 }
-                self.tree_wait_failed = Some(std::time::Instant::now());
             }
             let target = self.resident.saturating_sub(EVICT_BATCH);
-            if self.refusing() || !self.evict_batch(target, stats)? {
-                let want = self.tree_resident() + n;
+            if !self.refusing() && self.evict_batch(target, stats)? {
+                continue;
+            }
+            // Nothing of its own can go now.
+            let want = self.tree_resident() + n;
+            if !self.wait_tree(want) {
                 if let Some(t) = &mut self.tree {
                     t.force(want);
                 }
-                return Ok(());
             }
+            return Ok(());
         }
+    }
+
+    /// With the tree scope, when the pool cannot give this process `want`
+    /// pages: wakes the other processes' evictors (each gives back its
+    /// share of the shortfall, [`Manager::tree_excess`]) and waits for the
+    /// pool, up to [`TREE_WAIT`]; whether it holds them now. No wait when
+    /// no other process holds any page, nor for a while after a wait in
+    /// which none gave any back (they may have none they can give: all
+    /// pinned, say, or their stores full).
+    fn wait_tree(&mut self, want: usize) -> bool {
+        let now = std::time::Instant::now();
+        let backoff = self.tree_wait_failed.is_some_and(|f| now.duration_since(f) < TREE_WAIT * 20);
+        let Some(t) = &mut self.tree else { return true };
+        let before = t.reserved();
+        if backoff || before <= t.held() {
+            return false;
+        }
+        t.wake_others();
+        let mut least = before;
+        while now.elapsed() < TREE_WAIT {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            if t.ensure(want) {
+                return true;
+            }
+            least = least.min(t.reserved());
+        }
+        if least >= before {
+            self.tree_wait_failed = Some(std::time::Instant::now());
+        }
+        false
     }
 
     /// With the tree scope, when the pages no process holds are fewer
@@ -1775,6 +1799,27 @@ impl Manager {
         if let Some(t) = &mut self.tree {
             t.trim(resident);
         }
+    }
+
+    /// With the tree scope, how many of the `lim` pages a fault (or a
+    /// pin) may install as one run: those it can hold without going past
+    /// the shared budget. It takes them from the pool now if it can (as
+    /// [`Member::ensure`] does), or what the pool has of them (held, so
+    /// that another process cannot take them before the install), and
+    /// counts those it could evict of its own (held, not in an eviction
+    /// in flight); at least 1. A longer run would be taken past the
+    /// budget by a process with nothing of its own to evict (a forked
+    /// child whose pages all went while its siblings hold the pool): 16
+    /// children of `sharedkids` at 48M went over in 7 runs of 20, by up
+    /// to 68 pages, up to 32 at a time. `lim` without the tree scope.
+    fn run_room(&mut self, lim: usize) -> usize {
+        let own = self.tree_resident();
+        let Some(t) = &mut self.tree else { return lim };
+        if t.ensure(own + lim) {
+            return lim;
+        }
+        let held = t.ensure_some(own + lim);
+        (held + own.saturating_sub(self.evicting)).saturating_sub(own).clamp(1, lim)
     }
 
     /// Resident pages this process must hold a page of the shared budget
@@ -1833,8 +1878,15 @@ impl Manager {
     /// A page map that cannot be read makes every inherited page looked
     /// at count as this process's own.
     pub fn adopt_unshared(&mut self, gone: &[usize], stats: &Stats) -> io::Result<()> {
+        // A page in an eviction in flight stays its parent's: it leaves
+        // memory at the commit, or is adopted by a later look if it stays
+        // (before, a process whose resident pages were all in flight
+        // took adopted ones past the budget: 48 pages at once).
+        let (states, pages) = (self.states, self.pages);
+        // SAFETY: as in `st` (i < pages, the length of the states mapping).
+        let in_flight = |i: usize| i < pages && unsafe { *states.add(i) } & STATE == EVICTING;
         let Some(h) = &mut self.inherited else { return Ok(()) };
-        let adopted = gone.iter().filter(|&&i| h.take(i)).count();
+        let adopted = gone.iter().filter(|&&i| !in_flight(i) && h.take(i)).count();
         if h.count == 0 {
             self.inherited = None;
         }
@@ -2442,8 +2494,10 @@ impl Manager {
                 STORED => {
                     let t0 = self.log_clock();
                     let d = self.evict_seq.wrapping_sub(self.evicted_at_get(i)) as usize;
-                    let mut k = 1;
-                    while room(self, k) {
+                    // No longer than the shared budget can give
+                    // ([`Manager::run_room`]).
+                    let (mut k, cap) = (1, self.run_room(self.buf.len() / PAGE));
+                    while k < cap && room(self, k) {
                         k += 1;
                     }
                     self.read_stored(i, k, true)?;
@@ -2457,8 +2511,8 @@ impl Manager {
                 }
                 ABSENT => {
                     let t0 = self.log_clock();
-                    let mut k = 1;
-                    while k < ZERO_RUN && room(self, k) {
+                    let (mut k, cap) = (1, self.run_room(ZERO_RUN));
+                    while k < cap && room(self, k) {
                         k += 1;
                     }
                     self.make_room(k, stats)?;
@@ -3294,6 +3348,117 @@ mod tests {
         assert_eq!(seg.reclaimed.load(Ordering::Acquire), 4000);
         assert_eq!(seg.reserved.load(Ordering::Acquire), 0);
         assert_eq!(m.budget, 4096, "reclaimed before the share was followed down");
+        m.leave_tree();
+    }
+
+    /// With the tree scope, a process that has nothing of its own to
+    /// evict while another holds the whole pool wakes the other's evictor
+    /// and waits for it ([`TREE_WAIT`]) before it takes a page past the
+    /// budget, and then takes only the page of the fault, not the run
+    /// of 16 a zero fault installs when it can (before: 16 at once, and
+    /// no wait; 16 children of `sharedkids` went over by up to 68 pages).
+    /// With a page of its own, the next fault evicts it instead. After a
+    /// wait in which the others gave nothing back, it does not wait
+    /// again for a while.
+    #[test]
+    fn a_process_with_nothing_to_evict_waits_for_the_others_and_goes_over_by_one_page_at_most() {
+        let (mut m, _shared, seg) = test_manager_in_tree(256, 0);
+        let stats = Stats::new();
+        let base = m.base;
+        // Another process (a live one, as far as a look can tell) holds
+        // every page.
+        let other = seg.slots.len() - 1;
+        seg.fake_member(other, 1, 0, 256);
+        let woken = || seg.slots[other].wake.load(Ordering::Acquire);
+        let before = woken();
+        let t = std::time::Instant::now();
+        let _ = m.serve(base + 10 * PAGE, &stats).unwrap();
+        assert!(t.elapsed() >= TREE_WAIT, "it waited for the others: {:?}", t.elapsed());
+        assert_ne!(woken(), before, "and woke them");
+        assert_eq!(m.st(10) & STATE, RESIDENT);
+        assert_eq!(m.st(11) & STATE, ABSENT, "the fault's page alone");
+        assert_eq!(seg.over.load(Ordering::Acquire), 1);
+        // SAFETY: page 10 is resident now.
+        unsafe { std::ptr::write_bytes((base + 10 * PAGE) as *mut u8, 7, PAGE) };
+        let _ = m.serve(base + 20 * PAGE, &stats).unwrap();
+        assert_eq!(m.st(10) & STATE, STORED, "its own page went");
+        assert_eq!(m.resident(), 1);
+        assert_eq!(seg.over.load(Ordering::Acquire), 1);
+        // Nothing it can evict again; the others gave nothing last time.
+        m.set_noevict(20, 1, true);
+        let before = woken();
+        let _ = m.serve(base + 30 * PAGE, &stats).unwrap();
+        assert_eq!(woken(), before, "no wait so soon after one that got nothing");
+        assert_eq!(seg.over.load(Ordering::Acquire), 2);
+        m.leave_tree();
+    }
+
+    /// With the tree scope, the pages the others give back while a
+    /// process with nothing to evict waits for them go to it: nothing is
+    /// taken past the budget.
+    #[test]
+    fn a_process_with_nothing_to_evict_gets_the_pages_the_others_give_back() {
+        let (mut m, _shared, seg) = test_manager_in_tree(256, 0);
+        let stats = Stats::new();
+        let other = seg.slots.len() - 1;
+        seg.fake_member(other, 1, 0, 256);
+        // The other process's evictor: once woken, it gives back 64 pages.
+        let seen = seg.slots[other].wake.load(Ordering::Acquire);
+        let giver = std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            while seg.slots[other].wake.load(Ordering::Acquire) == seen && t.elapsed().as_secs() < 10 {
+                std::thread::yield_now();
+            }
+            seg.slots[other].held.fetch_sub(64, Ordering::AcqRel);
+            seg.reserved.fetch_sub(64, Ordering::AcqRel);
+        });
+        let _ = m.serve(m.base + 10 * PAGE, &stats).unwrap();
+        giver.join().unwrap();
+        assert_eq!(m.st(10) & STATE, RESIDENT);
+        assert_eq!(seg.over.load(Ordering::Acquire), 0);
+        assert!(seg.reserved.load(Ordering::Acquire) <= 256);
+        m.leave_tree();
+    }
+
+    /// A forked child does not take over inherited pages that are in an
+    /// eviction in flight: they leave memory at the commit (and so stop
+    /// counting as inherited). Before, a child whose resident pages were
+    /// all in flight took them over, had nothing to evict for them, and
+    /// took them past the budget (48 at once under `sharedkids`).
+    #[test]
+    fn pages_in_an_eviction_in_flight_are_not_taken_over_from_the_parent() {
+        let (mut m, _shared, seg) = test_manager_in_tree(1024, 0);
+        let stats = Stats::new();
+        for f in (0..64).step_by(16) {
+            let _ = m.install(f, 16, true, false, &stats).unwrap();
+        }
+        for i in 0..64 {
+            // SAFETY: resident, writable pages of our mapping.
+            unsafe { std::ptr::write_bytes((m.base + i * PAGE) as *mut u8, 1 + i as u8, PAGE) };
+        }
+        // All 64 inherited from a parent (the page maps are not read here).
+        m.inherited = Some(Inherited {
+            bits: vec![u64::MAX],
+            count: 64,
+            cursor: 0,
+            looked: None,
+            pagemap: Arc::new(Pagemap(-1)),
+            parent: Arc::new(Pagemap(-1)),
+        });
+        let v = m.take_victims(16, 0, 0).unwrap().expect("victims");
+        assert_eq!(v.pages.len(), 16);
+        // A look finds all 64 no longer shared.
+        let all: Vec<usize> = (0..64).collect();
+        m.adopt_unshared(&all, &stats).unwrap();
+        assert_eq!(seg.adopted.load(Ordering::Acquire), 48, "the 16 in flight stay the parent's");
+        assert_eq!(m.inherited.as_ref().map(|h| h.count), Some(16));
+        let outcome = v.compress(&stats).unwrap();
+        v.release(&outcome).unwrap();
+        v.unprotect_kept(&outcome).unwrap();
+        m.commit(&v, &outcome, &stats);
+        v.wake_released(&outcome).unwrap();
+        assert_eq!(m.inherited.as_ref().map_or(0, |h| h.count), 0, "gone with the commit");
+        assert_eq!(seg.over.load(Ordering::Acquire), 0);
         m.leave_tree();
     }
 

@@ -564,6 +564,30 @@ impl Member {
         self.reclaim_due(Look::Full) > 0 && self.take(need)
     }
 
+    /// Holds up to `want` pages: takes what the pool has of those it
+    /// lacks (none past the budget); returns the pages it holds.
+    pub fn ensure_some(&mut self, want: usize) -> usize {
+        if self.held < want {
+            let mut r = self.seg.reserved.load(Ordering::Acquire);
+            loop {
+                let k = (want - self.held).min(self.seg.budget.saturating_sub(r) as usize) as u64;
+                if k == 0 {
+                    break;
+                }
+                match self.seg.reserved.compare_exchange_weak(r, r + k, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => {
+                        self.seg.peak.fetch_max(r + k, Ordering::Relaxed);
+                        self.seg.slots[self.slot].held.fetch_add(k, Ordering::AcqRel);
+                        self.held += k as usize;
+                        break;
+                    }
+                    Err(now) => r = now,
+                }
+            }
+        }
+        self.held
+    }
+
     /// Takes back the pages of processes that are gone ([`Member::reclaim`]),
     /// unless this process looked less than [`RECLAIM_EVERY`] ago; returns
     /// how many. Called when the pool runs short: by [`Member::ensure`],
@@ -754,6 +778,11 @@ mod tests {
         assert!(b.ensure(900));
         assert!(!b.ensure(1001), "past the budget");
         assert!(b.held() <= 1000);
+        // Up to what the pool has, none past the budget.
+        assert_eq!(b.held(), 900 + CHUNK);
+        assert_eq!(b.ensure_some(1005), 1000);
+        assert_eq!(seg.reserved.load(Ordering::Relaxed), 1000);
+        assert_eq!(b.ensure_some(10), 1000, "holds more already");
         b.force(1010);
         assert_eq!(b.held(), 1010);
         assert_eq!(seg.over.load(Ordering::Relaxed), 10);
