@@ -763,6 +763,9 @@ pub struct Manager {
     inherited: Option<Inherited>,
     /// When its last wait for them ([`TREE_WAIT`]) ended with nothing.
     tree_wait_failed: Option<std::time::Instant>,
+    /// How long it waits ([`TREE_WAIT`]; longer in a test whose other
+    /// process is a thread that may start late).
+    tree_wait: std::time::Duration,
     /// With the tree scope, when [`Manager::follow_tree`] last let the
     /// budget grow.
     tree_grown: std::time::Instant,
@@ -1285,6 +1288,7 @@ impl Manager {
             tree: join_tree(),
             inherited: None,
             tree_wait_failed: None,
+            tree_wait: TREE_WAIT,
             tree_grown: std::time::Instant::now(),
             store_share: usize::MAX,
         };
@@ -1766,7 +1770,7 @@ impl Manager {
         }
         t.wake_others();
         let mut least = before;
-        while now.elapsed() < TREE_WAIT {
+        while now.elapsed() < self.tree_wait {
             std::thread::sleep(std::time::Duration::from_micros(50));
             if t.ensure(want) {
                 return true;
@@ -3402,6 +3406,9 @@ mod tests {
         let stats = Stats::new();
         let other = seg.slots.len() - 1;
         seg.fake_member(other, 1, 0, 256);
+        // However late the thread below runs: the wait ends when the pool
+        // can give the page.
+        m.tree_wait = std::time::Duration::from_secs(10);
         // The other process's evictor: once woken, it gives back 64 pages.
         let seen = seg.slots[other].wake.load(Ordering::Acquire);
         let giver = std::thread::spawn(move || {
