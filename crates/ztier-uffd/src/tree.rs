@@ -568,22 +568,7 @@ impl Member {
     /// lacks (none past the budget); returns the pages it holds.
     pub fn ensure_some(&mut self, want: usize) -> usize {
         if self.held < want {
-            let mut r = self.seg.reserved.load(Ordering::Acquire);
-            loop {
-                let k = (want - self.held).min(self.seg.budget.saturating_sub(r) as usize) as u64;
-                if k == 0 {
-                    break;
-                }
-                match self.seg.reserved.compare_exchange_weak(r, r + k, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => {
-                        self.seg.peak.fetch_max(r + k, Ordering::Relaxed);
-                        self.seg.slots[self.slot].held.fetch_add(k, Ordering::AcqRel);
-                        self.held += k as usize;
-                        break;
-                    }
-                    Err(now) => r = now,
-                }
-            }
+            self.take_up_to(want - self.held, 1);
         }
         self.held
     }
@@ -700,21 +685,32 @@ impl Member {
     }
 
     fn take(&mut self, k: usize) -> bool {
-        let k = k as u64;
+        self.take_up_to(k, k) == k
+    }
+
+    /// Takes `k` pages from the pool if it has at least `least` of them
+    /// (as many as it has, up to `k`); returns how many it took.
+    fn take_up_to(&mut self, k: usize, least: usize) -> usize {
         let mut r = self.seg.reserved.load(Ordering::Acquire);
-        loop {
-            if r + k > self.seg.budget {
-                return false;
+        let k = loop {
+            let n = k.min(self.seg.budget.saturating_sub(r) as usize);
+            if n == 0 || n < least {
+                return 0;
             }
-            match self.seg.reserved.compare_exchange_weak(r, r + k, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => break,
+            match self.seg.reserved.compare_exchange_weak(
+                r,
+                r + n as u64,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break n,
                 Err(now) => r = now,
             }
-        }
-        self.seg.peak.fetch_max(r + k, Ordering::Relaxed);
-        self.seg.slots[self.slot].held.fetch_add(k, Ordering::AcqRel);
-        self.held += k as usize;
-        true
+        };
+        self.seg.peak.fetch_max(r + k as u64, Ordering::Relaxed);
+        self.seg.slots[self.slot].held.fetch_add(k as u64, Ordering::AcqRel);
+        self.held += k;
+        k
     }
 
     fn give(&mut self, k: usize) {
