@@ -1,6 +1,6 @@
 //! Sets `cfg(wkdm_avx512)` when the compiler has the AVX-512 intrinsics
 //! (stable since Rust 1.89; the workspace also builds with 1.85, and the
-//! WKdm vector decoder is then left out).
+//! WKdm vector encoder and decoder are then left out).
 
 use std::process::Command;
 
