@@ -80,12 +80,7 @@ fn python3_dict_and_list_heavy() {
     assert!(p50 > 0.0 && p99 >= p50, "latency quantiles {p50} {p99}");
     // The histogram (merged over processes): one count per fault served,
     // and the quantiles are read off it.
-    let hist: Vec<(f64, u64)> = s["latency_ns"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no latency histogram: {s}"))
-        .iter()
-        .map(|p| (p[0].as_f64().unwrap(), p[1].as_u64().unwrap()))
-        .collect();
+    let hist = latency_histogram(&s);
     assert!(hist.windows(2).all(|w| w[0].0 < w[1].0), "buckets out of order: {hist:?}");
     let counted: u64 = hist.iter().map(|b| b.1).sum();
     assert_eq!(counted, s["faults"].as_u64().unwrap(), "histogram counts against faults: {hist:?}");
@@ -96,8 +91,8 @@ fn python3_dict_and_list_heavy() {
             seen as f64 >= q * counted as f64
         })
     };
-    assert_eq!(at(0.5).unwrap().0 / 1000.0, p50, "p50 against the histogram");
-    assert_eq!(at(0.99).unwrap().0 / 1000.0, p99, "p99 against the histogram");
+    assert_eq!(at(0.5).unwrap().0 as f64 / 1000.0, p50, "p50 against the histogram");
+    assert_eq!(at(0.99).unwrap().0 as f64 / 1000.0, p99, "p99 against the histogram");
     let mean = s["fault_mean_us"].as_f64().unwrap();
     assert!(mean > 0.0, "mean service time {mean} (p50 {p50}, p99 {p99})");
     // The background evictor's write protections are made by fault
@@ -1155,14 +1150,10 @@ fn live_stats_and_kill_9_leave_nothing_behind() {
         .unwrap();
     let py = ready_program(&mut child);
     // Live statistics through the control socket.
-    let live = || {
-        let o = Command::new(ztier()).args(["stats", &py.to_string()]).output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        let counted: u64 = v["latency_ns"].as_array().unwrap().iter().map(|p| p[1].as_u64().unwrap()).sum();
-        (v, counted)
-    };
-    let (v, counted) = live();
+    let o = Command::new(ztier()).args(["stats", &py.to_string()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let counted: u64 = latency_histogram(&v).iter().map(|b| b.1).sum();
     assert_eq!(v["pid"].as_u64(), Some(py as u64));
     assert!(v["pages_compressed"].as_u64().unwrap() > 5000, "{v}");
     assert!(v["spilled_bytes"].as_u64().unwrap() > 0, "the 4M store spilled: {v}");
@@ -1254,12 +1245,7 @@ fn live_stats_count_every_fault_in_the_histogram_while_the_program_faults() {
     for o in &answers {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        let hist: Vec<(u64, u64)> = v["latency_ns"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| (p[0].as_u64().unwrap(), p[1].as_u64().unwrap()))
-            .collect();
+        let hist = latency_histogram(&v);
         let counted: u64 = hist.iter().map(|h| h.1).sum();
         seen.push((v["faults"].as_u64().unwrap(), counted));
         // The exact sum of the service times lies within the bounds of

@@ -42,6 +42,17 @@ pub fn compressed(s: &serde_json::Value) -> u64 {
     s["pages_compressed"].as_u64().unwrap()
 }
 
+/// The fault-service histogram of stats (`latency_ns`): each bucket's upper
+/// bound in ns and its count of faults.
+pub fn latency_histogram(s: &serde_json::Value) -> Vec<(u64, u64)> {
+    s["latency_ns"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no latency histogram: {s}"))
+        .iter()
+        .map(|p| (p[0].as_u64().unwrap(), p[1].as_u64().unwrap()))
+        .collect()
+}
+
 /// `n` lines of text for `sort`, line `i` made by `line` from the `i`th
 /// number of a xorshift sequence started at `seed`.
 pub fn lines(seed: u64, n: u64, line: impl Fn(u64, u64) -> String) -> String {
