@@ -50,48 +50,64 @@
 //!
 //! ## Speed
 //!
-//! On x86-64 CPUs with AVX-512F and AVX-512CD (detected at run time; the
-//! `avx512_encode` module) the compressor models 16 words at a time in
-//! vector registers: a conflict mask finds, for each word, an earlier word
-//! of the same 16 that set its dictionary slot, and each segment's entries
-//! are packed to its cursor with `vpcompressd`. Its output is the scalar
-//! loop's, byte for byte (a test checks it on synthetic, corpus and
-//! colliding pages). Elsewhere, and for the last words of a block that do
-//! not fill 16, the compressor runs a branch-free loop per word: the tag is
-//! computed, every candidate output (index, low bits, full word) is written
-//! at its segment's cursor, and only the cursors the tag selects advance.
+//! On x86-64 CPUs with AVX-512F and AVX-512CD (detected at run time; built
+//! by Rust 1.89 or later) both directions run 16 words at a time with the
+//! dictionary in a vector register, since its 16 entries are one register:
 //!
-//! `ztier bench codecs --corpus F --codecs wkdm,lz4` on a 2-CPU AMD EPYC VM
-//! with AVX-512, three runs per corpus file, each against C LZ4 in the same
-//! run: the vector encoder compresses at 2.28–2.81× LZ4's speed on
-//! python-dict.pages (2050–2580 MB/s), 2.91–3.64× on python-sqlite.pages
-//! and 2.64–2.66× on gcc-cc1.pages; the scalar loop alone managed
-//! 1.18–1.33×, 1.51–1.73× and 1.24–1.27× the same day. Storing the
-//! dictionary with 16 scalar stores instead of the scatter measured the
-//! same (2.74–2.87× on python-dict, three runs), so the scatter stays.
+//! - Within 16 words, `vpconflictd` on their slots gives each word the
+//!   earlier words of its slot, and `vplzcntd` the nearest, whose word (or
+//!   bits) a lane permutation brings over; words with none read the
+//!   register (`vpermd`).
+//! - After 16 words, each slot's entry is the last of them that stored to
+//!   it: four more `vpconflictd` find, for each slot, its last word, and a
+//!   masked lane permutation writes them in (`avx512::last_of_slots`, a
+//!   scatter in registers; AVX-512's scatter and gather through memory
+//!   took twice as long, as the decoder's dictionary chain then runs
+//!   through memory).
+//!
+//! The compressor (the `avx512_encode` module) gets the tags from three
+//! compares and packs each segment's entries to its cursor with
+//! `vpcompressd`. Its output is the scalar loop's, byte for byte (a test
+//! checks it on synthetic, corpus and colliding pages). Elsewhere, and for
+//! the last words of a block that do not fill 16, the compressor runs a
+//! branch-free loop per word: the tag is computed, every candidate output
+//! (index, low bits, full word) is written at its segment's cursor, and
+//! only the cursors the tag selects advance.
 //!
 //! The decompressor first validates the header against the tags and unpacks
-//! the indices and low bits, one entry each. Then, on x86-64 CPUs with
-//! AVX-512 (detected at run time; built by Rust 1.89 or later; the `avx512`
-//! module), it plans 16 words at a time in vector registers — tag masks, each
-//! segment's entries moved to the words of its tag, and per word the
-//! dictionary entries it loads and stores and the bits it keeps and adds —
-//! and runs the plans through the dictionary in a short branch-free loop.
-//! On x86-64 CPUs with AVX2 but not AVX-512 (the `avx2` module) it plans 8
-//! words at a time the same way, and leaves the zero words out of the
-//! dictionary loop. Elsewhere it unpacks the tags and full words too and
+//! the indices and low bits, one entry each. Then, with AVX-512 (the
+//! `avx512` module), it spreads each segment's entries over the words of
+//! their tags (`vpexpandd`) and rebuilds the dictionary's part in
+//! registers, by the rules its module describes. On x86-64 CPUs with AVX2
+//! but not AVX-512 (the `avx2` module) it plans 8 words at a time — per
+//! word the dictionary entry it loads and stores and the bits it keeps and
+//! adds — and runs the plans of the nonzero words through the dictionary
+//! in a short branch-free scalar loop. Elsewhere it unpacks the tags and full words too and
 //! runs a `match` on each tag without bounds checks (`decode_words_fast`;
 //! the validation guarantees every cursor stays in bounds). A safe twin of
 //! that loop (`decode_words_safe`) is kept, and tests check that every
 //! decoder the CPU runs agrees with it. Work buffers live in the codec
 //! value; nothing is allocated per call.
 //!
-//! `ztier bench codecs --corpus python-dict.pages` on a 2-CPU AMD EPYC VM
-//! with AVX-512, 5 runs on a quiet machine, each against LZ4 in the same run
-//! (medians): decompression 4450 MB/s, 1.02× LZ4 (0.92–1.08; the `match`
-//! decoder: 2500 MB/s, 0.58×); compression 1800 MB/s, 1.54× LZ4. While
-//! another process keeps the machine busy, the vector decoder loses more
-//! speed than LZ4 does (0.63–0.97× LZ4 in 8 such runs). The `match` decoder's
+//! `ztier bench codecs --corpus F --codecs wkdm,lz4` on a 2-CPU AMD EPYC VM
+//! with AVX-512 (Zen 4), one run per corpus file, each against C LZ4 in the
+//! same run:
+//!
+//! | corpus | compress × LZ4 | decompress × LZ4 |
+//! |---|---|---|
+//! | python-dict.pages | 3.39 (3201 MB/s) | 1.04 (2983 MB/s) |
+//! | python-sqlite.pages | 4.39 | 1.12 |
+//! | gcc-cc1.pages | 3.26 | 0.99 |
+//!
+//! The scalar compressor and the earlier AVX-512 decoder (which planned 16
+//! words in registers and ran the plans through the dictionary in a scalar
+//! loop) managed 1.18–1.33× and 0.88× on python-dict.pages the same day,
+//! 1.51–1.73× and 0.93× on python-sqlite.pages, 1.24–1.27× and 0.71× on
+//! gcc-cc1.pages. A test binary timing the two decoders and LZ4 in turn
+//! (best of 15 passes): 1.12–1.15× LZ4 against 0.95–0.98× on python-dict,
+//! 0.96–0.97× against 0.83–0.85× on gcc-cc1. Reading the full words with a
+//! masked load and `vpexpandd` in registers, instead of the expanding load
+//! from memory, made that decoder ~20% faster. The `match` decoder's
 //! time goes mostly to branch mispredictions: decoding the same 32 pages over
 //! and over, so that the predictor learns their tags, it runs twice as fast
 //! as over all 4096 pages.
@@ -591,7 +607,7 @@ fn count_tags(packed: &[u8]) -> (usize, usize, usize) {
 /// slower still, because it executes every candidate's loads, stores and
 /// selects (measured on python-dict.pages, unpacking included: 2.3 GB/s
 /// against 1.7 GB/s; a 2-way branch with selects inside, 2.3 GB/s; a jump
-/// table per 2 or 4 tags, 1.7 and 2.2 GB/s). The `avx512` decoder does the
+/// table per 2 or 4 tags, 1.7 and 2.2 GB/s). The vector decoders do the
 /// selecting in vector registers instead, where it is cheap.
 ///
 /// This is the safe twin of [`decode_words_fast`]; tests check they agree.
@@ -668,18 +684,33 @@ fn decode_words_fast(tags: &[u8], full: &[u32], index: &[u8], low: &[u16], dst: 
     }
 }
 
-/// The vector decoder, for x86-64 CPUs with AVX-512F, BMI2 and POPCNT.
+/// The vector decoder, for x86-64 CPUs with AVX-512F, AVX-512CD, BMI2 and
+/// POPCNT: 16 words at a time, the dictionary included.
 ///
 /// The `match` of [`decode_words_fast`] mispredicts often on real pages
 /// (tag sequences are too irregular to learn), and a branch-free scalar
-/// select costs more instructions than the mispredictions. Here the
-/// selection is done 16 words at a time in vector registers, away from the
-/// dictionary: masks of the four tags come from the packed tag bits, each
-/// segment's next entries are loaded and spread over the words of their
-/// tag (`vpexpandd`), and every word gets a *plan* — what it loads from and
-/// stores to the dictionary and which bits it keeps and adds. A short
-/// branch-free scalar loop (`apply_plan`) then runs the plans in order
-/// through the dictionary, the only part that is sequential.
+/// select costs more instructions than the mispredictions. Here masks of
+/// the four tags come from the packed tag bits, and each segment's next
+/// entries are loaded and spread over the words of their tag
+/// (`vpexpandd`). What is left sequential is the dictionary, and its rules
+/// make it parallel:
+///
+/// - A word's slot is its index (exact and partial matches) or the hash of
+///   its full word (misses); zero words do not touch the dictionary.
+/// - A partial match keeps the entry's high 22 bits, so an entry's high
+///   bits change only at a miss: a word's high bits are those of the
+///   nearest earlier miss of its slot among the 16, else those of the
+///   entry before the group.
+/// - An exact match changes nothing, so an exact match's low 10 bits are
+///   those of the nearest earlier miss or partial match of its slot, else
+///   those of the entry before the group.
+///
+/// `vpconflictd` on the slots gives each word the mask of the earlier words
+/// of its slot; masked by the misses (or by the misses and partial
+/// matches) `vplzcntd` finds the nearest, and a lane permutation brings its
+/// bits over. The entries before the group come from the dictionary's
+/// register, and after it each slot's entry is its last nonzero word
+/// (`last_of_slots`).
 // The AVX-512 intrinsics are stable since Rust 1.89; the workspace builds
 // with 1.85 too. build.rs sets `wkdm_avx512` when the compiler has them.
 #[cfg(all(target_arch = "x86_64", wkdm_avx512))]
@@ -693,28 +724,10 @@ mod avx512 {
     pub(super) fn available() -> bool {
         cfg!(not(miri))
             && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512cd")
             && is_x86_feature_detected!("bmi2")
             && is_x86_feature_detected!("popcnt")
     }
-
-    /// Runs a block of decode plans: word `i` loads dictionary entry
-    /// `l[i]`, keeps the bits `a[i]` of it and ORs in `x[i]`; the result is
-    /// the word, and it is stored to entry `s[i]`. Entries 16..32 are
-    /// scratch slots that zero words and exact matches "store" to, so a
-    /// word never waits on a store it does not need. Branch-free and safe
-    /// (a byte indexes the 256 entries without a bounds check).
-    #[inline(always)]
-    fn apply_plan(x: &[u32], a: &[u32], l: &[u8], s: &[u8], dict: &mut [u32; 256], out: &mut [u8]) {
-        for ((((&x, &a), &l), &s), o) in x.iter().zip(a).zip(l).zip(s).zip(out.chunks_exact_mut(4)) {
-            let v = (dict[l as usize] & a) | x;
-            dict[s as usize] = v;
-            o.copy_from_slice(&v.to_le_bytes());
-        }
-    }
-
-    /// Words planned at a time before their plans run (measured on
-    /// python-dict.pages: 16 words decode 30% slower, 64 and 256 3% slower).
-    const BLOCK: usize = 128;
 
     /// Decodes `n` words into `dst` (`4 * n` bytes) from the packed tags
     /// (`ceil(n / 4)` bytes), the full words as they are packed, and the
@@ -727,8 +740,9 @@ mod avx512 {
     ///
     /// # Safety
     ///
-    /// The CPU must support AVX-512F, BMI2 and POPCNT ([`available`]).
-    #[target_feature(enable = "avx512f,bmi2,popcnt")]
+    /// The CPU must support AVX-512F, AVX-512CD, BMI2 and POPCNT
+    /// ([`available`]).
+    #[target_feature(enable = "avx512f,avx512cd,bmi2,popcnt")]
     pub(super) unsafe fn decode(
         tags: &[u8],
         n: usize,
@@ -742,79 +756,148 @@ mod avx512 {
         // Largest cursor values from which 16 entries can be loaded.
         let (max_ip, max_lp) = (index.len() - 16, low.len() - 16);
         let max_fp = full.len() / 4;
-        let (mut x, mut a) = ([0u32; BLOCK], [0u32; BLOCK]);
-        let (mut l, mut s) = ([0u8; BLOCK], [0u8; BLOCK]);
-        let mut dict = [0u32; 256];
+        // The dictionary lives in a register.
+        let mut dict = _mm512_setzero_si512();
         let hash = _mm512_set1_epi32(0x9E37_79B1_u32 as i32);
-        let scratch = _mm512_setr_epi32(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-        let all = _mm512_set1_epi32(-1);
-        let high = _mm512_set1_epi32(!LOW_MASK as i32);
+        // Keys of zero words: no slot (0..16) has them, nor another lane.
+        let lanes = _mm512_setr_epi32(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+        let low_mask = _mm512_set1_epi32(LOW_MASK as i32);
+        let top = _mm512_set1_epi32(31);
         let (mut fp, mut ip, mut lp) = (0usize, 0usize, 0usize);
-        for (b, out) in dst.chunks_mut(4 * BLOCK).enumerate() {
-            let words = out.len() / 4;
-            for c in 0..words.div_ceil(16) {
-                // The tags of the next 16 words (fewer at the end: the
-                // missing ones read as zero words and are not run).
-                let w0 = b * BLOCK + 16 * c;
-                let t = if n - w0 >= 16 {
-                    u32::from_le_bytes(tags[w0 / 4..w0 / 4 + 4].try_into().expect("4 bytes"))
-                } else {
-                    let mut t = [0u8; 4];
-                    let rest = &tags[w0 / 4..];
-                    t[..rest.len()].copy_from_slice(rest);
-                    u32::from_le_bytes(t) & ((1 << (2 * (n - w0))) - 1)
-                };
-                let lo = _pext_u32(t, 0x5555_5555) as u16;
-                let hi = _pext_u32(t, 0xAAAA_AAAA) as u16;
-                let (miss, partial, exact, indexed) = (lo & hi, hi & !lo, lo & !hi, lo ^ hi);
-                let (nf, ni, nl) = (
-                    miss.count_ones() as usize,
-                    indexed.count_ones() as usize,
-                    partial.count_ones() as usize,
+        for (g, out) in dst.chunks_mut(64).enumerate() {
+            // The tags of the next 16 words (fewer at the end: the
+            // missing ones read as zero words).
+            let w0 = 16 * g;
+            let t = if n - w0 >= 16 {
+                u32::from_le_bytes(tags[w0 / 4..w0 / 4 + 4].try_into().expect("4 bytes"))
+            } else {
+                let mut t = [0u8; 4];
+                let rest = &tags[w0 / 4..];
+                t[..rest.len()].copy_from_slice(rest);
+                u32::from_le_bytes(t) & ((1 << (2 * (n - w0))) - 1)
+            };
+            let lo = _pext_u32(t, 0x5555_5555) as u16;
+            let hi = _pext_u32(t, 0xAAAA_AAAA) as u16;
+            let (miss, partial, indexed, nonzero) = (lo & hi, hi & !lo, lo ^ hi, lo | hi);
+            let (nf, ni, nl) =
+                (miss.count_ones() as usize, indexed.count_ones() as usize, partial.count_ones() as usize);
+            assert!(fp + nf <= max_fp && ip <= max_ip && lp <= max_lp, "WK counts checked");
+            // SAFETY: the expanding load from `full` reads exactly nf =
+            // popcount(miss) consecutive 4-byte entries, fp..fp + nf <=
+            // max_fp = full.len() / 4 (asserted), and no others. The
+            // loads from `index` (16 bytes) and `low` (16 u16s) start
+            // at ip <= index.len() - 16 and lp <= low.len() - 16
+            // (asserted). All loads are unaligned.
+            let (f, ix, lw) = unsafe {
+                (
+                    _mm512_maskz_expand_epi32(
+                        miss,
+                        _mm512_maskz_loadu_epi32(((1u32 << nf) - 1) as u16, full.as_ptr().add(4 * fp).cast()),
+                    ),
+                    _mm_loadu_si128(index.as_ptr().add(ip).cast()),
+                    _mm256_loadu_si256(low.as_ptr().add(lp).cast()),
+                )
+            };
+            (fp, ip, lp) = (fp + nf, ip + ni, lp + nl);
+            // Spread each segment's entries over the words of their tags
+            // (the full words were spread by the load). Indices are 4-bit.
+            let ix = _mm512_maskz_expand_epi32(
+                indexed,
+                _mm512_and_si512(_mm512_cvtepu8_epi32(ix), _mm512_set1_epi32(15)),
+            );
+            let lw = _mm512_maskz_expand_epi32(partial, _mm512_cvtepu16_epi32(lw));
+            // Each word's slot, and the earlier words of its slot.
+            let hashed = _mm512_srli_epi32::<28>(_mm512_mullo_epi32(_mm512_srli_epi32::<10>(f), hash));
+            let slot = _mm512_mask_mov_epi32(ix, miss, hashed);
+            let keys = _mm512_mask_mov_epi32(lanes, nonzero, slot);
+            let earlier = _mm512_conflict_epi32(keys);
+            let before = _mm512_permutexvar_epi32(slot, dict);
+            // High bits: the nearest earlier miss of the slot's.
+            let m = _mm512_and_si512(earlier, _mm512_set1_epi32(miss as i32));
+            let high = _mm512_mask_permutexvar_epi32(
+                before,
+                _mm512_test_epi32_mask(m, m),
+                _mm512_sub_epi32(top, _mm512_lzcnt_epi32(m)),
+                f,
+            );
+            // Low bits: the nearest earlier miss's or partial match's.
+            let p = _mm512_and_si512(earlier, _mm512_set1_epi32((miss | partial) as i32));
+            let low_bits = _mm512_mask_permutexvar_epi32(
+                before,
+                _mm512_test_epi32_mask(p, p),
+                _mm512_sub_epi32(top, _mm512_lzcnt_epi32(p)),
+                _mm512_or_si512(f, lw),
+            );
+            // zero: 0; exact: the entry; partial: its high bits and the
+            // low bits; miss: the full word.
+            let matched = _mm512_ternarylogic_epi32::<0xCA>(low_mask, low_bits, high);
+            let words = _mm512_mask_mov_epi32(
+                _mm512_maskz_mov_epi32(
+                    indexed,
+                    _mm512_mask_mov_epi32(matched, partial, _mm512_andnot_si512(low_mask, high)),
+                ),
+                miss,
+                f,
+            );
+            let words = _mm512_mask_or_epi32(words, partial, words, lw);
+            let rest = out.len() / 4;
+            // SAFETY: the store writes `rest` <= 16 words to the `4 * rest`
+            // bytes of `out` (the mask leaves the others), unaligned.
+            unsafe {
+                _mm512_mask_storeu_epi32(
+                    out.as_mut_ptr().cast(),
+                    (1u32 << rest).wrapping_sub(1) as u16,
+                    words,
                 );
-                assert!(fp + nf <= max_fp && ip <= max_ip && lp <= max_lp, "WK counts checked");
-                // SAFETY: the expanding load from `full` reads exactly nf =
-                // popcount(miss) consecutive 4-byte entries, fp..fp + nf <=
-                // max_fp = full.len() / 4 (asserted), and no others. The
-                // loads from `index` (16 bytes) and `low` (16 u16s) start
-                // at ip <= index.len() - 16 and lp <= low.len() - 16
-                // (asserted). All loads are unaligned.
-                let (f, ix, lw) = unsafe {
-                    (
-                        _mm512_maskz_expandloadu_epi32(miss, full.as_ptr().add(4 * fp).cast()),
-                        _mm_loadu_si128(index.as_ptr().add(ip).cast()),
-                        _mm256_loadu_si256(low.as_ptr().add(lp).cast()),
-                    )
-                };
-                (fp, ip, lp) = (fp + nf, ip + ni, lp + nl);
-                // Spread each segment's entries over the words of its tags
-                // (the full words were spread by the load).
-                let ix = _mm512_maskz_expand_epi32(indexed, _mm512_cvtepu8_epi32(ix));
-                let lw = _mm512_maskz_expand_epi32(partial, _mm512_cvtepu16_epi32(lw));
-                // zero: 0; exact: the entry; partial: its high bits and the
-                // low bits; miss: the full word.
-                let xv = _mm512_or_si512(f, lw);
-                let av = _mm512_mask_mov_epi32(_mm512_maskz_mov_epi32(exact, all), partial, high);
-                // Stores: a miss to slot(word), a partial match to its
-                // index, the others to a scratch slot; loads: exact and
-                // partial matches from their index, the others from where
-                // they store (the value is masked off).
-                let slot = _mm512_srli_epi32::<28>(_mm512_mullo_epi32(_mm512_srli_epi32::<10>(f), hash));
-                let sv = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(scratch, partial, ix), miss, slot);
-                let lv = _mm512_mask_mov_epi32(sv, indexed, ix);
-                let at = 16 * c;
-                // SAFETY: c < words.div_ceil(16) <= BLOCK / 16, so entries
-                // at..at + 16 are within the BLOCK-entry arrays; the stores
-                // are unaligned.
-                unsafe {
-                    _mm512_storeu_si512(x.as_mut_ptr().add(at).cast(), xv);
-                    _mm512_storeu_si512(a.as_mut_ptr().add(at).cast(), av);
-                    _mm_storeu_si128(l.as_mut_ptr().add(at).cast(), _mm512_cvtepi32_epi8(lv));
-                    _mm_storeu_si128(s.as_mut_ptr().add(at).cast(), _mm512_cvtepi32_epi8(sv));
-                }
             }
-            apply_plan(&x[..words], &a[..words], &l[..words], &s[..words], &mut dict, out);
+            let (set, from) = last_of_slots(keys);
+            dict = _mm512_mask_permutexvar_epi32(dict, set, from, words);
         }
+    }
+
+    /// For 16 keys (slots 0..16, or keys of 16 and up that no slot has):
+    /// the slots some lane has, and for each such slot the last lane that
+    /// has it. That is where a dictionary entry comes from after 16 words
+    /// that store to their slots in order — a scatter in registers.
+    ///
+    /// Four `vpconflictd` compare 8 lanes with 8 slots each: lanes 0..8 hold
+    /// 8 keys, lanes 8..16 hold 8 slots, and the mask of each slot's lane
+    /// names the keys that equal it.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512cd")]
+    pub(super) fn last_of_slots(keys: __m512i) -> (__mmask16, __m512i) {
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        // Keys 0..8 or 8..16 (a < 16) beside slots 0..8 or 8..16 (b >= 16).
+        let pick = |a: i32, b: i32| {
+            _mm512_setr_epi32(
+                a,
+                a + 1,
+                a + 2,
+                a + 3,
+                a + 4,
+                a + 5,
+                a + 6,
+                a + 7,
+                b,
+                b + 1,
+                b + 2,
+                b + 3,
+                b + 4,
+                b + 5,
+                b + 6,
+                b + 7,
+            )
+        };
+        let cmp = |a: i32, b: i32| _mm512_conflict_epi32(_mm512_permutex2var_epi32(keys, pick(a, b), lanes));
+        // The slots' lanes (8..16) of two comparisons, side by side.
+        let join = |x: __m512i, y: __m512i| _mm512_permutex2var_epi32(x, pick(8, 24), y);
+        let low = join(cmp(0, 16), cmp(0, 24));
+        let high = join(cmp(8, 16), cmp(8, 24));
+        let has = _mm512_or_si512(
+            _mm512_slli_epi32::<8>(_mm512_and_si512(high, _mm512_set1_epi32(0xff))),
+            _mm512_and_si512(low, _mm512_set1_epi32(0xff)),
+        );
+        (_mm512_test_epi32_mask(has, has), _mm512_sub_epi32(_mm512_set1_epi32(31), _mm512_lzcnt_epi32(has)))
     }
 }
 
@@ -829,10 +912,11 @@ mod avx512 {
 /// do not store) gives each lane a mask of the earlier lanes it collides
 /// with, and `vplzcntd` the nearest of them, whose word a lane permutation
 /// brings over. The tags then come from three compares, each segment's
-/// entries are packed to its cursor with `vpcompressd`, and a scatter
-/// stores the nonzero words to their slots in lane order (a later lane's
-/// store lands last, as in the scalar loop). The output is byte for byte
-/// the scalar encoder's.
+/// entries are packed to its cursor with `vpcompressd`, and each slot's
+/// last nonzero word of the 16 goes into the dictionary's register
+/// (`avx512::last_of_slots`), as the scalar loop's stores in
+/// order would leave it. The output is byte for byte the scalar
+/// encoder's.
 #[cfg(all(target_arch = "x86_64", wkdm_avx512))]
 #[allow(clippy::incompatible_msrv)]
 mod avx512_encode {
@@ -874,6 +958,10 @@ mod avx512_encode {
         let top = _mm512_set1_epi32(31);
         let (one, two, three) = (_mm512_set1_epi32(1), _mm512_set1_epi32(2), _mm512_set1_epi32(3));
         let (mut ip, mut lp, mut fp) = (c.index, c.low, c.full);
+        // The dictionary in a register while the groups run (the 17th
+        // entry is the scalar loop's scratch slot).
+        // SAFETY: 16 of the dictionary's 17 entries; unaligned.
+        let mut dv = unsafe { _mm512_loadu_si512(dict.as_ptr().cast()) };
         for g in 0..groups {
             let at = 16 * g;
             let src = &block[4 * at..4 * at + 64];
@@ -883,12 +971,11 @@ mod avx512_encode {
             let nz = _mm512_test_epi32_mask(w, w);
             // The entry each word is matched against: the nearest earlier
             // nonzero word of its slot in this group, else the dictionary's.
-            let conflicts = _mm512_conflict_epi32(_mm512_mask_mov_epi32(lanes, nz, h));
+            let keys = _mm512_mask_mov_epi32(lanes, nz, h);
+            let conflicts = _mm512_conflict_epi32(keys);
             let collides = _mm512_test_epi32_mask(conflicts, conflicts);
             let nearest = _mm512_sub_epi32(top, _mm512_lzcnt_epi32(conflicts));
-            // SAFETY: every lane of `h` is below 16 (a 4-bit hash), so the
-            // gather reads entries of the 17-entry dictionary only.
-            let before = unsafe { _mm512_i32gather_epi32::<4>(h, dict.as_ptr().cast()) };
+            let before = _mm512_permutexvar_epi32(h, dv);
             let d = _mm512_mask_permutexvar_epi32(before, collides, nearest, w);
             let exact = _mm512_mask_cmpeq_epi32_mask(nz, d, w);
             let indexed = _mm512_mask_cmple_epu32_mask(nz, _mm512_xor_si512(d, w), low_mask);
@@ -907,19 +994,22 @@ mod avx512_encode {
             let (t_out, i_out) = (&mut tags[at..at + 16], &mut index[ip..ip + 16]);
             let (l_out, f_out) = (&mut low[lp..lp + 16], &mut full[fp..fp + 16]);
             // SAFETY: each store writes 16 entries to a 16-entry slice just
-            // taken (bounds-checked); the stores are unaligned. The scatter
-            // writes the dictionary's entries h < 16 only.
+            // taken (bounds-checked); the stores are unaligned.
             unsafe {
                 _mm_storeu_si128(t_out.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(t));
                 _mm_storeu_si128(i_out.as_mut_ptr().cast(), ix);
                 _mm256_storeu_si256(l_out.as_mut_ptr().cast(), lw);
                 _mm512_storeu_si512(f_out.as_mut_ptr().cast(), fw);
-                _mm512_mask_i32scatter_epi32::<4>(dict.as_mut_ptr().cast(), nz, h, w);
             }
+            // Each slot's last nonzero word of the 16 is its entry now.
+            let (set, from) = super::avx512::last_of_slots(keys);
+            dv = _mm512_mask_permutexvar_epi32(dv, set, from, w);
             ip += indexed.count_ones() as usize;
             lp += partial.count_ones() as usize;
             fp += miss.count_ones() as usize;
         }
+        // SAFETY: 16 of the dictionary's 17 entries; unaligned.
+        unsafe { _mm512_storeu_si512(dict.as_mut_ptr().cast(), dv) };
         *c = Counts { full: fp, index: ip, low: lp };
         16 * groups
     }
@@ -970,14 +1060,15 @@ mod avx512 {
 }
 
 /// The vector decoder for x86-64 CPUs with AVX2 but no AVX-512 (AMD Zen 2
-/// and 3, Intel before Ice Lake): the `avx512` decoder's plan, 8 words at a
-/// time, with the zero words left out of the dictionary loop.
+/// and 3, Intel before Ice Lake): 8 words at a time, each planned in
+/// registers and run through the dictionary in a scalar loop, with the zero
+/// words left out of that loop.
 ///
 /// AVX2 has no `vpexpandd`, so each segment's entries are spread over the
 /// words of their tag by a lane permutation (`vpermd`) whose indices come
 /// from a 256-entry table keyed by the 8-bit tag mask (`SPREAD`); the
-/// full words are read with a plain load (a masked one near the end). As
-/// in `avx512`, each word gets a plan — the dictionary entry it loads, the
+/// full words are read with a plain load (a masked one near the end). Each
+/// word gets a plan — the dictionary entry it loads, the
 /// bits it keeps, the bits it adds, the entry it stores to — and a short
 /// branch-free scalar loop runs the plans in order through the dictionary.
 /// Here the plans of zero words (~30% of the words of a Python heap) are
@@ -1033,7 +1124,7 @@ mod avx2 {
         t
     };
 
-    /// Words planned at a time before their plans run (as in `avx512`).
+    /// Words planned at a time before their plans run.
     const BLOCK: usize = 128;
     /// Dictionary entries 16..24: where exact matches store, one per lane
     /// of the 8, so that no two nearby words store to one entry.
