@@ -65,7 +65,7 @@
 //!   took twice as long, as the decoder's dictionary chain then runs
 //!   through memory).
 //!
-//! The compressor (the `avx512_encode` module) gets the tags from three
+//! The compressor (`avx512::model`) gets the tags from three
 //! compares and packs each segment's entries to its cursor with
 //! `vpcompressd`. Its output is the scalar loop's, byte for byte (a test
 //! checks it on synthetic, corpus and colliding pages). Elsewhere, and for
@@ -167,7 +167,7 @@ pub struct Wkdm {
     seg: Segments,
     /// The decoder this CPU runs.
     decoder: Decoder,
-    /// Whether this CPU runs the vector encoder (`avx512_encode`).
+    /// Whether this CPU runs the vector encoder (`avx512::model`).
     vector_encoder: bool,
 }
 
@@ -214,7 +214,7 @@ fn boxed<T: Copy + Default, const N: usize>() -> Box<[T; N]> {
 impl Wkdm {
     /// A new codec.
     pub fn new() -> Self {
-        Wkdm { seg: Segments::new(), decoder: Decoder::best(), vector_encoder: avx512_encode::available() }
+        Wkdm { seg: Segments::new(), decoder: Decoder::best(), vector_encoder: avx512::available() }
     }
 }
 
@@ -433,7 +433,7 @@ impl Codec for Wkdm {
                 // features the encoder needs (`Wkdm::new`), its one
                 // requirement.
                 unsafe {
-                    avx512_encode::model(
+                    avx512::model(
                         block,
                         tags,
                         &mut self.seg.index[..],
@@ -684,8 +684,9 @@ fn decode_words_fast(tags: &[u8], full: &[u32], index: &[u8], low: &[u16], dst: 
     }
 }
 
-/// The vector decoder, for x86-64 CPUs with AVX-512F, AVX-512CD, BMI2 and
-/// POPCNT: 16 words at a time, the dictionary included.
+/// The vector decoder and encoder, for x86-64 CPUs with AVX-512F,
+/// AVX-512CD, BMI2 and POPCNT: 16 words at a time, the dictionary included
+/// (`model` for the encoder; the decoder follows).
 ///
 /// The `match` of [`decode_words_fast`] mispredicts often on real pages
 /// (tag sequences are too irregular to learn), and a branch-free scalar
@@ -718,9 +719,9 @@ fn decode_words_fast(tags: &[u8], full: &[u32], index: &[u8], low: &[u16], dst: 
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::LOW_MASK;
+    use super::{Counts, LOW_MASK};
 
-    /// Whether this CPU can run [`decode`].
+    /// Whether this CPU can run [`decode`] and [`model`].
     pub(super) fn available() -> bool {
         cfg!(not(miri))
             && is_x86_feature_detected!("avx512f")
@@ -895,36 +896,23 @@ mod avx512 {
         );
         (_mm512_test_epi32_mask(has, has), _mm512_sub_epi32(_mm512_set1_epi32(31), _mm512_lzcnt_epi32(has)))
     }
-}
 
-/// The vector encoder, for x86-64 CPUs with AVX-512F and AVX-512CD: the
-/// scalar [`model_block`], 16 words at a time.
-///
-/// The dictionary is what makes WKdm sequential: a word is matched against
-/// the entry that the last nonzero word of its slot left. For 16 words at
-/// once that entry is either the one before the group (a gather from the
-/// dictionary) or the word of the nearest earlier lane with the same slot:
-/// `vpconflictd` on the slots (zero words get keys no slot has, since they
-/// do not store) gives each lane a mask of the earlier lanes it collides
-/// with, and `vplzcntd` the nearest of them, whose word a lane permutation
-/// brings over. The tags then come from three compares, each segment's
-/// entries are packed to its cursor with `vpcompressd`, and each slot's
-/// last nonzero word of the 16 goes into the dictionary's register
-/// (`avx512::last_of_slots`), as the scalar loop's stores in
-/// order would leave it. The output is byte for byte the scalar
-/// encoder's.
-#[cfg(all(target_arch = "x86_64", wkdm_avx512))]
-#[allow(clippy::incompatible_msrv)]
-mod avx512_encode {
-    use std::arch::x86_64::*;
-
-    use super::{Counts, LOW_MASK};
-
-    /// Whether this CPU can run [`model`].
-    pub(super) fn available() -> bool {
-        cfg!(not(miri)) && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512cd")
-    }
-
+    /// The vector encoder: the scalar [`super::model_block`], 16 words at a time.
+    ///
+    /// The dictionary is what makes WKdm sequential: a word is matched against
+    /// the entry that the last nonzero word of its slot left. For 16 words at
+    /// once that entry is either the one before the group (from the
+    /// dictionary's register) or the word of the nearest earlier lane with the same slot:
+    /// `vpconflictd` on the slots (zero words get keys no slot has, since they
+    /// do not store) gives each lane a mask of the earlier lanes it collides
+    /// with, and `vplzcntd` the nearest of them, whose word a lane permutation
+    /// brings over. The tags then come from three compares, each segment's
+    /// entries are packed to its cursor with `vpcompressd`, and each slot's
+    /// last nonzero word of the 16 goes into the dictionary's register
+    /// ([`last_of_slots`]), as the scalar loop's stores in order would
+    /// leave it. The output is byte for byte the scalar
+    /// encoder's.
+    ///
     /// Models the first `16 * (words / 16)` words of `block` as
     /// [`super::model_block`] does — tags to `tags`, segment entries
     /// appended at the cursors in `c`, the dictionary updated — and returns
@@ -998,7 +986,7 @@ mod avx512_encode {
                 _mm512_storeu_si512(f_out.as_mut_ptr().cast(), fw);
             }
             // Each slot's last nonzero word of the 16 is its entry now.
-            let (set, from) = super::avx512::last_of_slots(keys);
+            let (set, from) = last_of_slots(keys);
             dv = _mm512_mask_permutexvar_epi32(dv, set, from, w);
             ip += indexed.count_ones() as usize;
             lp += partial.count_ones() as usize;
@@ -1012,14 +1000,23 @@ mod avx512_encode {
 }
 
 #[cfg(not(all(target_arch = "x86_64", wkdm_avx512)))]
-mod avx512_encode {
+mod avx512 {
     use super::Counts;
 
-    /// No vector encoder on this architecture or with this compiler.
+    /// No vector decoder or encoder on this architecture or with this
+    /// compiler.
     pub(super) fn available() -> bool {
         false
     }
 
+    /// Never called: [`available`] is false.
+    ///
+    /// # Safety
+    ///
+    /// None needed; it panics.
+    pub(super) unsafe fn decode(_: &[u8], _: usize, _: &[u8], _: &[u8], _: &[u16], _: &mut [u8]) {
+        unreachable!("no vector decoder in this build")
+    }
     /// Never called: [`available`] is false.
     ///
     /// # Safety
@@ -1035,23 +1032,6 @@ mod avx512_encode {
         _: &mut Counts,
     ) -> usize {
         unreachable!("no vector encoder in this build")
-    }
-}
-
-#[cfg(not(all(target_arch = "x86_64", wkdm_avx512)))]
-mod avx512 {
-    /// No vector decoder on this architecture or with this compiler.
-    pub(super) fn available() -> bool {
-        false
-    }
-
-    /// Never called: [`available`] is false.
-    ///
-    /// # Safety
-    ///
-    /// None needed; it panics.
-    pub(super) unsafe fn decode(_: &[u8], _: usize, _: &[u8], _: &[u8], _: &[u16], _: &mut [u8]) {
-        unreachable!("no vector decoder in this build")
     }
 }
 
@@ -1416,7 +1396,7 @@ mod tests {
     /// within a group of 16 words (few slots, zero words between).
     #[test]
     fn encoders_agree_on_synthetic_corpus_and_colliding_pages() {
-        if !avx512_encode::available() {
+        if !avx512::available() {
             // The CI hosts have AVX-512; a host without it says so.
             eprintln!("no vector encoder on this CPU or compiler: it is not tested");
             return;
