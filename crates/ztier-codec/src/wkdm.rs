@@ -923,7 +923,7 @@ mod avx512 {
     ///
     /// # Safety
     ///
-    /// The CPU must support AVX-512F and AVX-512CD ([`available`]).
+    /// The CPU must support AVX-512F, AVX-512CD and POPCNT ([`available`]).
     #[target_feature(enable = "avx512f,avx512cd,popcnt")]
     pub(super) unsafe fn model(
         block: &[u8],
