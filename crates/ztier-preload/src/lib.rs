@@ -1526,11 +1526,40 @@ mod spread_tests {
     }
 }
 
-/// Starts a handler on each allowed CPU but `mine` (see [`Spread`]).
+/// Has a handler started on each allowed CPU but `mine` (see
+/// [`Spread`]), by the watchdog ([`MORE_HANDLERS_FOR`]).
+///
+/// Not by the handler itself: glibc's `pthread_create` allocates the new
+/// thread's DTV with the program's `calloc`, and where that is an
+/// allocator linked into the program (`run_progs/ownmalloc.c`, rustc's
+/// jemalloc) it writes arena memory and may take that allocator's lock.
+/// The handler faulted there on a page only it could serve, and every
+/// thread of the program waited on it (`--fault-path thread`, seven
+/// threads faulting on other CPUs; the watchdog saw no fault waiting,
+/// since the handler had read them all). The watchdog's faults are
+/// served as any library thread's.
 fn more_handlers(mine: usize) {
     if MORE_HANDLERS.swap(true, Ordering::AcqRel) {
         return;
     }
+    MORE_HANDLERS_FOR.store(mine as u32 + 1, Ordering::Release);
+    // SAFETY: a futex wake on a static word.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            MORE_HANDLERS_FOR.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        )
+    };
+}
+
+/// The CPU whose handler asked for more handlers, plus one (0: none
+/// asked): the watchdog waits on it ([`watchdog_loop`]).
+static MORE_HANDLERS_FOR: AtomicU32 = AtomicU32::new(0);
+
+/// In the watchdog: starts the handlers [`more_handlers`] asked for.
+fn start_more_handlers(mine: usize) {
     for &c in ALLOWED.get().map_or(&[][..], |v| &v[..]) {
         if c != mine {
             spawn_handler(Some(vec![c]), Role::Handler { ctl: false });
@@ -1694,6 +1723,9 @@ fn serve_in_thread(addr: usize) -> bool {
 ///
 /// Time is counted in its own one-second ticks, so a stopped process
 /// (SIGSTOP, a debugger) does not count as stuck.
+///
+/// It also starts the handlers that the first handler asks for
+/// ([`more_handlers`]), as soon as asked.
 fn watchdog_loop() -> std::io::Result<()> {
     let signal = manager::signal_path();
     let limit = knob_size("ZTIER_WATCHDOG_S").unwrap_or(30).max(1);
@@ -1701,7 +1733,24 @@ fn watchdog_loop() -> std::io::Result<()> {
     let mut batches = EVICTOR_BATCHES.load(Ordering::Acquire);
     let (mut still, mut evictor_still) = (0, 0);
     loop {
-        std::thread::sleep(std::time::Duration::from_secs(1));
+        // A second, or until a handler asks for more handlers.
+        let second = libc::timespec { tv_sec: 1, tv_nsec: 0 };
+        // SAFETY: a futex wait on a static word, with a live timespec.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                MORE_HANDLERS_FOR.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                0,
+                &second as *const libc::timespec,
+            )
+        };
+        let asked = MORE_HANDLERS_FOR.swap(0, Ordering::AcqRel);
+        if asked > 0 {
+            start_more_handlers(asked as usize - 1);
+            // Not a second of watching: the next wait is.
+            continue;
+        }
         let now = manager::PROGRESS.load(Ordering::Relaxed);
         let mut p = libc::pollfd { fd: UFFD_FD.load(Ordering::Relaxed), events: libc::POLLIN, revents: 0 };
         let waiting = if signal {
