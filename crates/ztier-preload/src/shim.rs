@@ -1214,11 +1214,15 @@ struct Start {
     /// The pages of a stack the program gave it from the arena, pinned
     /// (`(first, n)`; n = 0: none).
     stack: (usize, usize),
+    /// Held until the creator has moved its DTV out of the arena.
+    gate: std::sync::Arc<crate::sud::ThreadGate>,
 }
 
 extern "C" fn start_unpinned(a: *mut c_void) -> *mut c_void {
     // SAFETY: `a` is the Box<Start> leaked by pthread_create below.
     let s = unsafe { Box::from_raw(a.cast::<Start>()) };
+    // First: nothing before it may read a thread-local of the library.
+    s.gate.enter();
     if s.stack.1 > 0 {
         crate::sud::note_thread_stack(s.stack.0, s.stack.1);
     }
@@ -1307,10 +1311,14 @@ pub unsafe extern "C" fn pthread_create(
             crate::as_inside(|| keep_locale_resident(g));
         }
     }
-    let s = crate::as_inside(|| Box::into_raw(Box::new(Start { f, arg, stack })));
+    let gate = std::sync::Arc::new(crate::sud::ThreadGate::new());
+    let s = crate::as_inside(|| Box::into_raw(Box::new(Start { f, arg, stack, gate: gate.clone() })));
     // SAFETY: forwarding with our trampoline, which takes ownership of `s`.
     let r = crate::as_inside(|| unsafe { real(t, attr, start_unpinned, s.cast()) });
-    if r != 0 {
+    if r == 0 {
+        // SAFETY: glibc's `pthread_t` is the new thread's thread pointer.
+        gate.creator(unsafe { *t } as usize);
+    } else {
         // SAFETY: the thread was not created; `s` is still ours.
         crate::as_inside(|| drop(unsafe { Box::from_raw(s) }));
         if stack.1 > 0 {

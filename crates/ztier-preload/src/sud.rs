@@ -210,7 +210,7 @@
 //! that thread unprotected.
 
 use std::cell::{Cell, UnsafeCell};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 const PR_SET_SYSCALL_USER_DISPATCH: libc::c_int = 59;
 const PR_SYS_DISPATCH_ON: libc::c_ulong = 1;
@@ -628,7 +628,7 @@ fn clone_with_dispatch(nr: i64, a: [u64; 6], uc: &mut libc::ucontext_t) -> Optio
     if g.in_arena(stack as usize) || g.in_arena(top as usize - 1) || g.in_arena(ca.tls as usize) {
         return None;
     }
-    relocate_dtv(g, ca.tls);
+    relocate_dtv(g, ca.tls, true);
     let fp = uc.uc_mcontext.fpregs as u64;
     if fp == 0 {
         return None;
@@ -707,14 +707,111 @@ fn moved_dtv(g: &crate::Global, dtv: u64, free_old: bool) -> Option<u64> {
 }
 
 /// Moves the DTV of the new thread whose thread pointer is `tp` out of
-/// the arena ([`moved_dtv`]), before its clone.
-fn relocate_dtv(g: &crate::Global, tp: u64) {
+/// the arena ([`moved_dtv`]), before it runs. The caller makes sure the
+/// thread exists and does not run code that reads its DTV meanwhile
+/// (before its clone, or held at its [`ThreadGate`]), and that its
+/// control block is outside the arena or pinned.
+fn relocate_dtv(g: &crate::Global, tp: u64, free_old: bool) {
     let slot = (tp + 8) as *mut u64;
     // SAFETY: the new thread's TCB, which glibc filled in before the
-    // clone (checked outside the arena).
-    if let Some(new) = moved_dtv(g, unsafe { slot.read() }, true) {
+    // clone (as the caller promises).
+    if let Some(new) = moved_dtv(g, unsafe { slot.read() }, free_old) {
         // SAFETY: as above.
         unsafe { slot.write(new) };
+    }
+}
+
+/// Where a thread the program starts with `pthread_create` waits, at
+/// the first instruction of the library's start routine, until its
+/// creator has moved its DTV out of the arena ([`relocate_dtv`]).
+///
+/// glibc allocates the DTV with the program's `calloc` just before the
+/// clone. Our `pthread_create` sends that call to glibc's malloc, but a
+/// `calloc` linked into the program (`run_progs/ownmalloc.c`, rustc's
+/// jemalloc) gives it arena memory, which the evictor may take at once.
+/// Every access to a thread-local of this library reads the DTV, the
+/// `SIGBUS` handler's first among them: with `--fault-path signal`, a
+/// new thread whose DTV page was out of memory faulted again inside the
+/// handler, for ever, until its signal stack ran out (`SIGSEGV`, in one
+/// run of ten of `ownmalloc` at `--budget 16M`; seen when the DTV
+/// straddled two pages and the second was out, in the copy that
+/// [`dtv_out_of_arena`] makes). The creator's own DTV is outside the
+/// arena, so its faults on the new thread's DTV are served as any.
+///
+/// ```text
+///   NEW ──child: DTV outside the arena──► PASSED   (creator: nothing)
+///    │ └─child: DTV in the arena──► WAITING ─creator moves it─► OPEN
+///    └─creator first──► CHECKING ─creator moves it if there─► OPEN
+/// ```
+///
+/// The creator reads the thread's control block only while the thread
+/// cannot have gone past the gate (NEW, WAITING), so never after the
+/// thread could have ended. The gate is shared (`Arc`): either side may
+/// be the last to let it go.
+pub struct ThreadGate(AtomicU32);
+
+impl ThreadGate {
+    const NEW: u32 = 0;
+    const PASSED: u32 = 1;
+    const WAITING: u32 = 2;
+    const CHECKING: u32 = 3;
+    const OPEN: u32 = 4;
+
+    pub fn new() -> ThreadGate {
+        ThreadGate(AtomicU32::new(Self::NEW))
+    }
+
+    /// In the new thread, before anything that may read one of the
+    /// library's thread-locals: reads no thread-local (only the thread
+    /// pointer's DTV word, the library's global state, and system calls
+    /// through [`raw`]).
+    pub fn enter(&self) {
+        let dtv: u64;
+        // SAFETY: reads the second word at the thread pointer (glibc's
+        // `tcbhead_t.dtv`).
+        unsafe { std::arch::asm!("mov {}, fs:8", out(reg) dtv, options(nostack, readonly, preserves_flags)) };
+        let in_arena = dtv >= 16 && crate::GLOBAL.get().is_some_and(|g| g.in_arena(dtv as usize));
+        let want = if in_arena { Self::WAITING } else { Self::PASSED };
+        match self.0.compare_exchange(Self::NEW, want, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) if !in_arena => return,
+            Err(Self::OPEN) => return,
+            _ => {}
+        }
+        loop {
+            let v = self.0.load(Ordering::Acquire);
+            if v == Self::OPEN {
+                return;
+            }
+            raw(
+                libc::SYS_futex,
+                [
+                    self.0.as_ptr() as u64,
+                    (libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG) as u64,
+                    v as u64,
+                    0,
+                    0,
+                    0,
+                ],
+            );
+        }
+    }
+
+    /// In the creator, once glibc's `pthread_create` has made the thread
+    /// whose thread pointer (its `pthread_t`) is `tp`.
+    pub fn creator(&self, tp: usize) {
+        let seen = self.0.compare_exchange(Self::NEW, Self::CHECKING, Ordering::AcqRel, Ordering::Acquire);
+        if seen == Err(Self::PASSED) {
+            return;
+        }
+        if let Some(g) = crate::GLOBAL.get() {
+            // The DTV block is the program's allocator's: not freed here.
+            relocate_dtv(g, tp as u64, false);
+        }
+        self.0.store(Self::OPEN, Ordering::Release);
+        raw(
+            libc::SYS_futex,
+            [self.0.as_ptr() as u64, (libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG) as u64, 1, 0, 0, 0],
+        );
     }
 }
 

@@ -1024,7 +1024,7 @@ fn memory_the_kernel_writes_outside_system_calls() {
 /// `mmap` while it holds its lock, which is not recursive; its first
 /// call made by the constructor of a library it links,
 /// `ownmalloc_early.c`, before the preloaded library's; 96 MiB of
-/// blocks, checked by a second thread and the main thread). glibc's own
+/// blocks, checked by seven more threads and the main thread). glibc's own
 /// allocations go to that `malloc` too: a new thread's TLS table, and
 /// the thread-exit destructors a thread registers on its first use of a
 /// thread-local. Before, every such program hung before `main`: the
@@ -1034,7 +1034,11 @@ fn memory_the_kernel_writes_outside_system_calls() {
 /// the handler still hung on that lock (its first contended store lock
 /// registered parking_lot's per-thread data), and with `--fault-path
 /// signal` the `SIGBUS` handler's first thread-local read faulted on a
-/// thread's table evicted with the program's memory (`SIGSEGV`). Same
+/// thread's table evicted with the program's memory (`SIGSEGV`). Then
+/// a new thread's table, made by this `malloc` just before the thread
+/// starts, could still be out of memory at its first thread-local read
+/// (one run in ten died so under `--fault-path signal`, `SIGSEGV`, no
+/// word); the creator now moves it first (`sud::ThreadGate`). Same
 /// output as native in every mode, the heap compressed; a run that does
 /// not end within a minute fails.
 #[test]

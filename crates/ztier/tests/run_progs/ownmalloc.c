@@ -8,8 +8,12 @@
  * preloaded library's, as rustc's comes from one of libLLVM's.
  *
  * Then 96 MiB in blocks of 4 to 64 KiB, each filled with a pattern of
- * its own; a second thread checks the even blocks while the main thread
- * checks the odd ones, and both sum them. Prints the sums. */
+ * its own; seven more threads, started one after another while the
+ * main thread already checks, and the main thread each check and sum an
+ * eighth of the blocks (every eighth). Prints the sums of the even and
+ * of the odd blocks. Each new thread's table of thread-local storage
+ * (DTV) comes from this malloc, so from memory ztier manages, made just
+ * before the thread starts, while the heap is being evicted around it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -92,7 +96,7 @@ static size_t words[BLOCKS];
 
 static uint64_t check(unsigned from) {
     uint64_t sum = 0;
-    for (unsigned b = from; b < BLOCKS; b += 2)
+    for (unsigned b = from; b < BLOCKS; b += 8)
         for (size_t i = 0; i < words[b]; i++) {
             if (block[b][i] != ((b * 0x9E3779B97F4A7C15u) ^ i)) {
                 printf("block %u word %zu: %llx\n", b, i, (unsigned long long)block[b][i]);
@@ -103,10 +107,7 @@ static uint64_t check(unsigned from) {
     return sum;
 }
 
-static void *checker(void *arg) {
-    (void)arg;
-    return (void *)(uintptr_t)check(0);
-}
+static void *checker(void *arg) { return (void *)(uintptr_t)check((unsigned)(uintptr_t)arg); }
 
 int main(void) {
     size_t total = 0;
@@ -117,12 +118,20 @@ int main(void) {
         for (size_t i = 0; i < words[b]; i++) block[b][i] = (b * 0x9E3779B97F4A7C15u) ^ i;
         total += words[b] * 8;
     }
-    pthread_t t;
-    if (pthread_create(&t, NULL, checker, NULL)) return 3;
-    uint64_t odd = check(1);
-    void *even;
-    pthread_join(t, &even);
+    /* Threads 1 to 7 check blocks 1 to 7 mod 8; the main thread, 0. */
+    pthread_t t[8];
+    uint64_t sum[8];
+    for (unsigned k = 1; k < 8; k++)
+        if (pthread_create(&t[k], NULL, checker, (void *)(uintptr_t)k)) return 3;
+    sum[0] = check(0);
+    for (unsigned k = 1; k < 8; k++) {
+        void *r;
+        pthread_join(t[k], &r);
+        sum[k] = (uint64_t)(uintptr_t)r;
+    }
+    uint64_t even = 0, odd = 0;
+    for (unsigned k = 0; k < 8; k++) *(k % 2 ? &odd : &even) += sum[k];
     printf("own malloc: %u blocks, %zu MiB, sums %llx %llx, called %s\n", BLOCKS, total >> 20,
-           (unsigned long long)(uintptr_t)even, (unsigned long long)odd, calls > BLOCKS ? "for all" : "too few");
+           (unsigned long long)even, (unsigned long long)odd, calls > BLOCKS ? "for all" : "too few");
     return 0;
 }
