@@ -454,6 +454,12 @@ fn global_for(bytes: usize) -> Option<&'static Global> {
 /// The library's constructor has run ([`library_loaded`]).
 static LOADED: AtomicBool = AtomicBool::new(false);
 
+/// The program's `malloc` is not the library's ([`program_has_own_malloc`],
+/// told by the library's constructor): glibc's allocations (each
+/// thread's DTV among them) go to it and are freed by it, so the library
+/// never moves such a block into glibc's heap (`sud::moved_dtv`).
+pub(crate) static OWN_MALLOC: AtomicBool = AtomicBool::new(false);
+
 /// The library's constructor. Until it has run the library does not
 /// start ([`global_for`]): constructors of the program's libraries run
 /// before it (the dynamic linker orders a preloaded library after the
@@ -483,6 +489,7 @@ extern "C" fn library_loaded() {
     // this one inherits (the environment is still the initial one).
     spawn::note_start();
     let own_malloc = program_has_own_malloc();
+    OWN_MALLOC.store(own_malloc, Ordering::Release);
     LOADED.store(true, Ordering::Release);
     if STATE.load(Ordering::Acquire) == UNINIT
         && (own_malloc || BEFORE_START.load(Ordering::Relaxed) >= start_after())

@@ -1243,6 +1243,7 @@ extern "C" fn start_unpinned(a: *mut c_void) -> *mut c_void {
     // need per thread (`prepare_thread`, `keep_thread_vector`).
     ztier_store::store::prepare_thread();
     crate::sud::keep_thread_vector();
+    s.gate.end_pin();
     crate::sud::rearm();
     (s.f)(s.arg)
 }

@@ -210,7 +210,7 @@
 //! that thread unprotected.
 
 use std::cell::{Cell, UnsafeCell};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 const PR_SET_SYSCALL_USER_DISPATCH: libc::c_int = 59;
 const PR_SYS_DISPATCH_ON: libc::c_ulong = 1;
@@ -679,8 +679,15 @@ fn clone_with_dispatch(nr: i64, a: [u64; 6], uc: &mut libc::ucontext_t) -> Optio
 /// `SIGSEGV` once its signal stack ran out). The old block is freed if
 /// `free_old`; glibc frees or grows the new one later with
 /// `free`/`realloc`, which send memory outside the arena to glibc.
+///
+/// Never for a program with a `malloc` of its own ([`crate::OWN_MALLOC`]):
+/// glibc frees the DTV with the program's `free` (when it trims its
+/// cache of thread stacks), which would get a block of glibc's heap
+/// (`ownmalloc.c` with a `free` that checks its blocks aborted at its
+/// fourth `pthread_join`; jemalloc would take it for its own). Such a
+/// DTV is pinned instead ([`ThreadGate`], [`keep_thread_vector`]).
 fn moved_dtv(g: &crate::Global, dtv: u64, free_old: bool) -> Option<u64> {
-    if dtv < 16 || !g.in_arena(dtv as usize) {
+    if dtv < 16 || !g.in_arena(dtv as usize) || crate::OWN_MALLOC.load(Ordering::Acquire) {
         return None;
     }
     let block = dtv - 16;
@@ -723,7 +730,10 @@ fn relocate_dtv(g: &crate::Global, tp: u64, free_old: bool) {
 
 /// Where a thread the program starts with `pthread_create` waits, at
 /// the first instruction of the library's start routine, until its
-/// creator has moved its DTV out of the arena ([`relocate_dtv`]).
+/// creator has moved its DTV out of the arena ([`relocate_dtv`]) — or,
+/// for a program with a `malloc` of its own, which frees that block
+/// itself ([`moved_dtv`]), pinned it, until the thread keeps it pinned
+/// for itself ([`keep_thread_vector`], then [`ThreadGate::end_pin`]).
 ///
 /// glibc allocates the DTV with the program's `calloc` just before the
 /// clone. Our `pthread_create` sends that call to glibc's malloc, but a
@@ -748,7 +758,12 @@ fn relocate_dtv(g: &crate::Global, tp: u64, free_old: bool) {
 /// cannot have gone past the gate (NEW, WAITING), so never after the
 /// thread could have ended. The gate is shared (`Arc`): either side may
 /// be the last to let it go.
-pub struct ThreadGate(AtomicU32);
+pub struct ThreadGate {
+    state: AtomicU32,
+    /// The DTV's pages the creator pinned (first, count; 0 pages: none),
+    /// written before OPEN.
+    pinned: [AtomicUsize; 2],
+}
 
 impl ThreadGate {
     const NEW: u32 = 0;
@@ -758,7 +773,7 @@ impl ThreadGate {
     const OPEN: u32 = 4;
 
     pub fn new() -> ThreadGate {
-        ThreadGate(AtomicU32::new(Self::NEW))
+        ThreadGate { state: AtomicU32::new(Self::NEW), pinned: [AtomicUsize::new(0), AtomicUsize::new(0)] }
     }
 
     /// In the new thread, before anything that may read one of the
@@ -772,20 +787,20 @@ impl ThreadGate {
         unsafe { std::arch::asm!("mov {}, fs:8", out(reg) dtv, options(nostack, readonly, preserves_flags)) };
         let in_arena = dtv >= 16 && crate::GLOBAL.get().is_some_and(|g| g.in_arena(dtv as usize));
         let want = if in_arena { Self::WAITING } else { Self::PASSED };
-        match self.0.compare_exchange(Self::NEW, want, Ordering::AcqRel, Ordering::Acquire) {
+        match self.state.compare_exchange(Self::NEW, want, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) if !in_arena => return,
             Err(Self::OPEN) => return,
             _ => {}
         }
         loop {
-            let v = self.0.load(Ordering::Acquire);
+            let v = self.state.load(Ordering::Acquire);
             if v == Self::OPEN {
                 return;
             }
             raw(
                 libc::SYS_futex,
                 [
-                    self.0.as_ptr() as u64,
+                    self.state.as_ptr() as u64,
                     (libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG) as u64,
                     v as u64,
                     0,
@@ -799,19 +814,60 @@ impl ThreadGate {
     /// In the creator, once glibc's `pthread_create` has made the thread
     /// whose thread pointer (its `pthread_t`) is `tp`.
     pub fn creator(&self, tp: usize) {
-        let seen = self.0.compare_exchange(Self::NEW, Self::CHECKING, Ordering::AcqRel, Ordering::Acquire);
+        let seen =
+            self.state.compare_exchange(Self::NEW, Self::CHECKING, Ordering::AcqRel, Ordering::Acquire);
         if seen == Err(Self::PASSED) {
             return;
         }
         if let Some(g) = crate::GLOBAL.get() {
-            // The DTV block is the program's allocator's: not freed here.
-            relocate_dtv(g, tp as u64, false);
+            if crate::OWN_MALLOC.load(Ordering::Acquire) {
+                self.pin_dtv(g, tp);
+            } else {
+                // Not freed: the block is the program's `calloc`'s.
+                relocate_dtv(g, tp as u64, false);
+            }
         }
-        self.0.store(Self::OPEN, Ordering::Release);
+        self.state.store(Self::OPEN, Ordering::Release);
         raw(
             libc::SYS_futex,
-            [self.0.as_ptr() as u64, (libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG) as u64, 1, 0, 0, 0],
+            [self.state.as_ptr() as u64, (libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG) as u64, 1, 0, 0, 0],
         );
+    }
+
+    /// In the creator: pins the pages of the DTV of the thread at `tp`
+    /// if it lies in the arena (its length read in its block's first
+    /// entry, as [`keep_thread_vector`] reads it).
+    fn pin_dtv(&self, g: &crate::Global, tp: usize) {
+        // SAFETY: the new thread's control block, filled in by glibc
+        // before the clone (outside the arena, or in a stack pinned for
+        // the thread).
+        let dtv = unsafe { ((tp + 8) as *const usize).read() };
+        let start = dtv.wrapping_sub(16);
+        if dtv < 16 || !g.in_arena(start) {
+            return;
+        }
+        // SAFETY: the DTV's first entry, written by glibc's `calloc` just
+        // now (arena memory: a fault here is served, as any of this
+        // thread's).
+        let len = unsafe { (start as *const usize).read_volatile() };
+        let (first, n) = arena_pages(g, start, len.saturating_add(2).saturating_mul(16));
+        if n == 0 {
+            return;
+        }
+        until_pinned(g, "a new thread's thread-local table", |m| m.pin(first, n, &g.stats));
+        self.pinned[0].store(first, Ordering::Relaxed);
+        self.pinned[1].store(n, Ordering::Relaxed);
+    }
+
+    /// In the new thread, once it keeps its DTV pinned for itself
+    /// ([`keep_thread_vector`]): the creator's pin ends.
+    pub fn end_pin(&self) {
+        let (first, n) = (self.pinned[0].load(Ordering::Relaxed), self.pinned[1].load(Ordering::Relaxed));
+        if n > 0 {
+            if let Some(g) = crate::GLOBAL.get() {
+                crate::lock_program(g).unpin(first, n);
+            }
+        }
     }
 }
 
@@ -2106,7 +2162,9 @@ fn arena_pages(g: &crate::Global, p: usize, len: usize) -> (usize, usize) {
 /// a handler thread whose table went out of memory faulted on itself,
 /// and under `--fault-path signal` the `SIGBUS` handler's first
 /// thread-local faulted again inside the handler (the process died by
-/// `SIGSEGV`). A table glibc moves later (a `dlopen`ed library with
+/// `SIGSEGV`). A program's thread reaches here with a table in the
+/// arena already pinned by its creator ([`ThreadGate`]), so the read of
+/// its length cannot fault. A table glibc moves later (a `dlopen`ed library with
 /// thread-locals of its own grows it) is not followed.
 ///
 /// x86-64 glibc: the thread's control block, at `%fs:0`, holds the

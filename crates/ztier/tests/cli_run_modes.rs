@@ -1038,9 +1038,13 @@ fn memory_the_kernel_writes_outside_system_calls() {
 /// a new thread's table, made by this `malloc` just before the thread
 /// starts, could still be out of memory at its first thread-local read
 /// (one run in ten died so under `--fault-path signal`, `SIGSEGV`, no
-/// word); the creator now moves it first (`sud::ThreadGate`). Same
-/// output as native in every mode, the heap compressed; a run that does
-/// not end within a minute fails.
+/// word); the creator now pins it first (`sud::ThreadGate`). The
+/// program's `free` aborts on a block that is not its own: glibc frees
+/// each DTV with it, and the library used to move DTVs to glibc's heap.
+/// And the handler, starting more handlers for the threads on other
+/// CPUs, called that `calloc` and faulted on itself (`--fault-path
+/// thread` hung). Same output as native in every mode, the heap
+/// compressed; a run that does not end within a minute fails.
 #[test]
 fn a_program_with_a_malloc_of_its_own() {
     let d = tmp("ownmalloc");
