@@ -60,7 +60,8 @@
 //! **fork**: a child gets a copy of the memory — the compressed store
 //! included — but not of the handler thread, and the kernel drops the
 //! userfaultfd registration in the child (stored pages would read as
-//! zeros). Before `fork` (a `pthread_atfork` handler) all allocator locks
+//! zeros). Before `fork` (a `pthread_atfork` handler; see
+//! [`__register_atfork`] for where it runs among the program's) all allocator locks
 //! and the store's are taken, and only pages in the spill file (which
 //! parent and child would share) are brought back; in the child, before
 //! the program runs on, the library registers the arena with a
@@ -594,7 +595,8 @@ fn start() -> bool {
             let _ = GLOBAL.set(g);
             // SAFETY: registering plain extern "C" callbacks.
             unsafe {
-                libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+                register_fork_handlers();
+                register_late_child();
                 libc::atexit(at_exit);
             }
             OWN_PID.store(std::process::id() as i32, Ordering::Relaxed);
@@ -2281,11 +2283,30 @@ type ForkGuards = (
     std::sync::MutexGuard<'static, PageAlloc>,
 );
 
-thread_local! {
-    /// The locks fork_prepare took, released after the fork (futex
-    /// mutexes: a child can release them; nobody else in it waits).
-    static FORK_GUARDS: std::cell::RefCell<Option<ForkGuards>> = const { std::cell::RefCell::new(None) };
+/// The locks [`fork_prepare`] took, released after the fork (futex
+/// mutexes: a child can release them; nobody else in it waits).
+///
+/// A static, not a thread-local: a thread-local with a destructor
+/// registers it with glibc at its first use in a thread, and glibc
+/// allocates for that with the program's `calloc`. With `--fault-path
+/// signal`, [`fork_prepare`] runs after the program's own `prepare`
+/// handlers, and an allocator's holds its lock then: the first fork
+/// from a thread waited on that lock for ever (`ownmalloc.c`).
+struct ForkSlot(std::cell::RefCell<Option<ForkGuards>>);
+
+// SAFETY: only the forking thread uses it, from its fork's `prepare`
+// handler to its `parent` or `child` handler, and forks do not overlap
+// there: glibc runs one fork's handlers at a time (under its lock for
+// them), and the manager's lock, held in between, is taken by no other.
+unsafe impl Sync for ForkSlot {}
+
+impl ForkSlot {
+    fn with<R>(&self, f: impl FnOnce(&std::cell::RefCell<Option<ForkGuards>>) -> R) -> R {
+        f(&self.0)
+    }
 }
+
+static FORK_GUARDS: ForkSlot = ForkSlot(std::cell::RefCell::new(None));
 
 /// The page ranges of the arena ever handed out: the small-object spans
 /// and the page region's used part. Everything else is ABSENT, so the
@@ -2305,6 +2326,137 @@ thread_local! {
     /// blocked the asynchronous signals (see [`Held`]: the manager's lock
     /// is held across the fork).
     static FORK_MASK: Cell<u64> = const { Cell::new(0) };
+}
+
+type AtforkFn = Option<extern "C" fn()>;
+type RegisterAtforkFn = unsafe extern "C" fn(AtforkFn, AtforkFn, AtforkFn, *mut libc::c_void) -> libc::c_int;
+
+/// glibc's `__register_atfork`, 0 if not found.
+fn real_register_atfork() -> usize {
+    static REAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let mut f = REAL.load(Ordering::Relaxed);
+    if f == 0 {
+        // SAFETY: dlsym with a NUL-terminated name (no allocation when
+        // the symbol is found).
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"__register_atfork".as_ptr()) } as usize;
+        REAL.store(f, Ordering::Relaxed);
+    }
+    f
+}
+
+/// Registers the library's fork handlers ([`fork_prepare`],
+/// [`fork_parent`], [`fork_child`]) with glibc, once: at the library's
+/// start, or before the first handler anything else registers, if that
+/// comes first ([`__register_atfork`]). They do nothing before the
+/// library has started.
+fn register_fork_handlers() {
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if DONE.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let f = real_register_atfork();
+    if f == 0 {
+        return;
+    }
+    // SAFETY: glibc's `__register_atfork`, with plain extern "C"
+    // callbacks that live as long as the process (no DSO handle: never
+    // unregistered).
+    unsafe {
+        std::mem::transmute::<usize, RegisterAtforkFn>(f)(
+            Some(fork_prepare),
+            Some(fork_parent),
+            Some(fork_child),
+            std::ptr::null_mut(),
+        )
+    };
+}
+
+/// Registrations of [`fork_child_late`]: one at the library's start,
+/// and one more after each handler anyone registers later, so that one
+/// of them is always the last `child` handler (glibc has no exported
+/// way to remove a handler, and none to move one). The last to run does
+/// the work ([`LATE_COUNTDOWN`]).
+static LATE_INSTANCES: AtomicU32 = AtomicU32::new(0);
+/// Registrations of fork handlers, one at a time.
+static REGISTERING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Registers [`fork_child_late`] once more (the caller holds
+/// [`REGISTERING`]).
+fn register_late_child_locked() {
+    let reg = real_register_atfork();
+    if reg == 0 {
+        return;
+    }
+    // SAFETY: glibc's `__register_atfork` with a plain callback that
+    // lives as long as the process (no DSO handle: never unregistered).
+    let r = unsafe {
+        std::mem::transmute::<usize, RegisterAtforkFn>(reg)(
+            None,
+            None,
+            Some(fork_child_late),
+            std::ptr::null_mut(),
+        )
+    };
+    if r == 0 {
+        LATE_INSTANCES.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// At the library's start: registers [`fork_child_late`].
+fn register_late_child() {
+    let _one = REGISTERING.lock().unwrap_or_else(|e| e.into_inner());
+    register_late_child_locked();
+}
+
+/// `__register_atfork`, which `pthread_atfork` calls (from
+/// `libc_nonshared.a`, linked into the caller). glibc runs the `prepare`
+/// handlers last registered first, and the others in order.
+///
+/// With `--fault-path signal` the library's handlers are registered
+/// before the first of anyone else's, so its `prepare` runs after every
+/// other and its `parent` and `child` handlers before every other (but
+/// for [`fork_child_late`], registered again after each other one). That
+/// order matters because [`fork_prepare`] holds the manager's lock until
+/// the fork is done: a `prepare` handler run after it that touched an
+/// evicted page faulted, and the fault waited for that lock. jemalloc
+/// registers its handlers when it starts, at the program's first
+/// `malloc` (rustc's: in libLLVM's constructor, before this library
+/// starts), and its `prepare` takes every mutex it has, in its own
+/// metadata, arena memory: rustc under `ztier run --budget 32M` hung at
+/// its first `fork` (to run the linker) until the watchdog ended it.
+/// In the child, the faults of the program's handlers that run between
+/// [`fork_child`] and [`fork_child_late`] are served in the faulting
+/// thread.
+///
+/// With `--fault-path thread` they are registered at the library's
+/// start, as before: in such a child no thread could serve those faults
+/// (jemalloc's `child` handler touches more than its `prepare` did), so
+/// a fork of rustc still hangs there, and the watchdog ends it with a
+/// message.
+///
+/// # Safety
+/// The C contract of `__register_atfork`.
+#[no_mangle]
+pub unsafe extern "C" fn __register_atfork(
+    prepare: AtforkFn,
+    parent: AtforkFn,
+    child: AtforkFn,
+    dso: *mut libc::c_void,
+) -> libc::c_int {
+    if manager::signal_path() {
+        register_fork_handlers();
+    }
+    let f = real_register_atfork();
+    if f == 0 {
+        return libc::ENOMEM;
+    }
+    let _one = REGISTERING.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: forwarding to glibc's, as the caller promises.
+    let r = unsafe { std::mem::transmute::<usize, RegisterAtforkFn>(f)(prepare, parent, child, dso) };
+    if r == 0 && LATE_INSTANCES.load(Ordering::Acquire) > 0 {
+        register_late_child_locked();
+    }
+    r
 }
 
 extern "C" fn fork_prepare() {
@@ -2413,6 +2565,47 @@ extern "C" fn fork_child() {
     // Its own statistics file (the parent's descriptor is closed).
     OWN_PID.store(std::process::id() as i32, Ordering::Relaxed);
     as_inside(open_stats);
+    let late = LATE_INSTANCES.load(Ordering::Acquire);
+    if OWN_MALLOC.load(Ordering::Acquire) && late > 0 {
+        // The threads start after the program's handlers (its allocator's
+        // among them) have run: see `fork_child_late`.
+        LATE_COUNTDOWN.store(late, Ordering::Release);
+        return;
+    }
+    child_threads(g);
+}
+
+/// In a forked child whose threads are still to start: the
+/// [`fork_child_late`] registrations still to run (the last starts them).
+static LATE_COUNTDOWN: AtomicU32 = AtomicU32::new(0);
+
+/// The last `child` handler of a fork (see [`__register_atfork`]): for a
+/// program with a `malloc` of its own, starts the child's threads,
+/// which [`fork_child`] left for now. glibc's `pthread_create` allocates
+/// with the program's `calloc`, whose locks the allocator's own `prepare`
+/// handler took before the fork and only its `child` handler, run after
+/// [`fork_child`], gives back: rustc's forked child waited on jemalloc's
+/// lock for ever. Between the two, the program's handlers touch what
+/// their `prepare` touched, which was resident at the fork (faults there
+/// would wait for a handler thread not started yet).
+extern "C" fn fork_child_late() {
+    // The child has one thread: no other changes the count meanwhile.
+    let left = LATE_COUNTDOWN.load(Ordering::Acquire);
+    if left == 0 {
+        return;
+    }
+    LATE_COUNTDOWN.store(left - 1, Ordering::Release);
+    if left > 1 {
+        return;
+    }
+    let _ = INSIDE.try_with(|c| c.set(true));
+    let g = GLOBAL.get().expect("ready");
+    child_threads(g);
+}
+
+/// The end of [`fork_child`]: the child's threads, back under the
+/// budget, system calls caught again, the program's signal mask.
+fn child_threads(g: &Global) {
     spawn_handlers();
     // Back under the budget at once (if the spill file could not be
     // copied for the child, its pages came back for the fork; the rest

@@ -13,7 +13,15 @@
  * eighth of the blocks (every eighth). Prints the sums of the even and
  * of the odd blocks. Each new thread's table of thread-local storage
  * (DTV) comes from this malloc, so from memory ztier manages, made just
- * before the thread starts, while the heap is being evicted around it. */
+ * before the thread starts, while the heap is being evicted around it.
+ *
+ * Like jemalloc, it registers fork handlers at its first call (before
+ * the preloaded library starts): `prepare` takes its lock and, with
+ * OWNMALLOC_TOUCH=1, reads the first word of each of its chunks (cold,
+ * as jemalloc's mutexes in its metadata), `parent` lets the lock go and
+ * `child` makes it anew and writes those words. Then the program forks:
+ * the child allocates (its lock must be free), checks blocks 0 to 7 and
+ * exits with 0 if they hold their pattern; the parent prints that. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -22,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define CHUNK (4u << 20)
@@ -36,10 +45,39 @@ static unsigned long calls;
 
 /* A block of at least n bytes aligned to `align` (a power of two, at
  * least 16), its size kept in the 16 bytes before it. */
+static volatile uint64_t touched;
+
+static void touch_chunks(int write) {
+    const char *on = getenv("OWNMALLOC_TOUCH");
+    if (!on || strcmp(on, "1") != 0) return;
+    for (unsigned k = 0; k < chunks; k++) {
+        if (write)
+            *(volatile char *)chunk_lo[k] = *(volatile char *)chunk_lo[k];
+        else
+            touched += *(volatile char *)chunk_lo[k];
+    }
+}
+
+static void fork_prepare(void) {
+    pthread_mutex_lock(&lock);
+    touch_chunks(0);
+}
+static void fork_parent(void) { pthread_mutex_unlock(&lock); }
+static void fork_child(void) {
+    pthread_mutex_init(&lock, NULL);
+    touch_chunks(1);
+}
+
 static void *take(size_t n, size_t align) {
     if (n > ((size_t)1 << 40)) {
         errno = ENOMEM;
         return NULL;
+    }
+    static int registered;
+    if (!registered) {
+        /* Called first from a library's constructor, with one thread. */
+        registered = 1;
+        pthread_atfork(fork_prepare, fork_parent, fork_child);
     }
     pthread_mutex_lock(&lock);
     calls++;
@@ -154,6 +192,20 @@ int main(void) {
     }
     uint64_t even = 0, odd = 0;
     for (unsigned k = 0; k < 8; k++) *(k % 2 ? &odd : &even) += sum[k];
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return 5;
+    if (pid == 0) {
+        char *p = malloc(100);
+        if (!p) _exit(2);
+        for (unsigned b = 0; b < 8; b++)
+            for (size_t i = 0; i < words[b]; i++)
+                if (block[b][i] != ((b * 0x9E3779B97F4A7C15u) ^ i)) _exit(1);
+        _exit(0);
+    }
+    int status;
+    if (waitpid(pid, &status, 0) != pid) return 6;
+    printf("fork: child %s\n", WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "saw its blocks" : "failed");
     printf("own malloc: %u blocks, %zu MiB, sums %llx %llx, called %s\n", BLOCKS, total >> 20,
            (unsigned long long)even, (unsigned long long)odd, calls > BLOCKS ? "for all" : "too few");
     return 0;
