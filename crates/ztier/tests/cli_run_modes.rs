@@ -1123,6 +1123,75 @@ fn a_program_with_a_malloc_of_its_own() {
     }
 }
 
+/// rustc itself, whose executable has jemalloc linked in (the case
+/// `ownmalloc.c` models), compiles a program with 16 codegen units at
+/// `--budget 32M` and forks its linker, under `--fault-path signal` in
+/// full and user-mode-only mode. jemalloc registers its fork handlers
+/// before the library starts, and its `prepare` takes every mutex in its
+/// metadata: with the library's `prepare` run first, rustc hung at that
+/// fork until the watchdog ended it. The program it builds prints what
+/// the one rustc builds natively prints. With a handler thread the fork
+/// still hangs (see `__register_atfork` in the library), so that path is
+/// not run here.
+#[test]
+fn rustc_with_jemalloc_compiles_and_forks_its_linker() {
+    require("rustc");
+    require("cc");
+    let d = tmp("rustc");
+    let sysroot = Command::new("rustc").args(["--print", "sysroot"]).output().unwrap();
+    assert!(sysroot.status.success(), "{sysroot:?}");
+    let rustc = format!("{}/bin/rustc", String::from_utf8_lossy(&sysroot.stdout).trim());
+    std::fs::write(
+        d.join("hello.rs"),
+        "use std::collections::HashMap;\n\
+         fn main() {\n\
+             let m: HashMap<u64, u64> = (0..1000u64).map(|i| (i, i * i)).collect();\n\
+             println!(\"sum {}\", m.values().sum::<u64>());\n\
+         }\n",
+    )
+    .unwrap();
+    let build = |out: &str, ztier_mode: Option<&str>| {
+        let args = ["-O", "-C", "codegen-units=16", "hello.rs", "-o", out];
+        let o = match ztier_mode {
+            None => Command::new(&rustc).args(args).current_dir(&d).output().unwrap(),
+            Some(umo) => {
+                let stats = d.join(format!("rustc-{umo}.json"));
+                let o = Command::new(ztier())
+                    .args(["run", "--budget", "32M", "--fault-path", "signal", "--stats"])
+                    .arg(&stats)
+                    .arg("--")
+                    .arg(&rustc)
+                    .args(args)
+                    .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+                    .current_dir(&d)
+                    .output()
+                    .unwrap();
+                let s: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(&stats).unwrap_or_default())
+                        .unwrap_or_else(|e| panic!("user-mode-only {umo}: no stats ({e}): {o:?}"));
+                assert!(compressed(&s) > 1000, "user-mode-only {umo}: rustc's heap compressed: {s}");
+                let forks: u64 = s["per_process"]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("per-process stats: {s}"))
+                    .iter()
+                    .map(|p| p["forks"].as_u64().unwrap_or(0))
+                    .sum();
+                assert!(forks >= 1, "user-mode-only {umo}: rustc forked: {s}");
+                o
+            }
+        };
+        assert!(o.status.success(), "rustc {ztier_mode:?}: {o:?}");
+        let run = Command::new(d.join(out)).output().unwrap();
+        assert!(run.status.success(), "{run:?}");
+        String::from_utf8_lossy(&run.stdout).into_owned()
+    };
+    let want = build("native", None);
+    assert_eq!(want, "sum 332833500\n");
+    for umo in ["0", "1"] {
+        assert_eq!(build(&format!("managed-{umo}"), Some(umo)), want, "user-mode-only {umo}");
+    }
+}
+
 /// Many forks of a process whose heap is mostly evicted (`forkmany.c`:
 /// 64 MiB of words at `--budget 16M`, 200 children that each close
 /// descriptors 3 to 99 blind, as a shell's subshell does, then check and
