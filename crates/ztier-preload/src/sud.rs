@@ -746,12 +746,13 @@ fn relocate_dtv(g: &crate::Global, tp: u64, free_old: bool) {
 /// run of ten of `ownmalloc` at `--budget 16M`; seen when the DTV
 /// straddled two pages and the second was out, in the copy that
 /// [`dtv_out_of_arena`] makes). The creator's own DTV is outside the
-/// arena, so its faults on the new thread's DTV are served as any.
+/// arena or pinned (it went through this gate), so its faults on the new
+/// thread's DTV are served as any.
 ///
 /// ```text
 ///   NEW ──child: DTV outside the arena──► PASSED   (creator: nothing)
-///    │ └─child: DTV in the arena──► WAITING ─creator moves it─► OPEN
-///    └─creator first──► CHECKING ─creator moves it if there─► OPEN
+///    │ └─child: DTV in the arena──► WAITING ─creator moves/pins it─► OPEN
+///    └─creator first──► CHECKING ─creator moves/pins it if there─► OPEN
 /// ```
 ///
 /// The creator reads the thread's control block only while the thread
