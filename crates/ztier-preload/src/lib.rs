@@ -1552,15 +1552,7 @@ fn more_handlers(mine: usize) {
         return;
     }
     MORE_HANDLERS_FOR.store(mine as u32 + 1, Ordering::Release);
-    // SAFETY: a futex wake on a static word.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            MORE_HANDLERS_FOR.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            1,
-        )
-    };
+    sys::futex_wake(&MORE_HANDLERS_FOR, 1);
 }
 
 /// The CPU whose handler asked for more handlers, plus one (0: none
@@ -1590,15 +1582,7 @@ static COMMIT_WAITERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU
 fn batch_committed() {
     COMMITS.fetch_add(1, Ordering::AcqRel);
     if COMMIT_WAITERS.load(Ordering::Acquire) > 0 {
-        // SAFETY: a futex wake on a static word.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                COMMITS.as_ptr(),
-                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                i32::MAX,
-            )
-        };
+        sys::futex_wake(&COMMITS, i32::MAX as u32);
     }
 }
 
@@ -1606,18 +1590,8 @@ fn batch_committed() {
 /// for at most 10 ms.
 fn wait_for_commit(seen: u32) {
     COMMIT_WAITERS.fetch_add(1, Ordering::AcqRel);
-    let ts = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
-    // SAFETY: a futex wait on a static word with a relative timeout; it
-    // returns at once if the word is no longer `seen`.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            COMMITS.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            seen,
-            &ts as *const libc::timespec,
-        )
-    };
+    // Returns at once if the word is no longer `seen`.
+    sys::futex_wait(&COMMITS, seen, Some(&libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 }));
     COMMIT_WAITERS.fetch_sub(1, Ordering::AcqRel);
 }
 
@@ -1743,17 +1717,7 @@ fn watchdog_loop() -> std::io::Result<()> {
     let (mut still, mut evictor_still) = (0, 0);
     loop {
         // A second, or until a handler asks for more handlers.
-        let second = libc::timespec { tv_sec: 1, tv_nsec: 0 };
-        // SAFETY: a futex wait on a static word, with a live timespec.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                MORE_HANDLERS_FOR.as_ptr(),
-                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                0,
-                &second as *const libc::timespec,
-            )
-        };
+        sys::futex_wait(&MORE_HANDLERS_FOR, 0, Some(&libc::timespec { tv_sec: 1, tv_nsec: 0 }));
         let asked = MORE_HANDLERS_FOR.swap(0, Ordering::AcqRel);
         if asked > 0 {
             start_more_handlers(asked as usize - 1);

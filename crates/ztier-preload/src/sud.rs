@@ -779,7 +779,7 @@ impl ThreadGate {
 
     /// In the new thread, before anything that may read one of the
     /// library's thread-locals: reads no thread-local (only the thread
-    /// pointer's DTV word, the library's global state, and system calls
+    /// pointer's DTV word, the library's global state, and a futex wait
     /// through [`raw`]).
     pub fn enter(&self) {
         let dtv: u64;
@@ -798,17 +798,7 @@ impl ThreadGate {
             if v == Self::OPEN {
                 return;
             }
-            raw(
-                libc::SYS_futex,
-                [
-                    self.state.as_ptr() as u64,
-                    (libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG) as u64,
-                    v as u64,
-                    0,
-                    0,
-                    0,
-                ],
-            );
+            crate::sys::futex_wait(&self.state, v, None);
         }
     }
 
@@ -829,10 +819,7 @@ impl ThreadGate {
             }
         }
         self.state.store(Self::OPEN, Ordering::Release);
-        raw(
-            libc::SYS_futex,
-            [self.state.as_ptr() as u64, (libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG) as u64, 1, 0, 0, 0],
-        );
+        crate::sys::futex_wake(&self.state, 1);
     }
 
     /// In the creator: pins the pages of the DTV of the thread at `tp`

@@ -153,6 +153,24 @@ pub fn c_ret(r: i64) -> i64 {
     }
 }
 
+/// `FUTEX_WAIT` (process-private) on `word` while it holds `val`, for at
+/// most `timeout` (`None`: until woken). Made through the library's own
+/// system-call entry ([`crate::sud::raw`]): it reads no thread-local and
+/// sets no `errno`, so a new thread may wait before it may read any
+/// ([`crate::sud::ThreadGate`]).
+pub fn futex_wait(word: &std::sync::atomic::AtomicU32, val: u32, timeout: Option<&libc::timespec>) {
+    let ts = timeout.map_or(0, |t| t as *const libc::timespec as u64);
+    let op = (libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG) as u64;
+    crate::sud::raw(libc::SYS_futex, [word.as_ptr() as u64, op, val as u64, ts, 0, 0]);
+}
+
+/// `FUTEX_WAKE` (process-private): wakes up to `n` waiters on `word`
+/// (as [`futex_wait`], through the library's own entry).
+pub fn futex_wake(word: &std::sync::atomic::AtomicU32, n: u32) {
+    let op = (libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG) as u64;
+    crate::sud::raw(libc::SYS_futex, [word.as_ptr() as u64, op, n as u64, 0, 0, 0]);
+}
+
 /// `rt_sigprocmask(how, set)` for the calling thread; returns the mask
 /// it had.
 pub fn sigprocmask(how: c_int, set: u64) -> u64 {
