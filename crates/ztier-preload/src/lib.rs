@@ -1040,13 +1040,6 @@ mod near {
     struct Job<'a>(&'a (dyn Fn() -> std::io::Result<()> + Sync));
     static JOB: AtomicPtr<Job<'static>> = AtomicPtr::new(std::ptr::null_mut());
 
-    fn futex(op: i32, val: u32, timeout: Option<&libc::timespec>) {
-        let ts = timeout.map_or(std::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: FUTEX_WAIT/WAKE on our own word, with a live timespec
-        // or none.
-        unsafe { libc::syscall(libc::SYS_futex, STATE.as_ptr(), op | libc::FUTEX_PRIVATE_FLAG, val, ts) };
-    }
-
     /// In the evictor: has `f` run by the next fault service on the
     /// program's CPU (returns true), or runs it here after [`NEAR_WAIT`]
     /// or if it failed there (false).
@@ -1073,7 +1066,7 @@ mod near {
                 }
                 // TAKEN: a thread with its signals blocked is making the
                 // calls; it wakes this one when done.
-                seen => futex(libc::FUTEX_WAIT, seen, Some(&nap)),
+                seen => crate::sys::futex_wait(&STATE, seen, Some(&nap)),
             }
         }
     }
@@ -1090,7 +1083,7 @@ mod near {
         // the state this sets.
         let ok = (unsafe { &*JOB.load(Ordering::Acquire) }.0)().is_ok();
         STATE.store(if ok { DONE } else { FAILED }, Ordering::Release);
-        futex(libc::FUTEX_WAKE, 1, None);
+        crate::sys::futex_wake(&STATE, 1);
         crate::sys::sigprocmask(libc::SIG_SETMASK, mask);
     }
 
