@@ -26,7 +26,11 @@
 //! With `ZTIER_FAULT_PATH=signal` (`ztier run --fault-path signal`) each
 //! fault is served in the thread that took it, from a `SIGBUS` handler
 //! ([`serve_in_thread`], see [`sud`]); the handler thread then only
-//! answers the control socket and evicts when idle.
+//! answers the control socket and evicts when idle. `auto` (the default)
+//! is the handler thread, except for a program with a `malloc` of its
+//! own, which gets the signal path ([`manager::signal_path`]: its
+//! allocator's fork handlers fault in a child that has no handler thread
+//! yet).
 //!
 //! ```text
 //!  arena (64 GiB of address space, MAP_NORESERVE, uffd missing + wp)
@@ -512,7 +516,7 @@ static LIBRARY_LOADED: extern "C" fn() = library_loaded;
 /// before any preloaded library)? Told by the object that holds it: the
 /// address of the library's own exported `malloc`, taken here, is
 /// itself resolved through that lookup.
-fn program_has_own_malloc() -> bool {
+pub(crate) fn program_has_own_malloc() -> bool {
     // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches
     // the global scope, as a call from the program resolves.
     let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
@@ -2389,7 +2393,8 @@ fn register_late_child() {
 /// start, as before: in such a child no thread could serve those faults
 /// (jemalloc's `child` handler touches more than its `prepare` did), so
 /// a fork of rustc still hangs there, and the watchdog ends it with a
-/// message.
+/// message. That is why `--fault-path auto`, the default, takes the
+/// signal path for a program with a `malloc` of its own.
 ///
 /// # Safety
 /// The C contract of `__register_atfork`.

@@ -1123,9 +1123,25 @@ fn uffd_device() -> Option<i32> {
 /// of by the handler thread: no wake-up of another thread per fault, but
 /// every system call of the program is caught first (the `sud` module),
 /// since the kernel's own faults on evicted memory fail with `EFAULT`.
+///
+/// `auto` (`ztier run`'s default; also when unset) is the handler thread,
+/// except for a program whose executable has a `malloc` of its own
+/// ([`crate::program_has_own_malloc`]: jemalloc or mimalloc linked in, as
+/// rustc's is). Such an allocator's fork handlers touch its own metadata,
+/// arena memory, in the forked child before any thread of the library
+/// can be started there (`pthread_create` allocates with that allocator,
+/// whose locks its handlers hold until the last of them has run; see
+/// `crate::__register_atfork`): only the faulting thread itself can
+/// serve those faults. With the handler thread rustc hung at its first
+/// fork until the watchdog ended it. Decided once per process (a program
+/// it starts decides for itself).
 pub fn signal_path() -> bool {
     static SIGNAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SIGNAL.get_or_init(|| std::env::var("ZTIER_FAULT_PATH").is_ok_and(|v| v == "signal"))
+    *SIGNAL.get_or_init(|| match std::env::var("ZTIER_FAULT_PATH").as_deref() {
+        Ok("signal") => true,
+        Ok("thread") => false,
+        _ => crate::program_has_own_malloc(),
+    })
 }
 
 /// A new spill file in `dir`, `spill.PID`, unlinked at once: the

@@ -1052,6 +1052,8 @@ fn memory_the_kernel_writes_outside_system_calls() {
 /// before the library's `prepare` ran last (rustc under `ztier run`,
 /// forking its linker, hung so), and the child's threads start after
 /// the allocator's `child` handler (before, on its lock, for ever).
+/// `--fault-path auto` (the default) takes the signal path for it, with
+/// the cold pages read in that `prepare` too.
 #[test]
 fn a_program_with_a_malloc_of_its_own() {
     let d = tmp("ownmalloc");
@@ -1086,7 +1088,7 @@ fn a_program_with_a_malloc_of_its_own() {
             && text.ends_with("called for all\n"),
         "{text}"
     );
-    for (path, umo) in MODES {
+    for (path, umo) in MODES.into_iter().chain([("auto", "0")]) {
         let what = format!("{path}, user-mode-only {umo}");
         let stats = d.join(format!("{path}-{umo}.json"));
         let mut child = Command::new(ztier())
@@ -1096,9 +1098,10 @@ fn a_program_with_a_malloc_of_its_own() {
             .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
             // The allocator's fork `prepare` handler reads a cold page of
             // each chunk under its lock, where the library's handlers run
-            // after it (signal) — not with a handler thread, where the
-            // library's `prepare` runs first (see `__register_atfork`).
-            .env("OWNMALLOC_TOUCH", if path == "signal" { "1" } else { "0" })
+            // after it (signal, and auto for this program) — not with a
+            // handler thread, where the library's `prepare` runs first
+            // (see `__register_atfork`).
+            .env("OWNMALLOC_TOUCH", if path == "thread" { "0" } else { "1" })
             .current_dir(&d)
             .stdout(std::process::Stdio::piped())
             .process_group(0)
@@ -1120,6 +1123,8 @@ fn a_program_with_a_malloc_of_its_own() {
         assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{what}");
         let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
         assert!(compressed(&s) > 10000, "{what}: {s}");
+        let want = if path == "auto" { "signal" } else { path };
+        assert_eq!(s["fault_path"], want, "{what}: the fault path every process took: {s}");
     }
 }
 
@@ -1132,7 +1137,10 @@ fn a_program_with_a_malloc_of_its_own() {
 /// fork until the watchdog ended it. The program it builds prints what
 /// the one rustc builds natively prints. With a handler thread the fork
 /// still hangs (see `__register_atfork` in the library), so that path is
-/// not run here.
+/// not run here; `--fault-path auto`, the default, is: rustc takes the
+/// signal path there, and the linker it starts (glibc's `malloc`, ours)
+/// the handler thread. Before `auto`, the default was the handler
+/// thread, and rustc hung at its fork until the watchdog ended it.
 #[test]
 fn rustc_with_jemalloc_compiles_and_forks_its_linker() {
     require("rustc");
@@ -1150,14 +1158,15 @@ fn rustc_with_jemalloc_compiles_and_forks_its_linker() {
          }\n",
     )
     .unwrap();
-    let build = |out: &str, ztier_mode: Option<&str>| {
+    let build = |out: &str, ztier_mode: Option<(&str, &str)>| {
         let args = ["-O", "-C", "codegen-units=16", "hello.rs", "-o", out];
         let o = match ztier_mode {
             None => Command::new(&rustc).args(args).current_dir(&d).output().unwrap(),
-            Some(umo) => {
-                let stats = d.join(format!("rustc-{umo}.json"));
+            Some((path, umo)) => {
+                let what = format!("{path}, user-mode-only {umo}");
+                let stats = d.join(format!("rustc-{path}-{umo}.json"));
                 let o = Command::new(ztier())
-                    .args(["run", "--budget", "32M", "--fault-path", "signal", "--stats"])
+                    .args(["run", "--budget", "32M", "--fault-path", path, "--stats"])
                     .arg(&stats)
                     .arg("--")
                     .arg(&rustc)
@@ -1168,15 +1177,20 @@ fn rustc_with_jemalloc_compiles_and_forks_its_linker() {
                     .unwrap();
                 let s: serde_json::Value =
                     serde_json::from_str(&std::fs::read_to_string(&stats).unwrap_or_default())
-                        .unwrap_or_else(|e| panic!("user-mode-only {umo}: no stats ({e}): {o:?}"));
-                assert!(compressed(&s) > 1000, "user-mode-only {umo}: rustc's heap compressed: {s}");
-                let forks: u64 = s["per_process"]
-                    .as_array()
-                    .unwrap_or_else(|| panic!("per-process stats: {s}"))
-                    .iter()
-                    .map(|p| p["forks"].as_u64().unwrap_or(0))
-                    .sum();
-                assert!(forks >= 1, "user-mode-only {umo}: rustc forked: {s}");
+                        .unwrap_or_else(|e| panic!("{what}: no stats ({e}): {o:?}"));
+                assert!(compressed(&s) > 1000, "{what}: rustc's heap compressed: {s}");
+                let per = s["per_process"].as_array().unwrap_or_else(|| panic!("per-process stats: {s}"));
+                let forks: u64 = per.iter().map(|p| p["forks"].as_u64().unwrap_or(0)).sum();
+                assert!(forks >= 1, "{what}: rustc forked: {s}");
+                // The processes that forked (rustc) took the signal path.
+                for p in per.iter().filter(|p| p["forks"].as_u64().unwrap_or(0) > 0) {
+                    assert_eq!(p["fault_path"], "signal", "{what}: rustc's fault path: {s}");
+                }
+                if path == "auto" {
+                    // The linker, glibc's malloc, took the handler thread.
+                    assert!(per.iter().any(|p| p["fault_path"] == "thread"), "{what}: the linker's: {s}");
+                    assert_eq!(s["fault_path"], "mixed", "{what}: {s}");
+                }
                 o
             }
         };
@@ -1187,8 +1201,12 @@ fn rustc_with_jemalloc_compiles_and_forks_its_linker() {
     };
     let want = build("native", None);
     assert_eq!(want, "sum 332833500\n");
-    for umo in ["0", "1"] {
-        assert_eq!(build(&format!("managed-{umo}"), Some(umo)), want, "user-mode-only {umo}");
+    for (path, umo) in [("signal", "0"), ("signal", "1"), ("auto", "0")] {
+        assert_eq!(
+            build(&format!("managed-{path}-{umo}"), Some((path, umo))),
+            want,
+            "{path}, user-mode-only {umo}"
+        );
     }
 }
 

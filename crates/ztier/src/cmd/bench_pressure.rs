@@ -94,8 +94,9 @@ pub struct PressureArgs {
     #[arg(long, default_value = "lz4")]
     pub codec: String,
     /// Where `ztier run` serves faults (its --fault-path): thread (a handler
-    /// thread) or signal (the faulting thread, in a SIGBUS handler).
-    #[arg(long, default_value = "thread", value_parser = ["thread", "signal"])]
+    /// thread), signal (the faulting thread, in a SIGBUS handler) or auto
+    /// (thread, but signal for a program with a malloc of its own).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "thread", "signal"])]
     pub fault_path: String,
     /// What `ztier run`'s budget bounds (its --budget-scope): tree (its processes
     /// share it, as the kernel runs' cgroup limit covers all of them) or process
@@ -919,7 +920,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             lone_faults: lib["lone_faults"].as_u64(),
             fault_time_s: FaultTime::from_stats(lib),
             further_pages: lib["prefetched"].as_u64(),
-            fault_path: Some(a.fault_path.clone()),
+            fault_path: s["fault_path"].as_str().map(Into::into),
             budget_scope: lib["budget_scope"].as_str().map(Into::into),
             latency_ns: lib["latency_ns"]
                 .as_array()
@@ -978,7 +979,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         Ok(f) => {
             // The floor is a handler thread's round trip: not the path of
             // faults served in the faulting thread.
-            for r in rows.iter_mut().filter(|r| r.fault_path.as_deref() != Some("signal")) {
+            for r in rows.iter_mut().filter(|r| r.fault_path.as_deref() == Some("thread")) {
                 if let (Some(n), Some(p)) = (r.faults, r.further_pages) {
                     r.uffd_floor_s = Some(f.service_floor_s(n, p));
                     (r.uffd_fault_us, r.uffd_page_us) = (Some(f.fault_us), Some(f.page_us));

@@ -157,8 +157,14 @@ pub struct RunArgs {
     /// io_uring and Linux AIO are not offered (ENOSYS), and a thread of the program's own
     /// clone() without thread-local storage of its own gets EFAULT from system calls on
     /// evicted memory (said on stderr). Pays for programs that fault far more often than they make other
-    /// system calls.
-    #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "thread", value_parser = ["thread", "signal"])]
+    /// system calls. auto (the default): thread, except for a program whose
+    /// executable has a malloc of its own (jemalloc or mimalloc linked in,
+    /// as rustc's is), which gets signal: such an allocator's fork handlers
+    /// touch its evicted metadata in the child before any handler thread
+    /// can start there, and with thread such a fork hangs until the
+    /// watchdog ends it. Each process decides for itself; --stats says
+    /// which it took (per process, and overall: thread, signal or mixed).
+    #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "auto", value_parser = ["auto", "thread", "signal"])]
     pub fault_path: String,
     /// Print a one-line summary to stderr when the program ends.
     #[arg(long)]
@@ -211,7 +217,7 @@ impl RunArgs {
             spin_us: 0,
             watchdog: 30,
             clean: "verify".into(),
-            fault_path: "thread".into(),
+            fault_path: "auto".into(),
             summary: false,
             fault_log: None,
             cmd,
@@ -411,7 +417,7 @@ pub fn run_program(
     stats["major_faults"] = m.majflt.into();
     stats["cpu_s"] = m.cpu_s.into();
     stats["budget_bytes"] = a.budget.into();
-    stats["fault_path"] = a.fault_path.clone().into();
+    stats["fault_path"] = taken_fault_path(&stats, &a.fault_path).into();
     stats["budget_scope"] = a.scope()?.into();
     if let Some(t) = &tree {
         let seg = t.segment();
@@ -424,6 +430,19 @@ pub fn run_program(
         stats["tree_processes"] = seg.joined.load(std::sync::atomic::Ordering::Acquire).into();
     }
     Ok(RunOutcome { code, stats, timed_out: m.timed_out })
+}
+
+/// The fault path the command's processes took (`--fault-path auto`
+/// lets each decide): the one they all took, `mixed`, or `asked` if no
+/// process wrote statistics.
+fn taken_fault_path(stats: &Value, asked: &str) -> String {
+    let mut taken =
+        stats["per_process"].as_array().into_iter().flatten().filter_map(|p| p["fault_path"].as_str());
+    match taken.next() {
+        None => asked.into(),
+        Some(first) if taken.all(|p| p == first) => first.into(),
+        Some(_) => "mixed".into(),
+    }
 }
 
 /// Why the program `cmd` (a path, or a name looked up in `PATH`) cannot
