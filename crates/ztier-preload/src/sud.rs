@@ -596,7 +596,8 @@ const CLONE_SETUP_STACK: u64 = 8 << 10;
 ///
 /// ```text
 ///  child stack  top ┬──────────────────────────┐
-///                   │ 256 B unused             │
+///                   │ the creator's DTV pin    │ 16 B: first page, pages
+///                   │ 240 B unused             │
 ///                   │ FPU/xsave state (64-B    │ ◄─ frame's fpregs
 ///                   │ aligned, as the kernel   │
 ///                   │ wrote it)                │
@@ -646,11 +647,21 @@ fn clone_with_dispatch(nr: i64, a: [u64; 6], uc: &mut libc::ucontext_t) -> Optio
     if uc_dst < stack + CLONE_SETUP_STACK {
         return None;
     }
+    // A program with a `malloc` of its own frees the DTV itself, so it
+    // stays where glibc put it ([`moved_dtv`]): pinned now, before the
+    // thread can read it, until the thread keeps it pinned for itself
+    // ([`ztier_sud_clone_child`], which finds this pin in the top 16
+    // bytes of its stack). Before, the `SIGBUS` handler of such a
+    // program's `SIGEV_THREAD` timer thread faulted on its DTV for ever
+    // (`SIGSEGV`, every run of `sigev_thread.c` with `ownalloc.c`).
+    let pinned =
+        if crate::OWN_MALLOC.load(Ordering::Acquire) { pin_new_dtv(g, ca.tls as usize) } else { (0, 0) };
     // SAFETY: [stack, top) is the child's stack, which the program gives
     // the kernel to use and nothing uses before the child runs (checked
     // outside the arena, so no fault); the sources are this handler's
     // frame.
     unsafe {
+        ((top - 16) as *mut [usize; 2]).write_unaligned([pinned.0, pinned.1]);
         std::ptr::copy_nonoverlapping(fp as *const u8, fp_dst as *mut u8, fp_len as usize);
         std::ptr::copy_nonoverlapping(
             (uc as *const libc::ucontext_t).cast::<u8>(),
@@ -661,7 +672,11 @@ fn clone_with_dispatch(nr: i64, a: [u64; 6], uc: &mut libc::ucontext_t) -> Optio
         frame.uc_mcontext.gregs[libc::REG_RAX as usize] = 0;
         frame.uc_mcontext.gregs[libc::REG_RSP as usize] = top as i64;
         frame.uc_mcontext.fpregs = fp_dst as *mut libc::_libc_fpstate;
-        Some(ztier_sud_clone3(a[0], a[1], frame))
+        let r = ztier_sud_clone3(a[0], a[1], frame);
+        if r < 0 {
+            end_creator_pin(pinned.0, pinned.1);
+        }
+        Some(r)
     }
 }
 
@@ -812,7 +827,9 @@ impl ThreadGate {
         }
         if let Some(g) = crate::GLOBAL.get() {
             if crate::OWN_MALLOC.load(Ordering::Acquire) {
-                self.pin_dtv(g, tp);
+                let (first, n) = pin_new_dtv(g, tp);
+                self.pinned[0].store(first, Ordering::Relaxed);
+                self.pinned[1].store(n, Ordering::Relaxed);
             } else {
                 // Not freed: the block is the program's `calloc`'s.
                 relocate_dtv(g, tp as u64, false);
@@ -822,39 +839,42 @@ impl ThreadGate {
         crate::sys::futex_wake(&self.state, 1);
     }
 
-    /// In the creator: pins the pages of the DTV of the thread at `tp`
-    /// if it lies in the arena (its length read in its block's first
-    /// entry, as [`keep_thread_vector`] reads it).
-    fn pin_dtv(&self, g: &crate::Global, tp: usize) {
-        // SAFETY: the new thread's control block, filled in by glibc
-        // before the clone (outside the arena, or in a stack pinned for
-        // the thread).
-        let dtv = unsafe { ((tp + 8) as *const usize).read() };
-        let start = dtv.wrapping_sub(16);
-        if dtv < 16 || !g.in_arena(start) {
-            return;
-        }
-        // SAFETY: the DTV's first entry, written by glibc's `calloc` just
-        // now (arena memory: a fault here is served, as any of this
-        // thread's).
-        let len = unsafe { (start as *const usize).read_volatile() };
-        let (first, n) = arena_pages(g, start, len.saturating_add(2).saturating_mul(16));
-        if n == 0 {
-            return;
-        }
-        until_pinned(g, "a new thread's thread-local table", |m| m.pin(first, n, &g.stats));
-        self.pinned[0].store(first, Ordering::Relaxed);
-        self.pinned[1].store(n, Ordering::Relaxed);
-    }
-
     /// In the new thread, once it keeps its DTV pinned for itself
     /// ([`keep_thread_vector`]): the creator's pin ends.
     pub fn end_pin(&self) {
-        let (first, n) = (self.pinned[0].load(Ordering::Relaxed), self.pinned[1].load(Ordering::Relaxed));
-        if n > 0 {
-            if let Some(g) = crate::GLOBAL.get() {
-                crate::lock_program(g).unpin(first, n);
-            }
+        end_creator_pin(self.pinned[0].load(Ordering::Relaxed), self.pinned[1].load(Ordering::Relaxed));
+    }
+}
+
+/// In a thread's creator, before the thread can run: pins the pages of
+/// the DTV of the thread whose control block is at `tp` if it lies in
+/// the arena (its length read in its block's first entry, as
+/// [`keep_thread_vector`] reads it). The pages pinned (first, count; 0
+/// pages: none), for [`end_creator_pin`] once the thread keeps them
+/// pinned itself.
+fn pin_new_dtv(g: &crate::Global, tp: usize) -> (usize, usize) {
+    // SAFETY: the new thread's control block, filled in by glibc before
+    // the clone (outside the arena, or in a stack pinned for the thread).
+    let dtv = unsafe { ((tp + 8) as *const usize).read() };
+    let start = dtv.wrapping_sub(16);
+    if dtv < 16 || !g.in_arena(start) {
+        return (0, 0);
+    }
+    // SAFETY: the DTV's first entry, written by glibc's `calloc` just now
+    // (arena memory: a fault here is served, as any of this thread's).
+    let len = unsafe { (start as *const usize).read_volatile() };
+    let (first, n) = arena_pages(g, start, len.saturating_add(2).saturating_mul(16));
+    if n > 0 {
+        until_pinned(g, "a new thread's thread-local table", |m| m.pin(first, n, &g.stats));
+    }
+    (first, n)
+}
+
+/// Ends a pin of [`pin_new_dtv`] (`n` 0: there was none).
+fn end_creator_pin(first: usize, n: usize) {
+    if n > 0 {
+        if let Some(g) = crate::GLOBAL.get() {
+            crate::lock_program(g).unpin(first, n);
         }
     }
 }
@@ -897,6 +917,17 @@ extern "C" fn ztier_sud_clone_child(frame: *mut libc::ucontext_t) {
             std::process::abort();
         }
         hook_exit();
+        // SAFETY: the frame laid for this thread by `clone_with_dispatch`,
+        // whose `rsp` is the top of this thread's stack, below which it
+        // wrote its pin of this thread's DTV.
+        let [first, n] = unsafe {
+            let top = (*frame).uc_mcontext.gregs[libc::REG_RSP as usize] as usize;
+            ((top - 16) as *const [usize; 2]).read_unaligned()
+        };
+        if n > 0 {
+            keep_thread_vector();
+            end_creator_pin(first, n);
+        }
         let mut ss = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: 0, ss_size: 0 };
         raw(libc::SYS_sigaltstack, [0, &mut ss as *mut libc::stack_t as u64, 0, 0, 0, 0]);
         // SAFETY: the frame laid for this thread by `clone_with_dispatch`.

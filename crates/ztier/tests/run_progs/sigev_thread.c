@@ -1,12 +1,14 @@
 /* Threads glibc starts by its own internal pthread_create, which the
  * library does not see: the helper and notification threads of a
  * SIGEV_THREAD timer, and POSIX AIO's worker threads. A periodic timer's
- * function writes a cold heap page to a pipe at each of 40 expirations
- * (the main thread checks each), and aio_read fills cold heap buffers
+ * function reads a cold heap page and writes another to a pipe at each
+ * of 40 expirations (the main thread checks each), and aio_read fills
+ * cold heap buffers
  * from a file (checked against the file). Natively and in every mode of
  * `ztier run` the same output; where system calls are caught, those
  * threads need dispatch from their first instruction, and their DTVs
- * (glibc's calloc, the library's arena) must not be evictable. */
+ * (glibc's calloc, the library's arena) must not be evictable. Linked
+ * with ownalloc.c too, a malloc of the program's own. */
 #define _GNU_SOURCE
 #include <aio.h>
 #include <errno.h>
@@ -25,6 +27,7 @@
 static uint8_t *heap, *other;
 static int fds[2];
 static volatile int fired, wrote;
+static volatile uint64_t loads;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Makes the heap cold: under a 16M budget, writing 48 MiB elsewhere
@@ -42,6 +45,8 @@ static void fire(union sigval v) {
     memset(big, k, 1 << 20);
     free(big);
     if (k < TICKS) {
+        /* A cold heap page read here: a fault in glibc's thread itself. */
+        loads += heap[(size_t)(k * 89 + 5) * 4096 + 17];
         if (write(fds[1], heap + (size_t)k * 97 * 4096, 4096) == 4096) wrote++;
         fired = k + 1;
     }
@@ -74,7 +79,8 @@ int main(void) {
     }
     timer_delete(t);
     pthread_mutex_lock(&lock);
-    printf("timer: %d pages written by its threads, check %llu\n", wrote, (unsigned long long)check);
+    printf("timer: %d pages written by its threads, check %llu, loads %llu\n", wrote, (unsigned long long)check,
+           (unsigned long long)loads);
     pthread_mutex_unlock(&lock);
 
     /* POSIX AIO into cold buffers. */
