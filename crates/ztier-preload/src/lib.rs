@@ -26,11 +26,10 @@
 //! With `ZTIER_FAULT_PATH=signal` (`ztier run --fault-path signal`) each
 //! fault is served in the thread that took it, from a `SIGBUS` handler
 //! ([`serve_in_thread`], see [`sud`]); the handler thread then only
-//! answers the control socket and evicts when idle. `auto` (the default)
-//! is the handler thread, except for a program with a `malloc` of its
-//! own, which gets the signal path ([`manager::signal_path`]: its
-//! allocator's fork handlers fault in a child that has no handler thread
-//! yet).
+//! answers the control socket and evicts when idle. A program with a
+//! `malloc` of its own takes that path whatever was asked
+//! ([`manager::signal_path`]: its allocator's fork handlers fault in a
+//! child that cannot start a handler thread yet).
 //!
 //! ```text
 //!  arena (64 GiB of address space, MAP_NORESERVE, uffd missing + wp)
@@ -2373,28 +2372,33 @@ fn register_late_child() {
 /// `libc_nonshared.a`, linked into the caller). glibc runs the `prepare`
 /// handlers last registered first, and the others in order.
 ///
-/// With `--fault-path signal` the library's handlers are registered
-/// before the first of anyone else's, so its `prepare` runs after every
-/// other and its `parent` and `child` handlers before every other (but
-/// for [`fork_child_late`], registered again after each other one). That
-/// order matters because [`fork_prepare`] holds the manager's lock until
-/// the fork is done: a `prepare` handler run after it that touched an
-/// evicted page faulted, and the fault waited for that lock. jemalloc
-/// registers its handlers when it starts, at the program's first
-/// `malloc` (rustc's: in libLLVM's constructor, before this library
-/// starts), and its `prepare` takes every mutex it has, in its own
-/// metadata, arena memory: rustc under `ztier run --budget 32M` hung at
-/// its first `fork` (to run the linker) until the watchdog ended it.
-/// In the child, the faults of the program's handlers that run between
-/// [`fork_child`] and [`fork_child_late`] are served in the faulting
-/// thread.
+/// The library's handlers are registered before the first of anyone
+/// else's, so its `prepare` runs after every other and its `parent` and
+/// `child` handlers before every other (but for [`fork_child_late`],
+/// registered again after each other one).
 ///
-/// With `--fault-path thread` they are registered at the library's
-/// start, as before: in such a child no thread could serve those faults
-/// (jemalloc's `child` handler touches more than its `prepare` did), so
-/// a fork of rustc still hangs there, and the watchdog ends it with a
-/// message. That is why `--fault-path auto`, the default, takes the
-/// signal path for a program with a `malloc` of its own.
+/// - `prepare` last: [`fork_prepare`] holds the manager's lock until the
+///   fork is done, so a `prepare` handler run after it that touched an
+///   evicted page faulted, and the fault waited for that lock. jemalloc
+///   registers its handlers when it starts, at the program's first
+///   `malloc` (rustc's: in libLLVM's constructor, before this library
+///   starts), and its `prepare` takes every mutex it has, in its own
+///   metadata, arena memory: rustc under `ztier run --budget 32M` hung at
+///   its first `fork` (to run the linker) until the watchdog ended it.
+/// - `child` first: the child's memory is unregistered from the parent's
+///   userfaultfd at the fork, and [`fork_child`] registers it with the
+///   child's own. A `child` handler run before that read zeros from every
+///   evicted page instead: with `--fault-path thread`, the default, a
+///   handler registered in a library's constructor that checked the
+///   program's blocks found 2,052 of 3,072 wrong
+///   (`cli_run_modes::fork_handlers_registered_before_the_library_starts`).
+///   Then the child's handler thread starts at once, and serves the later
+///   handlers' faults — but for a program with a `malloc` of its own,
+///   whose allocator's locks, held by its `prepare`, `pthread_create`
+///   would need: its threads start in [`fork_child_late`], and meanwhile
+///   the faults of the program's handlers are served in the faulting
+///   thread (such a program always takes the signal path,
+///   [`manager::signal_path`]).
 ///
 /// # Safety
 /// The C contract of `__register_atfork`.
@@ -2405,9 +2409,7 @@ pub unsafe extern "C" fn __register_atfork(
     child: AtforkFn,
     dso: *mut libc::c_void,
 ) -> libc::c_int {
-    if manager::signal_path() {
-        register_fork_handlers();
-    }
+    register_fork_handlers();
     let f = real_register_atfork();
     if f == 0 {
         return libc::ENOMEM;

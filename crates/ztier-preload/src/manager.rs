@@ -1124,23 +1124,20 @@ fn uffd_device() -> Option<i32> {
 /// every system call of the program is caught first (the `sud` module),
 /// since the kernel's own faults on evicted memory fail with `EFAULT`.
 ///
-/// `auto` (`ztier run`'s default; also when unset) is the handler thread,
-/// except for a program whose executable has a `malloc` of its own
+/// A program whose executable has a `malloc` of its own
 /// ([`crate::program_has_own_malloc`]: jemalloc or mimalloc linked in, as
-/// rustc's is). Such an allocator's fork handlers touch its own metadata,
-/// arena memory, in the forked child before any thread of the library
-/// can be started there (`pthread_create` allocates with that allocator,
-/// whose locks its handlers hold until the last of them has run; see
-/// `crate::__register_atfork`): only the faulting thread itself can
-/// serve those faults. With the handler thread rustc hung at its first
-/// fork until the watchdog ended it. Decided once per process (a program
-/// it starts decides for itself).
+/// rustc's is) takes this path whatever was asked. Such an allocator's
+/// fork handlers touch its own metadata, arena memory, while they hold
+/// its locks: in the forked child, until the last of them has run, no
+/// thread of the library can start there (`pthread_create` allocates
+/// with that allocator), so only the faulting thread itself can serve
+/// those faults (see `crate::__register_atfork`). With the handler
+/// thread rustc hung at its first fork until the watchdog ended it.
+/// Decided once per process (a program it starts decides for itself).
 pub fn signal_path() -> bool {
     static SIGNAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SIGNAL.get_or_init(|| match std::env::var("ZTIER_FAULT_PATH").as_deref() {
-        Ok("signal") => true,
-        Ok("thread") => false,
-        _ => crate::program_has_own_malloc(),
+    *SIGNAL.get_or_init(|| {
+        std::env::var("ZTIER_FAULT_PATH").is_ok_and(|v| v == "signal") || crate::program_has_own_malloc()
     })
 }
 

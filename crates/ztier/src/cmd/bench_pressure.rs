@@ -94,9 +94,8 @@ pub struct PressureArgs {
     #[arg(long, default_value = "lz4")]
     pub codec: String,
     /// Where `ztier run` serves faults (its --fault-path): thread (a handler
-    /// thread), signal (the faulting thread, in a SIGBUS handler) or auto
-    /// (thread, but signal for a program with a malloc of its own).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "thread", "signal"])]
+    /// thread) or signal (the faulting thread, in a SIGBUS handler).
+    #[arg(long, default_value = "thread", value_parser = ["thread", "signal"])]
     pub fault_path: String,
     /// What `ztier run`'s budget bounds (its --budget-scope): tree (its processes
     /// share it, as the kernel runs' cgroup limit covers all of them) or process

@@ -157,14 +157,13 @@ pub struct RunArgs {
     /// io_uring and Linux AIO are not offered (ENOSYS), and a thread of the program's own
     /// clone() without thread-local storage of its own gets EFAULT from system calls on
     /// evicted memory (said on stderr). Pays for programs that fault far more often than they make other
-    /// system calls. auto (the default): thread, except for a program whose
-    /// executable has a malloc of its own (jemalloc or mimalloc linked in,
-    /// as rustc's is), which gets signal: such an allocator's fork handlers
-    /// touch its evicted metadata in the child before any handler thread
-    /// can start there, and with thread such a fork hangs until the
-    /// watchdog ends it. Each process decides for itself; --stats says
-    /// which it took (per process, and overall: thread, signal or mixed).
-    #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "auto", value_parser = ["auto", "thread", "signal"])]
+    /// system calls. A program whose executable has a malloc of its own
+    /// (jemalloc or mimalloc linked in, as rustc's is) takes signal with
+    /// either: its allocator's fork handlers touch its evicted metadata
+    /// while they hold the allocator's locks, which a new handler thread in
+    /// the forked child would need to start. --stats says which path each
+    /// process took (overall: thread, signal, or mixed).
+    #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "thread", value_parser = ["thread", "signal"])]
     pub fault_path: String,
     /// Print a one-line summary to stderr when the program ends.
     #[arg(long)]
@@ -217,7 +216,7 @@ impl RunArgs {
             spin_us: 0,
             watchdog: 30,
             clean: "verify".into(),
-            fault_path: "auto".into(),
+            fault_path: "thread".into(),
             summary: false,
             fault_log: None,
             cmd,
@@ -432,9 +431,9 @@ pub fn run_program(
     Ok(RunOutcome { code, stats, timed_out: m.timed_out })
 }
 
-/// The fault path the command's processes took (`--fault-path auto`
-/// lets each decide): the one they all took, `mixed`, or `asked` if no
-/// process wrote statistics.
+/// The fault path the command's processes took (a program with a
+/// `malloc` of its own takes `signal` whatever was asked): the one they
+/// all took, `mixed`, or `asked` if no process wrote statistics.
 fn taken_fault_path(stats: &Value, asked: &str) -> String {
     let mut taken =
         stats["per_process"].as_array().into_iter().flatten().filter_map(|p| p["fault_path"].as_str());
