@@ -2536,7 +2536,7 @@ extern "C" fn fork_child() {
         LATE_COUNTDOWN.store(late, Ordering::Release);
         return;
     }
-    child_threads(g);
+    child_threads(g, true);
 }
 
 /// In a forked child whose threads are still to start: the
@@ -2564,13 +2564,66 @@ extern "C" fn fork_child_late() {
     }
     let _ = INSIDE.try_with(|c| c.set(true));
     let g = GLOBAL.get().expect("ready");
-    child_threads(g);
+    child_threads(g, true);
 }
 
-/// The end of [`fork_child`]: the child's threads, back under the
-/// budget, system calls caught again, the program's signal mask.
-fn child_threads(g: &Global) {
-    spawn_handlers();
+/// glibc's `_Fork` (2.34 on): a `fork` that runs no `pthread_atfork`
+/// handlers, for a program that forks where only async-signal-safe calls
+/// may follow. The child's memory leaves the parent's userfaultfd at the
+/// fork all the same, so the library runs its own handlers around it
+/// ([`fork_prepare`], then [`fork_parent`] or [`fork_child`]): without
+/// them the child read zeros from every evicted page, silently
+/// (`cli_run_modes::a_child_of_fork_without_handlers_sees_its_memory`).
+/// For a program with a `malloc` of its own the child's threads are not
+/// started: their `pthread_create` would call that allocator, whose
+/// locks another thread may have held at the fork (its own `prepare`
+/// handler did not run); its faults are served in the faulting thread
+/// (the signal path, which such a program takes), and it keeps to its
+/// budget by evicting as it faults. Like glibc's `fork`, and unlike its
+/// `_Fork`, this waits for the library's locks: called from a signal
+/// handler that interrupted the library's `malloc` on the same thread,
+/// it would wait for ever.
+///
+/// # Safety
+/// The C contract of `_Fork`.
+#[no_mangle]
+pub unsafe extern "C" fn _Fork() -> libc::pid_t {
+    static REAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let mut f = REAL.load(Ordering::Relaxed);
+    if f == 0 {
+        // SAFETY: dlsym with a NUL-terminated name.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"_Fork".as_ptr()) } as usize;
+        REAL.store(f, Ordering::Relaxed);
+    }
+    if f == 0 {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    }
+    fork_prepare();
+    // SAFETY: glibc's `_Fork`, found above, which takes no arguments.
+    let pid = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::pid_t>(f)() };
+    if pid == 0 {
+        fork_child();
+        // A program with a `malloc` of its own: no `child` handler runs
+        // to start the threads (`fork_child_late`), nor should any.
+        if LATE_COUNTDOWN.swap(0, Ordering::AcqRel) > 0 {
+            child_threads(GLOBAL.get().expect("ready"), false);
+        }
+    } else {
+        // The parent, also when the fork failed.
+        fork_parent();
+    }
+    pid
+}
+
+/// The end of [`fork_child`]: the child's threads (if `threads`), back
+/// under the budget, system calls caught again, the program's signal
+/// mask.
+fn child_threads(g: &Global, threads: bool) {
+    if threads {
+        spawn_handlers();
+    }
     // Back under the budget at once (if the spill file could not be
     // copied for the child, its pages came back for the fork; the rest
     // the child inherited as the parent had them).

@@ -1298,6 +1298,53 @@ fn fork_handlers_registered_before_the_library_starts() {
     }
 }
 
+/// glibc's `_Fork`, a fork that runs no `pthread_atfork` handlers
+/// (`underscore_fork.c`: 96 MiB at `--budget 16M`, the child checks every
+/// word), linked alone and with a `malloc` of its own (`ownalloc.c`).
+/// The child's memory leaves the parent's userfaultfd at the fork, and
+/// no handler of the library's registered it with the child's: the child
+/// read zeros from every evicted page, in every mode. The library now
+/// exports `_Fork` and runs its handlers around glibc's. Same output as
+/// native in every mode, nothing over the shared budget (the child of
+/// the program with its own `malloc` starts no thread of the library's,
+/// and evicts as it faults).
+#[test]
+fn a_child_of_fork_without_handlers_sees_its_memory() {
+    require("cc");
+    let d = tmp("underscore-fork");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run_progs");
+    for (name, alloc) in [("alone", None), ("own-malloc", Some("ownalloc.c"))] {
+        let exe = d.join(name);
+        let mut cc = Command::new("cc");
+        cc.args(["-O2", "-pthread", "-o"]).arg(&exe).arg(src.join("underscore_fork.c"));
+        if let Some(a) = alloc {
+            cc.arg(src.join(a));
+        }
+        let o = cc.output().unwrap();
+        assert!(o.status.success(), "compiling {name}: {}", String::from_utf8_lossy(&o.stderr));
+        let exe = exe.to_string_lossy().into_owned();
+        let n = native(&[&exe], &d);
+        assert!(n.status.success(), "{name}: {n:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&n.stdout),
+            "_Fork: the child saw the heap; the parent read 0 wrong words\n",
+            "{name}"
+        );
+        for (path, umo) in MODES {
+            let what = format!("{name}, {path}, user-mode-only {umo}");
+            let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
+            assert!(m.status.success(), "{what}: {m:?}");
+            assert_eq!(m.stdout, n.stdout, "{what}");
+            assert!(compressed(&s) > 10000, "{what}: {s}");
+            let children = s["per_process"]
+                .as_array()
+                .map_or(0, |p| p.iter().filter(|p| p["forked_child"].as_u64() == Some(1)).count());
+            assert_eq!(children, 1, "{what}: the child's statistics: {s}");
+            assert_eq!(s["tree_over_bytes"], 0, "{what}: {s}");
+        }
+    }
+}
+
 /// Many forks of a process whose heap is mostly evicted (`forkmany.c`:
 /// 64 MiB of words at `--budget 16M`, 200 children that each close
 /// descriptors 3 to 99 blind, as a shell's subshell does, then check and
