@@ -914,19 +914,8 @@ fn threads_started_without_pthread_create() {
 /// the signal path (as for any program with a `malloc` of its own).
 #[test]
 fn glibc_threads_of_a_program_with_a_malloc_of_its_own() {
-    require("cc");
     let d = tmp("sigev-own");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run_progs");
-    let exe = d.join("sigev_own");
-    let o = Command::new("cc")
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(src.join("sigev_thread.c"))
-        .arg(src.join("ownalloc.c"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "compiling: {}", String::from_utf8_lossy(&o.stderr));
-    let exe = exe.to_string_lossy().into_owned();
+    let exe = compile_in(&d, "sigev_own", &["sigev_thread.c", "ownalloc.c"], &[]);
     let n = native(&[&exe], &d);
     assert!(n.status.success(), "{n:?}");
     let text = String::from_utf8_lossy(&n.stdout).into_owned();
@@ -1098,30 +1087,12 @@ fn memory_the_kernel_writes_outside_system_calls() {
 #[test]
 fn a_program_with_a_malloc_of_its_own() {
     let d = tmp("ownmalloc");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run_progs");
-    let cc = |args: &[&str], what: &str| {
-        let o = Command::new("cc").args(args).current_dir(&d).output().unwrap();
-        assert!(o.status.success(), "compiling {what}: {}", String::from_utf8_lossy(&o.stderr));
-    };
-    require("cc");
-    let early = src.join("ownmalloc_early.c");
-    cc(&["-O2", "-shared", "-fPIC", "-o", "libownmalloc_early.so", early.to_str().unwrap()], "the library");
-    let main = src.join("ownmalloc.c");
-    let alloc = src.join("ownalloc.c");
-    cc(
-        &[
-            "-O2",
-            "-pthread",
-            "-o",
-            "ownmalloc",
-            main.to_str().unwrap(),
-            alloc.to_str().unwrap(),
-            "-Wl,--no-as-needed",
-            "-L.",
-            "-lownmalloc_early",
-            "-Wl,-rpath,$ORIGIN",
-        ],
-        "the program",
+    compile_in(&d, "libownmalloc_early.so", &["ownmalloc_early.c"], &["-shared", "-fPIC"]);
+    compile_in(
+        &d,
+        "ownmalloc",
+        &["ownmalloc.c", "ownalloc.c"],
+        &["-Wl,--no-as-needed", "-L.", "-lownmalloc_early", "-Wl,-rpath,$ORIGIN"],
     );
     let n = native(&["./ownmalloc"], &d);
     assert!(n.status.success(), "{n:?}");
@@ -1262,28 +1233,13 @@ fn rustc_with_jemalloc_compiles_and_forks_its_linker() {
 /// in every mode. Same output as native, exit 0, in every mode.
 #[test]
 fn fork_handlers_registered_before_the_library_starts() {
-    require("cc");
     let d = tmp("earlyfork");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run_progs");
-    let cc = |args: &[&str], what: &str| {
-        let o = Command::new("cc").args(args).current_dir(&d).output().unwrap();
-        assert!(o.status.success(), "compiling {what}: {}", String::from_utf8_lossy(&o.stderr));
-    };
-    let lib = src.join("earlyfork.c");
-    cc(&["-O2", "-shared", "-fPIC", "-o", "libearlyfork.so", lib.to_str().unwrap()], "the library");
-    let main = src.join("earlyfork_main.c");
-    cc(
-        &[
-            "-O2",
-            "-o",
-            "earlyfork",
-            main.to_str().unwrap(),
-            "-Wl,--no-as-needed",
-            "-L.",
-            "-learlyfork",
-            "-Wl,-rpath,$ORIGIN",
-        ],
-        "the program",
+    compile_in(&d, "libearlyfork.so", &["earlyfork.c"], &["-shared", "-fPIC"]);
+    compile_in(
+        &d,
+        "earlyfork",
+        &["earlyfork_main.c"],
+        &["-Wl,--no-as-needed", "-L.", "-learlyfork", "-Wl,-rpath,$ORIGIN"],
     );
     let n = native(&["./earlyfork"], &d);
     assert!(n.status.success(), "{n:?}");
@@ -1310,19 +1266,11 @@ fn fork_handlers_registered_before_the_library_starts() {
 /// and evicts as it faults).
 #[test]
 fn a_child_of_fork_without_handlers_sees_its_memory() {
-    require("cc");
     let d = tmp("underscore-fork");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run_progs");
-    for (name, alloc) in [("alone", None), ("own-malloc", Some("ownalloc.c"))] {
-        let exe = d.join(name);
-        let mut cc = Command::new("cc");
-        cc.args(["-O2", "-pthread", "-o"]).arg(&exe).arg(src.join("underscore_fork.c"));
-        if let Some(a) = alloc {
-            cc.arg(src.join(a));
-        }
-        let o = cc.output().unwrap();
-        assert!(o.status.success(), "compiling {name}: {}", String::from_utf8_lossy(&o.stderr));
-        let exe = exe.to_string_lossy().into_owned();
+    for (name, sources) in
+        [("alone", &["underscore_fork.c"][..]), ("own-malloc", &["underscore_fork.c", "ownalloc.c"])]
+    {
+        let exe = compile_in(&d, name, sources, &[]);
         let n = native(&[&exe], &d);
         assert!(n.status.success(), "{name}: {n:?}");
         assert_eq!(

@@ -69,10 +69,22 @@ pub fn lines(seed: u64, n: u64, line: impl Fn(u64, u64) -> String) -> String {
 
 /// Compiles `run_progs/NAME.c` into `d`; the binary's path.
 pub fn compile(d: &Path, name: &str) -> String {
+    compile_in(d, name, &[&format!("{name}.c")], &[])
+}
+
+/// Compiles the `run_progs` files `sources` into `d/out` (`-O2 -pthread`,
+/// then `args`: `-shared -fPIC` for a library, `-L. -lNAME` for one built
+/// in `d` before), run in `d`; the output's path.
+pub fn compile_in(d: &Path, out: &str, sources: &[&str], args: &[&str]) -> String {
     require("cc");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run_progs").join(format!("{name}.c"));
-    let out = d.join(name);
-    let o = Command::new("cc").args(["-O2", "-pthread", "-o"]).arg(&out).arg(&src).output().unwrap();
-    assert!(o.status.success(), "compiling {name}.c: {}", String::from_utf8_lossy(&o.stderr));
-    out.to_string_lossy().into_owned()
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run_progs");
+    let o = Command::new("cc")
+        .args(["-O2", "-pthread", "-o", out])
+        .args(sources.iter().map(|s| dir.join(s)))
+        .args(args)
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "compiling {sources:?} into {out}: {}", String::from_utf8_lossy(&o.stderr));
+    d.join(out).to_string_lossy().into_owned()
 }
