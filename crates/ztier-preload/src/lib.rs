@@ -2390,7 +2390,8 @@ fn register_late_child() {
 ///   child's own. A `child` handler run before that read zeros from every
 ///   evicted page instead: with `--fault-path thread`, the default, a
 ///   handler registered in a library's constructor that checked the
-///   program's blocks found 2,052 of 3,072 wrong
+///   program's blocks found 5,000 to 5,027 of the 6,144 words it read
+///   wrong (three runs)
 ///   (`cli_run_modes::fork_handlers_registered_before_the_library_starts`).
 ///   Then the child's handler thread starts at once, and serves the later
 ///   handlers' faults — but for a program with a `malloc` of its own,
