@@ -2280,6 +2280,11 @@ fn used(g: &Global, pages: &PageAlloc) -> [std::ops::Range<usize>; 2] {
 /// The thread that forks (set in `fork_prepare`): in the child, its kept
 /// pins are the child's.
 static FORKING_TID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// [`fork_prepare`] holds the library's locks for a fork, until
+/// [`fork_parent`] or [`fork_child`]: a fork that dispatch catches
+/// meanwhile is the one those handlers are for (glibc's `fork`, or the
+/// library's `_Fork`); any other is the program's own ([`fork_unseen`]).
+static FORK_PREPARED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// The signal mask the forking thread had before `fork_prepare`
@@ -2453,6 +2458,7 @@ extern "C" fn fork_prepare() {
         std::process::abort();
     }
     FORK_GUARDS.with(|f| *f.borrow_mut() = Some((classes, m, pages)));
+    FORK_PREPARED.store(true, Ordering::Release);
 }
 
 fn unlock_all() {
@@ -2463,6 +2469,7 @@ extern "C" fn fork_parent() {
     if STATE.load(Ordering::Acquire) != READY {
         return;
     }
+    FORK_PREPARED.store(false, Ordering::Release);
     let g = GLOBAL.get().expect("ready");
     FORK_GUARDS.with(|f| f.borrow_mut().as_mut().expect("fork_prepare ran").1.parent_after_fork());
     unlock_all();
@@ -2483,6 +2490,7 @@ extern "C" fn fork_child() {
     if STATE.load(Ordering::Acquire) != READY {
         return;
     }
+    FORK_PREPARED.store(false, Ordering::Release);
     let g = GLOBAL.get().expect("ready");
     FORK_GUARDS.with(|f| {
         let mut f = f.borrow_mut();
@@ -2601,10 +2609,20 @@ pub unsafe extern "C" fn _Fork() -> libc::pid_t {
         unsafe { *libc::__errno_location() = libc::ENOSYS };
         return -1;
     }
-    fork_prepare();
     // SAFETY: glibc's `_Fork`, found above, which takes no arguments.
-    let pid = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::pid_t>(f)() };
-    if pid == 0 {
+    fork_around(|| unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::pid_t>(f)() } as i64)
+        as libc::pid_t
+}
+
+/// A fork that no `pthread_atfork` handler sees, made by `fork` (which
+/// returns what the fork returned: the child's pid, 0 in the child, or
+/// a failure), with the library's own handlers around it. A program
+/// with a `malloc` of its own starts none of the library's threads in
+/// the child (see [`_Fork`]).
+fn fork_around(fork: impl FnOnce() -> i64) -> i64 {
+    fork_prepare();
+    let r = fork();
+    if r == 0 {
         fork_child();
         // A program with a `malloc` of its own: no `child` handler runs
         // to start the threads (`fork_child_late`), nor should any.
@@ -2615,7 +2633,23 @@ pub unsafe extern "C" fn _Fork() -> libc::pid_t {
         // The parent, also when the fork failed.
         fork_parent();
     }
-    pid
+    r
+}
+
+/// A fork the program makes by its own system call (`syscall(SYS_fork)`,
+/// a `clone` without `CLONE_VM` on the caller's stack), caught by
+/// dispatch (`sud`): made here, the system call `nr` with `a`, inside
+/// the library's fork handlers ([`fork_around`]), as `_Fork`'s is. Its
+/// child read zeros from every evicted page before. `None` (the caller
+/// lets the program's own instruction make it) for the fork of glibc's
+/// `fork` or of the library's `_Fork`, whose handlers have run
+/// ([`FORK_PREPARED`]), or before the library has started. Without
+/// dispatch (the handler thread in full mode) such a fork is not seen.
+pub(crate) fn fork_unseen(nr: i64, a: [u64; 6]) -> Option<i64> {
+    if STATE.load(Ordering::Acquire) != READY || FORK_PREPARED.load(Ordering::Acquire) {
+        return None;
+    }
+    Some(fork_around(|| sud::raw(nr, a)))
 }
 
 /// The end of [`fork_child`]: the child's threads (if `threads`), back

@@ -45,7 +45,11 @@
 //!   thread is sent to the region's own `rt_sigreturn` with its stack as
 //!   it was.
 //! - `clone`, `clone3`, `fork`, `vfork`: the new task must start where the
-//!   program's code expects it, on its own stack. The thread is sent back
+//!   program's code expects it, on its own stack. A fork (a new process
+//!   on the caller's stack) that glibc's `fork` did not make, so that no
+//!   fork handler ran, is made here inside the library's handlers
+//!   ([`crate::fork_unseen`]; its child returns through this handler as
+//!   the parent does). Otherwise the thread is sent back
 //!   to its `syscall` instruction with the selector at ALLOW, so the call
 //!   runs there; the selector goes back to BLOCK at the thread's next call
 //!   into the library (`malloc` and friends, `pthread_create`, the fork
@@ -2327,6 +2331,24 @@ fn shares_memory(nr: i64, a: [u64; 6]) -> bool {
     }
 }
 
+/// A `clone`, `clone3` or `fork` that makes a new process (no
+/// `CLONE_VM`) going on where the caller's stack is (no new stack): a
+/// fork, whose child returns through this handler as the parent does.
+fn forks_in_place(nr: i64, a: [u64; 6]) -> bool {
+    let vm = libc::CLONE_VM as u64;
+    match nr {
+        libc::SYS_fork => true,
+        libc::SYS_clone => a[0] & vm == 0 && a[1] == 0,
+        libc::SYS_clone3 if a[0] != 0 && a[1] >= std::mem::size_of::<CloneArgs>() as u64 => {
+            // SAFETY: the program's clone_args, at least as large as read
+            // (a bad pointer faults here as it would fail in the kernel).
+            let ca = unsafe { (a[0] as *const CloneArgs).read_unaligned() };
+            ca.flags & vm == 0 && ca.stack == 0
+        }
+        _ => false,
+    }
+}
+
 /// Says once, on stderr, that a thread the program started with its own
 /// clone runs without dispatch: the kernel enables it per thread and
 /// does not carry it over, and [`clone_with_dispatch`] could not start it
@@ -2575,6 +2597,10 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                         warn_raw_thread();
                     }
                     r
+                } else if !vfork_like(nr, a) && forks_in_place(nr, a) {
+                    // A fork: the library's handlers around it, unless it
+                    // is glibc's own (they ran) — see `fork_unseen`.
+                    crate::fork_unseen(nr, a)
                 } else {
                     None
                 };
