@@ -2282,8 +2282,9 @@ fn used(g: &Global, pages: &PageAlloc) -> [std::ops::Range<usize>; 2] {
 static FORKING_TID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 /// [`fork_prepare`] holds the library's locks for a fork, until
 /// [`fork_parent`] or [`fork_child`]: a fork that dispatch catches
-/// meanwhile is the one those handlers are for (glibc's `fork`, or the
-/// library's `_Fork`); any other is the program's own ([`fork_unseen`]).
+/// meanwhile in the thread that prepared it ([`FORKING_TID`]) is the
+/// one those handlers are for (glibc's `fork`, or the library's
+/// `_Fork`); any other is the program's own ([`fork_unseen`]).
 static FORK_PREPARED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
@@ -2642,11 +2643,14 @@ fn fork_around(fork: impl FnOnce() -> i64) -> i64 {
 /// the library's fork handlers ([`fork_around`]), as `_Fork`'s is. Its
 /// child read zeros from every evicted page before. `None` (the caller
 /// lets the program's own instruction make it) for the fork of glibc's
-/// `fork` or of the library's `_Fork`, whose handlers have run
-/// ([`FORK_PREPARED`]), or before the library has started. Without
+/// `fork` or of the library's `_Fork`, whose handlers have run in this
+/// thread ([`FORK_PREPARED`]), or before the library has started. Without
 /// dispatch (the handler thread in full mode) such a fork is not seen.
 pub(crate) fn fork_unseen(nr: i64, a: [u64; 6]) -> Option<i64> {
-    if STATE.load(Ordering::Acquire) != READY || FORK_PREPARED.load(Ordering::Acquire) {
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    let prepared = FORK_PREPARED.load(Ordering::Acquire) && FORKING_TID.load(Ordering::Relaxed) == me;
+    if STATE.load(Ordering::Acquire) != READY || prepared {
         return None;
     }
     Some(fork_around(|| sud::raw(nr, a)))
