@@ -2431,17 +2431,37 @@ pub unsafe extern "C" fn __register_atfork(
 }
 
 extern "C" fn fork_prepare() {
+    prepare_fork_by(None);
+}
+
+/// [`fork_prepare`]'s work: the library's locks taken and held for the
+/// fork. With `until`, a lock still not free by then is given up on:
+/// `false`, nothing held and the program's signal mask back (but calls
+/// still let through, [`sud::allow`], so that the caller's fork is not
+/// caught as one of the program's own), for [`_Fork`].
+fn prepare_fork_by(until: Option<std::time::Instant>) -> bool {
     if STATE.load(Ordering::Acquire) != READY {
-        return;
+        return true;
     }
     let _ = INSIDE.try_with(|c| c.set(true));
     sud::allow();
     FORK_MASK.with(|c| c.set(sys::sigprocmask(libc::SIG_BLOCK, sys::ASYNC_SIGNALS)));
     // SAFETY: gettid has no preconditions.
     FORKING_TID.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+    let give_up = || {
+        sys::sigprocmask(libc::SIG_SETMASK, FORK_MASK.with(Cell::get));
+        let _ = INSIDE.try_with(|c| c.set(false));
+        false
+    };
     let g = GLOBAL.get().expect("ready");
-    let classes: Vec<_> = g.classes.iter().map(lock).collect();
-    let mut m = lock(&g.mgr);
+    let mut classes = Vec::with_capacity(g.classes.len());
+    for c in &g.classes {
+        match take_by(c, until) {
+            Some(held) => classes.push(held),
+            None => return give_up(),
+        }
+    }
+    let Some(mut m) = take_by(&g.mgr, until) else { return give_up() };
     // An eviction in flight may have released memory it has not
     // committed: the child would lose those pages. Wait for its commit
     // (the evictor needs only the manager's lock).
@@ -2450,16 +2470,43 @@ extern "C" fn fork_prepare() {
         // The evictor may be waiting for a fault service to protect its
         // victims (see `near`).
         near::take_posted();
+        if until.is_some_and(|t| std::time::Instant::now() >= t) {
+            // The batch may wait for this very thread (interrupted in
+            // the library by the signal handler that forks).
+            return give_up();
+        }
         std::thread::sleep(std::time::Duration::from_micros(50));
-        m = lock(&g.mgr);
+        m = match take_by(&g.mgr, until) {
+            Some(m) => m,
+            None => return give_up(),
+        };
     }
-    let pages = lock(&g.pages);
+    let Some(pages) = take_by(&g.pages, until) else { return give_up() };
     if let Err(e) = m.prepare_fork(&used(g, &pages), &g.stats) {
         eprintln!("ztier: preparing the store for fork failed: {e}: aborting");
         std::process::abort();
     }
     FORK_GUARDS.with(|f| *f.borrow_mut() = Some((classes, m, pages)));
     FORK_PREPARED.store(true, Ordering::Release);
+    true
+}
+
+/// `m`'s lock; with `until`, `None` if it is not free by then.
+fn take_by<T>(
+    m: &std::sync::Mutex<T>,
+    until: Option<std::time::Instant>,
+) -> Option<std::sync::MutexGuard<'_, T>> {
+    let Some(until) = until else { return Some(lock(m)) };
+    loop {
+        match m.try_lock() {
+            Ok(held) => return Some(held),
+            Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        }
+    }
 }
 
 fn unlock_all() {
@@ -2589,10 +2636,18 @@ extern "C" fn fork_child_late() {
 /// locks another thread may have held at the fork (its own `prepare`
 /// handler did not run); its faults are served in the faulting thread
 /// (the signal path, which such a program takes), and it keeps to its
-/// budget by evicting as it faults. Like glibc's `fork`, and unlike its
-/// `_Fork`, this waits for the library's locks: called from a signal
-/// handler that interrupted the library's `malloc` on the same thread,
-/// it would wait for ever.
+/// budget by evicting as it faults.
+///
+/// `_Fork` is async-signal-safe, and programs call it from signal
+/// handlers (a crash handler starting a reporter). A handler that
+/// interrupted the library's `malloc` in the same thread would wait for
+/// ever for the lock that thread holds (`fork_in_handler.c`: `SIGALRM`
+/// every 2 ms calling `_Fork` while the program allocates hung in every
+/// mode). So the locks are waited for [`FORK_LOCK_WAIT`] at most; then
+/// the fork is made without the library's handlers, as glibc's `_Fork`
+/// alone would, and stderr says once that such a child reads zeros from
+/// evicted memory (one that only calls `exec` or `_exit`, as such a
+/// child may, loses nothing).
 ///
 /// # Safety
 /// The C contract of `_Fork`.
@@ -2611,9 +2666,25 @@ pub unsafe extern "C" fn _Fork() -> libc::pid_t {
         return -1;
     }
     // SAFETY: glibc's `_Fork`, found above, which takes no arguments.
-    fork_around(|| unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::pid_t>(f)() } as i64)
-        as libc::pid_t
+    let real = || unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::pid_t>(f)() } as i64;
+    if !prepare_fork_by(Some(std::time::Instant::now() + FORK_LOCK_WAIT)) {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            let msg: &[u8] =
+                b"ztier: _Fork could not take ztier's locks within 100 ms (a signal handler that \
+                interrupted ztier's malloc in the same thread?): its child was made without ztier's fork \
+                handlers, and reads zeros from evicted memory\n";
+            sud::raw(libc::SYS_write, [2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
+        }
+        let pid = real();
+        sud::rearm();
+        return pid as libc::pid_t;
+    }
+    fork_around_prepared(real) as libc::pid_t
 }
+
+/// How long [`_Fork`] waits for the library's locks.
+const FORK_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A fork that no `pthread_atfork` handler sees, made by `fork` (which
 /// returns what the fork returned: the child's pid, 0 in the child, or
@@ -2622,6 +2693,11 @@ pub unsafe extern "C" fn _Fork() -> libc::pid_t {
 /// the child (see [`_Fork`]).
 fn fork_around(fork: impl FnOnce() -> i64) -> i64 {
     fork_prepare();
+    fork_around_prepared(fork)
+}
+
+/// The rest of [`fork_around`], once [`fork_prepare`]'s work is done.
+fn fork_around_prepared(fork: impl FnOnce() -> i64) -> i64 {
     let r = fork();
     if r == 0 {
         fork_child();

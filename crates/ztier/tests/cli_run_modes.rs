@@ -84,6 +84,30 @@ fn node_starts_child_processes() {
     }
 }
 
+/// Runs `cmd` in a process group of its own (`ztier run` and the program)
+/// and its output, or kills the group and fails if it has not ended
+/// within `secs` (a hang must fail the test, not stop the suite).
+fn output_within(cmd: &mut Command, secs: u64, what: &str) -> Output {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(secs) {
+            // The whole group, by its id.
+            // SAFETY: signalling the process group this test made.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("{what}: no end within {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// The three ways `ztier run` serves a program: (`--fault-path`,
 /// `ZTIER_UFFD_USER_MODE_ONLY`) — a handler thread, the faulting thread,
 /// a handler thread under a user-mode-only userfaultfd.
@@ -1105,31 +1129,19 @@ fn a_program_with_a_malloc_of_its_own() {
     for (path, umo) in MODES {
         let what = format!("{path}, user-mode-only {umo}");
         let stats = d.join(format!("{path}-{umo}.json"));
-        let mut child = Command::new(ztier())
-            .args(["run", "--budget", "16M", "--fault-path", path, "--stats"])
-            .arg(&stats)
-            .args(["--", "./ownmalloc"])
-            .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
-            // The allocator's fork `prepare` handler reads a cold page of
-            // each chunk under its lock, and its `child` handler writes them.
-            .env("OWNMALLOC_TOUCH", "1")
-            .current_dir(&d)
-            .stdout(std::process::Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let t0 = std::time::Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if t0.elapsed() > std::time::Duration::from_secs(60) {
-                // The whole group: `ztier run` and the program, by its id.
-                // SAFETY: signalling the process group this test made.
-                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-                let _ = child.wait();
-                panic!("{what}: no end within 60 s");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        let m = child.wait_with_output().unwrap();
+        let m = output_within(
+            Command::new(ztier())
+                .args(["run", "--budget", "16M", "--fault-path", path, "--stats"])
+                .arg(&stats)
+                .args(["--", "./ownmalloc"])
+                .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+                // The allocator's fork `prepare` handler reads a cold page of
+                // each chunk under its lock, and its `child` handler writes them.
+                .env("OWNMALLOC_TOUCH", "1")
+                .current_dir(&d),
+            60,
+            &what,
+        );
         assert!(m.status.success(), "{what}: {m:?}");
         assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{what}");
         let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
@@ -1324,6 +1336,38 @@ fn forks_by_the_programs_own_system_calls() {
             .map_or(0, |p| p.iter().filter(|p| p["forked_child"].as_u64() == Some(1)).count());
         assert_eq!(children, 2, "{what}: the children's statistics: {s}");
         assert_eq!(s["tree_over_bytes"], 0, "{what}: {s}");
+    }
+}
+
+/// glibc's `_Fork` from a signal handler (`fork_in_handler.c`: a
+/// one-shot `SIGALRM` 1 ms after each, 40 in all, each forking a child
+/// that exits 7, while the program allocates and frees all the time).
+/// `_Fork` is async-signal-safe; the library's export takes its locks,
+/// and a handler that interrupted the library's `malloc` in the same
+/// thread waited for ever for the lock that thread held (with a
+/// periodic timer every 2 ms, the program hung in every mode until
+/// killed). Now `_Fork` waits 100 ms at most, then forks without the
+/// library's handlers and says so once. Same output as native in every
+/// mode, within a minute.
+#[test]
+fn fork_from_a_signal_handler_that_interrupted_malloc() {
+    let d = tmp("fork-in-handler");
+    let exe = compile(&d, "fork_in_handler");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{n:?}");
+    assert_eq!(String::from_utf8_lossy(&n.stdout), "_Fork in a signal handler: 40 children, 40 exited 7\n");
+    for (path, umo) in MODES {
+        let what = format!("{path}, user-mode-only {umo}");
+        let m = output_within(
+            Command::new(ztier())
+                .args(["run", "--budget", "16M", "--fault-path", path, "--", &exe])
+                .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+                .current_dir(&d),
+            60,
+            &what,
+        );
+        assert!(m.status.success(), "{what}: {m:?}");
+        assert_eq!(m.stdout, n.stdout, "{what}");
     }
 }
 
