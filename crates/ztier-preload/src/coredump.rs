@@ -234,18 +234,8 @@ fn try_lock<T>(
     m: &std::sync::Mutex<T>,
     until: std::time::Instant,
 ) -> Result<std::sync::MutexGuard<'_, T>, String> {
-    loop {
-        match m.try_lock() {
-            Ok(g) => return Ok(g),
-            Err(std::sync::TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
-            Err(_) => {
-                return Err("the library's lock stayed taken (a thread of the program stopped in it)".into())
-            }
-        }
-    }
+    crate::lock_until(m, until)
+        .ok_or_else(|| "the library's lock stayed taken (a thread of the program stopped in it)".into())
 }
 
 fn bring_back() -> Result<(), String> {

@@ -2491,18 +2491,31 @@ fn prepare_fork_by(until: Option<std::time::Instant>) -> bool {
     true
 }
 
-/// `m`'s lock; with `until`, `None` if it is not free by then.
+/// `m`'s lock; with `until`, `None` if it is not free by then
+/// ([`lock_until`]).
 fn take_by<T>(
     m: &std::sync::Mutex<T>,
     until: Option<std::time::Instant>,
 ) -> Option<std::sync::MutexGuard<'_, T>> {
-    let Some(until) = until else { return Some(lock(m)) };
+    match until {
+        None => Some(lock(m)),
+        Some(t) => lock_until(m, t),
+    }
+}
+
+/// `m`'s lock if it is free by `until` (polled every 50 µs), else `None`:
+/// for callers that may run where the lock's holder is their own thread,
+/// interrupted (a signal handler: `_Fork`, a crashing thread's core dump).
+pub(crate) fn lock_until<T>(
+    m: &std::sync::Mutex<T>,
+    until: std::time::Instant,
+) -> Option<std::sync::MutexGuard<'_, T>> {
     loop {
         match m.try_lock() {
             Ok(held) => return Some(held),
             Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
-                std::thread::sleep(std::time::Duration::from_micros(20));
+                std::thread::sleep(std::time::Duration::from_micros(50));
             }
             Err(std::sync::TryLockError::WouldBlock) => return None,
         }

@@ -796,19 +796,39 @@ fn native_output_in_every_mode_and(
 ) {
     let d = tmp(name);
     let exe = compile(&d, name);
-    let n = native(&[&exe], &d);
+    native_output_in_modes(&d, &exe, &MODES, lines, more);
+}
+
+/// As [`native_output_in_every_mode_and`], for the program `exe` already
+/// built in `d`, in `modes`; the native run.
+fn native_output_in_modes(
+    d: &Path,
+    exe: &str,
+    modes: &[(&str, &str)],
+    lines: &[&str],
+    more: impl Fn((&str, &str), &Output, &serde_json::Value, &Output),
+) -> Output {
+    let n = native(&[exe], d);
     assert!(n.status.success(), "{n:?}");
     let text = String::from_utf8_lossy(&n.stdout).into_owned();
     for line in lines {
         assert!(text.contains(line), "native run: {text}");
     }
-    for (path, umo) in MODES {
-        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
-        assert!(m.status.success(), "{path}, user-mode-only {umo}: {m:?}");
-        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{path}, user-mode-only {umo}");
-        assert!(compressed(&s) > 10000, "{path}, user-mode-only {umo}: {s}");
+    for &(path, umo) in modes {
+        let (m, s) = managed_in_mode(d, (path, umo), &[exe], &[]);
+        assert!(m.status.success(), "{exe}, {path}, user-mode-only {umo}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{exe}, {path}, user-mode-only {umo}");
+        assert!(compressed(&s) > 10000, "{exe}, {path}, user-mode-only {umo}: {s}");
         more((path, umo), &m, &s, &n);
     }
+    n
+}
+
+/// The processes of a run's statistics that were forked children.
+fn forked_children(s: &serde_json::Value) -> usize {
+    s["per_process"]
+        .as_array()
+        .map_or(0, |p| p.iter().filter(|p| p["forked_child"].as_u64() == Some(1)).count())
 }
 
 /// glibc's mutexes, condition variables and semaphores, whose `futex`
@@ -1283,25 +1303,19 @@ fn a_child_of_fork_without_handlers_sees_its_memory() {
         [("alone", &["underscore_fork.c"][..]), ("own-malloc", &["underscore_fork.c", "ownalloc.c"])]
     {
         let exe = compile_in(&d, name, sources, &[]);
-        let n = native(&[&exe], &d);
-        assert!(n.status.success(), "{name}: {n:?}");
+        let n = native_output_in_modes(&d, &exe, &MODES, &[], |(path, umo), _, s, _| {
+            assert_eq!(
+                forked_children(s),
+                1,
+                "{name}, {path}, user-mode-only {umo}: the child's statistics: {s}"
+            );
+            assert_eq!(s["tree_over_bytes"], 0, "{name}, {path}, user-mode-only {umo}: {s}");
+        });
         assert_eq!(
             String::from_utf8_lossy(&n.stdout),
             "_Fork: the child saw the heap; the parent read 0 wrong words\n",
             "{name}"
         );
-        for (path, umo) in MODES {
-            let what = format!("{name}, {path}, user-mode-only {umo}");
-            let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
-            assert!(m.status.success(), "{what}: {m:?}");
-            assert_eq!(m.stdout, n.stdout, "{what}");
-            assert!(compressed(&s) > 10000, "{what}: {s}");
-            let children = s["per_process"]
-                .as_array()
-                .map_or(0, |p| p.iter().filter(|p| p["forked_child"].as_u64() == Some(1)).count());
-            assert_eq!(children, 1, "{what}: the child's statistics: {s}");
-            assert_eq!(s["tree_over_bytes"], 0, "{what}: {s}");
-        }
     }
 }
 
@@ -1319,24 +1333,15 @@ fn a_child_of_fork_without_handlers_sees_its_memory() {
 fn forks_by_the_programs_own_system_calls() {
     let d = tmp("rawfork");
     let exe = compile(&d, "rawfork");
-    let n = native(&[&exe], &d);
-    assert!(n.status.success(), "{n:?}");
+    let caught: Vec<_> = MODES.into_iter().filter(|&m| m != ("thread", "0")).collect();
+    let n = native_output_in_modes(&d, &exe, &caught, &[], |(path, umo), _, s, _| {
+        assert_eq!(forked_children(s), 2, "{path}, user-mode-only {umo}: the children's statistics: {s}");
+        assert_eq!(s["tree_over_bytes"], 0, "{path}, user-mode-only {umo}: {s}");
+    });
     assert_eq!(
         String::from_utf8_lossy(&n.stdout),
         "SYS_fork: the child saw the heap\nSYS_clone: the child saw the heap\n"
     );
-    for (path, umo) in MODES.into_iter().filter(|&m| m != ("thread", "0")) {
-        let what = format!("{path}, user-mode-only {umo}");
-        let (m, s) = managed_in_mode(&d, (path, umo), &[&exe], &[]);
-        assert!(m.status.success(), "{what}: {m:?}");
-        assert_eq!(m.stdout, n.stdout, "{what}");
-        assert!(compressed(&s) > 10000, "{what}: {s}");
-        let children = s["per_process"]
-            .as_array()
-            .map_or(0, |p| p.iter().filter(|p| p["forked_child"].as_u64() == Some(1)).count());
-        assert_eq!(children, 2, "{what}: the children's statistics: {s}");
-        assert_eq!(s["tree_over_bytes"], 0, "{what}: {s}");
-    }
 }
 
 /// glibc's `_Fork` from a signal handler (`fork_in_handler.c`: a

@@ -15,36 +15,22 @@
 
 extern void (*earlyfork_hook)(void);
 
-#define BLOCKS 3072
-#define WORDS 4096
-static uint64_t *block[BLOCKS];
+#include "patterned_heap.h"
+
 static volatile long wrong = -1;
 
-static uint64_t pattern(unsigned b, unsigned i) { return (b * 0x9E3779B97F4A7C15u) ^ (i * 0xD1B54A32D192ED03u); }
-
-static void in_child_handler(void) {
-    long n = 0;
-    for (unsigned b = 0; b < BLOCKS; b++)
-        for (unsigned i = 0; i < WORDS; i += WORDS - 1) n += block[b][i] != pattern(b, i);
-    wrong = n;
-}
+/* Each block's first and last word. */
+static void in_child_handler(void) { wrong = wrong_words(WORDS - 1); }
 
 int main(void) {
-    for (unsigned b = 0; b < BLOCKS; b++) {
-        block[b] = malloc(WORDS * 8);
-        if (!block[b]) return 3;
-        for (unsigned i = 0; i < WORDS; i++) block[b][i] = pattern(b, i);
-    }
+    if (!fill_heap()) return 3;
     earlyfork_hook = in_child_handler;
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0) return 4;
     if (pid == 0) {
         if (wrong != 0) _exit(1);
-        for (unsigned b = 0; b < BLOCKS; b++)
-            for (unsigned i = 0; i < WORDS; i++)
-                if (block[b][i] != pattern(b, i)) _exit(2);
-        _exit(0);
+        _exit(wrong_words(1) ? 2 : 0);
     }
     int status;
     if (waitpid(pid, &status, 0) != pid) return 5;

@@ -12,32 +12,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define BLOCKS 3072
-#define WORDS 4096
-static uint64_t *block[BLOCKS];
-
-static uint64_t pattern(unsigned b, unsigned i) { return (b * 0x9E3779B97F4A7C15u) ^ (i * 0xD1B54A32D192ED03u); }
-
-static int heap_holds(void) {
-    for (unsigned b = 0; b < BLOCKS; b++)
-        for (unsigned i = 0; i < WORDS; i++)
-            if (block[b][i] != pattern(b, i)) return 0;
-    return 1;
-}
+#include "patterned_heap.h"
 
 int main(void) {
-    for (unsigned b = 0; b < BLOCKS; b++) {
-        block[b] = malloc(WORDS * 8);
-        if (!block[b]) return 3;
-        for (unsigned i = 0; i < WORDS; i++) block[b][i] = pattern(b, i);
-    }
+    if (!fill_heap()) return 3;
     const char *names[2] = {"SYS_fork", "SYS_clone"};
     int bad = 0;
     for (int k = 0; k < 2; k++) {
         fflush(stdout);
         long pid = k == 0 ? syscall(SYS_fork) : syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
         if (pid < 0) return 4;
-        if (pid == 0) _exit(heap_holds() ? 0 : 1);
+        if (pid == 0) _exit(wrong_words(1) ? 1 : 0);
         int status;
         if (waitpid((pid_t)pid, &status, 0) != pid) return 5;
         int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;

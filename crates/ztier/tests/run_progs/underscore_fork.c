@@ -12,33 +12,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define BLOCKS 3072
-#define WORDS 4096
-static uint64_t *block[BLOCKS];
-
-static uint64_t pattern(unsigned b, unsigned i) { return (b * 0x9E3779B97F4A7C15u) ^ (i * 0xD1B54A32D192ED03u); }
-
-static long wrong_words(void) {
-    long n = 0;
-    for (unsigned b = 0; b < BLOCKS; b++)
-        for (unsigned i = 0; i < WORDS; i++) n += block[b][i] != pattern(b, i);
-    return n;
-}
+#include "patterned_heap.h"
 
 int main(void) {
-    for (unsigned b = 0; b < BLOCKS; b++) {
-        block[b] = malloc(WORDS * 8);
-        if (!block[b]) return 3;
-        for (unsigned i = 0; i < WORDS; i++) block[b][i] = pattern(b, i);
-    }
+    if (!fill_heap()) return 3;
     fflush(stdout);
     pid_t pid = _Fork();
     if (pid < 0) return 4;
-    if (pid == 0) _exit(wrong_words() ? 1 : 0);
+    if (pid == 0) _exit(wrong_words(1) ? 1 : 0);
     int status;
     if (waitpid(pid, &status, 0) != pid) return 5;
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     printf("_Fork: the child %s; the parent read %ld wrong words\n", ok ? "saw the heap" : "read wrong words",
-           wrong_words());
+           wrong_words(1));
     return ok ? 0 : 1;
 }
