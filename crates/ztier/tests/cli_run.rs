@@ -178,6 +178,32 @@ fn sort_of_a_large_file() {
     assert!(compressed(&s) > 2000, "sort under 16M compressed {} pages", compressed(&s));
 }
 
+/// Perl's hashes: a record of its own array and hash per key, summed in
+/// key order (reads all over the heap, through perl's own use of
+/// `malloc`).
+#[test]
+fn perl_hash_of_records() {
+    require("perl");
+    let d = tmp("perl");
+    let prog = "my %h; for my $i (1..60000) { $h{\"k$i\"} = [$i, \"v\" x ($i % 17), {a => $i}] } \
+        my $s = 0; for my $k (sort keys %h) { $s += $h{$k}[0] } print \"$s\\n\"";
+    let s = same_as_native("24M", &["perl", "-e", prog], &d);
+    assert!(compressed(&s) > 10_000, "perl under 24M compressed {} pages", compressed(&s));
+}
+
+/// A pipeline whose two `xz` processes (one compressing, one
+/// decompressing what it wrote) are each managed; the digest of the
+/// round trip is the output compared.
+#[test]
+fn xz_pipeline() {
+    require("xz");
+    require("sha256sum");
+    let d = tmp("xz");
+    let s = same_as_native("8M", &["sh", "-c", "seq 1 600000 | xz -3 -T1 | xz -d | sha256sum"], &d);
+    assert!(s["processes"].as_u64().unwrap() >= 2, "xz pipeline: {} processes managed", s["processes"]);
+    assert!(compressed(&s) > 1000, "xz under 8M compressed {} pages", compressed(&s));
+}
+
 #[test]
 fn gcc_compiles_through_cc1() {
     require("gcc");
