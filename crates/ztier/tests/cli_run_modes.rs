@@ -1131,12 +1131,12 @@ fn memory_the_kernel_writes_outside_system_calls() {
 #[test]
 fn a_program_with_a_malloc_of_its_own() {
     let d = tmp("ownmalloc");
-    compile_in(&d, "libownmalloc_early.so", &["ownmalloc_early.c"], &["-shared", "-fPIC"]);
-    compile_in(
+    compile_with_library(
         &d,
+        "ownmalloc_early",
+        &["ownmalloc_early.c"],
         "ownmalloc",
         &["ownmalloc.c", "ownalloc.c"],
-        &["-Wl,--no-as-needed", "-L.", "-lownmalloc_early", "-Wl,-rpath,$ORIGIN"],
     );
     let n = native(&["./ownmalloc"], &d);
     assert!(n.status.success(), "{n:?}");
@@ -1266,13 +1266,7 @@ fn rustc_with_jemalloc_compiles_and_forks_its_linker() {
 #[test]
 fn fork_handlers_registered_before_the_library_starts() {
     let d = tmp("earlyfork");
-    compile_in(&d, "libearlyfork.so", &["earlyfork.c"], &["-shared", "-fPIC"]);
-    compile_in(
-        &d,
-        "earlyfork",
-        &["earlyfork_main.c"],
-        &["-Wl,--no-as-needed", "-L.", "-learlyfork", "-Wl,-rpath,$ORIGIN"],
-    );
+    compile_with_library(&d, "earlyfork", &["earlyfork.c"], "earlyfork", &["earlyfork_main.c"]);
     let n = native(&["./earlyfork"], &d);
     assert!(n.status.success(), "{n:?}");
     assert_eq!(String::from_utf8_lossy(&n.stdout), "fork handler of a library: the child saw the heap\n");

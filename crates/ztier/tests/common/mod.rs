@@ -88,3 +88,20 @@ pub fn compile_in(d: &Path, out: &str, sources: &[&str], args: &[&str]) -> Strin
     assert!(o.status.success(), "compiling {sources:?} into {out}: {}", String::from_utf8_lossy(&o.stderr));
     d.join(out).to_string_lossy().into_owned()
 }
+
+/// Builds the `run_progs` library `lib{lib}.so` from `lib_sources` in
+/// `d`, then the program `exe` from `sources` linked against it (kept
+/// even if unused, found beside the program at run time); the program's
+/// path. The library's constructor then runs before `main`, as a real
+/// library's does.
+pub fn compile_with_library(
+    d: &Path,
+    lib: &str,
+    lib_sources: &[&str],
+    exe: &str,
+    sources: &[&str],
+) -> String {
+    compile_in(d, &format!("lib{lib}.so"), lib_sources, &["-shared", "-fPIC"]);
+    let link = format!("-l{lib}");
+    compile_in(d, exe, sources, &["-Wl,--no-as-needed", "-L.", &link, "-Wl,-rpath,$ORIGIN"])
+}
