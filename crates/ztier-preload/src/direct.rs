@@ -35,7 +35,11 @@
 //! `syscall(2)` itself is exported too (the JVM asks for its thread ids
 //! with `syscall(SYS_gettid)` thousands of times a second); calls that
 //! the dispatch handler must run itself (signals, `clone`, `exec`,
-//! `sigaltstack`, `rseq`) still go to it.
+//! `sigaltstack`, `rseq`) still go to it. Without dispatch (the handler
+//! thread in full mode), a fork made through it (`SYS_fork`, a `clone`
+//! without `CLONE_VM` on the caller's stack) is made inside the library's
+//! fork handlers here ([`crate::fork_unseen`]), as the dispatch handler
+//! makes it otherwise.
 
 use std::ffi::{c_int, c_long, c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -364,13 +368,28 @@ pub unsafe extern "C" fn syscall(
     e: c_long,
     f: c_long,
 ) -> c_long {
-    if let Some(r) = crate::fds::guard_c(nr, [a as u64, b as u64, c as u64, d as u64, e as u64, f as u64]) {
+    let args = [a as u64, b as u64, c as u64, d as u64, e as u64, f as u64];
+    if let Some(r) = crate::fds::guard_c(nr, args) {
         return r as c_long;
+    }
+    // A fork by the program's own system call. Under dispatch the call
+    // below raises `SIGSYS` and the dispatch handler makes it inside the
+    // library's fork handlers; without dispatch (the handler thread in
+    // full mode) it is made that way here, or its child would read zeros
+    // from every evicted page.
+    if !crate::sud::active() && crate::sud::program_fork(nr, args) {
+        if let Some(r) = crate::fork_unseen(nr, args) {
+            if (-4095..0).contains(&r) {
+                crate::sys::set_errno(-r as c_int);
+                return -1;
+            }
+            return r as c_long;
+        }
     }
     let p = real(&REAL_SYSCALL, 0, "syscall\0");
     // SAFETY: glibc's `syscall`, a variadic function of this type.
     let real = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_long, ...) -> c_long>(p) };
-    crate::sud::fast(nr, [a as u64, b as u64, c as u64, d as u64, e as u64, f as u64], || {
+    crate::sud::fast(nr, args, || {
         // SAFETY: the caller's arguments, passed on.
         unsafe { real(nr, a, b, c, d, e, f) as isize }
     }) as c_long

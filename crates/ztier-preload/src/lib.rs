@@ -2713,12 +2713,7 @@ fn fork_around(fork: impl FnOnce() -> i64) -> i64 {
 fn fork_around_prepared(fork: impl FnOnce() -> i64) -> i64 {
     let r = fork();
     if r == 0 {
-        fork_child();
-        // A program with a `malloc` of its own: no `child` handler runs
-        // to start the threads (`fork_child_late`), nor should any.
-        if LATE_COUNTDOWN.swap(0, Ordering::AcqRel) > 0 {
-            child_threads(GLOBAL.get().expect("ready"), false);
-        }
+        in_forked_child();
     } else {
         // The parent, also when the fork failed.
         fork_parent();
@@ -2726,15 +2721,156 @@ fn fork_around_prepared(fork: impl FnOnce() -> i64) -> i64 {
     r
 }
 
+/// The child's side of [`fork_around`]: [`fork_child`] and, for a
+/// program with a `malloc` of its own, the threads that no `child`
+/// handler starts here (`fork_child_late`), nor should any.
+fn in_forked_child() {
+    fork_child();
+    if LATE_COUNTDOWN.swap(0, Ordering::AcqRel) > 0 {
+        child_threads(GLOBAL.get().expect("ready"), false);
+    }
+}
+
+/// The start of a child of [`clone`], on the stack the library mapped
+/// for it: the program's function, argument and stack.
+#[repr(C)]
+struct CloneStart {
+    f: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    arg: *mut libc::c_void,
+    stack: usize,
+}
+
+/// The stack a child of [`clone`] runs the library's fork handling on
+/// before the program's function (which may have been given a small one).
+const CLONE_START_STACK: usize = 256 << 10;
+
+/// glibc's `clone(fn, stack, flags, arg, ...)`: the program's function
+/// `fn` run in a new task on `stack`. Without `CLONE_VM` that task is a
+/// new process with a copy of this memory — a fork no `pthread_atfork`
+/// handler sees, and whose system call starts the child on another
+/// stack, so that dispatch does not make it either (`fork_unseen` takes
+/// forks in place only): its child read zeros from every evicted page,
+/// in every mode. Here it is made inside the library's fork handlers: the
+/// child starts on a stack the library maps (out of the arena, unmapped
+/// again in the parent), runs [`in_forked_child`] there, then the
+/// program's function on the program's stack, and ends the process with
+/// what that returns (its statistics written), as glibc's child's `exit`
+/// does natively. A clone that shares memory
+/// (`CLONE_VM`, a thread or a `vfork`), or a new process that shares this
+/// one's descriptors (`CLONE_FILES`: the child closes the parent's
+/// descriptors of the library) or takes thread-local storage of its own
+/// (`CLONE_SETTLS`: the library's per-thread state would not be there)
+/// is passed to glibc as it is.
+///
+/// ```text
+///   parent: prepare ─ glibc clone(start, library stack, flags) ─ parent handler ─ unmap
+///   child:            start: fork_child ─► switch to the program's stack ─► fn(arg) ─► exit_group
+/// ```
+///
+/// # Safety
+/// The C contract of `clone`.
+#[no_mangle]
+pub unsafe extern "C" fn clone(
+    f: Option<extern "C" fn(*mut libc::c_void) -> libc::c_int>,
+    stack: *mut libc::c_void,
+    flags: libc::c_int,
+    arg: *mut libc::c_void,
+    ptid: *mut libc::pid_t,
+    tls: *mut libc::c_void,
+    ctid: *mut libc::pid_t,
+) -> libc::c_int {
+    type Real = unsafe extern "C" fn(
+        Option<extern "C" fn(*mut libc::c_void) -> libc::c_int>,
+        *mut libc::c_void,
+        libc::c_int,
+        *mut libc::c_void,
+        ...
+    ) -> libc::c_int;
+    static REAL: [AtomicUsize; 1] = [AtomicUsize::new(0)];
+    let p = direct::real(&REAL, 0, "clone\0");
+    // SAFETY: glibc's `clone`, a variadic function of this type.
+    let real = unsafe { std::mem::transmute::<usize, Real>(p) };
+    let shared = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_FILES | libc::CLONE_SETTLS;
+    let Some(program_fn) = f else {
+        // SAFETY: the caller's arguments, passed on (glibc fails the call).
+        return unsafe { real(f, stack, flags, arg, ptid, tls, ctid) };
+    };
+    if flags & shared != 0 || stack.is_null() || STATE.load(Ordering::Acquire) != READY {
+        // SAFETY: the caller's arguments, passed on.
+        return unsafe { real(f, stack, flags, arg, ptid, tls, ctid) };
+    }
+    let map = sys::mmap(
+        std::ptr::null_mut(),
+        CLONE_START_STACK,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_STACK,
+        -1,
+        0,
+    );
+    if map == libc::MAP_FAILED {
+        sys::set_errno(libc::ENOMEM);
+        return -1;
+    }
+    let top = (map as usize + CLONE_START_STACK - std::mem::size_of::<CloneStart>()) & !15;
+    // SAFETY: `top` is in the mapping just made, aligned, with room above.
+    unsafe { (top as *mut CloneStart).write(CloneStart { f: program_fn, arg, stack: stack as usize }) };
+    extern "C" fn start(p: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: the parent's `CloneStart`, in this child's copy of the
+        // library's mapping.
+        let s = unsafe { (p as *const CloneStart).read() };
+        in_forked_child();
+        let r: u64;
+        // SAFETY: the program's function on the program's stack, as glibc
+        // would have called it; back on this stack after it returns.
+        unsafe {
+            std::arch::asm!(
+                "mov r12, rsp",
+                "mov rsp, {sp}",
+                "and rsp, -16",
+                "call {f}",
+                "mov rsp, r12",
+                sp = in(reg) s.stack,
+                f = in(reg) s.f as usize,
+                in("rdi") s.arg,
+                lateout("rax") r,
+                out("r12") _,
+                clobber_abi("C"),
+            )
+        };
+        // glibc's child would leave by `exit`, which ends the process
+        // natively (its only thread) but here would leave the library's
+        // threads running: the whole process ends, statistics written.
+        end(r as libc::c_int)
+    }
+    fork_prepare();
+    // SAFETY: glibc's clone with the library's start and stack; the rest
+    // the caller's.
+    let r = unsafe {
+        real(Some(start), top as *mut libc::c_void, flags, top as *mut libc::c_void, ptid, tls, ctid)
+    };
+    // Only the parent comes back here (the child exits from glibc's
+    // clone), also when the clone failed.
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    fork_parent();
+    sys::munmap(map, CLONE_START_STACK);
+    if r < 0 {
+        sys::set_errno(errno);
+    }
+    r
+}
+
 /// A fork the program makes by its own system call (`syscall(SYS_fork)`,
 /// a `clone` without `CLONE_VM` on the caller's stack), caught by
-/// dispatch (`sud`): made here, the system call `nr` with `a`, inside
+/// dispatch (`sud`) or, without dispatch, by the library's `syscall`
+/// export (`direct`): made here, the system call `nr` with `a`, inside
 /// the library's fork handlers ([`fork_around`]), as `_Fork`'s is. Its
 /// child read zeros from every evicted page before. `None` (the caller
 /// lets the program's own instruction make it) for the fork of glibc's
 /// `fork` or of the library's `_Fork`, whose handlers have run in this
 /// thread ([`FORK_PREPARED`]), or before the library has started. Without
-/// dispatch (the handler thread in full mode) such a fork is not seen.
+/// dispatch (the handler thread in full mode), a fork made by a
+/// `syscall` instruction of the program's own (not through glibc's
+/// `syscall` function) is still not seen.
 pub(crate) fn fork_unseen(nr: i64, a: [u64; 6]) -> Option<i64> {
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() };

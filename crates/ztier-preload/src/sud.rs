@@ -2331,6 +2331,15 @@ fn shares_memory(nr: i64, a: [u64; 6]) -> bool {
     }
 }
 
+/// A fork the program makes by its own system call: a new process (no
+/// `CLONE_VM`, no `CLONE_VFORK`) going on where the caller's stack is —
+/// the forks the dispatch handler makes inside the library's fork
+/// handlers ([`crate::fork_unseen`]), as `direct`'s `syscall` does
+/// without dispatch.
+pub(crate) fn program_fork(nr: i64, a: [u64; 6]) -> bool {
+    !vfork_like(nr, a) && forks_in_place(nr, a)
+}
+
 /// A `clone`, `clone3` or `fork` that makes a new process (no
 /// `CLONE_VM`) going on where the caller's stack is (no new stack): a
 /// fork, whose child returns through this handler as the parent does.
@@ -2597,7 +2606,7 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                         warn_raw_thread();
                     }
                     r
-                } else if !vfork_like(nr, a) && forks_in_place(nr, a) {
+                } else if program_fork(nr, a) {
                     // A fork: the library's handlers around it, unless it
                     // is glibc's own (they ran) — see `fork_unseen`.
                     crate::fork_unseen(nr, a)
