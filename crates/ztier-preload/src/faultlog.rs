@@ -186,10 +186,11 @@ impl FaultLog {
         Ok(())
     }
 
-    /// Writes `dir/PID.csv`; says on stderr how many page-ins went
+    /// Writes `dir/name` (`PID.csv`, or `PID-N.csv` as the process's
+    /// statistics are named); says on stderr how many page-ins went
     /// unlogged, if any.
-    pub fn write_file(&self, pid: u32) -> io::Result<PathBuf> {
-        let path = self.dir.join(format!("{pid}.csv"));
+    pub fn write_file(&self, name: &str) -> io::Result<PathBuf> {
+        let path = self.dir.join(name);
         let mut w = io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&path)?);
         self.write_csv(&mut w)?;
         w.flush()?;

@@ -83,7 +83,8 @@
 //! **Core dumps** leave out the arena's unused parts and hold every
 //! stored page where cores are written (see [`coredump`]).
 //!
-//! **Stats**: at exit each process writes `PID.json` into
+//! **Stats**: at exit each process writes `PID.json` (`PID-N.json` if
+//! another process of the command had its PID) into
 //! `ZTIER_STATS_DIR`, through a descriptor opened when it started (or was
 //! forked: [`STATS_FD`], so that dropping root meanwhile does not lose
 //! them); while it runs, the abstract unix datagram socket
@@ -2129,17 +2130,62 @@ fn open_stats() {
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::IntoRawFd;
     let Some(dir) = GLOBAL.get().and_then(|g| g.cfg.stats_dir.as_ref()) else { return };
-    let fd = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(dir.join(format!("{}.json", std::process::id())))
-        .map_or(-1, |f| fds::keep(f.into_raw_fd()));
+    // A file no other process of the command has: `PID.json`, or
+    // `PID-N.json` if that is taken (the children `clone` starts in new
+    // PID namespaces are each PID 1 there, and a long command may see a
+    // PID again). Each process holds a lock on its file while it lives:
+    // a file left empty and unlocked is an earlier image's of this very
+    // process (its descriptor closed at `exec`, before it wrote
+    // anything), taken over so that an exec'd program keeps `PID.json`.
+    let lock = |f: &std::fs::File| {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor this function owns.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    };
+    let mut fd = -1;
+    for n in 0..MAX_SAME_PID {
+        STATS_SUFFIX.store(n, Ordering::Relaxed);
+        let path = dir.join(own_file_name("json"));
+        let open = |new: bool| {
+            std::fs::OpenOptions::new().write(true).create_new(new).custom_flags(libc::O_CLOEXEC).open(&path)
+        };
+        let f = match open(true) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match open(false) {
+                Ok(f) if f.metadata().is_ok_and(|m| m.len() == 0) => f,
+                _ => continue,
+            },
+            Err(_) => break,
+        };
+        // Not locked: another process took it first (it is live).
+        if lock(&f) && f.metadata().is_ok_and(|m| m.len() == 0) {
+            fd = fds::keep(f.into_raw_fd());
+            break;
+        }
+    }
     let old = STATS_FD.swap(fd, Ordering::Relaxed);
     if old >= 0 {
         fds::forget(old);
         sud::raw(libc::SYS_close, [old as u64, 0, 0, 0, 0, 0]);
+    }
+}
+
+/// Processes of one command with the same PID whose statistics are kept
+/// apart ([`open_stats`]).
+const MAX_SAME_PID: u32 = 1000;
+
+/// This process's number among those of its command with its PID (0:
+/// the first), chosen by [`open_stats`].
+static STATS_SUFFIX: AtomicU32 = AtomicU32::new(0);
+
+/// The name of this process's statistics (`ext` "json") or fault log
+/// ("csv") file: `PID.ext`, or `PID-N.ext` when N live or finished
+/// processes of the command had this PID first (an `exec` keeps the
+/// name: see [`open_stats`]).
+fn own_file_name(ext: &str) -> String {
+    match STATS_SUFFIX.load(Ordering::Relaxed) {
+        0 => format!("{}.{ext}", std::process::id()),
+        n => format!("{}-{n}.{ext}", std::process::id()),
     }
 }
 
@@ -2208,7 +2254,7 @@ extern "C" fn at_exit() {
     as_inside(|| {
         let Some(g) = GLOBAL.get() else { return };
         if let Some(dir) = &g.cfg.stats_dir {
-            let path = dir.join(format!("{}.json", std::process::id()));
+            let path = dir.join(own_file_name("json"));
             if let Err(e) = write_stats(&path, &stats_json(g)) {
                 // Said, not lost silently: a process that dropped root
                 // before it was forked cannot write into `ztier run`'s
@@ -2230,7 +2276,7 @@ extern "C" fn at_exit() {
             m.take_fault_log()
         };
         if let Some(log) = log {
-            if let Err(e) = log.write_file(std::process::id()) {
+            if let Err(e) = log.write_file(&own_file_name("csv")) {
                 eprintln!("ztier: writing the fault log into {}: {e}", log.dir.display());
             }
         }

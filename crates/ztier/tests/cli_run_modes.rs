@@ -1342,6 +1342,32 @@ fn forks_by_the_programs_own_system_calls() {
     );
 }
 
+/// Children of glibc's `clone` in new PID namespaces (`clone_newpid.c`:
+/// three in turn, each PID 1 in its own, each checking the 96 MiB heap at
+/// `--budget 16M`; root). Each writes its statistics: they were all
+/// `1.json` in `ztier run`'s folder, each child's overwriting the one
+/// before (one counted of three); a process now takes `PID-N.json` when
+/// `PID.json` is taken. Same output as native in every mode, the three
+/// children and the parent counted, nothing over the budget.
+#[test]
+fn clone_children_in_new_pid_namespaces_are_each_counted() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "this test makes PID namespaces: run it as root (make test does)");
+    let d = tmp("clone-newpid");
+    let exe = compile(&d, "clone_newpid");
+    let n = native_output_in_modes(&d, &exe, &MODES, &[], |(path, umo), _, s, _| {
+        assert_eq!(forked_children(s), 3, "{path}, user-mode-only {umo}: the children's statistics: {s}");
+        assert_eq!(s["processes"], 4, "{path}, user-mode-only {umo}: {s}");
+        assert_eq!(s["tree_over_bytes"], 0, "{path}, user-mode-only {umo}: {s}");
+    });
+    assert_eq!(
+        String::from_utf8_lossy(&n.stdout),
+        "child 1: PID 1 in its namespace, 0 wrong words\nchild 2: PID 1 in its namespace, 0 wrong words\n\
+         child 3: PID 1 in its namespace, 0 wrong words\n"
+    );
+}
+
 /// glibc's `_Fork` from a signal handler (`fork_in_handler.c`: a
 /// one-shot `SIGALRM` 1 ms after each, 40 in all, each forking a child
 /// that exits 7, while the program allocates and frees all the time).

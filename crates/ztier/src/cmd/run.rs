@@ -169,7 +169,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub summary: bool,
     /// Log every page-in into this folder (made if missing): each process
-    /// writes PID.csv at exit, one row per fault served, with its time, kind
+    /// writes PID.csv at exit (PID-N.csv if another process of the command
+    /// had its PID), one row per fault served, with its time, kind
     /// (store, zero, pin, deferred, wp, lost), first page, pages installed,
     /// refault distance, eviction clock, whether the page joined the protected
     /// segment, and service time. Misses only (userfaultfd never sees hits).
@@ -714,7 +715,8 @@ fn quantile(hist: &std::collections::BTreeMap<u64, u64>, q: f64) -> f64 {
     0.0
 }
 
-/// Merges the `PID.json` files of every process: counters summed, the
+/// Merges the `PID.json` (or `PID-N.json`) files of every process:
+/// counters summed, the
 /// latency histograms merged, peaks as the largest.
 pub fn merge_stats(dir: &Path) -> Result<Value> {
     let mut per = Vec::new();
