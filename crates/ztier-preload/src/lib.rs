@@ -2801,9 +2801,10 @@ const CLONE_START_STACK: usize = 256 << 10;
 /// again in the parent), runs [`in_forked_child`] there, then the
 /// program's function on the program's stack, and ends the process with
 /// what that returns (its statistics written), as glibc's child's `exit`
-/// does natively. A clone that shares memory
-/// (`CLONE_VM`, a thread or a `vfork`), or a new process that shares this
-/// one's descriptors (`CLONE_FILES`: the child closes the parent's
+/// does natively (with `CLONE_VFORK` the parent waits in the kernel
+/// meanwhile, holding the library's locks, until the child execs or
+/// ends). A clone that shares memory (`CLONE_VM`: a thread, a `vfork`),
+/// or a new process that shares this one's descriptors (`CLONE_FILES`: the child closes the parent's
 /// descriptors of the library) or takes thread-local storage of its own
 /// (`CLONE_SETTLS`: the library's per-thread state would not be there)
 /// is passed to glibc as it is.
@@ -2836,7 +2837,7 @@ pub unsafe extern "C" fn clone(
     let p = direct::real(&REAL, 0, "clone\0");
     // SAFETY: glibc's `clone`, a variadic function of this type.
     let real = unsafe { std::mem::transmute::<usize, Real>(p) };
-    let shared = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_FILES | libc::CLONE_SETTLS;
+    let shared = libc::CLONE_VM | libc::CLONE_FILES | libc::CLONE_SETTLS;
     let Some(program_fn) = f else {
         // SAFETY: the caller's arguments, passed on (glibc fails the call).
         return unsafe { real(f, stack, flags, arg, ptid, tls, ctid) };

@@ -2332,12 +2332,13 @@ fn shares_memory(nr: i64, a: [u64; 6]) -> bool {
 }
 
 /// A fork the program makes by its own system call: a new process (no
-/// `CLONE_VM`, no `CLONE_VFORK`) going on where the caller's stack is —
-/// the forks the dispatch handler makes inside the library's fork
-/// handlers ([`crate::fork_unseen`]), as `direct`'s `syscall` does
-/// without dispatch.
+/// `CLONE_VM`; with `CLONE_VFORK` too, whose child has a copy of the
+/// memory all the same) going on where the caller's stack is — the
+/// forks the dispatch handler makes inside the library's fork handlers
+/// ([`crate::fork_unseen`]), as `direct`'s `syscall` does without
+/// dispatch.
 pub(crate) fn program_fork(nr: i64, a: [u64; 6]) -> bool {
-    !vfork_like(nr, a) && forks_in_place(nr, a)
+    forks_in_place(nr, a)
 }
 
 /// A `clone`, `clone3` or `fork` that makes a new process (no

@@ -1316,7 +1316,8 @@ fn a_child_of_fork_without_handlers_sees_its_memory() {
 /// Forks made by the program's own system calls (`rawfork.c`:
 /// `syscall(SYS_fork)`, `syscall(SYS_clone, SIGCHLD, 0, ...)` and glibc's
 /// `clone(fn, stack, SIGCHLD, arg)` with a static stack and with one from
-/// `malloc`, 96 MiB at `--budget 16M`, each child checks every word),
+/// `malloc`, then `SYS_clone` and `clone` with `CLONE_VFORK` but not
+/// `CLONE_VM`; 96 MiB at `--budget 16M`, each child checks every word),
 /// which no fork handler sees: where system calls are caught
 /// (`--fault-path signal`, user-mode-only mode) the dispatch handler
 /// makes the first two inside the library's fork handlers; with the
@@ -1325,20 +1326,21 @@ fn a_child_of_fork_without_handlers_sees_its_memory() {
 /// another stack, which dispatch does not make; the library's `clone`
 /// export does, in every mode. Before, the children read zeros from the
 /// evicted pages (every mode for `clone`, full thread mode for the other
-/// two). Same output as native in every mode, the four children's
+/// two). Same output as native in every mode, the six children's
 /// statistics, nothing over the budget.
 #[test]
 fn forks_by_the_programs_own_system_calls() {
     let d = tmp("rawfork");
     let exe = compile(&d, "rawfork");
     let n = native_output_in_modes(&d, &exe, &MODES, &[], |(path, umo), _, s, _| {
-        assert_eq!(forked_children(s), 4, "{path}, user-mode-only {umo}: the children's statistics: {s}");
+        assert_eq!(forked_children(s), 6, "{path}, user-mode-only {umo}: the children's statistics: {s}");
         assert_eq!(s["tree_over_bytes"], 0, "{path}, user-mode-only {umo}: {s}");
     });
     assert_eq!(
         String::from_utf8_lossy(&n.stdout),
         "SYS_fork: the child saw the heap\nSYS_clone: the child saw the heap\n\
-         clone (static stack): the child saw the heap\nclone (heap stack): the child saw the heap\n"
+         clone (static stack): the child saw the heap\nclone (heap stack): the child saw the heap\n\
+         SYS_clone, CLONE_VFORK: the child saw the heap\nclone, CLONE_VFORK: the child saw the heap\n"
     );
 }
 
