@@ -1377,27 +1377,34 @@ fn library_stack() -> *mut libc::c_void {
             return s as *mut libc::c_void;
         }
     }
-    let len = THREAD_STACK + PAGE;
+    let Some(stack) = map_stack(THREAD_STACK) else {
+        eprintln!("ztier: cannot map a stack for the fault handler: {}", std::io::Error::last_os_error());
+        std::process::abort();
+    };
+    let n = STACKS_MADE.fetch_add(1, Ordering::AcqRel);
+    if n < STACKS_KEPT {
+        STACKS[n].store(stack, Ordering::Release);
+    }
+    stack as *mut libc::c_void
+}
+
+/// Maps `len` bytes of stack for library code, out of the arena, above a
+/// guard page (an overflow faults instead of writing below): its lowest
+/// address, or `None` (errno set) if it could not be mapped.
+fn map_stack(len: usize) -> Option<usize> {
     let p = sys::mmap(
         std::ptr::null_mut(),
-        len,
+        len + PAGE,
         libc::PROT_READ | libc::PROT_WRITE,
         libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_STACK,
         -1,
         0,
     );
     if p == libc::MAP_FAILED {
-        eprintln!("ztier: cannot map a stack for the fault handler: {}", std::io::Error::last_os_error());
-        std::process::abort();
+        return None;
     }
-    // The guard page: an overflow faults instead of writing below.
     sys::mprotect(p, PAGE, libc::PROT_NONE);
-    let stack = p as usize + PAGE;
-    let n = STACKS_MADE.fetch_add(1, Ordering::AcqRel);
-    if n < STACKS_KEPT {
-        STACKS[n].store(stack, Ordering::Release);
-    }
-    stack as *mut libc::c_void
+    Some(p as usize + PAGE)
 }
 
 /// In a forked child (one thread): every library stack of the parent is
@@ -2846,19 +2853,11 @@ pub unsafe extern "C" fn clone(
         // SAFETY: the caller's arguments, passed on.
         return unsafe { real(f, stack, flags, arg, ptid, tls, ctid) };
     }
-    let map = sys::mmap(
-        std::ptr::null_mut(),
-        CLONE_START_STACK,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_STACK,
-        -1,
-        0,
-    );
-    if map == libc::MAP_FAILED {
+    let Some(base) = map_stack(CLONE_START_STACK) else {
         sys::set_errno(libc::ENOMEM);
         return -1;
-    }
-    let top = (map as usize + CLONE_START_STACK - std::mem::size_of::<CloneStart>()) & !15;
+    };
+    let top = (base + CLONE_START_STACK - std::mem::size_of::<CloneStart>()) & !15;
     // SAFETY: `top` is in the mapping just made, aligned, with room above.
     unsafe { (top as *mut CloneStart).write(CloneStart { f: program_fn, arg, stack: stack as usize }) };
     extern "C" fn start(p: *mut libc::c_void) -> libc::c_int {
@@ -2866,24 +2865,9 @@ pub unsafe extern "C" fn clone(
         // library's mapping.
         let s = unsafe { (p as *const CloneStart).read() };
         in_forked_child();
-        let r: u64;
         // SAFETY: the program's function on the program's stack, as glibc
-        // would have called it; back on this stack after it returns.
-        unsafe {
-            std::arch::asm!(
-                "mov r12, rsp",
-                "mov rsp, {sp}",
-                "and rsp, -16",
-                "call {f}",
-                "mov rsp, r12",
-                sp = in(reg) s.stack,
-                f = in(reg) s.f as usize,
-                in("rdi") s.arg,
-                lateout("rax") r,
-                out("r12") _,
-                clobber_abi("C"),
-            )
-        };
+        // would have called it.
+        let r = unsafe { sigstack::call_on_stack(s.stack, s.f as usize, s.arg) };
         // glibc's child would leave by `exit`, which ends the process
         // natively (its only thread) but here would leave the library's
         // threads running: the whole process ends, statistics written.
@@ -2899,7 +2883,7 @@ pub unsafe extern "C" fn clone(
     // clone), also when the clone failed.
     let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     fork_parent();
-    sys::munmap(map, CLONE_START_STACK);
+    sys::munmap((base - PAGE) as *mut libc::c_void, CLONE_START_STACK + PAGE);
     if r < 0 {
         sys::set_errno(errno);
     }

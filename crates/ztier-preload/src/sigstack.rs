@@ -336,17 +336,10 @@ pub fn on_library_stack<R, F: FnOnce() -> R>(in_arena: impl FnOnce(usize) -> boo
     // SAFETY: `top` is on this thread's own stack, below anything live
     // there; the trampoline takes the slot's address.
     unsafe {
-        std::arch::asm!(
-            "mov r12, rsp",
-            "mov rsp, {sp}",
-            "and rsp, -16",
-            "call {f}",
-            "mov rsp, r12",
-            sp = in(reg) top,
-            f = in(reg) trampoline::<R, F> as *const () as usize,
-            in("rdi") &mut slot as *mut (Option<F>, Option<R>),
-            out("r12") _,
-            clobber_abi("C"),
+        call_on_stack(
+            top,
+            trampoline::<R, F> as *const () as usize,
+            (&mut slot as *mut (Option<F>, Option<R>)).cast(),
         )
     };
     PROGRAM_SP.with(|p| p.set(was));
@@ -354,6 +347,35 @@ pub fn on_library_stack<R, F: FnOnce() -> R>(in_arena: impl FnOnce(usize) -> boo
         Some(r) => r,
         None => unreachable!("the trampoline ran"),
     }
+}
+
+/// Calls the C function at `f` with `arg`, its stack pointer at `sp`
+/// (aligned down to 16), and comes back to this stack after it returns:
+/// what it left in `rax` (its `int` or pointer result, if it has one).
+///
+/// # Safety
+/// `f` is a C function of one pointer argument; the memory below `sp` is
+/// free for its frames.
+pub unsafe fn call_on_stack(sp: usize, f: usize, arg: *mut libc::c_void) -> u64 {
+    let r: u64;
+    // SAFETY: the caller's contract; `r12` (callee-saved, so kept across
+    // the call) holds this stack pointer meanwhile.
+    unsafe {
+        std::arch::asm!(
+            "mov r12, rsp",
+            "mov rsp, {sp}",
+            "and rsp, -16",
+            "call {f}",
+            "mov rsp, r12",
+            sp = in(reg) sp,
+            f = in(reg) f,
+            in("rdi") arg,
+            lateout("rax") r,
+            out("r12") _,
+            clobber_abi("C"),
+        )
+    };
+    r
 }
 
 /// Whether `sp` lies on the program's alternate stack `(p, size, flags)`
