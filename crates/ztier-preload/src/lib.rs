@@ -1773,6 +1773,13 @@ fn watchdog_loop() -> std::io::Result<()> {
 /// `CTL_FD`; without it (the name taken, no sockets) `ztier stats PID`
 /// gets no answer, and nothing else changes.
 ///
+/// PID is the process's PID as `/proc` shows it ([`proc_pid`]), the one
+/// `ztier stats` is given: a process in a PID namespace of its own
+/// (`clone(CLONE_NEWPID)`, `unshare --pid --fork`) is PID 1 there, and
+/// several at once would all want `@ztier-1` (abstract names belong to
+/// the network namespace), while `/proc`, unless the namespace mounted
+/// one of its own, still shows the PID the rest of the machine sees.
+///
 /// A datagram socket, not a listening one: each request is answered from
 /// this one descriptor ([`answer_ctl`]), where an `accept` would take the
 /// program's lowest free descriptor number for the connection's life, so
@@ -1781,7 +1788,7 @@ fn watchdog_loop() -> std::io::Result<()> {
 fn make_ctl_socket() {
     use std::os::fd::{AsRawFd, IntoRawFd};
     use std::os::linux::net::SocketAddrExt;
-    let s = std::os::unix::net::SocketAddr::from_abstract_name(format!("ztier-{}", std::process::id()))
+    let s = std::os::unix::net::SocketAddr::from_abstract_name(format!("ztier-{}", proc_pid()))
         .and_then(|a| std::os::unix::net::UnixDatagram::bind_addr(&a))
         .and_then(|s| s.set_nonblocking(true).map(|()| s));
     if let Ok(s) = s {
@@ -1805,6 +1812,16 @@ fn make_ctl_socket() {
         let _ = ztier_uffd::ctl::pass_credentials(s.as_raw_fd());
         CTL_FD.store(fds::keep(s.into_raw_fd()), Ordering::Relaxed);
     }
+}
+
+/// This process's PID in the PID namespace of the `/proc` mount (what
+/// `/proc/self` links to; no descriptor is made), or, without `/proc`,
+/// its PID in its own namespace.
+fn proc_pid() -> u32 {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str().and_then(|s| s.parse().ok()))
+        .unwrap_or_else(std::process::id)
 }
 
 /// The send buffer asked for the control socket.

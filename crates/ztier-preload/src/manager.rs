@@ -1141,24 +1141,56 @@ pub fn signal_path() -> bool {
     })
 }
 
-/// A new spill file in `dir`, `spill.PID`, unlinked at once: the
-/// descriptor keeps it, so nothing is left behind even if the process is
-/// killed. Its descriptor is moved out of the program's way and kept from
-/// its `close` (see `crate::fds`).
+/// A new spill file in `dir`, without a name (`O_TMPFILE`): nothing is
+/// left behind even if the process is killed, and no other process can
+/// open it. Where the file system cannot make one, a new file
+/// `spill.PID.N` (made with `O_EXCL`: PIDs repeat across PID namespaces,
+/// and two processes that opened one name would write one file) unlinked
+/// at once. Its descriptor is moved out of the program's way and kept
+/// from its `close` (see `crate::fds`).
 fn open_spill(dir: &std::path::Path) -> io::Result<std::fs::File> {
-    let path = dir.join(format!("spill.{}", std::process::id()));
-    let file = std::fs::OpenOptions::new()
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .map_err(|e| io::Error::new(e.kind(), format!("spill file {}: {e}", path.display())))?;
-    use std::os::fd::{FromRawFd, IntoRawFd};
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+    {
+        Ok(f) => f,
+        // Not a directory, gone, or not ours to write: said as it is.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOENT | libc::ENOTDIR | libc::EACCES | libc::EROFS)
+            ) =>
+        {
+            return Err(io::Error::new(e.kind(), format!("spill directory {}: {e}", dir.display())));
+        }
+        // No O_TMPFILE here (EOPNOTSUPP; EISDIR before Linux 3.11).
+        Err(_) => open_spill_named(dir)?,
+    };
     // SAFETY: the file's descriptor, moved.
-    let file = unsafe { std::fs::File::from_raw_fd(crate::fds::keep(file.into_raw_fd())) };
-    let _ = std::fs::remove_file(&path);
-    Ok(file)
+    Ok(unsafe { std::fs::File::from_raw_fd(crate::fds::keep(file.into_raw_fd())) })
+}
+
+/// [`open_spill`] where the file system makes no `O_TMPFILE`: the first
+/// new name `spill.PID.N`, unlinked at once.
+fn open_spill_named(dir: &std::path::Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    for n in 0.. {
+        let path = dir.join(format!("spill.{}.{n}", std::process::id()));
+        match std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path) {
+            Ok(f) => {
+                let _ = std::fs::remove_file(&path);
+                return Ok(f);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 1000 => {}
+            Err(e) => return Err(io::Error::new(e.kind(), format!("spill file {}: {e}", path.display()))),
+        }
+    }
+    unreachable!("the loop returns by its 1000th name")
 }
 
 fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
@@ -3220,6 +3252,40 @@ mod tests {
     /// A manager over a fresh arena of `pages` pages (registered with
     /// userfaultfd; no handler runs, so the test must not touch pages
     /// that are not resident).
+    /// Spill files have no name, or none for long, and never one
+    /// another process has: two opened in one directory are two files
+    /// (the same PID opened one name twice, as PID-1 processes in PID
+    /// namespaces of their own did, and both wrote one file), and the
+    /// directory is left empty. A directory that is not one is named.
+    #[test]
+    fn spill_files_are_new_unnamed_files() {
+        use std::io::{Read, Seek, Write};
+        let dir = std::env::temp_dir().join(format!("ztier-spill-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        for open in [open_spill, open_spill_named] {
+            // A name in the way, as another process's would be.
+            let squatter = dir.join(format!("spill.{}.0", std::process::id()));
+            std::fs::write(&squatter, b"someone else's").unwrap();
+            let (mut a, mut b) = (open(&dir).unwrap(), open(&dir).unwrap());
+            a.write_all(b"first").unwrap();
+            b.write_all(b"second").unwrap();
+            for (f, want) in [(&mut a, &b"first"[..]), (&mut b, &b"second"[..])] {
+                let mut got = Vec::new();
+                f.rewind().unwrap();
+                f.read_to_end(&mut got).unwrap();
+                assert_eq!(got, want);
+            }
+            assert_eq!(std::fs::read(&squatter).unwrap(), b"someone else's");
+            std::fs::remove_file(&squatter).unwrap();
+            let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+            assert!(left.is_empty(), "{left:?}");
+        }
+        let e = open_spill(&dir.join("missing")).unwrap_err().to_string();
+        assert!(e.contains("spill directory") && e.contains("missing"), "{e}");
+        std::fs::remove_dir(&dir).unwrap();
+    }
+
     fn test_manager(pages: usize) -> (Manager, usize) {
         let base = sys::mmap(
             std::ptr::null_mut(),

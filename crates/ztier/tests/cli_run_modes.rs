@@ -1370,6 +1370,69 @@ fn clone_children_in_new_pid_namespaces_are_each_counted() {
     );
 }
 
+/// Children in new PID namespaces alive at the same time answer `ztier
+/// stats` (`newpid_stats.c`: two `clone(CLONE_NEWPID)` children, each
+/// PID 1 in its own namespace, checking the 96 MiB heap at `--budget
+/// 16M`, then waiting; root). Each one's control socket is named by its
+/// PID as `/proc` shows it: before, both wanted `@ztier-1`, and the
+/// second ran without one (`ztier stats` on it: "does not answer").
+/// `ztier stats` accepts an answer only from the PID it asked, so each
+/// answer is the child's own. Same output as native in every mode.
+#[test]
+fn children_in_new_pid_namespaces_at_once_each_answer_stats() {
+    use std::io::{BufRead, Read, Write};
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "this test makes PID namespaces: run it as root (make test does)");
+    let d = tmp("newpid-stats");
+    let exe = compile(&d, "newpid_stats");
+    let expected = "child 1: PID 1 in its namespace, 0 wrong words\n\
+                    child 2: PID 1 in its namespace, 0 wrong words\n";
+    for (path, umo) in MODES {
+        let what = format!("{path}, user-mode-only {umo}");
+        let mut child = Command::new(ztier())
+            .args(["run", "--budget", "16M", "--fault-path", path, "--", &exe])
+            .env("ZTIER_UFFD_USER_MODE_ONLY", umo)
+            .current_dir(&d)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        // However it ends, nothing of this run is left behind.
+        struct Group(i32);
+        impl Drop for Group {
+            fn drop(&mut self) {
+                // SAFETY: signalling the process group this test made.
+                unsafe { libc::kill(-self.0, libc::SIGKILL) };
+            }
+        }
+        let _group = Group(child.id() as i32);
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut head = String::new();
+        for _ in 0..3 {
+            out.read_line(&mut head).unwrap();
+        }
+        let (children, pids) = head.rsplit_once("pids ").unwrap_or_else(|| panic!("{what}: {head:?}"));
+        assert_eq!(children, expected, "{what}");
+        let pids: Vec<&str> = pids.split_whitespace().collect();
+        assert_eq!(pids.len(), 2, "{what}: {head:?}");
+        assert_ne!(pids[0], pids[1], "{what}");
+        for pid in &pids {
+            let o = Command::new(ztier()).args(["stats", pid]).output().unwrap();
+            assert!(o.status.success(), "{what}: child {pid}: {}", String::from_utf8_lossy(&o.stderr));
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(v["forked_child"], 1, "{what}: child {pid}: {v}");
+        }
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "{what}: {status:?}");
+        assert_eq!(rest, "both ended\n", "{what}");
+    }
+}
+
 /// glibc's `_Fork` from a signal handler (`fork_in_handler.c`: a
 /// one-shot `SIGALRM` 1 ms after each, 40 in all, each forking a child
 /// that exits 7, while the program allocates and frees all the time).

@@ -107,7 +107,7 @@ pub struct RunArgs {
     /// device), the pages it refuses stay resident over --budget (said once on stderr).
     #[arg(long, value_parser = parse_size)]
     pub store: Option<u64>,
-    /// Folder for spill files (kept compressed; unlinked at once, so nothing is left behind).
+    /// Folder for spill files (kept compressed; files without a name, so nothing is left behind).
     #[arg(long)]
     pub spill: Option<PathBuf>,
     /// Largest spill file per process.
