@@ -2153,6 +2153,7 @@ static STATS_FD: AtomicI32 = AtomicI32::new(-1);
 fn open_stats() {
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::IntoRawFd;
+    FILE_PID.store(proc_pid(), Ordering::Relaxed);
     let Some(dir) = GLOBAL.get().and_then(|g| g.cfg.stats_dir.as_ref()) else { return };
     // A file no other process of the command has: `PID.json`, or
     // `PID-N.json` if that is taken (the children `clone` starts in new
@@ -2202,14 +2203,24 @@ const MAX_SAME_PID: u32 = 1000;
 /// the first), chosen by [`open_stats`].
 static STATS_SUFFIX: AtomicU32 = AtomicU32::new(0);
 
+/// The PID that names this process's files ([`own_file_name`]): its PID
+/// as `/proc` shows it ([`proc_pid`]), taken by [`open_stats`] (0:
+/// not yet).
+static FILE_PID: AtomicU32 = AtomicU32::new(0);
+
 /// The name of this process's statistics (`ext` "json") or fault log
 /// ("csv") file: `PID.ext`, or `PID-N.ext` when N live or finished
 /// processes of the command had this PID first (an `exec` keeps the
-/// name: see [`open_stats`]).
+/// name: see [`open_stats`]). PID is the one `ztier stats` takes, also
+/// for a process in a PID namespace of its own ([`proc_pid`]).
 fn own_file_name(ext: &str) -> String {
+    let pid = match FILE_PID.load(Ordering::Relaxed) {
+        0 => proc_pid(),
+        pid => pid,
+    };
     match STATS_SUFFIX.load(Ordering::Relaxed) {
-        0 => format!("{}.{ext}", std::process::id()),
-        n => format!("{}-{n}.{ext}", std::process::id()),
+        0 => format!("{pid}.{ext}"),
+        n => format!("{pid}-{n}.{ext}"),
     }
 }
 
