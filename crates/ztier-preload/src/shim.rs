@@ -645,9 +645,12 @@ pub unsafe extern "C" fn mmap(
     off: off_t,
 ) -> *mut c_void {
     let _sud = crate::sud::Allow::new();
-    // Private anonymous memory is ours: read-write, or inaccessible (a
-    // reservation, made usable later with mprotect or a fixed mapping —
-    // how the JVM and V8 reserve their heaps). An address hint (without
+    // Private anonymous memory is ours, whatever its protection:
+    // read-write, inaccessible (a reservation, made usable later with
+    // mprotect or a fixed mapping — how the JVM and V8 reserve their
+    // heaps), or read-only or executable (a JIT's code), made so with
+    // mprotect in the arena (pages the library cannot read are never
+    // evicted: see `unreadable`). An address hint (without
     // MAP_FIXED) is only a hint: the memory comes from the arena wherever
     // it has room. Runtimes hint at random addresses (V8, for every
     // mapping) or at ones they would like (HotSpot's zero-based
@@ -663,7 +666,7 @@ pub unsafe extern "C" fn mmap(
                 | libc::MAP_HUGETLB
                 | libc::MAP_STACK)
             == 0
-        && (prot == RW || prot == libc::PROT_NONE)
+        && prot & !(libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) == 0
         && len > 0;
     if managed {
         if let Some(g) = global_for(len) {
@@ -672,13 +675,14 @@ pub unsafe extern "C" fn mmap(
                 // Served by the kernel below.
                 arena_full(g);
             } else {
-                if prot == libc::PROT_NONE {
+                if prot != RW {
                     // Free pages may be resident (a fault's run of zero
                     // pages reaches past the block it faulted in) and so
                     // the evictor's victims: like any protection change,
                     // it waits for the eviction that owns them.
                     let n = len.div_ceil(PAGE);
-                    if change_protection(p, n * PAGE, true, || sys::mprotect(p, n * PAGE, prot)) != 0 {
+                    let noevict = unreadable(prot, 0);
+                    if change_protection(p, n * PAGE, noevict, || sys::mprotect(p, n * PAGE, prot)) != 0 {
                         let e = sys::errno();
                         unmap_arena(g, g.page_of(p as usize), n);
                         sys::set_errno(e);
@@ -700,15 +704,17 @@ pub unsafe extern "C" fn mmap(
                     // later: not over a mapping of something else.
                     let mut m = crate::lock_unowned(g, first, n);
                     m.release(first, n, &g.stats);
-                    if anon && (prot == RW || prot == libc::PROT_NONE) && fd == -1 {
+                    if anon && fd == -1 && prot & !(libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) == 0
+                    {
                         // A fresh anonymous mapping over arena memory (how a
-                        // runtime commits or uncommits parts of a reservation):
-                        // the same thing as zeroing it and setting protections,
+                        // runtime commits or uncommits parts of a reservation,
+                        // HotSpot its code cache read-write-execute): the
+                        // same thing as zeroing it and setting protections,
                         // which keeps it managed.
                         if sys::mprotect(a, n * PAGE, prot) != 0 {
                             return Some(libc::MAP_FAILED);
                         }
-                        m.set_noevict(first, n, prot != RW);
+                        m.set_noevict(first, n, unreadable(prot, 0));
                         return Some(a);
                     }
                     // Something else (a file, shared memory): no longer ours to
@@ -1147,9 +1153,9 @@ pub(crate) fn unlock_after_fork() {
 /// pkey_mprotect). On arena memory it happens under the manager's lock,
 /// once no eviction in flight owns a page of the range (see
 /// `lock_unowned`), and the pages become unevictable (`noevict`: the
-/// handler must be able to read what it evicts) or evictable again in the
-/// same step, so no eviction can pick a page the program is making
-/// unreadable.
+/// handler must be able to read what it evicts; see [`unreadable`]) or
+/// evictable again in the same step, so no eviction can pick a page the
+/// program is making unreadable.
 fn change_protection(a: *mut c_void, len: usize, noevict: bool, call: impl FnOnce() -> c_int) -> c_int {
     forget_early(a as usize, len);
     if let Some(g) = crate::GLOBAL.get() {
@@ -1169,15 +1175,30 @@ fn change_protection(a: *mut c_void, len: usize, noevict: bool, call: impl FnOnc
     call()
 }
 
-/// `mprotect(2)`: arena pages that are not plain read-write are never
-/// evicted (the handler must be able to read what it evicts).
+/// `mprotect(2)`: arena pages the library cannot read ([`unreadable`])
+/// are never evicted. Read-only and executable pages are evicted as
+/// read-write ones are: a fault installs a page with its mapping's
+/// protection. (They were once kept resident too: a JIT's 64 MiB of code
+/// made read-only at an 8M budget sat over it, and the program's other
+/// memory thrashed through what was left, 0.08 s natively against 13–49
+/// s; `cli_run_modes::read_only_and_executable_memory_is_evicted_too`.)
 ///
 /// # Safety
 /// The C contract of `mprotect`.
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int {
     let _sud = crate::sud::Allow::new();
-    change_protection(a, len, prot != RW, || sys::mprotect(a, len, prot))
+    change_protection(a, len, unreadable(prot, 0), || sys::mprotect(a, len, prot))
+}
+
+/// Can the library not read (so evict) pages of protection `prot` and
+/// protection key `pkey`? Without `PROT_READ`, or tagged with a key
+/// other than the default, which the library's threads may have no
+/// access to (keys are checked per thread). Read-only and executable
+/// pages are read as others are, and a fault installs them with their
+/// mapping's protection.
+fn unreadable(prot: c_int, pkey: c_int) -> bool {
+    prot & libc::PROT_READ == 0 || pkey > 0
 }
 
 type StartFn = extern "C" fn(*mut c_void) -> *mut c_void;
@@ -1388,14 +1409,14 @@ fn keep_locale_resident(g: &Global) {
 
 /// `pkey_mprotect(2)`: pages tagged with a protection key other than the
 /// default may be unreadable from the handler thread (keys are checked per
-/// thread), so they are never evicted.
+/// thread), so they are never evicted ([`unreadable`]).
 ///
 /// # Safety
 /// The C contract of `pkey_mprotect`.
 #[no_mangle]
 pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
     let _sud = crate::sud::Allow::new();
-    change_protection(a, len, prot != RW || pkey > 0, || {
+    change_protection(a, len, unreadable(prot, pkey), || {
         // SAFETY: plain syscall; the kernel validates the arguments.
         unsafe {
             libc::syscall(libc::SYS_pkey_mprotect, a, len, prot as libc::c_long, pkey as libc::c_long)
