@@ -4,6 +4,7 @@
 //! arena's.
 
 use libc::{c_int, c_void, off_t};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use crate::manager::PAGE;
 use crate::small::{class_of, class_size, MAX_SMALL, SPAN};
@@ -657,6 +658,10 @@ pub unsafe extern "C" fn mmap(
     // compressed pointers, JIT code near the binary), and check what they
     // got: HotSpot gives the range back and tries other addresses, then
     // takes any; V8 takes any address and aligns within what it got.
+    // A program that gives back such mappings over and over wants the
+    // addresses it asks for (ZGC: see `note_refused`); from then on a
+    // hint the kernel can grant is granted, by the kernel. MAP_32BIT
+    // (memory below 2 GiB, as LuaJIT asks for it) is the kernel's too.
     let managed = flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS)
         == libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
         && flags
@@ -664,13 +669,31 @@ pub unsafe extern "C" fn mmap(
                 | libc::MAP_FIXED_NOREPLACE
                 | libc::MAP_GROWSDOWN
                 | libc::MAP_HUGETLB
-                | libc::MAP_STACK)
+                | libc::MAP_STACK
+                | libc::MAP_32BIT)
             == 0
         && prot & !(libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) == 0
         && len > 0;
+    if managed && !a.is_null() && HINTS_GRANTED.load(Ordering::Relaxed) {
+        let p = sys::mmap(a, len, prot, flags, fd, off);
+        if p == a {
+            return p;
+        }
+        if p != libc::MAP_FAILED {
+            sys::munmap(p, len);
+        }
+    }
     if managed {
         if let Some(g) = global_for(len) {
             let p = large_alloc_mmap(g, len);
+            if !p.is_null() && !a.is_null() {
+                // Given back at once, this is a refusal (`note_refused`).
+                let last_len = LAST_HINTED_LEN.swap(len, Ordering::Relaxed);
+                // The last one kept, or another length: a new run.
+                if LAST_HINTED.swap(p as usize, Ordering::Relaxed) != 0 || last_len != len {
+                    REFUSED_RUN.store(0, Ordering::Relaxed);
+                }
+            }
             if p.is_null() {
                 // Served by the kernel below.
                 arena_full(g);
@@ -733,6 +756,49 @@ pub unsafe extern "C" fn mmap(
         remember_early(p as usize, len);
     }
     p
+}
+
+/// Hinted mappings given back in a row, each of the same length as the
+/// last, before hints are granted ([`HINTS_GRANTED`]).
+///
+/// HotSpot's G1 gives back 9 at start-up (its heap tried at 3 addresses
+/// for each of 3 compressed-pointer modes: it then takes any, and its
+/// heap stays managed); ZGC reserves the same length at thousands of
+/// addresses, one after the other, and takes no other (it failed after
+/// 24 s: "Failed to reserve enough address space for Java heap");
+/// LuaJIT tries 30 random low addresses.
+const REFUSALS: u32 = 16;
+
+/// Are hints granted by the kernel where it can (a program gave back
+/// [`REFUSALS`] hinted mappings in a row)?
+static HINTS_GRANTED: AtomicBool = AtomicBool::new(false);
+
+/// The arena mapping last given for a hinted `mmap` (0: none, or given
+/// back), its length, and how many such were given back in a row.
+static LAST_HINTED: AtomicUsize = AtomicUsize::new(0);
+static LAST_HINTED_LEN: AtomicUsize = AtomicUsize::new(0);
+static REFUSED_RUN: AtomicU32 = AtomicU32::new(0);
+
+/// `munmap(a, len)` of arena memory: if it is the mapping last given for
+/// a hint, whole, the program refused it (it was not where it asked); at
+/// [`REFUSALS`] in a row of one length, hints are granted from then on,
+/// and stderr says so once.
+fn note_refused(a: usize, len: usize) {
+    if a == 0 || len != LAST_HINTED_LEN.load(Ordering::Relaxed) {
+        return;
+    }
+    if LAST_HINTED.compare_exchange(a, 0, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+        return;
+    }
+    let run = REFUSED_RUN.fetch_add(1, Ordering::Relaxed) + 1;
+    if run >= REFUSALS && !HINTS_GRANTED.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "ztier: process {}: the program gave back {run} mappings in a row that were not at the \
+             address it asked for (as a runtime that needs fixed addresses does, ZGC): from now on such \
+             memory comes from the kernel at that address where it can, unmanaged",
+            std::process::id()
+        );
+    }
 }
 
 fn large_alloc_mmap(g: &Global, len: usize) -> *mut c_void {
@@ -815,6 +881,7 @@ pub unsafe extern "C" fn munmap(a: *mut c_void, len: usize) -> c_int {
     forget_early(a as usize, len);
     if let Some(g) = crate::GLOBAL.get() {
         if let Some((first, n)) = page_range(g, a as usize, len) {
+            note_refused(a as usize, len);
             return unmap_arena(g, first, n);
         }
         if g.in_arena(a as usize) || g.in_arena((a as usize).wrapping_add(len).wrapping_sub(1)) {

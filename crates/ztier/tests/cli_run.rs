@@ -265,6 +265,10 @@ fn java_program() {
     // pointers), takes what the arena gives, and its heap is compressed.
     let s = same_as_native("64M", &["java", "-Xmx512m", "Big.java"], &d);
     assert!(compressed(&s) > 5000, "the JVM's heap under 64M: {} compressions", compressed(&s));
+    // ZGC reserves its heap's address space where it asks or not at all
+    // (it failed to start: `cli_run_modes::mappings_at_the_address_asked_for`).
+    // Its heap is shared memory, which stays the kernel's.
+    same_as_native("64M", &["java", "-XX:+UseZGC", "-Xmx512m", "Big.java"], &d);
 }
 
 /// As an unprivileged user gets it (`UFFD_USER_MODE_ONLY`, forced with

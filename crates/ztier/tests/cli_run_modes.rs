@@ -856,6 +856,31 @@ fn read_only_and_executable_memory_is_evicted_too() {
     });
 }
 
+/// Mappings asked for at an address (`hints.c`): a 64 MiB heap hinted at
+/// 9 addresses, each given back when not where asked, then taken anywhere
+/// (HotSpot's G1); a reservation that must be where asked, tried at one
+/// address after another (ZGC's, which ran 24 s and then failed: "Failed
+/// to reserve enough address space for Java heap"); and `MAP_32BIT`
+/// (was placed in the arena, above 2 GiB). The arena gives no hinted
+/// address: after 16 given back in a row, hints are granted by the kernel
+/// (unmanaged), and stderr says so once. The 9 refusals leave the heap
+/// managed (compressed). Same output as native in every mode.
+#[test]
+fn mappings_at_the_address_asked_for() {
+    native_output_in_every_mode_and(
+        "hints",
+        &["heap: 0 wrong", "reserved where asked: 0 wrong", "MAP_32BIT below 2 GiB: yes, 0 wrong"],
+        |(path, umo), m, s, n| {
+            let said =
+                String::from_utf8_lossy(&m.stderr).matches("mappings in a row that were not at").count();
+            assert_eq!(said, 1, "{path}, user-mode-only {umo}: {m:?}");
+            assert!(n.stderr.is_empty(), "{n:?}");
+            // The heap, 16 k pages, went out at least once at 16M.
+            assert!(compressed(s) >= 12_000, "{path}, user-mode-only {umo}: {s}");
+        },
+    );
+}
+
 /// glibc's mutexes, condition variables and semaphores, whose `futex`
 /// calls glibc makes inside itself, where they take the dispatch signal
 /// (`sync.c`: turns handed between two threads 6000 times each way under
