@@ -154,7 +154,7 @@ fn alloc(g: &Global, size: usize, zeroed: bool) -> *mut c_void {
     if !p.is_null() {
         return p;
     }
-    arena_full(g);
+    arena_full(g, size);
     // SAFETY: glibc's allocator (its blocks are freed back to it: `free`
     // tells them apart by address).
     unsafe {
@@ -166,20 +166,37 @@ fn alloc(g: &Global, size: usize, zeroed: bool) -> *mut c_void {
     }
 }
 
-/// The arena has no room for a request: it is served by glibc or the
-/// kernel instead, unmanaged (as natively), and stderr says so once. A
-/// small arena (under `ulimit -v`) fills; before, `malloc` then failed
-/// where it would have succeeded natively.
-pub(crate) fn arena_full(g: &Global) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+/// The arena has no room for a request of `bytes`: it is served by
+/// glibc or the kernel instead, unmanaged (as natively), and stderr says
+/// so once. A small arena (under `ulimit -v`) fills; before, `malloc`
+/// then failed where it would have succeeded natively. A request of
+/// over a quarter of the arena (a 64 GiB reservation, a `malloc(64 GiB)`
+/// that fails natively too) is said apart, once: the arena need not be
+/// full, and later requests are still managed (before, it said "full").
+pub(crate) fn arena_full(g: &Global, bytes: usize) {
+    static SAID_FULL: AtomicBool = AtomicBool::new(false);
+    static SAID_LARGE: AtomicBool = AtomicBool::new(false);
+    // Over a quarter of the arena at once: the request is the odd one out.
+    let large = bytes > g.arena_bytes / 4;
+    if !(if large { &SAID_LARGE } else { &SAID_FULL }).swap(true, Ordering::Relaxed) {
         crate::as_inside(|| {
-            eprintln!(
-                "ztier: process {}: the arena ({} MiB of address space) is full: further memory comes \
-                 from glibc and the kernel, unmanaged",
-                std::process::id(),
-                g.arena_bytes >> 20
-            )
+            if large {
+                eprintln!(
+                    "ztier: process {}: {} MiB asked at once does not fit in the arena ({} MiB of address \
+                     space): it comes from glibc or the kernel, unmanaged, as other such requests may; \
+                     smaller ones are still managed",
+                    std::process::id(),
+                    bytes >> 20,
+                    g.arena_bytes >> 20
+                )
+            } else {
+                eprintln!(
+                    "ztier: process {}: the arena ({} MiB of address space) is full: further memory comes \
+                     from glibc and the kernel, unmanaged",
+                    std::process::id(),
+                    g.arena_bytes >> 20
+                )
+            }
         });
     }
 }
@@ -434,7 +451,7 @@ fn aligned(align: usize, size: usize) -> *mut c_void {
         large_alloc(g, size.div_ceil(PAGE), align.div_ceil(PAGE), false)
     };
     if p.is_null() {
-        arena_full(g);
+        arena_full(g, size);
         // SAFETY: glibc's memalign (see `alloc`).
         return nomem(unsafe { __libc_memalign(align, size) });
     }
@@ -696,7 +713,7 @@ pub unsafe extern "C" fn mmap(
             }
             if p.is_null() {
                 // Served by the kernel below.
-                arena_full(g);
+                arena_full(g, len);
             } else {
                 if prot != RW {
                     // Free pages may be resident (a fault's run of zero

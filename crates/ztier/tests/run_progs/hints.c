@@ -5,7 +5,8 @@
  * program gives back 9 and takes the 10th: its heap stays managed). Then
  * as ZGC reserves: the same length at one address after another until
  * one is where asked, which it must be (at most 64 tries), then used.
- * Then MAP_32BIT, which must be below 2 GiB. Prints what it checked. */
+ * Then MAP_32BIT, which must be below 2 GiB. Before all, a 64 GiB
+ * reservation, more than the arena has. Prints what it checked. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -31,6 +32,9 @@ static long fill_and_check(unsigned char *p, size_t len, unsigned seed) {
 }
 
 int main(void) {
+    /* Address space for later, as large as ztier's arena: the kernel's. */
+    unsigned char *big = reserve(0, 64 * GB);
+    printf("64 GiB reserved: %s\n", big ? "yes" : "no");
     /* G1: 9 hints, then anywhere. */
     size_t heap = 64 * MB;
     unsigned char *h = NULL;
