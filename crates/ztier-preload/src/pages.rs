@@ -94,6 +94,29 @@ impl PageAlloc {
         true
     }
 
+    /// Takes whatever of `[first, first + n)` is free (the rest is in use
+    /// already): all of it is in use after.
+    pub fn take_within(&mut self, first: usize, n: usize) {
+        let end = first + n;
+        let overlapping: Vec<(usize, usize)> = self
+            .by_start
+            .range(..end)
+            .rev()
+            .take_while(|&(&s, &l)| s + l > first)
+            .map(|(&s, &l)| (s, l))
+            .collect();
+        for (s, l) in overlapping {
+            self.remove(s, l);
+            if s < first {
+                self.insert(s, first - s);
+            }
+            if s + l > end {
+                self.insert(end, s + l - end);
+            }
+        }
+        self.high = self.high.max(end);
+    }
+
     /// Returns `[first, first + n)` (already released) to the free ranges.
     pub fn free(&mut self, mut first: usize, mut n: usize) {
         if let Some((&s, &l)) = self.by_start.range(..first).next_back() {
@@ -154,6 +177,22 @@ mod tests {
         assert!(a.take(500, 10));
         assert!(!a.take(505, 10), "taking a used range fails");
         assert!(a.alloc(2000, 1).is_none());
+    }
+
+    /// `take_within` takes the free parts of a range that is partly in
+    /// use (`mremap` to a fixed address in the arena), and only those.
+    #[test]
+    fn take_within_takes_only_the_free_parts() {
+        let mut a = PageAlloc::new(0, 1000);
+        assert!(a.take(100, 50) && a.take(300, 50));
+        // Free: [0, 100), [150, 300), [350, 1000).
+        a.take_within(120, 300);
+        assert_eq!(a.by_start.iter().map(|(&s, &l)| (s, l)).collect::<Vec<_>>(), [(0, 100), (420, 580)]);
+        assert_eq!(a.free_pages(), 680);
+        a.take_within(420, 580);
+        a.take_within(0, 1);
+        assert_eq!(a.by_start.iter().map(|(&s, &l)| (s, l)).collect::<Vec<_>>(), [(1, 99)]);
+        assert_eq!(a.by_len.len(), 1);
     }
 
     #[test]

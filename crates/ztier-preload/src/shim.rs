@@ -623,19 +623,32 @@ fn mremap_early(old: usize, old_len: usize, new_len: usize, flags: c_int) -> Opt
 /// `/proc/self/maps`? (An early mapping could have been replaced without
 /// libc, by a raw system call.)
 fn private_anon_rw(a: usize, len: usize) -> bool {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return false };
-    maps.lines().any(|l| {
+    mapping_prot(a, len, false) == Some(RW)
+}
+
+/// The protection of the one private anonymous mapping (named ones too,
+/// with `named`) that holds all of `[a, a + len)`, by `/proc/self/maps`.
+fn mapping_prot(a: usize, len: usize, named: bool) -> Option<c_int> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|l| {
         let mut f = l.split_whitespace();
         let (Some(range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
             (f.next(), f.next(), f.next(), f.next(), f.next())
         else {
-            return false;
+            return None;
         };
-        let Some((lo, hi)) = range.split_once('-') else { return false };
-        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) else {
-            return false;
+        let (lo, hi) = range.split_once('-')?;
+        let (lo, hi) = (usize::from_str_radix(lo, 16).ok()?, usize::from_str_radix(hi, 16).ok()?);
+        let anon = match f.next() {
+            None => true,
+            Some(name) => named && name.starts_with("[anon:"),
         };
-        lo <= a && a + len <= hi && perms == "rw-p" && inode == "0" && f.next().is_none()
+        let p = perms.as_bytes();
+        if !(lo <= a && a.checked_add(len)? <= hi && inode == "0" && anon && p.len() == 4 && p[3] == b'p') {
+            return None;
+        }
+        let bit = |k: usize, c: u8, v: c_int| if p[k] == c { v } else { 0 };
+        Some(bit(0, b'r', libc::PROT_READ) | bit(1, b'w', libc::PROT_WRITE) | bit(2, b'x', libc::PROT_EXEC))
     })
 }
 
@@ -851,7 +864,90 @@ pub unsafe extern "C" fn mmap64(
 /// Gives a range of the page region back after the program unmapped it;
 /// if the program had mapped something else over it (MAP_FIXED), the
 /// arena mapping is restored first.
+/// `mremap(old, .., new_len, MREMAP_MAYMOVE | MREMAP_FIXED, new)` of the
+/// `n` arena pages at `old`: what the kernel does, by hand. `new` may be
+/// in the arena (the program's own reservation, typically: its pages
+/// become a fresh managed mapping) or wholly outside it (a mapping of the
+/// kernel's, unmanaged); the contents are copied (evicted pages fault
+/// back as they are read), the protection kept, the old pages unmapped.
+/// The kernel's errors: `EINVAL` without `MREMAP_MAYMOVE`, for an
+/// unaligned or overlapping `new`, and here for a `new` straddling the
+/// arena's end or its `malloc` spans; `EFAULT` if `old` is not one
+/// mapping.
+fn remap_fixed(g: &Global, old: usize, n: usize, new_len: usize, flags: c_int, new: usize) -> *mut c_void {
+    let fail = |e| {
+        sys::set_errno(e);
+        libc::MAP_FAILED
+    };
+    let (old_end, want) = (old + n * PAGE, new_len.div_ceil(PAGE));
+    let Some(new_end) = new.checked_add(want * PAGE) else { return fail(libc::EINVAL) };
+    if flags & libc::MREMAP_MAYMOVE == 0 || new % PAGE != 0 || (new < old_end && old < new_end) {
+        return fail(libc::EINVAL);
+    }
+    let Some(prot) = crate::as_inside(|| mapping_prot(old, n * PAGE, true)) else {
+        return fail(libc::EFAULT);
+    };
+    let inside = page_range(g, new, new_len);
+    if inside.is_none() && (new_end > g.base && new < g.base + g.arena_bytes) {
+        return fail(libc::EINVAL);
+    }
+    if prot & libc::PROT_READ == 0
+        && change_protection(old as *mut c_void, n * PAGE, true, || {
+            sys::mprotect(old as *mut c_void, n * PAGE, libc::PROT_READ)
+        }) != 0
+    {
+        return libc::MAP_FAILED;
+    }
+    let q = match inside {
+        Some((first, k)) => {
+            // Whatever of the range the arena still had free is the
+            // program's now; all of it becomes a fresh mapping.
+            crate::lock(&g.pages).take_within(first, k);
+            if fresh_arena(g, first, k) != 0 {
+                return libc::MAP_FAILED;
+            }
+            new as *mut c_void
+        }
+        None => {
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
+            let q = sys::mmap(new as *mut c_void, want * PAGE, RW, flags, -1, 0);
+            if q == libc::MAP_FAILED {
+                return q;
+            }
+            q
+        }
+    };
+    // SAFETY: `old` is `n` readable pages of the program's (one mapping,
+    // just checked), `q` as many writable ones, not overlapping (checked).
+    unsafe { std::ptr::copy_nonoverlapping(old as *const u8, q.cast::<u8>(), n.min(want) * PAGE) };
+    if prot != RW {
+        let set = || sys::mprotect(q, want * PAGE, prot);
+        let r = if inside.is_some() {
+            change_protection(q, want * PAGE, unreadable(prot, 0), set)
+        } else {
+            set()
+        };
+        if r != 0 {
+            return libc::MAP_FAILED;
+        }
+    }
+    unmap_arena(g, g.page_of(old), n);
+    q
+}
+
+/// Unmaps the program's arena pages `[first, first + n)`: released, made
+/// a fresh mapping ([`fresh_arena`]) and returned to the free ranges.
 fn unmap_arena(g: &Global, first: usize, n: usize) -> c_int {
+    let r = fresh_arena(g, first, n);
+    if r == 0 {
+        crate::lock(&g.pages).free(first, n);
+    }
+    r
+}
+
+/// Makes arena pages `[first, first + n)` a fresh registered read-write
+/// mapping of zero pages, their copies dropped.
+fn fresh_arena(g: &Global, first: usize, n: usize) -> c_int {
     crate::as_inside(|| {
         let addr = (g.base + first * PAGE) as *mut c_void;
         let mut m = crate::lock_unowned(g, first, n);
@@ -882,8 +978,6 @@ fn unmap_arena(g: &Global, first: usize, n: usize) -> c_int {
             crate::sud::raw(libc::SYS_munlock, [addr as u64, (n * PAGE) as u64, 0, 0, 0, 0]);
         }
         m.set_noevict(first, n, false);
-        drop(m);
-        crate::lock(&g.pages).free(first, n);
         0
     })
 }
@@ -944,9 +1038,12 @@ pub unsafe extern "C" fn mremap(
         }
         return outside();
     };
-    if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 || new_len == 0 {
+    if flags & libc::MREMAP_DONTUNMAP != 0 || new_len == 0 {
         sys::set_errno(libc::EINVAL);
         return libc::MAP_FAILED;
+    }
+    if flags & libc::MREMAP_FIXED != 0 {
+        return remap_fixed(g, old as usize, n, new_len, flags, new as usize);
     }
     let want = new_len.div_ceil(PAGE);
     if want <= n {

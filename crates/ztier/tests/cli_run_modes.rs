@@ -891,6 +891,33 @@ fn mappings_at_the_address_asked_for() {
     );
 }
 
+/// `mremap` with `MREMAP_FIXED` (`remap_fixed.c`: mappings pushed out of
+/// memory at `--budget 16M`, then moved into the program's own
+/// reservations in the arena, one read-write and grown, one read-only,
+/// and one to a reservation of the kernel's; and the kernel's three
+/// refusals). Before, every such call on arena memory failed with
+/// `EINVAL`. Same output as native in every mode (contents, where each
+/// went, its protection), the moved pages compressed, nothing over the
+/// budget.
+#[test]
+fn mremap_to_a_fixed_address() {
+    let d = tmp("remap-fixed");
+    let exe = compile(&d, "remap_fixed");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{n:?}");
+    let text = String::from_utf8_lossy(&n.stdout);
+    assert_eq!(text.matches("where asked").count(), 3, "{text}");
+    assert_eq!(text.matches(" 0 wrong").count(), 5, "{text}");
+    assert_eq!(text.matches("failed: Invalid argument").count(), 3, "{text}");
+    for mode in MODES {
+        let (m, s) = managed_in_mode(&d, mode, &[&exe], &[]);
+        assert!(m.status.success(), "{mode:?}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{mode:?}");
+        assert!(compressed(&s) >= 2000, "{mode:?}: {s}");
+        assert_eq!(s["tree_over_bytes"], 0, "{mode:?}: {s}");
+    }
+}
+
 /// glibc's mutexes, condition variables and semaphores, whose `futex`
 /// calls glibc makes inside itself, where they take the dispatch signal
 /// (`sync.c`: turns handed between two threads 6000 times each way under
