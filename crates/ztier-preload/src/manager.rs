@@ -739,8 +739,9 @@ pub struct Manager {
     /// `mlockall`: no page is evicted ([`Manager::lock_all`]).
     locked_all: bool,
     /// Page ranges `[first, end)` a forked child gets as zeros
-    /// (`MADV_WIPEONFORK`, `MADV_DONTFORK`; see [`Manager::wipe_on_fork`]).
-    wipe: Vec<(usize, usize)>,
+    /// (`MADV_WIPEONFORK`) or not at all (`MADV_DONTFORK`), with how
+    /// (see [`Manager::wipe_on_fork`]).
+    wipe: Vec<(usize, usize, OnFork)>,
     /// Pins that outlive a system call (see [`Manager::keep_pinned`]).
     kept: Vec<Kept>,
     /// One row per page-in (`--fault-log`), if asked for.
@@ -979,6 +980,17 @@ pub static LOCKED_RANGES: AtomicUsize = AtomicUsize::new(0);
 /// Ranges marked for wiping in a forked child ([`Manager::wipe_on_fork`]):
 /// a `free` checks this before it takes the manager's lock to unmark.
 pub static WIPE_RANGES: AtomicUsize = AtomicUsize::new(0);
+
+/// What a forked child gets of a range ([`Manager::wipe_on_fork`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum OnFork {
+    /// The parent's pages (`MADV_KEEPONFORK`, `MADV_DOFORK`: the default).
+    Keep,
+    /// Zeros (`MADV_WIPEONFORK`).
+    Wipe,
+    /// Nothing: a touch is a `SIGSEGV` (`MADV_DONTFORK`).
+    Drop,
+}
 
 /// Pages pinned now (the sum of [`Manager::pin`]s not yet ended): at
 /// exit, pins that nothing ended.
@@ -2660,35 +2672,36 @@ impl Manager {
     /// thread `parent`, which forked): that thread's kept pins stay, now
     /// the child's; every other pin (other threads' kept ones, system
     /// calls in flight in the parent) ends.
-    /// `MADV_WIPEONFORK` (or `MADV_DONTFORK`) on pages `[first, first +
-    /// n)` if `wipe`, `MADV_KEEPONFORK` (`MADV_DOFORK`) if not. The kernel
-    /// is not told: the arena must reach a forked child whole (its
+    /// What a forked child gets of pages `[first, first + n)`: the
+    /// parent's (`MADV_KEEPONFORK`, `MADV_DOFORK`), zeros
+    /// (`MADV_WIPEONFORK`) or nothing (`MADV_DONTFORK`). The kernel is
+    /// not told: the arena must reach a forked child whole (its
     /// registration, its other pages). Instead the child releases those
     /// pages at once ([`Manager::wipe_after_fork`]), so they read as
-    /// zeros there, as a wiped range does natively (a range kept from
-    /// the child reads as zeros too, where natively it is not mapped).
-    /// Before, the child got the parent's bytes: a random generator's
-    /// state kept in such a page (its way to notice a fork) was the
-    /// parent's.
-    pub fn wipe_on_fork(&mut self, first: usize, n: usize, wipe: bool) {
+    /// zeros there, as a wiped range does natively, and makes a range
+    /// kept from it inaccessible, so a touch is a `SIGSEGV` as where
+    /// natively nothing is mapped (it read zeros before). Before, the
+    /// child got the parent's bytes: a random generator's state kept in
+    /// such a page (its way to notice a fork) was the parent's.
+    pub fn wipe_on_fork(&mut self, first: usize, n: usize, how: OnFork) {
         let end = first + n;
         let mut kept = Vec::with_capacity(self.wipe.len() + 2);
-        for &(f, e) in &self.wipe {
+        for &(f, e, h) in &self.wipe {
             if e <= first || f >= end {
-                kept.push((f, e));
+                kept.push((f, e, h));
                 continue;
             }
             if f < first {
-                kept.push((f, first));
+                kept.push((f, first, h));
             }
             if e > end {
-                kept.push((end, e));
+                kept.push((end, e, h));
             }
         }
-        if wipe {
-            kept.push((first, end));
+        if how != OnFork::Keep {
+            kept.push((first, end, how));
         }
-        kept.sort_unstable();
+        kept.sort_unstable_by_key(|&(f, _, _)| f);
         self.wipe = kept;
         WIPE_RANGES.store(self.wipe.len(), Ordering::Relaxed);
     }
@@ -2794,10 +2807,15 @@ impl Manager {
     }
 
     /// In a forked child: releases the pages the parent marked
-    /// ([`Manager::wipe_on_fork`]), which then read as zeros.
+    /// ([`Manager::wipe_on_fork`]), which then read as zeros, and makes
+    /// those kept from the child inaccessible (never evicted).
     pub fn wipe_after_fork(&mut self, stats: &Stats) {
-        for (f, e) in self.wipe.clone() {
+        for (f, e, how) in self.wipe.clone() {
             self.release(f, e - f, stats);
+            if how == OnFork::Drop {
+                sys::mprotect(self.addr(f) as *mut libc::c_void, (e - f) * PAGE, libc::PROT_NONE);
+                self.set_noevict(f, e - f, true);
+            }
         }
     }
 

@@ -116,7 +116,7 @@ fn large_free(g: &Global, p: usize) {
         drop(pa);
         crate::as_inside(|| {
             let mut m = crate::lock_program(g);
-            m.wipe_on_fork(first, n, false);
+            m.wipe_on_fork(first, n, crate::manager::OnFork::Keep);
             m.unlock_pages(first, n);
         });
         pa = crate::lock(&g.pages);
@@ -953,7 +953,7 @@ fn fresh_arena(g: &Global, first: usize, n: usize) -> c_int {
         let mut m = crate::lock_unowned(g, first, n);
         m.release(first, n, &g.stats);
         // A new mapping here is not wiped in a forked child, nor locked.
-        m.wipe_on_fork(first, n, false);
+        m.wipe_on_fork(first, n, crate::manager::OnFork::Keep);
         m.unlock_pages(first, n);
         // Restore a plain registered arena mapping over the range (undoes any
         // MAP_FIXED or mprotect the program did there).
@@ -1116,8 +1116,12 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
                     return -1;
                 }
                 let (first, n) = (g.page_of(a as usize), (end - a as usize) / PAGE);
-                let wipe = matches!(advice, libc::MADV_DONTFORK | libc::MADV_WIPEONFORK);
-                crate::as_inside(|| crate::lock_program(g).wipe_on_fork(first, n, wipe));
+                let how = match advice {
+                    libc::MADV_WIPEONFORK => crate::manager::OnFork::Wipe,
+                    libc::MADV_DONTFORK => crate::manager::OnFork::Drop,
+                    _ => crate::manager::OnFork::Keep,
+                };
+                crate::as_inside(|| crate::lock_program(g).wipe_on_fork(first, n, how));
                 return 0;
             }
         }

@@ -2,9 +2,12 @@
  * child notices), MADV_KEEPONFORK over part of it, MADV_DONTFORK, and a
  * mapping made where a wiped one was unmapped: in a forked child the
  * wiped pages read as zeros, cold (evicted before the fork) or hot, and
- * nothing else does; the parent keeps its bytes. Natively and in every
+ * nothing else does; the range kept from the child faults (SIGSEGV) in
+ * it; the parent keeps its bytes. Natively and in every
  * mode of `ztier run` the same output. */
 #define _GNU_SOURCE
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +34,24 @@ static void show(const char *who, const char *name, const char *p, size_t n) {
     printf("\n");
 }
 
+static sigjmp_buf caught;
+
+static void on_segv(int sig) {
+    (void)sig;
+    siglongjmp(caught, 1);
+}
+
+/* In the child: does a read of `p` fault (SIGSEGV), as where nothing is
+ * mapped? */
+static void touch(const char *who, const char *name, const volatile char *p) {
+    signal(SIGSEGV, on_segv);
+    if (sigsetjmp(caught, 1)) {
+        printf("%s %s: SIGSEGV\n", who, name);
+        return;
+    }
+    printf("%s %s: read %d\n", who, name, p[0]);
+}
+
 int main(void) {
     char *heap = malloc(HEAP);
     if (!heap) return 1;
@@ -53,6 +74,7 @@ int main(void) {
         show("child", "wiped cold", cold, 4);
         show("child", "wiped hot, middle kept", hot, 4);
         show("child", "mapped after a wiped one", again, 4);
+        touch("child", "not forked", dont);
         fflush(stdout);
         _exit(0);
     }
