@@ -4,7 +4,9 @@
 //! arena's.
 
 use libc::{c_int, c_void, off_t};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use crate::manager::PAGE;
 use crate::small::{class_of, class_size, MAX_SMALL, SPAN};
@@ -119,6 +121,16 @@ fn large_free(g: &Global, p: usize) {
             m.wipe_on_fork(first, n, crate::manager::OnFork::Keep);
             m.unlock_pages(first, n);
         });
+        pa = crate::lock(&g.pages);
+    }
+    if is_reprotected(first, n) {
+        // Read-write again, as a new mapping would be.
+        drop(pa);
+        let a = (g.base + first * PAGE) as *mut c_void;
+        if change_protection(a, n * PAGE, RW, 0, || sys::mprotect(a, n * PAGE, RW)) != 0 {
+            // Its pages are lost to the arena rather than handed out so.
+            return;
+        }
         pa = crate::lock(&g.pages);
     }
     if pa.cache_push(first, n) {
@@ -734,8 +746,7 @@ pub unsafe extern "C" fn mmap(
                     // the evictor's victims: like any protection change,
                     // it waits for the eviction that owns them.
                     let n = len.div_ceil(PAGE);
-                    let noevict = unreadable(prot, 0);
-                    if change_protection(p, n * PAGE, noevict, || sys::mprotect(p, n * PAGE, prot)) != 0 {
+                    if change_protection(p, n * PAGE, prot, 0, || sys::mprotect(p, n * PAGE, prot)) != 0 {
                         let e = sys::errno();
                         unmap_arena(g, g.page_of(p as usize), n);
                         sys::set_errno(e);
@@ -768,6 +779,7 @@ pub unsafe extern "C" fn mmap(
                             return Some(libc::MAP_FAILED);
                         }
                         m.set_noevict(first, n, unreadable(prot, 0));
+                        reprotected(first, n, prot != RW);
                         return Some(a);
                     }
                     // Something else (a file, shared memory): no longer ours to
@@ -892,7 +904,7 @@ fn remap_fixed(g: &Global, old: usize, n: usize, new_len: usize, flags: c_int, n
         return fail(libc::EINVAL);
     }
     if prot & libc::PROT_READ == 0
-        && change_protection(old as *mut c_void, n * PAGE, true, || {
+        && change_protection(old as *mut c_void, n * PAGE, libc::PROT_READ, 0, || {
             sys::mprotect(old as *mut c_void, n * PAGE, libc::PROT_READ)
         }) != 0
     {
@@ -922,11 +934,7 @@ fn remap_fixed(g: &Global, old: usize, n: usize, new_len: usize, flags: c_int, n
     unsafe { std::ptr::copy_nonoverlapping(old as *const u8, q.cast::<u8>(), n.min(want) * PAGE) };
     if prot != RW {
         let set = || sys::mprotect(q, want * PAGE, prot);
-        let r = if inside.is_some() {
-            change_protection(q, want * PAGE, unreadable(prot, 0), set)
-        } else {
-            set()
-        };
+        let r = if inside.is_some() { change_protection(q, want * PAGE, prot, 0, set) } else { set() };
         if r != 0 {
             return libc::MAP_FAILED;
         }
@@ -978,6 +986,7 @@ fn fresh_arena(g: &Global, first: usize, n: usize) -> c_int {
             crate::sud::raw(libc::SYS_munlock, [addr as u64, (n * PAGE) as u64, 0, 0, 0, 0]);
         }
         m.set_noevict(first, n, false);
+        reprotected(first, n, false);
         0
     })
 }
@@ -1340,8 +1349,15 @@ pub(crate) fn unlock_after_fork() {
 /// `lock_unowned`), and the pages become unevictable (`noevict`: the
 /// handler must be able to read what it evicts; see [`unreadable`]) or
 /// evictable again in the same step, so no eviction can pick a page the
-/// program is making unreadable.
-fn change_protection(a: *mut c_void, len: usize, noevict: bool, call: impl FnOnce() -> c_int) -> c_int {
+/// program is making unreadable. Pages made other than read-write are
+/// remembered ([`reprotected`]).
+fn change_protection(
+    a: *mut c_void,
+    len: usize,
+    prot: c_int,
+    pkey: c_int,
+    call: impl FnOnce() -> c_int,
+) -> c_int {
     forget_early(a as usize, len);
     if let Some(g) = crate::GLOBAL.get() {
         let end = (a as usize).wrapping_add(len.next_multiple_of(PAGE));
@@ -1351,13 +1367,56 @@ fn change_protection(a: *mut c_void, len: usize, noevict: bool, call: impl FnOnc
                 let mut m = crate::lock_unowned(g, first, n);
                 let r = call();
                 if r == 0 {
-                    m.set_noevict(first, n, noevict);
+                    m.set_noevict(first, n, unreadable(prot, pkey));
+                    reprotected(first, n, prot != RW || pkey > 0);
                 }
                 r
             });
         }
     }
     call()
+}
+
+/// Arena page ranges `[first, end)` whose protection the program made
+/// other than read-write (or tagged with a protection key), disjoint; and
+/// how many there are. A `malloc` block among them that is freed gets
+/// plain read-write memory back before it is handed out again
+/// ([`large_free`]): glibc unmaps such a block, protection and all, and a
+/// program that left a guard page in a block it freed had the next
+/// `malloc` of those pages crash on it.
+static REPROTECTED: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+static REPROTECTED_RANGES: AtomicUsize = AtomicUsize::new(0);
+
+/// Marks pages `[first, first + n)` other than read-write (`on`) or
+/// read-write again in [`REPROTECTED`].
+fn reprotected(first: usize, n: usize, on: bool) {
+    if !on && REPROTECTED_RANGES.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let end = first + n;
+    let mut set = crate::lock(&REPROTECTED);
+    let overlapping: Vec<(usize, usize)> =
+        set.range(..end).rev().take_while(|&(_, &e)| e > first).map(|(&f, &e)| (f, e)).collect();
+    for (f, e) in overlapping {
+        set.remove(&f);
+        if f < first {
+            set.insert(f, first);
+        }
+        if e > end {
+            set.insert(end, e);
+        }
+    }
+    if on {
+        set.insert(first, end);
+    }
+    REPROTECTED_RANGES.store(set.len(), Ordering::Relaxed);
+}
+
+/// Does any page of `[first, first + n)` have a protection other than
+/// read-write ([`REPROTECTED`])?
+fn is_reprotected(first: usize, n: usize) -> bool {
+    REPROTECTED_RANGES.load(Ordering::Relaxed) > 0
+        && crate::lock(&REPROTECTED).range(..first + n).next_back().is_some_and(|(_, &e)| e > first)
 }
 
 /// `mprotect(2)`: arena pages the library cannot read ([`unreadable`])
@@ -1373,7 +1432,7 @@ fn change_protection(a: *mut c_void, len: usize, noevict: bool, call: impl FnOnc
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int {
     let _sud = crate::sud::Allow::new();
-    change_protection(a, len, unreadable(prot, 0), || sys::mprotect(a, len, prot))
+    change_protection(a, len, prot, 0, || sys::mprotect(a, len, prot))
 }
 
 /// Can the library not read (so evict) pages of protection `prot` and
@@ -1601,7 +1660,7 @@ fn keep_locale_resident(g: &Global) {
 #[no_mangle]
 pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
     let _sud = crate::sud::Allow::new();
-    change_protection(a, len, unreadable(prot, pkey), || {
+    change_protection(a, len, prot, pkey, || {
         // SAFETY: plain syscall; the kernel validates the arguments.
         unsafe {
             libc::syscall(libc::SYS_pkey_mprotect, a, len, prot as libc::c_long, pkey as libc::c_long)

@@ -859,6 +859,17 @@ fn read_only_and_executable_memory_is_evicted_too() {
     });
 }
 
+/// `malloc` blocks freed with a page still protected (`freed_guard.c`:
+/// a guard page left `PROT_NONE`, a block left read-only, 200 rounds,
+/// each followed by mallocs of the same size written whole). Before, the
+/// library handed those pages out again with their protection, and the
+/// program crashed (`SIGSEGV`) on its next `malloc`'s memory in every
+/// mode. Same output as native in every mode.
+#[test]
+fn blocks_freed_with_a_protected_page_come_back_read_write() {
+    native_output_in_every_mode("freed_guard", "guarded and read-only blocks freed: sum ");
+}
+
 /// Mappings asked for at an address (`hints.c`): a 64 MiB heap hinted at
 /// 9 addresses, each given back when not where asked, then taken anywhere
 /// (HotSpot's G1); a reservation that must be where asked, tried at one
