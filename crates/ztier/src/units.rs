@@ -23,7 +23,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
     let n: u64 = num
         .trim()
         .parse()
-        .with_context(|| format!("size '{s}' is not a number with an optional K/M/G suffix"))?;
+        .with_context(|| format!("size '{s}' is not a whole number with an optional K/M/G/T suffix"))?;
     n.checked_mul(mult).with_context(|| format!("size '{s}' is too large"))
 }
 

@@ -279,3 +279,143 @@ fn a_ztier_run_that_does_not_end_is_stopped_at_the_timeout() {
     sleeps_ended(&pids, 2, &err);
     assert_eq!(err.matches("the ztier run left 1 process running (").count(), 2, "{err}");
 }
+
+/// Runs `bench pressure` with `args` in a process group of its own and,
+/// from the moment `ready` holds, sends the whole group SIGINT every 10
+/// ms, as a user who keeps pressing Ctrl-C at a terminal does, until it
+/// ends; its stderr.
+fn interrupted_when(args: &[&str], ready: impl Fn() -> bool) -> String {
+    use std::os::unix::process::CommandExt;
+    let child = Command::new(ztier())
+        .args(["bench", "pressure"])
+        .args(args)
+        .args([
+            "--",
+            "python3",
+            "-c",
+            "import time\nb = [bytes(4096) + bytes([i % 256]) for i in range(20000)]\ntime.sleep(3)\n",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = child.id() as i32;
+    let t = std::time::Instant::now();
+    while !ready() {
+        assert!(t.elapsed().as_secs() < 120, "never ready: {args:?}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let storm = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: signalling the process group this test made.
+                unsafe { libc::kill(-pgid, libc::SIGINT) };
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        })
+    };
+    let o = child.wait_with_output().unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    storm.join().unwrap();
+    assert!(!o.status.success());
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Ctrl-C at any moment, pressed again and again: while the swap file
+/// is being made and turned on, while zswap and a zram device are set up,
+/// and while each is undone. Before, a signal that came while no program
+/// ran killed the benchmark, and one that reached `swapoff` killed that:
+/// swap left on, zswap enabled, cgroups and zram devices left behind.
+/// Now the benchmark stops with "interrupted" and everything is as it
+/// was.
+#[test]
+fn ctrl_c_again_and_again_at_any_moment_restores_everything() {
+    root();
+    let _one = SYSTEM.lock().unwrap_or_else(|e| e.into_inner());
+    let before = system_state();
+    let swap_named = || {
+        std::fs::read_dir("/var/tmp").unwrap().flatten().any(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("ztier-bench-") && n.ends_with(".swap")
+        })
+    };
+    let zram_count = before.3.len();
+    type Ready = Box<dyn Fn() -> bool>;
+    let phases: [(&[&str], Ready); 3] = [
+        // As soon as the swap file is there: during fallocate, mkswap, swapon.
+        (&["--kernel", "swap", "--budgets", "24M", "--timeout", "60"], Box::new(swap_named)),
+        // As zswap's run starts (its setting changed).
+        (
+            &["--kernel", "zswap", "--budgets", "24M", "--timeout", "60"],
+            Box::new(|| std::fs::read_to_string("/proc/swaps").unwrap().contains("ztier-bench")),
+        ),
+        // As soon as a zram device is added: during its setup.
+        (
+            &["--kernel", "zram", "--budgets", "24M", "--timeout", "60"],
+            Box::new(move || {
+                std::fs::read_dir("/sys/block")
+                    .unwrap()
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("zram"))
+                    .count()
+                    > zram_count
+            }),
+        ),
+    ];
+    for (args, ready) in phases {
+        let err = interrupted_when(args, ready);
+        assert!(err.contains("interrupted"), "{args:?}: {err}");
+        assert!(!err.contains("restoring"), "{args:?}: a step of the undoing failed: {err}");
+        assert_eq!(system_state(), before, "{args:?}: everything undone: {err}");
+        assert!(!swap_named(), "{args:?}: the swap file is gone");
+    }
+}
+
+/// One `bench pressure` with kernel baselines at a time (two changed the
+/// same settings: zswap was left enabled, and each one's runs had both
+/// swap files): a second one is refused before it runs anything, and
+/// changes nothing. Bad arguments are refused before anything runs too:
+/// a budget under 1 MiB (the kernel runs went ahead in a cgroup of 0
+/// bytes, and the error came at the end), a `--timeout` of 0, a
+/// `--swap-dir` on tmpfs (the error came after the native run).
+#[test]
+fn refused_before_anything_runs() {
+    use std::os::fd::AsRawFd;
+    root();
+    let _one = SYSTEM.lock().unwrap_or_else(|e| e.into_inner());
+    let before = system_state();
+    let refused = |args: &[&str], why: &str| {
+        let o = Command::new(ztier())
+            .args(["bench", "pressure"])
+            .args(args)
+            .args(["--", "python3", "-c", "print(1)"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+        assert!(!err.contains("native ..."), "{args:?}: ran the program: {err}");
+        assert_eq!(system_state(), before, "{args:?}");
+    };
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/run/lock/ztier-bench-pressure.lock")
+        .unwrap();
+    // SAFETY: flock on a descriptor we own.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    refused(
+        &["--kernel", "zswap", "--budgets", "24M"],
+        "another `ztier bench pressure` with kernel baselines",
+    );
+    drop(lock);
+    refused(&["--budgets", "0"], "--budgets: 0 bytes is too small (at least 1 MiB)");
+    refused(&["--budgets", "64M,1K"], "--budgets: 1024 bytes is too small");
+    refused(&["--timeout", "0"], "--timeout 0");
+    refused(&["--kernel", "swap", "--swap-dir", "/dev/shm"], "on tmpfs, which cannot hold a swap file");
+    refused(&["--kernel", "swap", "--swap-dir", "/nonexistent-ztier"], "--swap-dir /nonexistent-ztier");
+}

@@ -1738,12 +1738,40 @@ fn bad_input_gets_clear_errors() {
     let o = Command::new(ztier()).args(["run", "--budget", "100", "--", "true"]).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("too small"));
+    // A program not found or not runnable: the status a shell gives (it
+    // was 1).
+    for (cmd, code, said) in [
+        ("/nonexistent/program", 127, "/nonexistent/program: no such file"),
+        ("no-such-command-ztier", 127, "no-such-command-ztier: command not found"),
+        ("/etc/passwd", 126, "/etc/passwd: not executable"),
+        ("/tmp", 126, "/tmp: is a folder"),
+    ] {
+        let o = Command::new(ztier()).args(["run", "--budget", "16M", "--", cmd]).output().unwrap();
+        assert_eq!(o.status.code(), Some(code), "{cmd}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(said), "{cmd}: {o:?}");
+    }
+    // --stats in /proc or /sys: refused before the program runs (a write
+    // there failed at the end, or could change a setting).
     let o = Command::new(ztier())
-        .args(["run", "--budget", "16M", "--", "/nonexistent/program"])
+        .args(["run", "--budget", "16M", "--stats", "/proc/version", "--", "echo", "ran"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/program"));
+    assert!(o.stdout.is_empty() && String::from_utf8_lossy(&o.stderr).contains("a file of /proc or /sys"));
+    // Statistics that cannot be written at the end (the program removed
+    // their folder): said, and the program's status is still passed on
+    // (it was lost: 1).
+    let d = tmp("stats-gone");
+    let dir = d.join("gone");
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "16M", "--stats"])
+        .arg(dir.join("s.json"))
+        .args(["--", "sh", "-c", &format!("rm -r {}; exit 5", dir.display())])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(5), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("writing the statistics to"), "{o:?}");
     let o = Command::new(ztier())
         .args(["run", "--budget", "16M", "--codec", "nope", "--", "true"])
         .output()
@@ -1760,5 +1788,5 @@ fn bad_input_gets_clear_errors() {
     assert_eq!(o.status.code(), Some(42), "the program's exit status is passed on");
     let o = Command::new(ztier()).args(["stats", "999999999"]).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("does not answer"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no process 999999999"), "{o:?}");
 }

@@ -20,8 +20,13 @@
 //! third, while a pair's two runs see about the same machine.
 //!
 //! Every system setting changed is put back by guards that run in reverse
-//! order, also on errors and after Ctrl-C (the signal is forwarded to the
-//! running program, which ends the run early; then the guards run):
+//! order, also on errors and after Ctrl-C, SIGTERM or SIGHUP, whenever it
+//! comes: they are caught for the benchmark's whole life (a signal sets a
+//! flag and is forwarded to the running program, which ends the run
+//! early; the benchmark stops at its next step, then the guards run),
+//! and the commands that change or restore a setting run in process
+//! groups of their own, out of a terminal's Ctrl-C. One benchmark with
+//! kernel baselines runs at a time (a lock in `/run/lock`):
 //!
 //! ```text
 //!  swap file   fallocate + mkswap + swapon      → swapoff, delete
@@ -368,6 +373,10 @@ fn fault_lines(rows: &[Row]) -> Vec<String> {
     rows.iter()
         .filter_map(|r| {
             let (n, p50, p99, mean) = (r.faults?, r.fault_p50_us?, r.fault_p99_us?, r.fault_mean_us?);
+            if n == 0 || r.exit_code != 0 {
+                // Nothing measured, or a run that failed.
+                return None;
+            }
             let parts = r.fault_time_s.map_or(String::new(), |t| {
                 format!(
                     "; {:.2} s in all: {}",
@@ -421,6 +430,9 @@ fn floor_lines(rows: &[Row]) -> Vec<String> {
     rows.iter()
         .filter_map(|r| {
             let (n, p, f, native) = (r.faults?, r.further_pages?, r.uffd_floor_s?, native?);
+            if r.exit_code != 0 || r.timed_out {
+                return None;
+            }
             Some(format!(
                 "at {}M: {n} faults and {p} further pages take {f:.2} s at that floor ({:.2} × native), \
                  of the {:.2} s {} took above native",
@@ -458,11 +470,29 @@ impl Drop for Restore {
     }
 }
 
+/// Runs a setup or restore command (`swapon`, `swapoff`, `mkswap`,
+/// `fallocate`) out of reach of SIGINT, SIGTERM and SIGHUP: in a process
+/// group of its own, with those ignored (ignored from before it leaves
+/// this process's group: one sent to the group in between killed it).
+/// A Ctrl-C at the terminal reaches this process, which undoes what it
+/// did in order, but not the command (a `swapoff` killed by it left the
+/// swap file on).
 fn sh(args: &[&str]) -> Result<()> {
-    let o =
-        Command::new(args[0]).args(&args[1..]).output().with_context(|| format!("running {}", args[0]))?;
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(args[0]);
+    c.args(&args[1..]).process_group(0);
+    // SAFETY: only `signal`, which is async-signal-safe, runs in the child.
+    unsafe {
+        c.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_IGN);
+            }
+            Ok(())
+        })
+    };
+    let o = c.output().with_context(|| format!("running {}", args[0]))?;
     if !o.status.success() {
-        bail!("{} failed: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim());
+        bail!("{} failed ({}): {}", args.join(" "), o.status, String::from_utf8_lossy(&o.stderr).trim());
     }
     Ok(())
 }
@@ -757,9 +787,87 @@ fn first_difference(native: &Path, other: &Path) -> Option<String> {
     })
 }
 
+/// Stops the benchmark (its guards undo what it changed) if a SIGINT,
+/// SIGTERM or SIGHUP has come.
+fn go_on() -> Result<()> {
+    if super::run::interrupted() {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+/// Where [`exclusive`] locks.
+const LOCK_FILE: &str = "/run/lock/ztier-bench-pressure.lock";
+
+/// One `ztier bench pressure` with kernel baselines at a time: two
+/// change the same settings (each saved the other's zswap flag as the
+/// one to put back, and zswap was left on; each one's runs had both swap
+/// files). The lock is held as long as the returned file is open.
+fn exclusive() -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let path = if Path::new("/run/lock").is_dir() {
+        PathBuf::from(LOCK_FILE)
+    } else {
+        std::env::temp_dir().join("ztier-bench-pressure.lock")
+    };
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening the lock {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!(
+            "another `ztier bench pressure` with kernel baselines is running (it holds {}): the two would \
+             change the same swap, zswap and zram settings; wait for it to end, or run this one with \
+             --kernel none",
+            path.display()
+        );
+    }
+    Ok(f)
+}
+
+/// Can `dir` hold a swap file? Checked before anything runs: a folder
+/// that is missing, not one, not writable or on tmpfs (which has no swap
+/// files) was found only after the native run, which can take minutes.
+fn check_swap_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let meta = std::fs::metadata(dir).with_context(|| format!("--swap-dir {}", dir.display()))?;
+    if !meta.is_dir() {
+        bail!("--swap-dir {}: not a folder", dir.display());
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: a NUL-terminated path; access and statfs only read it.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+        bail!("--swap-dir {}: cannot write there: {}", dir.display(), std::io::Error::last_os_error());
+    }
+    // SAFETY: a zeroed statfs for the call to fill.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, with a live out-parameter.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 && st.f_type == libc::TMPFS_MAGIC {
+        bail!("--swap-dir {}: on tmpfs, which cannot hold a swap file (use a disk's folder)", dir.display());
+    }
+    Ok(())
+}
+
 /// `ztier bench pressure`.
 pub fn run(a: PressureArgs) -> Result<i32> {
-    let budgets = crate::units::parse_size_list(&a.budgets)?;
+    // Caught from here on: a signal sets a flag, the run in progress is
+    // passed it, and the benchmark stops at its next step with every
+    // setting put back. (Caught only while a program ran, a Ctrl-C during
+    // a setting's change or undoing killed the benchmark, and left swap
+    // on, zswap enabled, a cgroup and a zram device behind.) Made first,
+    // so dropped last: after the guards have run.
+    let _signals = super::run::CatchSignals::new();
+    let budgets = crate::units::parse_size_list(&a.budgets)
+        .map_err(|e| anyhow::anyhow!("--budgets {}: {e}", a.budgets))?;
+    if let Some(b) = budgets.iter().find(|&&b| b < super::run::MIN_BUDGET) {
+        bail!("--budgets: {b} bytes is too small (at least {} MiB)", super::run::MIN_BUDGET >> 20);
+    }
+    if a.timeout == 0 {
+        bail!("--timeout 0: every run would be killed at once (at least 1 s)");
+    }
     let kernel: Vec<String> =
         a.kernel.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty() && s != "none").collect();
     for k in &kernel {
@@ -776,6 +884,10 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         );
     }
     let kernel = if root { kernel } else { Vec::new() };
+    let _lock = if kernel.is_empty() { None } else { Some(exclusive()?) };
+    if kernel.iter().any(|k| k == "swap" || k == "zswap") {
+        check_swap_dir(&a.swap_dir)?;
+    }
     // What a run leaves running becomes ours when its parent exits, to be
     // ended before the next run (`end_leftovers`).
     // SAFETY: a prctl that sets a flag of this process.
@@ -826,12 +938,15 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             ["swap", "zswap"].into_iter().filter(|m| kernel.iter().any(|k| k == m)).collect();
         if !file_modes.is_empty() {
             let mark = restore.0.len();
+            go_on()?;
             swap_file(&mut restore, &a.swap_dir, swap_size)?;
             for mode in file_modes {
                 let zmark = restore.0.len();
+                go_on()?;
                 zswap(&mut restore, mode == "zswap")?;
                 cg_n += 1;
                 let cg = cgroup(&mut restore, budget, cg_n)?;
+                go_on()?;
                 eprintln!("{mode} at {} MiB ...", budget >> 20);
                 let out = work.join(format!("{mode}-{budget}.out"));
                 let (m, woken) = run_in_cgroup(&cg, &a.cmd, &out, a.timeout)?;
@@ -854,9 +969,11 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         }
         if kernel.iter().any(|k| k == "zram") {
             let mark = restore.0.len();
+            go_on()?;
             let mm = zram(&mut restore, swap_size)?;
             cg_n += 1;
             let cg = cgroup(&mut restore, budget, cg_n)?;
+            go_on()?;
             eprintln!("zram at {} MiB ...", budget >> 20);
             let out = work.join(format!("zram-{budget}.out"));
             let (m, woken) = run_in_cgroup(&cg, &a.cmd, &out, a.timeout)?;
@@ -880,6 +997,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                 woken,
             ));
         }
+        go_on()?;
         eprintln!("ztier run at {} MiB ...", budget >> 20);
         let out = work.join(format!("ztier-{budget}.out"));
         let r = run_program(&ztier_args(&a, budget), Some(std::fs::File::create(&out)?), Some(timeout))?;
@@ -971,6 +1089,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     // Every kernel setting was undone after its run; this removes the
     // work folder.
     drop(restore);
+    go_on()?;
     // The mechanism's own cost here, measured now (the machine's speed
     // drifts between runs and days): ~1 s.
     eprintln!("userfaultfd floor ...");

@@ -286,6 +286,38 @@ fn prune_preloads(dir: &Path, keep: &Path, age: std::time::Duration) {
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
 
+/// SIGINT, SIGTERM and SIGHUP caught for the guard's life: each sets
+/// [`interrupted`] and is passed on to the program being measured, if
+/// any. The dispositions before are put back when it is dropped (so one
+/// made inside another's life leaves the outer one's).
+pub struct CatchSignals([libc::sighandler_t; 3]);
+
+const CAUGHT: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+impl CatchSignals {
+    pub fn new() -> CatchSignals {
+        // SAFETY: installing an async-signal-safe handler.
+        CatchSignals(
+            CAUGHT.map(|sig| unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) }),
+        )
+    }
+}
+
+impl Default for CatchSignals {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for CatchSignals {
+    fn drop(&mut self) {
+        for (sig, old) in CAUGHT.into_iter().zip(self.0) {
+            // SAFETY: putting back the disposition `new` found.
+            unsafe { libc::signal(sig, old) };
+        }
+    }
+}
+
 extern "C" fn forward(sig: libc::c_int) {
     INTERRUPTED.store(true, Ordering::Relaxed);
     let pid = CHILD.load(Ordering::Relaxed);
@@ -294,6 +326,9 @@ extern "C" fn forward(sig: libc::c_int) {
         unsafe { libc::kill(pid, sig) };
     }
 }
+
+/// The smallest `--budget` (bytes).
+pub const MIN_BUDGET: u64 = 1 << 20;
 
 /// Everything `ztier run` produced.
 pub struct RunOutcome {
@@ -316,7 +351,7 @@ pub fn run_program(
     let codec: ztier_codec::CodecId = a.codec.parse().map_err(|e| anyhow::anyhow!("--codec: {e}"))?;
     let allocator: ztier_store::alloc::AllocatorKind =
         a.allocator.parse().map_err(|e| anyhow::anyhow!("--allocator: {e}"))?;
-    if a.budget < 1 << 20 {
+    if a.budget < MIN_BUDGET {
         bail!("--budget {} is too small (at least 1M)", a.budget);
     }
     if let Some(p) = &a.policy {
@@ -599,10 +634,7 @@ pub fn measure_with_timeout(
         })
     });
     CHILD.store(pid, Ordering::Relaxed);
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: installing an async-signal-safe handler.
-        unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
-    }
+    let caught = CatchSignals::new();
     let mut status = 0;
     // SAFETY: a zeroed rusage for wait4 to fill.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -625,10 +657,7 @@ pub fn measure_with_timeout(
     if let Some(w) = watchdog {
         let _ = w.join();
     }
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: restoring the default disposition.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
-    }
+    drop(caught);
     let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
     Ok(Measured {
         code,
@@ -643,7 +672,8 @@ pub fn measure_with_timeout(
     })
 }
 
-/// Did a SIGINT/SIGTERM/SIGHUP arrive during a [`measure`]?
+/// Did a SIGINT/SIGTERM/SIGHUP arrive during a [`measure`] (or while a
+/// [`CatchSignals`] lived)?
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
 }
@@ -886,16 +916,75 @@ pub fn service_parts(service: f64, lock: f64, read: f64, install: f64) -> String
     )
 }
 
+/// Can `cmd` be run, as a shell would look for it? `Err` with the exit
+/// status a shell gives, said on stderr the way a shell says it: 127 for
+/// a command not found, 126 for one found but not executable (it was 1,
+/// "starting CMD: No such file or directory").
+fn runnable(cmd: &std::ffi::OsStr) -> std::result::Result<(), i32> {
+    use std::os::unix::fs::PermissionsExt;
+    let shown = cmd.to_string_lossy();
+    let executable =
+        |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if cmd.as_encoded_bytes().contains(&b'/') {
+        let p = Path::new(cmd);
+        return match p.metadata() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("ztier: {shown}: no such file");
+                Err(127)
+            }
+            Ok(m) if m.is_dir() => {
+                eprintln!("ztier: {shown}: is a folder");
+                Err(126)
+            }
+            // Root runs what has any execute bit; others are told by exec.
+            _ if !executable(p) => {
+                eprintln!("ztier: {shown}: not executable");
+                Err(126)
+            }
+            _ => Ok(()),
+        };
+    }
+    let dirs = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&dirs).any(|d| executable(&d.join(cmd))) {
+        return Ok(());
+    }
+    eprintln!("ztier: {shown}: command not found");
+    Err(127)
+}
+
+/// Is `path` in `/proc` or `/sys`, whose files take no statistics (a
+/// write there fails at the end, or changes a setting)?
+fn in_proc_or_sys(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let at = if path.exists() {
+        path
+    } else {
+        path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+    };
+    let Ok(c) = std::ffi::CString::new(at.as_os_str().as_bytes()) else { return false };
+    // SAFETY: a zeroed statfs for the call to fill.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a live out-parameter.
+    let known = unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0;
+    known && (st.f_type == libc::PROC_SUPER_MAGIC || st.f_type == libc::SYSFS_MAGIC)
+}
+
 /// `ztier run`.
 pub fn run(a: RunArgs) -> Result<i32> {
     if let Some(path) = &a.stats {
         // Said before the program runs, not after.
+        if in_proc_or_sys(path) {
+            bail!("--stats {}: a file of /proc or /sys, not one for statistics", path.display());
+        }
         std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
             .open(path)
             .with_context(|| format!("--stats {}: cannot write there", path.display()))?;
+    }
+    if let Err(code) = runnable(&a.cmd[0]) {
+        return Ok(code);
     }
     if let Some(why) = out_of_reach(a.cmd[0].as_ref()) {
         eprintln!("ztier: warning: {why}: LD_PRELOAD cannot reach it, so its own memory is not managed");
@@ -916,7 +1005,12 @@ pub fn run(a: RunArgs) -> Result<i32> {
         );
     }
     if let Some(path) = &a.stats {
-        std::fs::write(path, pretty(s)? + "\n").with_context(|| format!("writing {}", path.display()))?;
+        if let Err(e) = std::fs::write(path, pretty(s)? + "\n") {
+            // The program's own status is still the one given back, unless
+            // it succeeded: then the statistics asked for are what failed.
+            eprintln!("ztier: error: writing the statistics to {}: {e}", path.display());
+            return Ok(if out.code != 0 { out.code } else { 1 });
+        }
     }
     if a.summary {
         let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);
@@ -982,6 +1076,9 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     use std::os::fd::AsRawFd;
     use std::os::linux::net::SocketAddrExt;
     use std::os::unix::net::{SocketAddr, UnixDatagram};
+    if a.pid == 0 || !Path::new(&format!("/proc/{}", a.pid)).exists() {
+        bail!("no process {}", a.pid);
+    }
     let me = SocketAddr::from_abstract_name(format!("ztier-stats-{}", std::process::id()))?;
     let s = UnixDatagram::bind_addr(&me).context("binding the socket for the answer")?;
     ztier_uffd::ctl::pass_credentials(s.as_raw_fd())
