@@ -1348,8 +1348,7 @@ fn live_stats_take_none_of_the_programs_descriptor_numbers() {
 fn live_stats_are_for_the_programs_user_and_root_only() {
     require("python3");
     require("setpriv");
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "this test asks as another user: run the tests as root");
+    require_root("asks as another user");
     let d = tmp("stats-who");
     let bin = d.join("ztier");
     std::fs::copy(ztier(), &bin).unwrap();

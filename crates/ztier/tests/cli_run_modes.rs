@@ -736,8 +736,7 @@ fn madvise_populate_brings_pages_in() {
 #[test]
 fn a_program_that_drops_root_and_forks_keeps_working() {
     require("python3");
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "this test drops root: run it as root (make test does)");
+    require_root("drops root");
     let d = tmp("setuid");
     let script = "import os, sys, hashlib\n\
                   data = [bytes([i % 251]) * 4000 + str(i).encode() for i in range(12000)]\n\
@@ -1454,9 +1453,7 @@ fn forks_by_the_programs_own_system_calls() {
 /// children and the parent counted, nothing over the budget.
 #[test]
 fn clone_children_in_new_pid_namespaces_are_each_counted() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "this test makes PID namespaces: run it as root (make test does)");
+    require_root("makes PID namespaces");
     let d = tmp("clone-newpid");
     let exe = compile(&d, "clone_newpid");
     let n = native_output_in_modes(&d, &exe, &MODES, &[], |(path, umo), _, s, _| {
@@ -1482,9 +1479,7 @@ fn clone_children_in_new_pid_namespaces_are_each_counted() {
 #[test]
 fn children_in_new_pid_namespaces_at_once_each_answer_stats() {
     use std::io::{BufRead, Read, Write};
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "this test makes PID namespaces: run it as root (make test does)");
+    require_root("makes PID namespaces");
     let d = tmp("newpid-stats");
     let exe = compile(&d, "newpid_stats");
     let expected = "child 1: PID 1 in its namespace, 0 wrong words\n\
@@ -1712,8 +1707,7 @@ fn children_that_end_by_exit_without_handlers_are_counted() {
 /// on the device.
 #[test]
 fn a_spill_file_that_cannot_be_copied_at_a_fork_comes_back_first() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "this test mounts a tmpfs: run it as root (make test does)");
+    require_root("mounts a tmpfs");
     let d = tmp("spillfull");
     let exe = compile(&d, "forkmany");
     let n = native(&[&exe, "4"], &d);

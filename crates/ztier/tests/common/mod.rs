@@ -24,6 +24,14 @@ pub fn require(tool: &str) {
     );
 }
 
+/// Fails the test, saying `why` it needs root, unless it runs as root
+/// (`make test` does).
+pub fn require_root(why: &str) {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "this test {why}: run it as root (make test does)");
+}
+
 /// A fresh, empty directory for one test.
 pub fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("ztier-run-test-{}-{name}", std::process::id()));
