@@ -1078,25 +1078,39 @@ fn register_arena(u: &Uffd, base: usize, len: usize) -> io::Result<()> {
     }
 }
 
+/// One line of `/proc/PID/maps`: the range `[lo, hi)`, its permissions
+/// (`rw-p`), and whether it is private anonymous memory (no file;
+/// `named`: `PR_SET_VMA_ANON_NAME`'s `[anon:...]` names count too, else
+/// only unnamed memory does).
+pub(crate) struct MapsLine<'a> {
+    pub lo: usize,
+    pub hi: usize,
+    pub perms: &'a str,
+    pub anonymous: bool,
+}
+
+impl<'a> MapsLine<'a> {
+    pub(crate) fn parse(line: &'a str, named: bool) -> Option<MapsLine<'a>> {
+        let mut f = line.split_whitespace();
+        let (range, perms, _off, _dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let (lo, hi) = range.split_once('-')?;
+        let (lo, hi) = (usize::from_str_radix(lo, 16).ok()?, usize::from_str_radix(hi, 16).ok()?);
+        let unnamed_or = match f.next() {
+            None => true,
+            Some(path) => named && path.starts_with("[anon:"),
+        };
+        Some(MapsLine { lo, hi, perms, anonymous: perms.ends_with('p') && inode == "0" && unnamed_or })
+    }
+}
+
 /// The runs of private anonymous mappings in `maps` (the text of
 /// `/proc/PID/maps`) within `[lo, hi)`, adjacent ones merged.
 fn anonymous_runs(maps: &str, lo: usize, hi: usize) -> Vec<(usize, usize)> {
     let mut runs: Vec<(usize, usize)> = Vec::new();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let path = f.next().unwrap_or("");
-        let Some((s, e)) = range.split_once('-') else { continue };
-        let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) else { continue };
-        let (s, e) = (s.max(lo), e.min(hi));
+    for m in maps.lines().filter_map(|l| MapsLine::parse(l, true)) {
+        let (s, e) = (m.lo.max(lo), m.hi.min(hi));
         // Named anonymous memory (`PR_SET_VMA_ANON_NAME`) is anonymous too.
-        let anonymous =
-            perms.ends_with('p') && inode == "0" && (path.is_empty() || path.starts_with("[anon:"));
-        if s >= e || !anonymous {
+        if s >= e || !m.anonymous {
             continue;
         }
         match runs.last_mut() {

@@ -642,26 +642,16 @@ fn private_anon_rw(a: usize, len: usize) -> bool {
 /// with `named`) that holds all of `[a, a + len)`, by `/proc/self/maps`.
 fn mapping_prot(a: usize, len: usize, named: bool) -> Option<c_int> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines().find_map(|l| {
-        let mut f = l.split_whitespace();
-        let (Some(range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            return None;
-        };
-        let (lo, hi) = range.split_once('-')?;
-        let (lo, hi) = (usize::from_str_radix(lo, 16).ok()?, usize::from_str_radix(hi, 16).ok()?);
-        let anon = match f.next() {
-            None => true,
-            Some(name) => named && name.starts_with("[anon:"),
-        };
-        let p = perms.as_bytes();
-        if !(lo <= a && a.checked_add(len)? <= hi && inode == "0" && anon && p.len() == 4 && p[3] == b'p') {
-            return None;
-        }
-        let bit = |k: usize, c: u8, v: c_int| if p[k] == c { v } else { 0 };
-        Some(bit(0, b'r', libc::PROT_READ) | bit(1, b'w', libc::PROT_WRITE) | bit(2, b'x', libc::PROT_EXEC))
-    })
+    let m = maps
+        .lines()
+        .filter_map(|l| crate::manager::MapsLine::parse(l, named))
+        .find(|m| m.lo <= a && a.checked_add(len).is_some_and(|end| end <= m.hi))?;
+    let p = m.perms.as_bytes();
+    if !m.anonymous || p.len() != 4 {
+        return None;
+    }
+    let bit = |k: usize, c: u8, v: c_int| if p[k] == c { v } else { 0 };
+    Some(bit(0, b'r', libc::PROT_READ) | bit(1, b'w', libc::PROT_WRITE) | bit(2, b'x', libc::PROT_EXEC))
 }
 
 /// Pages of the page region covered by `[addr, addr + len)` (page-rounded),

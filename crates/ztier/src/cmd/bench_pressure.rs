@@ -838,14 +838,11 @@ fn check_swap_dir(dir: &Path) -> Result<()> {
         bail!("--swap-dir {}: not a folder", dir.display());
     }
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
-    // SAFETY: a NUL-terminated path; access and statfs only read it.
+    // SAFETY: a NUL-terminated path, which access only reads.
     if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
         bail!("--swap-dir {}: cannot write there: {}", dir.display(), std::io::Error::last_os_error());
     }
-    // SAFETY: a zeroed statfs for the call to fill.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above, with a live out-parameter.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 && st.f_type == libc::TMPFS_MAGIC {
+    if super::run::fs_type(dir) == Some(libc::TMPFS_MAGIC) {
         bail!("--swap-dir {}: on tmpfs, which cannot hold a swap file (use a disk's folder)", dir.display());
     }
     Ok(())

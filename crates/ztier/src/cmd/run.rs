@@ -491,15 +491,7 @@ pub fn out_of_reach(cmd: &std::ffi::OsStr) -> Option<String> {
 }
 
 fn out_of_reach_at(cmd: &std::ffi::OsStr, depth: u32) -> Option<String> {
-    let path = if cmd.as_encoded_bytes().contains(&b'/') {
-        PathBuf::from(cmd)
-    } else {
-        let dirs = std::env::var_os("PATH")?;
-        std::env::split_paths(&dirs).map(|d| d.join(cmd)).find(|p| {
-            use std::os::unix::fs::PermissionsExt;
-            p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })?
-    };
+    let path = if cmd.as_encoded_bytes().contains(&b'/') { PathBuf::from(cmd) } else { in_path(cmd)? };
     // The ELF header and its program headers, which follow it in every
     // linker's output, lie in the first 64 KiB; a `#!` line too.
     let mut head = Vec::new();
@@ -921,10 +913,7 @@ pub fn service_parts(service: f64, lock: f64, read: f64, install: f64) -> String
 /// a command not found, 126 for one found but not executable (it was 1,
 /// "starting CMD: No such file or directory").
 fn runnable(cmd: &std::ffi::OsStr) -> std::result::Result<(), i32> {
-    use std::os::unix::fs::PermissionsExt;
     let shown = cmd.to_string_lossy();
-    let executable =
-        |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
     if cmd.as_encoded_bytes().contains(&b'/') {
         let p = Path::new(cmd);
         return match p.metadata() {
@@ -944,29 +933,45 @@ fn runnable(cmd: &std::ffi::OsStr) -> std::result::Result<(), i32> {
             _ => Ok(()),
         };
     }
-    let dirs = std::env::var_os("PATH").unwrap_or_default();
-    if std::env::split_paths(&dirs).any(|d| executable(&d.join(cmd))) {
+    if in_path(cmd).is_some() {
         return Ok(());
     }
     eprintln!("ztier: {shown}: command not found");
     Err(127)
 }
 
+/// Is `p` a file with an execute bit?
+fn executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The executable file `cmd` (a name without `/`) names in `PATH`, as a
+/// shell finds it.
+fn in_path(cmd: &std::ffi::OsStr) -> Option<PathBuf> {
+    let dirs = std::env::var_os("PATH")?;
+    std::env::split_paths(&dirs).map(|d| d.join(cmd)).find(|p| executable(p))
+}
+
+/// The type of the file system `path` is on (`statfs`'s `f_type`).
+pub fn fs_type(path: &Path) -> Option<libc::c_long> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a zeroed statfs for the call to fill.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a live out-parameter.
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type)
+}
+
 /// Is `path` in `/proc` or `/sys`, whose files take no statistics (a
 /// write there fails at the end, or changes a setting)?
 fn in_proc_or_sys(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
     let at = if path.exists() {
         path
     } else {
         path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
     };
-    let Ok(c) = std::ffi::CString::new(at.as_os_str().as_bytes()) else { return false };
-    // SAFETY: a zeroed statfs for the call to fill.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a live out-parameter.
-    let known = unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0;
-    known && (st.f_type == libc::PROC_SUPER_MAGIC || st.f_type == libc::SYSFS_MAGIC)
+    matches!(fs_type(at), Some(libc::PROC_SUPER_MAGIC | libc::SYSFS_MAGIC))
 }
 
 /// `ztier run`.
