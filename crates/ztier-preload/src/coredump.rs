@@ -58,7 +58,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use crate::manager::PAGE;
 use crate::sud::raw;
 
 /// The signals whose default action dumps core (signal(7)).
@@ -215,66 +214,24 @@ pub fn before_core(sig: libc::c_int) {
 }
 
 fn say(sig: libc::c_int, why: &str) {
-    let stored = crate::GLOBAL.get().and_then(|g| g.mgr.try_lock().ok().map(|m| stored_bytes(&m)));
+    let stored = crate::GLOBAL.get().and_then(|g| g.mgr.try_lock().ok().map(|m| crate::stored_bytes(&m)));
     let what =
         stored.map_or("its evicted pages".to_string(), |b| format!("{} MiB of evicted pages", b >> 20));
     eprintln!("ztier: process {}: signal {sig}: the core dump will miss {what}: {why}", std::process::id());
 }
 
-/// Bytes that bringing every stored page back would take.
-fn stored_bytes(m: &crate::Manager) -> u64 {
-    let st = m.store().stats();
-    (st.pages.saturating_sub(st.zero_pages) + st.tier_entries) * PAGE as u64
-}
-
 /// How long a crashing thread waits for the manager's lock.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-fn try_lock<T>(
-    m: &std::sync::Mutex<T>,
-    until: std::time::Instant,
-) -> Result<std::sync::MutexGuard<'_, T>, String> {
-    crate::lock_until(m, until)
-        .ok_or_else(|| "the library's lock stayed taken (a thread of the program stopped in it)".into())
-}
 
 fn bring_back() -> Result<(), String> {
     let g = crate::GLOBAL.get().ok_or("not started")?;
     let until = std::time::Instant::now() + LOCK_WAIT;
-    let mut m = try_lock(&g.mgr, until)?;
     // No eviction from now on, as under `mlockall` (nothing brought back).
-    m.lock_all(true, &[], &g.stats).map_err(|e| e.to_string())?;
-    // A batch in flight may have released pages it has not committed yet.
-    while m.evicting() > 0 {
-        drop(m);
-        // The evictor may be waiting for a fault service to protect its
-        // victims (see `near`).
-        crate::near::take_posted();
-        std::thread::sleep(std::time::Duration::from_micros(50));
-        m = try_lock(&g.mgr, until)?;
-    }
-    let used = crate::used(g, &*try_lock(&g.pages, until)?);
-    let need = stored_bytes(&m);
-    let room = mem_available().saturating_add(m.store().stats().memory_used);
-    if need > room {
-        return Err(format!(
-            "bringing them back would take more than the {} MiB of memory available",
-            room >> 20
-        ));
-    }
-    m.lock_all(true, &used, &g.stats).map_err(|e| e.to_string())
-}
-
-/// `MemAvailable` of `/proc/meminfo`, in bytes (`u64::MAX` if unknown).
-fn mem_available() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024)
-        })
-        .unwrap_or(u64::MAX)
+    crate::lock_until(&g.mgr, until)
+        .ok_or_else(crate::lock_stayed_taken)?
+        .lock_all(true, &[], &g.stats)
+        .map_err(|e| e.to_string())?;
+    crate::bring_all_back(g, until).map(|_| ())
 }
 
 /// glibc's `sigaction` and `signal`, looked up when the library is loaded

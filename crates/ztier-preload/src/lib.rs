@@ -1852,9 +1852,13 @@ fn answer_ctl(ctl: &std::os::unix::net::UnixDatagram, g: &Global) {
         // SAFETY: getuid and geteuid have no preconditions.
         let (uid, euid) = unsafe { (libc::getuid(), libc::geteuid()) };
         let answer = match r.sender {
-            Some(c) if c.uid == 0 || c.uid == uid || c.uid == euid => stats_json(g),
+            Some(c) if c.uid == 0 || c.uid == uid || c.uid == euid => match &req[..r.len.min(req.len())] {
+                b"hold" => hold(g, c.pid),
+                b"release" => release(g, c.pid),
+                _ => stats_json(g),
+            },
             Some(c) => format!(
-                "{{\"denied\": \"user {} asked; only the program's user ({euid}) and root may read its statistics\"}}",
+                "{{\"denied\": \"user {} asked; only the program's user ({euid}) and root may read its statistics or hold it\"}}",
                 c.uid
             ),
             None => "{\"denied\": \"the request came without its sender's credentials\"}".to_string(),
@@ -1935,9 +1939,20 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
                 ];
                 // SAFETY: two live pollfds.
                 unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
-                if fds[1].revents != 0 {
-                    if let Some(c) = &ctl {
+                if let Some(c) = &ctl {
+                    if fds[1].revents != 0 {
                         answer_ctl(c, g);
+                    }
+                    // Checked only after the requests waiting were read:
+                    // renewals sent while the process was stopped (under a
+                    // debugger) are in them.
+                    if lock(&g.mgr).release_holds(None, std::time::Instant::now()) {
+                        eprintln!(
+                            "ztier: process {}: a hold (`ztier hold`) was not renewed for {} s: its \
+                             holder is gone; pages are evicted again",
+                            std::process::id(),
+                            HOLD_LEASE.as_secs()
+                        );
                     }
                 }
                 continue;
@@ -2018,6 +2033,7 @@ fn stats_json(g: &Global) -> String {
         user_mode_only,
         tree,
         store_share,
+        holders,
     ) = {
         let mut m = lock_program(g);
         // A fault is counted and timed under this lock: read here, the
@@ -2045,6 +2061,7 @@ fn stats_json(g: &Global) -> String {
             m.uffd.user_mode_only,
             tree,
             m.tree_store_budget(),
+            m.holders(),
         )
     };
     let q = |f: f64| -> f64 {
@@ -2078,7 +2095,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"pinned_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
-         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\
+         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\"held_by\":{:?},\
          \"tree_held_bytes\":{},\"tree_reserved_bytes\":{},\"tree_inherited_bytes\":{},\
          \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"deferred_wait_ns\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
@@ -2127,6 +2144,7 @@ fn stats_json(g: &Global) -> String {
         ld(&s.forks),
         ld(&s.forked_child),
         HANDLER_THREADS.load(Ordering::Relaxed),
+        holders,
         tree(|t| t.0),
         tree(|t| t.1),
         tree(|t| t.2),
@@ -2601,6 +2619,112 @@ pub(crate) fn lock_until<T>(
             Err(std::sync::TryLockError::WouldBlock) => return None,
         }
     }
+}
+
+/// Why [`bring_all_back`] gave up: a lock not had by its deadline.
+pub(crate) fn lock_stayed_taken() -> String {
+    "the library's lock stayed taken (a thread of the program stopped in it)".into()
+}
+
+/// Bytes that bringing every stored page back would take.
+pub(crate) fn stored_bytes(m: &Manager) -> u64 {
+    let st = m.store().stats();
+    (st.pages.saturating_sub(st.zero_pages) + st.tier_entries) * PAGE as u64
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes (`u64::MAX` if unknown).
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(u64::MAX)
+}
+
+/// Brings every stored page of the arena back into memory, the spill
+/// file's too, once no eviction is in flight: for a core dump
+/// ([`coredump`]) and a hold ([`hold`]). Eviction must be stopped first
+/// ([`Manager::frozen`]). Each lock is waited for until `until`. Refused,
+/// with nothing brought back, where that would take more than the memory
+/// available (`MemAvailable`, and the store's own memory, freed as the
+/// pages leave it). The bytes brought back.
+pub(crate) fn bring_all_back(g: &Global, until: std::time::Instant) -> Result<u64, String> {
+    let mut m = lock_until(&g.mgr, until).ok_or_else(lock_stayed_taken)?;
+    // A batch in flight may have released pages it has not committed yet.
+    while m.evicting() > 0 {
+        drop(m);
+        // The evictor may be waiting for a fault service to protect its
+        // victims (see `near`).
+        near::take_posted();
+        std::thread::sleep(std::time::Duration::from_micros(50));
+        m = lock_until(&g.mgr, until).ok_or_else(lock_stayed_taken)?;
+    }
+    let used = used(g, &*lock_until(&g.pages, until).ok_or_else(lock_stayed_taken)?);
+    let need = stored_bytes(&m);
+    let room = mem_available().saturating_add(m.store().stats().memory_used);
+    if need > room {
+        return Err(format!(
+            "bringing the {} MiB of evicted pages back would take more than the {} MiB of memory available",
+            need >> 20,
+            room >> 20
+        ));
+    }
+    m.bring_back(&used, &g.stats).map_err(|e| e.to_string())?;
+    Ok(need)
+}
+
+/// How long a hold (`ztier hold`) lasts unless renewed. `ztier hold`
+/// renews it every second, so eviction resumes at most this long after
+/// its holder is gone, even one killed with `SIGKILL`.
+pub const HOLD_LEASE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a hold's bring-back waits for the library's locks.
+const HOLD_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A `"hold"` request from process `by` (see [`answer_ctl`]): no eviction
+/// from now until its lease runs out ([`HOLD_LEASE`]), and every stored
+/// page brought back first, so that a debugger or profiler reading the
+/// process from outside (`ptrace`, `/proc/PID/mem`, `process_vm_readv`)
+/// can read them: the kernel serves no userfaultfd fault of another
+/// process's access, and such a read of an evicted page fails (`EIO`,
+/// `EFAULT`). The answer is sent once the pages are back. A renewal, or
+/// a hold beside another's, has nothing to bring back.
+fn hold(g: &Global, by: i32) -> String {
+    let new = lock(&g.mgr).hold(by, std::time::Instant::now() + HOLD_LEASE);
+    let brought = if new {
+        match bring_all_back(g, std::time::Instant::now() + HOLD_LOCK_WAIT) {
+            Ok(bytes) => bytes,
+            Err(why) => {
+                lock(&g.mgr).release_holds(Some(by), std::time::Instant::now());
+                return format!("{{\"error\":\"{}\"}}\n", why.replace('\\', "\\\\").replace('"', "\\\""));
+            }
+        }
+    } else {
+        0
+    };
+    held_json(g, "hold", brought)
+}
+
+/// A `"release"` request from process `by`: its hold ends (eviction
+/// resumes once no other is in force).
+fn release(g: &Global, by: i32) -> String {
+    lock(&g.mgr).release_holds(Some(by), std::time::Instant::now());
+    held_json(g, "release", 0)
+}
+
+/// The answer to a hold or release (`request`).
+fn held_json(g: &Global, request: &str, brought: u64) -> String {
+    let holders = lock(&g.mgr).holders();
+    format!(
+        "{{\"request\":\"{request}\",\"pid\":{},\"held\":{},\"held_by\":{holders:?},\"brought_back_bytes\":{brought},\"resident_bytes\":{},\"budget_bytes\":{}}}\n",
+        std::process::id(),
+        !holders.is_empty(),
+        g.stats.resident.load(Ordering::Relaxed) * PAGE,
+        g.cfg.budget_pages * PAGE,
+    )
 }
 
 fn unlock_all() {

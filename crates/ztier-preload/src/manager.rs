@@ -738,6 +738,10 @@ pub struct Manager {
     locked: Vec<(usize, usize)>,
     /// `mlockall`: no page is evicted ([`Manager::lock_all`]).
     locked_all: bool,
+    /// Holds asked through the control socket (`ztier hold`), by the
+    /// asking process's ID, each until its lease runs out: while any
+    /// is in force no page is evicted ([`Manager::hold`]).
+    holds: Vec<(i32, std::time::Instant)>,
     /// Page ranges `[first, end)` a forked child gets as zeros
     /// (`MADV_WIPEONFORK`) or not at all (`MADV_DONTFORK`), with how
     /// (see [`Manager::wipe_on_fork`]).
@@ -1352,6 +1356,7 @@ impl Manager {
             wipe: Vec::new(),
             locked: Vec::new(),
             locked_all: false,
+            holds: Vec::new(),
             kept: Vec::new(),
             log: FaultLog::from_env(),
             refusing: None,
@@ -2168,11 +2173,23 @@ impl Manager {
 
     /// Should the background evictor work (resident above budget −
     /// reserve/2, or with the tree scope, fewer than half a reserve of
-    /// pages held by no process)?
+    /// pages held by no process; and eviction neither refused by the store
+    /// nor [`Manager::frozen`])?
     pub fn evict_wanted(&self) -> bool {
         let tree_short =
             self.tree.as_ref().is_some_and(|t| t.free() < self.reserve() / 2 && self.resident > 0);
-        (self.resident > self.limit() - self.reserve() / 2 || tree_short) && !self.refusing()
+        (self.resident > self.limit() - self.reserve() / 2 || tree_short)
+            && !self.refusing()
+            && !self.frozen()
+    }
+
+    /// No page may be evicted now: `mlockall` is in force, or a hold
+    /// ([`Manager::hold`]). (Before `frozen` counted in
+    /// [`Manager::evict_wanted`], a program over its budget after
+    /// `mlockall` had the evictor spin a CPU: it was woken for victims it
+    /// could not take.)
+    pub fn frozen(&self) -> bool {
+        self.locked_all || !self.holds.is_empty()
     }
 
     /// Takes up to `max` victims for the background evictor, oldest first,
@@ -2267,7 +2284,7 @@ impl Manager {
     /// is above `target` + `in_flight` + those taken; marks them EVICTING
     /// and OWNED. [`Victims::compress`] write-protects them first.
     fn take_victims(&mut self, max: usize, target: usize, in_flight: usize) -> io::Result<Option<Victims>> {
-        if self.locked_all {
+        if self.frozen() {
             return Ok(None);
         }
         let mut pages = Vec::with_capacity(max);
@@ -2795,7 +2812,8 @@ impl Manager {
             for r in used {
                 let (f, e) = (r.start.min(self.pages), r.end.min(self.pages));
                 if f < e {
-                    // Brought back: a pin that ends at once.
+                    // Brought back, never-touched pages filled in, as the
+                    // kernel's `MCL_CURRENT` does: a pin that ends at once.
                     let _ = self.pin(f, e - f, stats)?;
                     self.unpin(f, e - f);
                 }
@@ -2806,9 +2824,61 @@ impl Manager {
         Ok(())
     }
 
-    /// In a forked child: memory locks are not inherited.
+    /// Every stored page of `used` (page ranges) back in memory, the spill
+    /// file's too; pages never touched or given back stay out (they take
+    /// no memory, and read as zeros in a core dump).
+    pub fn bring_back(&mut self, used: &[std::ops::Range<usize>], stats: &Stats) -> io::Result<()> {
+        for r in used {
+            let (mut i, e) = (r.start.min(self.pages), r.end.min(self.pages));
+            while i < e {
+                if self.st(i) & STATE != STORED {
+                    i += 1;
+                    continue;
+                }
+                let mut k = i + 1;
+                while k < e && self.st(k) & STATE == STORED {
+                    k += 1;
+                }
+                // Brought back: a pin that ends at once.
+                let _ = self.pin(i, k - i, stats)?;
+                self.unpin(i, k - i);
+                i = k;
+            }
+        }
+        Ok(())
+    }
+
+    /// A hold by process `by` (`ztier hold`) until `until`, or its renewal:
+    /// no eviction while any hold is in force. The caller brings the stored
+    /// pages back ([`Manager::bring_back`]) once nothing is in flight.
+    /// `true` if it is a new hold (none was in force).
+    pub fn hold(&mut self, by: i32, until: std::time::Instant) -> bool {
+        let new = self.holds.is_empty();
+        match self.holds.iter_mut().find(|h| h.0 == by) {
+            Some(h) => h.1 = until,
+            None => self.holds.push((by, until)),
+        }
+        new
+    }
+
+    /// Ends process `by`'s hold, and every hold whose lease ran out by
+    /// `now`; `true` if none is left in force of those there were.
+    pub fn release_holds(&mut self, by: Option<i32>, now: std::time::Instant) -> bool {
+        let had = !self.holds.is_empty();
+        self.holds.retain(|&(p, until)| Some(p) != by && until > now);
+        had && self.holds.is_empty()
+    }
+
+    /// The processes whose holds are in force.
+    pub fn holders(&self) -> Vec<i32> {
+        self.holds.iter().map(|h| h.0).collect()
+    }
+
+    /// In a forked child: memory locks are not inherited, nor holds (they
+    /// were asked of the parent).
     pub fn unlock_after_fork(&mut self) {
         self.locked_all = false;
+        self.holds.clear();
         self.unlock_pages(0, self.pages);
     }
 
@@ -4099,6 +4169,39 @@ mod tests {
         evict_all(&mut m, &stats);
         assert_eq!(m.resident(), 0);
         assert_eq!(m.st(41) & STATE, STORED);
+    }
+
+    /// Holds (`ztier hold`): no victim while any is in force, each ended
+    /// by its holder or by its lease; every stored page comes back.
+    #[test]
+    fn held_pages_stay_until_the_last_hold_ends_or_lapses() {
+        let (mut m, base) = test_manager(1024);
+        let stats = Stats::new();
+        fill_pages(&mut m, base, 256, &stats, |i| 1 + (i % 200) as u8);
+        m.budget = 128;
+        evict_all(&mut m, &stats);
+        let stored = (0..256).filter(|&i| m.st(i) & STATE == STORED).count();
+        assert!(stored > 128, "{stored} stored");
+        let now = std::time::Instant::now();
+        let lease = std::time::Duration::from_secs(5);
+        assert!(m.hold(7, now + lease), "the first hold is new");
+        assert!(!m.hold(8, now + lease * 2), "a second one is not");
+        assert!(!m.hold(7, now + lease), "nor a renewal");
+        assert!(m.frozen() && !m.evict_wanted());
+        m.bring_back(std::slice::from_ref(&(0..1024)), &stats).unwrap();
+        assert_eq!(m.resident(), 256);
+        // SAFETY: a resident page of our mapping.
+        assert_eq!(unsafe { *((base + 150 * PAGE) as *const u8) }, 1 + 150);
+        evict_all(&mut m, &stats);
+        assert_eq!(m.resident(), 256, "held: nothing evicted");
+        assert!(!m.release_holds(Some(7), now), "8 still holds");
+        assert_eq!(m.holders(), vec![8]);
+        assert!(!m.release_holds(None, now + lease), "8's lease runs on");
+        assert!(m.release_holds(None, now + lease * 2), "8's lease lapsed");
+        assert!(!m.frozen() && m.holders().is_empty());
+        evict_all(&mut m, &stats);
+        assert!(m.resident() <= 128, "{} resident", m.resident());
+        assert!(!m.release_holds(None, now), "none was in force");
     }
 
     /// A store that is full (1 MiB, no next tier) refuses victims: they

@@ -61,6 +61,15 @@ enum Command {
     /// asked is trusted. A process that has not answered within 5 s (a
     /// stopped one) is said to be so.
     Stats(cmd::run::StatsArgs),
+    /// Keep a program running under `ztier run` wholly in memory, for a
+    /// debugger or profiler.
+    ///
+    /// Brings back every page the program has evicted and stops its
+    /// eviction, while a command runs (`ztier hold PID -- gdb -p PID`) or
+    /// until Ctrl-C: tools that read a process from outside (gdb, py-spy,
+    /// /proc/PID/mem) cannot read evicted pages. Only the program's user
+    /// and root may hold it.
+    Hold(cmd::hold::HoldArgs),
     /// Summarise a `ztier run --fault-log` file: page-ins by kind, store
     /// faults by run length and service time, refault distances, pages
     /// that came back again and again, and page-ins over time.
@@ -77,6 +86,7 @@ fn main() {
         Command::Blk(b) => cmd::blk::run(b),
         Command::Run(a) => cmd::run::run(a),
         Command::Stats(a) => cmd::run::stats(a),
+        Command::Hold(a) => cmd::hold::hold(a),
         Command::Faults(a) => cmd::faults::run(a),
     };
     match result {

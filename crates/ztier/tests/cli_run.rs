@@ -1383,9 +1383,195 @@ fn live_stats_are_for_the_programs_user_and_root_only() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && o.stdout.is_empty(), "{err}");
     assert!(err.contains(&format!("process {py} refused: user 65534 asked")), "{err}");
+    // Nor may another user hold it (`ztier hold`).
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .args(["hold", &py, "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("process {py} refused: user 65534 asked; only the program's user")),
+        "{err}"
+    );
+    let o = Command::new(&bin).args(["stats", &py]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["held_by"], serde_json::json!([]), "{v}");
     // SAFETY: signalling our grandchild by pid.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     assert_eq!(child.wait().unwrap().code(), Some(137));
+}
+
+/// How many of pages `pages` of the buffer of process `pid` at `addr`
+/// (page `i` starts with `i`, little-endian) `/proc/PID/mem` cannot read;
+/// panics if one that reads holds anything else.
+fn unreadable_from_outside(pid: u32, addr: u64, pages: std::ops::Range<u64>) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut page = [0u8; 4096];
+    let mut bad = 0;
+    for i in pages {
+        match mem.read_exact_at(&mut page, addr + i * 4096) {
+            Ok(()) => assert_eq!(u32::from_le_bytes(page[..4].try_into().unwrap()) as u64, i, "page {i}"),
+            Err(_) => bad += 1,
+        }
+    }
+    bad
+}
+
+/// `ztier stats PID`'s answer.
+fn live_stats(pid: u32) -> serde_json::Value {
+    let o = Command::new(ztier()).args(["stats", &pid.to_string()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// Polls `ztier stats PID` until `ok` holds of it (10 s at most).
+fn live_stats_until(pid: u32, what: &str, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let v = live_stats(pid);
+        if ok(&v) {
+            return v;
+        }
+        assert!(std::time::Instant::now() < until, "not {what} after 10 s: {v}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// `ztier hold PID` started, once it says the process is held.
+fn holding(pid: u32) -> std::process::Child {
+    let mut h =
+        Command::new(ztier()).args(["hold", &pid.to_string()]).stderr(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(h.stderr.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.contains(&format!("process {pid} held: ")), "{line}");
+    h
+}
+
+#[test]
+fn held_pages_can_be_read_from_outside_by_debuggers() {
+    require("python3");
+    require("gdb");
+    require_root("reads another process's memory (/proc/PID/mem, gdb -p)");
+    let d = tmp("hold");
+    let spill = d.join("spill");
+    std::fs::create_dir_all(&spill).unwrap();
+    // 48 MiB of random pages under an 8M budget and a 4M store (it
+    // spills); page i begins with i. The program checks its buffer when
+    // told to end.
+    let prog = "import ctypes, hashlib, random, sys\n\
+                n = 12288\nb = bytearray(n * 4096)\nr = random.Random(7)\n\
+                for i in range(n):\n    b[i * 4096:(i + 1) * 4096] = i.to_bytes(4, 'little') + r.randbytes(4092)\n\
+                h = hashlib.sha256(b).digest()\n\
+                print('ready', ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)), n, flush=True)\n\
+                sys.stdin.readline()\n\
+                print('same' if hashlib.sha256(b).digest() == h else 'changed', flush=True)\n";
+    let mut child = Command::new(ztier())
+        .args(["run", "--budget", "8M", "--store", "4M", "--spill"])
+        .arg(&spill)
+        .args(["--", "python3", "-c", prog])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::{BufRead, Read, Write};
+    out.read_line(&mut line).unwrap();
+    let f: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+    assert!(line.starts_with("ready") && f.len() == 2, "{line}");
+    let (addr, n) = (f[0], f[1]);
+    let kids = children_of(child.id());
+    assert_eq!(kids.len(), 1, "ztier run has one child: {kids:?}");
+    let py = kids[0];
+    let gdb_word = |page: u64| {
+        let o = Command::new("gdb")
+            .args(["-nx", "-batch", "-p", &py.to_string(), "-ex"])
+            .arg(format!("x/1wd {}", addr + page * 4096))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+    };
+
+    // Evicted pages cannot be read from outside: the kernel serves no
+    // userfaultfd fault of another process's access.
+    let before = unreadable_from_outside(py, addr, 0..n);
+    assert!(before > n / 2, "{before} of {n} pages unreadable: most should be evicted");
+    let v = live_stats(py);
+    assert!(v["spilled_bytes"].as_u64().unwrap() > 0, "the 4M store spilled: {v}");
+    let evicted = (0..n).rev().find(|&i| unreadable_from_outside(py, addr, i..i + 1) == 1).unwrap();
+    let g = gdb_word(evicted);
+    assert!(g.contains("Cannot access memory"), "{g}");
+
+    // Held: every page back (most were in the spill file); gdb reads
+    // them.
+    let h = holding(py);
+    let v = live_stats(py);
+    assert_eq!(v["held_by"], serde_json::json!([h.id()]), "{v}");
+    assert!(v["resident_bytes"].as_u64().unwrap() > 40 << 20, "over the budget while held: {v}");
+    assert_eq!(unreadable_from_outside(py, addr, 0..n), 0);
+    let g = gdb_word(evicted);
+    assert!(g.lines().any(|l| l.split_whitespace().last() == Some(&evicted.to_string())), "{g}");
+    // Stopped longer than the hold's lease (as under a debugger): the
+    // renewals sent meanwhile wait in its socket, and are read first.
+    // SAFETY: signalling our grandchild by pid.
+    unsafe { libc::kill(py as i32, libc::SIGSTOP) };
+    std::thread::sleep(std::time::Duration::from_secs(7));
+    // SAFETY: as above.
+    unsafe { libc::kill(py as i32, libc::SIGCONT) };
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(live_stats(py)["held_by"], serde_json::json!([h.id()]));
+    assert_eq!(unreadable_from_outside(py, addr, 0..n), 0);
+    // Ctrl-C releases it: eviction resumes.
+    // SAFETY: signalling our child by pid.
+    unsafe { libc::kill(h.id() as i32, libc::SIGINT) };
+    let o = h.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains(&format!("process {py} released")), "{err}");
+    live_stats_until(py, "back within the budget", |v| {
+        v["held_by"] == serde_json::json!([]) && v["resident_bytes"].as_u64().unwrap() <= 8 << 20
+    });
+    assert!(unreadable_from_outside(py, addr, 0..n) > n / 2);
+
+    // With a command: held while it runs (it reads an evicted page),
+    // its status passed on.
+    let evicted = (0..n).find(|&i| unreadable_from_outside(py, addr, i..i + 1) == 1).unwrap();
+    let o = Command::new(ztier())
+        .args(["hold", &py.to_string(), "--", "sh", "-c"])
+        .arg(format!(
+            "test \"$(dd if=/proc/{py}/mem bs=4096 skip={} count=1 status=none | od -An -tu4 -N4 | tr -d ' ')\" \
+             = {evicted} && exit 7",
+            addr / 4096 + evicted
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(7), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(live_stats(py)["held_by"], serde_json::json!([]));
+    let o =
+        Command::new(ztier()).args(["hold", &py.to_string(), "--", "no-such-command-here"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(127), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(live_stats(py)["held_by"], serde_json::json!([]));
+
+    // A holder killed with SIGKILL: its hold lapses by itself.
+    let mut h = holding(py);
+    h.kill().unwrap();
+    h.wait().unwrap();
+    live_stats_until(py, "released after its holder died", |v| v["held_by"] == serde_json::json!([]));
+
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"\n").unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest.trim(), "same");
+    assert!(child.wait().unwrap().success());
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(err.matches("was not renewed for 5 s").count(), 1, "the killed holder's only: {err}");
 }
 
 #[test]

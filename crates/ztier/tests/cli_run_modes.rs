@@ -422,7 +422,8 @@ fn pages_wiped_on_fork_read_as_zeros_in_the_child() {
 /// with everything else pushed out between: locked pages stay resident
 /// (`mincore`) and every byte reads back. Before, the kernel's lock made
 /// the next eviction's `MADV_DONTNEED` fail (`EINVAL`) and the process
-/// was aborted.
+/// was aborted. And the child, over its budget under `mlockall`, sleeps
+/// without using the CPU (the evictor spun there, ~1 s of CPU a second).
 #[test]
 fn locked_memory_stays_resident() {
     native_output_in_every_mode_and(
@@ -432,6 +433,7 @@ fn locked_memory_stays_resident() {
             "after pressure: key resident 256 of 256, intact 1; on-fault intact 1",
             "second half resident 128 of 128, whole key intact 1",
             "child: mlockall 0, new memory resident 256 of 256, sum 18432, key intact 1",
+            "child: CPU while asleep under mlockall under 0.1 s: 1",
             "parent after: key intact 1, on-fault intact 1",
         ],
         |_, _, _, _| {},

@@ -1,5 +1,6 @@
 //! `ztier run` — runs an unmodified program with its heap under a memory
-//! budget, and `ztier stats PID` — live statistics of a running one.
+//! budget (`ztier stats PID`, live statistics of a running one, and
+//! `ztier hold PID` are the control socket's client, [`super::hold`]).
 //!
 //! The work happens inside the program, in the preloaded library
 //! (`ztier-preload`, embedded in this binary at build time and written
@@ -912,7 +913,7 @@ pub fn service_parts(service: f64, lock: f64, read: f64, install: f64) -> String
 /// status a shell gives, said on stderr the way a shell says it: 127 for
 /// a command not found, 126 for one found but not executable (it was 1,
 /// "starting CMD: No such file or directory").
-fn runnable(cmd: &std::ffi::OsStr) -> std::result::Result<(), i32> {
+pub(crate) fn runnable(cmd: &std::ffi::OsStr) -> std::result::Result<(), i32> {
     let shown = cmd.to_string_lossy();
     if cmd.as_encoded_bytes().contains(&b'/') {
         let p = Path::new(cmd);
@@ -1068,58 +1069,11 @@ pub fn run(a: RunArgs) -> Result<i32> {
     Ok(out.code)
 }
 
-/// `ztier stats PID`: asks the library inside a running program, by a
-/// datagram to its control socket `@ztier-PID`, from a socket bound to a
-/// name of our own (`@ztier-stats-OURPID`) for the answer, one JSON
-/// datagram.
-///
-/// Abstract names have no owner, so the answer's sender is checked: the
-/// kernel attaches each datagram's sender (`SO_PASSCRED`), and an answer
-/// from any process but PID is refused. The library answers only its
-/// program's user and root; anyone else gets `{"denied": ...}`.
+/// `ztier stats PID`: asks the library inside a running program for its
+/// statistics through its control socket (see [`super::hold`]), and
+/// prints them.
 pub fn stats(a: StatsArgs) -> Result<i32> {
-    use std::os::fd::AsRawFd;
-    use std::os::linux::net::SocketAddrExt;
-    use std::os::unix::net::{SocketAddr, UnixDatagram};
-    if a.pid == 0 || !Path::new(&format!("/proc/{}", a.pid)).exists() {
-        bail!("no process {}", a.pid);
-    }
-    let me = SocketAddr::from_abstract_name(format!("ztier-stats-{}", std::process::id()))?;
-    let s = UnixDatagram::bind_addr(&me).context("binding the socket for the answer")?;
-    ztier_uffd::ctl::pass_credentials(s.as_raw_fd())
-        .context("asking for the answer's sender (SO_PASSCRED)")?;
-    let addr = SocketAddr::from_abstract_name(format!("ztier-{}", a.pid))?;
-    let silent = || {
-        format!(
-            "process {} does not answer: is it running under `ztier run`, and has it started ztier's \
-             library (a process does once it has asked for 1 MiB of memory or made a second thread)?",
-            a.pid
-        )
-    };
-    s.connect_addr(&addr).with_context(silent)?;
-    s.send(b"stats").with_context(silent)?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-    let mut buf = vec![0u8; 4 << 20];
-    // (The socket's read timeout bounds the wait.)
-    let r = match ztier_uffd::ctl::recv(s.as_raw_fd(), &mut buf, None, 0) {
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-            bail!("process {} has not answered within 5 s: is it stopped?", a.pid)
-        }
-        r => r.with_context(silent)?,
-    };
-    match r.sender.map(|c| c.pid) {
-        Some(pid) if pid == a.pid as i32 => {}
-        Some(pid) => bail!(
-            "the answer for process {} came from process {pid}, which holds its control socket's name: \
-             not trusted",
-            a.pid
-        ),
-        None => bail!("the answer for process {} came without its sender's credentials: not trusted", a.pid),
-    }
-    let v: Value = serde_json::from_slice(&buf[..r.len]).context("the answer is not JSON")?;
-    if let Some(why) = v.get("denied") {
-        bail!("process {} refused: {}", a.pid, why.as_str().unwrap_or("no reason given"));
-    }
+    let v = super::hold::Control::connect(a.pid)?.ask(b"stats", std::time::Duration::from_secs(5))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", pretty(&v)?)?;
     Ok(0)

@@ -4,13 +4,16 @@
  * between them 48 MiB written elsewhere (a 16M budget: everything not
  * locked goes cold). Locked pages must stay resident (mincore) and every
  * byte read back as written. Natively and in every mode of `ztier run`
- * the same output. */
+ * the same output. The child, all resident and over the budget under
+ * mlockall, must use no CPU while it sleeps (ztier's evictor once spun
+ * there for victims it could not take). */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +36,13 @@ static int intact(const uint8_t *p, size_t len, int fill) {
     for (size_t i = 0; i < len; i++)
         if (p[i] != (uint8_t)(fill + i / P)) return 0;
     return 1;
+}
+
+/* CPU time of the whole process (every thread), in seconds. */
+static double cpu(void) {
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
 static void fill(uint8_t *p, size_t len, int v) {
@@ -64,6 +74,9 @@ int main(void) {
         for (size_t i = 0; i < (8u << 20); i += P) s += more[i];
         printf("child: mlockall %d, new memory resident %d of 256, sum %ld, key intact %d\n", r,
                resident(more, KEY), s, intact(key, KEY, 3));
+        double t = cpu();
+        usleep(500000);
+        printf("child: CPU while asleep under mlockall under 0.1 s: %d\n", cpu() - t < 0.1);
         printf("child: munlockall %d\n", munlockall());
         fflush(stdout);
         _exit(0);

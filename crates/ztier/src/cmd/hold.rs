@@ -1,0 +1,277 @@
+//! The control socket's client: `ztier stats PID` asks a program running
+//! under `ztier run` for its statistics, and `ztier hold PID` keeps its
+//! pages in memory for a debugger or profiler.
+//!
+//! A program under `ztier run` answers on the abstract datagram socket
+//! `@ztier-PID`; the client binds `@ztier-ctl-ITSPID` for the answers. The
+//! requests are one word each:
+//!
+//! ```text
+//!  client (PID C)                            program (PID P), library thread
+//!  "stats"   ─────────────────────────────▶  statistics, one JSON datagram
+//!  "hold"    ─────────────────────────────▶  no eviction for 5 s from now;
+//!                                            stored pages back, then
+//!            ◀─────────────────────────────  {"held": true, "held_by": [C, ...],
+//!                                             "brought_back_bytes", ...}
+//!  "hold" again every second (renews C's lease; the answers are drained)
+//!  "release" ─────────────────────────────▶  C's hold ends; eviction resumes
+//!            ◀─────────────────────────────  {"held": false, "held_by": [], ...}
+//!  any      ◀───────────────────────────── {"denied": "..."} or {"error": "..."}
+//! ```
+//!
+//! **Why a hold.** An evicted page is missing from the program's memory,
+//! and the kernel serves no userfaultfd fault for another process's
+//! access: `gdb -p` ("Cannot access memory"), `/proc/PID/mem` reads
+//! (`EIO`) and `process_vm_readv` (profilers such as py-spy) fail there.
+//! Held, the program has every page it ever used in memory. The library
+//! ends a hold that is not renewed within 5 s, so a holder that dies,
+//! even by `SIGKILL`, does not leave the program over its budget for
+//! good. Renewals sent while the program is stopped (under the debugger)
+//! wait in its socket and are read before the lease is checked.
+//!
+//! Abstract names have no owner, so both sides check who they talk to:
+//! the kernel attaches each datagram's sender (`SO_PASSCRED`), the
+//! library answers only its program's user and root, and the client
+//! trusts an answer only from the process it asked.
+
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::Value;
+
+/// A socket connected to one program's control socket.
+pub struct Control {
+    pid: u32,
+    sock: UnixDatagram,
+}
+
+impl Control {
+    /// Connects to process `pid`'s control socket: an error if there is
+    /// no such process or it has none.
+    pub fn connect(pid: u32) -> Result<Control> {
+        if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+            bail!("no process {pid}");
+        }
+        let me = SocketAddr::from_abstract_name(format!("ztier-ctl-{}", std::process::id()))?;
+        let sock = UnixDatagram::bind_addr(&me).context("binding the socket for the answers")?;
+        ztier_uffd::ctl::pass_credentials(sock.as_raw_fd())
+            .context("asking for the answers' sender (SO_PASSCRED)")?;
+        let addr = SocketAddr::from_abstract_name(format!("ztier-{pid}"))?;
+        sock.connect_addr(&addr).with_context(|| silent(pid))?;
+        Ok(Control { pid, sock })
+    }
+
+    /// Sends `request` and waits up to `wait` for its answer (earlier
+    /// answers still queued are dropped first). A refusal
+    /// (`{"denied": ...}`) is an error; `{"error": ...}` is returned as is.
+    pub fn ask(&self, request: &[u8], wait: Duration) -> Result<Value> {
+        self.drain();
+        self.sock.send(request).with_context(|| silent(self.pid))?;
+        self.sock.set_read_timeout(Some(wait))?;
+        self.answer(wait)
+    }
+
+    /// The next answer, waited for up to `wait`.
+    fn answer(&self, wait: Duration) -> Result<Value> {
+        let mut buf = vec![0u8; 4 << 20];
+        let r = match ztier_uffd::ctl::recv(self.sock.as_raw_fd(), &mut buf, None, 0) {
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                bail!(
+                    "process {} has not answered within {} s: is it stopped (under a debugger)?",
+                    self.pid,
+                    wait.as_secs()
+                )
+            }
+            r => r.with_context(|| silent(self.pid))?,
+        };
+        self.trust(r.sender)?;
+        let v: Value = serde_json::from_slice(&buf[..r.len]).context("the answer is not JSON")?;
+        if let Some(why) = v.get("denied") {
+            bail!("process {} refused: {}", self.pid, why.as_str().unwrap_or("no reason given"));
+        }
+        Ok(v)
+    }
+
+    /// Sends `request` without waiting for room or an answer; an error if
+    /// the program's socket is gone (the process ended or `exec`'d into a
+    /// program not under `ztier run`).
+    fn send_nowait(&self, request: &[u8]) -> std::io::Result<()> {
+        // SAFETY: the request's bytes, on our connected socket.
+        let r = unsafe {
+            libc::send(self.sock.as_raw_fd(), request.as_ptr().cast(), request.len(), libc::MSG_DONTWAIT)
+        };
+        match std::io::Error::last_os_error() {
+            // Its queue is full (it is stopped): the renewals queued do.
+            e if r < 0 && e.kind() != std::io::ErrorKind::WouldBlock => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Drops every answer queued.
+    fn drain(&self) {
+        let mut buf = [0u8; 256];
+        while ztier_uffd::ctl::recv(self.sock.as_raw_fd(), &mut buf, None, libc::MSG_DONTWAIT).is_ok() {}
+    }
+
+    fn trust(&self, sender: Option<libc::ucred>) -> Result<()> {
+        match sender.map(|c| c.pid) {
+            Some(pid) if pid == self.pid as i32 => Ok(()),
+            Some(pid) => bail!(
+                "the answer for process {} came from process {pid}, which holds its control socket's \
+                 name: not trusted",
+                self.pid
+            ),
+            None => {
+                bail!(
+                    "the answer for process {} came without its sender's credentials: not trusted",
+                    self.pid
+                )
+            }
+        }
+    }
+}
+
+fn silent(pid: u32) -> String {
+    format!(
+        "process {pid} does not answer: is it running under `ztier run`, and has it started ztier's \
+         library (a process does once it has asked for 1 MiB of memory or made a second thread)?"
+    )
+}
+
+/// Arguments of `ztier hold`.
+#[derive(Args, Debug)]
+#[command(after_long_help = "Examples:\n  \
+    ztier hold 1234 -- gdb -p 1234                  debug it; released when gdb ends\n  \
+    ztier hold 1234 -- py-spy dump --pid 1234       a Python program's stacks\n  \
+    ztier hold 1234                                 held until Ctrl-C\n\n\
+Why: a page kept compressed is missing from the program's memory, and the kernel\n\
+serves no userfaultfd fault for another process's access, so debuggers and\n\
+profilers that read a process from outside (ptrace, /proc/PID/mem,\n\
+process_vm_readv) fail on it (\"Cannot access memory\", EIO). Held, every page the\n\
+program has used is in memory. Memory it never touched, or freed, still reads as\n\
+an error from outside.\n\n\
+While held the program may go over its budget by everything it had evicted:\n\
+ztier hold says how much came back, and refuses if that would not fit in the\n\
+memory available. Under one budget for the whole command (--budget-scope tree,\n\
+the default) its held pages count there too: the command's other processes\n\
+evict more meanwhile. The hold is renewed every second; the library ends one not\n\
+renewed for 5 s, so a killed ztier hold leaves nothing behind. Several holds at\n\
+once are fine: eviction resumes when the last ends. A forked child is not held;\n\
+an exec'd program is held again at the next renewal.")]
+pub struct HoldArgs {
+    /// Process id of a program running under `ztier run`.
+    pub pid: u32,
+    /// A command to run while the process is held (a debugger, a
+    /// profiler); its exit status is ztier hold's. Without one, the hold
+    /// lasts until ztier hold gets SIGINT (Ctrl-C), SIGTERM or SIGHUP, or
+    /// the process ends.
+    #[arg(last = true)]
+    pub cmd: Vec<std::ffi::OsString>,
+}
+
+/// How long the first hold may take to answer: it brings every evicted
+/// page back first (about 0.5 s a GiB here).
+const FIRST_WAIT: Duration = Duration::from_secs(60);
+
+/// How often the hold is renewed (the library's lease is 5 s).
+const RENEW_EVERY: Duration = Duration::from_secs(1);
+
+/// `ztier hold PID [-- CMD ...]`: see [`HoldArgs`] and the module docs.
+pub fn hold(a: HoldArgs) -> Result<i32> {
+    if let Some(cmd) = a.cmd.first() {
+        // Before the hold: nothing to undo then.
+        if let Err(code) = super::run::runnable(cmd) {
+            return Ok(code);
+        }
+    }
+    let ctl = Control::connect(a.pid)?;
+    // Caught from before the hold, so that no Ctrl-C leaves it in force
+    // unreleased (it would lapse, but 5 s later).
+    let caught = super::run::CatchSignals::new();
+    let v = ctl.ask(b"hold", FIRST_WAIT)?;
+    if let Some(why) = v.get("error") {
+        bail!("process {} cannot be held: {}", a.pid, why.as_str().unwrap_or("no reason given"));
+    }
+    let mib = |k: &str| v[k].as_u64().unwrap_or(0) as f64 / f64::from(1 << 20);
+    eprintln!(
+        "ztier hold: process {} held: {:.1} MiB brought back, {:.1} MiB resident (budget {:.1} MiB); {}",
+        a.pid,
+        mib("brought_back_bytes"),
+        mib("resident_bytes"),
+        mib("budget_bytes"),
+        if a.cmd.is_empty() { "Ctrl-C releases it" } else { "released when the command ends" }
+    );
+    let done = AtomicBool::new(false);
+    let (code, gone) = std::thread::scope(|s| {
+        let renewer = s.spawn(|| renew(&ctl, &done));
+        let code = if a.cmd.is_empty() {
+            while !super::run::interrupted() && !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(0)
+        } else {
+            run_command(&a.cmd)
+        };
+        done.store(true, Ordering::Relaxed);
+        let gone = renewer.join().unwrap_or(true);
+        (code, gone)
+    });
+    drop(caught);
+    if gone {
+        eprintln!("ztier hold: process {} has ended or left ztier", a.pid);
+        return code;
+    }
+    // Renewals still unanswered are answered first, in order.
+    let release = ctl.ask(b"release", Duration::from_secs(2)).and_then(|mut v| {
+        while v["request"] != "release" {
+            v = ctl.answer(Duration::from_secs(2))?;
+        }
+        Ok(v)
+    });
+    match release {
+        Ok(v) if v["held"] == Value::Bool(true) => {
+            eprintln!("ztier hold: process {} released by this hold; still held by {}", a.pid, v["held_by"])
+        }
+        Ok(_) => eprintln!("ztier hold: process {} released", a.pid),
+        Err(e) => eprintln!(
+            "ztier hold: {e:#}; its hold lapses 5 s after it runs again (it is not renewed any more)"
+        ),
+    }
+    code
+}
+
+/// Renews the hold every [`RENEW_EVERY`] until `done`; `true` if the
+/// process's socket went away (it ended, or left `ztier run` by `exec`).
+fn renew(ctl: &Control, done: &AtomicBool) -> bool {
+    let mut next = std::time::Instant::now() + RENEW_EVERY;
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+        if std::time::Instant::now() < next {
+            continue;
+        }
+        next += RENEW_EVERY;
+        ctl.drain();
+        if ctl.send_nowait(b"hold").is_err() {
+            done.store(true, Ordering::Relaxed);
+            return true;
+        }
+    }
+    false
+}
+
+/// Runs `cmd` with ztier hold's standard streams; its exit status (128 +
+/// the signal that killed it).
+fn run_command(cmd: &[std::ffi::OsString]) -> Result<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    let status = std::process::Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .status()
+        .with_context(|| format!("running {}", cmd[0].to_string_lossy()))?;
+    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
