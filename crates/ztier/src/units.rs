@@ -28,10 +28,18 @@ pub fn parse_size(s: &str) -> Result<u64> {
 }
 
 /// Parses a comma-separated list of sizes where each element may also be a
-/// range `A..B:STEP` (inclusive of both ends when B is reached).
+/// range `A..B:STEP` (inclusive of both ends when B is reached). An empty
+/// element (`64M,,32M`, a trailing comma) is refused: it is a slip, and
+/// skipping it silently ran one budget fewer than asked.
 pub fn parse_size_list(s: &str) -> Result<Vec<u64>> {
     let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+    if s.trim().is_empty() {
+        bail!("empty list '{s}'");
+    }
+    for part in s.split(',').map(str::trim) {
+        if part.is_empty() {
+            bail!("an empty item in the list '{s}'");
+        }
         if let Some((a, rest)) = part.split_once("..") {
             let (b, step) =
                 rest.split_once(':').with_context(|| format!("range '{part}' needs a step: A..B:STEP"))?;
@@ -47,9 +55,6 @@ pub fn parse_size_list(s: &str) -> Result<Vec<u64>> {
         } else {
             out.push(parse_size(part)?);
         }
-    }
-    if out.is_empty() {
-        bail!("empty list '{s}'");
     }
     Ok(out)
 }
@@ -70,5 +75,8 @@ mod tests {
         assert_eq!(parse_size_list("1K,2K").unwrap(), vec![1024, 2048]);
         assert!(parse_size_list("8M..4M:1M").is_err());
         assert!(parse_size_list("1M..2M").is_err());
+        for slip in ["64M,,32M", "64M,", ",64M", "", " "] {
+            assert!(parse_size_list(slip).is_err(), "{slip:?}");
+        }
     }
 }

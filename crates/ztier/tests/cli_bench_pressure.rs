@@ -415,6 +415,7 @@ fn refused_before_anything_runs() {
     drop(lock);
     refused(&["--budgets", "0"], "--budgets: 0 bytes is too small (at least 1 MiB)");
     refused(&["--budgets", "64M,1K"], "--budgets: 1024 bytes is too small");
+    refused(&["--budgets", "64M,,32M"], "--budgets 64M,,32M: an empty item in the list");
     refused(&["--timeout", "0"], "--timeout 0");
     refused(&["--kernel", "swap", "--swap-dir", "/dev/shm"], "on tmpfs, which cannot hold a swap file");
     refused(&["--kernel", "swap", "--swap-dir", "/nonexistent-ztier"], "--swap-dir /nonexistent-ztier");
