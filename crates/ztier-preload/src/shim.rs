@@ -893,11 +893,7 @@ fn remap_fixed(g: &Global, old: usize, n: usize, new_len: usize, flags: c_int, n
     if inside.is_none() && (new_end > g.base && new < g.base + g.arena_bytes) {
         return fail(libc::EINVAL);
     }
-    if prot & libc::PROT_READ == 0
-        && change_protection(old as *mut c_void, n * PAGE, libc::PROT_READ, 0, || {
-            sys::mprotect(old as *mut c_void, n * PAGE, libc::PROT_READ)
-        }) != 0
-    {
+    if readable_for_move(old, n, prot) != 0 {
         return libc::MAP_FAILED;
     }
     let q = match inside {
@@ -919,17 +915,60 @@ fn remap_fixed(g: &Global, old: usize, n: usize, new_len: usize, flags: c_int, n
             q
         }
     };
-    // SAFETY: `old` is `n` readable pages of the program's (one mapping,
-    // just checked), `q` as many writable ones, not overlapping (checked).
+    move_pages(g, old, n, q, want, prot, inside.is_some(), flags & libc::MREMAP_DONTUNMAP != 0)
+}
+
+/// Before the program's `n` arena pages at `old` (protection `prot`) are
+/// copied to a new place: made readable if they are not (0, or -1 with
+/// `errno`).
+fn readable_for_move(old: usize, n: usize, prot: c_int) -> c_int {
+    if prot & libc::PROT_READ != 0 {
+        return 0;
+    }
+    change_protection(old as *mut c_void, n * PAGE, libc::PROT_READ, 0, || {
+        sys::mprotect(old as *mut c_void, n * PAGE, libc::PROT_READ)
+    })
+}
+
+/// The move of `mremap`: the program's `n` arena pages at `old` (of
+/// protection `prot`, made readable by [`readable_for_move`]) copied to
+/// `q`, `want` writable pages just made (arena pages if `in_arena`), which
+/// then get `prot`. The old range is unmapped; with `dontunmap`
+/// (`MREMAP_DONTUNMAP`) it stays mapped, its protection as it was and its
+/// pages emptied, as the kernel leaves it: the next touch reads zeros.
+#[allow(clippy::too_many_arguments)]
+fn move_pages(
+    g: &Global,
+    old: usize,
+    n: usize,
+    q: *mut c_void,
+    want: usize,
+    prot: c_int,
+    in_arena: bool,
+    dontunmap: bool,
+) -> *mut c_void {
+    // SAFETY: `old` is `n` readable pages of the program's (one mapping),
+    // `q` `want` writable ones, not overlapping (the callers check).
     unsafe { std::ptr::copy_nonoverlapping(old as *const u8, q.cast::<u8>(), n.min(want) * PAGE) };
     if prot != RW {
         let set = || sys::mprotect(q, want * PAGE, prot);
-        let r = if inside.is_some() { change_protection(q, want * PAGE, prot, 0, set) } else { set() };
+        let r = if in_arena { change_protection(q, want * PAGE, prot, 0, set) } else { set() };
         if r != 0 {
             return libc::MAP_FAILED;
         }
     }
-    unmap_arena(g, g.page_of(old), n);
+    let first = g.page_of(old);
+    if !dontunmap {
+        unmap_arena(g, first, n);
+        return q;
+    }
+    if prot & libc::PROT_READ == 0 {
+        let a = old as *mut c_void;
+        if change_protection(a, n * PAGE, prot, 0, || sys::mprotect(a, n * PAGE, prot)) != 0 {
+            return libc::MAP_FAILED;
+        }
+    }
+    crate::as_inside(|| crate::lock_unowned(g, first, n).release(first, n, &g.stats));
     q
 }
 
@@ -1037,40 +1076,61 @@ pub unsafe extern "C" fn mremap(
         }
         return outside();
     };
-    if flags & libc::MREMAP_DONTUNMAP != 0 || new_len == 0 {
-        sys::set_errno(libc::EINVAL);
-        return libc::MAP_FAILED;
+    let fail = |e| {
+        sys::set_errno(e);
+        libc::MAP_FAILED
+    };
+    let want = new_len.div_ceil(PAGE);
+    let dontunmap = flags & libc::MREMAP_DONTUNMAP != 0;
+    // The kernel's: `MREMAP_DONTUNMAP` moves, and only at the same length.
+    if new_len == 0 || (dontunmap && (flags & libc::MREMAP_MAYMOVE == 0 || want != n)) {
+        return fail(libc::EINVAL);
     }
     if flags & libc::MREMAP_FIXED != 0 {
         return remap_fixed(g, old as usize, n, new_len, flags, new as usize);
     }
-    let want = new_len.div_ceil(PAGE);
-    if want <= n {
-        if want < n {
-            unmap_arena(g, first + want, n - want);
+    // The mapping's protection, which its growth and its new place keep:
+    // read-write unless the program changed it.
+    let prot = if is_reprotected(first, n) {
+        match crate::as_inside(|| mapping_prot(old as usize, n * PAGE, true)) {
+            Some(p) => p,
+            None => return fail(libc::EFAULT),
         }
-        return old;
+    } else {
+        RW
+    };
+    if !dontunmap {
+        if want <= n {
+            if want < n {
+                unmap_arena(g, first + want, n - want);
+            }
+            return old;
+        }
+        let mut pa = crate::lock(&g.pages);
+        if pa.take(first + n, want - n) {
+            grown(g, &pa);
+            drop(pa);
+            let a = (old as usize + n * PAGE) as *mut c_void;
+            let len = (want - n) * PAGE;
+            if prot != RW && change_protection(a, len, prot, 0, || sys::mprotect(a, len, prot)) != 0 {
+                return libc::MAP_FAILED;
+            }
+            return old;
+        }
+        drop(pa);
     }
-    let mut pa = crate::lock(&g.pages);
-    if pa.take(first + n, want - n) {
-        grown(g, &pa);
-        return old;
-    }
-    drop(pa);
     if flags & libc::MREMAP_MAYMOVE == 0 {
-        sys::set_errno(libc::ENOMEM);
+        return fail(libc::ENOMEM);
+    }
+    if readable_for_move(old as usize, n, prot) != 0 {
         return libc::MAP_FAILED;
     }
     let q = large_alloc_mmap(g, new_len);
     if q.is_null() {
-        sys::set_errno(libc::ENOMEM);
-        return libc::MAP_FAILED;
+        return fail(libc::ENOMEM);
     }
-    // SAFETY: both ranges are arena memory owned by the caller; evicted
-    // pages of the old one fault back in as they are read.
-    unsafe { std::ptr::copy_nonoverlapping(old.cast::<u8>(), q.cast::<u8>(), n * PAGE) };
-    unmap_arena(g, first, n);
-    q
+    // Evicted pages of the old range fault back in as they are read.
+    move_pages(g, old as usize, n, q, want, prot, true, dontunmap)
 }
 
 /// `madvise(2)`: releasing advice on arena memory drops our copies too.

@@ -933,6 +933,35 @@ fn mremap_to_a_fixed_address() {
     }
 }
 
+/// `mremap` moves keep what the kernel keeps (`remap_move.c`, each
+/// source pushed out of memory at `--budget 16M` first): a read-only
+/// mapping grown stays read-only, its new part too (it became read-write);
+/// an inaccessible one grown is moved (the copy out of it crashed the
+/// program with `SIGSEGV`); and `MREMAP_DONTUNMAP` moves the pages and
+/// leaves the old range mapped with its protection, reading zeros, also to
+/// a fixed address (it failed with `EINVAL`), with the kernel's two
+/// refusals. Same output as native in every mode, the moved pages
+/// compressed, nothing over the budget.
+#[test]
+fn mremap_moves_keep_the_protection_and_dontunmap_leaves_the_old_range() {
+    let d = tmp("remap-move");
+    let exe = compile(&d, "remap_move");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{n:?}");
+    let text = String::from_utf8_lossy(&n.stdout);
+    assert_eq!(text.matches(": done").count(), 5, "{text}");
+    assert_eq!(text.matches(" 0 wrong").count(), 7, "{text}");
+    assert_eq!(text.matches(" 0 bytes not zero").count(), 3, "{text}");
+    assert_eq!(text.matches("failed: Invalid argument").count(), 2, "{text}");
+    for mode in MODES {
+        let (m, s) = managed_in_mode(&d, mode, &[&exe], &[]);
+        assert!(m.status.success(), "{mode:?}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{mode:?}");
+        assert!(compressed(&s) >= 2000, "{mode:?}: {s}");
+        assert_eq!(s["tree_over_bytes"], 0, "{mode:?}: {s}");
+    }
+}
+
 /// glibc's mutexes, condition variables and semaphores, whose `futex`
 /// calls glibc makes inside itself, where they take the dispatch signal
 /// (`sync.c`: turns handed between two threads 6000 times each way under
