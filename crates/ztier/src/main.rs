@@ -52,14 +52,16 @@ enum Command {
     /// Run an unmodified program with its heap under a memory budget: colder
     /// pages are kept compressed and served back on touch by userfaultfd.
     Run(cmd::run::RunArgs),
-    /// Live statistics of a program running under `ztier run`.
+    /// Live statistics of a program running under `ztier run`, or of all.
     ///
     /// Asks the program's library, through its control socket, for the
     /// statistics that `ztier run --stats` writes at exit (JSON on stdout,
     /// with the fault service histogram `latency_ns`). Only the program's
     /// user and root are answered, and only an answer from the process
     /// asked is trusted. A process that has not answered within 5 s (a
-    /// stopped one) is said to be so.
+    /// stopped one) is said to be so. Without a PID, a line per process
+    /// under `ztier run`: budget, resident, what its store holds now and
+    /// at what ratio, spilled, faults, fault p50, whether it is held.
     Stats(cmd::run::StatsArgs),
     /// Keep a program running under `ztier run` wholly in memory, for a
     /// debugger or profiler.

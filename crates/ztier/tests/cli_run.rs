@@ -1575,6 +1575,73 @@ fn held_pages_can_be_read_from_outside_by_debuggers() {
 }
 
 #[test]
+fn stats_without_a_pid_lists_every_process_under_ztier_run() {
+    require("python3");
+    require("setpriv");
+    require_root("asks as another user");
+    let prog = "import time\nb = [bytes([i % 251]) * 4096 for i in range(8192)]\nprint('ready', flush=True)\ntime.sleep(60)\n";
+    let start = |budget: &str| {
+        let mut c = Command::new(ztier())
+            .args(["run", "--budget", budget, "--", "python3", "-c", prog])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = ready_program(&mut c);
+        (c, pid)
+    };
+    let (mut a, pa) = start("8M");
+    let (mut b, pb) = start("12M");
+    let o = Command::new(ztier()).arg("stats").output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.starts_with("     PID     budget   resident"), "{text}");
+    for (pid, budget) in [(pa, "8.0 MiB"), (pb, "12.0 MiB")] {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&pid.to_string()))
+            .unwrap_or_else(|| panic!("no line for {pid}: {text}"));
+        assert!(line.contains(budget) && line.contains("python3 -c import time b = "), "{line}");
+        // 32 MiB written at 8 or 12 MiB: most of it stored, compressed.
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let stored: f64 = f[5].parse().unwrap();
+        assert!(stored > 15.0, "{line}");
+    }
+    let o = Command::new(ztier()).args(["stats", "--json"]).output().unwrap();
+    let all: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    for pid in [pa, pb] {
+        assert!(all.iter().any(|v| v["pid"].as_u64() == Some(pid as u64)), "{pid} missing");
+    }
+    // Another user is refused by each, and the list says so.
+    let d = tmp("stats-list");
+    let bin = d.join("ztier");
+    std::fs::copy(ztier(), &bin).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for (p, mode) in [(&d, 0o755), (&bin, 0o755)] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .arg("stats")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    for pid in [pa, pb] {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{pid} "))
+                    && l.contains("refused: another user's")),
+            "{text}"
+        );
+    }
+    for (c, pid) in [(&mut a, pa), (&mut b, pb)] {
+        // SAFETY: signalling our grandchild by pid.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        assert_eq!(c.wait().unwrap().code(), Some(137));
+    }
+}
+
+#[test]
 fn live_stats_trust_only_the_process_asked() {
     // Anyone can bind an abstract name: here the test holds
     // `@ztier-PID` for a `sleep` that never ran ztier, and answers with

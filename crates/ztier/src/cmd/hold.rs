@@ -1,6 +1,7 @@
 //! The control socket's client: `ztier stats PID` asks a program running
-//! under `ztier run` for its statistics, and `ztier hold PID` keeps its
-//! pages in memory for a debugger or profiler.
+//! under `ztier run` for its statistics (`ztier stats` asks every such
+//! process, found by its socket's name in `/proc/net/unix`), and `ztier
+//! hold PID` keeps its pages in memory for a debugger or profiler.
 //!
 //! A program under `ztier run` answers on the abstract datagram socket
 //! `@ztier-PID`; the client binds `@ztier-ctl-ITSPID` for the answers. The
@@ -142,6 +143,95 @@ fn silent(pid: u32) -> String {
         "process {pid} does not answer: is it running under `ztier run`, and has it started ztier's \
          library (a process does once it has asked for 1 MiB of memory or made a second thread)?"
     )
+}
+
+/// The processes with a control socket `@ztier-PID` in this network
+/// namespace (`/proc/net/unix`), by PID.
+fn managed_processes() -> Result<Vec<u32>> {
+    let table = std::fs::read_to_string("/proc/net/unix").context("reading /proc/net/unix")?;
+    let mut pids: Vec<u32> = table
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(7)?.strip_prefix("@ztier-")?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
+}
+
+/// `ztier stats` with no PID: every process under `ztier run`, a line
+/// each (or with `json`, an array of their statistics). A process that
+/// refuses (another user's) or does not answer within a second (a
+/// stopped one) is listed as such.
+pub fn list(json: bool) -> Result<i32> {
+    let mut rows = Vec::new();
+    for pid in managed_processes()? {
+        let answer = Control::connect(pid).and_then(|c| c.ask(b"stats", Duration::from_secs(1)));
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        // On one line: arguments apart by a space, a newline in one shown as one.
+        let cmd: String =
+            String::from_utf8_lossy(&cmd).chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+        let cmd = cmd.trim_end().to_string();
+        rows.push((pid, cmd, answer));
+    }
+    if !json && rows.is_empty() {
+        eprintln!("ztier stats: no process under `ztier run` answers here");
+        return Ok(0);
+    }
+    let text = if json {
+        let all: Vec<&Value> = rows.iter().filter_map(|(_, _, v)| v.as_ref().ok()).collect();
+        serde_json::to_string_pretty(&all)? + "\n"
+    } else {
+        table(&rows)
+    };
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        // A reader that stopped early (`| head`) is no error.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(0),
+    }
+}
+
+/// The lines of `ztier stats` with no PID.
+fn table(rows: &[(u32, String, Result<Value>)]) -> String {
+    use std::fmt::Write;
+    let mut out = format!(
+        "{:>8} {:>10} {:>10} {:>22} {:>6} {:>10} {:>10} {:>7} {:>4}  command\n",
+        "PID", "budget", "resident", "stored (orig → mem)", "ratio", "spilled", "faults", "p50 µs", "held"
+    );
+    let mib = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0) as f64 / f64::from(1 << 20);
+    for (pid, cmd, v) in rows {
+        let cmd: String = cmd.chars().take(60).collect();
+        let _ = match v {
+            Ok(v) => {
+                let (orig, mem) = (mib(v, "store_orig_bytes_now"), mib(v, "store_bytes_now"));
+                let held = v["held_by"].as_array().is_some_and(|h| !h.is_empty());
+                writeln!(
+                    out,
+                    "{pid:>8} {:>6.1} MiB {:>6.1} MiB {:>22} {:>6} {:>6.1} MiB {:>10} {:>7} {:>4}  {cmd}",
+                    mib(v, "budget_bytes"),
+                    mib(v, "resident_bytes"),
+                    format!("{orig:.1} → {mem:.1} MiB"),
+                    if mem > 0.0 { format!("{:.2}", orig / mem) } else { "-".into() },
+                    mib(v, "spilled_bytes"),
+                    v["faults"].as_u64().unwrap_or(0),
+                    v["fault_p50_us"].as_f64().unwrap_or(0.0),
+                    if held { "yes" } else { "-" },
+                )
+            }
+            Err(e) => {
+                let e = format!("{e:#}");
+                let why = if e.contains("refused") {
+                    "refused: another user's process"
+                } else if e.contains("has not answered") {
+                    "no answer within 1 s: stopped?"
+                } else {
+                    "does not answer"
+                };
+                writeln!(out, "{pid:>8} {why:>87}  {cmd}")
+            }
+        };
+    }
+    out
 }
 
 /// Arguments of `ztier hold`.

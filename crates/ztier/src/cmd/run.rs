@@ -228,9 +228,21 @@ impl RunArgs {
 
 /// Arguments of `ztier stats`.
 #[derive(Args, Debug)]
+#[command(after_long_help = "Examples:\n  \
+    ztier stats 1234            one process's statistics (JSON)\n  \
+    ztier stats                 a line per process under ztier run\n  \
+    ztier stats --json          the same as a JSON array of their statistics\n\n\
+Without PID it lists the processes that answer on a control socket @ztier-PID\n\
+in this network namespace (/proc/net/unix), the program's user and root only:\n\
+others refuse, and are listed as refusing.")]
 pub struct StatsArgs {
-    /// Process id of a program running under `ztier run`.
-    pub pid: u32,
+    /// Process id of a program running under `ztier run`; without one, every
+    /// process under `ztier run` on this machine, a line each.
+    pub pid: Option<u32>,
+    /// With no PID: a JSON array of each process's statistics instead of
+    /// the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Writes the embedded library to a per-user cache folder (once per
@@ -1073,7 +1085,8 @@ pub fn run(a: RunArgs) -> Result<i32> {
 /// statistics through its control socket (see [`super::hold`]), and
 /// prints them.
 pub fn stats(a: StatsArgs) -> Result<i32> {
-    let v = super::hold::Control::connect(a.pid)?.ask(b"stats", std::time::Duration::from_secs(5))?;
+    let Some(pid) = a.pid else { return super::hold::list(a.json) };
+    let v = super::hold::Control::connect(pid)?.ask(b"stats", std::time::Duration::from_secs(5))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", pretty(&v)?)?;
     Ok(0)
