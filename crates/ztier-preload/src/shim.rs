@@ -90,6 +90,12 @@ fn large_alloc(g: &Global, n: usize, align: usize, zeroed: bool) -> *mut c_void 
         Some(first) => {
             pa.large.insert(first, n);
             grown(g, &pa);
+            drop(pa);
+            if make_usable(g, first, n) != 0 {
+                // Lost to the arena rather than handed out inaccessible.
+                crate::lock(&g.pages).large.remove(&first);
+                return std::ptr::null_mut();
+            }
             (g.base + first * PAGE) as *mut c_void
         }
         None => std::ptr::null_mut(),
@@ -389,9 +395,13 @@ extern "C" fn realloc_from(p: *mut c_void, size: usize, ret: usize) -> *mut c_vo
         let (n, want) = (old / PAGE, size.div_ceil(PAGE));
         let mut pa = crate::lock(&g.pages);
         if pa.take(first + n, want - n) {
-            pa.large.insert(first, want);
             grown(g, &pa);
-            return p;
+            drop(pa);
+            if make_usable(g, first + n, want - n) == 0 {
+                crate::lock(&g.pages).large.insert(first, want);
+                return p;
+            }
+            // (The pages taken are lost to the arena; the block moves.)
         }
     }
     let q = alloc(g, size, false);
@@ -839,6 +849,10 @@ fn large_alloc_mmap(g: &Global, len: usize) -> *mut c_void {
     match pa.alloc(n, 1) {
         Some(first) => {
             grown(g, &pa);
+            drop(pa);
+            if make_usable(g, first, n) != 0 {
+                return std::ptr::null_mut();
+            }
             (g.base + first * PAGE) as *mut c_void
         }
         None => std::ptr::null_mut(),
@@ -973,18 +987,37 @@ fn move_pages(
 }
 
 /// Unmaps the program's arena pages `[first, first + n)`: released, made
-/// a fresh mapping ([`fresh_arena`]) and returned to the free ranges.
+/// a fresh inaccessible mapping ([`fresh_arena`]) and returned to the
+/// free ranges. A touch there is a `SIGSEGV`, as on memory the kernel
+/// unmapped (it read zeros: a use after `munmap` went unseen); whatever
+/// hands the pages out again makes them read-write first ([`make_usable`]).
 fn unmap_arena(g: &Global, first: usize, n: usize) -> c_int {
-    let r = fresh_arena(g, first, n);
+    let r = fresh_arena_as(g, first, n, libc::PROT_NONE);
     if r == 0 {
         crate::lock(&g.pages).free(first, n);
     }
     r
 }
 
+/// Arena pages `[first, first + n)` just taken from the free ranges, made
+/// read-write if some were left otherwise (unmapped: [`unmap_arena`]); 0,
+/// or -1 with `errno`.
+fn make_usable(g: &Global, first: usize, n: usize) -> c_int {
+    if !is_reprotected(first, n) {
+        return 0;
+    }
+    let a = (g.base + first * PAGE) as *mut c_void;
+    change_protection(a, n * PAGE, RW, 0, || sys::mprotect(a, n * PAGE, RW))
+}
+
 /// Makes arena pages `[first, first + n)` a fresh registered read-write
 /// mapping of zero pages, their copies dropped.
 fn fresh_arena(g: &Global, first: usize, n: usize) -> c_int {
+    fresh_arena_as(g, first, n, RW)
+}
+
+/// [`fresh_arena`] with protection `prot` (read-write, or none).
+fn fresh_arena_as(g: &Global, first: usize, n: usize, prot: c_int) -> c_int {
     crate::as_inside(|| {
         let addr = (g.base + first * PAGE) as *mut c_void;
         let mut m = crate::lock_unowned(g, first, n);
@@ -997,7 +1030,7 @@ fn fresh_arena(g: &Global, first: usize, n: usize) -> c_int {
         let p = sys::mmap(
             addr,
             n * PAGE,
-            RW,
+            prot,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
             -1,
             0,
@@ -1014,8 +1047,8 @@ fn fresh_arena(g: &Global, first: usize, n: usize) -> c_int {
             // the arena's pages are the library's to keep (see `mlockall`).
             crate::sud::raw(libc::SYS_munlock, [addr as u64, (n * PAGE) as u64, 0, 0, 0, 0]);
         }
-        m.set_noevict(first, n, false);
-        reprotected(first, n, false);
+        m.set_noevict(first, n, prot != RW);
+        reprotected(first, n, prot != RW);
         0
     })
 }
@@ -1112,7 +1145,13 @@ pub unsafe extern "C" fn mremap(
             drop(pa);
             let a = (old as usize + n * PAGE) as *mut c_void;
             let len = (want - n) * PAGE;
-            if prot != RW && change_protection(a, len, prot, 0, || sys::mprotect(a, len, prot)) != 0 {
+            let set = || sys::mprotect(a, len, prot);
+            let r = if prot == RW {
+                make_usable(g, first + n, want - n)
+            } else {
+                change_protection(a, len, prot, 0, set)
+            };
+            if r != 0 {
                 return libc::MAP_FAILED;
             }
             return old;
@@ -1457,7 +1496,18 @@ fn reprotected(first: usize, n: usize, on: bool) {
         }
     }
     if on {
-        set.insert(first, end);
+        // Merged with the ranges it touches (each unmapped range is one).
+        let mut range = (first, end);
+        if let Some((&f, &e)) = set.range(..first).next_back() {
+            if e == first {
+                set.remove(&f);
+                range.0 = f;
+            }
+        }
+        if let Some(e) = set.remove(&end) {
+            range.1 = e;
+        }
+        set.insert(range.0, range.1);
     }
     REPROTECTED_RANGES.store(set.len(), Ordering::Relaxed);
 }

@@ -962,6 +962,30 @@ fn mremap_moves_keep_the_protection_and_dontunmap_leaves_the_old_range() {
     }
 }
 
+/// Unmapped memory is gone (`unmapped.c`, at `--budget 16M`): a touch
+/// after `munmap`, past an `mremap` that shrank, or at the old place of
+/// one that moved is a `SIGSEGV`, as natively (it read zeros: the arena
+/// kept the range read-write); the addresses handed out again by `mmap`
+/// and `malloc` read zeros and keep what is written through the churn.
+/// Same output as native in every mode, nothing over the budget.
+#[test]
+fn unmapped_memory_is_gone() {
+    let d = tmp("unmapped");
+    let exe = compile(&d, "unmapped");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{n:?}");
+    let text = String::from_utf8_lossy(&n.stdout);
+    assert_eq!(text.matches("SIGSEGV").count(), 8, "{text}");
+    assert_eq!(text.matches(" 0 wrong").count(), 6, "{text}");
+    for mode in MODES {
+        let (m, s) = managed_in_mode(&d, mode, &[&exe], &[]);
+        assert!(m.status.success(), "{mode:?}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{mode:?}");
+        assert!(compressed(&s) >= 2000, "{mode:?}: {s}");
+        assert_eq!(s["tree_over_bytes"], 0, "{mode:?}: {s}");
+    }
+}
+
 /// glibc's mutexes, condition variables and semaphores, whose `futex`
 /// calls glibc makes inside itself, where they take the dispatch signal
 /// (`sync.c`: turns handed between two threads 6000 times each way under
