@@ -18,12 +18,15 @@
 static sigjmp_buf back;
 static void on_segv(int sig) { siglongjmp(back, sig); }
 
-/* What a read of *p gives: "reads N" or "SIGSEGV". */
+/* What a read of *p gives: "reads N" or "SIGSEGV" (a buffer of its own
+ * for each of the last four calls: a printf may make several). */
 static const char *touch(volatile unsigned char *p) {
-    static char out[32];
+    static char out[4][32];
+    static int k;
+    char *o = out[k++ % 4];
     if (sigsetjmp(back, 1)) return "SIGSEGV";
-    snprintf(out, sizeof out, "reads %d", *p);
-    return out;
+    snprintf(o, sizeof out[0], "reads %d", *p);
+    return o;
 }
 
 static unsigned char *map(size_t len) {
