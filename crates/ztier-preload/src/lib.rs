@@ -99,6 +99,7 @@
 
 mod coredump;
 mod direct;
+mod dl;
 mod faultlog;
 mod fds;
 mod manager;
@@ -489,6 +490,7 @@ extern "C" fn library_loaded() {
     // may not have looked up yet (the order of one library's
     // constructors is the linker's).
     direct::look_up_all();
+    dl::look_up();
     sud::find_jumps();
     // glibc's exec and spawn functions, and what a program started from
     // this one inherits (the environment is still the initial one).

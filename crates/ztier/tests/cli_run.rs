@@ -1,5 +1,5 @@
 //! `ztier run` against real programs: python3, sqlite3, sort, gcc (cc1
-//! via exec), node, java, a multi-threaded C program, fork with and
+//! via exec), node, java, php, a multi-threaded C program, fork with and
 //! without exec, mmap/mremap/munmap/madvise, and kill -9. Every output is
 //! compared with a native run; the budgets are small enough that pages
 //! must be compressed, and the managed resident memory must stay within
@@ -189,6 +189,20 @@ fn perl_hash_of_records() {
         my $s = 0; for my $k (sort keys %h) { $s += $h{$k}[0] } print \"$s\\n\"";
     let s = same_as_native("24M", &["perl", "-e", prog], &d);
     assert!(compressed(&s) > 10_000, "perl under 24M compressed {} pages", compressed(&s));
+}
+
+/// PHP with Debian's default extensions, which it opens with
+/// `RTLD_DEEPBIND` (`tokenizer`, `pdo` and `phar` free blocks the
+/// interpreter allocated): it aborted at start-up ("free(): invalid
+/// pointer") at any budget before `dlopen` took that flag off.
+#[test]
+fn php_with_its_default_extensions() {
+    require("php");
+    let d = tmp("php");
+    let prog = "$a = []; for ($i = 0; $i < 200000; $i++) { $a[\"k$i\"] = str_repeat(\"x\", $i % 40) . $i; } \
+        ksort($a); echo count($a), \" \", strlen(implode(\",\", $a)), \" \", md5(serialize($a)), \"\\n\";";
+    let s = same_as_native("16M", &["php", "-r", prog], &d);
+    assert!(compressed(&s) > 5_000, "php under 16M compressed {} pages", compressed(&s));
 }
 
 /// A pipeline whose two `xz` processes (one compressing, one

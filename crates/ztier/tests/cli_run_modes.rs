@@ -986,6 +986,29 @@ fn unmapped_memory_is_gone() {
     }
 }
 
+/// A plugin opened with `RTLD_DEEPBIND` (`deepbind.c` and `deep.c`, as
+/// PHP opens its extensions): blocks pass both ways between the program
+/// and the plugin, each freed or grown on the other side, through churn
+/// at `--budget 16M`. The plugin's `free` was glibc's, and the program
+/// aborted at the first block it freed ("free(): invalid pointer", exit
+/// 134) in every mode. Same output as native in every mode.
+#[test]
+fn a_plugin_opened_with_deepbind_shares_the_programs_malloc() {
+    let d = tmp("deepbind");
+    compile_in(&d, "libdeep.so", &["deep.c"], &["-shared", "-fPIC"]);
+    let exe = compile(&d, "deepbind");
+    let n = native(&[&exe], &d);
+    assert!(n.status.success(), "{n:?}");
+    let text = String::from_utf8_lossy(&n.stdout);
+    assert!(text.contains("deep-bound plugin: 0 wrong bytes"), "{text}");
+    for mode in MODES {
+        let (m, s) = managed_in_mode(&d, mode, &[&exe], &[]);
+        assert!(m.status.success(), "{mode:?}: {m:?}");
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{mode:?}");
+        assert!(compressed(&s) >= 2000, "{mode:?}: {s}");
+    }
+}
+
 /// glibc's mutexes, condition variables and semaphores, whose `futex`
 /// calls glibc makes inside itself, where they take the dispatch signal
 /// (`sync.c`: turns handed between two threads 6000 times each way under
