@@ -1435,6 +1435,19 @@ fn unreadable_from_outside(pid: u32, addr: u64, pages: std::ops::Range<u64>) -> 
     bad
 }
 
+/// Waits until process `pid` shows as stopped (a `SIGSTOP` takes effect
+/// asynchronously).
+fn wait_stopped(pid: u32) {
+    let state = || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    for _ in 0..500 {
+        if state().rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('T')) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("process {pid} did not stop: {}", state());
+}
+
 /// `ztier stats PID`'s answer.
 fn live_stats(pid: u32) -> serde_json::Value {
     let o = Command::new(ztier()).args(["stats", &pid.to_string()]).output().unwrap();
@@ -1570,6 +1583,37 @@ fn held_pages_can_be_read_from_outside_by_debuggers() {
         Command::new(ztier()).args(["hold", &py.to_string(), "--", "no-such-command-here"]).output().unwrap();
     assert_eq!(o.status.code(), Some(127), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(live_stats(py)["held_by"], serde_json::json!([]));
+    // SIGTERM to the hold is passed on to its command, and the hold ends.
+    let mut t = Command::new(ztier())
+        .args([
+            "hold",
+            &py.to_string(),
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 5' TERM; echo ready; while :; do sleep 0.05; done",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(t.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n", "the command runs, its trap set");
+    // SAFETY: signalling our child by pid.
+    unsafe { libc::kill(t.id() as i32, libc::SIGTERM) };
+    assert_eq!(t.wait().unwrap().code(), Some(5));
+    assert_eq!(live_stats(py)["held_by"], serde_json::json!([]));
+    // A stopped process is refused at once, and not held when it runs on.
+    // SAFETY: signalling our grandchild by pid.
+    unsafe { libc::kill(py as i32, libc::SIGSTOP) };
+    wait_stopped(py);
+    let o = Command::new(ztier()).args(["hold", &py.to_string()]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains(&format!("process {py} is stopped")), "{err}");
+    // SAFETY: as above.
+    unsafe { libc::kill(py as i32, libc::SIGCONT) };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(live_stats(py)["held_by"], serde_json::json!([]));
 
     // A holder killed with SIGKILL: its hold lapses by itself.
     let mut h = holding(py);
@@ -1620,11 +1664,28 @@ fn stats_without_a_pid_lists_every_process_under_ztier_run() {
         let stored: f64 = f[5].parse().unwrap();
         assert!(stored > 15.0, "{line}");
     }
+    // One stopped: listed with why (in the table and in JSON).
+    // SAFETY: signalling our grandchild by pid.
+    unsafe { libc::kill(pb as i32, libc::SIGSTOP) };
+    wait_stopped(pb);
     let o = Command::new(ztier()).args(["stats", "--json"]).output().unwrap();
     let all: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
-    for pid in [pa, pb] {
-        assert!(all.iter().any(|v| v["pid"].as_u64() == Some(pid as u64)), "{pid} missing");
-    }
+    let entry = |pid: u32| all.iter().find(|v| v["pid"].as_u64() == Some(pid as u64)).cloned();
+    assert!(entry(pa).is_some_and(|v| v["faults"].is_u64()), "{all:?}");
+    let stopped = entry(pb).unwrap_or_else(|| panic!("{pb} missing: {all:?}"));
+    assert!(stopped["error"].as_str().unwrap().contains("has not answered within 1 s"), "{stopped}");
+    // SAFETY: as above.
+    unsafe { libc::kill(pb as i32, libc::SIGCONT) };
+    // `ztier run`'s own PID (what `$!` gives) is told apart from its program's.
+    let o = Command::new(ztier()).args(["stats", &a.id().to_string()]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!(
+            "process {} is `ztier run` itself, not its program: ask its child ({pa})",
+            a.id()
+        )),
+        "{err}"
+    );
     // Another user is refused by each, and the list says so.
     let d = tmp("stats-list");
     let bin = d.join("ztier");

@@ -139,10 +139,30 @@ impl Control {
 }
 
 fn silent(pid: u32) -> String {
+    let argv: Vec<Vec<u8>> = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .map(<[u8]>::to_vec)
+        .collect();
+    if argv.len() > 1 && argv[0].ends_with(b"ztier") && argv[1] == b"run" {
+        // `$!` after `ztier run ... &` is this one.
+        let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        return format!(
+            "process {pid} is `ztier run` itself, not its program: ask its child ({})",
+            kids.split_whitespace().collect::<Vec<_>>().join(", ")
+        );
+    }
     format!(
         "process {pid} does not answer: is it running under `ztier run`, and has it started ztier's \
          library (a process does once it has asked for 1 MiB of memory or made a second thread)?"
     )
+}
+
+/// Whether process `pid` is stopped (`T`, or `t` under a tracer), by
+/// `/proc/PID/stat`: it cannot answer until it runs again.
+fn stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).is_some_and(|s| s == "T" || s == "t")
 }
 
 /// The processes with a control socket `@ztier-PID` in this network
@@ -178,7 +198,14 @@ pub fn list(json: bool) -> Result<i32> {
         return Ok(0);
     }
     let text = if json {
-        let all: Vec<&Value> = rows.iter().filter_map(|(_, _, v)| v.as_ref().ok()).collect();
+        // A process that did not answer is there too, with why.
+        let all: Vec<Value> = rows
+            .iter()
+            .map(|(pid, _, v)| match v {
+                Ok(v) => v.clone(),
+                Err(e) => serde_json::json!({ "pid": pid, "error": format!("{e:#}") }),
+            })
+            .collect();
         serde_json::to_string_pretty(&all)? + "\n"
     } else {
         table(&rows)
@@ -253,14 +280,18 @@ the default) its held pages count there too: the command's other processes\n\
 evict more meanwhile. The hold is renewed every second; the library ends one not\n\
 renewed for 5 s, so a killed ztier hold leaves nothing behind. Several holds at\n\
 once are fine: eviction resumes when the last ends. A forked child is not held;\n\
-an exec'd program is held again at the next renewal.")]
+an exec'd program is held again at the next renewal. A stopped process is refused\n\
+(it cannot bring its pages back until it runs): hold it before the debugger\n\
+attaches, by running the debugger as the hold's command.")]
 pub struct HoldArgs {
     /// Process id of a program running under `ztier run`.
     pub pid: u32,
     /// A command to run while the process is held (a debugger, a
-    /// profiler); its exit status is ztier hold's. Without one, the hold
-    /// lasts until ztier hold gets SIGINT (Ctrl-C), SIGTERM or SIGHUP, or
-    /// the process ends.
+    /// profiler); its exit status is ztier hold's, and SIGTERM or SIGHUP
+    /// sent to ztier hold are passed on to it (SIGINT is not: at a
+    /// terminal Ctrl-C reaches it by itself). Without one, the hold lasts
+    /// until ztier hold gets SIGINT (Ctrl-C), SIGTERM or SIGHUP, or the
+    /// process ends.
     #[arg(last = true)]
     pub cmd: Vec<std::ffi::OsString>,
 }
@@ -281,10 +312,27 @@ pub fn hold(a: HoldArgs) -> Result<i32> {
         }
     }
     let ctl = Control::connect(a.pid)?;
+    if stopped(a.pid) {
+        bail!(
+            "process {} is stopped, and cannot bring its pages back until it runs again: hold it first, \
+             and run the debugger as the hold's command (ztier hold {} -- gdb -p {})",
+            a.pid,
+            a.pid,
+            a.pid
+        );
+    }
     // Caught from before the hold, so that no Ctrl-C leaves it in force
     // unreleased (it would lapse, but 5 s later).
-    let caught = super::run::CatchSignals::new();
-    let v = ctl.ask(b"hold", FIRST_WAIT)?;
+    let caught = Caught::new();
+    let v = match ctl.ask(b"hold", FIRST_WAIT) {
+        Ok(v) => v,
+        Err(e) => {
+            // Should it be read later (the process stopped meanwhile),
+            // undone right after.
+            let _ = ctl.send_nowait(b"release");
+            return Err(e);
+        }
+    };
     if let Some(why) = v.get("error") {
         bail!("process {} cannot be held: {}", a.pid, why.as_str().unwrap_or("no reason given"));
     }
@@ -301,7 +349,7 @@ pub fn hold(a: HoldArgs) -> Result<i32> {
     let (code, gone) = std::thread::scope(|s| {
         let renewer = s.spawn(|| renew(&ctl, &done));
         let code = if a.cmd.is_empty() {
-            while !super::run::interrupted() && !done.load(Ordering::Relaxed) {
+            while PENDING.load(Ordering::Relaxed) == 0 && !done.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(50));
             }
             Ok(0)
@@ -356,12 +404,58 @@ fn renew(ctl: &Control, done: &AtomicBool) -> bool {
 }
 
 /// Runs `cmd` with ztier hold's standard streams; its exit status (128 +
-/// the signal that killed it).
+/// the signal that killed it). `SIGTERM` and `SIGHUP` sent to ztier hold
+/// meanwhile are passed on to it; `SIGINT` is not: at a terminal Ctrl-C
+/// reaches the command by itself, and a debugger takes it to stop its
+/// program (twice, it asks whether to give up).
 fn run_command(cmd: &[std::ffi::OsString]) -> Result<i32> {
     use std::os::unix::process::ExitStatusExt;
-    let status = std::process::Command::new(&cmd[0])
+    let mut child = std::process::Command::new(&cmd[0])
         .args(&cmd[1..])
-        .status()
+        .spawn()
         .with_context(|| format!("running {}", cmd[0].to_string_lossy()))?;
+    let status = loop {
+        if let Some(st) = child.try_wait().context("waiting for the command")? {
+            break st;
+        }
+        match PENDING.swap(0, Ordering::Relaxed) {
+            sig @ (libc::SIGTERM | libc::SIGHUP) => {
+                // SAFETY: signalling our own child, not yet reaped.
+                unsafe { libc::kill(child.id() as i32, sig) };
+            }
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
     Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+/// The last of `SIGINT`, `SIGTERM`, `SIGHUP` that reached ztier hold and
+/// is not dealt with yet (0: none).
+static PENDING: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+const CAUGHT: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+extern "C" fn note_signal(sig: libc::c_int) {
+    PENDING.store(sig, Ordering::Relaxed);
+}
+
+/// Those signals noted in [`PENDING`] while it lives (the dispositions
+/// before put back when it is dropped). A command started meanwhile gets
+/// the default actions back at its `exec`.
+struct Caught([libc::sighandler_t; 3]);
+
+impl Caught {
+    fn new() -> Caught {
+        // SAFETY: installing an async-signal-safe handler.
+        Caught(CAUGHT.map(|sig| unsafe { libc::signal(sig, note_signal as *const () as libc::sighandler_t) }))
+    }
+}
+
+impl Drop for Caught {
+    fn drop(&mut self) {
+        for (sig, old) in CAUGHT.into_iter().zip(self.0) {
+            // SAFETY: putting back the disposition `new` found.
+            unsafe { libc::signal(sig, old) };
+        }
+    }
 }

@@ -234,7 +234,8 @@ impl RunArgs {
     ztier stats --json          the same as a JSON array of their statistics\n\n\
 Without PID it lists the processes that answer on a control socket @ztier-PID\n\
 in this network namespace (/proc/net/unix), the program's user and root only:\n\
-others refuse, and are listed as refusing.")]
+others refuse, and are listed as refusing; one that has not answered within 1 s\n\
+(a stopped one) is listed so, and in --json as {\"pid\", \"error\"}.")]
 pub struct StatsArgs {
     /// Process id of a program running under `ztier run`; without one, every
     /// process under `ztier run` on this machine, a line each.
