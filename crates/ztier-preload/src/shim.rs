@@ -1161,12 +1161,14 @@ pub unsafe extern "C" fn mremap(
     if flags & libc::MREMAP_MAYMOVE == 0 {
         return fail(libc::ENOMEM);
     }
-    if readable_for_move(old as usize, n, prot) != 0 {
-        return libc::MAP_FAILED;
-    }
     let q = large_alloc_mmap(g, new_len);
     if q.is_null() {
         return fail(libc::ENOMEM);
+    }
+    if readable_for_move(old as usize, n, prot) != 0 {
+        let e = sys::errno();
+        unmap_arena(g, g.page_of(q as usize), want);
+        return fail(e);
     }
     // Evicted pages of the old range fault back in as they are read.
     move_pages(g, old as usize, n, q, want, prot, true, dontunmap)

@@ -1358,18 +1358,25 @@ fn live_stats_take_none_of_the_programs_descriptor_numbers() {
     assert_eq!(rest.trim(), "then many opens, not the lowest free descriptor 0");
 }
 
-#[test]
-fn live_stats_are_for_the_programs_user_and_root_only() {
-    require("python3");
-    require("setpriv");
-    require_root("asks as another user");
-    let d = tmp("stats-who");
+/// A copy of the `ztier` binary that any user may run (in a folder of
+/// its own, both mode 755: the build's may be closed to others).
+fn ztier_for_anyone(name: &str) -> std::path::PathBuf {
+    let d = tmp(name);
     let bin = d.join("ztier");
     std::fs::copy(ztier(), &bin).unwrap();
     use std::os::unix::fs::PermissionsExt;
     for (p, mode) in [(&d, 0o755), (&bin, 0o755)] {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
+    bin
+}
+
+#[test]
+fn live_stats_are_for_the_programs_user_and_root_only() {
+    require("python3");
+    require("setpriv");
+    require_root("asks as another user");
+    let bin = ztier_for_anyone("stats-who");
     let mut child = Command::new(ztier())
         .args(["run", "--budget", "8M", "--"])
         .args([
@@ -1687,13 +1694,7 @@ fn stats_without_a_pid_lists_every_process_under_ztier_run() {
         "{err}"
     );
     // Another user is refused by each, and the list says so.
-    let d = tmp("stats-list");
-    let bin = d.join("ztier");
-    std::fs::copy(ztier(), &bin).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    for (p, mode) in [(&d, 0o755), (&bin, 0o755)] {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-    }
+    let bin = ztier_for_anyone("stats-list");
     let o = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(&bin)

@@ -8,12 +8,8 @@
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
 
-#define MB (1ul << 20)
+#include "maps.h"
 
 static sigjmp_buf back;
 static void on_segv(int sig) { siglongjmp(back, sig); }
@@ -29,19 +25,6 @@ static const char *touch(volatile unsigned char *p) {
     return o;
 }
 
-static unsigned char *map(size_t len) {
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) exit(2);
-    return p;
-}
-
-static void churn(void) {
-    unsigned char *j = malloc(48 * MB);
-    if (!j) exit(3);
-    memset(j, 1, 48 * MB);
-    free(j);
-}
-
 static long not(const unsigned char *p, size_t len, int v) {
     long w = 0;
     for (size_t i = 0; i < len; i++) w += p[i] != v;
@@ -51,20 +34,20 @@ static long not(const unsigned char *p, size_t len, int v) {
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     signal(SIGSEGV, on_segv);
-    unsigned char *a = map(8 * MB);
+    unsigned char *a = map(8 * MB, PROT_READ | PROT_WRITE, 0, NULL);
     memset(a, 7, 8 * MB);
     churn();
     munmap(a, 8 * MB);
     printf("after munmap: %s, %s\n", touch(a), touch(a + 8 * MB - 1));
 
-    unsigned char *b = map(8 * MB);
+    unsigned char *b = map(8 * MB, PROT_READ | PROT_WRITE, 0, NULL);
     memset(b, 8, 8 * MB);
     if (mremap(b, 8 * MB, 2 * MB, 0) != b) return 4;
     printf("after shrinking: kept %s, cut %s\n", touch(b + MB), touch(b + 5 * MB));
 
     /* The first half of a mapping grown: the second half, made
      * read-only, is in the way, so it moves. */
-    unsigned char *c = map(8 * MB);
+    unsigned char *c = map(8 * MB, PROT_READ | PROT_WRITE, 0, NULL);
     memset(c, 9, 8 * MB);
     if (mprotect(c + 4 * MB, 4 * MB, PROT_READ)) return 5;
     unsigned char *moved = mremap(c, 4 * MB, 16 * MB, MREMAP_MAYMOVE);
@@ -76,7 +59,7 @@ int main(void) {
     unsigned char *m[16];
     for (int r = 0; r < 4; r++) {
         for (int i = 0; i < 16; i++) {
-            m[i] = map((size_t)(i % 4 + 1) * MB);
+            m[i] = map((size_t)(i % 4 + 1) * MB, PROT_READ | PROT_WRITE, 0, NULL);
             if (not(m[i], (size_t)(i % 4 + 1) * MB, 0)) printf("round %d map %d: not zeros\n", r, i);
             memset(m[i], i + 1, (size_t)(i % 4 + 1) * MB);
         }
