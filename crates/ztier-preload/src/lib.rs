@@ -304,9 +304,8 @@ impl Global {
     }
 }
 
-/// Locks a futex-based mutex (no allocation when contended, unlike
-/// parking_lot, whose first contention allocates thread data: in a
-/// program thread that would be arena memory taken under a lock).
+/// Locks a futex-based mutex (nothing made per thread when contended:
+/// see `ztier_store::lock`).
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -608,10 +607,6 @@ fn start() -> bool {
             OWN_PID.store(std::process::id() as i32, Ordering::Relaxed);
             open_stats();
             spawn_handlers();
-            // This thread's per-thread data for faults it serves itself
-            // (`prepare_thread`; new threads make theirs in
-            // `pthread_create`).
-            ztier_store::store::prepare_thread();
             let (user_mode_only, sigbus) = {
                 let m = lock(&GLOBAL.get().expect("set").mgr);
                 (m.uffd.user_mode_only, m.uffd.sigbus)
@@ -1224,10 +1219,8 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
         let _ = INSIDE.try_with(|c| c.set(true));
         // SAFETY: arg is the Box<HandlerArg> leaked by spawn_handler.
         let arg = unsafe { Box::from_raw(arg.cast::<HandlerArg>()) };
-        // What the store's locks need per thread, made while the spawner
-        // waits (see `prepare_thread`), and this thread's thread-local
-        // table kept resident (`keep_thread_vector`).
-        ztier_store::store::prepare_thread();
+        // This thread's thread-local table kept resident
+        // (`keep_thread_vector`).
         sud::keep_thread_vector();
         if arg.role == Role::Watchdog {
             // With the tree scope the watchdog, which lives as long as the

@@ -1607,8 +1607,7 @@ extern "C" fn start_unpinned(a: *mut c_void) -> *mut c_void {
         crate::as_inside(|| crate::sud::keep_thread_stack(s.stack.0, s.stack.1));
     }
     // Before the program's code runs: what faults served in this thread
-    // need per thread (`prepare_thread`, `keep_thread_vector`).
-    ztier_store::store::prepare_thread();
+    // need per thread (`keep_thread_vector`).
     crate::sud::keep_thread_vector();
     s.gate.end_pin();
     crate::sud::rearm();

@@ -34,6 +34,7 @@
 
 pub mod alloc;
 pub mod bench;
+pub mod lock;
 pub mod store;
 pub mod tier;
 

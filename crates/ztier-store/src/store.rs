@@ -61,12 +61,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use hashbrown::HashTable;
-use parking_lot::Mutex;
 use serde::Serialize;
 use ztier_codec::page::{Form, PageEncoder};
 use ztier_codec::{CodecId, DecompressError, PAGE_SIZE};
 
 use crate::alloc::{Allocator, AllocatorKind, Loc};
+use crate::lock::{const_mutex, Mutex};
 use crate::tier::{NextTier, SpillMeta, TierError};
 use crate::Key;
 
@@ -519,35 +519,13 @@ fn hash_key(k: &Key) -> u64 {
 /// `calloc`. Under `ztier run` that may be an allocator of the program's
 /// own (rustc links jemalloc in), whose lock the faulting thread — or
 /// the one the handler serves — holds while it touches its fresh memory:
-/// the fault's service then waited for that lock for ever. A pool that
+/// the fault's service then waited for that lock for ever. (The store's
+/// locks keep nothing per thread either: [`crate::lock`].) A pool that
 /// is busy (a crash handler that interrupted its holder) lends a fresh
 /// one; at most [`POOL_KEEP`] are kept.
-static SCRATCH: Mutex<Vec<Vec<u8>>> = parking_lot::const_mutex(Vec::new());
-static ENCODERS: Mutex<Vec<PageEncoder>> = parking_lot::const_mutex(Vec::new());
+static SCRATCH: Mutex<Vec<Vec<u8>>> = const_mutex(Vec::new());
+static ENCODERS: Mutex<Vec<PageEncoder>> = const_mutex(Vec::new());
 const POOL_KEEP: usize = 64;
-
-/// Makes, now, what the store's locks keep per thread: parking_lot's
-/// thread data, made on a thread's first wait for a lock and registered
-/// then with glibc's thread-exit destructors, which allocate with the
-/// program's `calloc`. For a thread that will use the store where the
-/// program's own allocator may be locked (see the pool below): `ztier
-/// run`'s threads, and the program's threads where faults are served in
-/// the faulting thread.
-pub fn prepare_thread() {
-    static KEY: u8 = 0;
-    // SAFETY: parking on a key of our own with a validation that refuses:
-    // nothing is parked or unparked, and no callback but `validate` runs.
-    unsafe {
-        parking_lot_core::park(
-            &KEY as *const u8 as usize,
-            || false,
-            || {},
-            |_, _| {},
-            parking_lot_core::DEFAULT_PARK_TOKEN,
-            None,
-        )
-    };
-}
 
 /// A page-sized buffer from the pool (not zeroed on every use; the codec
 /// writes what is read back), returned when dropped.
@@ -1318,13 +1296,12 @@ impl Store {
     /// the child. (The next tier is only called under a shard's lock, so
     /// its own lock is free too.)
     ///
-    /// No other thread may be *waiting* for a shard's lock when the
-    /// process forks: the child's copy of the lock would still name that
-    /// waiter, which the child does not have, and a fair unlock hands the
-    /// lock to it — the child would wait for ever (seen in a test). The
-    /// caller keeps other users out first; `ztier run` makes every store
-    /// call but its evictor's under the manager's lock, which its fork
-    /// preparation holds, after waiting for the evictor's batch.
+    /// Another thread waiting for a shard's lock meanwhile is harmless to
+    /// the child (the lock's word only says that someone waits:
+    /// [`crate::lock`]), but it would go on only after the fork; `ztier
+    /// run` keeps other users out first (every store call but its
+    /// evictor's is made under the manager's lock, which its fork
+    /// preparation holds, after waiting for the evictor's batch).
     pub fn lock_for_fork(&self) {
         for sh in self.shards.iter() {
             std::mem::forget(sh.lock());

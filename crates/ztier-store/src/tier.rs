@@ -25,7 +25,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use parking_lot::Mutex;
+use crate::lock::Mutex;
 
 use crate::Key;
 

@@ -1115,6 +1115,12 @@ fn threads_started_without_pthread_create() {
 /// of the timer's helper thread faulted on its DTV for ever: `SIGSEGV`,
 /// in every run. Same output as native in every mode, every one of them
 /// the signal path (as for any program with a `malloc` of its own).
+/// About 1 run in 50 also hung until the watchdog aborted it: the timer's
+/// thread, in its `SIGBUS` handler with the manager's lock, first waited
+/// for a store lock, whose thread data glibc allocated with this
+/// `calloc`, locked by the main thread waiting for the manager's lock
+/// (the store's locks now keep nothing per thread: `ztier_store::lock`,
+/// and its test `thread_exit`).
 #[test]
 fn glibc_threads_of_a_program_with_a_malloc_of_its_own() {
     let d = tmp("sigev-own");

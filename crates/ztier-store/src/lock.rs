@@ -1,0 +1,208 @@
+//! The store's lock: a futex word, and nothing kept per thread.
+//!
+//! ```text
+//!   word: 0 free ── lock (CAS 0→1) ──► 1 held ── a waiter (swap 2) ──► 2 held, waiters
+//!         ▲                                                                 │
+//!         └──────────── unlock: swap 0; FUTEX_WAKE one if it was 2 ◄────────┘
+//! ```
+//!
+//! Why not `parking_lot` (which the store used before): its slow path
+//! keeps per-thread data, made on a thread's first wait for a lock, and a
+//! Rust thread-local with a destructor is registered with glibc's
+//! `__cxa_thread_atexit_impl`, which allocates with the program's
+//! `calloc`. Under `ztier run` faults are served in whichever thread
+//! takes them, from its `SIGBUS` handler, and that thread may be one the
+//! library never saw start (glibc starts the helper threads of a
+//! `SIGEV_THREAD` timer and of POSIX AIO itself). When such a thread
+//! first waited for a shard's lock, with the manager's lock held, glibc
+//! called the program's own `calloc` (a `malloc` linked into the program,
+//! as rustc links jemalloc), whose lock was held by another thread that
+//! was waiting for the manager's lock: both waited for ever, and the
+//! watchdog aborted the program after 30 s. This lock's state is its one
+//! word: waiting for it allocates nothing and calls nothing of glibc's
+//! but the `futex` system call.
+//!
+//! It is not fair: a thread that comes while a woken waiter is on its
+//! way may take the lock first (as `std::sync::Mutex`'s futex lock). A
+//! waiter spins a little first, since the store's critical sections are
+//! short (one page's bookkeeping).
+//!
+//! It is a [`lock_api::RawMutex`], so [`Mutex`] has parking_lot's
+//! interface: guards without poisoning, `try_lock`, `force_unlock` (the
+//! store's fork handling), and `const` construction.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A mutex over a [`RawFutexLock`]: `lock()` returns the guard itself (no
+/// poisoning).
+pub type Mutex<T> = lock_api::Mutex<RawFutexLock, T>;
+
+/// A [`Mutex`] in a `static`.
+pub const fn const_mutex<T>(value: T) -> Mutex<T> {
+    Mutex::const_new(<RawFutexLock as lock_api::RawMutex>::INIT, value)
+}
+
+const FREE: u32 = 0;
+const HELD: u32 = 1;
+const CONTENDED: u32 = 2;
+/// Loads of the word a waiter makes before it sleeps.
+const SPINS: u32 = 100;
+
+/// The lock word (see the module docs).
+pub struct RawFutexLock {
+    word: AtomicU32,
+}
+
+impl RawFutexLock {
+    #[cold]
+    fn lock_contended(&self) {
+        let mut state = self.spin();
+        if state == FREE {
+            match self.word.compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(s) => state = s,
+            }
+        }
+        loop {
+            // Say there is a waiter (unless already said), and take the
+            // lock if it was free meanwhile: then it is taken as
+            // CONTENDED, which at worst costs one wake-up with no one to
+            // wake.
+            if state != CONTENDED && self.word.swap(CONTENDED, Ordering::Acquire) == FREE {
+                return;
+            }
+            futex_wait(&self.word, CONTENDED);
+            state = self.spin();
+        }
+    }
+
+    /// Waits a little for the word to stop being HELD (no waiters):
+    /// what it is then.
+    fn spin(&self) -> u32 {
+        let mut n = 0;
+        loop {
+            let state = self.word.load(Ordering::Relaxed);
+            if state != HELD || n == SPINS {
+                return state;
+            }
+            std::hint::spin_loop();
+            n += 1;
+        }
+    }
+}
+
+// SAFETY: the lock is held from a successful `lock`/`try_lock` (the word
+// moved from FREE by this thread with Acquire) until `unlock` (swap to
+// FREE with Release), so at most one holder at a time, and the holder's
+// writes are seen by the next one.
+unsafe impl lock_api::RawMutex for RawFutexLock {
+    #[allow(clippy::declare_interior_mutable_const)]
+    const INIT: Self = RawFutexLock { word: AtomicU32::new(FREE) };
+    // A guard may be dropped on another thread: unlocking needs nothing of
+    // the thread that locked.
+    type GuardMarker = lock_api::GuardSend;
+
+    #[inline]
+    fn lock(&self) {
+        if self.word.compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            self.lock_contended();
+        }
+    }
+
+    #[inline]
+    fn try_lock(&self) -> bool {
+        self.word.compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    #[inline]
+    unsafe fn unlock(&self) {
+        if self.word.swap(FREE, Ordering::Release) == CONTENDED {
+            futex_wake(&self.word);
+        }
+    }
+
+    #[inline]
+    fn is_locked(&self) -> bool {
+        self.word.load(Ordering::Relaxed) != FREE
+    }
+}
+
+/// Sleeps while `word` is `expected` (or until woken, or a signal).
+fn futex_wait(word: &AtomicU32, expected: u32) {
+    // SAFETY: FUTEX_WAIT on a live, aligned u32 with no timeout; the
+    // kernel only reads the word.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            std::ptr::null::<libc::timespec>(),
+        )
+    };
+}
+
+/// Wakes one thread sleeping on `word`.
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a live, aligned u32; the kernel only looks
+    // the address up.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    /// Mutual exclusion under contention: a counter bumped with a
+    /// non-atomic read-modify-write by four threads ends exact, and
+    /// waiters slept (the word went CONTENDED) and were woken.
+    #[test]
+    fn excludes_and_wakes_its_waiters() {
+        let m = Arc::new(Mutex::new((0u64, 0usize)));
+        let slept = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (m, slept) = (m.clone(), slept.clone());
+                std::thread::spawn(move || {
+                    for i in 0..20_000u64 {
+                        let mut g = m.lock();
+                        let v = std::hint::black_box(g.0);
+                        if i % 1000 == 0 {
+                            // Long enough for the others to give up spinning.
+                            std::thread::sleep(std::time::Duration::from_micros(200));
+                            // SAFETY: only reads the word of a lock this thread holds.
+                            let raw = unsafe { m.raw() };
+                            if raw.word.load(Ordering::Relaxed) == CONTENDED {
+                                slept.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        g.0 = v + 1;
+                        g.1 += 1;
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let g = m.lock();
+        assert_eq!((g.0, g.1), (80_000, 80_000));
+        assert!(slept.load(Ordering::Relaxed) > 0, "no waiter ever slept");
+        drop(g);
+        assert!(!m.is_locked());
+    }
+
+    #[test]
+    fn try_lock_and_force_unlock() {
+        static M: Mutex<u32> = const_mutex(5);
+        let g = M.try_lock().expect("free");
+        assert!(M.try_lock().is_none());
+        std::mem::forget(g);
+        assert!(M.is_locked());
+        // SAFETY: this thread holds the lock (its guard forgotten above).
+        unsafe { M.force_unlock() };
+        assert_eq!(*M.try_lock().expect("free again"), 5);
+    }
+}
