@@ -1120,7 +1120,10 @@ fn threads_started_without_pthread_create() {
 /// for a store lock, whose thread data glibc allocated with this
 /// `calloc`, locked by the main thread waiting for the manager's lock
 /// (the store's locks now keep nothing per thread: `ztier_store::lock`,
-/// and its test `thread_exit`).
+/// and its test `thread_exit`). `ownalloc.c`'s `calloc` now ends the
+/// program whenever glibc's `__cxa_thread_atexit_impl` calls it, which
+/// only the library would make it do: with the parking_lot build that
+/// ended every run of this program and of `ownmalloc`, in every mode.
 #[test]
 fn glibc_threads_of_a_program_with_a_malloc_of_its_own() {
     let d = tmp("sigev-own");
