@@ -1115,15 +1115,17 @@ fn threads_started_without_pthread_create() {
 /// of the timer's helper thread faulted on its DTV for ever: `SIGSEGV`,
 /// in every run. Same output as native in every mode, every one of them
 /// the signal path (as for any program with a `malloc` of its own).
-/// About 1 run in 50 also hung until the watchdog aborted it: the timer's
-/// thread, in its `SIGBUS` handler with the manager's lock, first waited
+/// About 1 run in 50 also hung until the watchdog aborted it: a thread
+/// glibc started (the timer's or AIO's), in its `SIGBUS` handler with the
+/// manager's lock, first waited
 /// for a store lock, whose thread data glibc allocated with this
 /// `calloc`, locked by the main thread waiting for the manager's lock
 /// (the store's locks now keep nothing per thread: `ztier_store::lock`,
 /// and its test `thread_exit`). `ownalloc.c`'s `calloc` now ends the
 /// program whenever glibc's `__cxa_thread_atexit_impl` calls it, which
 /// only the library would make it do: with the parking_lot build that
-/// ended every run of this program and of `ownmalloc`, in every mode.
+/// ended every run of this program, in every mode (and of `ownmalloc`,
+/// run in the default mode).
 #[test]
 fn glibc_threads_of_a_program_with_a_malloc_of_its_own() {
     let d = tmp("sigev-own");
