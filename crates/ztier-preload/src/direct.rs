@@ -395,6 +395,68 @@ pub unsafe extern "C" fn syscall(
     }) as c_long
 }
 
+/// glibc's `mincore` and `msync`, looked up when first called.
+static REAL_RANGE: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+
+/// A call over `[addr, addr + len)` that fails with `ENOMEM` on a hole
+/// of the arena (`shim::has_hole`: memory the program unmapped), once
+/// the kernel's own checks pass (`valid`: a page-aligned start, known
+/// flags; a zero length succeeds).
+fn range_hole(addr: *mut c_void, len: usize, valid: bool) -> bool {
+    // Library code from here (the allocator's lock may be waited for);
+    // `sud::fast` after it needs the selector as the program had it.
+    let _sud = crate::sud::Allow::new();
+    let hole = valid
+        && addr as usize % crate::manager::PAGE == 0
+        && crate::GLOBAL.get().is_some_and(|g| crate::shim::has_hole(g, addr as usize, len));
+    if hole {
+        crate::sys::set_errno(libc::ENOMEM);
+    }
+    hole
+}
+
+/// `mincore(2)`: `ENOMEM` on a hole of the arena, as on any unmapped
+/// memory (see `shim::has_hole`); else glibc's, its vector pinned.
+///
+/// # Safety
+/// The C contract of `mincore`.
+#[no_mangle]
+pub unsafe extern "C" fn mincore(addr: *mut c_void, len: usize, vec: *mut u8) -> c_int {
+    if range_hole(addr, len, true) {
+        return -1;
+    }
+    let p = real(&REAL_RANGE, 0, "mincore\0");
+    // SAFETY: glibc's `mincore`, of this type.
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void, usize, *mut u8) -> c_int>(p)
+    };
+    let a = [addr as u64, len as u64, vec as u64, 0, 0, 0];
+    // SAFETY: the caller's arguments, passed on.
+    crate::sud::fast(libc::SYS_mincore, a, || unsafe { f(addr, len, vec) as isize }) as c_int
+}
+
+/// `msync(2)`: `ENOMEM` on a hole of the arena, as on any unmapped
+/// memory (see `shim::has_hole`); else glibc's.
+///
+/// # Safety
+/// The C contract of `msync`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int {
+    let known = flags & !(libc::MS_ASYNC | libc::MS_SYNC | libc::MS_INVALIDATE) == 0
+        && flags & (libc::MS_ASYNC | libc::MS_SYNC) != libc::MS_ASYNC | libc::MS_SYNC;
+    if range_hole(addr, len, known) {
+        return -1;
+    }
+    let p = real(&REAL_RANGE, 1, "msync\0");
+    // SAFETY: glibc's `msync`, of this type.
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C-unwind" fn(*mut c_void, usize, c_int) -> c_int>(p)
+    };
+    let a = [addr as u64, len as u64, flags as u64, 0, 0, 0];
+    // SAFETY: the caller's arguments, passed on.
+    crate::sud::fast(libc::SYS_msync, a, || unsafe { f(addr, len, flags) as isize }) as c_int
+}
+
 /// glibc's `close_range` and `closefrom`, looked up when first called.
 static REAL_CLOSE: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
 

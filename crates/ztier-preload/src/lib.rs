@@ -252,7 +252,7 @@ fn ready() -> bool {
     STATE.load(Ordering::Acquire) == READY
 }
 
-fn inside() -> bool {
+pub(crate) fn inside() -> bool {
     INSIDE.try_with(Cell::get).unwrap_or(true)
 }
 

@@ -3176,9 +3176,14 @@ impl Victims {
         for &(f, n) in &runs {
             let addr = self.base + f * PAGE;
             let mut inmem = vec![0u8; n];
-            // SAFETY: mincore over part of the arena into a vector of n bytes.
-            if unsafe { libc::mincore(addr as *mut libc::c_void, n * PAGE, inmem.as_mut_ptr()) } != 0 {
-                return Err(io::Error::last_os_error());
+            // The kernel's `mincore`, not the library's export (which
+            // fails on free pages, and victims may be free).
+            let r = crate::sud::raw(
+                libc::SYS_mincore,
+                [addr as u64, (n * PAGE) as u64, inmem.as_mut_ptr() as u64, 0, 0, 0],
+            );
+            if r < 0 {
+                return Err(io::Error::from_raw_os_error(-r as i32));
             }
             for (k, &present) in inmem.iter().enumerate() {
                 let clean = self.clean[at];

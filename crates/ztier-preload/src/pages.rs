@@ -117,20 +117,59 @@ impl PageAlloc {
         self.high = self.high.max(end);
     }
 
-    /// Returns `[first, first + n)` (already released) to the free ranges.
-    pub fn free(&mut self, mut first: usize, mut n: usize) {
-        if let Some((&s, &l)) = self.by_start.range(..first).next_back() {
-            if s + l == first {
-                self.remove(s, l);
-                first = s;
-                n += l;
+    /// Returns `[first, first + n)` (already released) to the free ranges,
+    /// merged with every free range it overlaps or touches: part or all
+    /// of it may be free already (a program may unmap a range twice, or
+    /// one that spans holes it unmapped before, as the kernel allows).
+    pub fn free(&mut self, first: usize, n: usize) {
+        let (mut lo, mut hi) = (first, first + n);
+        // Free ranges are disjoint and never touch, so those that overlap
+        // or touch `[lo, hi)` are the last ones starting at or before
+        // `hi`, back to the first that ends before `lo`.
+        let touching: Vec<(usize, usize)> = self
+            .by_start
+            .range(..=hi)
+            .rev()
+            .take_while(|&(&s, &l)| s + l >= lo)
+            .map(|(&s, &l)| (s, l))
+            .collect();
+        for (s, l) in touching {
+            self.remove(s, l);
+            lo = lo.min(s);
+            hi = hi.max(s + l);
+        }
+        self.insert(lo, hi - lo);
+    }
+
+    /// Is any page of `[first, first + n)` free: unmapped by the program,
+    /// or never handed out?
+    pub fn any_free(&self, first: usize, n: usize) -> bool {
+        self.by_start.range(..first + n).next_back().is_some_and(|(&s, &l)| s + l > first)
+    }
+
+    /// The parts of `[first, first + n)` in use (not free), in order, as
+    /// `(first, pages)`.
+    pub fn used_within(&self, first: usize, n: usize) -> Vec<(usize, usize)> {
+        let end = first + n;
+        let mut out = Vec::new();
+        let mut at = first;
+        let free: Vec<(usize, usize)> = self
+            .by_start
+            .range(..end)
+            .rev()
+            .take_while(|&(&s, &l)| s + l > first)
+            .map(|(&s, &l)| (s, l))
+            .collect();
+        for &(s, l) in free.iter().rev() {
+            if s > at {
+                out.push((at, s - at));
             }
+            at = at.max(s + l);
         }
-        if let Some(&l) = self.by_start.get(&(first + n)) {
-            self.remove(first + n, l);
-            n += l;
+        if at < end {
+            out.push((at, end - at));
         }
-        self.insert(first, n);
+        out
     }
 
     /// A cached block of exactly `n` pages (old contents), if any.
@@ -193,6 +232,47 @@ mod tests {
         a.take_within(0, 1);
         assert_eq!(a.by_start.iter().map(|(&s, &l)| (s, l)).collect::<Vec<_>>(), [(1, 99)]);
         assert_eq!(a.by_len.len(), 1);
+    }
+
+    /// A range freed twice, or over free ranges and used ones at once (a
+    /// program unmapping across holes it made), leaves the free ranges
+    /// disjoint, merged and consistent in both indexes.
+    #[test]
+    fn freeing_over_free_ranges_merges_them() {
+        let mut a = PageAlloc::new(0, 1000);
+        assert!(a.take(0, 400));
+        a.free(100, 10);
+        a.free(100, 10);
+        a.free(105, 2);
+        assert_eq!(a.by_start.iter().map(|(&s, &l)| (s, l)).collect::<Vec<_>>(), [(100, 10), (400, 600)]);
+        a.free(200, 10);
+        // Across two free ranges and the used pages between and around.
+        a.free(90, 130);
+        assert_eq!(a.by_start.iter().map(|(&s, &l)| (s, l)).collect::<Vec<_>>(), [(90, 130), (400, 600)]);
+        // Touching the last one merges with it.
+        a.free(220, 180);
+        assert_eq!(a.by_start.iter().map(|(&s, &l)| (s, l)).collect::<Vec<_>>(), [(90, 910)]);
+        assert_eq!(a.by_len.iter().copied().collect::<Vec<_>>(), [(910, 90)]);
+        assert_eq!(a.free_pages(), 910);
+    }
+
+    /// `any_free` and `used_within` see exactly the free pages of a range.
+    #[test]
+    fn free_and_used_parts_of_a_range() {
+        let mut a = PageAlloc::new(0, 1000);
+        assert!(a.take(0, 1000));
+        a.free(100, 10);
+        a.free(200, 10);
+        assert!(!a.any_free(0, 100));
+        assert!(a.any_free(0, 101));
+        assert!(a.any_free(109, 1));
+        assert!(!a.any_free(110, 90));
+        assert!(a.any_free(150, 51));
+        assert!(a.any_free(205, 500));
+        assert_eq!(a.used_within(50, 200), [(50, 50), (110, 90), (210, 40)]);
+        assert_eq!(a.used_within(100, 10), []);
+        assert_eq!(a.used_within(105, 100), [(110, 90)]);
+        assert_eq!(a.used_within(300, 5), [(300, 5)]);
     }
 
     #[test]

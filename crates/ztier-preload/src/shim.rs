@@ -674,6 +674,50 @@ fn page_range(g: &Global, addr: usize, len: usize) -> Option<(usize, usize)> {
     Some((g.page_of(addr), (end - addr) / PAGE))
 }
 
+/// Does `[a, a + len)` (rounded out to pages) take in a hole of the
+/// arena's page region: pages the program unmapped, or that were never
+/// handed out? The arena keeps those mapped, inaccessible, but to the
+/// program they are unmapped memory, where the kernel fails `mincore`,
+/// `msync`, `mprotect`, `madvise` and `mlock` with `ENOMEM` and `mremap`
+/// with `EFAULT` (they succeeded on the arena's mapping: a collector or
+/// an unwinder that probes addresses this way took a hole for memory,
+/// and an `mprotect` made the hole usable). `false` if the allocator's
+/// lock stays taken 10 ms, as when this call comes from a signal
+/// handler that interrupted its holder on this thread: the call then
+/// goes on as on mapped memory. `false` for the library's own calls
+/// (the evictor's victims may be free pages).
+pub(crate) fn has_hole(g: &Global, a: usize, len: usize) -> bool {
+    if crate::inside() {
+        return false;
+    }
+    let Some(end) = a.checked_add(len).and_then(|e| e.checked_next_multiple_of(PAGE)) else { return false };
+    let lo = (a & !(PAGE - 1)).max(g.base + g.span_bytes);
+    let hi = end.min(g.base + g.arena_bytes);
+    if len == 0 || lo >= hi {
+        return false;
+    }
+    let pa = match g.pages.try_lock() {
+        Ok(pa) => Some(pa),
+        Err(_) => {
+            crate::lock_until(&g.pages, std::time::Instant::now() + std::time::Duration::from_millis(10))
+        }
+    };
+    pa.is_some_and(|pa| pa.any_free(g.page_of(lo), (hi - lo) / PAGE))
+}
+
+/// `ENOMEM` for an `mprotect` of a range with a hole of the arena in it
+/// ([`has_hole`]), after the kernel's own checks (an unaligned start, an
+/// unknown protection: `None`, the kernel answers those).
+fn protect_hole(a: *mut c_void, len: usize, prot: c_int) -> Option<c_int> {
+    let g = crate::GLOBAL.get()?;
+    let known = prot & !(libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) == 0;
+    if a as usize % PAGE != 0 || !known || !has_hole(g, a as usize, len) {
+        return None;
+    }
+    sys::set_errno(libc::ENOMEM);
+    Some(-1)
+}
+
 /// `mmap(2)`.
 ///
 /// # Safety
@@ -757,10 +801,32 @@ pub unsafe extern "C" fn mmap(
             }
         }
     }
-    if flags & libc::MAP_FIXED != 0 {
+    let mut flags = flags;
+    if flags & libc::MAP_FIXED_NOREPLACE != 0 && len > 0 {
+        if let Some((g, (first, n))) =
+            crate::GLOBAL.get().and_then(|g| Some((g, page_range(g, a as usize, len)?)))
+        {
+            // A hole of the arena is unmapped memory to the program: a
+            // mapping there that replaces nothing is made as a fixed one.
+            // Anything else in the way is, as the kernel says.
+            if !crate::lock(&g.pages).used_within(first, n).is_empty() {
+                sys::set_errno(libc::EEXIST);
+                return libc::MAP_FAILED;
+            }
+            flags = flags & !libc::MAP_FIXED_NOREPLACE | libc::MAP_FIXED;
+        }
+    }
+    if flags & libc::MAP_FIXED != 0 && len > 0 {
         forget_early(a as usize, len);
         if let Some(g) = crate::GLOBAL.get() {
             if let Some((first, n)) = page_range(g, a as usize, len) {
+                // Whatever of the range was a hole is the program's now:
+                // never handed out again while it is mapped (it was, and
+                // two mappings shared their pages).
+                let mut pa = crate::lock(&g.pages);
+                pa.take_within(first, n);
+                grown(g, &pa);
+                drop(pa);
                 let anon = flags & (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_SHARED)
                     == libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
                 let done = crate::as_inside(|| {
@@ -1109,6 +1175,15 @@ pub unsafe extern "C" fn mremap(
         }
         return outside();
     };
+    // Unmapped memory where a mapping should be: its start, or for a
+    // call that keeps or moves the whole range (not one that shrinks it
+    // in place), any page of it (`EFAULT`, as the kernel's check that
+    // the range is one mapping).
+    let whole = new_len > old_len || flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0;
+    if has_hole(g, old as usize, if whole { old_len } else { PAGE }) {
+        sys::set_errno(libc::EFAULT);
+        return libc::MAP_FAILED;
+    }
     let fail = |e| {
         sys::set_errno(e);
         libc::MAP_FAILED
@@ -1122,6 +1197,12 @@ pub unsafe extern "C" fn mremap(
     if flags & libc::MREMAP_FIXED != 0 {
         return remap_fixed(g, old as usize, n, new_len, flags, new as usize);
     }
+    if !dontunmap && want <= n {
+        if want < n {
+            unmap_arena(g, first + want, n - want);
+        }
+        return old;
+    }
     // The mapping's protection, which its growth and its new place keep:
     // read-write unless the program changed it.
     let prot = if is_reprotected(first, n) {
@@ -1133,12 +1214,6 @@ pub unsafe extern "C" fn mremap(
         RW
     };
     if !dontunmap {
-        if want <= n {
-            if want < n {
-                unmap_arena(g, first + want, n - want);
-            }
-            return old;
-        }
         let mut pa = crate::lock(&g.pages);
         if pa.take(first + n, want - n) {
             grown(g, &pa);
@@ -1191,7 +1266,7 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
                 }
                 let (first, n) = (g.page_of(a as usize), (end - a as usize) / PAGE);
                 crate::as_inside(|| crate::lock_unowned(g, first, n).release(first, n, &g.stats));
-                return 0;
+                return hole_error(g, a as usize, len, 0);
             }
             if matches!(advice, MADV_POPULATE_READ | MADV_POPULATE_WRITE) {
                 // Served here: where faults are caught by signal or in
@@ -1202,6 +1277,10 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
                     sys::set_errno(libc::EINVAL);
                     return -1;
                 };
+                if has_hole(g, a as usize, len) {
+                    sys::set_errno(libc::ENOMEM);
+                    return -1;
+                }
                 return populate(g, first, n);
             }
             if matches!(
@@ -1221,12 +1300,34 @@ pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c
                     libc::MADV_DONTFORK => crate::manager::OnFork::Drop,
                     _ => crate::manager::OnFork::Keep,
                 };
-                crate::as_inside(|| crate::lock_program(g).wipe_on_fork(first, n, how));
-                return 0;
+                // Only the parts still mapped: the holes' pages are
+                // handed out again to mappings of their own.
+                let parts = crate::lock(&g.pages).used_within(first, n);
+                crate::as_inside(|| {
+                    let mut m = crate::lock_program(g);
+                    for &(f, k) in &parts {
+                        m.wipe_on_fork(f, k, how);
+                    }
+                });
+                return hole_error(g, a as usize, len, 0);
             }
+            let r = sys::madvise(a, len, advice);
+            return hole_error(g, a as usize, len, r);
         }
     }
     sys::madvise(a, len, advice)
+}
+
+/// The result `r` of a call over `[a, a + len)` that succeeded on the
+/// arena's mapping, or -1 with `ENOMEM` if the range takes in a hole
+/// ([`has_hole`]): the kernel does what it can with the rest and fails
+/// the call so.
+fn hole_error(g: &Global, a: usize, len: usize, r: c_int) -> c_int {
+    if r == 0 && has_hole(g, a, len) {
+        sys::set_errno(libc::ENOMEM);
+        return -1;
+    }
+    r
 }
 
 /// `madvise` advice to fault a range in (Linux 5.14).
@@ -1290,6 +1391,10 @@ fn c_result(r: i64) -> c_int {
 fn lock_range(a: *const c_void, len: usize, nr: i64, flags: u64) -> c_int {
     if let Some(g) = crate::GLOBAL.get() {
         if let Some((first, n)) = arena_pages(g, a as usize, len) {
+            if has_hole(g, a as usize, len) {
+                sys::set_errno(libc::ENOMEM);
+                return -1;
+            }
             return crate::as_inside(|| loop {
                 let mut m = crate::lock_unowned(g, first, n);
                 match m.lock_pages(first, n, &g.stats) {
@@ -1338,7 +1443,7 @@ pub unsafe extern "C" fn munlock(a: *const c_void, len: usize) -> c_int {
     if let Some(g) = crate::GLOBAL.get() {
         if let Some((first, n)) = arena_pages(g, a as usize, len) {
             crate::as_inside(|| crate::lock_program(g).unlock_pages(first, n));
-            return 0;
+            return hole_error(g, a as usize, len, 0);
         }
     }
     c_result(crate::sud::raw(libc::SYS_munlock, [a as u64, len as u64, 0, 0, 0, 0]))
@@ -1534,6 +1639,9 @@ fn is_reprotected(first: usize, n: usize) -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int {
     let _sud = crate::sud::Allow::new();
+    if let Some(r) = protect_hole(a, len, prot) {
+        return r;
+    }
     change_protection(a, len, prot, 0, || sys::mprotect(a, len, prot))
 }
 
@@ -1761,6 +1869,9 @@ fn keep_locale_resident(g: &Global) {
 #[no_mangle]
 pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
     let _sud = crate::sud::Allow::new();
+    if let Some(r) = protect_hole(a, len, prot) {
+        return r;
+    }
     change_protection(a, len, prot, pkey, || {
         // SAFETY: plain syscall; the kernel validates the arguments.
         unsafe {
