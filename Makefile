@@ -4,7 +4,7 @@
 CARGO ?= cargo
 FUZZ_SECONDS ?= 20
 
-.PHONY: test deps lint unit fuzz-ci bench
+.PHONY: test deps lint unit fuzz-ci bench soak
 
 test: deps lint unit fuzz-ci
 	@echo "make test: all steps passed"
@@ -42,3 +42,9 @@ bench:
 	$(CARGO) run --release -- bench store --each --allocator all --scale 16 --corpus ../shared/corpus/*.pages
 	$(CARGO) run --release -- bench blk
 	$(CARGO) run --release -- bench pressure --budgets 256M --plot pressure.svg -- python3 examples/workloads/pyapp.py
+
+# The `ztier run` tests ROUNDS times over (scripts/soak.sh): for races that
+# one run of `make test` may miss. Not part of `make test`.
+ROUNDS ?= 3
+soak:
+	./scripts/soak.sh $(ROUNDS)
