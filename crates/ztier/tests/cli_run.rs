@@ -1639,6 +1639,143 @@ fn held_pages_can_be_read_from_outside_by_debuggers() {
     assert_eq!(err.matches("was not renewed for 5 s").count(), 1, "the killed holder's only: {err}");
 }
 
+/// `ztier hold --tree`: a Python program forks a child that fills 16 MiB
+/// of random pages (page i begins with i) under a tree budget of 8M, so
+/// most of them are evicted. `ztier hold` of the parent alone leaves the
+/// child's evicted pages unreadable from outside; `--tree` holds the
+/// child too, and a second child forked while the hold lasts is found
+/// and held within seconds; Ctrl-C releases all three, and eviction
+/// resumes in the children. Their buffers are checked unchanged at the
+/// end.
+#[test]
+fn a_tree_hold_holds_the_children_too_even_those_forked_while_it_lasts() {
+    require("python3");
+    require_root("reads other processes' memory (/proc/PID/mem)");
+    // Each child: its buffer's address to the parent through a pipe, then
+    // waits for SIGTERM, when it checks its buffer (exit 0 if unchanged).
+    let prog = "import ctypes, hashlib, os, random, signal, sys\n\
+                def child(seed):\n\
+                \x20   rd, wr = os.pipe()\n\
+                \x20   pid = os.fork()\n\
+                \x20   if pid:\n\
+                \x20       os.close(wr)\n\
+                \x20       return pid, os.fdopen(rd).readline().split()\n\
+                \x20   os.close(rd)\n\
+                \x20   n = 4096\n\
+                \x20   b = bytearray(n * 4096)\n\
+                \x20   r = random.Random(seed)\n\
+                \x20   for i in range(n):\n\
+                \x20       b[i * 4096:(i + 1) * 4096] = i.to_bytes(4, 'little') + r.randbytes(4092)\n\
+                \x20   h = hashlib.sha256(b).digest()\n\
+                \x20   a = ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b))\n\
+                \x20   signal.signal(signal.SIGTERM, lambda *_: os._exit(0 if hashlib.sha256(b).digest() == h else 3))\n\
+                \x20   os.write(wr, f'{a} {n}\\n'.encode())\n\
+                \x20   while True:\n\
+                \x20       signal.pause()\n\
+                kids = [child(1)]\n\
+                print('ready', kids[0][0], *kids[0][1], flush=True)\n\
+                sys.stdin.readline()\n\
+                kids.append(child(2))\n\
+                print('forked', kids[1][0], *kids[1][1], flush=True)\n\
+                sys.stdin.readline()\n\
+                for pid, _ in kids:\n\
+                \x20   os.kill(pid, signal.SIGTERM)\n\
+                print('children', *[os.waitpid(pid, 0)[1] for pid, _ in kids], flush=True)\n";
+    let mut child = Command::new(ztier())
+        .args(["run", "--budget", "8M", "--", "python3", "-c", prog])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::{BufRead, Read, Write};
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    let mut read_kid = |word: &str| {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let f: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+        assert!(line.starts_with(word) && f.len() == 3, "{line}");
+        (f[0] as u32, f[1], f[2])
+    };
+    let (a, a_addr, n) = read_kid("ready");
+    let py = children_of(child.id())[0];
+    let evicted = |pid, addr| unreadable_from_outside(pid, addr, 0..n);
+    // The child's pages are out, and holding the parent alone leaves
+    // them so.
+    let until = |what: &str, ok: &dyn Fn() -> bool| {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        while !ok() {
+            assert!(std::time::Instant::now() < end, "not {what} after 15 s");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    until("most of the first child's pages evicted", &|| evicted(a, a_addr) > n / 2);
+    let mut h = holding(py);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(evicted(a, a_addr) > n / 2, "the parent's hold does not reach its child");
+    // SAFETY: signalling our child by pid.
+    unsafe { libc::kill(h.id() as i32, libc::SIGINT) };
+    assert!(h.wait().unwrap().success());
+
+    // With --tree: the child held too, and a child forked meanwhile.
+    let mut h = Command::new(ztier())
+        .args(["hold", "--tree", &py.to_string()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its lines as they come (a hold that never says so must not hang
+    // the test).
+    let (tx, said) = std::sync::mpsc::channel();
+    let err = h.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines() {
+            let _ = tx.send(line.unwrap_or_default());
+        }
+    });
+    let mut text = String::new();
+    let mut wait_for = |what: &str| {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        while !text.contains(what) {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            match said.recv_timeout(left) {
+                Ok(line) => {
+                    text.push_str(&line);
+                    text.push('\n');
+                }
+                Err(e) => panic!("ztier hold --tree did not say {what:?} ({e}): {text}"),
+            }
+        }
+    };
+    wait_for(&format!("process {a} (of {py}'s tree) held: "));
+    wait_for(&format!("process {py} held: "));
+    assert_eq!(evicted(a, a_addr), 0, "the child's pages are back");
+    assert!(live_stats(a)["held_by"].as_array().is_some_and(|v| v.len() == 1));
+    stdin.write_all(b"fork\n").unwrap();
+    let (b, b_addr, _) = read_kid("forked");
+    until("the second child held and its pages back", &|| {
+        live_stats(b)["held_by"].as_array().is_some_and(|v| v.len() == 1) && evicted(b, b_addr) == 0
+    });
+    assert_eq!(evicted(a, a_addr), 0, "the first child stays held");
+
+    // Ctrl-C releases all three; eviction resumes in the children.
+    // SAFETY: signalling our child by pid.
+    unsafe { libc::kill(h.id() as i32, libc::SIGINT) };
+    assert!(h.wait().unwrap().success());
+    for pid in [py, a, b] {
+        wait_for(&format!("process {pid} released"));
+    }
+    until("the children's pages evicted again", &|| evicted(a, a_addr) > n / 4 && evicted(b, b_addr) > n / 4);
+    for pid in [py, a, b] {
+        assert_eq!(live_stats(pid)["held_by"], serde_json::json!([]));
+    }
+    stdin.write_all(b"end\n").unwrap();
+    let mut last = String::new();
+    out.read_to_string(&mut last).unwrap();
+    assert_eq!(last.trim(), "children 0 0", "both children found their buffers unchanged");
+    assert!(child.wait().unwrap().success());
+}
+
 #[test]
 fn stats_without_a_pid_lists_every_process_under_ztier_run() {
     require("python3");

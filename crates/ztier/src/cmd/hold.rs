@@ -4,7 +4,7 @@
 //! hold PID` keeps its pages in memory for a debugger or profiler.
 //!
 //! A program under `ztier run` answers on the abstract datagram socket
-//! `@ztier-PID`; the client binds `@ztier-ctl-ITSPID` for the answers. The
+//! `@ztier-PID`; the client binds `@ztier-ctl-ITSPID-PID` for the answers. The
 //! requests are one word each:
 //!
 //! ```text
@@ -59,7 +59,8 @@ impl Control {
         if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() {
             bail!("no process {pid}");
         }
-        let me = SocketAddr::from_abstract_name(format!("ztier-ctl-{}", std::process::id()))?;
+        // One name per process asked: `ztier hold --tree` talks to many.
+        let me = SocketAddr::from_abstract_name(format!("ztier-ctl-{}-{pid}", std::process::id()))?;
         let sock = UnixDatagram::bind_addr(&me).context("binding the socket for the answers")?;
         ztier_uffd::ctl::pass_credentials(sock.as_raw_fd())
             .context("asking for the answers' sender (SO_PASSCRED)")?;
@@ -112,6 +113,15 @@ impl Control {
             e if r < 0 && e.kind() != std::io::ErrorKind::WouldBlock => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// The next answer if one is queued (a refusal or error as
+    /// `{"denied": ...}` or `{"error": ...}`), else `None`.
+    fn poll_answer(&self) -> Option<Value> {
+        let mut buf = vec![0u8; 1 << 16];
+        let r = ztier_uffd::ctl::recv(self.sock.as_raw_fd(), &mut buf, None, libc::MSG_DONTWAIT).ok()?;
+        self.trust(r.sender).ok()?;
+        serde_json::from_slice(&buf[..r.len]).ok()
     }
 
     /// Drops every answer queued.
@@ -266,6 +276,8 @@ fn table(rows: &[(u32, String, Result<Value>)]) -> String {
 #[command(after_long_help = "Examples:\n  \
     ztier hold 1234 -- gdb -p 1234                  debug it; released when gdb ends\n  \
     ztier hold 1234 -- py-spy dump --pid 1234       a Python program's stacks\n  \
+    ztier hold --tree 1234 -- py-spy dump --subprocesses --pid 1234\n                                                  \
+    and its child processes' too\n  \
     ztier hold 1234                                 held until Ctrl-C\n\n\
 Why: a page kept compressed is missing from the program's memory, and the kernel\n\
 serves no userfaultfd fault for another process's access, so debuggers and\n\
@@ -279,13 +291,22 @@ memory available. Under one budget for the whole command (--budget-scope tree,\n
 the default) its held pages count there too: the command's other processes\n\
 evict more meanwhile. The hold is renewed every second; the library ends one not\n\
 renewed for 5 s, so a killed ztier hold leaves nothing behind. Several holds at\n\
-once are fine: eviction resumes when the last ends. A forked child is not held;\n\
-an exec'd program is held again at the next renewal. A stopped process is refused\n\
-(it cannot bring its pages back until it runs): hold it before the debugger\n\
-attaches, by running the debugger as the hold's command.")]
+once are fine: eviction resumes when the last ends. An exec'd program is held\n\
+again at the next renewal; a forked child is not held, unless with --tree: then\n\
+every descendant of PID under ztier run is held as well (children, theirs, ...),\n\
+each one found within a second of its start (a pool's workers, a compiler's cc1),\n\
+for debuggers that follow forks and profilers that sample subprocesses. A stopped\n\
+process is refused (it cannot bring its pages back until it runs): hold it before\n\
+the debugger attaches, by running the debugger as the hold's command.")]
 pub struct HoldArgs {
     /// Process id of a program running under `ztier run`.
     pub pid: u32,
+    /// Hold its descendants under `ztier run` too: those running now and
+    /// those started while the hold lasts (each found at the next
+    /// renewal, within a second; its pages come back then). The hold
+    /// then lasts, without a command, until every held process has ended.
+    #[arg(long)]
+    pub tree: bool,
     /// A command to run while the process is held (a debugger, a
     /// profiler); its exit status is ztier hold's, and SIGTERM or SIGHUP
     /// sent to ztier hold are passed on to it (SIGINT is not: at a
@@ -346,8 +367,8 @@ pub fn hold(a: HoldArgs) -> Result<i32> {
         if a.cmd.is_empty() { "Ctrl-C releases it" } else { "released when the command ends" }
     );
     let done = AtomicBool::new(false);
-    let (code, gone) = std::thread::scope(|s| {
-        let renewer = s.spawn(|| renew(&ctl, &done));
+    let (code, (gone, others)) = std::thread::scope(|s| {
+        let renewer = s.spawn(|| renew(&ctl, a.tree, &done));
         let code = if a.cmd.is_empty() {
             while PENDING.load(Ordering::Relaxed) == 0 && !done.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(50));
@@ -357,14 +378,23 @@ pub fn hold(a: HoldArgs) -> Result<i32> {
             run_command(&a.cmd)
         };
         done.store(true, Ordering::Relaxed);
-        let gone = renewer.join().unwrap_or(true);
-        (code, gone)
+        let ended = renewer.join().unwrap_or((true, Vec::new()));
+        (code, ended)
     });
     drop(caught);
+    for c in &others {
+        release(c);
+    }
     if gone {
         eprintln!("ztier hold: process {} has ended or left ztier", a.pid);
         return code;
     }
+    release(&ctl);
+    code
+}
+
+/// Ends this hold of `ctl`'s process, and says so.
+fn release(ctl: &Control) {
     // Renewals still unanswered are answered first, in order.
     let release = ctl.ask(b"release", Duration::from_secs(2)).and_then(|mut v| {
         while v["request"] != "release" {
@@ -374,33 +404,126 @@ pub fn hold(a: HoldArgs) -> Result<i32> {
     });
     match release {
         Ok(v) if v["held"] == Value::Bool(true) => {
-            eprintln!("ztier hold: process {} released by this hold; still held by {}", a.pid, v["held_by"])
+            eprintln!("ztier hold: process {} released by this hold; still held by {}", ctl.pid, v["held_by"])
         }
-        Ok(_) => eprintln!("ztier hold: process {} released", a.pid),
+        Ok(_) => eprintln!("ztier hold: process {} released", ctl.pid),
         Err(e) => eprintln!(
             "ztier hold: {e:#}; its hold lapses 5 s after it runs again (it is not renewed any more)"
         ),
     }
-    code
 }
 
-/// Renews the hold every [`RENEW_EVERY`] until `done`; `true` if the
-/// process's socket went away (it ended, or left `ztier run` by `exec`).
-fn renew(ctl: &Control, done: &AtomicBool) -> bool {
-    let mut next = std::time::Instant::now() + RENEW_EVERY;
+/// The descendants of process `pid`: its children (those of each of its
+/// threads, `/proc/PID/task/TID/children`), theirs, and so on.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
+        for t in tasks.flatten() {
+            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for k in kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()) {
+                if !out.contains(&k) {
+                    out.push(k);
+                    todo.push(k);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A descendant held with `--tree`: its control socket, and whether its
+/// first answer (the pages it brought back) was shown.
+struct Kin {
+    ctl: Control,
+    shown: bool,
+}
+
+/// With `--tree`: holds each descendant of `root` (or of a process held
+/// already) under `ztier run` not held yet, without waiting for its pages;
+/// shows the answers that came; drops the processes gone or that refused
+/// (kept in `skip`, not asked again).
+fn hold_kin(root: u32, kin: &mut Vec<Kin>, skip: &mut Vec<u32>) {
+    let Ok(managed) = managed_processes() else { return };
+    let mut tree = descendants(root);
+    for k in kin.iter() {
+        tree.extend(descendants(k.ctl.pid));
+    }
+    for pid in tree {
+        if pid == root
+            || !managed.contains(&pid)
+            || skip.contains(&pid)
+            || kin.iter().any(|k| k.ctl.pid == pid)
+        {
+            continue;
+        }
+        // Not answering yet (its library still starting): asked again
+        // at the next renewal.
+        let Ok(ctl) = Control::connect(pid) else { continue };
+        if ctl.send_nowait(b"hold").is_ok() {
+            kin.push(Kin { ctl, shown: false });
+        }
+    }
+    kin.retain_mut(|k| {
+        while let Some(v) = k.ctl.poll_answer() {
+            if let Some(why) = v.get("denied").or(v.get("error")) {
+                eprintln!(
+                    "ztier hold: process {} (of {root}'s tree) cannot be held: {}",
+                    k.ctl.pid,
+                    why.as_str().unwrap_or("no reason given")
+                );
+                skip.push(k.ctl.pid);
+                return false;
+            }
+            if !k.shown && v["held"] == Value::Bool(true) {
+                k.shown = true;
+                let mib = |f: &str| v[f].as_u64().unwrap_or(0) as f64 / f64::from(1 << 20);
+                eprintln!(
+                    "ztier hold: process {} (of {root}'s tree) held: {:.1} MiB brought back, {:.1} MiB \
+                     resident (budget {:.1} MiB)",
+                    k.ctl.pid,
+                    mib("brought_back_bytes"),
+                    mib("resident_bytes"),
+                    mib("budget_bytes"),
+                );
+            }
+        }
+        // Gone (ended, or left `ztier run` by `exec`): dropped.
+        k.ctl.send_nowait(b"hold").is_ok()
+    });
+}
+
+/// Renews the hold every [`RENEW_EVERY`] until `done`, and with `tree`
+/// holds the process's descendants too ([`hold_kin`], at once and at each
+/// renewal). Returns whether the process's socket went away (it ended,
+/// or left `ztier run` by `exec`) and the descendants still held. With
+/// descendants held, the hold goes on after the process is gone, until
+/// they are too.
+fn renew(ctl: &Control, tree: bool, done: &AtomicBool) -> (bool, Vec<Control>) {
+    let (mut kin, mut skip) = (Vec::new(), Vec::new());
+    let mut gone = false;
+    let mut next = std::time::Instant::now();
+    let mut first = true;
     while !done.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(50));
         if std::time::Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(50));
             continue;
         }
         next += RENEW_EVERY;
-        ctl.drain();
-        if ctl.send_nowait(b"hold").is_err() {
+        if tree {
+            hold_kin(ctl.pid, &mut kin, &mut skip);
+        }
+        // The first hold was just answered: renewed from the next round.
+        if !gone && !std::mem::take(&mut first) {
+            ctl.drain();
+            gone = ctl.send_nowait(b"hold").is_err();
+        }
+        if gone && kin.is_empty() {
             done.store(true, Ordering::Relaxed);
-            return true;
         }
     }
-    false
+    (gone, kin.into_iter().map(|k| k.ctl).collect())
 }
 
 /// Runs `cmd` with ztier hold's standard streams; its exit status (128 +
