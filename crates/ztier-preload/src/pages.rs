@@ -125,15 +125,12 @@ impl PageAlloc {
         let (mut lo, mut hi) = (first, first + n);
         // Free ranges are disjoint and never touch, so those that overlap
         // or touch `[lo, hi)` are the last ones starting at or before
-        // `hi`, back to the first that ends before `lo`.
-        let touching: Vec<(usize, usize)> = self
-            .by_start
-            .range(..=hi)
-            .rev()
-            .take_while(|&(&s, &l)| s + l >= lo)
-            .map(|(&s, &l)| (s, l))
-            .collect();
-        for (s, l) in touching {
+        // `hi`, back to the first that ends before `lo`: each merged in
+        // turn (no allocation: this runs in the program's `munmap`).
+        while let Some((s, l)) = self.by_start.range(..=hi).next_back().map(|(&s, &l)| (s, l)) {
+            if s + l < lo {
+                break;
+            }
             self.remove(s, l);
             lo = lo.min(s);
             hi = hi.max(s + l);

@@ -627,7 +627,7 @@ fn mremap_early(old: usize, old_len: usize, new_len: usize, flags: c_int) -> Opt
         return None;
     }
     let g = global_for(new_len)?;
-    let q = large_alloc_mmap(g, new_len);
+    let q = large_alloc_mmap(g, new_len, 0);
     if q.is_null() {
         return None;
     }
@@ -739,7 +739,8 @@ pub unsafe extern "C" fn mmap(
     // mprotect in the arena (pages the library cannot read are never
     // evicted: see `unreadable`). An address hint (without
     // MAP_FIXED) is only a hint: the memory comes from the arena wherever
-    // it has room. Runtimes hint at random addresses (V8, for every
+    // it has room (at the hint if that is a hole the program unmapped:
+    // `large_alloc_mmap`). Runtimes hint at random addresses (V8, for every
     // mapping) or at ones they would like (HotSpot's zero-based
     // compressed pointers, JIT code near the binary), and check what they
     // got: HotSpot gives the range back and tries other addresses, then
@@ -771,8 +772,12 @@ pub unsafe extern "C" fn mmap(
     }
     if managed {
         if let Some(g) = global_for(len) {
-            let p = large_alloc_mmap(g, len);
-            if !p.is_null() && !a.is_null() {
+            let p = large_alloc_mmap(g, len, a as usize);
+            if p == a {
+                // Granted (a hole of the arena): nothing to refuse.
+                LAST_HINTED.store(0, Ordering::Relaxed);
+                REFUSED_RUN.store(0, Ordering::Relaxed);
+            } else if !p.is_null() && !a.is_null() {
                 // Given back at once, this is a refusal (`note_refused`).
                 let last_len = LAST_HINTED_LEN.swap(len, Ordering::Relaxed);
                 // The last one kept, or another length: a new run.
@@ -909,10 +914,20 @@ fn note_refused(a: usize, len: usize) {
     }
 }
 
-fn large_alloc_mmap(g: &Global, len: usize) -> *mut c_void {
+/// `len` bytes of the arena's page region for a mapping: at `hint` if
+/// that lies wholly in a hole the program unmapped (the kernel grants a
+/// hint at unmapped memory, and a program that unmaps a range and maps
+/// it again may count on getting it back), else wherever there is room;
+/// null if there is none. A hint past what the arena ever handed out
+/// (a runtime's random one) is not granted: it would spread the arena's
+/// used part, which forks and core dumps walk.
+fn large_alloc_mmap(g: &Global, len: usize, hint: usize) -> *mut c_void {
     let n = len.div_ceil(PAGE);
     let mut pa = crate::lock(&g.pages);
-    match pa.alloc(n, 1) {
+    let at = page_range(g, hint, len)
+        .filter(|&(first, k)| first + k <= pa.high)
+        .and_then(|(first, k)| pa.take(first, k).then_some(first));
+    match at.or_else(|| pa.alloc(n, 1)) {
         Some(first) => {
             grown(g, &pa);
             drop(pa);
@@ -1236,7 +1251,7 @@ pub unsafe extern "C" fn mremap(
     if flags & libc::MREMAP_MAYMOVE == 0 {
         return fail(libc::ENOMEM);
     }
-    let q = large_alloc_mmap(g, new_len);
+    let q = large_alloc_mmap(g, new_len, 0);
     if q.is_null() {
         return fail(libc::ENOMEM);
     }

@@ -7,8 +7,9 @@
  * the program's: mmap never hands its addresses out again (ztier's arena
  * did, and two mappings shared pages), and MAP_FIXED_NOREPLACE maps a
  * hole, not memory in use. Unmapping the hole twice, or a range across
- * it, is fine. Patterned memory through a 16M budget. Prints what it
- * found. */
+ * it, is fine, and a hint at the hole then is granted (ztier's arena
+ * put the mapping elsewhere). Patterned memory through a 16M budget.
+ * Prints what it found. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <unistd.h>
@@ -73,9 +74,14 @@ int main(void) {
     printf("munmap of the fixed one %s, again %s, across it %s\n", res(munmap(h, MB)), res(munmap(h, MB)),
            res(munmap(h - 4096, MB + 8192)));
     calls("a hole again", h - 4096, 4096);
+    unsigned char *hinted = mmap(h, MB / 2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    printf("a hint at the hole: %s\n", hinted == h ? "granted" : "elsewhere");
+    if (hinted == MAP_FAILED) return 7;
+    memset(hinted, 0x33, MB / 2);
     unsigned char *n[8];
     for (int i = 0; i < 8; i++) n[i] = filled(MB, (unsigned)i + 50);
     w = wrong(r, MB - 4096, MB - 4096, 3);
+    for (size_t i = 0; i < MB / 2; i++) w += hinted[i] != 0x33;
     for (int i = 0; i < 8; i++) w += wrong(n[i], MB, MB, (unsigned)i + 50);
     for (int i = 0; i < 32; i++) w += wrong(m[i], MB, MB, (unsigned)i + 11);
     printf("8 more mappings: %ld wrong bytes\n", w);
