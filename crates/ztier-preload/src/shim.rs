@@ -970,7 +970,7 @@ pub unsafe extern "C" fn mmap64(
 /// The kernel's errors: `EINVAL` without `MREMAP_MAYMOVE`, for an
 /// unaligned or overlapping `new`, and here for a `new` straddling the
 /// arena's end or its `malloc` spans; `EFAULT` if `old` is not one
-/// mapping.
+/// mapping (or takes in a hole: [`has_hole`]).
 fn remap_fixed(g: &Global, old: usize, n: usize, new_len: usize, flags: c_int, new: usize) -> *mut c_void {
     let fail = |e| {
         sys::set_errno(e);
@@ -980,6 +980,9 @@ fn remap_fixed(g: &Global, old: usize, n: usize, new_len: usize, flags: c_int, n
     let Some(new_end) = new.checked_add(want * PAGE) else { return fail(libc::EINVAL) };
     if flags & libc::MREMAP_MAYMOVE == 0 || new % PAGE != 0 || (new < old_end && old < new_end) {
         return fail(libc::EINVAL);
+    }
+    if has_hole(g, old, n * PAGE) {
+        return fail(libc::EFAULT);
     }
     let Some(prot) = crate::as_inside(|| mapping_prot(old, n * PAGE, true)) else {
         return fail(libc::EFAULT);
@@ -1190,15 +1193,6 @@ pub unsafe extern "C" fn mremap(
         }
         return outside();
     };
-    // Unmapped memory where a mapping should be: its start, or for a
-    // call that keeps or moves the whole range (not one that shrinks it
-    // in place), any page of it (`EFAULT`, as the kernel's check that
-    // the range is one mapping).
-    let whole = new_len > old_len || flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0;
-    if has_hole(g, old as usize, if whole { old_len } else { PAGE }) {
-        sys::set_errno(libc::EFAULT);
-        return libc::MAP_FAILED;
-    }
     let fail = |e| {
         sys::set_errno(e);
         libc::MAP_FAILED
@@ -1211,6 +1205,14 @@ pub unsafe extern "C" fn mremap(
     }
     if flags & libc::MREMAP_FIXED != 0 {
         return remap_fixed(g, old as usize, n, new_len, flags, new as usize);
+    }
+    // Unmapped memory where a mapping should be (after the kernel's
+    // `EINVAL` checks): at its start, or for a call that keeps or moves
+    // the whole range (not one that shrinks it in place) anywhere in it
+    // (`EFAULT`, as the kernel's check that the range is one mapping).
+    let whole = new_len > old_len || dontunmap;
+    if has_hole(g, old as usize, if whole { old_len } else { PAGE }) {
+        return fail(libc::EFAULT);
     }
     if !dontunmap && want <= n {
         if want < n {
