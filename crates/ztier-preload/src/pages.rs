@@ -94,18 +94,22 @@ impl PageAlloc {
         true
     }
 
+    /// The free ranges that overlap `[first, first + n)`, as `(start,
+    /// len)`, last first.
+    fn free_overlapping(&self, first: usize, n: usize) -> Vec<(usize, usize)> {
+        self.by_start
+            .range(..first + n)
+            .rev()
+            .take_while(|&(&s, &l)| s + l > first)
+            .map(|(&s, &l)| (s, l))
+            .collect()
+    }
+
     /// Takes whatever of `[first, first + n)` is free (the rest is in use
     /// already): all of it is in use after.
     pub fn take_within(&mut self, first: usize, n: usize) {
         let end = first + n;
-        let overlapping: Vec<(usize, usize)> = self
-            .by_start
-            .range(..end)
-            .rev()
-            .take_while(|&(&s, &l)| s + l > first)
-            .map(|(&s, &l)| (s, l))
-            .collect();
-        for (s, l) in overlapping {
+        for (s, l) in self.free_overlapping(first, n) {
             self.remove(s, l);
             if s < first {
                 self.insert(s, first - s);
@@ -150,14 +154,7 @@ impl PageAlloc {
         let end = first + n;
         let mut out = Vec::new();
         let mut at = first;
-        let free: Vec<(usize, usize)> = self
-            .by_start
-            .range(..end)
-            .rev()
-            .take_while(|&(&s, &l)| s + l > first)
-            .map(|(&s, &l)| (s, l))
-            .collect();
-        for &(s, l) in free.iter().rev() {
+        for (s, l) in self.free_overlapping(first, n).into_iter().rev() {
             if s > at {
                 out.push((at, s - at));
             }
