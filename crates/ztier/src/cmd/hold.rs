@@ -440,16 +440,19 @@ struct Kin {
     shown: bool,
 }
 
-/// With `--tree`: holds each descendant of `root` (or of a process held
-/// already) under `ztier run` not held yet, without waiting for its pages;
-/// shows the answers that came; drops the processes gone or that refused
-/// (kept in `skip`, not asked again).
-fn hold_kin(root: u32, kin: &mut Vec<Kin>, skip: &mut Vec<u32>) {
+/// With `--tree`: renews the hold of each descendant held, and holds
+/// each descendant under `ztier run` not held yet, without waiting for
+/// its pages; shows the answers that came; drops the processes gone or
+/// that refused (kept in `skip`, not asked again). The descendants are
+/// `root`'s while it lives (the held ones among them), else those of
+/// the processes still held (`root_gone`).
+fn hold_kin(root: u32, root_gone: bool, kin: &mut Vec<Kin>, skip: &mut Vec<u32>) {
     let Ok(managed) = managed_processes() else { return };
-    let mut tree = descendants(root);
-    for k in kin.iter() {
-        tree.extend(descendants(k.ctl.pid));
-    }
+    // Renewed first, so that a process asked below is asked once; one
+    // gone (ended, or left `ztier run` by `exec`) is dropped.
+    kin.retain(|k| k.ctl.send_nowait(b"hold").is_ok());
+    let tree: Vec<u32> =
+        if root_gone { kin.iter().flat_map(|k| descendants(k.ctl.pid)).collect() } else { descendants(root) };
     for pid in tree {
         if pid == root
             || !managed.contains(&pid)
@@ -489,8 +492,7 @@ fn hold_kin(root: u32, kin: &mut Vec<Kin>, skip: &mut Vec<u32>) {
                 );
             }
         }
-        // Gone (ended, or left `ztier run` by `exec`): dropped.
-        k.ctl.send_nowait(b"hold").is_ok()
+        true
     });
 }
 
@@ -512,7 +514,7 @@ fn renew(ctl: &Control, tree: bool, done: &AtomicBool) -> (bool, Vec<Control>) {
         }
         next += RENEW_EVERY;
         if tree {
-            hold_kin(ctl.pid, &mut kin, &mut skip);
+            hold_kin(ctl.pid, gone, &mut kin, &mut skip);
         }
         // The first hold was just answered: renewed from the next round.
         if !gone && !std::mem::take(&mut first) {
