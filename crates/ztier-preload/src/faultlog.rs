@@ -16,7 +16,8 @@
 //!  │          │     │              │  │     │      │   room made, install (not the lock wait,
 //!  │          │     │              │  │     │      │   not the wake, not the trap)
 //!  │          │     │              │  │     │      └ 1: the page joined the protected segment
-//!  │          │     │              │  │     │        (store rows whose distance < budget/4)
+//!  │          │     │              │  │     │        (store rows whose distance was under the hot
+//!  │          │     │              │  │     │        distance then: budget/4 to budget/64)
 //!  │          │     │              │  │     └ the eviction clock: pages evicted so far
 //!  │          │     │              │  └ refault distance (evictions since the faulting page
 //!  │          │     │              │    went out); store rows only

@@ -31,7 +31,8 @@
 //!   fault / new page ──► protected (11/12 of the budget) while it has room
 //!                    └─► probation (1/12) otherwise ──► victims, oldest first
 //!   protected ──1 page per 8..256 victims (aging), or over its share──► probation
-//!   refault distance < budget/4 ──► protected (a hot page evicted too soon)
+//!   refault distance < hot distance (budget/4 .. budget/64) ──► protected
+//!                                     (a hot page evicted too soon)
 //! ```
 //!
 //! The refault distance is the number of evictions between a page's
@@ -57,6 +58,18 @@
 //! over more than the budget (a collector's full passes) ends up aging
 //! slowly; a program that leaves a working set behind ages fast and
 //! drains it (ARCHITECTURE has the measurements).
+//!
+//! The hot distance adapts too. Each hot refault takes a protected page's
+//! place, and that page is demoted and comes back in turn. When more than
+//! half of the store faults are hot, the protected segment is cycling
+//! like one FIFO over the whole budget and protects nothing: the hot
+//! distance halves (down to a 64th of the budget), so that only the
+//! pages refaulting soonest take places — once four adjustments in a row
+//! found it so, since a heap that has just outgrown the budget refaults
+//! short for a while too (pyapp-corpus's first collections past 256M:
+//! 82–90% hot for three). While fewer than an eighth are hot, it doubles
+//! (up to a quarter). `xz -T2 -6` of 40 MB at 160M (its
+//! peak is 269 MB) ran 84 s with a fixed quarter, 42 s adapted.
 //!
 //! Victims from probation take their resident probation neighbours
 //! along (up to 16 pages), because each run costs a write-protect call and
@@ -246,12 +259,47 @@ pub struct Aging {
     demoted: u32,
     /// Demoted pages that faulted back from the store (decayed).
     regretted: u32,
+    /// The hot distance is the budget >> `hot_shift` ([`HOT_SHIFT_FIRST`]
+    /// to [`HOT_SHIFT_LAST`]).
+    hot_shift: u32,
+    /// Store faults (decayed).
+    faults: u32,
+    /// Store faults within the hot distance (decayed).
+    hot: u32,
+    /// Adjustments in a row that found more than half of the store faults
+    /// hot.
+    hot_streak: u32,
 }
 
 impl Aging {
     /// The fastest aging, no history.
     pub fn new() -> Aging {
-        Aging { every: AGE_FASTEST, since: 0, victims: 0, demoted: 0, regretted: 0 }
+        Aging {
+            every: AGE_FASTEST,
+            since: 0,
+            victims: 0,
+            demoted: 0,
+            regretted: 0,
+            hot_shift: HOT_SHIFT_FIRST,
+            faults: 0,
+            hot: 0,
+            hot_streak: 0,
+        }
+    }
+
+    /// Refault distance (evictions) under which a page of a budget of
+    /// `budget` pages is hot: it goes to the protected segment.
+    pub fn hot_distance(&self, budget: usize) -> usize {
+        budget >> self.hot_shift
+    }
+
+    /// A page came back from the store, from within the hot distance
+    /// (`hot`) or not.
+    pub fn store_fault(&mut self, hot: bool) {
+        self.faults = self.faults.saturating_add(1);
+        if hot {
+            self.hot = self.hot.saturating_add(1);
+        }
     }
 
     /// Victims per demotion now.
@@ -302,6 +350,28 @@ impl Aging {
         }
         self.demoted /= 2;
         self.regretted /= 2;
+        // When most store faults are hot, every one of them takes a
+        // protected page's place, and that page comes back in turn: the
+        // segment cycles like one FIFO over the budget and protects
+        // nothing. The hot distance halves then, so that only the pages
+        // refaulting soonest take places; it doubles back while few are
+        // hot.
+        if self.faults >= 16 {
+            if self.hot * 2 > self.faults {
+                self.hot_streak += 1;
+                if self.hot_streak >= HOT_STREAK {
+                    self.hot_shift = (self.hot_shift + 1).min(HOT_SHIFT_LAST);
+                    self.hot_streak = 0;
+                }
+            } else {
+                self.hot_streak = 0;
+                if self.hot * 8 < self.faults {
+                    self.hot_shift = (self.hot_shift - 1).max(HOT_SHIFT_FIRST);
+                }
+            }
+        }
+        self.faults /= 2;
+        self.hot /= 2;
     }
 }
 
@@ -323,13 +393,18 @@ fn reserve_of(budget: usize) -> usize {
     (budget / 16).clamp(EVICT_BATCH * 2, 4096).min(budget / 2)
 }
 
-/// Refault distance (evictions) under which a page is hot: it goes to the
-/// protected segment. A quarter of the budget: with slow aging, pyapp at
-/// 256M compressed 7% fewer pages than with the probation's size (an
-/// eighth) and 5% fewer than with half the budget.
-pub fn hot_distance(budget: usize) -> usize {
-    budget / 4
-}
+/// The longest hot distance, and the one a run starts with, as a shift
+/// of the budget: a quarter. With slow aging, pyapp at 256M compressed
+/// 7% fewer pages than with the probation's size (an eighth) and 5%
+/// fewer than with half the budget.
+pub const HOT_SHIFT_FIRST: u32 = 2;
+/// The shortest hot distance, as a shift of the budget: a 64th.
+pub const HOT_SHIFT_LAST: u32 = 6;
+/// Adjustments in a row that must find most store faults hot before the
+/// hot distance halves: a heap that just outgrew the budget refaults
+/// short for a while (pyapp's first collections past it), a cycling
+/// segment for good.
+pub const HOT_STREAK: u32 = 4;
 
 /// Probation: the part of a budget of `budget` pages that cycles (a
 /// twelfth); the rest is the protected segment.
@@ -498,6 +573,8 @@ pub struct Stats {
     pub regretted: AtomicU64,
     /// Victims per page aged out of the protected segment, now.
     pub age_every: AtomicUsize,
+    /// Refault distance under which a page is hot now, in evictions.
+    pub hot_distance: AtomicUsize,
     /// Clean pages evicted without compression (their copy was kept).
     pub clean_evicted: AtomicU64,
     /// Clean pages written (a write-protect fault; their copy dropped).
@@ -569,6 +646,7 @@ impl Stats {
             demoted: AtomicU64::new(0),
             regretted: AtomicU64::new(0),
             age_every: AtomicUsize::new(AGE_FASTEST),
+            hot_distance: AtomicUsize::new(0),
             clean_evicted: AtomicU64::new(0),
             dirtied: AtomicU64::new(0),
             forks: AtomicU64::new(0),
@@ -1578,7 +1656,7 @@ impl Manager {
                 // segment. A loop over more than the budget refaults at
                 // a long distance and leaves the protected segment alone.
                 let d = self.evict_seq.wrapping_sub(self.evicted_at_get(i)) as usize;
-                self.hot = if d < hot_distance(self.budget) { i } else { usize::MAX };
+                self.hot = if d < self.aging.hot_distance(self.budget) { i } else { usize::MAX };
                 let key = self.key(i);
                 if let Some(s) = &mut self.sizing {
                     let depth = self.budget + d;
@@ -1630,6 +1708,7 @@ impl Manager {
                 self.hot = usize::MAX;
                 let wake = r?;
                 self.log_row(t0, Kind::Store, i, n, Some(d), hot);
+                self.aging.store_fault(hot);
                 stats.store_faults.fetch_add(1, Ordering::Relaxed);
                 if !sequential && !stream {
                     stats.lone_faults.fetch_add(1, Ordering::Relaxed);
@@ -2450,6 +2529,7 @@ impl Manager {
         stats.resident.store(self.resident, Ordering::Relaxed);
         stats.demoted.store(self.demoted, Ordering::Relaxed);
         stats.age_every.store(self.aging.every(), Ordering::Relaxed);
+        stats.hot_distance.store(self.aging.hot_distance(self.budget), Ordering::Relaxed);
         self.trim_tree();
         self.follow_tree();
         self.sample_store(stats);
@@ -3427,6 +3507,64 @@ mod tests {
         let seg = ztier_uffd::tree::open(&shared.path()).unwrap();
         m.tree = Some(Member::join(seg).unwrap());
         (m, shared, seg)
+    }
+
+    #[test]
+    fn the_hot_distance_shortens_while_most_store_faults_are_hot_and_grows_back_when_few_are() {
+        let budget = 64 * 1024;
+        let mut a = Aging::new();
+        assert_eq!(a.hot_distance(budget), budget / 4);
+        // Most store faults hot for three adjustments (a heap that just
+        // outgrew the budget): it holds.
+        for _ in 0..3 {
+            for _ in 0..100 {
+                a.store_fault(true);
+            }
+            a.adjust();
+        }
+        assert_eq!(a.hot_distance(budget), budget / 4);
+        let mut a = Aging::new();
+        // Every store fault hot (a segment that cycles): shorter, a step
+        // per four adjustments, down to a 64th.
+        let mut seen = vec![a.hot_distance(budget)];
+        for k in 0..40 {
+            for _ in 0..100 {
+                a.store_fault(true);
+            }
+            a.adjust();
+            if seen.last() != Some(&a.hot_distance(budget)) {
+                seen.push(a.hot_distance(budget));
+            }
+            if k == 3 {
+                assert_eq!(a.hot_distance(budget), budget / 8, "after four adjustments");
+            }
+        }
+        assert_eq!(seen, [budget / 4, budget / 8, budget / 16, budget / 32, budget / 64]);
+        // One in four hot: neither, the distance holds.
+        for k in 0..4000 {
+            a.store_fault(k % 4 == 0);
+            if k % 100 == 99 {
+                a.adjust();
+            }
+        }
+        assert_eq!(a.hot_distance(budget), budget / 64);
+        // Few hot (a loop over more than the budget): back to a quarter.
+        for k in 0..4000 {
+            a.store_fault(k % 20 == 0);
+            if k % 100 == 99 {
+                a.adjust();
+            }
+        }
+        assert_eq!(a.hot_distance(budget), budget / 4);
+        // Too few faults to judge: it holds.
+        let mut a = Aging::new();
+        for _ in 0..10 {
+            for _ in 0..7 {
+                a.store_fault(true);
+            }
+            a.adjust();
+        }
+        assert_eq!(a.hot_distance(budget), budget / 4);
     }
 
     #[test]
