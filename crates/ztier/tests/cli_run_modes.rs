@@ -1862,3 +1862,32 @@ fn a_spill_file_that_cannot_be_copied_at_a_fork_comes_back_first() {
 fn forks_next_to_a_thread_the_library_did_not_start() {
     native_output_in_every_mode("forkthreads", "children ok 8 of 8");
 }
+
+/// A test's directory is removed by a later test process once its own
+/// process has ended, and only then: a running one's stays, and so does
+/// anything else in the folder.
+#[test]
+fn test_directories_of_ended_test_processes_are_removed() {
+    let dir = tmp("sweep");
+    let mut gone = Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    let mut running = Command::new("sleep").arg("30").spawn().unwrap();
+    let names = [
+        format!("ztier-run-test-{gone_pid}-a"),
+        format!("ztier-run-test-{gone_pid}-b"),
+        format!("ztier-run-test-{}-c", running.id()),
+        format!("ztier-run-test-{}-d", std::process::id()),
+        format!("ztier-other-{gone_pid}"),
+        "ztier-run-test-notapid-e".to_string(),
+    ];
+    for n in &names {
+        std::fs::create_dir_all(dir.join(n).join("inner")).unwrap();
+        std::fs::write(dir.join(n).join("inner/file"), b"x").unwrap();
+    }
+    remove_dirs_of_gone_processes(&dir);
+    let left: Vec<bool> = names.iter().map(|n| dir.join(n).exists()).collect();
+    running.kill().unwrap();
+    running.wait().unwrap();
+    assert_eq!(left, [false, false, true, true, true, true], "{names:?}");
+}
