@@ -1,5 +1,6 @@
 //! `ztier run` against real programs: python3, sqlite3, sort, gcc (cc1
-//! via exec), node, java, php, a multi-threaded C program, fork with and
+//! via exec), node, java, php, perl, ruby, guile (a conservative
+//! collector with parallel markers), a multi-threaded C program, fork with and
 //! without exec, mmap/mremap/munmap/madvise, and kill -9. Every output is
 //! compared with a native run; the budgets are small enough that pages
 //! must be compressed, and the managed resident memory must stay within
@@ -203,6 +204,38 @@ fn php_with_its_default_extensions() {
         ksort($a); echo count($a), \" \", strlen(implode(\",\", $a)), \" \", md5(serialize($a)), \"\\n\";";
     let s = same_as_native("16M", &["php", "-r", prog], &d);
     assert!(compressed(&s) > 5_000, "php under 16M compressed {} pages", compressed(&s));
+}
+
+/// Ruby: its own heap of object slots (pages of its own, from
+/// `posix_memalign`) under a mark-and-sweep collector, and strings and
+/// hash tables from `malloc`.
+#[test]
+fn ruby_hash_of_records() {
+    require("ruby");
+    let d = tmp("ruby");
+    let prog = "h = {}; 150_000.times { |i| h[\"key#{i}\"] = [i, \"v\" * (i % 40)] }; s = 0; \
+        h.keys.sort.each { |k| s = (s * 31 + k.size + h[k][0]) % 1_000_000_007 }; puts \"#{s} #{h.size}\"";
+    let s = same_as_native("16M", &["ruby", "-e", prog], &d);
+    assert!(compressed(&s) > 10_000, "ruby under 16M compressed {} pages", compressed(&s));
+}
+
+/// Guile: the Boehm-Demers-Weiser collector, conservative (every word
+/// that looks like a pointer into its heap is followed), which marks the
+/// whole heap in no order from the main thread and a marker thread of
+/// its own: at about a third of its peak, most pages it reads are out.
+#[test]
+fn guile_with_its_conservative_collector() {
+    require("guile");
+    let d = tmp("guile");
+    let prog = "(define h (make-hash-table)) \
+        (let loop ((i 0)) (when (< i 60000) \
+          (hash-set! h (string-append \"k\" (number->string i)) (list i (make-string (modulo i 30) #\\x))) \
+          (loop (+ i 1)))) \
+        (define s 0) \
+        (hash-for-each (lambda (k v) (set! s (modulo (+ (* s 31) (string-length k) (car v)) 1000000007))) h) \
+        (gc) (display (hash-count (const #t) h)) (display \" \") (display s) (newline)";
+    let s = same_as_native("10M", &["guile", "--no-auto-compile", "-c", prog], &d);
+    assert!(compressed(&s) > 10_000, "guile under 10M compressed {} pages", compressed(&s));
 }
 
 /// A pipeline whose two `xz` processes (one compressing, one
