@@ -49,7 +49,10 @@
 //! (a system call's buffer, glibc's `rseq` area written on the way back
 //! to user space) fails at the limit, so a kernel baseline can end with
 //! `EFAULT` or `SIGSEGV`; the table says FAILED and a line below it
-//! says how the program ended (`failure_lines`). Measured: the default
+//! says how the program ended (`failure_lines`). A program can also read
+//! the cgroup's limit and size itself from it (the JVM's heap): where the
+//! kernel runs exit with a status of their own and `ztier run` at that
+//! budget finished, a line says so (`cgroup_sizing_lines`). Measured: the default
 //! `examples/workloads/pyapp.py` (~700 MB) under zswap at 256M was killed by
 //! `SIGSEGV` from `rseq` after ~50–62 s in five runs of five, and with
 //! `GLIBC_TUNABLES=glibc.pthread.rseq=0` it hit the 300 s timeout instead.
@@ -363,6 +366,38 @@ fn failure_lines(rows: &[Row]) -> Vec<String> {
                 format!("exited with status {}", r.exit_code)
             };
             format!("{}{at}: the program {how}", r.mode)
+        })
+        .collect()
+}
+
+/// A kernel run that ended with an exit status of its own (not killed,
+/// not timed out) where `ztier run` at the same budget finished: the
+/// program may have read the cgroup's limit and sized itself from it,
+/// which `ztier run`'s budget does not show it. The JVM does: its default
+/// heap is a quarter of the memory it sees, so `java -XX:+UseParallelGC`
+/// at a 109M limit ended with `OutOfMemoryError: Java heap space` (exit
+/// status 1) in all three kernel runs, natively and under `ztier run` it
+/// did not.
+fn cgroup_sizing_lines(rows: &[Row]) -> Vec<String> {
+    let finished =
+        |b: Option<u64>| rows.iter().any(|r| r.mode == "ztier run" && r.budget == b && r.exit_code == 0);
+    let mut budgets: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.mode.starts_with("kernel") && !r.timed_out && (1..=128).contains(&r.exit_code))
+        .filter(|r| finished(r.budget))
+        .filter_map(|r| r.budget)
+        .collect();
+    budgets.sort_unstable();
+    budgets.dedup();
+    budgets
+        .into_iter()
+        .map(|b| {
+            format!(
+                "at {}M the kernel runs failed where ztier run did not: a program can read its cgroup's \
+                 memory limit and size itself from it (the JVM's default heap is a quarter of it; \
+                 give -Xmx); ztier run's budget is not shown to the program",
+                b >> 20
+            )
         })
         .collect()
 }
@@ -1167,7 +1202,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             r.oom_wakeups
         )?;
     }
-    for line in failure_lines(&rows) {
+    for line in failure_lines(&rows).into_iter().chain(cgroup_sizing_lines(&rows)) {
         writeln!(o, "{line}")?;
     }
     for r in &rows {
@@ -1395,6 +1430,33 @@ mod tests {
         assert!(lines[0].contains("fault") && lines[0].ends_with("exit status 139"), "{}", lines[0]);
         assert_eq!(lines[1], "kernel zram at 256M: the program stopped at the timeout after 300 s");
         assert_eq!(lines[2], "ztier run at 256M: the program exited with status 3");
+    }
+
+    #[test]
+    fn kernel_runs_that_fail_where_ztier_run_finishes_get_a_hint() {
+        let hint = |zswap: (i32, bool), ztier: i32| {
+            cgroup_sizing_lines(&[
+                row("native", 1.1, true, 0, false),
+                row("kernel swap (file)", 11.7, false, 1, false),
+                row("kernel zswap", 11.6, false, zswap.0, zswap.1),
+                row("ztier run", 4.3, true, ztier, false),
+            ])
+        };
+        let lines = hint((1, false), 0);
+        assert_eq!(lines.len(), 1, "one line a budget: {lines:?}");
+        assert!(
+            lines[0].starts_with("at 256M the kernel runs failed where ztier run did not"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[0].contains("-Xmx"), "{}", lines[0]);
+        assert!(hint((1, false), 1).is_empty(), "ztier run failed too: no hint");
+        // Killed by a signal or stopped at the timeout: not a program's
+        // own decision, so no hint from those rows alone.
+        let only = |r: Row| cgroup_sizing_lines(&[r, row("ztier run", 4.3, true, 0, false)]);
+        assert!(only(row("kernel zram", 50.0, false, 139, false)).is_empty());
+        assert!(only(row("kernel zram", 300.0, false, 0, true)).is_empty());
+        assert_eq!(only(row("kernel zram", 9.0, false, 1, false)).len(), 1);
     }
 
     #[test]
