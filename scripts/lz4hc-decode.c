@@ -18,8 +18,7 @@
  * 35.75-36.00 and 1.05-1.15 µs. ARCHITECTURE.md, "The corpus builder's
  * page-ins over time", has the rest.
  *
- *   L=$(find ~/.cargo/registry/src -type d -path '*lz4-sys*liblz4/lib' | head -1)
- *   cc -O3 -I$L -o /tmp/lz4hc-decode scripts/lz4hc-decode.c $L/lz4.c $L/lz4hc.c
+ *   cc -O3 -o /tmp/lz4hc-decode scripts/lz4hc-decode.c $(scripts/lz4-src.sh scripts/lz4hc-decode.c)
  *   /tmp/lz4hc-decode ../shared/corpus/python-dict.pages 3 16
  *
  * It changes no system setting.
