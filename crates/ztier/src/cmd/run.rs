@@ -564,6 +564,30 @@ pub struct Measured {
 
 /// The largest VmHWM (bytes) among `pid` and its descendants now (found
 /// through `/proc/PID/task/TID/children`; at most 4096 processes).
+/// The peak RSS of process `pid` (`"self"` for ztier's own), from
+/// `/proc/PID/status` (`VmHWM`); `None` once it has no memory map.
+fn vm_hwm(pid: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb = s.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    Some(kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok()? * 1024)
+}
+
+/// The program's peak RSS, from the tree's `VmHWM` sampled every 20 ms
+/// (`sampled`) and wait4's `ru_maxrss`. A sample can miss a peak: a
+/// statically linked program that filled 48 MB and exited between two
+/// samples was reported at a few MB, under the budget, so `ztier run`
+/// did not warn that the budget had not held (CI saw it once). But
+/// `ru_maxrss` counts ztier's own memory too, which the child shared
+/// until its exec; so it counts only where it is above ztier's own peak
+/// (`own`): then the program's tree went that high.
+fn peak_rss(sampled: u64, ru_maxrss: u64, own: u64) -> u64 {
+    if sampled == 0 || ru_maxrss > own {
+        sampled.max(ru_maxrss)
+    } else {
+        sampled
+    }
+}
+
 fn tree_hwm(pid: u32) -> u64 {
     let mut todo = vec![pid];
     let (mut seen, mut max) = (0, 0);
@@ -572,14 +596,8 @@ fn tree_hwm(pid: u32) -> u64 {
         if seen > 4096 {
             break;
         }
-        if let Ok(s) = std::fs::read_to_string(format!("/proc/{p}/status")) {
-            if let Some(kb) = s
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            {
-                max = max.max(kb * 1024);
-            }
+        if let Some(b) = vm_hwm(&p.to_string()) {
+            max = max.max(b);
         }
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
         for t in tasks.flatten() {
@@ -668,10 +686,11 @@ pub fn measure_with_timeout(
     Ok(Measured {
         code,
         wall_s,
-        maxrss: match hwm.load(Ordering::Relaxed) {
-            0 => ru.ru_maxrss as u64 * 1024,
-            h => h,
-        },
+        maxrss: peak_rss(
+            hwm.load(Ordering::Relaxed),
+            ru.ru_maxrss as u64 * 1024,
+            vm_hwm("self").unwrap_or(u64::MAX),
+        ),
         majflt: ru.ru_majflt as u64,
         cpu_s: [ru.ru_utime, ru.ru_stime].iter().map(|t| t.tv_sec as f64 + t.tv_usec as f64 / 1e6).sum(),
         timed_out: killed.load(Ordering::Relaxed),
@@ -1110,6 +1129,21 @@ mod tests {
         let got = pretty(&v).unwrap();
         assert_eq!(got, want, "got:\n{got}");
         assert_eq!(serde_json::from_str::<Value>(&got).unwrap(), v);
+    }
+
+    #[test]
+    fn a_peak_the_samples_missed_is_taken_from_wait4_when_it_is_the_programs() {
+        let mib = |n: u64| n << 20;
+        // The samples saw 3 MiB; wait4 says 50, above ztier's own 12.
+        assert_eq!(peak_rss(mib(3), mib(50), mib(12)), mib(50));
+        // wait4's figure is no higher than ztier's own peak: it may be
+        // ztier's memory, shared until exec, so the samples stand.
+        assert_eq!(peak_rss(mib(3), mib(10), mib(12)), mib(3));
+        // No sample at all: wait4's figure is all there is.
+        assert_eq!(peak_rss(0, mib(10), mib(12)), mib(10));
+        // The samples saw more than wait4 says: they stand.
+        assert_eq!(peak_rss(mib(96), mib(50), mib(12)), mib(96));
+        assert!(vm_hwm("self").is_some_and(|b| b > 0));
     }
 
     #[test]
