@@ -550,7 +550,8 @@ pub struct Measured {
     /// Wall time.
     pub wall_s: f64,
     /// Peak RSS of the largest process of the program's tree (each one's
-    /// VmHWM, sampled every 20 ms; wait4's figure if no sample was taken).
+    /// VmHWM, sampled every 20 ms; wait4's figure where that is higher and
+    /// above ztier's own peak: see `peak_rss`).
     pub maxrss: u64,
     /// Major faults of the child and its waited-for descendants.
     pub majflt: u64,
