@@ -563,8 +563,6 @@ pub struct Measured {
     pub timed_out: bool,
 }
 
-/// The largest VmHWM (bytes) among `pid` and its descendants now (found
-/// through `/proc/PID/task/TID/children`; at most 4096 processes).
 /// The peak RSS of process `pid` (`"self"` for ztier's own), from
 /// `/proc/PID/status` (`VmHWM`); `None` once it has no memory map.
 fn vm_hwm(pid: &str) -> Option<u64> {
@@ -576,7 +574,7 @@ fn vm_hwm(pid: &str) -> Option<u64> {
 /// The program's peak RSS, from the tree's `VmHWM` sampled every 20 ms
 /// (`sampled`) and wait4's `ru_maxrss`. A sample can miss a peak: a
 /// statically linked program that filled 48 MB and exited between two
-/// samples was reported at a few MB, under the budget, so `ztier run`
+/// samples was reported at under 1 MiB, below the budget, so `ztier run`
 /// did not warn that the budget had not held (CI saw it once). But
 /// `ru_maxrss` counts ztier's own memory too, which the child shared
 /// until its exec; so it counts only where it is above ztier's own peak
@@ -589,6 +587,8 @@ fn peak_rss(sampled: u64, ru_maxrss: u64, own: u64) -> u64 {
     }
 }
 
+/// The largest VmHWM (bytes) among `pid` and its descendants now (found
+/// through `/proc/PID/task/TID/children`; at most 4096 processes).
 fn tree_hwm(pid: u32) -> u64 {
     let mut todo = vec![pid];
     let (mut seen, mut max) = (0, 0);
