@@ -900,8 +900,10 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     // Made by `spawn_handlers`.
     let fd = EVICTOR_FD.load(Ordering::Relaxed);
     // For the tests of the watchdog only: stop after taking this many
-    // batches, holding the last one (released, not committed, so faults
-    // on its pages wait), as a stuck evictor would.
+    // batches, holding the last one (sealed, not released, so writes to
+    // its pages wait for its commit), as a stuck evictor would. (Once it
+    // is released, faults on its pages no longer wait for the commit:
+    // `Manager::commit_early`.)
     let hang_after = knob_size("ZTIER_TEST_EVICTOR_HANG_AFTER");
     loop {
         // In a forked child with the tree scope, every so often: which
@@ -964,21 +966,21 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
         let outcome = v.compress_protected(&g.stats)?;
         // Victims written meanwhile were taken back: not released.
         let mut release = outcome.clone();
-        for i in lock(&g.mgr).seal_background() {
+        for i in lock(&g.mgr).seal_background(&v.pages, &outcome) {
             if let Ok(k) = v.pages.binary_search(&i) {
                 release[k] = manager::Outcome::Kept;
             }
         }
-        v.release(&release)?;
         if hang_after.is_some_and(|n| EVICTOR_BATCHES.load(Ordering::Relaxed) + 1 >= n as u64) {
             loop {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
+        v.release(&release)?;
         // Pages the store refused are unprotected while still OWNED (see
         // `unprotect_kept`); a refusal pauses evictions (`refusing`).
         v.unprotect_kept(&outcome)?;
-        lock(&g.mgr).commit(&v, &outcome, &g.stats);
+        lock(&g.mgr).commit_background(&v, &outcome, &g.stats);
         v.wake_released(&outcome)?;
         batch_committed();
         EVICTOR_BATCHES.fetch_add(1, Ordering::Release);
@@ -1641,15 +1643,19 @@ fn serve_in_thread(addr: usize) -> bool {
         // A write to a victim of the batch in flight takes it back if it
         // is still in memory (a SIGBUS does not tell a write from a
         // missing page: mincore does).
+        let present = owned && sys::present(page);
         let back = owned
-            && m.take_back(g.page_of(page), sys::present(page), &g.stats).unwrap_or_else(|e| {
+            && m.take_back(g.page_of(page), present, &g.stats).unwrap_or_else(|e| {
                 eprintln!("ztier: taking back a page from eviction failed: {e}: aborting");
                 std::process::abort();
             });
+        // A victim of the sealed batch that the evictor has released is
+        // in the store already: committed now, it is served below.
+        let early = owned && !back && m.commit_early(g.page_of(page), present, &g.stats);
         if back {
             m.log_fault(t_log, faultlog::Kind::Wp, page);
             drop(m);
-        } else if owned {
+        } else if owned && !early {
             // Read under the lock: the batch that owns the page commits
             // (under the lock) after this.
             let seen = COMMITS.load(Ordering::Acquire);
@@ -1983,10 +1989,11 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
             uffd.wake(addr, PAGE)?;
             continue;
         }
-        // A page an eviction in flight owns is not served (its fault waits
-        // for the commit, and its retry is counted), so not timed either.
-        let deferred = m.owned_in(g.page_of(addr), 1);
         let wake = m.serve(addr, &g.stats)?;
+        // A page an eviction in flight still owns was not served (its
+        // fault waits for the commit, and its retry is counted), so it is
+        // not timed either.
+        let deferred = m.owned_in(g.page_of(addr), 1);
         let wanted = m.evict_wanted();
         // Service time: from reading the fault to the page in place,
         // taken under the lock that counted the fault (the statistics,
@@ -2090,7 +2097,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"pinned_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
-         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"hot_distance\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\"held_by\":{:?},\
+         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"committed_early\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"hot_distance\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\"held_by\":{:?},\
          \"tree_held_bytes\":{},\"tree_reserved_bytes\":{},\"tree_inherited_bytes\":{},\
          \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"deferred_wait_ns\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
@@ -2125,6 +2132,7 @@ fn stats_json(g: &Global) -> String {
         ld(&s.wp_batches_far),
         ld(&s.deferred),
         ld(&s.taken_back),
+        ld(&s.committed_early),
         ld(&s.promoted),
         ld(&s.demoted),
         ld(&s.regretted),

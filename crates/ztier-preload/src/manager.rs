@@ -542,6 +542,11 @@ pub struct Stats {
     /// Writes to a victim of the background evictor's batch in flight
     /// that took it back instead of waiting ([`Manager::take_back`]).
     pub taken_back: AtomicU64,
+    /// Faults on a victim of the background batch in flight that its
+    /// evictor had already released, served at once from the store
+    /// instead of waiting for the batch's commit
+    /// ([`Manager::commit_early`]).
+    pub committed_early: AtomicU64,
     /// Pages compressed into the store.
     pub pages_compressed: AtomicU64,
     /// Victims evicted by the fault handler itself, to make room for a
@@ -634,6 +639,7 @@ impl Stats {
             prefetched: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
             taken_back: AtomicU64::new(0),
+            committed_early: AtomicU64::new(0),
             pages_compressed: AtomicU64::new(0),
             evicted_inline: AtomicU64::new(0),
             evicted_zero: AtomicU64::new(0),
@@ -687,6 +693,7 @@ impl Stats {
             &self.wp_batches_near,
             &self.deferred,
             &self.taken_back,
+            &self.committed_early,
             &self.promoted,
             &self.demoted,
             &self.regretted,
@@ -804,6 +811,10 @@ pub struct Manager {
     background_protected: bool,
     /// Victims of that batch taken back since it was picked.
     taken_back: Vec<usize>,
+    /// The sealed background batch in flight: its victims, each with
+    /// whether a fault may commit it early ([`Manager::commit_early`]);
+    /// empty while none is sealed.
+    sealed: Vec<(usize, Sealed)>,
     prefetch: usize,
     buf: Vec<u8>,
     zero: Vec<u8>,
@@ -1422,6 +1433,7 @@ impl Manager {
             background_open: false,
             background_protected: false,
             taken_back: Vec::new(),
+            sealed: Vec::new(),
             prefetch: std::env::var("ZTIER_PREFETCH")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -1640,7 +1652,7 @@ impl Manager {
         self.recent[self.recent_at % 8] = i;
         self.recent_at += 1;
         self.last_fault = i;
-        if self.st(i) & OWNED != 0 {
+        if self.st(i) & OWNED != 0 && !self.commit_early(i, sys::present(addr), stats) {
             // Released by an eviction that has not committed yet: the
             // evictor wakes this fault after its commit (see the module
             // docs); the retry finds the page stored.
@@ -2352,11 +2364,53 @@ impl Manager {
 
     /// Ends taking back victims of the background batch in flight, before
     /// the evictor releases it: returns those taken back (the evictor
-    /// must not release them; [`Manager::commit`] drops what it stored of
-    /// them).
-    pub fn seal_background(&mut self) -> Vec<usize> {
+    /// must not release them; [`Manager::commit_background`] drops what
+    /// it stored of them). `pages` are the batch's victims (sorted) and
+    /// `outcome` what the evictor made of each: from here on a fault on
+    /// one it has released can be served at once
+    /// ([`Manager::commit_early`]).
+    pub fn seal_background(&mut self, pages: &[usize], outcome: &[Outcome]) -> Vec<usize> {
         self.background_open = false;
-        std::mem::take(&mut self.taken_back)
+        let back = std::mem::take(&mut self.taken_back);
+        self.sealed.clear();
+        self.sealed.extend(pages.iter().zip(outcome).map(|(&i, &o)| {
+            // A victim taken back is not released, nor one the store refused.
+            (i, if o == Outcome::Kept || back.contains(&i) { Sealed::Kept } else { Sealed::Released(o) })
+        }));
+        back
+    }
+
+    /// A fault on page `i`, a victim of the sealed background batch in
+    /// flight that is no longer in memory (`present` false: the caller
+    /// looked, under the lock): the evictor has released it, and what it
+    /// made of it (the compressed copy, or nothing for a page of zeros)
+    /// is in the store already. Commits that page alone, now, as
+    /// [`Manager::commit_background`] would, so that the fault is served
+    /// from the store at once instead of waiting for the rest of the
+    /// batch to be released and committed (up to [`BACKGROUND_BATCH`]
+    /// pages, ~1 ms). Returns whether it did; the batch's commit then
+    /// skips the page.
+    ///
+    /// The page's absence is what makes it safe: only the evictor's
+    /// release takes a sealed victim out of memory (the program's own
+    /// releases wait for OWNED pages, `lock_unowned`), and a released
+    /// page is not released again. A fault on a victim still present (a
+    /// write, or one raised before the page came back and was chosen)
+    /// waits for the commit as before.
+    pub fn commit_early(&mut self, i: usize, present: bool, stats: &Stats) -> bool {
+        if present || self.background_open || self.st(i) & (STATE | OWNED) != EVICTING | OWNED {
+            return false;
+        }
+        let Ok(k) = self.sealed.binary_search_by_key(&i, |e| e.0) else { return false };
+        let Sealed::Released(o) = self.sealed[k].1 else { return false };
+        self.sealed[k].1 = Sealed::Early;
+        self.evicting -= 1;
+        let s = self.st(i) & !OWNED;
+        self.set(i, s);
+        self.commit_one(i, s, o);
+        stats.committed_early.fetch_add(1, Ordering::Relaxed);
+        stats.resident.store(self.resident, Ordering::Relaxed);
+        true
     }
 
     /// Takes up to `max` victims, oldest first, while the resident count
@@ -2490,7 +2544,30 @@ impl Manager {
     /// OWNED afterwards; the caller then wakes the others
     /// ([`Victims::wake_released`]).
     pub fn commit(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) {
-        for (&i, &o) in v.pages.iter().zip(outcome) {
+        self.commit_skipping(v, outcome, &[], stats);
+    }
+
+    /// [`Manager::commit`] for the background evictor's batch, sealed
+    /// with [`Manager::seal_background`]: its victims committed early
+    /// ([`Manager::commit_early`]) are done already.
+    pub fn commit_background(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) {
+        let sealed = std::mem::take(&mut self.sealed);
+        self.commit_skipping(v, outcome, &sealed, stats);
+    }
+
+    /// [`Manager::commit`], skipping the victims that `sealed` (in the
+    /// same order, or empty) says were committed early.
+    fn commit_skipping(
+        &mut self,
+        v: &Victims,
+        outcome: &[Outcome],
+        sealed: &[(usize, Sealed)],
+        stats: &Stats,
+    ) {
+        for (k, (&i, &o)) in v.pages.iter().zip(outcome).enumerate() {
+            if sealed.get(k) == Some(&(i, Sealed::Early)) {
+                continue;
+            }
             self.evicting -= 1;
             let s = self.st(i) & !OWNED;
             self.set(i, s);
@@ -2506,25 +2583,7 @@ impl Manager {
                 }
                 continue;
             }
-            match o {
-                Outcome::Stored | Outcome::Zero | Outcome::Gone => {
-                    if o != Outcome::Stored && s & CLEAN != 0 {
-                        let _ = self.store.flush_page(self.key(i));
-                    }
-                    self.set(i, (s & !(STATE | CLEAN)) | if o == Outcome::Stored { STORED } else { ABSENT });
-                    self.evict_seq = self.evict_seq.wrapping_add(1);
-                    // SAFETY: i < pages (a victim), the length of evicted_at.
-                    unsafe { *self.evicted_at.add(i) = self.evict_seq };
-                    self.resident -= 1;
-                    self.uninherit(i);
-                }
-                Outcome::Kept => {
-                    self.set(i, (s & !STATE) | RESIDENT | QUEUED);
-                    if s & QUEUED == 0 {
-                        self.fifo.push_back(i as u32);
-                    }
-                }
-            }
+            self.commit_one(i, s, o);
         }
         stats.resident.store(self.resident, Ordering::Relaxed);
         stats.demoted.store(self.demoted, Ordering::Relaxed);
@@ -2535,6 +2594,30 @@ impl Manager {
         self.sample_store(stats);
         if outcome.contains(&Outcome::Kept) {
             self.store_refused();
+        }
+    }
+
+    /// Commits victim `i`, still EVICTING (its state `s`, no longer
+    /// OWNED), by what the evictor made of it.
+    fn commit_one(&mut self, i: usize, s: u8, o: Outcome) {
+        match o {
+            Outcome::Stored | Outcome::Zero | Outcome::Gone => {
+                if o != Outcome::Stored && s & CLEAN != 0 {
+                    let _ = self.store.flush_page(self.key(i));
+                }
+                self.set(i, (s & !(STATE | CLEAN)) | if o == Outcome::Stored { STORED } else { ABSENT });
+                self.evict_seq = self.evict_seq.wrapping_add(1);
+                // SAFETY: i < pages (a victim), the length of evicted_at.
+                unsafe { *self.evicted_at.add(i) = self.evict_seq };
+                self.resident -= 1;
+                self.uninherit(i);
+            }
+            Outcome::Kept => {
+                self.set(i, (s & !STATE) | RESIDENT | QUEUED);
+                if s & QUEUED == 0 {
+                    self.fifo.push_back(i as u32);
+                }
+            }
         }
     }
 
@@ -3161,6 +3244,17 @@ fn pages_in(pages: usize, used: &[std::ops::Range<usize>]) -> impl Iterator<Item
 
 fn is_zero(page: &[u8]) -> bool {
     page.chunks_exact(64).all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
+}
+
+/// A victim of the sealed background batch, for [`Manager::commit_early`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Sealed {
+    /// Released (or being released) by the evictor, with what it made of it.
+    Released(Outcome),
+    /// Not released: taken back by a write, or refused by the store.
+    Kept,
+    /// Committed early, by a fault on it.
+    Early,
 }
 
 /// What became of one victim of a background eviction.
@@ -4227,13 +4321,13 @@ mod tests {
             w.wake_released(&wo).unwrap();
         }
         // Sealed: b stays with its batch.
-        assert_eq!(m.seal_background(), vec![a]);
+        assert_eq!(m.seal_background(&v.pages, &outcome), vec![a]);
         assert!(!m.take_back(b, true, &stats).unwrap());
         let mut release = outcome.clone();
         release[0] = Outcome::Kept;
         v.release(&release).unwrap();
         v.unprotect_kept(&outcome).unwrap();
-        m.commit(&v, &outcome, &stats);
+        m.commit_background(&v, &outcome, &stats);
         v.wake_released(&outcome).unwrap();
         assert_eq!(stats.taken_back.load(Ordering::Relaxed), 1);
         assert_eq!(m.st(a) & (STATE | OWNED), RESIDENT);
@@ -4256,6 +4350,71 @@ mod tests {
         // a is a victim like any other again.
         let again = m.take_victims(64, 0, 0).unwrap().expect("a again");
         assert_eq!(again.pages, vec![a]);
+    }
+
+    #[test]
+    fn a_fault_on_a_victim_the_sealed_batch_has_released_is_served_at_once() {
+        let (mut m, base) = test_manager(64);
+        let stats = Stats::new();
+        fill_pages(&mut m, base, 64, &stats, |i| 0x40 + i as u8);
+        let v = m.take_background_victims(8).unwrap().expect("victims");
+        assert_eq!(v.pages.len(), 8);
+        let (a, b, c) = (v.pages[0], v.pages[1], v.pages[2]);
+        v.protect(&stats).unwrap();
+        m.background_protected();
+        let outcome = v.compress_protected(&stats).unwrap();
+        assert!(outcome.iter().all(|&o| o == Outcome::Stored), "{outcome:?}");
+        // Not sealed yet: nothing is committed early.
+        assert!(!m.commit_early(a, false, &stats));
+        // A write takes c back before the seal.
+        m.write_fault(base + c * PAGE, &stats).unwrap();
+        assert_eq!(m.seal_background(&v.pages, &outcome), vec![c]);
+        // Sealed but a still in memory: its fault waits for the commit
+        // (the evictor's release of it is still to come).
+        assert!(present(base + a * PAGE));
+        assert_eq!(m.serve(base + a * PAGE, &stats).unwrap(), None);
+        assert_eq!(stats.deferred.load(Ordering::Relaxed), 1);
+        assert_eq!(m.st(a) & (STATE | OWNED), EVICTING | OWNED);
+        let mut release = outcome.clone();
+        release[v.pages.binary_search(&c).unwrap()] = Outcome::Kept;
+        v.release(&release).unwrap();
+        // Released: a fault on a is served from the store at once.
+        assert!(!present(base + a * PAGE));
+        let _ = m.serve(base + a * PAGE, &stats).unwrap();
+        assert_eq!(stats.committed_early.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.deferred.load(Ordering::Relaxed), 1, "served, not left waiting");
+        assert_eq!(m.st(a) & (STATE | OWNED), RESIDENT);
+        // SAFETY: page a is resident again.
+        let back = unsafe { std::slice::from_raw_parts((base + a * PAGE) as *const u8, PAGE) };
+        assert!(back.iter().all(|&x| x == 0x40 + a as u8));
+        // The page taken back is not the store's to give: never early.
+        assert!(!m.commit_early(c, false, &stats));
+        assert_eq!(m.st(c) & (STATE | OWNED), RESIDENT | OWNED);
+        v.unprotect_kept(&outcome).unwrap();
+        m.commit_background(&v, &outcome, &stats);
+        v.wake_released(&outcome).unwrap();
+        assert_eq!(m.evicting(), 0);
+        assert_eq!(m.st(a) & (STATE | OWNED), RESIDENT, "the commit leaves the early page alone");
+        assert_eq!(m.st(b) & (STATE | OWNED), STORED);
+        assert_eq!(m.st(c) & (STATE | OWNED), RESIDENT);
+        let resident = (0..64).filter(|&i| m.st(i) & STATE == RESIDENT).count();
+        assert_eq!(resident, 64 - 8 + 2);
+        assert_eq!(m.resident, resident, "the early page is counted once");
+        // b, committed with its batch, comes back as before.
+        let _ = m.serve(base + b * PAGE, &stats).unwrap();
+        // SAFETY: page b is resident again.
+        let back = unsafe { std::slice::from_raw_parts((base + b * PAGE) as *const u8, PAGE) };
+        assert!(back.iter().all(|&x| x == 0x40 + b as u8));
+        // A batch not sealed through the background path (an inline
+        // eviction) is never committed early.
+        let w = m.take_victims(4, 0, 0).unwrap().expect("victims");
+        let wo = w.compress(&stats).unwrap();
+        w.release(&wo).unwrap();
+        assert!(!m.commit_early(w.pages[0], false, &stats));
+        w.unprotect_kept(&wo).unwrap();
+        m.commit(&w, &wo, &stats);
+        w.wake_released(&wo).unwrap();
+        assert_eq!(m.evicting(), 0);
     }
 
     /// Evicts every resident page of `m` (background steps, one batch at

@@ -2175,8 +2175,9 @@ fn aborted_by_the_watchdog(o: &Output, who: &str, t: std::time::Instant) {
 fn a_stuck_evictor_is_caught_by_the_watchdog() {
     require("python3");
     // The test hook makes the evictor stop while it holds its third batch
-    // of victims, as a deadlocked one would; the program then reads every
-    // page it wrote, those victims among them, and their faults wait for
+    // of victims, sealed and write-protected, as a deadlocked one would;
+    // the program then goes over every object it made, writing their
+    // reference counts, those victims among them, and the writes wait for
     // the evictor: the watchdog must end it with a message.
     let t = std::time::Instant::now();
     let o = Command::new(ztier())

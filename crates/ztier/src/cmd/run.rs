@@ -798,6 +798,7 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         "wp_batches_far",
         "deferred",
         "taken_back",
+        "committed_early",
         "promoted",
         "demoted",
         "regretted",
