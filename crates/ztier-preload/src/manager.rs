@@ -135,7 +135,9 @@
 //! s without). While a page is OWNED, a
 //! missing-page fault on it is not served (its content is between memory
 //! and the store) but left waiting: the evictor wakes every victim after
-//! the commit, and the retried fault finds the page STORED. A page the
+//! the commit, and the retried fault finds the page STORED (unless the
+//! page is one of a sealed background batch that the evictor has
+//! released: that one is committed early, below). A page the
 //! program releases meanwhile stays OWNED (ABSENT), so nothing can be
 //! installed there before the evictor's late `MADV_DONTNEED` is over.
 //!
@@ -204,7 +206,8 @@ pub const CLEAN: u8 = 0x10;
 /// (see [`Aging`]).
 pub const DEMOTED: u8 = 0x08;
 /// Picked by an eviction that has not committed yet: its memory may be
-/// released without the lock, so faults on it wait for the commit.
+/// released without the lock, so faults on it wait for the commit (but
+/// see [`Manager::commit_early`]).
 pub const OWNED: u8 = 0x04;
 /// Not readable (mprotect'ed): never evicted.
 pub const NOEVICT: u8 = 0x40;
