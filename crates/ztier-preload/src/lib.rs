@@ -517,6 +517,16 @@ static LIBRARY_LOADED: extern "C" fn() = library_loaded;
 /// before any preloaded library)? Told by the object that holds it: the
 /// address of the library's own exported `malloc`, taken here, is
 /// itself resolved through that lookup.
+///
+/// An executable built without position independence (Debian's
+/// `python3.11`, the official `node`) that takes `malloc`'s address
+/// has a *canonical PLT entry* for it: its dynamic symbol is undefined
+/// (`SHN_UNDEF`) but has a value, the address of its PLT stub, so that
+/// `&malloc` is one address everywhere. The lookup returns that stub,
+/// in the executable, though its calls go to the library's `malloc`.
+/// Such a symbol defines nothing and is not counted (both programs were
+/// taken for ones with an allocator of their own, and put on the signal
+/// path whatever was asked).
 pub(crate) fn program_has_own_malloc() -> bool {
     // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches
     // the global scope, as a call from the program resolves.
@@ -524,16 +534,32 @@ pub(crate) fn program_has_own_malloc() -> bool {
     if found.is_null() {
         return false;
     }
+    /// `dladdr1`'s request for the symbol table entry (`<dlfcn.h>`).
+    const RTLD_DL_SYMENT: libc::c_int = 1;
+    /// An undefined symbol's section index (`<elf.h>`).
+    const SHN_UNDEF: u16 = 0;
+    // (the object's base, whether the symbol matched is a definition)
     let object = |addr: *const libc::c_void| {
-        // SAFETY: a zeroed Dl_info is valid (null pointers), and dladdr
-        // only writes it.
+        // SAFETY: a zeroed Dl_info is valid (null pointers), and dladdr1
+        // only writes it and the pointer.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        // SAFETY: as above; any address may be asked about.
-        let known = unsafe { libc::dladdr(addr, &mut info) } != 0;
-        known.then_some(info.dli_fbase as usize)
+        let mut sym: *mut libc::c_void = std::ptr::null_mut();
+        // SAFETY: as above; any address may be asked about, and with
+        // RTLD_DL_SYMENT the extra argument receives a pointer to the
+        // matched symbol's ElfW(Sym) (or null), which lives as long as
+        // the object is loaded.
+        let known = unsafe { libc::dladdr1(addr, &mut info, &mut sym, RTLD_DL_SYMENT) } != 0;
+        let sym = sym as *const libc::Elf64_Sym;
+        // SAFETY: non-null, it points into the object's symbol table.
+        let defines = sym.is_null() || unsafe { (*sym).st_shndx } != SHN_UNDEF;
+        known.then_some((info.dli_fbase as usize, defines))
     };
-    let ours = object(library_loaded as *const () as *const libc::c_void);
-    ours.is_some() && object(found) != ours
+    let ours = object(library_loaded as *const () as *const libc::c_void).map(|(base, _)| base);
+    match (ours, object(found)) {
+        (Some(ours), Some((base, defines))) => base != ours && defines,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
 }
 
 fn env_size(name: &str) -> Option<usize> {

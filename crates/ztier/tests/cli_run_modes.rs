@@ -1140,6 +1140,66 @@ fn threads_started_without_pthread_create() {
     }
 }
 
+/// Is `malloc` in the dynamic symbol table of `exe` a canonical PLT
+/// entry (undefined, with a value) rather than a definition? From
+/// `readelf --dyn-syms`.
+fn malloc_is_a_plt_stub(exe: &str) -> bool {
+    require("readelf");
+    let o = Command::new("readelf").args(["--dyn-syms", "-W", exe]).output().unwrap();
+    assert!(o.status.success(), "readelf {exe}: {o:?}");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let row = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() >= 8 && (f[7] == "malloc" || f[7].starts_with("malloc@")))
+        .unwrap_or_else(|| panic!("no malloc in {exe}'s dynamic symbols:\n{text}"));
+    row[6] == "UND" && u64::from_str_radix(row[1], 16).unwrap() != 0
+}
+
+/// A program built without position independence that takes
+/// `malloc`'s address (`mallocptr.c`, `-fno-pie -no-pie`, as Debian's
+/// `python3.11` and the official `node` are) has a canonical PLT entry
+/// for it, which the lookup of `malloc` returns though its calls come
+/// to the library. Such a program was taken for one with an allocator
+/// of its own and put on the signal path whatever was asked: it now
+/// takes the default path, the one asked for. The same program linked
+/// with a `malloc` of its own (`ownalloc.c`) still takes the signal
+/// path. Both give the native output with their memory compressed.
+#[test]
+fn a_plt_stub_for_malloc_is_not_a_malloc_of_its_own() {
+    let d = tmp("mallocptr");
+    let cases = [
+        (compile_in(&d, "mallocptr", &["mallocptr.c"], &["-fno-pie", "-no-pie"]), true, "thread"),
+        (
+            compile_in(&d, "mallocptr_own", &["mallocptr.c", "ownalloc.c"], &["-fno-pie", "-no-pie"]),
+            false,
+            "signal",
+        ),
+    ];
+    for (exe, stub, path) in cases {
+        assert_eq!(malloc_is_a_plt_stub(&exe), stub, "{exe}: the build is not the one this test is about");
+        let n = native(&[&exe], &d);
+        assert!(n.status.success(), "{exe}: {n:?}");
+        assert!(String::from_utf8_lossy(&n.stdout).ends_with("ok\n"), "{exe}: {n:?}");
+        let stats = d.join("default.json");
+        let m = Command::new(ztier())
+            .args(["run", "--budget", "16M", "--stats"])
+            .arg(&stats)
+            .arg("--")
+            .arg(&exe)
+            .env_remove("ZTIER_FAULT_PATH")
+            .env("ZTIER_UFFD_USER_MODE_ONLY", "0")
+            .current_dir(&d)
+            .output()
+            .unwrap();
+        assert!(m.status.success(), "{exe}: {m:?}");
+        assert_eq!(m.stdout, n.stdout, "{exe}");
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        assert_eq!(s["fault_path"], path, "{exe}: {s}");
+        assert!(compressed(&s) > 4096, "{exe}: {s}");
+    }
+}
+
 /// glibc's own threads (`sigev_thread.c`, as in
 /// [`threads_started_without_pthread_create`]) in a program with a
 /// `malloc` of its own (`ownalloc.c` linked in): their DTVs come from
