@@ -25,15 +25,18 @@ lint:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --workspace --no-deps --document-private-items
 	for c in scripts/*.c; do cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null $$c $$(scripts/lz4-src.sh $$c) || exit 1; done
 
-# The `ztier run` tests of cli_run run twice more: with faults served in
-# the faulting thread (--fault-path signal), and with the user-mode-only
-# userfaultfd an unprivileged user gets (forced here, as root). Those of
+# The `ztier run` tests of cli_run run three times more: with faults
+# served in the faulting thread (--fault-path signal), and with the
+# user-mode-only userfaultfd an unprivileged user gets (forced here, as
+# root) on both paths: there the default (auto) serves them in the
+# faulting thread, so the handler thread is asked for too. Those of
 # cli_run_modes run every way themselves, once. (--workspace: the same
 # build as the first line's, nothing compiled again.)
 unit:
 	$(CARGO) test --workspace --release
 	ZTIER_FAULT_PATH=signal $(CARGO) test --workspace --release --test cli_run
 	ZTIER_UFFD_USER_MODE_ONLY=1 $(CARGO) test --workspace --release --test cli_run
+	ZTIER_UFFD_USER_MODE_ONLY=1 ZTIER_FAULT_PATH=thread $(CARGO) test --workspace --release --test cli_run
 
 # Every fuzz target for a short time (FUZZ_SECONDS each).
 fuzz-ci:

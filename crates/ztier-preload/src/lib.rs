@@ -23,8 +23,9 @@
 //! They block every asynchronous signal (the program's signals must
 //! reach the program's threads), and a thread of the program blocks them
 //! while it holds the manager's lock ([`Held`]).
-//! With `ZTIER_FAULT_PATH=signal` (`ztier run --fault-path signal`) each
-//! fault is served in the thread that took it, from a `SIGBUS` handler
+//! With `ZTIER_FAULT_PATH=signal` (`ztier run --fault-path signal`), or
+//! `auto` (the default) under a user-mode-only userfaultfd, each fault is
+//! served in the thread that took it, from a `SIGBUS` handler
 //! ([`serve_in_thread`], see [`sud`]); the handler thread then only
 //! answers the control socket and evicts when idle. A program with a
 //! `malloc` of its own takes that path whatever was asked

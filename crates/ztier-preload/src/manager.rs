@@ -1129,12 +1129,13 @@ unsafe impl Send for Manager {}
 /// Opens a userfaultfd and registers the arena for missing and
 /// write-protect faults.
 /// `ZTIER_UFFD_USER_MODE_ONLY=1` opens it as an unprivileged user would
-/// get it (`UFFD_USER_MODE_ONLY`), also as root: for the tests. With
-/// `ZTIER_FAULT_PATH=signal` faults raise `SIGBUS` in the faulting thread
-/// (see [`signal_path`]).
+/// get it (`UFFD_USER_MODE_ONLY`), also as root: for the tests. The
+/// fault path is decided here, once the descriptor says whether it is
+/// user-mode-only ([`decide_signal_path`]); on the signal path faults
+/// raise `SIGBUS` in the faulting thread (see [`signal_path`]).
 fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
     let umo = crate::knob("ZTIER_UFFD_USER_MODE_ONLY").is_some_and(|v| v == "1");
-    let mut u = Uffd::open_via(if umo { None } else { uffd_device() }, umo, signal_path())?;
+    let mut u = Uffd::open_via(if umo { None } else { uffd_device() }, umo, decide_signal_path)?;
     // Out of the program's way, kept from its `close` (see `crate::fds`).
     u.move_fd_up(crate::fds::low())?;
     crate::fds::register(u.raw_fd());
@@ -1246,6 +1247,13 @@ fn uffd_device() -> Option<i32> {
 /// every system call of the program is caught first (the `sud` module),
 /// since the kernel's own faults on evicted memory fail with `EFAULT`.
 ///
+/// `ZTIER_FAULT_PATH=auto` (the default, and what an unset variable
+/// means) takes this path where system calls are caught anyway: under a
+/// user-mode-only userfaultfd (an unprivileged user's), whose kernel
+/// faults fail the same way, so the handler thread's round trip buys
+/// nothing there. With a full-mode userfaultfd it takes the handler
+/// thread, which serves the kernel's faults too.
+///
 /// A program whose executable has a `malloc` of its own
 /// ([`crate::program_has_own_malloc`]: jemalloc or mimalloc linked in, as
 /// rustc's is) takes this path whatever was asked. Such an allocator's
@@ -1255,11 +1263,30 @@ fn uffd_device() -> Option<i32> {
 /// with that allocator), so only the faulting thread itself can serve
 /// those faults (see `crate::__register_atfork`). With the handler
 /// thread rustc hung at its first fork until the watchdog ended it.
-/// Decided once per process (a program it starts decides for itself).
+/// Decided once per process, when its first userfaultfd is opened
+/// ([`decide_signal_path`]; a forked child keeps its parent's decision,
+/// and a program it starts decides for itself).
 pub fn signal_path() -> bool {
-    static SIGNAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SIGNAL.get_or_init(|| {
-        std::env::var("ZTIER_FAULT_PATH").is_ok_and(|v| v == "signal") || crate::program_has_own_malloc()
+    // Every caller runs after the process's first userfaultfd was opened
+    // (faults, the handler and watchdog threads, statistics of a started
+    // process); false, the handler thread, is never relied on.
+    SIGNAL_PATH.get().copied().unwrap_or(false)
+}
+
+/// The process's fault path ([`signal_path`]), once decided.
+static SIGNAL_PATH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Decides the fault path ([`signal_path`]) for a userfaultfd that is
+/// user-mode-only (`umo`) or not; a decision already made stands.
+fn decide_signal_path(umo: bool) -> bool {
+    *SIGNAL_PATH.get_or_init(|| {
+        let asked = std::env::var("ZTIER_FAULT_PATH").unwrap_or_default();
+        let signal = match asked.as_str() {
+            "signal" => true,
+            "thread" => false,
+            _ => umo,
+        };
+        signal || crate::program_has_own_malloc()
     })
 }
 

@@ -181,7 +181,7 @@ impl Uffd {
     /// As [`Uffd::open_with`]; with `sigbus`, faults raise `SIGBUS` in the
     /// faulting thread ([`FEATURE_SIGBUS`]; an error if the kernel lacks it).
     pub fn open_opts(user_mode_only: bool, sigbus: bool) -> io::Result<Uffd> {
-        Uffd::open_via(None, user_mode_only, sigbus)
+        Uffd::open_via(None, user_mode_only, |_| sigbus)
     }
 
     /// Opens `/dev/userfaultfd` (Linux 6.1; close-on-exec), from which
@@ -198,7 +198,14 @@ impl Uffd {
 
     /// As [`Uffd::open_opts`]; a full-mode userfaultfd is asked of the
     /// device `dev` ([`Uffd::open_device`]) first, then of the system call.
-    pub fn open_via(dev: Option<RawFd>, user_mode_only: bool, sigbus: bool) -> io::Result<Uffd> {
+    /// `sigbus` is asked, once the descriptor is open, whether faults
+    /// should raise `SIGBUS`, given whether it is user-mode-only (what an
+    /// unprivileged user gets when full mode is refused).
+    pub fn open_via(
+        dev: Option<RawFd>,
+        user_mode_only: bool,
+        sigbus: impl FnOnce(bool) -> bool,
+    ) -> io::Result<Uffd> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         let mut fd = -1;
         let mut umo = user_mode_only;
@@ -228,6 +235,7 @@ impl Uffd {
         }
         // SAFETY: fd is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let sigbus = sigbus(umo);
         // Faults read from the descriptor name their thread.
         let want = if sigbus { FEATURE_SIGBUS } else { FEATURE_THREAD_ID };
         let mut api = ApiArg { api: UFFD_API, features: want, ioctls: 0 };

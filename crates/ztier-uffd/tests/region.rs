@@ -84,7 +84,7 @@ fn the_device_makes_full_mode_userfaultfds_after_root_is_dropped() {
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "needs root (make test runs as root)");
     let dev = Uffd::open_device().expect("/dev/userfaultfd must exist here (Linux 6.1)");
-    let u = Uffd::open_via(Some(dev.as_raw_fd()), false, false).unwrap();
+    let u = Uffd::open_via(Some(dev.as_raw_fd()), false, |_| false).unwrap();
     assert!(!u.user_mode_only);
     // SAFETY: fork in a test process; the child only makes system calls
     // and leaves with _exit.
@@ -97,7 +97,7 @@ fn the_device_makes_full_mode_userfaultfds_after_root_is_dropped() {
             } else {
                 // (The system call would give a user-mode-only one here
                 // while vm.unprivileged_userfaultfd is 0, the default.)
-                match Uffd::open_via(Some(dev.as_raw_fd()), false, false) {
+                match Uffd::open_via(Some(dev.as_raw_fd()), false, |_| false) {
                     Ok(d) if !d.user_mode_only => 0,
                     _ => 3,
                 }

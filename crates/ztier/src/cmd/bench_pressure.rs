@@ -102,8 +102,11 @@ pub struct PressureArgs {
     #[arg(long, default_value = "lz4")]
     pub codec: String,
     /// Where `ztier run` serves faults (its --fault-path): thread (a handler
-    /// thread) or signal (the faulting thread, in a SIGBUS handler).
-    #[arg(long, default_value = "thread", value_parser = ["thread", "signal"])]
+    /// thread), signal (the faulting thread, in a SIGBUS handler), or auto
+    /// (signal under a user-mode-only userfaultfd, thread otherwise: as
+    /// root, thread). Rows served by a handler thread are also priced at
+    /// userfaultfd's floor.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "thread", "signal"])]
     pub fault_path: String,
     /// What `ztier run`'s budget bounds (its --budget-scope): tree (its processes
     /// share it, as the kernel runs' cgroup limit covers all of them) or process

@@ -151,20 +151,28 @@ pub struct RunArgs {
     /// Where a fault is served. thread: a handler thread reads it from the
     /// userfaultfd and wakes the faulting thread (two wake-ups per fault,
     /// ~10 µs). signal: the faulting thread serves it itself, in a SIGBUS
-    /// handler (UFFD_FEATURE_SIGBUS) — less time per fault, but every system
-    /// call of the program is then caught first, as in user-mode-only mode
-    /// (a signal per call, ~4 µs, except the read/write family entered
-    /// directly through glibc's functions), --clean wp becomes verify, and
-    /// io_uring and Linux AIO are not offered (ENOSYS), and a thread of the program's own
-    /// clone() without thread-local storage of its own gets EFAULT from system calls on
-    /// evicted memory (said on stderr). Pays for programs that fault far more often than they make other
-    /// system calls. A program whose executable has a malloc of its own
-    /// (jemalloc or mimalloc linked in, as rustc's is) takes signal with
-    /// either: its allocator's fork handlers touch its evicted metadata
-    /// while they hold the allocator's locks, which a new handler thread in
-    /// the forked child would need to start. --stats says which path each
-    /// process took (overall: thread, signal, or mixed).
-    #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "thread", value_parser = ["thread", "signal"])]
+    /// handler (UFFD_FEATURE_SIGBUS) — less time per fault (0.6–0.9× the
+    /// wall time of thread on python3, node, java, ruby, php and guile
+    /// under pressure), but every system call of the program is then
+    /// caught first, as in user-mode-only mode (a signal per call, ~2–4 µs,
+    /// except the read/write family, open, stat, socket calls, poll/epoll
+    /// and a few more entered directly through glibc's functions: a
+    /// directory walk in Python took 1.38× as long), memory the kernel
+    /// touches outside a system call is not served, --clean wp becomes
+    /// verify, io_uring and Linux AIO are not offered (ENOSYS), and a
+    /// thread of the program's own clone() without thread-local storage of
+    /// its own gets EFAULT from system calls on evicted memory (said on
+    /// stderr). auto (the default): signal where system calls are caught
+    /// anyway — under the user-mode-only userfaultfd an unprivileged user
+    /// gets, which has all of those limits with either path — and thread
+    /// with a full userfaultfd (root, or vm.unprivileged_userfaultfd=1). A
+    /// program whose executable has a malloc of its own (jemalloc or
+    /// mimalloc linked in, as rustc's is) takes signal with any: its
+    /// allocator's fork handlers touch its evicted metadata while they hold
+    /// the allocator's locks, which a new handler thread in the forked
+    /// child would need to start. --stats says which path each process
+    /// took (overall: thread, signal, or mixed).
+    #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "auto", value_parser = ["auto", "thread", "signal"])]
     pub fault_path: String,
     /// Print a one-line summary to stderr when the program ends.
     #[arg(long)]
@@ -218,7 +226,7 @@ impl RunArgs {
             spin_us: 0,
             watchdog: 30,
             clean: "verify".into(),
-            fault_path: "thread".into(),
+            fault_path: "auto".into(),
             summary: false,
             fault_log: None,
             cmd,
