@@ -2,8 +2,10 @@
 # scripts/soak.sh [ROUNDS]: runs the `ztier run` tests over and over, to
 # catch the races one CI run may miss (a deadlock of about 1 run in 50 of
 # one test program got past two CI runs). Each round runs cli_run_modes
-# (every fault path itself) and cli_run three ways: the thread path,
-# `--fault-path signal`, and the user-mode-only userfaultfd. Not part of
+# (every fault path itself) and cli_run four ways, as `make test` does:
+# the default (the thread path as root), `--fault-path signal`, the
+# user-mode-only userfaultfd (where the default is the signal path), and
+# that with the thread path asked for. Not part of
 # `make test`; run it as `make soak` (ROUNDS=N) after a change to the
 # library, on an otherwise quiet machine. The log of every failing test
 # binary run is kept; the exit status is 1 if any failed.
@@ -36,6 +38,7 @@ for round in $(seq 1 "$rounds"); do
     run run "$cargo" test --release -p ztier --test cli_run
     run run-signal ZTIER_FAULT_PATH=signal "$cargo" test --release -p ztier --test cli_run
     run run-umo ZTIER_UFFD_USER_MODE_ONLY=1 "$cargo" test --release -p ztier --test cli_run
+    run run-umo-thread ZTIER_UFFD_USER_MODE_ONLY=1 ZTIER_FAULT_PATH=thread "$cargo" test --release -p ztier --test cli_run
     echo "soak: round $round of $rounds done at $(date +%T): $tests tests passed, $bad failed so far"
 done
 echo "soak: $tests tests passed, $bad failed; $failed of $((rounds * 4)) test binary runs failed (their logs in $logs)"
