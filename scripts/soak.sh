@@ -23,6 +23,7 @@ run() { # name, then the command (with its environment first)
     log="$logs/$name.$round.txt"
     env "$@" >"$log" 2>&1
     local rc=$?
+    runs=$((runs + 1))
     tests=$((tests + $(grep -E "^test result" "$log" | awk '{s += $4} END {print s + 0}')))
     bad=$((bad + $(grep -E "^test result" "$log" | awk '{s += $6} END {print s + 0}')))
     if [ "$rc" -eq 0 ]; then
@@ -33,6 +34,7 @@ run() { # name, then the command (with its environment first)
         grep -E "^test .* FAILED|panicked" "$log" | head -5
     fi
 }
+runs=0
 for round in $(seq 1 "$rounds"); do
     run modes "$cargo" test --release -p ztier --test cli_run_modes
     run run "$cargo" test --release -p ztier --test cli_run
@@ -41,5 +43,5 @@ for round in $(seq 1 "$rounds"); do
     run run-umo-thread ZTIER_UFFD_USER_MODE_ONLY=1 ZTIER_FAULT_PATH=thread "$cargo" test --release -p ztier --test cli_run
     echo "soak: round $round of $rounds done at $(date +%T): $tests tests passed, $bad failed so far"
 done
-echo "soak: $tests tests passed, $bad failed; $failed of $((rounds * 4)) test binary runs failed (their logs in $logs)"
+echo "soak: $tests tests passed, $bad failed; $failed of $runs test binary runs failed (their logs in $logs)"
 [ "$failed" -eq 0 ]
