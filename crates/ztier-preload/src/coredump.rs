@@ -202,8 +202,9 @@ pub fn before_core(sig: libc::c_int) {
     if !crate::ready() || !cores_written() {
         return;
     }
-    if crate::inside() {
-        // The library's own code (its locks may be held by this thread).
+    if crate::sud::in_library() {
+        // The library's own code (its locks, or glibc's allocator's, may
+        // be held by this thread).
         say(sig, "the crash came inside ztier's own code");
         return;
     }
@@ -213,11 +214,28 @@ pub fn before_core(sig: libc::c_int) {
     }
 }
 
+/// Says on stderr what the core will miss, and why — without allocating:
+/// the crashing thread may hold glibc's allocator's lock.
 fn say(sig: libc::c_int, why: &str) {
     let stored = crate::GLOBAL.get().and_then(|g| g.mgr.try_lock().ok().map(|m| crate::stored_bytes(&m)));
-    let what =
-        stored.map_or("its evicted pages".to_string(), |b| format!("{} MiB of evicted pages", b >> 20));
-    eprintln!("ztier: process {}: signal {sig}: the core dump will miss {what}: {why}", std::process::id());
+    let mut buf = [0u8; 512];
+    let mut w = std::io::Cursor::new(&mut buf[..]);
+    let pid = raw(libc::SYS_getpid, [0; 6]);
+    let _ = match stored {
+        Some(b) => std::io::Write::write_fmt(
+            &mut w,
+            format_args!(
+                "ztier: process {pid}: signal {sig}: the core dump will miss {} MiB of evicted pages: {why}\n",
+                b >> 20
+            ),
+        ),
+        None => std::io::Write::write_fmt(
+            &mut w,
+            format_args!("ztier: process {pid}: signal {sig}: the core dump will miss its evicted pages: {why}\n"),
+        ),
+    };
+    let n = w.position();
+    raw(libc::SYS_write, [2, buf.as_ptr() as u64, n, 0, 0, 0]);
 }
 
 /// How long a crashing thread waits for the manager's lock.

@@ -2889,14 +2889,23 @@ extern "C" fn fork_child_late() {
 ///
 /// `_Fork` is async-signal-safe, and programs call it from signal
 /// handlers (a crash handler starting a reporter). A handler that
-/// interrupted the library's `malloc` in the same thread would wait for
-/// ever for the lock that thread holds (`fork_in_handler.c`: `SIGALRM`
+/// interrupted the library's code in the same thread would wait for
+/// ever for a lock that thread holds (`fork_in_handler.c`: `SIGALRM`
 /// every 2 ms calling `_Fork` while the program allocates hung in every
-/// mode). So the locks are waited for [`FORK_LOCK_WAIT`] at most; then
-/// the fork is made without the library's handlers, as glibc's `_Fork`
-/// alone would, and stderr says once that such a child reads zeros from
-/// evicted memory (one that only calls `exec` or `_exit`, as such a
-/// child may, loses nothing).
+/// mode). That lock may also be glibc's allocator's: the library's
+/// `free` or `realloc` of a block glibc made before the library started
+/// runs glibc's, and the handlers allocate — the parent waited for ever
+/// in glibc's `malloc`, or the child did, on its copy of the lock taken
+/// (one run in about a hundred of `fork_in_handler.c`'s first part,
+/// every run of its second). So from a handler over library code
+/// ([`sud::in_library`]) the fork is made at once without the library's
+/// handlers, as glibc's `_Fork` alone would; elsewhere the library's
+/// locks are waited for [`FORK_LOCK_WAIT`] at most, then the same. Stderr
+/// says once that such a child reads zeros from evicted memory (one that
+/// only calls `exec` or `_exit`, as such a child may, loses nothing).
+/// Left: another thread inside glibc's allocator at the fork (`_Fork`
+/// does not take its locks, as `fork` does) leaves the child's copy of
+/// that lock taken, and the child's handlers allocate.
 ///
 /// # Safety
 /// The C contract of `_Fork`.
@@ -2916,15 +2925,17 @@ pub unsafe extern "C" fn _Fork() -> libc::pid_t {
     }
     // SAFETY: glibc's `_Fork`, found above, which takes no arguments.
     let real = || unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::pid_t>(f)() } as i64;
-    if !prepare_fork_by(Some(std::time::Instant::now() + FORK_LOCK_WAIT)) {
+    if sud::in_library() || !prepare_fork_by(Some(std::time::Instant::now() + FORK_LOCK_WAIT)) {
         static SAID: AtomicBool = AtomicBool::new(false);
         if !SAID.swap(true, Ordering::Relaxed) {
-            let msg: &[u8] =
-                b"ztier: _Fork could not take ztier's locks within 100 ms (a signal handler that \
-                interrupted ztier's malloc in the same thread?): its child was made without ztier's fork \
-                handlers, and reads zeros from evicted memory\n";
+            let msg: &[u8] = b"ztier: _Fork was called from a signal handler that interrupted ztier's code \
+                in the same thread (or ztier's locks stayed taken for 100 ms): its child was made without \
+                ztier's fork handlers, and reads zeros from evicted memory\n";
             sud::raw(libc::SYS_write, [2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
         }
+        // Not caught as a fork of the program's own (`fork_unseen` would
+        // make it with the handlers after all).
+        sud::allow();
         let pid = real();
         sud::rearm();
         return pid as libc::pid_t;

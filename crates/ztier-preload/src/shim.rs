@@ -167,21 +167,32 @@ fn alloc(g: &Global, size: usize, zeroed: bool) -> *mut c_void {
         }
         p
     } else {
-        large_alloc(g, size.div_ceil(PAGE), 1, zeroed)
+        counted(|| large_alloc(g, size.div_ceil(PAGE), 1, zeroed))
     };
     if !p.is_null() {
         return p;
     }
-    arena_full(g, size);
-    // SAFETY: glibc's allocator (its blocks are freed back to it: `free`
-    // tells them apart by address).
-    unsafe {
-        if zeroed {
-            __libc_calloc(1, size)
-        } else {
-            __libc_malloc(size)
+    counted(|| {
+        arena_full(g, size);
+        // SAFETY: glibc's allocator (its blocks are freed back to it:
+        // `free` tells them apart by address).
+        unsafe {
+            if zeroed {
+                __libc_calloc(1, size)
+            } else {
+                __libc_malloc(size)
+            }
         }
-    }
+    })
+}
+
+/// `f`, counted as library code: the paths of the malloc family that
+/// are not a small block's (see [`crate::sud::Allow::hot`]). Kept out of
+/// line, so that the small blocks' path stays as short as before.
+#[inline(never)]
+fn counted<R>(f: impl FnOnce() -> R) -> R {
+    let _sud = crate::sud::Allow::new();
+    f()
 }
 
 /// The arena has no room for a request of `bytes`: it is served by
@@ -293,14 +304,14 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 
 /// `malloc`, called from `ret`.
 extern "C" fn malloc_from(size: usize, ret: usize) -> *mut c_void {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sud::Allow::hot();
+    // SAFETY: glibc's malloc (its lock taken: counted).
+    let glibc = |size| counted(|| unsafe { __libc_malloc(size) });
     if from_ldso(ret) {
-        // SAFETY: glibc's malloc.
-        return unsafe { __libc_malloc(size) };
+        return glibc(size);
     }
     match global_for(size) {
-        // SAFETY: glibc's malloc.
-        None => unsafe { __libc_malloc(size) },
+        None => glibc(size),
         Some(g) => nomem(alloc(g, size, false)),
     }
 }
@@ -318,14 +329,14 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 
 /// `calloc`, called from `ret`.
 extern "C" fn calloc_from(n: usize, size: usize, ret: usize) -> *mut c_void {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sud::Allow::hot();
+    // SAFETY: glibc's calloc (its lock taken: counted).
+    let glibc = |n, size| counted(|| unsafe { __libc_calloc(n, size) });
     if from_ldso(ret) {
-        // SAFETY: glibc's calloc.
-        return unsafe { __libc_calloc(n, size) };
+        return glibc(n, size);
     }
     match global_for(n.saturating_mul(size)) {
-        // SAFETY: glibc's calloc.
-        None => unsafe { __libc_calloc(n, size) },
+        None => glibc(n, size),
         Some(g) => match n.checked_mul(size) {
             Some(t) => nomem(alloc(g, t, true)),
             None => nomem(std::ptr::null_mut()),
@@ -339,7 +350,7 @@ extern "C" fn calloc_from(n: usize, size: usize, ret: usize) -> *mut c_void {
 /// The C contract of `free`.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sud::Allow::hot();
     if p.is_null() {
         return;
     }
@@ -348,11 +359,12 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
             if g.in_spans(p as usize) {
                 small_free(g, p as usize)
             } else {
-                large_free(g, p as usize)
+                counted(|| large_free(g, p as usize))
             }
         }
-        // SAFETY: not arena memory: it came from glibc's malloc.
-        _ => unsafe { __libc_free(p) },
+        // SAFETY: not arena memory: it came from glibc's malloc (its
+        // lock taken: counted).
+        _ => counted(|| unsafe { __libc_free(p) }),
     }
 }
 

@@ -245,11 +245,18 @@ thread_local! {
     static ENABLED: Cell<bool> = const { Cell::new(false) };
     /// Nesting of the dispatch handler on this thread.
     static DEPTH: Cell<u32> = const { Cell::new(0) };
-    /// Nesting of [`Allow`] guards on this thread.
+    /// Nesting of [`Allow`] guards on this thread (counted in every
+    /// mode: [`in_library`] reads it without dispatch too).
     static GUARDS: Cell<u32> = const { Cell::new(0) };
     /// Inside glibc's function in [`fast`] (still set if the thread left
     /// it by `siglongjmp` from a signal handler).
     static FAST: Cell<bool> = const { Cell::new(false) };
+    /// Inside the system call the dispatch handler makes for the program
+    /// ([`dispatch_via`]), where the thread holds no lock.
+    static CALLING: Cell<bool> = const { Cell::new(false) };
+    /// A handler of the program runs on this thread over library code
+    /// that may hold locks ([`ProgramLevel`], [`in_library`]).
+    static OVER_LIBRARY: Cell<bool> = const { Cell::new(false) };
     /// The thread id this thread enabled dispatch under (a `vfork` child,
     /// which shares the thread-local state, has another).
     static TID: Cell<i64> = const { Cell::new(0) };
@@ -1213,10 +1220,19 @@ extern "C" fn on_program_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ct
 /// back when the handler returns; a handler that leaves by a jump leaves
 /// the library code it interrupted, and stays at the program's level
 /// (see [`jump`]).
+///
+/// Whether the code it interrupted may hold a lock (of the library's, or
+/// glibc's allocator's through the library's `free` of one of glibc's
+/// blocks) is kept for the handler: [`in_library`] says so, and `_Fork`
+/// does not wait there for a lock this very thread holds. A handler that
+/// leaves by a jump keeps that mark (a fork from a later handler is then
+/// made without the library's handlers, as if it still might).
 struct ProgramLevel {
     guards: u32,
     depth: u32,
     fast: bool,
+    calling: bool,
+    over: bool,
     saved_sp: [u64; 8],
     inside: bool,
 }
@@ -1227,9 +1243,15 @@ impl ProgramLevel {
             guards: GUARDS.with(|c| c.replace(0)),
             depth: DEPTH.with(|c| c.replace(0)),
             fast: FAST.with(|c| c.replace(false)),
+            calling: CALLING.with(|c| c.replace(false)),
+            over: OVER_LIBRARY.with(Cell::get),
             saved_sp: SAVED_SP.with(Cell::get),
             inside: crate::INSIDE.try_with(|c| c.replace(false)).unwrap_or(true),
         };
+        // Only a system call made for the program (no lock held), or the
+        // library's code itself.
+        let lib = (l.guards > 0 || l.depth > 0 || l.inside) && !l.fast && !l.calling;
+        OVER_LIBRARY.with(|c| c.set(l.over || lib));
         set_selector(BLOCK);
         l
     }
@@ -1241,6 +1263,8 @@ impl Drop for ProgramLevel {
         GUARDS.with(|c| c.set(self.guards));
         DEPTH.with(|c| c.set(self.depth));
         FAST.with(|c| c.set(self.fast));
+        CALLING.with(|c| c.set(self.calling));
+        OVER_LIBRARY.with(|c| c.set(self.over));
         SAVED_SP.with(|c| c.set(self.saved_sp));
         let _ = crate::INSIDE.try_with(|c| c.set(self.inside));
     }
@@ -1404,31 +1428,67 @@ pub fn allow() {
 }
 
 /// Library code: the selector is ALLOW while it lives; the last guard of
-/// a thread sets it back to BLOCK (re-arming after a `clone`).
-pub struct Allow(());
+/// a thread sets it back to BLOCK (re-arming after a `clone`). Counted
+/// in `GUARDS` with dispatch or without, for [`in_library`] — except a
+/// [`hot`](Allow::hot) one without dispatch.
+pub struct Allow {
+    counted: bool,
+}
 
 impl Allow {
     /// Starts a stretch of library code.
     #[inline]
     pub fn new() -> Allow {
-        if active() {
-            let _ = GUARDS.try_with(|g| g.set(g.get() + 1));
-            if ENABLED.try_with(Cell::get).unwrap_or(false) {
-                set_selector(ALLOW);
-            }
+        let _ = GUARDS.try_with(|g| g.set(g.get() + 1));
+        if active() && ENABLED.try_with(Cell::get).unwrap_or(false) {
+            set_selector(ALLOW);
         }
-        Allow(())
+        Allow { counted: true }
+    }
+
+    /// As [`new`](Allow::new), but counted only under dispatch: for the
+    /// small blocks of `malloc` and `free`, which take a lock of the
+    /// library's and nothing of glibc's (a `_Fork` from a handler over
+    /// them waits for that lock in vain, 100 ms, then forks without the
+    /// library's handlers). Counting there without dispatch cost 8% of a
+    /// `malloc`/`free` loop's time and 2–3% of the corpus builder's
+    /// (`--budget 2G --fault-path thread`). Their other paths take a
+    /// guard of [`new`](Allow::new) too.
+    #[inline]
+    pub fn hot() -> Allow {
+        if active() {
+            Allow::new()
+        } else {
+            Allow { counted: false }
+        }
     }
 }
 
 impl Drop for Allow {
     #[inline]
     fn drop(&mut self) {
-        if active() {
+        if self.counted {
             let _ = GUARDS.try_with(|g| g.set(g.get().saturating_sub(1)));
+        }
+        if active() {
             rearm();
         }
     }
+}
+
+/// Does this thread run library code that may hold a lock — of the
+/// library's, or of glibc's (its allocator's: the library's `free` of a
+/// block glibc made before it started runs glibc's) — or a handler of
+/// the program that interrupted such code ([`ProgramLevel`])? With
+/// dispatch or without (then not in the small blocks of `malloc` and
+/// `free`: see [`Allow::hot`]). A signal handler that forks by `_Fork`
+/// there must not wait for those locks (this thread holds them), nor
+/// give the child work that allocates (glibc's lock stays taken in the
+/// child's copy).
+pub fn in_library() -> bool {
+    GUARDS.try_with(Cell::get).unwrap_or(1) > 0
+        || OVER_LIBRARY.try_with(Cell::get).unwrap_or(true)
+        || crate::inside()
 }
 
 /// Memory ranges a call reads or writes (fixed capacity: the handler
@@ -1801,6 +1861,12 @@ fn dispatch_via(nr: i64, a: [u64; 6], call: impl Fn() -> i64) -> i64 {
     }
     let frame = crate::sigstack::frame_for_jumps(&pinned as *const Ranges as usize);
     let mut flying = take_off(frame, &pinned);
+    let call = || {
+        let was = CALLING.with(|c| c.replace(true));
+        let r = call();
+        CALLING.with(|c| c.set(was));
+        r
+    };
     let mut ret = call();
     // A call not in the table: if the kernel met a missing page behind
     // one of its arguments, bring back more there and run it again.
