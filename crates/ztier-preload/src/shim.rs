@@ -1782,8 +1782,8 @@ pub unsafe extern "C" fn pthread_create(
     // before it allocates anything).
     let _ = global_for(usize::MAX);
     // That start may have just turned dispatch on for this thread (the
-    // guard above was taken before it and did nothing): glibc's clone
-    // below is library code too, not the program's own.
+    // guard above was taken before it and set no selector): glibc's
+    // clone below is library code too, not the program's own.
     let _started = crate::sud::Allow::new();
     // glibc's own allocations for the new thread go to glibc's malloc
     // (`as_inside`), never to the arena: among them is the thread's DTV,
