@@ -218,24 +218,16 @@ pub fn before_core(sig: libc::c_int) {
 /// the crashing thread may hold glibc's allocator's lock.
 fn say(sig: libc::c_int, why: &str) {
     let stored = crate::GLOBAL.get().and_then(|g| g.mgr.try_lock().ok().map(|m| crate::stored_bytes(&m)));
-    let mut buf = [0u8; 512];
-    let mut w = std::io::Cursor::new(&mut buf[..]);
     let pid = raw(libc::SYS_getpid, [0; 6]);
-    let _ = match stored {
-        Some(b) => std::io::Write::write_fmt(
-            &mut w,
-            format_args!(
-                "ztier: process {pid}: signal {sig}: the core dump will miss {} MiB of evicted pages: {why}\n",
-                b >> 20
-            ),
-        ),
-        None => std::io::Write::write_fmt(
-            &mut w,
-            format_args!("ztier: process {pid}: signal {sig}: the core dump will miss its evicted pages: {why}\n"),
-        ),
-    };
-    let n = w.position();
-    raw(libc::SYS_write, [2, buf.as_ptr() as u64, n, 0, 0, 0]);
+    match stored {
+        Some(b) => crate::say_unallocated(format_args!(
+            "ztier: process {pid}: signal {sig}: the core dump will miss {} MiB of evicted pages: {why}\n",
+            b >> 20
+        )),
+        None => crate::say_unallocated(format_args!(
+            "ztier: process {pid}: signal {sig}: the core dump will miss its evicted pages: {why}\n"
+        )),
+    }
 }
 
 /// How long a crashing thread waits for the manager's lock.

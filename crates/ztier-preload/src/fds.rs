@@ -131,18 +131,11 @@ fn guard_slow(nr: i64, a: [u64; 6]) -> Option<i64> {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Ordering::Relaxed) {
                 // No allocation: this may run in the dispatch handler.
-                let mut buf = [0u8; 160];
-                let mut w = std::io::Cursor::new(&mut buf[..]);
-                let _ = std::io::Write::write_fmt(
-                    &mut w,
-                    format_args!(
-                        "ztier: process {}: dup2 onto descriptor {}, which ztier's library uses: refused (EBADF)\n",
-                        std::process::id(),
-                        a[1]
-                    ),
-                );
-                let n = w.position();
-                crate::sud::raw(libc::SYS_write, [2, buf.as_ptr() as u64, n, 0, 0, 0]);
+                crate::say_unallocated(format_args!(
+                    "ztier: process {}: dup2 onto descriptor {}, which ztier's library uses: refused (EBADF)\n",
+                    std::process::id(),
+                    a[1]
+                ));
             }
             Some(-(libc::EBADF as i64))
         }

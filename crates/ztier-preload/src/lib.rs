@@ -202,8 +202,6 @@ static ALLOC: LibcAlloc = LibcAlloc;
 /// the program's own mappings.
 #[cold]
 fn library_out_of_memory(size: usize) {
-    let mut buf = [0u8; 320];
-    let mut w = std::io::Cursor::new(&mut buf[..]);
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit fills the struct.
     let mut limited =
@@ -215,25 +213,30 @@ fn library_out_of_memory(size: usize) {
     }
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
-    let _ = if limited {
-        std::io::Write::write_fmt(
-            &mut w,
-            format_args!(
-                "ztier: process {pid}: the library cannot allocate {size} bytes under the address-space \
-                 or data limit (ulimit -v, ulimit -d) of {} MiB: ztier needs address space for its arena \
-                 and its compressed store besides the program's; raise the limit or lower --store\n",
-                lim.rlim_cur >> 20
-            ),
-        )
+    if limited {
+        say_unallocated(format_args!(
+            "ztier: process {pid}: the library cannot allocate {size} bytes under the address-space \
+             or data limit (ulimit -v, ulimit -d) of {} MiB: ztier needs address space for its arena \
+             and its compressed store besides the program's; raise the limit or lower --store\n",
+            lim.rlim_cur >> 20
+        ))
     } else {
-        std::io::Write::write_fmt(
-            &mut w,
-            format_args!("ztier: process {pid}: the library cannot allocate {size} bytes: out of memory\n"),
-        )
-    };
-    let n = w.position() as usize;
-    // SAFETY: writing n bytes of a local buffer to stderr.
-    unsafe { libc::write(2, buf.as_ptr().cast(), n) };
+        say_unallocated(format_args!(
+            "ztier: process {pid}: the library cannot allocate {size} bytes: out of memory\n"
+        ))
+    }
+}
+
+/// Writes `args` to stderr from a buffer on the stack (cut at 512
+/// bytes), by a raw system call: for code that must not allocate (the
+/// allocator failed; the dispatch handler; a thread that may hold
+/// glibc's allocator's lock).
+pub(crate) fn say_unallocated(args: std::fmt::Arguments) {
+    let mut buf = [0u8; 512];
+    let mut w = std::io::Cursor::new(&mut buf[..]);
+    let _ = std::io::Write::write_fmt(&mut w, args);
+    let n = w.position();
+    sud::raw(libc::SYS_write, [2, buf.as_ptr() as u64, n, 0, 0, 0]);
 }
 
 /// Address space of the arena (less under an address-space limit:
