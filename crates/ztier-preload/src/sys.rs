@@ -80,6 +80,8 @@ static BATCHED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0
 pub fn madvise_many(ranges: &[(usize, usize)], advice: c_int) -> std::io::Result<()> {
     use std::sync::atomic::Ordering;
     for chunk in ranges.chunks(512) {
+        // Bytes of the chunk advised already.
+        let mut done = 0;
         if BATCHED.load(Ordering::Relaxed) != 2 {
             let iov: Vec<libc::iovec> =
                 chunk.iter().map(|&(a, l)| libc::iovec { iov_base: a as *mut c_void, iov_len: l }).collect();
@@ -100,19 +102,35 @@ pub fn madvise_many(ranges: &[(usize, usize)], advice: c_int) -> std::io::Result
                 BATCHED.store(1, Ordering::Relaxed);
                 continue;
             }
-            if r < 0 && matches!(errno(), libc::EBADF | libc::EINVAL | libc::ENOSYS | libc::EPERM) {
+            if r > 0 {
+                done = r as usize;
+            } else if r < 0 && matches!(errno(), libc::EBADF | libc::EINVAL | libc::ENOSYS | libc::EPERM) {
                 BATCHED.store(2, Ordering::Relaxed);
             }
         }
-        // Not batched (or stopped part way): range by range (advising a
-        // range twice is harmless).
-        for &(a, l) in chunk {
+        // Not batched, or stopped part way: range by range, from where it
+        // stopped. Not again over what was advised: between the two calls
+        // a page released there may have been installed again (a fault
+        // on a released victim is served before the eviction commits,
+        // `Manager::commit_early`), and `MADV_DONTNEED` again would throw
+        // away what the program has written to it since.
+        for (a, l) in not_done(chunk, done) {
             if madvise(a as *mut c_void, l, advice) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
         }
     }
     Ok(())
+}
+
+/// What is left of `ranges` once their first `done` bytes (in order)
+/// have been advised.
+fn not_done(ranges: &[(usize, usize)], mut done: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+    ranges.iter().filter_map(move |&(a, l)| {
+        let skip = done.min(l);
+        done -= skip;
+        (skip < l).then_some((a + skip, l - skip))
+    })
 }
 
 /// The signals the kernel raises for the instruction a thread runs (a
@@ -180,4 +198,53 @@ pub fn sigprocmask(how: c_int, set: u64) -> u64 {
         libc::syscall(libc::SYS_rt_sigprocmask, how as c_long, &set as *const u64, &mut old as *mut u64, 8)
     };
     old
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `process_madvise` that stopped part way is resumed where it
+    /// stopped: no range, nor part of one, is advised twice.
+    #[test]
+    fn a_batch_stopped_part_way_resumes_where_it_stopped() {
+        let r = [(0x1000, 0x2000), (0x8000, 0x1000), (0x10000, 0x3000)];
+        let left = |done| not_done(&r, done).collect::<Vec<_>>();
+        assert_eq!(left(0), r.to_vec());
+        assert_eq!(left(0x1000), vec![(0x2000, 0x1000), (0x8000, 0x1000), (0x10000, 0x3000)]);
+        assert_eq!(left(0x2000), vec![(0x8000, 0x1000), (0x10000, 0x3000)]);
+        assert_eq!(left(0x4000), vec![(0x11000, 0x2000)]);
+        assert_eq!(left(0x6000), vec![]);
+    }
+
+    /// The fallback really advises: pages released by `madvise_many`
+    /// read as zeros again, those left out keep their content.
+    #[test]
+    fn madvise_many_releases_exactly_the_ranges() {
+        // SAFETY: a fresh private anonymous mapping of 8 pages, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8 * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        } as *mut u8;
+        assert_ne!(p as *mut c_void, libc::MAP_FAILED);
+        // SAFETY: within the 8 pages mapped above.
+        let page = |i: usize| unsafe { std::slice::from_raw_parts_mut(p.add(i * 4096), 4096) };
+        for i in 0..8 {
+            page(i).fill(i as u8 + 1);
+        }
+        let a = p as usize;
+        madvise_many(&[(a + 4096, 2 * 4096), (a + 5 * 4096, 4096)], libc::MADV_DONTNEED).unwrap();
+        for i in 0..8 {
+            let want = if matches!(i, 1 | 2 | 5) { 0 } else { i as u8 + 1 };
+            assert!(page(i).iter().all(|&b| b == want), "page {i}");
+        }
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(p.cast(), 8 * 4096) };
+    }
 }
