@@ -931,9 +931,9 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     let fd = EVICTOR_FD.load(Ordering::Relaxed);
     // For the tests of the watchdog only: stop after taking this many
     // batches, holding the last one (sealed, not released, so writes to
-    // its pages wait for its commit), as a stuck evictor would. (Once it
-    // is released, faults on its pages no longer wait for the commit:
-    // `Manager::commit_early`.)
+    // its pages wait for its commit), as a stuck evictor would. (Once its
+    // release has returned, faults on its pages no longer wait for the
+    // commit: `Manager::commit_early`.)
     let hang_after = knob_size("ZTIER_TEST_EVICTOR_HANG_AFTER");
     loop {
         // In a forked child with the tree scope, every so often: which
@@ -1007,6 +1007,9 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
             }
         }
         v.release(&release)?;
+        // Only now, with every CPU's TLB flushed, may a fault on a
+        // released victim be served before the commit.
+        lock(&g.mgr).background_released();
         // Pages the store refused are unprotected while still OWNED (see
         // `unprotect_kept`); a refusal pauses evictions (`refusing`).
         v.unprotect_kept(&outcome)?;
@@ -1679,9 +1682,9 @@ fn serve_in_thread(addr: usize) -> bool {
                 eprintln!("ztier: taking back a page from eviction failed: {e}: aborting");
                 std::process::abort();
             });
-        // A victim of the sealed batch that the evictor has released is
-        // in the store already: committed now, it is served below.
-        let early = owned && !back && m.commit_early(g.page_of(page), present, &g.stats);
+        // A victim of the sealed batch whose release has returned is in
+        // the store already: committed now, it is served below.
+        let early = owned && !back && m.commit_early(g.page_of(page), &g.stats);
         if back {
             m.log_fault(t_log, faultlog::Kind::Wp, page);
             drop(m);

@@ -136,8 +136,9 @@
 //! missing-page fault on it is not served (its content is between memory
 //! and the store) but left waiting: the evictor wakes every victim after
 //! the commit, and the retried fault finds the page STORED (unless the
-//! page is one of a sealed background batch that the evictor has
-//! released: that one is committed early, below). A page the
+//! page is one of a sealed background batch whose release by the evictor
+//! has returned: that one is committed early, see
+//! [`Manager::commit_early`]). A page the
 //! program releases meanwhile stays OWNED (ABSENT), so nothing can be
 //! installed there before the evictor's late `MADV_DONTNEED` is over.
 //!
@@ -814,6 +815,9 @@ pub struct Manager {
     background_protected: bool,
     /// Victims of that batch taken back since it was picked.
     taken_back: Vec<usize>,
+    /// The release of the sealed batch in flight has returned
+    /// ([`Manager::background_released`]).
+    background_released: bool,
     /// The sealed background batch in flight: its victims, each with
     /// whether a fault may commit it early ([`Manager::commit_early`]);
     /// empty while none is sealed.
@@ -1461,6 +1465,7 @@ impl Manager {
             recent_at: 0,
             evicting: 0,
             background_open: false,
+            background_released: false,
             background_protected: false,
             taken_back: Vec::new(),
             sealed: Vec::new(),
@@ -1682,7 +1687,7 @@ impl Manager {
         self.recent[self.recent_at % 8] = i;
         self.recent_at += 1;
         self.last_fault = i;
-        if self.st(i) & OWNED != 0 && !self.commit_early(i, sys::present(addr), stats) {
+        if self.st(i) & OWNED != 0 && !self.commit_early(i, stats) {
             // Released by an eviction that has not committed yet: the
             // evictor wakes this fault after its commit (see the module
             // docs); the retry finds the page stored.
@@ -2401,6 +2406,7 @@ impl Manager {
     /// ([`Manager::commit_early`]).
     pub fn seal_background(&mut self, pages: &[usize], outcome: &[Outcome]) -> Vec<usize> {
         self.background_open = false;
+        self.background_released = false;
         let back = std::mem::take(&mut self.taken_back);
         self.sealed.clear();
         self.sealed.extend(pages.iter().zip(outcome).map(|(&i, &o)| {
@@ -2411,8 +2417,8 @@ impl Manager {
     }
 
     /// A fault on page `i`, a victim of the sealed background batch in
-    /// flight that is no longer in memory (`present` false: the caller
-    /// looked, under the lock): the evictor has released it, and what it
+    /// flight whose release has returned: the evictor has released it
+    /// (unless it was taken back or refused), and what it
     /// made of it (the compressed copy, or nothing for a page of zeros)
     /// is in the store already. Commits that page alone, now, as
     /// [`Manager::commit_background`] would, so that the fault is served
@@ -2421,14 +2427,24 @@ impl Manager {
     /// pages, ~1 ms). Returns whether it did; the batch's commit then
     /// skips the page.
     ///
-    /// The page's absence is what makes it safe: only the evictor's
-    /// release takes a sealed victim out of memory (the program's own
-    /// releases wait for OWNED pages, `lock_unowned`), and a released
-    /// page is not released again. A fault on a victim still present (a
-    /// write, or one raised before the page came back and was chosen)
-    /// waits for the commit as before.
-    pub fn commit_early(&mut self, i: usize, present: bool, stats: &Stats) -> bool {
-        if present || self.background_open || self.st(i) & (STATE | OWNED) != EVICTING | OWNED {
+    /// Only once the evictor's release has returned
+    /// ([`Manager::background_released`]), not as soon as the page is out
+    /// of memory: `MADV_DONTNEED` clears a page's entry at once but
+    /// flushes the other CPUs' TLBs at its end (for the whole batch, when
+    /// `process_madvise` batches it). A page installed in between could
+    /// be written by a thread on one CPU and then read, by the same
+    /// thread moved to another CPU, through that CPU's stale entry for
+    /// the old page: the write seems lost. (`sort` under `cli_run` at
+    /// 16M printed a NUL for one newline, one run in about a hundred:
+    /// `sort` writes the newline into its line, then copies the line
+    /// out.) Before the release returns, such a fault waits for the
+    /// commit, as a fault on a victim still in memory always does (a
+    /// write, or one raised before the page came back and was chosen).
+    /// Only the evictor's release takes a sealed victim out of memory
+    /// (the program's own releases wait for OWNED pages,
+    /// `lock_unowned`), and a released page is not released again.
+    pub fn commit_early(&mut self, i: usize, stats: &Stats) -> bool {
+        if !self.background_released || self.st(i) & (STATE | OWNED) != EVICTING | OWNED {
             return false;
         }
         let Ok(k) = self.sealed.binary_search_by_key(&i, |e| e.0) else { return false };
@@ -2441,6 +2457,13 @@ impl Manager {
         stats.committed_early.fetch_add(1, Ordering::Relaxed);
         stats.resident.store(self.resident, Ordering::Relaxed);
         true
+    }
+
+    /// The evictor's release of the sealed background batch has returned
+    /// (every TLB flushed): its released victims may be committed early
+    /// from now on ([`Manager::commit_early`]).
+    pub fn background_released(&mut self) {
+        self.background_released = !self.sealed.is_empty();
     }
 
     /// Takes up to `max` victims, oldest first, while the resident count
@@ -2582,6 +2605,7 @@ impl Manager {
     /// ([`Manager::commit_early`]) are done already.
     pub fn commit_background(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) {
         let sealed = std::mem::take(&mut self.sealed);
+        self.background_released = false;
         self.commit_skipping(v, outcome, &sealed, stats);
     }
 
@@ -4383,7 +4407,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fault_on_a_victim_the_sealed_batch_has_released_is_served_at_once() {
+    fn a_fault_on_a_victim_the_sealed_batch_has_released_is_served_once_the_release_returns() {
         let (mut m, base) = test_manager(64);
         let stats = Stats::new();
         fill_pages(&mut m, base, 64, &stats, |i| 0x40 + i as u8);
@@ -4395,7 +4419,7 @@ mod tests {
         let outcome = v.compress_protected(&stats).unwrap();
         assert!(outcome.iter().all(|&o| o == Outcome::Stored), "{outcome:?}");
         // Not sealed yet: nothing is committed early.
-        assert!(!m.commit_early(a, false, &stats));
+        assert!(!m.commit_early(a, &stats));
         // A write takes c back before the seal.
         m.write_fault(base + c * PAGE, &stats).unwrap();
         assert_eq!(m.seal_background(&v.pages, &outcome), vec![c]);
@@ -4408,17 +4432,23 @@ mod tests {
         let mut release = outcome.clone();
         release[v.pages.binary_search(&c).unwrap()] = Outcome::Kept;
         v.release(&release).unwrap();
-        // Released: a fault on a is served from the store at once.
+        // Out of memory, but until the evictor says its release has
+        // returned (its TLB flushes done) the fault still waits.
         assert!(!present(base + a * PAGE));
+        assert_eq!(m.serve(base + a * PAGE, &stats).unwrap(), None);
+        assert_eq!(stats.deferred.load(Ordering::Relaxed), 2);
+        assert_eq!(m.st(a) & (STATE | OWNED), EVICTING | OWNED);
+        // Released: a fault on a is served from the store at once.
+        m.background_released();
         let _ = m.serve(base + a * PAGE, &stats).unwrap();
         assert_eq!(stats.committed_early.load(Ordering::Relaxed), 1);
-        assert_eq!(stats.deferred.load(Ordering::Relaxed), 1, "served, not left waiting");
+        assert_eq!(stats.deferred.load(Ordering::Relaxed), 2, "served, not left waiting");
         assert_eq!(m.st(a) & (STATE | OWNED), RESIDENT);
         // SAFETY: page a is resident again.
         let back = unsafe { std::slice::from_raw_parts((base + a * PAGE) as *const u8, PAGE) };
         assert!(back.iter().all(|&x| x == 0x40 + a as u8));
         // The page taken back is not the store's to give: never early.
-        assert!(!m.commit_early(c, false, &stats));
+        assert!(!m.commit_early(c, &stats));
         assert_eq!(m.st(c) & (STATE | OWNED), RESIDENT | OWNED);
         v.unprotect_kept(&outcome).unwrap();
         m.commit_background(&v, &outcome, &stats);
@@ -4440,7 +4470,8 @@ mod tests {
         let w = m.take_victims(4, 0, 0).unwrap().expect("victims");
         let wo = w.compress(&stats).unwrap();
         w.release(&wo).unwrap();
-        assert!(!m.commit_early(w.pages[0], false, &stats));
+        m.background_released();
+        assert!(!m.commit_early(w.pages[0], &stats));
         w.unprotect_kept(&wo).unwrap();
         m.commit(&w, &wo, &stats);
         w.wake_released(&wo).unwrap();
