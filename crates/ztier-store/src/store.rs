@@ -1191,17 +1191,28 @@ impl Store {
         let mut slots = [NIL; 16];
         let mut have = k;
         let mut touched = 0u8;
+        // In steps, each over all the pages: the lookups (each misses on
+        // its entry in the slab), then where each page's bytes are (the
+        // allocator's slab of them), then the bytes, one load per cache
+        // line. Each step's misses wait for the step before, but no
+        // page's wait for another page's, so the pages' misses overlap.
+        // (Page by page, one page's long touching loop kept the next
+        // page's lookup from starting: `examples/get_run.rs` took 2.0 µs
+        // a page against 1.8 in steps.)
         for at in k..end {
             let Some(s) = g.find(hash_key(&key(at)), &key(at)) else { break };
             slots[at - k] = s;
             have = at + 1;
+        }
+        let mut bytes: [&[u8]; 16] = [&[]; 16];
+        for (b, &s) in bytes.iter_mut().zip(&slots[..have - k]) {
             let e = g.slab[s as usize];
             if e.in_allocator() {
-                if let Some(d) = g.alloc.bytes(Loc(e.loc), e.len as usize) {
-                    // One load per cache line: the misses overlap.
-                    touched ^= d.iter().step_by(64).fold(0, |a, &b| a ^ b);
-                }
+                *b = g.alloc.bytes(Loc(e.loc), e.len as usize).unwrap_or(&[]);
             }
+        }
+        for d in &bytes[..have - k] {
+            touched ^= d.iter().step_by(64).fold(0, |a, &b| a ^ b);
         }
         std::hint::black_box(touched);
         let mut scratch = Scratch::take();
