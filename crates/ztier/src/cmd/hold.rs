@@ -148,12 +148,41 @@ impl Control {
     }
 }
 
+/// How long `ztier stats` waits for a process's command line.
+const CMDLINE_WAIT: Duration = Duration::from_secs(1);
+
+/// The bytes of file `path`, read in a thread of its own within `limit`;
+/// `None` if the read failed or took longer (the thread is left to
+/// finish on its own). For `/proc/PID/cmdline`: reading another
+/// process's arguments takes its memory map's lock, and a process stuck
+/// in the kernel with that lock held would hold this command up too.
+fn read_within(path: String, limit: Duration) -> Option<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("ztier-read".into())
+        .spawn(move || {
+            let _ = tx.send(std::fs::read(&path).ok());
+        })
+        .ok()?;
+    rx.recv_timeout(limit).ok().flatten()
+}
+
+/// Process `pid`'s command line (`/proc/PID/cmdline`, within
+/// [`CMDLINE_WAIT`]), arguments apart by NULs; if it cannot be read in
+/// time, or is empty, its name in brackets as `ps` shows it
+/// (`/proc/PID/comm`, which takes no lock of the process's memory).
+fn command_line(pid: u32) -> Vec<u8> {
+    match read_within(format!("/proc/{pid}/cmdline"), CMDLINE_WAIT) {
+        Some(cmd) if !cmd.is_empty() => cmd,
+        _ => {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("[{}]", comm.trim_end()).into_bytes()
+        }
+    }
+}
+
 fn silent(pid: u32) -> String {
-    let argv: Vec<Vec<u8>> = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .unwrap_or_default()
-        .split(|&b| b == 0)
-        .map(<[u8]>::to_vec)
-        .collect();
+    let argv: Vec<Vec<u8>> = command_line(pid).split(|&b| b == 0).map(<[u8]>::to_vec).collect();
     if argv.len() > 1 && argv[0].ends_with(b"ztier") && argv[1] == b"run" {
         // `$!` after `ztier run ... &` is this one.
         let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
@@ -196,7 +225,7 @@ pub fn list(json: bool) -> Result<i32> {
     let mut rows = Vec::new();
     for pid in managed_processes()? {
         let answer = Control::connect(pid).and_then(|c| c.ask(b"stats", Duration::from_secs(1)));
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = command_line(pid);
         // On one line: arguments apart by a space, a newline in one shown as one.
         let cmd: String =
             String::from_utf8_lossy(&cmd).chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
@@ -582,5 +611,46 @@ impl Drop for Caught {
             // SAFETY: putting back the disposition `new` found.
             unsafe { libc::signal(sig, old) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read that blocks (a FIFO nobody writes) gives up at the limit;
+    /// one that does not returns the bytes; a process's command line
+    /// falls back to its name.
+    #[test]
+    fn a_read_that_blocks_gives_up_at_the_limit() {
+        let dir = std::env::temp_dir().join(format!("ztier-read-within-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let t = std::time::Instant::now();
+        assert_eq!(read_within(fifo.to_str().unwrap().to_string(), Duration::from_millis(200)), None);
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(5), "{took:?}");
+        // Let the blocked reader go: a writer opens and closes (EOF).
+        drop(std::fs::OpenOptions::new().write(true).open(&fifo).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let me = read_within("/proc/self/cmdline".into(), CMDLINE_WAIT).unwrap();
+        assert!(!me.is_empty());
+        assert_eq!(command_line(std::process::id()), std::fs::read("/proc/self/cmdline").unwrap());
+        // A process with no command line (a zombie: its memory is gone)
+        // shows its name in brackets.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let stat = format!("/proc/{}/stat", child.id());
+        let t = std::time::Instant::now();
+        while !std::fs::read_to_string(&stat).unwrap().contains(") Z ") {
+            assert!(t.elapsed() < Duration::from_secs(10), "`true` did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(command_line(child.id()), b"[true]");
+        child.wait().unwrap();
     }
 }
