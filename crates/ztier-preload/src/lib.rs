@@ -515,6 +515,7 @@ extern "C" fn library_loaded() {
     // glibc's exec and spawn functions, and what a program started from
     // this one inherits (the environment is still the initial one).
     spawn::note_start();
+    look_up_glibc_threads();
     let own_malloc = program_has_own_malloc();
     OWN_MALLOC.store(own_malloc, Ordering::Release);
     LOADED.store(true, Ordering::Release);
@@ -1262,6 +1263,46 @@ fn prime_heap_check() {
     }
 }
 
+/// glibc's count of the process's live threads (`__nptl_nthreads`,
+/// exported to `libthread_db` as `GLIBC_PRIVATE`), or null where this
+/// glibc has none ([`look_up_glibc_threads`]).
+static GLIBC_THREADS: std::sync::atomic::AtomicPtr<u32> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Finds [`GLIBC_THREADS`], once, when the library is loaded (the
+/// dynamic linker's lookup is not for a fork handler).
+fn look_up_glibc_threads() {
+    // SAFETY: dlvsym with NUL-terminated name and version; the symbol,
+    // when found, is glibc's `unsigned int`, which lives as long as the
+    // process.
+    let p =
+        unsafe { libc::dlvsym(libc::RTLD_DEFAULT, c"__nptl_nthreads".as_ptr(), c"GLIBC_PRIVATE".as_ptr()) };
+    GLIBC_THREADS.store(p.cast(), Ordering::Release);
+}
+
+/// Takes a thread just made by glibc's `pthread_create` for the library
+/// out of glibc's count of live threads. glibc ends the process, by
+/// `exit(0)`, when the last thread it counts ends (`start_thread`, or
+/// `pthread_exit` in the main thread): the library's threads, which
+/// never end, kept a program whose last thread leaves by `pthread_exit`
+/// alive for ever. CPython's forked child of a thread other than the
+/// main one ends so (the thread's function returns, the thread exits,
+/// and it is the child's only thread): the child stayed a zombie leader
+/// with the library's three threads, and its parent waited for it for
+/// ever (CPython's `test_threading`). The library's threads are not the
+/// program's: with them uncounted the process ends where it would
+/// natively. (glibc sets the count to 1 in a forked child, whose library
+/// threads are then made anew and taken out again.)
+fn uncount_library_thread() {
+    let p = GLIBC_THREADS.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: glibc's counter, an aligned `unsigned int` it changes
+        // only with atomic operations; the thread counted lives.
+        let count = unsafe { AtomicU32::from_ptr(p) };
+        count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
     // A raw pthread, not std::thread: std initialises thread-locals (with
     // destructors registered through calloc) before running the closure,
@@ -1356,6 +1397,7 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
         eprintln!("ztier: cannot start the fault handler: {}", std::io::Error::from_raw_os_error(r));
         std::process::abort();
     }
+    uncount_library_thread();
     // The new thread makes its per-thread data (glibc allocates for it
     // with the program's `calloc`) before the program runs on: a program
     // with an allocator of its own may take that allocator's lock and

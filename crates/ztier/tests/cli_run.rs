@@ -611,6 +611,94 @@ fn fork_with_and_without_exec() {
     assert!(compressed(&s) > 5000);
 }
 
+/// Runs `cmd` under `ztier run --budget budget --stats` in a process
+/// group of its own; after `secs` seconds the whole group is killed and
+/// `None` returned (the program hung); else its output and merged stats.
+fn managed_within(budget: &str, secs: u64, cmd: &[&str], dir: &Path) -> Option<(Output, serde_json::Value)> {
+    use std::os::unix::process::CommandExt;
+    let stats = dir.join(format!("stats-{}.json", cmd[0].replace('/', "_")));
+    let child = Command::new(ztier())
+        .args(["run", "--budget", budget, "--stats"])
+        .arg(&stats)
+        .arg("--")
+        .args(cmd)
+        .current_dir(dir)
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pgid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(out) => {
+            let out = out.unwrap();
+            let s = std::fs::read_to_string(&stats).unwrap_or_else(|e| {
+                panic!("no stats ({e}); stderr: {}", String::from_utf8_lossy(&out.stderr))
+            });
+            Some((out, serde_json::from_str(&s).unwrap()))
+        }
+        Err(_) => {
+            // SAFETY: kill has no memory preconditions; the group is the
+            // one made for this run.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            None
+        }
+    }
+}
+
+/// A process ends when its last thread ends, whichever thread that is,
+/// with the library's threads still running: glibc ends the process
+/// when the last thread it counts leaves, and counted the library's,
+/// which never end. CPython's `test_threading` forks from a thread
+/// other than the main one; the child's only thread returns from its
+/// function, and the child stayed a zombie leader with the library's
+/// three threads while its parent polled for it for ever
+/// (`test_main_thread_after_fork_from_nonmain_thread`). `lastthread.c`
+/// does that, then its main thread leaves by `pthread_exit` before its
+/// last thread: both processes end with status 0 (and write their
+/// statistics: the last thread's `exit(0)` runs the exit handlers), the
+/// heap read right, at a budget under it. The same in Python.
+#[test]
+fn a_process_ends_with_its_last_thread_even_a_forked_one() {
+    let d = tmp("lastthread");
+    let exe = compile(&d, "lastthread");
+    let py = "import os, threading, sys, time\n\
+              data = [bytes([i % 251]) * 4096 for i in range(12000)]\n\
+              def func():\n\
+              \x20   pid = os.fork()\n\
+              \x20   if pid == 0:\n\
+              \x20       print(threading.main_thread().name, sum(b[7] for b in data)); sys.stdout.flush()\n\
+              \x20   else:\n\
+              \x20       for _ in range(3000):\n\
+              \x20           p, status = os.waitpid(pid, os.WNOHANG)\n\
+              \x20           if p:\n\
+              \x20               print('child ended', os.waitstatus_to_exitcode(status)); break\n\
+              \x20           time.sleep(0.01)\n\
+              \x20       else:\n\
+              \x20           print('child still running after 30 s'); os.kill(pid, 9)\n\
+              th = threading.Thread(target=func); th.start(); th.join(); print('done')\n";
+    std::fs::write(d.join("lastthread.py"), py).unwrap();
+    for cmd in [vec![exe.as_str()], vec!["python3", "lastthread.py"]] {
+        let n = native(&cmd, &d);
+        assert!(n.status.success(), "native {cmd:?}: {n:?}");
+        let text = String::from_utf8_lossy(&n.stdout);
+        assert!(text.contains("ended, status 0") || text.contains("child ended 0"), "{text}");
+        let Some((m, s)) = managed_within("16M", 90, &cmd, &d) else {
+            panic!("{cmd:?} under ztier run still running after 90 s (native: {text})")
+        };
+        assert_eq!(m.status.code(), Some(0), "{cmd:?}: {}", String::from_utf8_lossy(&m.stderr));
+        assert_eq!(String::from_utf8_lossy(&m.stdout), text, "{cmd:?}");
+        let procs = s["per_process"].as_array().unwrap();
+        assert!(
+            procs.len() >= 2 && procs.iter().filter(|p| p["forked_child"] == 1).count() == 1,
+            "{cmd:?}: the parent and its forked child each counted: {s}"
+        );
+        assert!(compressed(&s) > 1000, "{cmd:?}: {} pages compressed", compressed(&s));
+    }
+}
+
 /// `--budget-scope tree`: the processes of a command share one budget,
 /// as a memory cgroup's limit covers them all. Three forked workers that
 /// run at once (`examples/workloads/workers.py`, ~25 MB of records each)
