@@ -115,9 +115,13 @@ macro_rules! direct {
                 // SAFETY: glibc's function of this name, which has this
                 // signature.
                 let f = unsafe { std::mem::transmute::<usize, unsafe extern "C-unwind" fn($($ty),*) -> $ret>(p) };
-                crate::sud::fast($nr, args([$($a as u64),*]), || {
-                    // SAFETY: the caller's arguments, passed on.
-                    unsafe { f($($arg),*) as isize }
+                let a = args([$($a as u64),*]);
+                crate::sud::fast($nr, a, || {
+                    // (`getdents64`: the library's descriptors left out.)
+                    crate::fds::listed($nr, a, || {
+                        // SAFETY: the caller's arguments, passed on.
+                        unsafe { f($($arg),*) as isize }
+                    })
                 }) as $ret
             }
         )*
@@ -390,8 +394,11 @@ pub unsafe extern "C" fn syscall(
     // SAFETY: glibc's `syscall`, a variadic function of this type.
     let real = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_long, ...) -> c_long>(p) };
     crate::sud::fast(nr, args, || {
-        // SAFETY: the caller's arguments, passed on.
-        unsafe { real(nr, a, b, c, d, e, f) as isize }
+        // (`getdents64`: the library's descriptors left out.)
+        crate::fds::listed(nr, args, || {
+            // SAFETY: the caller's arguments, passed on.
+            unsafe { real(nr, a, b, c, d, e, f) as isize }
+        })
     }) as c_long
 }
 
@@ -573,8 +580,13 @@ static REAL_FCNTL: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
 const FCNTL_NAMES: [&str; 2] = ["fcntl\0", "fcntl64\0"];
 
 fn fcntl_via(slot: usize, fd: c_int, cmd: c_int, arg: u64) -> c_int {
+    let a = [fd as u64, cmd as u64, arg, 0, 0, 0];
+    // The library's own descriptors are not the program's to see.
+    if let Some(r) = crate::fds::guard_c(libc::SYS_fcntl, a) {
+        return r as c_int;
+    }
     let p = real(&REAL_FCNTL, slot, FCNTL_NAMES[slot]);
-    crate::sud::fast(libc::SYS_fcntl, [fd as u64, cmd as u64, arg, 0, 0, 0], || {
+    crate::sud::fast(libc::SYS_fcntl, a, || {
         // SAFETY: glibc's function of that name, variadic after the
         // command, called with the caller's arguments (the third passed
         // in its register whether or not the command reads it).

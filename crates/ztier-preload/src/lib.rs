@@ -1293,13 +1293,21 @@ fn look_up_glibc_threads() {
 /// program's: with them uncounted the process ends where it would
 /// natively. (glibc sets the count to 1 in a forked child, whose library
 /// threads are then made anew and taken out again.)
+///
+/// The count is glibc's from its increment in `pthread_create` to here:
+/// if the program's last thread left meanwhile (only the watchdog makes
+/// library threads while the program runs), it found the count above one
+/// and did not end the process; this ends it as that thread would have.
 fn uncount_library_thread() {
     let p = GLIBC_THREADS.load(Ordering::Acquire);
     if !p.is_null() {
         // SAFETY: glibc's counter, an aligned `unsigned int` it changes
         // only with atomic operations; the thread counted lives.
         let count = unsafe { AtomicU32::from_ptr(p) };
-        count.fetch_sub(1, Ordering::AcqRel);
+        if count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // SAFETY: exit as glibc's last thread calls it.
+            unsafe { libc::exit(0) };
+        }
     }
 }
 

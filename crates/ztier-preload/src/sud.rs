@@ -2717,8 +2717,11 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                 uc.uc_mcontext.gregs[rax] = dispatch(nr, a);
             }
             _ => {
-                // The library's own descriptors (see `crate::fds`).
-                uc.uc_mcontext.gregs[rax] = crate::fds::guard(nr, a).unwrap_or_else(|| dispatch(nr, a));
+                // The library's own descriptors (see `crate::fds`): kept
+                // from the program's calls, left out of its listings.
+                uc.uc_mcontext.gregs[rax] = crate::fds::guard(nr, a).unwrap_or_else(|| {
+                    dispatch_via(nr, a, || crate::fds::listed(nr, a, || raw(nr, a) as isize) as i64)
+                });
             }
         }
     }
