@@ -18,7 +18,7 @@
 //! - the program's `close` of one fails with `EBADF`, as it would
 //!   natively, and leaves it open; its `close_range` and `closefrom`
 //!   close around them; its `dup2`/`dup3` onto one fails with `EBADF`,
-//!   said once on stderr ([`guard`]). That holds for glibc's functions
+//!   said once in the log ([`guard`]). That holds for glibc's functions
 //!   (exported in [`crate::direct`]), `syscall(2)` with those numbers,
 //!   and, where system calls are caught (`crate::sud`), the raw calls
 //!   too. A raw `close` system call in full mode is not seen;
@@ -176,8 +176,8 @@ fn guard_slow(nr: i64, a: [u64; 6]) -> Option<i64> {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Ordering::Relaxed) {
                 // No allocation: this may run in the dispatch handler.
-                crate::say_unallocated(format_args!(
-                    "ztier: process {}: dup2 onto descriptor {}, which ztier's library uses: refused (EBADF)\n",
+                crate::notice(format_args!(
+                    "ztier: process {}: dup2 onto descriptor {}, which ztier's library uses: refused (EBADF)",
                     std::process::id(),
                     a[1]
                 ));

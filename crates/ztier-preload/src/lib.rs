@@ -44,7 +44,7 @@
 //! which count the reservation though nothing is committed, the arena is smaller
 //! ([`arena_bytes`]), its span region a quarter of it as above. When the
 //! arena has no room left for a request, the memory comes from glibc or
-//! the kernel instead, unmanaged (said once on stderr).
+//! the kernel instead, unmanaged (said once in the log).
 //!
 //! **The handler must never fault on arena memory** (it would wait for
 //! itself). Threads of the library (the handler, and any thread while it
@@ -93,6 +93,14 @@
 //! datagram (`ztier stats PID`). With `ZTIER_FAULT_LOG_DIR` (`ztier run --fault-log DIR`) each
 //! process also writes one row per page-in as `PID.csv` there (see
 //! [`faultlog`]).
+//!
+//! **Notices**: what the library says that the program did not cause (a
+//! request the arena cannot hold, a full store, a call refused in this
+//! mode) goes to the log `ZTIER_LOG` names (`ztier run --log FILE`, or a
+//! file in `ztier run`'s folder whose lines end up in `--stats`), opened
+//! at start-up ([`open_log`]) and written by [`notice`]; the program's
+//! stderr is its own. Without `ZTIER_LOG` (`--log -`), stderr. Messages
+//! that end the program (an abort of the library's) are said on stderr.
 
 // The library's interface is C symbols; these docs are read with
 // `cargo doc --document-private-items`, so they link its private modules.
@@ -237,6 +245,45 @@ pub(crate) fn say_unallocated(args: std::fmt::Arguments) {
     let _ = std::io::Write::write_fmt(&mut w, args);
     let n = w.position();
     sud::raw(libc::SYS_write, [2, buf.as_ptr() as u64, n, 0, 0, 0]);
+}
+
+/// The descriptor notices are written to ([`notice`]): the log
+/// `ZTIER_LOG` names, opened at start-up ([`open_log`]; a forked child
+/// keeps its parent's), else 2, stderr.
+static LOG_FD: AtomicI32 = AtomicI32::new(2);
+
+/// Opens the log `ZTIER_LOG` names, for appending, once when the library
+/// starts (before anything it says), its descriptor kept (see [`fds`]);
+/// an `exec`'d image opens it again. Where it cannot be opened, notices
+/// go to stderr, and the first says why.
+fn open_log() {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::IntoRawFd;
+    let Some(path) = std::env::var_os("ZTIER_LOG").filter(|p| !p.is_empty()) else { return };
+    match std::fs::OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(&path) {
+        Ok(f) => LOG_FD.store(fds::keep(f.into_raw_fd()), Ordering::Relaxed),
+        Err(e) => eprintln!(
+            "ztier: process {}: cannot open the log {} ({e}): ztier's notices go to stderr",
+            std::process::id(),
+            std::path::Path::new(&path).display()
+        ),
+    }
+}
+
+/// Says `args` (one line, without its newline) in the log ([`LOG_FD`]),
+/// from a buffer on the stack (cut at 1 KiB), by a raw system call:
+/// nothing allocated, so from anywhere (the dispatch handler, a thread
+/// that may hold glibc's allocator's lock, a crashing one). One `write`
+/// per line, so lines of several processes appending to the log never
+/// mix.
+pub(crate) fn notice(args: std::fmt::Arguments) {
+    let mut buf = [0u8; 1024];
+    let mut w = std::io::Cursor::new(&mut buf[..1023]);
+    let _ = std::io::Write::write_fmt(&mut w, args);
+    let n = w.position() as usize;
+    buf[n] = b'\n';
+    let fd = LOG_FD.load(Ordering::Relaxed);
+    sud::raw(libc::SYS_write, [fd as u64, buf.as_ptr() as u64, n as u64 + 1, 0, 0, 0]);
 }
 
 /// Address space of the arena (less under an address-space limit:
@@ -625,6 +672,7 @@ fn knob_size(name: &str) -> Option<usize> {
 /// run under a budget, and silently running without one would lie.
 fn start() -> bool {
     let Some(budget) = env_size("ZTIER_BUDGET") else { return false };
+    open_log();
     // Every setting read later, read now (see `knob`).
     let _ = knob("ZTIER_PIN");
     let codec =
@@ -2089,12 +2137,12 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
                     // renewals sent while the process was stopped (under a
                     // debugger) are in them.
                     if lock(&g.mgr).release_holds(None, std::time::Instant::now()) {
-                        eprintln!(
+                        notice(format_args!(
                             "ztier: process {}: a hold (`ztier hold`) was not renewed for {} s: its \
                              holder is gone; pages are evicted again",
                             std::process::id(),
                             HOLD_LEASE.as_secs()
-                        );
+                        ));
                     }
                 }
                 continue;
@@ -2457,11 +2505,11 @@ extern "C" fn at_exit() {
                 // Said, not lost silently: a process that dropped root
                 // before it was forked cannot write into `ztier run`'s
                 // folder.
-                eprintln!(
+                notice(format_args!(
                     "ztier: process {}: its statistics are left out of --stats: writing {}: {e}",
                     std::process::id(),
                     path.display()
-                );
+                ));
             }
         }
         // Taken under the lock, written after it is let go: threads still
@@ -2475,7 +2523,7 @@ extern "C" fn at_exit() {
         };
         if let Some(log) = log {
             if let Err(e) = log.write_file(&own_file_name("csv")) {
-                eprintln!("ztier: writing the fault log into {}: {e}", log.dir.display());
+                notice(format_args!("ztier: writing the fault log into {}: {e}", log.dir.display()));
             }
         }
     });
@@ -3044,8 +3092,8 @@ pub unsafe extern "C" fn _Fork() -> libc::pid_t {
         if !SAID.swap(true, Ordering::Relaxed) {
             let msg: &[u8] = b"ztier: _Fork was called from a signal handler that interrupted ztier's code \
                 in the same thread (or ztier's locks stayed taken for 100 ms): its child was made without \
-                ztier's fork handlers, and reads zeros from evicted memory\n";
-            sud::raw(libc::SYS_write, [2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
+                ztier's fork handlers, and reads zeros from evicted memory";
+            notice(format_args!("{}", std::str::from_utf8(msg).unwrap_or("")));
         }
         // Not caught as a fork of the program's own (`fork_unseen` would
         // make it with the handlers after all).

@@ -196,7 +196,7 @@ fn counted<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// The arena has no room for a request of `bytes`: it is served by
-/// glibc or the kernel instead, unmanaged (as natively), and stderr says
+/// glibc or the kernel instead, unmanaged (as natively), and the log says
 /// so once. A small arena (under `ulimit -v`) fills; before, `malloc`
 /// then failed where it would have succeeded natively. A request of
 /// over a quarter of the arena (a 64 GiB reservation, a `malloc(64 GiB)`
@@ -210,21 +210,21 @@ pub(crate) fn arena_full(g: &Global, bytes: usize) {
     if !(if large { &SAID_LARGE } else { &SAID_FULL }).swap(true, Ordering::Relaxed) {
         crate::as_inside(|| {
             if large {
-                eprintln!(
+                crate::notice(format_args!(
                     "ztier: process {}: {} MiB asked at once does not fit in the arena ({} MiB of address \
                      space): it comes from glibc or the kernel, unmanaged, as other such requests may; \
                      smaller ones are still managed",
                     std::process::id(),
                     bytes >> 20,
                     g.arena_bytes >> 20
-                )
+                ))
             } else {
-                eprintln!(
+                crate::notice(format_args!(
                     "ztier: process {}: the arena ({} MiB of address space) is full: further memory comes \
                      from glibc and the kernel, unmanaged",
                     std::process::id(),
                     g.arena_bytes >> 20
-                )
+                ))
             }
         });
     }
@@ -907,7 +907,7 @@ static REFUSED_RUN: AtomicU32 = AtomicU32::new(0);
 /// `munmap(a, len)` of arena memory: if it is the mapping last given for
 /// a hint, whole, the program refused it (it was not where it asked); at
 /// [`REFUSALS`] in a row of one length, hints are granted from then on,
-/// and stderr says so once.
+/// and the log says so once.
 fn note_refused(a: usize, len: usize) {
     if a == 0 || len != LAST_HINTED_LEN.load(Ordering::Relaxed) {
         return;
@@ -917,12 +917,12 @@ fn note_refused(a: usize, len: usize) {
     }
     let run = REFUSED_RUN.fetch_add(1, Ordering::Relaxed) + 1;
     if run >= REFUSALS && !HINTS_GRANTED.swap(true, Ordering::Relaxed) {
-        eprintln!(
+        crate::notice(format_args!(
             "ztier: process {}: the program gave back {run} mappings in a row that were not at the \
              address it asked for (as a runtime that needs fixed addresses does, ZGC): from now on such \
              memory comes from the kernel at that address where it can, unmanaged",
             std::process::id()
-        );
+        ));
     }
 }
 
@@ -1384,7 +1384,7 @@ fn populate(g: &Global, first: usize, n: usize) -> c_int {
             }
         });
         if let Err(e) = r {
-            eprintln!("ztier: madvise(MADV_POPULATE): bringing back {k} pages failed: {e}");
+            crate::notice(format_args!("ztier: madvise(MADV_POPULATE): bringing back {k} pages failed: {e}"));
             sys::set_errno(libc::ENOMEM);
             return -1;
         }
@@ -1430,7 +1430,7 @@ fn lock_range(a: *const c_void, len: usize, nr: i64, flags: u64) -> c_int {
                     Ok(true) => return 0,
                     Ok(false) => continue,
                     Err(e) => {
-                        eprintln!("ztier: mlock: bringing back {n} pages failed: {e}");
+                        crate::notice(format_args!("ztier: mlock: bringing back {n} pages failed: {e}"));
                         sys::set_errno(libc::ENOMEM);
                         return -1;
                     }
@@ -1523,7 +1523,7 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
         LOCK_FUTURE.store(flags & libc::MCL_FUTURE != 0, std::sync::atomic::Ordering::Relaxed);
         let used = crate::used(g, &crate::lock(&g.pages));
         if let Err(e) = m.lock_all(true, &used, &g.stats) {
-            eprintln!("ztier: mlockall: bringing back stored pages failed: {e}");
+            crate::notice(format_args!("ztier: mlockall: bringing back stored pages failed: {e}"));
             sys::set_errno(libc::ENOMEM);
             return -1;
         }

@@ -142,8 +142,9 @@ fn python3_dict_and_list_heavy() {
         // Where the kernel's own faults are not served (the suite run with
         // ZTIER_FAULT_PATH=signal or as a user-mode-only userfaultfd), its
         // writes to a write-protected page would fail: wp becomes verify,
-        // and says so; no page is installed write-protected.
-        assert!(String::from_utf8_lossy(&m.stderr).contains("using --clean verify"), "{m:?}");
+        // and says so (in the notices, not on the program's stderr); no
+        // page is installed write-protected.
+        assert!(notices(&s).contains("using --clean verify") && m.stderr.is_empty(), "{m:?} {s}");
         assert!(s["wp_faults"].as_u64().unwrap() < s["dirtied"].as_u64().unwrap(), "{s}");
     } else {
         // Here every page written after it came back took a write fault.
@@ -412,11 +413,14 @@ fn dup2_onto_a_library_descriptor_is_refused() {
                   \x20   except OSError as e:\n\
                   \x20       bad += e.errno == 9\n\
                   print(bad >= 3, bad + taken == 64)\n";
-    let (o, _) = managed_with("8M", &[], &["python3", "-c", script], &d);
+    let (o, s) = managed_with("8M", &[], &["python3", "-c", script], &d);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert_eq!(String::from_utf8_lossy(&o.stdout), "True True\n", "{err}");
-    assert_eq!(err.matches("which ztier's library uses: refused (EBADF)").count(), 1, "{err}");
+    // Said in the notices, the program's stderr left alone.
+    let said = notices(&s);
+    assert_eq!(said.matches("which ztier's library uses: refused (EBADF)").count(), 1, "{said}");
+    assert!(err.is_empty(), "{err}");
 }
 
 /// Faults from threads on other CPUs than the main thread's start a
@@ -727,6 +731,58 @@ fn the_librarys_descriptors_are_not_the_programs_to_see() {
     assert!(compressed(&s) > 1000, "{} pages compressed", compressed(&s));
 }
 
+/// A program's stderr is its own: what ztier says about the run that the
+/// program did not cause goes to the `--stats` file (`notices`), to
+/// `--log FILE`, or to stderr only when asked (`--log -`, or with
+/// `--summary` after the run). CPython's `test_bytes` asks for ~800 TB to
+/// get a `MemoryError`, and "... MiB asked at once does not fit in the
+/// arena" came out among its output; here a 512 PiB `bytearray`.
+#[test]
+fn notices_stay_out_of_the_programs_stderr_unless_asked() {
+    require("python3");
+    let d = tmp("notices");
+    let cmd = [
+        "python3",
+        "-c",
+        "x = [bytearray(4096) for i in range(4000)]\n\
+         try:\n\
+         \x20   bytearray(2 ** 59)\n\
+         except MemoryError:\n\
+         \x20   print('MemoryError')\n",
+    ];
+    let n = native(&cmd, &d);
+    assert!(n.status.success() && n.stdout == b"MemoryError\n", "{n:?}");
+    let said = "MiB asked at once does not fit in the arena";
+    let log = d.join("ztier.log");
+    std::fs::write(&log, "an earlier line\n").unwrap();
+    for (opts, on_stderr) in [
+        (vec![], false),
+        (vec!["--log", log.to_str().unwrap()], false),
+        (vec!["--log", "-"], true),
+        (vec!["--summary"], true),
+    ] {
+        let (m, s) = managed_with("8M", &opts, &cmd, &d);
+        let err = String::from_utf8_lossy(&m.stderr);
+        assert!(m.status.success() && m.stdout == n.stdout, "{opts:?}: {m:?}");
+        assert_eq!(err.matches(said).count(), usize::from(on_stderr), "{opts:?}: {err}");
+        match opts.first().copied() {
+            // Listed with the statistics, this run's only.
+            None | Some("--log") if !on_stderr => {
+                assert_eq!(s["notices"].as_array().map(Vec::len), Some(1), "{opts:?}: {s}");
+                assert!(notices(&s).contains(said), "{opts:?}: {s}");
+            }
+            Some("--summary") => {
+                assert!(err.find(said) < err.find("ztier run: exit 0"), "{err}");
+                assert!(notices(&s).contains(said), "{opts:?}: {s}");
+            }
+            _ => assert!(s.get("notices").is_none(), "{opts:?}: {s}"),
+        }
+        assert!(compressed(&s) > 0, "{opts:?}: {s}");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.starts_with("an earlier line\n") && text.matches(said).count() == 1, "{text}");
+}
+
 /// `--budget-scope tree`: the processes of a command share one budget,
 /// as a memory cgroup's limit covers them all. Three forked workers that
 /// run at once (`examples/workloads/workers.py`, ~25 MB of records each)
@@ -1013,9 +1069,10 @@ fn a_statically_linked_program_is_said_to_be_out_of_reach() {
         // did not hold: before, nothing said so.
         assert_eq!((m.status.code(), &m.stdout), (n.status.code(), &n.stdout), "{cmd}");
         assert_eq!(m.status.code(), Some(3));
-        let err = String::from_utf8_lossy(&m.stderr);
+        let err = notices(&s);
         assert!(err.contains("st is statically linked") && err.contains("not managed"), "{cmd}: {err}");
         assert!(err.contains("went over the budget (16 MiB)"), "{cmd}: {err}");
+        assert!(!String::from_utf8_lossy(&m.stderr).contains("ztier"), "{cmd}: {m:?}");
         assert_eq!(s["processes"].as_u64(), Some(0), "{s}");
     }
     // A dynamically linked program gets no such warning, nor one run by
@@ -1280,10 +1337,11 @@ fn the_fault_log_has_a_row_per_page_in_that_agrees_with_the_statistics() {
     }
     assert_eq!(std::fs::read_dir(&log).unwrap().count(), procs.len());
 
-    // Past its limit a process counts the rows it could not keep and says so.
+    // Past its limit a process counts the rows it could not keep and says
+    // so (in the log asked for: here stderr).
     let log = d.join("log-capped");
     let o = Command::new(ztier())
-        .args(["run", "--budget", "32M", "--fault-log"])
+        .args(["run", "--budget", "32M", "--log", "-", "--fault-log"])
         .arg(&log)
         .arg("--")
         .arg(d.join("loop"))
@@ -1672,9 +1730,13 @@ fn held_pages_can_be_read_from_outside_by_debuggers() {
                 print('ready', ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)), n, flush=True)\n\
                 sys.stdin.readline()\n\
                 print('same' if hashlib.sha256(b).digest() == h else 'changed', flush=True)\n";
+    // ztier's notices (a hold that lapsed) go to a log of their own.
+    let notices = d.join("notices.log");
     let mut child = Command::new(ztier())
         .args(["run", "--budget", "8M", "--store", "4M", "--spill"])
         .arg(&spill)
+        .arg("--log")
+        .arg(&notices)
         .args(["--", "python3", "-c", prog])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -1804,7 +1866,9 @@ fn held_pages_can_be_read_from_outside_by_debuggers() {
     assert!(child.wait().unwrap().success());
     let mut err = String::new();
     child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert_eq!(err.matches("was not renewed for 5 s").count(), 1, "the killed holder's only: {err}");
+    assert!(!err.contains("ztier"), "the program's stderr is its own: {err}");
+    let said = std::fs::read_to_string(&notices).unwrap();
+    assert_eq!(said.matches("was not renewed for 5 s").count(), 1, "the killed holder's only: {said}");
 }
 
 /// `ztier hold --tree`: a Python program forks a child that fills 16 MiB
@@ -2168,6 +2232,7 @@ fn a_full_store_keeps_pages_resident_and_says_why() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{opts:?}: {:?}: {err}", o.status);
         assert!(o.stdout == n.stdout, "{opts:?}: output differs from the native run");
+        let err = notices(&v);
         let said: Vec<&str> = err.lines().filter(|l| l.contains("the compressed store is full")).collect();
         assert_eq!(said.len(), 1, "{opts:?}: said once: {err}");
         // One process: all of the command's --store is its share.
@@ -2250,7 +2315,7 @@ fn an_address_space_limit_shrinks_the_arena() {
         let p = &v["per_process"][0];
         assert!(p["faults"].as_u64().unwrap() > 1000, "ulimit {flag} {limit}: managed: {p}");
         assert!(p["peak_resident_bytes"].as_u64().unwrap() <= budget_bytes(budget), "{p}");
-        let said = err.matches("is full: further memory comes from glibc and the kernel").count();
+        let said = notices(&v).matches("is full: further memory comes from glibc and the kernel").count();
         assert_eq!(said, usize::from(full), "ulimit {flag} {limit}: {err}");
     }
     for (flag, what) in [("-v", "address-space limit"), ("-d", "data limit")] {
