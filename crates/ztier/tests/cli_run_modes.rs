@@ -1,6 +1,7 @@
-//! `ztier run` tests that run their program in each of the three ways
-//! ztier serves faults themselves ([`MODES`]: a handler thread, the
-//! faulting thread, a handler thread on a user-mode-only userfaultfd).
+//! `ztier run` tests that run their program in each of the four ways
+//! ztier serves faults themselves ([`MODES`]: a handler thread or the
+//! faulting thread, on a full userfaultfd or on the user-mode-only one an
+//! unprivileged user gets, where the faulting thread is the default).
 //! `make test` runs this file once; `cli_run.rs`, whose tests take the
 //! way from the environment, runs once per way.
 
@@ -108,10 +109,12 @@ fn output_within(cmd: &mut Command, secs: u64, what: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
-/// The three ways `ztier run` serves a program: (`--fault-path`,
+/// The four ways `ztier run` serves a program: (`--fault-path`,
 /// `ZTIER_UFFD_USER_MODE_ONLY`) — a handler thread, the faulting thread,
-/// a handler thread under a user-mode-only userfaultfd.
-const MODES: [(&str, &str); 3] = [("thread", "0"), ("signal", "0"), ("thread", "1")];
+/// each on a full userfaultfd (root's default: the handler thread) and on
+/// a user-mode-only one (an unprivileged user's default: the faulting
+/// thread).
+const MODES: [(&str, &str); 4] = [("thread", "0"), ("signal", "0"), ("thread", "1"), ("signal", "1")];
 
 /// Runs `cmd` (in `d`) under `ztier run --budget 16M` in one of
 /// [`MODES`], with `env` set too; its output and merged stats.
