@@ -707,6 +707,7 @@ fn start() -> bool {
                 let m = lock(&GLOBAL.get().expect("set").mgr);
                 (m.uffd.user_mode_only, m.uffd.sigbus)
             };
+            USER_MODE_ONLY.store(user_mode_only, Ordering::Relaxed);
             if user_mode_only || sigbus {
                 if let Err(e) = sud::install(sigbus) {
                     let why = if sigbus {
@@ -861,6 +862,11 @@ fn try_start(cfg: Config) -> std::io::Result<Global> {
     })
 }
 
+/// Is this process's userfaultfd user-mode-only (set when it starts or
+/// is forked)? For [`filtered`], which may run with the manager's lock
+/// held.
+static USER_MODE_ONLY: AtomicBool = AtomicBool::new(false);
+
 /// Why pages could not be brought back in a thread of the program (a
 /// fault served in it with `--fault-path signal`, or a system call's
 /// memory under a user-mode-only userfaultfd), where the reason is the
@@ -877,7 +883,9 @@ pub(crate) fn filtered(e: &std::io::Error) -> &'static str {
     };
     if !status.lines().any(|l| l.starts_with("Seccomp:") && l.split_whitespace().nth(1) != Some("0")) {
         ""
-    } else if sud::sigbus_on() {
+    } else if sud::sigbus_on() && !USER_MODE_ONLY.load(Ordering::Relaxed) {
+        // (Under a user-mode-only userfaultfd the faulting thread brings
+        // back its system calls' memory on either path.)
         " in this thread, which runs under a seccomp filter of the program that forbids the library's calls \
          (with --fault-path thread faults are served by the library's own thread, which is not under it)"
     } else {
@@ -2958,6 +2966,7 @@ extern "C" fn fork_child() {
             eprintln!("ztier: the forked child cannot manage its memory: {e}: aborting");
             std::process::abort();
         }
+        USER_MODE_ONLY.store(m.uffd.user_mode_only, Ordering::Relaxed);
         if m.uffd.user_mode_only && !sud::active() {
             // The parent had a full-mode userfaultfd, the child (forked
             // after the program dropped root, with no /dev/userfaultfd
