@@ -558,6 +558,8 @@ extern "C" fn library_loaded() {
     // constructors is the linker's).
     direct::look_up_all();
     dl::look_up();
+    // Where glibc's code lies: what it allocates for itself stays glibc's.
+    shim::note_libc();
     sud::find_jumps();
     // glibc's exec and spawn functions, and what a program started from
     // this one inherits (the environment is still the initial one).

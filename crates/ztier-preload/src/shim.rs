@@ -273,6 +273,64 @@ fn ldso_text() -> (usize, usize) {
     }
     // SAFETY: the kernel maps the dynamic linker's first segment, with its
     // ELF header and program headers, at AT_BASE; they stay mapped.
+    unsafe { text_of(base) }
+}
+
+/// Where glibc's own code lies (`libc.so.6`'s executable segment),
+/// `[start, end)`, found when the library is loaded ([`note_libc`]);
+/// (0, 0) before, or if it was not found.
+static LIBC_TEXT: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// Finds [`LIBC_TEXT`] (from the library's constructor: `dladdr` takes
+/// the dynamic linker's lock, not for inside `malloc`).
+pub(crate) fn note_libc() {
+    // SAFETY: a zeroed Dl_info is valid (null pointers); dladdr only
+    // writes it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: any address may be asked about.
+    if unsafe { libc::dladdr(__libc_malloc as *const c_void, &mut info) } == 0 || info.dli_fbase.is_null() {
+        return;
+    }
+    // SAFETY: the base of a loaded object: its first segment, with the
+    // ELF header and program headers, stays mapped while it is loaded
+    // (libc always is).
+    let (lo, hi) = unsafe { text_of(info.dli_fbase as usize) };
+    LIBC_TEXT[1].store(hi, Ordering::Relaxed);
+    LIBC_TEXT[0].store(lo, Ordering::Release);
+}
+
+/// Is `ret` (the return address of a call into the malloc family) in
+/// glibc's own code: a block glibc allocates for itself?
+///
+/// glibc keeps some of its state in blocks from `malloc` and touches them
+/// inside `fork` after the fork handlers have run, when the library's
+/// `prepare` handler holds the manager's lock until its `parent` or
+/// `child` one: the NSS configuration's state (locked and copied by
+/// `__nss_database_fork_prepare_parent`, written again in the child) and
+/// every open `FILE` (`fopen`'s, whose locks the child resets). Evicted,
+/// such a block faulted in the parent with the lock held, and nothing
+/// could serve the fault: CPython's `test_os` (`test_waitpid`: a program
+/// that had looked up a user, then `os.spawnv`) hung at `--budget 16M`
+/// in every run. In the child, before its `child` handler registers the
+/// arena with its own userfaultfd, a write to an evicted block lands on
+/// a fresh page of zeros, which the child then keeps: the rest of that
+/// page silently lost. So small blocks glibc allocates for itself (up to
+/// [`GLIBC_GROW_MAX`]: its bookkeeping, `strdup`'s and `getline`'s short
+/// strings too) are glibc's, unmanaged; larger ones (a `qsort` buffer, a
+/// long line) are the arena's, as before.
+fn from_libc(ret: usize) -> bool {
+    let lo = LIBC_TEXT[0].load(Ordering::Acquire);
+    ret >= lo && ret < LIBC_TEXT[1].load(Ordering::Relaxed)
+}
+
+/// The executable segment `[start, end)` of the ELF object loaded at
+/// `base`, from its program headers; (0, 0) if it has none.
+///
+/// # Safety
+/// `base` is the address where an ELF object's first segment, with its
+/// headers, is mapped.
+unsafe fn text_of(base: usize) -> (usize, usize) {
+    // SAFETY: the caller's contract: the headers are mapped at `base`.
     unsafe {
         let eh = &*(base as *const libc::Elf64_Ehdr);
         if eh.e_ident[..4] != *b"\x7fELF" {
@@ -307,7 +365,7 @@ extern "C" fn malloc_from(size: usize, ret: usize) -> *mut c_void {
     let _sud = crate::sud::Allow::hot();
     // SAFETY: glibc's malloc (its lock taken: counted).
     let glibc = |size| counted(|| unsafe { __libc_malloc(size) });
-    if from_ldso(ret) {
+    if from_ldso(ret) || (size <= GLIBC_GROW_MAX && from_libc(ret)) {
         return glibc(size);
     }
     match global_for(size) {
@@ -332,7 +390,7 @@ extern "C" fn calloc_from(n: usize, size: usize, ret: usize) -> *mut c_void {
     let _sud = crate::sud::Allow::hot();
     // SAFETY: glibc's calloc (its lock taken: counted).
     let glibc = |n, size| counted(|| unsafe { __libc_calloc(n, size) });
-    if from_ldso(ret) {
+    if from_ldso(ret) || (n.saturating_mul(size) <= GLIBC_GROW_MAX && from_libc(ret)) {
         return glibc(n, size);
     }
     match global_for(n.saturating_mul(size)) {

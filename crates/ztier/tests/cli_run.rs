@@ -705,6 +705,26 @@ fn a_process_ends_with_its_last_thread_even_a_forked_one() {
     }
 }
 
+/// Blocks glibc allocates for itself and touches inside `fork` while the
+/// library's fork handlers hold its lock (the NSS configuration's state,
+/// a `fopen`ed `FILE`) are glibc's, never evicted: `libcstate.c` makes
+/// both after its 64 MiB heap, pushes them out of the 16M budget before
+/// each of 20 forks, and each child writes to the `FILE` and looks its
+/// user up again. Before, the parent faulted inside `fork` with the lock
+/// held and hung until the watchdog aborted it (CPython's `test_os`,
+/// `test_waitpid`, hung for good: its faulthandler ran on the watchdog).
+#[test]
+fn glibcs_own_blocks_stay_resident_across_fork() {
+    let d = tmp("libcstate");
+    let exe = compile(&d, "libcstate");
+    let n = native(&[&exe], &d);
+    assert_eq!(String::from_utf8_lossy(&n.stdout), "forks 20, children ok 20, heap intact\n", "{n:?}");
+    let Some((m, s)) = managed_within("16M", 90, &[&exe], &d) else { panic!("still running after 90 s") };
+    assert!(m.status.success() && m.stdout == n.stdout, "{m:?}");
+    assert_eq!(s["processes"].as_u64(), Some(21), "the parent and its 20 children: {s}");
+    assert!(compressed(&s) > 5000, "{s}");
+}
+
 /// The program sees the descriptors it would see natively: the
 /// library's own (userfaultfd, eventfd, control socket, statistics file,
 /// the userfaultfd device), at 960 and up, are left out of its listings
