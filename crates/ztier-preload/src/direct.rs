@@ -616,12 +616,66 @@ pub unsafe extern "C-unwind" fn fcntl64(fd: c_int, cmd: c_int, arg: u64) -> c_in
     fcntl_via(1, fd, cmd, arg)
 }
 
+/// glibc's `readdir` and `readdir64`, looked up with the others.
+static REAL_READDIR: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+const READDIR_NAMES: [&str; 2] = ["readdir\0", "readdir64\0"];
+
+/// glibc's `readdir` (`slot` 0) or `readdir64` (1), skipping the entries
+/// of the library's descriptors in a listing of the process's own
+/// ([`crate::fds::hidden_entry`]). glibc reads ahead with its own
+/// `getdents64`, which only the dispatch handler sees.
+///
+/// # Safety
+/// The C contract of `readdir`.
+unsafe fn readdir_via(slot: usize, d: *mut libc::DIR) -> *mut libc::dirent64 {
+    let p = real(&REAL_READDIR, slot, READDIR_NAMES[slot]);
+    // SAFETY: glibc's `readdir`/`readdir64` (one function on x86-64), of
+    // this type.
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut libc::DIR) -> *mut libc::dirent64>(p)
+    };
+    loop {
+        // SAFETY: the caller's directory stream.
+        let e = unsafe { f(d) };
+        // SAFETY: glibc's entry, its name NUL-terminated; `d` is open.
+        if e.is_null() || !unsafe { crate::fds::hidden_entry(libc::dirfd(d), (*e).d_name.as_ptr().cast()) } {
+            return e;
+        }
+    }
+}
+
+/// `readdir(3)`: glibc's, the library's descriptors left out of a
+/// listing of the process's own ([`crate::fds`]).
+///
+/// # Safety
+/// The C contract of `readdir`.
+#[no_mangle]
+pub unsafe extern "C" fn readdir(d: *mut libc::DIR) -> *mut libc::dirent64 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { readdir_via(0, d) }
+}
+
+/// `readdir64(3)`: as [`readdir`].
+///
+/// # Safety
+/// The C contract of `readdir64`.
+#[no_mangle]
+pub unsafe extern "C" fn readdir64(d: *mut libc::DIR) -> *mut libc::dirent64 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { readdir_via(1, d) }
+}
+
 pub(crate) extern "C" fn look_up_all() {
     for (slot, name) in REAL.iter().zip(NAMES) {
         slot.store(lookup(name), Ordering::Relaxed);
     }
     REAL_SYSCALL[0].store(lookup("syscall\0"), Ordering::Relaxed);
-    for (slot, name) in REAL_OPEN.iter().zip(OPEN_NAMES).chain(REAL_FCNTL.iter().zip(FCNTL_NAMES)) {
+    for (slot, name) in REAL_OPEN
+        .iter()
+        .zip(OPEN_NAMES)
+        .chain(REAL_FCNTL.iter().zip(FCNTL_NAMES))
+        .chain(REAL_READDIR.iter().zip(READDIR_NAMES))
+    {
         slot.store(lookup(name), Ordering::Relaxed);
     }
 }

@@ -27,7 +27,7 @@
 //!   or `dup3` from it) fails with `EBADF` ([`guard`]), and a listing of
 //!   the process's own descriptors (`/proc/self/fd`, `/dev/fd`,
 //!   `/proc/PID/fdinfo`, a thread's `task/TID/fd`) leaves them out, read
-//!   by `readdir` or by `getdents64` ([`listed`], [`readdir`]). CPython's
+//!   by `readdir` or by `getdents64` ([`listed`], [`hidden_entry`]). CPython's
 //!   `test_subprocess` (`test_pass_fds_redirected`) has an exec'd child
 //!   `fstat` every number below its limit and found the child's own
 //!   library's five descriptors besides those it was given. Still seen:
@@ -348,54 +348,17 @@ fn lists_own(dir: i32) -> bool {
     rest == b"/fd" || rest == b"/fdinfo"
 }
 
-/// glibc's `readdir` and `readdir64`, looked up when first called.
-static REAL_READDIR: [std::sync::atomic::AtomicUsize; 2] =
-    [const { std::sync::atomic::AtomicUsize::new(0) }; 2];
-
-/// glibc's `readdir` (`slot` 0) or `readdir64` (1), skipping the entries
-/// of the library's descriptors in a listing of the process's own. glibc
-/// reads ahead with its own `getdents64`, which only the dispatch
-/// handler sees.
+/// Is the directory entry named `name` (NUL-terminated), read from the
+/// directory open as `dir` by the program, one of the library's
+/// descriptors in a listing of the process's own (to be skipped: see
+/// `readdir` in [`crate::direct`])?
 ///
 /// # Safety
-/// The C contract of `readdir`.
-unsafe fn next_entry(d: *mut libc::DIR, slot: usize) -> *mut libc::dirent64 {
-    let p = crate::direct::real(&REAL_READDIR, slot, ["readdir\0", "readdir64\0"][slot]);
-    // SAFETY: glibc's `readdir`/`readdir64` (one function on x86-64), of
-    // this type.
-    let f = unsafe {
-        std::mem::transmute::<usize, unsafe extern "C" fn(*mut libc::DIR) -> *mut libc::dirent64>(p)
-    };
-    loop {
-        // SAFETY: the caller's directory stream.
-        let e = unsafe { f(d) };
-        if e.is_null() || LOWEST.load(Ordering::Relaxed) == i32::MAX || crate::inside() {
-            return e;
-        }
-        // SAFETY: glibc's entry, its name NUL-terminated; `d` is open.
-        if !unsafe { kept_name((*e).d_name.as_ptr().cast()) } || !lists_own(unsafe { libc::dirfd(d) }) {
-            return e;
-        }
-    }
-}
-
-/// `readdir(3)`: glibc's, the library's descriptors left out of a
-/// listing of the process's own ([`crate::fds`]).
-///
-/// # Safety
-/// The C contract of `readdir`.
-#[no_mangle]
-pub unsafe extern "C" fn readdir(d: *mut libc::DIR) -> *mut libc::dirent64 {
-    // SAFETY: the caller's contract, passed on.
-    unsafe { next_entry(d, 0) }
-}
-
-/// `readdir64(3)`: as [`readdir`].
-///
-/// # Safety
-/// The C contract of `readdir64`.
-#[no_mangle]
-pub unsafe extern "C" fn readdir64(d: *mut libc::DIR) -> *mut libc::dirent64 {
-    // SAFETY: the caller's contract, passed on.
-    unsafe { next_entry(d, 1) }
+/// `name` points to a NUL-terminated string.
+pub unsafe fn hidden_entry(dir: i32, name: *const u8) -> bool {
+    LOWEST.load(Ordering::Relaxed) != i32::MAX
+        && !crate::inside()
+        // SAFETY: the caller's contract.
+        && unsafe { kept_name(name) }
+        && lists_own(dir)
 }

@@ -43,7 +43,7 @@ const REGRTEST: &str = "/usr/lib/python3.11/test/libregrtest";
 /// code and libraries (not managed): so every managed run compresses. A
 /// budget for all (16M) left 13 modules under it, nothing compressed.
 fn budget_for(native_peak: u64) -> u64 {
-    (native_peak / 3 >> 20).max(4) << 20
+    ((native_peak / 3) >> 20).max(4) << 20
 }
 /// regrtest's `--timeout` (per test file; it dumps the tracebacks and
 /// ends the run) and the limit of a whole run, after which its process
@@ -184,6 +184,8 @@ fn run_module(dir: &Path, module: &str, budget: u64) -> Outcome {
         .stderr(out)
         .process_group(0);
     let t = Instant::now();
+    // Reaped by `wait4` below, which gives its resource usage too.
+    #[allow(clippy::zombie_processes)]
     let child = cmd.spawn().unwrap();
     let pid = child.id() as libc::pid_t;
     // Waited for here (with its resource usage), not through `child`.
@@ -319,8 +321,8 @@ fn cpython_regression_modules_give_native_results_under_a_budget() {
     let d = tmp("cpython");
     let t0 = Instant::now();
     let next = Arc::new(Mutex::new(0usize));
-    let results: Arc<Mutex<Vec<Option<(Outcome, Outcome)>>>> =
-        Arc::new(Mutex::new(vec![None; MODULES.len()]));
+    type Pair = Option<(Outcome, Outcome)>;
+    let results: Arc<Mutex<Vec<Pair>>> = Arc::new(Mutex::new(vec![None; MODULES.len()]));
     let workers: Vec<_> = (0..AT_ONCE)
         .map(|_| {
             let (next, results, d) = (next.clone(), results.clone(), d.clone());
