@@ -315,9 +315,10 @@ pub(crate) fn note_libc() {
 /// arena with its own userfaultfd, a write to an evicted block lands on
 /// a fresh page of zeros, which the child then keeps: the rest of that
 /// page silently lost. So small blocks glibc allocates for itself (up to
-/// [`GLIBC_GROW_MAX`]: its bookkeeping, `strdup`'s and `getline`'s short
-/// strings too) are glibc's, unmanaged; larger ones (a `qsort` buffer, a
-/// long line) are the arena's, as before.
+/// [`GLIBC_GROW_MAX`]: its bookkeeping, and the short strings of
+/// `getline`, `asprintf` and the like, unmanaged) are glibc's; larger ones
+/// (a `qsort` buffer, a long line) are the arena's, as before, and so are
+/// `strdup`'s and `strndup`'s copies, made by the library ([`copy_out`]).
 fn from_libc(ret: usize) -> bool {
     let lo = LIBC_TEXT[0].load(Ordering::Acquire);
     ret >= lo && ret < LIBC_TEXT[1].load(Ordering::Relaxed)
@@ -512,6 +513,72 @@ fn realloc_glibc(p: *mut c_void, size: usize) -> *mut c_void {
     }
     // SAFETY: glibc memory stays glibc's.
     unsafe { __libc_realloc(p, size) }
+}
+
+/// A copy of the `len` bytes at `s` and a NUL, from the library's
+/// `malloc` (called here, so the arena's like any block of the
+/// program's); null with `ENOMEM` if there is no room.
+///
+/// glibc's `strdup` family allocates inside glibc, where blocks of up to
+/// 64 KiB are glibc's ([`from_libc`]); but the copy is the program's
+/// data, not glibc's state: GNU make keeps every variable's value so
+/// (20 MiB of them in `cli_run_modes::make_runs_recipes_from_a_cold_heap`,
+/// unmanaged until these were exported).
+///
+/// # Safety
+/// `s` is readable for `len` bytes.
+unsafe fn copy_out(s: *const u8, len: usize) -> *mut u8 {
+    // SAFETY: the library's malloc, C contract.
+    let p = unsafe { malloc(len + 1) }.cast::<u8>();
+    if !p.is_null() {
+        // SAFETY: `len` readable bytes into a new block of `len + 1`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s, p, len);
+            *p.add(len) = 0;
+        }
+    }
+    p
+}
+
+/// `strdup(3)`: see [`copy_out`].
+///
+/// # Safety
+/// The C contract of `strdup`.
+#[no_mangle]
+pub unsafe extern "C" fn strdup(s: *const libc::c_char) -> *mut libc::c_char {
+    // SAFETY: a NUL-terminated string (the caller's contract).
+    unsafe { copy_out(s.cast(), libc::strlen(s)) }.cast()
+}
+
+/// `__strdup`: glibc's other name for `strdup`.
+///
+/// # Safety
+/// The C contract of `strdup`.
+#[no_mangle]
+pub unsafe extern "C" fn __strdup(s: *const libc::c_char) -> *mut libc::c_char {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { strdup(s) }
+}
+
+/// `strndup(3)`: see [`copy_out`].
+///
+/// # Safety
+/// The C contract of `strndup`.
+#[no_mangle]
+pub unsafe extern "C" fn strndup(s: *const libc::c_char, n: usize) -> *mut libc::c_char {
+    // SAFETY: a string readable up to its NUL or `n` bytes (the caller's
+    // contract).
+    unsafe { copy_out(s.cast(), libc::strnlen(s, n)) }.cast()
+}
+
+/// `__strndup`: glibc's other name for `strndup`.
+///
+/// # Safety
+/// The C contract of `strndup`.
+#[no_mangle]
+pub unsafe extern "C" fn __strndup(s: *const libc::c_char, n: usize) -> *mut libc::c_char {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { strndup(s, n) }
 }
 
 /// `reallocarray(3)`.
