@@ -12,9 +12,10 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::engine::{BlkError, BlockState, Engine};
+use crate::live::{Histogram, Prom, Report};
 use crate::nbd::{self, cflag, cmd, errno, info, opt, rep, reply, tflag, Request, Session};
 
 /// How the export is offered.
@@ -85,17 +86,223 @@ impl Write for Conn {
     }
 }
 
-/// Server-wide counters.
-#[derive(Debug, Default)]
+/// Server-wide counters, updated as each request is answered.
+#[derive(Default)]
 pub struct ServerStats {
     /// Connections accepted.
     pub connections: AtomicU64,
+    /// Connections open now.
+    pub connections_open: AtomicU64,
     /// Requests answered.
     pub requests: AtomicU64,
     /// Requests answered with an error.
     pub errors: AtomicU64,
     /// Connections dropped for protocol violations.
     pub protocol_errors: AtomicU64,
+    /// READ requests.
+    pub reads: AtomicU64,
+    /// WRITE requests.
+    pub writes: AtomicU64,
+    /// FLUSH requests.
+    pub flushes: AtomicU64,
+    /// TRIM, WRITE_ZEROES, BLOCK_STATUS and other requests.
+    pub others: AtomicU64,
+    /// Bytes read by clients.
+    pub bytes_read: AtomicU64,
+    /// Bytes written by clients.
+    pub bytes_written: AtomicU64,
+    /// Latency (request read to reply sent) of every request.
+    pub latency: Histogram,
+    /// Of READ requests.
+    pub read_latency: Histogram,
+    /// Of WRITE requests.
+    pub write_latency: Histogram,
+    /// Of FLUSH requests.
+    pub flush_latency: Histogram,
+}
+
+impl ServerStats {
+    fn record(&self, req: &Request, took: Duration, error: bool) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.errors.fetch_add(u64::from(error), Ordering::Relaxed);
+        self.latency.record(took);
+        let len = req.length as u64;
+        match req.kind {
+            cmd::READ => {
+                self.reads.fetch_add(1, Ordering::Relaxed);
+                self.read_latency.record(took);
+                if !error {
+                    self.bytes_read.fetch_add(len, Ordering::Relaxed);
+                }
+            }
+            cmd::WRITE => {
+                self.writes.fetch_add(1, Ordering::Relaxed);
+                self.write_latency.record(took);
+                if !error {
+                    self.bytes_written.fetch_add(len, Ordering::Relaxed);
+                }
+            }
+            cmd::FLUSH => {
+                self.flushes.fetch_add(1, Ordering::Relaxed);
+                self.flush_latency.record(took);
+            }
+            _ => {
+                self.others.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// What `ztier blk stats` of a served image and the metrics endpoint
+/// report: the engine's statistics plus the server's live counters.
+pub struct Live {
+    /// The engine served.
+    pub engine: Arc<Engine>,
+    /// The server's counters.
+    pub stats: Arc<ServerStats>,
+    /// The image's path, as given.
+    pub image: String,
+    /// When serving started.
+    pub started: std::time::Instant,
+}
+
+impl Report for Live {
+    fn stats(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self.engine.stats()).unwrap_or_default();
+        let s = &self.stats;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let live = serde_json::json!({
+            "served": true,
+            "image": self.image,
+            "pid": std::process::id(),
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "connections": g(&s.connections),
+            "connections_open": g(&s.connections_open),
+            "requests": g(&s.requests),
+            "errors": g(&s.errors),
+            "protocol_errors": g(&s.protocol_errors),
+            "read_requests": g(&s.reads),
+            "write_requests": g(&s.writes),
+            "flush_requests": g(&s.flushes),
+            "other_requests": g(&s.others),
+            "bytes_read": g(&s.bytes_read),
+            "bytes_written": g(&s.bytes_written),
+            "latency_p50_us": s.latency.quantile_us(0.5),
+            "latency_p99_us": s.latency.quantile_us(0.99),
+            "read_latency_p50_us": s.read_latency.quantile_us(0.5),
+            "read_latency_p99_us": s.read_latency.quantile_us(0.99),
+            "write_latency_p50_us": s.write_latency.quantile_us(0.5),
+            "write_latency_p99_us": s.write_latency.quantile_us(0.99),
+            "flush_latency_p50_us": s.flush_latency.quantile_us(0.5),
+            "flush_latency_p99_us": s.flush_latency.quantile_us(0.99),
+        });
+        if let (Some(o), serde_json::Value::Object(l)) = (v.as_object_mut(), live) {
+            o.extend(l);
+        }
+        v
+    }
+
+    fn prometheus(&self, w: &mut Prom) {
+        let e = self.engine.stats();
+        let s = &self.stats;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let img = [("image", self.image.as_str())];
+        w.counter("blk_requests_total", "NBD requests answered", &img, g(&s.requests));
+        w.counter("blk_request_errors_total", "NBD requests answered with an error", &img, g(&s.errors));
+        w.counter(
+            "blk_protocol_errors_total",
+            "connections dropped for protocol violations",
+            &img,
+            g(&s.protocol_errors),
+        );
+        w.counter("blk_connections_total", "connections accepted", &img, g(&s.connections));
+        w.gauge("blk_connections_open", "connections open", &img, g(&s.connections_open));
+        for (op, v) in [("read", &s.reads), ("write", &s.writes), ("flush", &s.flushes), ("other", &s.others)]
+        {
+            w.counter("blk_requests_by_op_total", "NBD requests by command", &[img[0], ("op", op)], g(v));
+        }
+        w.counter("blk_read_bytes_total", "bytes read by clients", &img, g(&s.bytes_read));
+        w.counter("blk_written_bytes_total", "bytes written by clients", &img, g(&s.bytes_written));
+        for (op, h) in [
+            ("all", &s.latency),
+            ("read", &s.read_latency),
+            ("write", &s.write_latency),
+            ("flush", &s.flush_latency),
+        ] {
+            w.histogram(
+                "blk_request_duration_seconds",
+                "request read to reply sent",
+                &[img[0], ("op", op)],
+                h,
+            );
+        }
+        w.gauge("blk_logical_bytes", "logical size", &img, e.logical_size as f64);
+        w.gauge(
+            "blk_mapped_bytes",
+            "logical bytes of blocks holding data",
+            &img,
+            e.logical_bytes_mapped as f64,
+        );
+        w.gauge(
+            "blk_stored_bytes",
+            "bytes the data blocks take in extents",
+            &img,
+            e.data_stored_bytes as f64,
+        );
+        w.gauge(
+            "blk_physical_bytes",
+            "physical bytes of the image in use",
+            &img,
+            e.physical_bytes_used as f64,
+        );
+        w.gauge("blk_compression_ratio", "mapped / stored bytes", &img, e.ratio);
+        w.gauge("blk_extents", "extents in the image", &img, e.extents_total as f64);
+        w.gauge("blk_extents_free", "extents free", &img, e.extents_free as f64);
+        w.gauge("blk_zero_blocks", "blocks written as zeros", &img, e.zero_blocks as f64);
+        w.gauge("blk_same_blocks", "blocks filled with a repeated pattern", &img, e.same_blocks as f64);
+        w.counter("blk_checkpoints_total", "checkpoints written", &img, e.checkpoints as f64);
+        w.counter(
+            "blk_checkpoint_pages_total",
+            "table pages written by checkpoints",
+            &img,
+            e.checkpoint_pages_written as f64,
+        );
+        w.counter(
+            "blk_checkpoint_seconds_total",
+            "time spent in checkpoints",
+            &img,
+            e.checkpoint_us as f64 / 1e6,
+        );
+        w.gauge(
+            "blk_checkpoint_max_seconds",
+            "the longest checkpoint",
+            &img,
+            e.checkpoint_max_us as f64 / 1e6,
+        );
+        w.counter("blk_cleaner_runs_total", "cleaner passes", &img, e.cleaner_runs as f64);
+        w.counter(
+            "blk_cleaner_extents_total",
+            "extents freed by the cleaner",
+            &img,
+            e.extents_cleaned as f64,
+        );
+        w.counter(
+            "blk_cleaner_blocks_moved_total",
+            "blocks moved by the cleaner",
+            &img,
+            e.blocks_relocated as f64,
+        );
+        w.counter("blk_cleaner_seconds_total", "time spent cleaning", &img, e.cleaner_us as f64 / 1e6);
+        w.counter("blk_enospc_total", "writes refused for lack of space", &img, e.enospc as f64);
+        w.counter("blk_corrupt_reads_total", "reads that found damaged data", &img, e.corrupt_reads as f64);
+    }
+
+    fn command(&self, cmd: &str) -> Option<serde_json::Value> {
+        (cmd == "verify").then(|| match self.engine.verify_blocks() {
+            Ok(p) => serde_json::json!({ "problems": p, "data_blocks": self.engine.stats().data_blocks }),
+            Err(e) => serde_json::json!({ "error": format!("verifying: {e}") }),
+        })
+    }
 }
 
 /// Accepts connections until `stop` is set, each on its own thread. A
@@ -143,11 +350,13 @@ pub fn serve(
                 stats.connections.fetch_add(1, Ordering::Relaxed);
                 let (engine, cfg, stats) = (engine.clone(), cfg.clone(), stats.clone());
                 std::thread::spawn(move || {
+                    stats.connections_open.fetch_add(1, Ordering::Relaxed);
                     if let Err(e) = handle(c, &engine, &cfg, &stats) {
                         if e.kind() != io::ErrorKind::UnexpectedEof && e.kind() != io::ErrorKind::BrokenPipe {
                             eprintln!("ztier blk: connection ended: {e}");
                         }
                     }
+                    stats.connections_open.fetch_sub(1, Ordering::Relaxed);
                 });
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
@@ -170,7 +379,12 @@ fn protocol_error(msg: &str) -> io::Error {
 }
 
 /// Serves one connection: handshake, then transmission.
-pub fn handle(mut c: Conn, engine: &Arc<Engine>, cfg: &ServeConfig, stats: &ServerStats) -> io::Result<()> {
+pub fn handle(
+    mut c: Conn,
+    engine: &Arc<Engine>,
+    cfg: &ServeConfig,
+    stats: &Arc<ServerStats>,
+) -> io::Result<()> {
     let r = match negotiate(&mut c, engine, cfg) {
         Ok(Some(s)) => transmission(c, engine, s, cfg, stats),
         Ok(None) => Ok(()),
@@ -347,6 +561,8 @@ fn negotiate(c: &mut Conn, engine: &Engine, cfg: &ServeConfig) -> io::Result<Opt
 struct Job {
     req: Request,
     payload: Vec<u8>,
+    /// When its header was read.
+    at: Instant,
 }
 
 #[derive(Default)]
@@ -371,41 +587,37 @@ fn transmission(
     engine: &Arc<Engine>,
     s: Session,
     cfg: &ServeConfig,
-    stats: &ServerStats,
+    stats: &Arc<ServerStats>,
 ) -> io::Result<()> {
     let writer = Arc::new(Mutex::new(c.try_clone()?));
     let queue = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
     let failed = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..cfg.threads.max(1))
         .map(|_| {
-            let (engine, writer, queue, failed) =
-                (engine.clone(), writer.clone(), queue.clone(), failed.clone());
-            std::thread::spawn(move || -> (u64, u64) {
-                let (mut done, mut errors) = (0, 0);
-                loop {
-                    let job = {
-                        let (m, cv) = &*queue;
-                        let mut q = m.lock().expect("queue lock");
-                        loop {
-                            if let Some(j) = q.reads.pop_front().or_else(|| q.others.pop_front()) {
-                                break Some(j);
-                            }
-                            if q.closed {
-                                break None;
-                            }
-                            q = cv.wait(q).expect("queue lock");
+            let (engine, writer, queue, failed, stats) =
+                (engine.clone(), writer.clone(), queue.clone(), failed.clone(), stats.clone());
+            std::thread::spawn(move || loop {
+                let job = {
+                    let (m, cv) = &*queue;
+                    let mut q = m.lock().expect("queue lock");
+                    loop {
+                        if let Some(j) = q.reads.pop_front().or_else(|| q.others.pop_front()) {
+                            break Some(j);
                         }
-                    };
-                    let Some(job) = job else { break };
-                    let (out, err) = run(&engine, &s, &job);
-                    done += 1;
-                    errors += u64::from(err);
-                    let mut w = writer.lock().expect("writer lock");
-                    if w.write_all(&out).is_err() {
-                        failed.store(true, Ordering::Release);
+                        if q.closed {
+                            break None;
+                        }
+                        q = cv.wait(q).expect("queue lock");
                     }
+                };
+                let Some(job) = job else { break };
+                let (out, err) = run(&engine, &s, &job);
+                let mut w = writer.lock().expect("writer lock");
+                if w.write_all(&out).is_err() {
+                    failed.store(true, Ordering::Release);
                 }
-                (done, errors)
+                drop(w);
+                stats.record(&job.req, job.at.elapsed(), err);
             })
         })
         .collect();
@@ -430,6 +642,7 @@ fn transmission(
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()), // client went away
                 Err(e) => return Err(e),
             }
+            let at = Instant::now();
             let req =
                 Request::parse(&h).ok_or_else(|| protocol_error("request without the request magic"))?;
             let mut payload = Vec::new();
@@ -442,14 +655,14 @@ fn transmission(
             }
             if let Err(e) = nbd::validate(&req, &s) {
                 let out = error_reply(&s, &req, e, "invalid request");
-                stats.errors.fetch_add(1, Ordering::Relaxed);
                 writer.lock().expect("writer lock").write_all(&out)?;
+                stats.record(&req, at.elapsed(), true);
                 continue;
             }
             if req.kind == cmd::DISC {
                 return Ok(());
             }
-            push(Job { req, payload });
+            push(Job { req, payload, at });
         }
     })();
     {
@@ -458,10 +671,7 @@ fn transmission(
         cv.notify_all();
     }
     for w in workers {
-        if let Ok((done, errors)) = w.join() {
-            stats.requests.fetch_add(done, Ordering::Relaxed);
-            stats.errors.fetch_add(errors, Ordering::Relaxed);
-        }
+        let _ = w.join();
     }
     c.shutdown();
     result
