@@ -93,8 +93,8 @@ use crate::format::{
 pub const OPEN_EXTENTS: usize = 4;
 /// Free extents kept for the cleaner (user writes cannot take them).
 pub const CLEANER_RESERVE: u32 = 8;
-/// Reads at least this long are split across two threads.
-pub const SPLIT_READ: usize = 256 << 10;
+/// Writes at least this long are compressed on two threads.
+pub const SPLIT_WRITE: usize = 256 << 10;
 /// Bytes of extents the cleaner scans per step.
 pub const CLEAN_WINDOW: u64 = 2 << 20;
 /// Checkpoint pages copied per hold of the state lock.
@@ -373,6 +373,8 @@ pub struct Engine {
 }
 
 thread_local! {
+    /// The compressed bytes of a read, kept from read to read.
+    static SPAN: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     static ENC: std::cell::RefCell<Option<(CodecId, PageEncoder, Vec<u8>)>> = const { std::cell::RefCell::new(None) };
 }
 
@@ -707,17 +709,6 @@ impl Engine {
     pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), BlkError> {
         self.check_range(off, buf.len() as u64)?;
         let bs = self.block_size() as u64;
-        // Large requests are split across two threads at a block boundary.
-        if buf.len() >= SPLIT_READ && off % bs == 0 && buf.len() as u64 % bs == 0 {
-            let half = (buf.len() / 2) / bs as usize * bs as usize;
-            let (a, b) = buf.split_at_mut(half);
-            let (ra, rb) = std::thread::scope(|sc| {
-                let h = sc.spawn(|| self.read_aligned(off / bs, a));
-                let rb = self.read_aligned((off + half as u64) / bs, b);
-                (h.join().expect("read thread"), rb)
-            });
-            return ra.and(rb);
-        }
         let mut tmp = vec![0u8; bs as usize];
         let mut done = 0usize;
         while done < buf.len() {
@@ -776,7 +767,22 @@ impl Engine {
                 open_bytes.push(ob);
             }
         }
-        let mut span = Vec::new();
+        SPAN.with(|span| self.decode_run(lba, &locs, &mut open_bytes, out, &mut span.borrow_mut()))
+    }
+
+    /// Decodes blocks `lba..lba + locs.len()` into `out`: from the open
+    /// buffers' copies, or with one `pread` into `span` per run of blocks
+    /// in the same extent.
+    fn decode_run(
+        &self,
+        lba: u64,
+        locs: &[Loc],
+        open_bytes: &mut [Option<Vec<u8>>],
+        out: &mut [u8],
+        span: &mut Vec<u8>,
+    ) -> Result<(), BlkError> {
+        let bs = self.block_size();
+        let n = locs.len();
         let mut i = 0;
         while i < n {
             let loc = locs[i];
@@ -799,8 +805,11 @@ impl Engine {
                 hi = hi.max(locs[j].offset as usize + locs[j].len as usize);
                 j += 1;
             }
-            span.resize(hi - lo, 0);
-            self.backing.read_at(&mut span, self.sb.extent_offset(loc.extent) + lo as u64)?;
+            if span.len() < hi - lo {
+                span.resize(hi - lo, 0);
+            }
+            let span = &mut span[..hi - lo];
+            self.backing.read_at(span, self.sb.extent_offset(loc.extent) + lo as u64)?;
             for k in i..j {
                 let l = locs[k];
                 let a = l.offset as usize - lo;
@@ -895,7 +904,7 @@ impl Engine {
         self.check_range(off, data.len() as u64)?;
         let bs = self.block_size() as u64;
         // Large aligned requests are compressed on two threads.
-        if data.len() >= SPLIT_READ && off % bs == 0 && data.len() as u64 % bs == 0 {
+        if data.len() >= SPLIT_WRITE && off % bs == 0 && data.len() as u64 % bs == 0 {
             let half = (data.len() / 2) / bs as usize * bs as usize;
             let (a, b) = data.split_at(half);
             let (ra, rb) = std::thread::scope(|sc| {

@@ -596,6 +596,7 @@ fn transmission(
         .map(|_| {
             let (engine, writer, queue, failed, stats) =
                 (engine.clone(), writer.clone(), queue.clone(), failed.clone(), stats.clone());
+            let mut buf = Vec::new();
             std::thread::spawn(move || loop {
                 let job = {
                     let (m, cv) = &*queue;
@@ -611,9 +612,9 @@ fn transmission(
                     }
                 };
                 let Some(job) = job else { break };
-                let (out, err) = run(&engine, &s, &job);
+                let (n, err) = run(&engine, &s, &job, &mut buf);
                 let mut w = writer.lock().expect("writer lock");
-                if w.write_all(&out).is_err() {
+                if w.write_all(&buf[..n]).is_err() {
                     failed.store(true, Ordering::Release);
                 }
                 drop(w);
@@ -685,14 +686,30 @@ fn error_reply(s: &Session, req: &Request, e: u32, msg: &str) -> Vec<u8> {
     }
 }
 
-/// Runs one request; returns the reply bytes and whether it is an error.
-fn run(engine: &Engine, s: &Session, job: &Job) -> (Vec<u8>, bool) {
+/// `buf[..n]`, growing `buf` if needed. The buffer is kept by its worker
+/// from request to request: a large reply does not allocate, zero and
+/// free a buffer each time.
+fn room(buf: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    if buf.len() < n {
+        buf.resize(n, 0);
+    }
+    &mut buf[..n]
+}
+
+fn put(buf: &mut Vec<u8>, bytes: &[u8]) -> usize {
+    room(buf, bytes.len()).copy_from_slice(bytes);
+    bytes.len()
+}
+
+/// Runs one request; its reply is `buf[..n]`. Returns `n` and whether the
+/// reply is an error.
+fn run(engine: &Engine, s: &Session, job: &Job, buf: &mut Vec<u8>) -> (usize, bool) {
     let r = &job.req;
-    let res: Result<Vec<u8>, BlkError> = match r.kind {
-        cmd::READ => read_reply(engine, s, r),
-        cmd::WRITE => engine.write(r.offset, &job.payload, r.flags & cflag::FUA != 0).map(|_| ok(s, r)),
-        cmd::FLUSH => engine.flush().map(|_| ok(s, r)),
-        cmd::TRIM => engine.trim(r.offset, r.length as u64, r.flags & cflag::FUA != 0).map(|_| ok(s, r)),
+    let res: Result<usize, BlkError> = match r.kind {
+        cmd::READ => read_reply(engine, s, r, buf),
+        cmd::WRITE => engine.write(r.offset, &job.payload, r.flags & cflag::FUA != 0).map(|_| ok(s, r, buf)),
+        cmd::FLUSH => engine.flush().map(|_| ok(s, r, buf)),
+        cmd::TRIM => engine.trim(r.offset, r.length as u64, r.flags & cflag::FUA != 0).map(|_| ok(s, r, buf)),
         cmd::WRITE_ZEROES => engine
             .write_zeroes(
                 r.offset,
@@ -700,31 +717,32 @@ fn run(engine: &Engine, s: &Session, job: &Job) -> (Vec<u8>, bool) {
                 r.flags & cflag::FAST_ZERO != 0,
                 r.flags & cflag::FUA != 0,
             )
-            .map(|_| ok(s, r)),
-        cmd::BLOCK_STATUS => Ok(status_reply(engine, r)),
+            .map(|_| ok(s, r, buf)),
+        cmd::BLOCK_STATUS => Ok(put(buf, &status_reply(engine, r))),
         _ => Err(BlkError::OutOfRange),
     };
     match res {
-        Ok(out) => (out, false),
-        Err(e) => (error_reply(s, r, errno_of(&e), &e.to_string()), true),
+        Ok(n) => (n, false),
+        Err(e) => (put(buf, &error_reply(s, r, errno_of(&e), &e.to_string())), true),
     }
 }
 
-fn ok(s: &Session, r: &Request) -> Vec<u8> {
+fn ok(s: &Session, r: &Request, buf: &mut Vec<u8>) -> usize {
     if s.structured {
-        nbd::chunk_header(r.cookie, reply::FLAG_DONE, reply::NONE, 0).to_vec()
+        put(buf, &nbd::chunk_header(r.cookie, reply::FLAG_DONE, reply::NONE, 0))
     } else {
-        nbd::simple_reply(r.cookie, 0).to_vec()
+        put(buf, &nbd::simple_reply(r.cookie, 0))
     }
 }
 
-fn read_reply(engine: &Engine, s: &Session, r: &Request) -> Result<Vec<u8>, BlkError> {
+fn read_reply(engine: &Engine, s: &Session, r: &Request, buf: &mut Vec<u8>) -> Result<usize, BlkError> {
     // The data is read straight into the reply buffer, after its header.
     if !s.structured {
-        let mut out = nbd::simple_reply(r.cookie, 0).to_vec();
-        out.resize(16 + r.length as usize, 0);
+        let n = 16 + r.length as usize;
+        let out = room(buf, n);
+        out[..16].copy_from_slice(&nbd::simple_reply(r.cookie, 0));
         engine.read(r.offset, &mut out[16..])?;
-        return Ok(out);
+        return Ok(n);
     }
     // Content chunks: holes for whole blocks that read as zeros (unless DF).
     let bs = engine.block_size() as u64;
@@ -749,26 +767,45 @@ fn read_reply(engine: &Engine, s: &Session, r: &Request) -> Result<Vec<u8>, BlkE
     } else {
         chunks.push((off, len, false));
     }
-    let data_len: u64 = chunks.iter().filter(|c| !c.2).map(|c| c.1).sum();
-    let mut out = Vec::with_capacity(data_len as usize + 32 * chunks.len());
+    let total: usize = chunks
+        .iter()
+        .map(|&(_, clen, hole)| {
+            if hole {
+                32
+            } else if clen == 0 {
+                20
+            } else {
+                28 + clen as usize
+            }
+        })
+        .sum();
+    let out = room(buf, total);
     let n = chunks.len();
+    let mut at = 0;
     for (i, (start, clen, hole)) in chunks.into_iter().enumerate() {
         let flags = if i + 1 == n { reply::FLAG_DONE } else { 0 };
         if hole {
-            out.extend_from_slice(&nbd::chunk_header(r.cookie, flags, reply::OFFSET_HOLE, 12));
-            out.extend_from_slice(&start.to_be_bytes());
-            out.extend_from_slice(&(clen as u32).to_be_bytes());
+            out[at..at + 20].copy_from_slice(&nbd::chunk_header(r.cookie, flags, reply::OFFSET_HOLE, 12));
+            out[at + 20..at + 28].copy_from_slice(&start.to_be_bytes());
+            out[at + 28..at + 32].copy_from_slice(&(clen as u32).to_be_bytes());
+            at += 32;
         } else if clen == 0 {
-            out.extend_from_slice(&nbd::chunk_header(r.cookie, flags, reply::NONE, 0));
+            out[at..at + 20].copy_from_slice(&nbd::chunk_header(r.cookie, flags, reply::NONE, 0));
+            at += 20;
         } else {
-            out.extend_from_slice(&nbd::chunk_header(r.cookie, flags, reply::OFFSET_DATA, 8 + clen as u32));
-            out.extend_from_slice(&start.to_be_bytes());
-            let at = out.len();
-            out.resize(at + clen as usize, 0);
-            engine.read(start, &mut out[at..])?;
+            out[at..at + 20].copy_from_slice(&nbd::chunk_header(
+                r.cookie,
+                flags,
+                reply::OFFSET_DATA,
+                8 + clen as u32,
+            ));
+            out[at + 20..at + 28].copy_from_slice(&start.to_be_bytes());
+            at += 28;
+            engine.read(start, &mut out[at..at + clen as usize])?;
+            at += clen as usize;
         }
     }
-    Ok(out)
+    Ok(total)
 }
 
 fn status_reply(engine: &Engine, r: &Request) -> Vec<u8> {
