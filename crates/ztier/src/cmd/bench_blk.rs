@@ -1,6 +1,9 @@
 //! `ztier bench blk`: the compressed block device against `nbdkit file`
-//! with the same client (fio's nbd engine), and a space table per data
-//! type next to `gzip -6`.
+//! with the same client (fio's nbd engine), a space table per data type
+//! next to `gzip -6`, and 4K write latency over a run that crosses
+//! several checkpoints (this build, and another build's `ztier` if given,
+//! as separate server processes, so builds before and after a change are
+//! compared in one run).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -44,9 +47,40 @@ pub struct BlkBenchArgs {
     /// MiB of each data type for the space table.
     #[arg(long, default_value_t = 64, value_name = "MIB")]
     pub space_mib: usize,
+    /// Seconds of the checkpoint-latency run (0: skip it).
+    #[arg(long, default_value_t = 30, value_name = "S")]
+    pub ckpt_runtime: u64,
+    /// Another build's `ztier` binary to run the checkpoint-latency run
+    /// with too (the build before a change).
+    #[arg(long, value_name = "PATH")]
+    pub before_bin: Option<PathBuf>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// 4K random writes (QD8, a FLUSH every 64 writes) over a run that
+/// crosses checkpoints, on one build's server.
+#[derive(Debug, Serialize)]
+pub struct CkptRow {
+    /// Which build: "this" or "before".
+    pub build: String,
+    /// Its binary.
+    pub binary: String,
+    /// Write IOPS.
+    pub iops: f64,
+    /// Write completion latency percentiles, µs.
+    pub write_p50_us: f64,
+    /// p99.
+    pub write_p99_us: f64,
+    /// p99.9.
+    pub write_p999_us: f64,
+    /// The slowest write.
+    pub write_max_us: f64,
+    /// FLUSH latency p99, µs.
+    pub flush_p99_us: f64,
+    /// Checkpoints taken during the run (superblock generations).
+    pub checkpoints: u64,
 }
 
 /// One fio job on both servers.
@@ -92,6 +126,8 @@ pub struct BlkBenchReport {
     pub fio: Vec<FioRow>,
     /// Space per data type.
     pub space: Vec<SpaceRow>,
+    /// Checkpoint latency runs.
+    pub checkpoint: Vec<CkptRow>,
 }
 
 struct Kid(Child);
@@ -163,8 +199,12 @@ fn fio_jobs(size: u64, runtime: u64, pct: u32) -> Vec<(String, Vec<String>)> {
             &["--rw=write".into(), "--bs=1M".into(), "--iodepth=4".into(), format!("--size={size}")],
         ),
         mk(
-            "seq-read-1M",
+            "seq-read-1M-qd4",
             &["--rw=read".into(), "--bs=1M".into(), "--iodepth=4".into(), format!("--size={size}")],
+        ),
+        mk(
+            "seq-read-1M-qd16",
+            &["--rw=read".into(), "--bs=1M".into(), "--iodepth=16".into(), format!("--size={size}")],
         ),
         mk(
             "randread-4K-qd32",
@@ -262,6 +302,98 @@ fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
     stop.store(true, std::sync::atomic::Ordering::Release);
     server.join().map_err(|_| anyhow::anyhow!("server thread panicked"))??;
     engine.close()?;
+    Ok(rows)
+}
+
+/// The highest generation of the two superblock slots of `img` (offset 40
+/// of each 4 KiB slot in every format version so far).
+fn generation(img: &Path) -> Result<u64> {
+    let b = std::fs::read(img).map(|mut b| {
+        b.truncate(8192);
+        b
+    })?;
+    if b.len() < 8192 {
+        bail!("{}: too short for an image", img.display());
+    }
+    let g = |o: usize| u64::from_le_bytes(b[o + 40..o + 48].try_into().expect("8 bytes"));
+    Ok(g(0).max(g(4096)))
+}
+
+/// One checkpoint-latency run on the server of `bin`.
+fn ckpt_run(a: &BlkBenchArgs, dir: &Path, build: &str, bin: &Path) -> Result<CkptRow> {
+    let img = dir.join("ckpt.ztb");
+    let sock = dir.join("c.sock");
+    let _ = std::fs::remove_file(&img);
+    let _ = std::fs::remove_file(&sock);
+    let st = Command::new(bin)
+        .args(["blk", "create"])
+        .arg(&img)
+        .args(["--size", &a.size])
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !st.success() {
+        bail!("{} blk create failed", bin.display());
+    }
+    let g0 = generation(&img)?;
+    let srv = Kid(Command::new(bin)
+        .args(["blk", "serve"])
+        .arg(&img)
+        .arg("--socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the server")?);
+    wait_for(&sock)?;
+    let out = Command::new("fio")
+        .args(["--ioengine=nbd", "--output-format=json", "--name=ckpt", "--rw=randwrite", "--bs=4k"])
+        .args(["--iodepth=8", "--fsync=64", "--time_based", "--percentile_list=50:99:99.9"])
+        .arg(format!("--runtime={}", a.ckpt_runtime))
+        .arg(format!("--size={}", a.size))
+        .arg(format!("--buffer_compress_percentage={}", a.compress_percentage))
+        .arg("--refill_buffers")
+        .arg(format!("--uri=nbd+unix:///?socket={}", sock.display()))
+        .output()
+        .context("running fio")?;
+    drop(srv); // SIGTERM: a clean stop takes one more checkpoint
+    if !out.status.success() {
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let checkpoints = generation(&img)?.saturating_sub(g0 + 1);
+    let start = out.stdout.iter().position(|&b| b == b'{').unwrap_or(0);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout[start..]).context("fio JSON")?;
+    let w = &v["jobs"][0]["write"];
+    let pct = |x: &serde_json::Value, k: &str| x["percentile"][k].as_f64().unwrap_or(0.0) / 1000.0;
+    Ok(CkptRow {
+        build: build.into(),
+        binary: bin.display().to_string(),
+        iops: w["iops"].as_f64().unwrap_or(0.0),
+        write_p50_us: pct(&w["clat_ns"], "50.000000"),
+        write_p99_us: pct(&w["clat_ns"], "99.000000"),
+        write_p999_us: pct(&w["clat_ns"], "99.900000"),
+        write_max_us: w["clat_ns"]["max"].as_f64().unwrap_or(0.0) / 1000.0,
+        flush_p99_us: pct(&v["jobs"][0]["sync"]["lat_ns"], "99.000000"),
+        checkpoints,
+    })
+}
+
+/// The checkpoint-latency runs: this build, and `--before-bin` if given
+/// (interleaved: before, this).
+fn bench_checkpoints(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<CkptRow>> {
+    need("fio", "fio")?;
+    let me = std::env::current_exe().context("this binary")?;
+    let mut rows = Vec::new();
+    if let Some(b) = &a.before_bin {
+        if !a.json {
+            eprintln!("bench blk: checkpoint latency, build before ({})", b.display());
+        }
+        rows.push(ckpt_run(a, dir, "before", b)?);
+    }
+    if !a.json {
+        eprintln!("bench blk: checkpoint latency, this build");
+    }
+    rows.push(ckpt_run(a, dir, "this", &me)?);
     Ok(rows)
 }
 
@@ -401,7 +533,16 @@ fn bench_space(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<SpaceRow>> {
     )?);
     let mut random = vec![0u8; max];
     synth::fill(&mut random, synth::Kind::Random, &mut synth::Rng::new(1));
+    // Half random, half text, in alternate 64 KiB pieces.
+    let text = gather(&["/usr/share/doc", "/usr/share/common-licenses", "/usr/share/perl5"], max, |p| {
+        !ext(p, &["gz", "xz", "bz2", "png", "jpg", "zst"])
+    });
+    let mut mixed = Vec::with_capacity(max);
+    for (i, (r, t)) in random.chunks(64 << 10).zip(text.chunks(64 << 10)).enumerate() {
+        mixed.extend_from_slice(if i % 2 == 0 { r } else { t });
+    }
     rows.push(space_row(dir, a.codec, "random", "xorshift64*", random)?);
+    rows.push(space_row(dir, a.codec, "mixed", "random and text, alternate 64 KiB", mixed)?);
     Ok(rows)
 }
 
@@ -418,12 +559,14 @@ pub fn run(a: BlkBenchArgs) -> Result<i32> {
     let result = (|| -> Result<BlkBenchReport> {
         let fio = if a.space_only { Vec::new() } else { bench_fio(&a, &dir)? };
         let space = bench_space(&a, &dir)?;
-        Ok(BlkBenchReport { fio, space })
+        let checkpoint =
+            if a.space_only || a.ckpt_runtime == 0 { Vec::new() } else { bench_checkpoints(&a, &dir)? };
+        Ok(BlkBenchReport { fio, space, checkpoint })
     })();
     if own {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
-        for f in ["bench.ztb", "nbdkit.img", "z.sock", "k.sock", "bench.db"] {
+        for f in ["bench.ztb", "nbdkit.img", "z.sock", "k.sock", "bench.db", "ckpt.ztb", "c.sock"] {
             let _ = std::fs::remove_file(dir.join(f));
         }
     }
@@ -445,6 +588,30 @@ pub fn run(a: BlkBenchArgs) -> Result<i32> {
             println!(
                 "{:<20} {:>12.1} {:>12.0} {:>12.1} {:>12.0} {:>8.2}",
                 x.job, x.ztier_mb_s, x.ztier_iops, x.nbdkit_mb_s, x.nbdkit_iops, x.ratio
+            );
+        }
+        println!();
+    }
+    if !r.checkpoint.is_empty() {
+        println!(
+            "4K random writes, QD8, a FLUSH every 64 writes, {} s across checkpoints, {} size, {}% compressible",
+            a.ckpt_runtime, a.size, a.compress_percentage
+        );
+        println!(
+            "{:<8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>6}",
+            "build", "IOPS", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "flush p99", "ckpts"
+        );
+        for x in &r.checkpoint {
+            println!(
+                "{:<8} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>10.0} {:>11.0} {:>6}",
+                x.build,
+                x.iops,
+                x.write_p50_us,
+                x.write_p99_us,
+                x.write_p999_us,
+                x.write_max_us,
+                x.flush_p99_us,
+                x.checkpoints
             );
         }
         println!();
