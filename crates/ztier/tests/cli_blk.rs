@@ -480,7 +480,9 @@ fn nbdfuse_loop_mkfs_mount_copy_fsck_as_root() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// Starts `ztier blk serve ARGS`; returns it and its "serving" line.
+/// Starts `ztier blk serve ARGS`; returns it (the caller waits for it)
+/// and its "serving" line.
+#[allow(clippy::zombie_processes)]
 fn serve_with(args: &[&str]) -> (Child, String) {
     use std::io::BufRead;
     let mut c = ztier().args(["blk", "serve"]).args(args).stderr(Stdio::piped()).spawn().unwrap();
