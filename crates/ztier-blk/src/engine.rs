@@ -471,8 +471,10 @@ impl Engine {
             backing.write_at(&buf[..k as usize * CKPT_PAGE], sb.page_offset(1, p))?;
             p += k;
         }
-        backing.write_at(&vec![0u8; SB_SIZE], SB_SIZE as u64)?;
-        backing.write_at(&sb.encode(), 0)?;
+        // Generation g lives in slot g % 2: generation 1 in slot 1, so the
+        // first checkpoint (2, slot 0) leaves it whole.
+        backing.write_at(&vec![0u8; SB_SIZE], 0)?;
+        backing.write_at(&sb.encode(), SB_SIZE as u64)?;
         // Zero the first bytes of the last extent so the file has its full size.
         backing.write_at(&[0u8; 8], sb.extent_offset(sb.extents - 1))?;
         backing.sync()?;

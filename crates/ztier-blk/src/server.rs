@@ -54,6 +54,30 @@ impl Conn {
             Conn::Tcp(s) => Conn::Tcp(s.try_clone()?),
         })
     }
+    /// Asks for a send buffer that holds a few 1 MiB replies (the kernel
+    /// caps it at `net.core.wmem_max`): a worker then queues a large read's
+    /// reply without sleeping until the client drains the socket, which
+    /// held the reply lock and cost a context switch per buffer's worth.
+    fn grow_send_buffer(&self) {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Conn::Unix(s) => s.as_raw_fd(),
+            Conn::Tcp(s) => s.as_raw_fd(),
+        };
+        let size: libc::c_int = 4 << 20;
+        // SAFETY: a valid option value of its own size on a socket we own;
+        // failure only leaves the default size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+
     fn shutdown(&self) {
         let _ = match self {
             Conn::Unix(s) => s.shutdown(std::net::Shutdown::Both),
@@ -347,6 +371,7 @@ pub fn serve(
                     Conn::Unix(s) => s.set_nonblocking(false)?,
                     Conn::Tcp(s) => s.set_nonblocking(false)?,
                 }
+                c.grow_send_buffer();
                 stats.connections.fetch_add(1, Ordering::Relaxed);
                 let (engine, cfg, stats) = (engine.clone(), cfg.clone(), stats.clone());
                 std::thread::spawn(move || {
