@@ -522,7 +522,7 @@ impl Engine {
         }
         let n = sb.extents;
         let bs = sb.block_size as usize;
-        let pages = sb.table_pages as usize;
+        let pages = Superblock::table_pages_for(blocks) as usize; // the ones in use
         let mut dirty = [vec![0u64; pages.div_ceil(64)], vec![0u64; pages.div_ceil(64)]];
         // The other area is stale: its first checkpoint writes it whole.
         for p in 0..pages {
@@ -1358,7 +1358,7 @@ impl Engine {
             (st.generation + 1, st.next_seq, std::mem::take(&mut st.pending_free))
         };
         let area = generation % 2;
-        let pages = self.sb.table_pages as usize;
+        let pages = Superblock::table_pages_for(self.sb.blocks()) as usize; // the ones in use
         let blocks = self.sb.blocks() as usize;
         // The changed pages, a few at a time under the lock.
         let mut copied: Vec<(u32, Vec<Loc>)> = Vec::new();

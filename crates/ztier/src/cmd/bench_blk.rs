@@ -47,8 +47,12 @@ pub struct BlkBenchArgs {
     /// MiB of each data type for the space table.
     #[arg(long, default_value_t = 64, value_name = "MIB")]
     pub space_mib: usize,
-    /// Seconds of the checkpoint-latency run (0: skip it).
-    #[arg(long, default_value_t = 30, value_name = "S")]
+    /// Rounds of each fio job and checkpoint run, the two sides in turn
+    /// (which goes first alternates); medians are reported.
+    #[arg(long, default_value_t = 3, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub rounds: u32,
+    /// Seconds of each checkpoint-latency run (0: skip them).
+    #[arg(long, default_value_t = 20, value_name = "S")]
     pub ckpt_runtime: u64,
     /// Another build's `ztier` binary to run the checkpoint-latency run
     /// with too (the build before a change).
@@ -81,6 +85,13 @@ pub struct CkptRow {
     pub flush_p99_us: f64,
     /// Checkpoints taken during the run (superblock generations).
     pub checkpoints: u64,
+    /// Table pages a checkpoint wrote on average (this build, from its
+    /// live stats; `null` for another build).
+    pub pages_per_checkpoint: Option<f64>,
+    /// The longest checkpoint, µs (this build only).
+    pub checkpoint_max_us: Option<f64>,
+    /// Each round's write p99, µs (the fields above are medians).
+    pub write_p99_us_rounds: Vec<f64>,
 }
 
 /// One fio job on both servers.
@@ -96,8 +107,10 @@ pub struct FioRow {
     pub nbdkit_mb_s: f64,
     /// nbdkit file, IOPS.
     pub nbdkit_iops: f64,
-    /// ztier / nbdkit (throughput).
+    /// Median of the rounds' ztier / nbdkit throughput ratios.
     pub ratio: f64,
+    /// Each round's ratio.
+    pub ratios: Vec<f64>,
 }
 
 /// One data type in the space table.
@@ -282,27 +295,49 @@ fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
         if !a.json {
             eprintln!("bench blk: {name}");
         }
-        // Alternate which server goes first to spread the noise.
-        let (z, k) = if rows.len() % 2 == 0 {
-            let z = fio(&zuri, &args)?;
-            (z, fio(&kuri, &args)?)
-        } else {
-            let k = fio(&kuri, &args)?;
-            (fio(&zuri, &args)?, k)
-        };
+        // Rounds of pairs; which server goes first alternates.
+        let (mut zs, mut ks, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..a.rounds as usize {
+            let (z, k) = if (rows.len() + round) % 2 == 0 {
+                let z = fio(&zuri, &args)?;
+                (z, fio(&kuri, &args)?)
+            } else {
+                let k = fio(&kuri, &args)?;
+                (fio(&zuri, &args)?, k)
+            };
+            ratios.push(if k.0 > 0.0 { z.0 / k.0 } else { 0.0 });
+            zs.push(z);
+            ks.push(k);
+        }
+        let m = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| median(v.iter().map(f).collect());
         rows.push(FioRow {
             job: name,
-            ztier_mb_s: z.0,
-            ztier_iops: z.1,
-            nbdkit_mb_s: k.0,
-            nbdkit_iops: k.1,
-            ratio: if k.0 > 0.0 { z.0 / k.0 } else { 0.0 },
+            ztier_mb_s: m(&zs, |x| x.0),
+            ztier_iops: m(&zs, |x| x.1),
+            nbdkit_mb_s: m(&ks, |x| x.0),
+            nbdkit_iops: m(&ks, |x| x.1),
+            ratio: median(ratios.clone()),
+            ratios,
         });
     }
     stop.store(true, std::sync::atomic::Ordering::Release);
     server.join().map_err(|_| anyhow::anyhow!("server thread panicked"))??;
     engine.close()?;
     Ok(rows)
+}
+
+/// The median (the mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// The highest generation of the two superblock slots of `img` (offset 40
@@ -356,6 +391,10 @@ fn ckpt_run(a: &BlkBenchArgs, dir: &Path, build: &str, bin: &Path) -> Result<Ckp
         .arg(format!("--uri=nbd+unix:///?socket={}", sock.display()))
         .output()
         .context("running fio")?;
+    // This build answers on its control socket (another may not).
+    let live = ztier_blk::live::control_name("blk", &img)
+        .ok()
+        .and_then(|n| ztier_blk::live::query(&n, "stats", Duration::from_secs(10)).ok().flatten());
     drop(srv); // SIGTERM: a clean stop takes one more checkpoint
     if !out.status.success() {
         bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -375,6 +414,12 @@ fn ckpt_run(a: &BlkBenchArgs, dir: &Path, build: &str, bin: &Path) -> Result<Ckp
         write_max_us: w["clat_ns"]["max"].as_f64().unwrap_or(0.0) / 1000.0,
         flush_p99_us: pct(&v["jobs"][0]["sync"]["lat_ns"], "99.000000"),
         checkpoints,
+        pages_per_checkpoint: live.as_ref().and_then(|l| {
+            let c = l["checkpoints"].as_f64()?;
+            (c > 0.0).then(|| l["checkpoint_pages_written"].as_f64().unwrap_or(0.0) / c)
+        }),
+        checkpoint_max_us: live.as_ref().and_then(|l| l["checkpoint_max_us"].as_f64()),
+        write_p99_us_rounds: Vec::new(),
     })
 }
 
@@ -383,18 +428,51 @@ fn ckpt_run(a: &BlkBenchArgs, dir: &Path, build: &str, bin: &Path) -> Result<Ckp
 fn bench_checkpoints(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<CkptRow>> {
     need("fio", "fio")?;
     let me = std::env::current_exe().context("this binary")?;
-    let mut rows = Vec::new();
+    let mut builds: Vec<(&str, PathBuf)> = Vec::new();
     if let Some(b) = &a.before_bin {
-        if !a.json {
-            eprintln!("bench blk: checkpoint latency, build before ({})", b.display());
+        builds.push(("before", b.clone()));
+    }
+    builds.push(("this", me));
+    let mut runs: Vec<Vec<CkptRow>> = builds.iter().map(|_| Vec::new()).collect();
+    for round in 0..a.rounds as usize {
+        for i in 0..builds.len() {
+            // Which build goes first alternates from round to round.
+            let i = if round % 2 == 0 { i } else { builds.len() - 1 - i };
+            let (name, bin) = &builds[i];
+            if !a.json {
+                eprintln!(
+                    "bench blk: checkpoint latency, {name} build ({}), round {}",
+                    bin.display(),
+                    round + 1
+                );
+            }
+            runs[i].push(ckpt_run(a, dir, name, bin)?);
         }
-        rows.push(ckpt_run(a, dir, "before", b)?);
     }
-    if !a.json {
-        eprintln!("bench blk: checkpoint latency, this build");
-    }
-    rows.push(ckpt_run(a, dir, "this", &me)?);
-    Ok(rows)
+    Ok(runs
+        .into_iter()
+        .map(|rs| {
+            let m = |f: fn(&CkptRow) -> f64| median(rs.iter().map(f).collect());
+            let opt = |f: fn(&CkptRow) -> Option<f64>| {
+                let v: Vec<f64> = rs.iter().filter_map(f).collect();
+                (!v.is_empty()).then(|| median(v))
+            };
+            CkptRow {
+                build: rs[0].build.clone(),
+                binary: rs[0].binary.clone(),
+                iops: m(|r| r.iops),
+                write_p50_us: m(|r| r.write_p50_us),
+                write_p99_us: m(|r| r.write_p99_us),
+                write_p999_us: m(|r| r.write_p999_us),
+                write_max_us: m(|r| r.write_max_us),
+                flush_p99_us: m(|r| r.flush_p99_us),
+                checkpoints: median(rs.iter().map(|r| r.checkpoints as f64).collect()).round() as u64,
+                pages_per_checkpoint: opt(|r| r.pages_per_checkpoint),
+                checkpoint_max_us: opt(|r| r.checkpoint_max_us),
+                write_p99_us_rounds: rs.iter().map(|r| r.write_p99_us).collect(),
+            }
+        })
+        .collect())
 }
 
 /// Up to `max` bytes of the regular files under `roots` (sorted walk).
@@ -580,30 +658,38 @@ pub fn run(a: BlkBenchArgs) -> Result<i32> {
             "fio (nbd engine), ztier blk vs nbdkit file, {} size, {}% compressible data",
             a.size, a.compress_percentage
         );
+        println!("(medians of {} rounds; ratio: the median of each round's paired ratio)", a.rounds);
         println!(
-            "{:<20} {:>12} {:>12} {:>12} {:>12} {:>8}",
+            "{:<20} {:>12} {:>12} {:>12} {:>12} {:>8}  rounds",
             "job", "ztier MB/s", "ztier IOPS", "nbdkit MB/s", "nbdkit IOPS", "ratio"
         );
         for x in &r.fio {
+            let rs: Vec<String> = x.ratios.iter().map(|r| format!("{r:.2}")).collect();
             println!(
-                "{:<20} {:>12.1} {:>12.0} {:>12.1} {:>12.0} {:>8.2}",
-                x.job, x.ztier_mb_s, x.ztier_iops, x.nbdkit_mb_s, x.nbdkit_iops, x.ratio
+                "{:<20} {:>12.1} {:>12.0} {:>12.1} {:>12.0} {:>8.2}  {}",
+                x.job,
+                x.ztier_mb_s,
+                x.ztier_iops,
+                x.nbdkit_mb_s,
+                x.nbdkit_iops,
+                x.ratio,
+                rs.join(" ")
             );
         }
         println!();
     }
     if !r.checkpoint.is_empty() {
         println!(
-            "4K random writes, QD8, a FLUSH every 64 writes, {} s across checkpoints, {} size, {}% compressible",
-            a.ckpt_runtime, a.size, a.compress_percentage
+            "4K random writes, QD8, a FLUSH every 64 writes, {} s across checkpoints, {} size, {}% compressible (medians of {} rounds)",
+            a.ckpt_runtime, a.size, a.compress_percentage, a.rounds
         );
         println!(
-            "{:<8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>6}",
-            "build", "IOPS", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "flush p99", "ckpts"
+            "{:<8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>6} {:>10}",
+            "build", "IOPS", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "flush p99", "ckpts", "pages/ckpt"
         );
         for x in &r.checkpoint {
             println!(
-                "{:<8} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>10.0} {:>11.0} {:>6}",
+                "{:<8} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>10.0} {:>11.0} {:>6} {:>10}",
                 x.build,
                 x.iops,
                 x.write_p50_us,
@@ -611,7 +697,8 @@ pub fn run(a: BlkBenchArgs) -> Result<i32> {
                 x.write_p999_us,
                 x.write_max_us,
                 x.flush_p99_us,
-                x.checkpoints
+                x.checkpoints,
+                x.pages_per_checkpoint.map_or("-".to_string(), |p| format!("{p:.0}"))
             );
         }
         println!();
