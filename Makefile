@@ -4,7 +4,7 @@
 CARGO ?= cargo
 FUZZ_SECONDS ?= 20
 
-.PHONY: test deps lint unit fuzz-ci bench soak
+.PHONY: test deps lint unit fuzz-ci bench soak install-docs
 
 test: deps lint unit fuzz-ci
 	@echo "make test: all steps passed"
@@ -53,3 +53,14 @@ bench:
 ROUNDS ?= 3
 soak:
 	./scripts/soak.sh $(ROUNDS)
+
+# The manual pages and shell completions, generated from the clap
+# definitions (`ztier man`, `ztier completions`), installed under PREFIX.
+PREFIX ?= /usr/local
+install-docs:
+	$(CARGO) build --release -p ztier
+	target/release/ztier man $(DESTDIR)$(PREFIX)/share/man/man1
+	mkdir -p $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	target/release/ztier completions bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/ztier
+	target/release/ztier completions zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_ztier
+	target/release/ztier completions fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/ztier.fish
