@@ -1,30 +1,13 @@
 //! `ztier man` and `ztier completions`: generated from the clap
 //! definitions, installed by `make install-docs`.
 
-use std::path::PathBuf;
 use std::process::Command;
 
+mod common;
+use common::{require, tmp};
+
 fn ztier() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ztier"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ztier-cli-docs-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-/// Fails the test unless `tool` is on PATH (scripts/deb-packages/base.txt).
-fn require(tool: &str) {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        ok,
-        "{tool} is needed by this test (scripts/deb-packages/base.txt; `make deps` as root installs it)"
-    );
+    Command::new(common::ztier())
 }
 
 /// A page for the binary and one per subcommand, each one that `man`
@@ -32,7 +15,7 @@ fn require(tool: &str) {
 #[test]
 fn man_pages_for_every_subcommand_render() {
     require("man");
-    let d = tmp("man");
+    let d = tmp("man").join("man1");
     let o = ztier().arg("man").arg(&d).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     for page in [
@@ -67,7 +50,7 @@ fn man_pages_for_every_subcommand_render() {
     let o = ztier().args(["man", "/proc/ztier-man"]).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("/proc/ztier-man"));
-    std::fs::remove_dir_all(&d).unwrap();
+    std::fs::remove_dir_all(d.parent().unwrap()).unwrap();
 }
 
 /// A completion script for every shell clap_complete knows; bash's parses,
@@ -84,7 +67,6 @@ fn completions_for_every_shell() {
     }
     require("bash");
     let d = tmp("bash");
-    std::fs::create_dir_all(&d).unwrap();
     let script = d.join("ztier.bash");
     let o = ztier().args(["completions", "bash"]).output().unwrap();
     std::fs::write(&script, &o.stdout).unwrap();
