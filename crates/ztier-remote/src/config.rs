@@ -173,6 +173,9 @@ pub struct RemoteConfig {
     pub durability: Durability,
     /// Pages written in one batch (one hash tag, so one slot and one server).
     pub batch_pages: usize,
+    /// Batches (of different hash tags, so spread over the masters) sent
+    /// in one pipeline, at most.
+    pub batches_per_round: usize,
     /// Bytes of pages waiting to be written, at most; beyond, puts go to
     /// the fallback (the remote is too slow).
     pub pending_bytes: usize,
@@ -258,6 +261,7 @@ impl RemoteConfig {
             encrypt: false,
             durability: Durability::Auto,
             batch_pages: 32,
+            batches_per_round: 8,
             pending_bytes: 4 << 20,
             timeout: Duration::from_millis(500),
             get_deadline: Duration::from_secs(30),

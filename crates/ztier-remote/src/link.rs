@@ -232,6 +232,38 @@ impl Link {
         Ok(())
     }
 
+    /// Several values in one pipeline (per node, for a cluster), in
+    /// order; any error fails the whole (the caller gets them one by one
+    /// then).
+    pub(crate) fn get_many(&mut self, names: &[Vec<u8>]) -> RedisResult<Vec<Option<Vec<u8>>>> {
+        let vals: Vec<Value> = match self {
+            Link::Single(c) => {
+                let mut p = redis::pipe();
+                for n in names {
+                    p.cmd("GET").arg(&n[..]);
+                }
+                p.query(c)?
+            }
+            Link::Cluster(c) => {
+                let mut p = redis::cluster::cluster_pipe();
+                for n in names {
+                    p.cmd("GET").arg(&n[..]);
+                }
+                p.query(c.as_mut())?
+            }
+        };
+        vals.into_iter()
+            .map(|v| match v {
+                Value::Nil => Ok(None),
+                Value::BulkString(b) => Ok(Some(b)),
+                _ => Err(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "GET answered with something else than a string",
+                ))),
+            })
+            .collect()
+    }
+
     /// `WAIT n timeout` on every master this link wrote to (all masters,
     /// for a cluster): the fewest replicas that acknowledged.
     pub(crate) fn wait(&mut self, n: usize, timeout: Duration) -> RedisResult<i64> {

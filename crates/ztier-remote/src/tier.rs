@@ -455,7 +455,7 @@ impl Inner {
             return r;
         }
         let per = self.cfg.batch_pages.max(1);
-        let most = per * 8;
+        let most = per * self.cfg.batches_per_round.max(1);
         let mut in_batch = 0;
         let mut tag = s.next_tag;
         while r.pages.len() < most {
@@ -839,6 +839,66 @@ impl NextTier for RemoteTier {
             std::mem::forget(h);
         }
         self.start_flusher().map_err(|e| io_err(e.to_string()))
+    }
+}
+
+impl RemoteTier {
+    /// Reads several entries at once (one pipeline for those on the
+    /// remote), as [`NextTier::get`] without removing them: `outs[i]`
+    /// gets `keys[i]`'s bytes, and the result its metadata (`None`: not
+    /// held). Where the pipeline fails, the entries are read one by one.
+    pub fn get_many(&self, keys: &[Key], outs: &mut [Vec<u8>]) -> Result<Vec<Option<SpillMeta>>, TierError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let inner = &self.inner;
+        let mut res = vec![None; keys.len()];
+        let mut remote = Vec::new();
+        {
+            let s = inner.lock();
+            for (i, k) in keys.iter().enumerate() {
+                if let Some(e) = s.index.get(k) {
+                    if let At::Remote { tag, gen, .. } = e.at {
+                        let w = s.writers[gen as usize].clone();
+                        remote.push((i, inner.name(&w, tag, *k, e.seq), w, e.meta, e.seq));
+                    }
+                }
+            }
+        }
+        let names: Vec<Vec<u8>> = remote.iter().map(|r| r.1.clone()).collect();
+        let t = Instant::now();
+        let got = if names.is_empty() {
+            Ok(Vec::new())
+        } else {
+            inner.take_link().and_then(|mut l| {
+                let v = l.get_many(&names)?;
+                inner.give_link(l);
+                Ok(v)
+            })
+        };
+        match got {
+            Ok(vals) => {
+                if !names.is_empty() {
+                    inner.stats.get_ns.record(t.elapsed().as_nanos() as u64);
+                }
+                for ((i, _, w, meta, seq), v) in remote.iter().zip(vals) {
+                    let Some(v) = v else { continue };
+                    if w.open(keys[*i], meta, *seq, &v, &mut outs[*i]).is_ok() {
+                        inner.stats.gets.fetch_add(1, Relaxed);
+                        inner.stats.get_bytes.fetch_add(outs[*i].len() as u64, Relaxed);
+                        res[*i] = Some(*meta);
+                    }
+                }
+            }
+            Err(_) => {
+                inner.stats.errors.fetch_add(1, Relaxed);
+            }
+        }
+        // The rest (pending, local, failed): one by one.
+        for (i, k) in keys.iter().enumerate() {
+            if res[i].is_none() {
+                res[i] = self.get(*k, &mut outs[i], false)?;
+            }
+        }
+        Ok(res)
     }
 }
 

@@ -359,3 +359,78 @@ fn live_resharding_gives_no_errors() {
     check_all(&store, pool, 0..n, true);
     assert_eq!(store.stats().tier_errors, 0);
 }
+
+/// A CA and a server certificate for 127.0.0.1 (openssl), in `dir`.
+fn certificates(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let run = |args: &[&str]| {
+        let out =
+            std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ztier test CA",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(dir.join("ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext",
+    ]);
+    (dir.join("server.crt"), dir.join("server.key"), dir.join("ca.crt"))
+}
+
+/// TLS (Debian's redis-server has it): pages round-trip over rediss://
+/// with the test CA trusted; without it, the server is refused.
+#[test]
+fn tls_round_trip() {
+    let dir = temp("tls");
+    let opts = Options { tls: Some(certificates(&dir)), ..Options::default() };
+    let bed = Testbed::single(&opts).unwrap();
+    let mut c = config(&bed, Durability::None);
+    assert!(c.tls);
+    let e = RemoteTier::connect(c.clone(), None).err().expect("an unknown CA is refused");
+    assert!(matches!(e, RemoteError::Connect(_)), "{e}");
+    c.tls_ca = Some(dir.join("ca.crt"));
+    let tier = RemoteTier::connect(c, None).unwrap();
+    let (store, pool) = store_over(tier, 64 << 10);
+    put_all(&store, pool, 0..300);
+    check_all(&store, pool, 0..300, true);
+    drop(bed);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,262 @@
+//! `ztier bench remote`: the remote tier's puts and gets of 4 KiB pages
+//! against `redis-benchmark -t set,get -d 4096` on the same server, at
+//! the same concurrency and pipeline depth, in turn, round by round.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ztier_remote::testbed::{Options, Testbed};
+use ztier_remote::{Durability, RemoteConfig, RemoteTier};
+use ztier_store::tier::{NextTier, SpillMeta};
+use ztier_store::Key;
+
+/// Arguments of `ztier bench remote`.
+#[derive(Args, Debug)]
+#[command(after_long_help = "Examples:\n  \
+    ztier bench remote\n  \
+    ztier bench remote --clients 1,50 --pipelines 1,16,32 --json\n\n\
+Without --remote, a redis-server is started on a free loopback port for the run (Debian's\n\
+redis-server; redis-benchmark from redis-tools). Each round runs redis-benchmark and then\n\
+ztier at each concurrency and depth; the rates are the medians of the rounds.\n\
+ztier's put is the tier's put of a 4 KiB page (sealed with its MAC, written behind in\n\
+batches of DEPTH pages, one batch per pipeline, until all are written); its get at depth 1\n\
+is the get a fault makes (one GET, MAC checked), at a greater depth get_many (pipelined).")]
+pub struct RemoteBenchArgs {
+    /// A server to use (redis://HOST:PORT, no password: ZTIER_REMOTE_PASSWORD); default: one started here.
+    #[arg(long)]
+    pub remote: Option<String>,
+    /// Concurrencies (client threads; redis-benchmark -c).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub clients: Vec<usize>,
+    /// Pipeline depths (redis-benchmark -P; ztier's batch size).
+    #[arg(long, value_delimiter = ',', default_value = "1,16,32")]
+    pub pipelines: Vec<usize>,
+    /// Pages per measurement.
+    #[arg(long, default_value_t = 40000)]
+    pub requests: usize,
+    /// Rounds (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+struct Rates {
+    set: f64,
+    get: f64,
+}
+
+fn redis_benchmark(port: u16, host: &str, c: usize, p: usize, n: usize) -> Result<Rates> {
+    let mut cmd = Command::new("redis-benchmark");
+    cmd.args(["-h", host, "-p", &port.to_string(), "-t", "set,get", "-d", "4096"]);
+    cmd.args(["-c", &c.to_string(), "-P", &p.to_string(), "-n", &n.to_string(), "-r", "100000", "--csv"]);
+    if let Ok(pw) = std::env::var(ztier_remote::config::ENV_PASSWORD) {
+        // redis-benchmark takes it from the environment like redis-cli.
+        cmd.env("REDISCLI_AUTH", pw);
+    }
+    let out = cmd.output().context("running redis-benchmark (Debian's redis-tools)")?;
+    if !out.status.success() {
+        bail!("redis-benchmark failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rate = |t: &str| -> Result<f64> {
+        text.lines()
+            .find(|l| l.starts_with(&format!("\"{t}\"")))
+            .and_then(|l| l.split(',').nth(1))
+            .and_then(|v| v.trim_matches('"').parse().ok())
+            .with_context(|| format!("no {t} rate in redis-benchmark's output:\n{text}"))
+    };
+    Ok(Rates { set: rate("SET")?, get: rate("GET")? })
+}
+
+fn page(i: usize) -> Vec<u8> {
+    // Incompressible bytes (the store's codecs have had their go already).
+    let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// ztier's put and get rates at `c` threads and depth `p`, with the get
+/// latencies at depth 1 (ns).
+fn ztier(cfg: &RemoteConfig, c: usize, p: usize, n: usize, lat: &mut Vec<u64>) -> Result<Rates> {
+    let per = n / c;
+    let mut tiers = Vec::new();
+    for _ in 0..c {
+        let mut cfg = cfg.clone();
+        cfg.batch_pages = p;
+        cfg.batches_per_round = 1;
+        cfg.pending_bytes = 64 << 20;
+        tiers.push(Arc::new(RemoteTier::connect(cfg, None)?));
+    }
+    let pages: Arc<Vec<Vec<u8>>> = Arc::new((0..per).map(page).collect());
+    let meta = |d: &[u8]| SpillMeta { tag: 0, flags: 0, len: 4096, crc: crc32c(d), pattern: 0 };
+    let t = Instant::now();
+    let hs: Vec<_> = tiers
+        .iter()
+        .map(|tier| {
+            let (tier, pages) = (tier.clone(), pages.clone());
+            std::thread::spawn(move || {
+                for (i, d) in pages.iter().enumerate() {
+                    tier.put(Key { pool: 0, object: 0, index: i as u32 }, meta(d), d).expect("put");
+                }
+                tier.flush();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().map_err(|_| anyhow::anyhow!("a put thread panicked"))?;
+    }
+    let set = (per * c) as f64 / t.elapsed().as_secs_f64();
+    for tier in &tiers {
+        let s = tier.stats();
+        if s.remote_puts != per as u64 {
+            bail!("{} of {per} pages written: {:?}", s.remote_puts, tier.last_error());
+        }
+    }
+    let t = Instant::now();
+    let hs: Vec<_> = tiers
+        .iter()
+        .map(|tier| {
+            let (tier, pages) = (tier.clone(), pages.clone());
+            std::thread::spawn(move || -> Result<Vec<u64>, String> {
+                let mut lat = Vec::new();
+                let mut outs = vec![Vec::with_capacity(4096); p];
+                for first in (0..per).step_by(p) {
+                    let keys: Vec<Key> = (first..(first + p).min(per))
+                        .map(|i| Key { pool: 0, object: 0, index: i as u32 })
+                        .collect();
+                    if p == 1 {
+                        let t = Instant::now();
+                        tier.get(keys[0], &mut outs[0], false).map_err(|e| e.to_string())?;
+                        lat.push(t.elapsed().as_nanos() as u64);
+                    } else {
+                        tier.get_many(&keys, &mut outs[..keys.len()]).map_err(|e| e.to_string())?;
+                    }
+                    for (k, o) in keys.iter().zip(&outs) {
+                        if *o != pages[k.index as usize] {
+                            return Err(format!("page {} came back wrong", k.index));
+                        }
+                    }
+                }
+                Ok(lat)
+            })
+        })
+        .collect();
+    for h in hs {
+        lat.extend(
+            h.join().map_err(|_| anyhow::anyhow!("a get thread panicked"))?.map_err(anyhow::Error::msg)?,
+        );
+    }
+    let get = (per * c) as f64 / t.elapsed().as_secs_f64();
+    for tier in &tiers {
+        for i in 0..per {
+            tier.remove(Key { pool: 0, object: 0, index: i as u32 });
+        }
+        tier.flush();
+    }
+    Ok(Rates { set, get })
+}
+
+fn crc32c(d: &[u8]) -> u32 {
+    // Only carried: the tier does not check it (the store does).
+    d.iter().fold(0u32, |a, &b| a.rotate_left(5) ^ b as u32)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn quantile(v: &mut [u64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_unstable();
+    v[((v.len() as f64 * q) as usize).min(v.len() - 1)] as f64 / 1000.0
+}
+
+/// `ztier bench remote`.
+pub fn run(a: RemoteBenchArgs) -> Result<i32> {
+    let (_bed, cfg) = match &a.remote {
+        Some(url) => (None, RemoteConfig::parse(url)?),
+        None => {
+            let bed = Testbed::single(&Options::default()).context("starting a local redis-server")?;
+            let cfg = RemoteConfig::parse(&bed.url())?;
+            (Some(bed), cfg)
+        }
+    };
+    let mut cfg = cfg;
+    cfg.durability = Durability::None;
+    cfg.timeout = Duration::from_secs(5);
+    let node = cfg.nodes[0].clone();
+    let mut rows = Vec::new();
+    for &c in &a.clients {
+        for &p in &a.pipelines {
+            let (mut rs, mut rg, mut zs, mut zg) = (vec![], vec![], vec![], vec![]);
+            let mut lat = Vec::new();
+            for round in 0..a.rounds {
+                eprintln!("round {}/{}: {c} clients, depth {p}", round + 1, a.rounds);
+                let r = redis_benchmark(node.port, &node.host, c, p, a.requests)?;
+                rs.push(r.set);
+                rg.push(r.get);
+                let z = ztier(&cfg, c, p, a.requests, &mut lat)?;
+                zs.push(z.set);
+                zg.push(z.get);
+            }
+            let (rs, rg, zs, zg) = (median(&mut rs), median(&mut rg), median(&mut zs), median(&mut zg));
+            rows.push(serde_json::json!({
+                "clients": c, "pipeline": p,
+                "redis_benchmark_set_s": rs, "redis_benchmark_get_s": rg,
+                "ztier_put_s": zs, "ztier_get_s": zg,
+                "put_ratio": zs / rs, "get_ratio": zg / rg,
+                "get_p50_us": quantile(&mut lat, 0.5), "get_p99_us": quantile(&mut lat, 0.99),
+            }));
+        }
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "server": node.to_string(), "page_bytes": 4096, "requests": a.requests,
+                "rounds": a.rounds, "rows": rows,
+            }))?
+        );
+        return Ok(0);
+    }
+    println!(
+        "4 KiB pages against redis-benchmark -t set,get -d 4096 on {node}, {} requests, median of {} rounds",
+        a.requests, a.rounds
+    );
+    println!(
+        "{:>7} {:>5} {:>12} {:>12} {:>6} {:>12} {:>12} {:>6} {:>9} {:>9}",
+        "clients", "depth", "SET/s", "ztier put/s", "×", "GET/s", "ztier get/s", "×", "get p50", "get p99"
+    );
+    for r in &rows {
+        let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+        let lat = |k: &str| if r["pipeline"] == 1 { format!("{:.1} µs", f(k)) } else { "-".into() };
+        println!(
+            "{:>7} {:>5} {:>12.0} {:>12.0} {:>6.2} {:>12.0} {:>12.0} {:>6.2} {:>9} {:>9}",
+            r["clients"],
+            r["pipeline"],
+            f("redis_benchmark_set_s"),
+            f("ztier_put_s"),
+            f("put_ratio"),
+            f("redis_benchmark_get_s"),
+            f("ztier_get_s"),
+            f("get_ratio"),
+            lat("get_p50_us"),
+            lat("get_p99_us")
+        );
+    }
+    Ok(0)
+}
