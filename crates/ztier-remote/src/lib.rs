@@ -7,7 +7,7 @@
 //! * [`link`] — connections: single server or cluster (the `redis`
 //!   crate's blocking client: `MOVED`/`ASK`/`TRYAGAIN`/`CLUSTERDOWN`).
 //! * [`seal`] — the value format: keyed MAC (BLAKE3) or encryption
-//!   (ChaCha20-Poly1305), and names that reveal nothing.
+//!   (AES-256-GCM), and names that reveal nothing.
 //! * [`tier`] — [`RemoteTier`]: the index, the pending queue and the
 //!   flusher thread that writes batches per hash tag, pipelined.
 //! * [`stats`] — counters and latency histograms.

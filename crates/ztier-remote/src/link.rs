@@ -198,8 +198,10 @@ impl Link {
     /// (`MOVED`, `ASK` while a slot migrates) or asked to wait
     /// (`TRYAGAIN`, `CLUSTERDOWN`) are sent again one by one, through
     /// the cluster client's own following of redirections (its
-    /// pipelines do not follow them); any other error reply fails the
-    /// whole.
+    /// pipelines do not follow them), a key at a time: a command on
+    /// several keys of a slot that is moving is refused (`TRYAGAIN`)
+    /// until the move is over unless every key is on one side already,
+    /// which new names never are. Any other error reply fails the whole.
     pub(crate) fn pipeline(&mut self, cmds: &[Cmd]) -> RedisResult<()> {
         let r = match self {
             Link::Single(c) => {
@@ -227,39 +229,82 @@ impl Link {
         }
         for (i, _) in errs.iter() {
             let cmd = cmds.get(*i).ok_or(e.clone())?;
-            c.req_command(cmd)?.extract_error()?;
+            for one in split_keys(cmd) {
+                c.req_command(one.as_ref().unwrap_or(cmd))?.extract_error()?;
+            }
         }
         Ok(())
     }
 
-    /// Several values in one pipeline (per node, for a cluster), in
-    /// order; any error fails the whole (the caller gets them one by one
-    /// then).
-    pub(crate) fn get_many(&mut self, names: &[Vec<u8>]) -> RedisResult<Vec<Option<Vec<u8>>>> {
+    /// Runs `cmds` (each its arguments; each one that may run twice, and
+    /// each on one slot) as one pipeline: packed into `buf` by hand for a
+    /// single server (one copy of each value), through the cluster
+    /// client's pipeline (per node) for a cluster. Any error reply fails
+    /// the whole (but redirections: see [`Link::pipeline`]).
+    pub(crate) fn exec(&mut self, cmds: &[Vec<&[u8]>], buf: &mut Vec<u8>) -> RedisResult<()> {
+        match self {
+            Link::Single(c) => {
+                buf.clear();
+                for cmd in cmds {
+                    pack(buf, cmd);
+                }
+                let vals = c.req_packed_commands(buf, 0, cmds.len())?;
+                for v in vals {
+                    v.extract_error()?;
+                }
+                Ok(())
+            }
+            Link::Cluster(_) => {
+                // The cluster client pipelines no command on several
+                // keys: one per key.
+                let mut one = Vec::new();
+                for args in cmds {
+                    let c = args.iter().fold(Cmd::new(), |mut c, a| {
+                        c.arg(*a);
+                        c
+                    });
+                    for s in split_keys(&c) {
+                        one.push(s.unwrap_or_else(|| c.clone()));
+                    }
+                }
+                self.pipeline(&one)
+            }
+        }
+    }
+
+    /// Several values (`None`: no such key), in order: one `MGET` for a
+    /// single server, a `GET` each for a cluster (whose client pipelines
+    /// no command on several keys), in one pipeline (per node). Any
+    /// error fails the whole (the caller gets them one by one then).
+    pub(crate) fn get_many(&mut self, names: &[&[u8]]) -> RedisResult<Vec<Option<Vec<u8>>>> {
+        let bad = || {
+            redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "GET answered with something else than strings",
+            ))
+        };
         let vals: Vec<Value> = match self {
             Link::Single(c) => {
-                let mut p = redis::pipe();
-                for n in names {
-                    p.cmd("GET").arg(&n[..]);
-                }
-                p.query(c)?
+                let v: Value = redis::cmd("MGET").arg(names).query(c)?;
+                let Value::Array(v) = v else { return Err(bad()) };
+                v
             }
             Link::Cluster(c) => {
                 let mut p = redis::cluster::cluster_pipe();
                 for n in names {
-                    p.cmd("GET").arg(&n[..]);
+                    p.cmd("GET").arg(*n);
                 }
                 p.query(c.as_mut())?
             }
         };
+        if vals.len() != names.len() {
+            return Err(bad());
+        }
         vals.into_iter()
             .map(|v| match v {
                 Value::Nil => Ok(None),
                 Value::BulkString(b) => Ok(Some(b)),
-                _ => Err(redis::RedisError::from((
-                    redis::ErrorKind::UnexpectedReturnType,
-                    "GET answered with something else than a string",
-                ))),
+                _ => Err(bad()),
             })
             .collect()
     }
@@ -373,16 +418,62 @@ pub(crate) fn parse_cluster_nodes(text: &str) -> Topology {
     Topology { cluster: true, masters: masters.iter().map(|m| m.addr.to_string()).collect(), min_replicas }
 }
 
-/// The cluster slot of `key` (CRC16-XMODEM of its hash tag, mod 16384).
-pub fn slot_of(key: &[u8]) -> u16 {
-    let k = match key.iter().position(|&b| b == b'{') {
+/// `MSET` and `UNLINK` of several keys as one command per key (`None`:
+/// the command as it is).
+fn split_keys(cmd: &Cmd) -> Vec<Option<Cmd>> {
+    let args: Vec<&[u8]> = cmd
+        .args_iter()
+        .filter_map(|a| match a {
+            redis::Arg::Simple(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    let each = match args.first().map(|a| a.to_ascii_uppercase()) {
+        Some(n) if n == b"MSET" && args.len() > 3 => 2,
+        Some(n) if n == b"UNLINK" && args.len() > 2 => 1,
+        _ => return vec![None],
+    };
+    let single: &[u8] = if each == 2 { b"SET" } else { b"UNLINK" };
+    args[1..]
+        .chunks(each)
+        .map(|kv| {
+            let mut c = redis::cmd(std::str::from_utf8(single).expect("ascii"));
+            for a in kv {
+                c.arg(*a);
+            }
+            Some(c)
+        })
+        .collect()
+}
+
+/// The part of `key` that chooses its cluster slot: its hash tag (the
+/// text between its first `{` and the next `}`, if not empty), else all
+/// of it.
+pub fn hash_tag(key: &[u8]) -> &[u8] {
+    match key.iter().position(|&b| b == b'{') {
         Some(o) => match key[o + 1..].iter().position(|&b| b == b'}') {
             Some(c) if c > 0 => &key[o + 1..o + 1 + c],
             _ => key,
         },
         None => key,
-    };
-    crc16::State::<crc16::XMODEM>::calculate(k) % 16384
+    }
+}
+
+/// The cluster slot of `key` (CRC16-XMODEM of its hash tag, mod 16384).
+pub fn slot_of(key: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % 16384
+}
+
+/// Appends a command (its arguments) to `buf` as the protocol (RESP)
+/// sends it: an array of bulk strings.
+pub(crate) fn pack(buf: &mut Vec<u8>, args: &[&[u8]]) {
+    use std::io::Write;
+    let _ = write!(buf, "*{}\r\n", args.len());
+    for a in args {
+        let _ = write!(buf, "${}\r\n", a.len());
+        buf.extend_from_slice(a);
+        buf.extend_from_slice(b"\r\n");
+    }
 }
 
 /// `n` hash tags whose slots are spread evenly over the 16384 (so over
@@ -408,6 +499,31 @@ pub fn spread_tags(n: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn multi_key_commands_split() {
+        let mset = redis::cmd("MSET").arg("a").arg("1").arg("b").arg("2").clone();
+        let one: Vec<Vec<u8>> =
+            split_keys(&mset).into_iter().map(|c| c.expect("split").get_packed_command()).collect();
+        assert_eq!(
+            one,
+            [
+                redis::cmd("SET").arg("a").arg("1").get_packed_command(),
+                redis::cmd("SET").arg("b").arg("2").get_packed_command()
+            ]
+        );
+        assert_eq!(split_keys(&redis::cmd("UNLINK").arg("a").arg("b").clone()).len(), 2);
+        assert!(split_keys(&redis::cmd("GET").arg("a").clone())[0].is_none());
+        assert!(split_keys(&redis::cmd("MSET").arg("a").arg("1").clone())[0].is_none());
+    }
+
+    #[test]
+    fn commands_pack_as_resp() {
+        let mut b = Vec::new();
+        pack(&mut b, &[b"MSET", b"k", b""]);
+        assert_eq!(b, b"*3\r\n$4\r\nMSET\r\n$1\r\nk\r\n$0\r\n\r\n");
+        assert_eq!(redis::cmd("MSET").arg("k").arg("").get_packed_command(), b);
+    }
 
     #[test]
     fn slots_and_tags() {

@@ -31,8 +31,8 @@ use ztier_store::tier::{NextTier, SpillMeta, TierError};
 use ztier_store::Key;
 
 use crate::config::{Durability, RemoteConfig};
-use crate::link::{spread_tags, Connector, Link, Topology};
-use crate::seal::{hex, Writer, HEADER, TAG};
+use crate::link::{hash_tag, spread_tags, Connector, Link, Topology};
+use crate::seal::{hex, Writer, OVERHEAD};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::RemoteError;
 
@@ -43,12 +43,34 @@ const UNLINKS_PER_ROUND: usize = 512;
 /// Deletes kept for later while the remote is down, at most (beyond,
 /// the values stay until the run's end removes them).
 const UNLINKS_KEPT: usize = 1 << 20;
+/// Buffers of written pages kept for new ones, at most.
+const BUFFERS_KEPT: usize = 256;
 /// Idle flusher's look at the cluster's masters (failovers), this often.
 const TOPOLOGY_EVERY: Duration = Duration::from_secs(1);
 
+/// A page waiting to be written: sealed already (its value, whose
+/// first `len - OVERHEAD` bytes are the entry's), or, for a writer that
+/// encrypts, the entry's bytes (sealed when written).
+#[derive(Clone)]
+struct Waiting {
+    bytes: Arc<Vec<u8>>,
+    sealed: bool,
+}
+
+impl Waiting {
+    /// The entry's bytes.
+    fn plain(&self) -> &[u8] {
+        if self.sealed {
+            &self.bytes[..self.bytes.len() - OVERHEAD]
+        } else {
+            &self.bytes
+        }
+    }
+}
+
 enum At {
-    /// Waiting to be written; its bytes.
-    Pending(Box<[u8]>),
+    /// Waiting to be written.
+    Pending(Waiting),
     /// On the remote, under tag `tag`, written by writer `gen`; `local`:
     /// a copy is in the fallback too.
     Remote { tag: u16, gen: u16, local: bool, vlen: u32 },
@@ -68,7 +90,6 @@ struct State {
     queue: VecDeque<(Key, u64)>,
     pending_bytes: usize,
     unlinks: Vec<Vec<u8>>,
-    seq: u64,
     next_tag: usize,
     remote_bytes: u64,
     down_until: Option<Instant>,
@@ -85,6 +106,12 @@ struct Inner {
     tags: Vec<String>,
     run: String,
     state: Mutex<State>,
+    /// The writer of new pages (the last of `State::writers`).
+    writer: Mutex<Arc<Writer>>,
+    /// The last sequence number given to a put.
+    seq: std::sync::atomic::AtomicU64,
+    /// Buffers of pages written, for new ones.
+    buffers: Mutex<Vec<Vec<u8>>>,
     wake: Condvar,
     done: Condvar,
     links: Mutex<Vec<Link>>,
@@ -124,17 +151,16 @@ impl RemoteTier {
             Some(r) => return Err(RemoteError::Config(format!("run id {r:?}: 12 hex digits expected"))),
             None => random_run_id()?,
         };
-        let writer = Writer::random(cfg.encrypt).map_err(|e| RemoteError::Config(e.to_string()))?;
+        let writer = Arc::new(Writer::random(cfg.encrypt).map_err(|e| RemoteError::Config(e.to_string()))?);
         let inner = Arc::new(Inner {
             tags: spread_tags(TAGS),
             run,
             state: Mutex::new(State {
-                writers: vec![Arc::new(writer)],
+                writers: vec![writer.clone()],
                 index: HashMap::new(),
                 queue: VecDeque::new(),
                 pending_bytes: 0,
                 unlinks: Vec::new(),
-                seq: 0,
                 next_tag: 0,
                 remote_bytes: 0,
                 down_until: None,
@@ -144,6 +170,9 @@ impl RemoteTier {
                 busy: false,
                 last_error: None,
             }),
+            writer: Mutex::new(writer),
+            seq: std::sync::atomic::AtomicU64::new(0),
+            buffers: Mutex::new(Vec::new()),
             cfg,
             conn,
             wake: Condvar::new(),
@@ -266,7 +295,7 @@ impl Inner {
     /// the next round), its copy in the fallback now.
     fn discard(&self, s: &mut State, key: Key, e: Entry) {
         match e.at {
-            At::Pending(d) => s.pending_bytes -= d.len(),
+            At::Pending(d) => s.pending_bytes -= d.bytes.len(),
             At::Remote { tag, gen, local, vlen } => {
                 s.remote_bytes -= vlen as u64;
                 if s.unlinks.len() < UNLINKS_KEPT {
@@ -283,6 +312,26 @@ impl Inner {
                 if let Some(f) = &self.fallback {
                     f.remove(key);
                 }
+            }
+        }
+    }
+
+    /// A buffer for a sealed page: one written before, or a new one.
+    /// (Reused: a new one for each page cost a page fault every 4 KiB
+    /// whenever the allocator had given the memory back.)
+    fn buffer(&self) -> Vec<u8> {
+        let mut v = self.buffers.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
+        v.clear();
+        v.reserve(4096 + OVERHEAD);
+        v
+    }
+
+    /// Keeps a written page's buffer for [`Inner::buffer`].
+    fn recycle(&self, w: Waiting) {
+        if let Ok(v) = Arc::try_unwrap(w.bytes) {
+            let mut b = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+            if b.len() < BUFFERS_KEPT && v.capacity() >= 4096 + OVERHEAD {
+                b.push(v);
             }
         }
     }
@@ -365,6 +414,7 @@ impl Inner {
     fn flusher(self: Arc<Self>) {
         let mut link: Option<Link> = None;
         let mut last_topology = Instant::now();
+        let mut buf = Vec::new();
         loop {
             let mut s = self.lock();
             loop {
@@ -402,7 +452,7 @@ impl Inner {
             }
             let ok = match (&round, link.as_mut()) {
                 (r, _) if r.is_empty() => Ok(()),
-                (r, Some(l)) => self.write(l, r),
+                (r, Some(l)) => self.write(l, r, &mut buf),
                 (_, None) => Err("cannot connect".to_string()),
             };
             if ok.is_err() {
@@ -430,7 +480,7 @@ impl Inner {
 }
 
 /// A page in a round: key, metadata, sequence number, hash tag, bytes.
-type RoundPage = (Key, SpillMeta, u64, u16, Box<[u8]>);
+type RoundPage = (Key, SpillMeta, u64, u16, Waiting);
 
 /// One flusher round: the pages to write and the deletes to send.
 #[derive(Default)]
@@ -484,28 +534,46 @@ impl Inner {
         r
     }
 
-    /// Writes a round: every SET and UNLINK in one pipeline, then, if the
-    /// durability asks, WAIT for a replica.
-    fn write(&self, l: &mut Link, r: &Round) -> Result<(), String> {
+    /// Writes a round: an `MSET` per batch (one hash tag) and an
+    /// `UNLINK` per hash tag of the deletes, in one pipeline, then, if
+    /// the durability asks, WAIT for a replica. `buf`: the flusher's
+    /// buffer for the packed commands.
+    fn write(&self, l: &mut Link, r: &Round, buf: &mut Vec<u8>) -> Result<(), String> {
         use std::sync::atomic::Ordering::Relaxed;
         let t = Instant::now();
-        let mut cmds = Vec::with_capacity(r.pages.len() + r.unlinks.len());
-        let mut value = Vec::with_capacity(HEADER + 4096 + TAG);
+        let mut names = Vec::with_capacity(r.pages.len());
+        // Values a writer that encrypts seals now.
+        let mut sealed: Vec<Vec<u8>> = Vec::new();
         if let Some((_, w)) = &r.writer {
-            for (key, meta, seq, tag, data) in &r.pages {
-                value.clear();
-                w.seal(*key, meta, *seq, data, &mut value);
-                let mut c = redis::cmd("SET");
-                c.arg(self.name(w, *tag, *key, *seq)).arg(&value[..]);
-                cmds.push(c);
+            for (key, meta, seq, tag, d) in &r.pages {
+                names.push(self.name(w, *tag, *key, *seq));
+                if !d.sealed {
+                    let mut v = Vec::with_capacity(d.bytes.len() + OVERHEAD);
+                    w.seal(*key, meta, *seq, &d.bytes, &mut v);
+                    sealed.push(v);
+                }
             }
         }
-        for n in &r.unlinks {
-            let mut c = redis::cmd("UNLINK");
-            c.arg(&n[..]);
-            cmds.push(c);
+        let mut cmds: Vec<Vec<&[u8]>> = Vec::new();
+        let mut unsealed = sealed.iter();
+        for (i, (_, _, _, tag, d)) in r.pages.iter().enumerate() {
+            if i == 0 || r.pages[i - 1].3 != *tag {
+                cmds.push(vec![b"MSET"]);
+            }
+            let value: &[u8] = if d.sealed { &d.bytes } else { unsealed.next().expect("sealed above") };
+            let c = cmds.last_mut().expect("pushed");
+            c.push(&names[i]);
+            c.push(value);
         }
-        l.pipeline(&cmds).map_err(|e| {
+        let mut by_tag: Vec<&[u8]> = r.unlinks.iter().map(|n| &n[..]).collect();
+        by_tag.sort_unstable_by_key(|n| hash_tag(n));
+        for (i, n) in by_tag.iter().enumerate() {
+            if i == 0 || hash_tag(by_tag[i - 1]) != hash_tag(n) {
+                cmds.push(vec![b"UNLINK"]);
+            }
+            cmds.last_mut().expect("pushed").push(n);
+        }
+        l.exec(&cmds, buf).map_err(|e| {
             self.stats.errors.fetch_add(1, Relaxed);
             format!("the remote refused or lost a write: {e}")
         })?;
@@ -546,24 +614,26 @@ impl Inner {
                 s.down_until = None;
                 s.backoff = self.cfg.retry_after;
                 for (key, meta, seq, tag, data) in r.pages {
-                    let vlen = (HEADER + data.len() + TAG) as u32;
+                    let vlen = (data.plain().len() + OVERHEAD) as u32;
                     let current =
                         s.index.get(&key).is_some_and(|e| e.seq == seq && matches!(e.at, At::Pending(_)));
                     if !current {
                         s.unlinks.push(self.name(&w, tag, key, seq));
+                        self.recycle(data);
                         continue;
                     }
                     self.stats.puts.fetch_add(1, Relaxed);
-                    self.stats.put_bytes.fetch_add(data.len() as u64, Relaxed);
+                    self.stats.put_bytes.fetch_add(data.plain().len() as u64, Relaxed);
                     let local = self.cfg.durability.local()
-                        && self.fallback.as_ref().is_some_and(|f| f.put(key, meta, &data).is_ok());
+                        && self.fallback.as_ref().is_some_and(|f| f.put(key, meta, data.plain()).is_ok());
                     if local {
                         self.stats.local_copies.fetch_add(1, Relaxed);
                     }
-                    s.pending_bytes -= data.len();
+                    s.pending_bytes -= data.bytes.len();
                     s.remote_bytes += vlen as u64;
                     let e = s.index.get_mut(&key).expect("checked above");
                     e.at = At::Remote { tag, gen, local, vlen };
+                    self.recycle(data);
                 }
             }
             Err(why) => {
@@ -576,11 +646,11 @@ impl Inner {
                     let current =
                         s.index.get(&key).is_some_and(|e| e.seq == seq && matches!(e.at, At::Pending(_)));
                     if current {
-                        s.pending_bytes -= data.len();
+                        s.pending_bytes -= data.bytes.len();
                         s.index.remove(&key);
-                        if self.to_fallback(s, key, meta, &data, &why).is_err() {
+                        if self.to_fallback(s, key, meta, data.plain(), &why).is_err() {
                             // No room anywhere: it waits for the remote again.
-                            s.pending_bytes += data.len();
+                            s.pending_bytes += data.bytes.len();
                             s.index.insert(key, Entry { meta, seq, at: At::Pending(data) });
                             s.queue.push_back((key, seq));
                         }
@@ -603,8 +673,22 @@ impl NextTier for RemoteTier {
         format!("remote ({})", self.inner.cfg.url_list())
     }
 
+    /// Seals the page here, in the caller's thread (the flusher only
+    /// writes), except for a writer that encrypts: that one's pages are
+    /// kept plain until written, so that a get of a page still waiting,
+    /// or the fallback, has the entry's bytes.
     fn put(&self, key: Key, meta: SpillMeta, data: &[u8]) -> Result<(), TierError> {
         let inner = &self.inner;
+        let seq = inner.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let w = inner.writer.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let waiting = if w.encrypts() {
+            Waiting { bytes: Arc::new(data.to_vec()), sealed: false }
+        } else {
+            let mut v = inner.buffer();
+            w.seal(key, &meta, seq, data, &mut v);
+            Waiting { bytes: Arc::new(v), sealed: true }
+        };
+        let size = waiting.bytes.len();
         let mut s = inner.lock();
         if let Some(old) = s.index.remove(&key) {
             inner.discard(&mut s, key, old);
@@ -613,14 +697,14 @@ impl NextTier for RemoteTier {
             let why = format!("the remote is unavailable ({})", s.last_error.clone().unwrap_or_default());
             return inner.to_fallback(&mut s, key, meta, data, &why);
         }
-        if s.pending_bytes + data.len() > inner.cfg.pending_bytes {
+        if s.pending_bytes + size > inner.cfg.pending_bytes {
             if inner.fallback.is_some() {
                 return inner.to_fallback(&mut s, key, meta, data, "the remote is slower than the evictions");
             }
             // Nowhere else to go: wait for room (the evictions slow down
             // to the remote's pace), as long as a get would wait.
             let until = Instant::now() + inner.cfg.get_deadline;
-            while s.pending_bytes + data.len() > inner.cfg.pending_bytes && Instant::now() < until {
+            while s.pending_bytes + size > inner.cfg.pending_bytes && Instant::now() < until {
                 inner.wake.notify_one();
                 s = inner
                     .done
@@ -628,18 +712,17 @@ impl NextTier for RemoteTier {
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
             }
-            if s.pending_bytes + data.len() > inner.cfg.pending_bytes {
+            if s.pending_bytes + size > inner.cfg.pending_bytes {
                 s.last_error =
                     Some("the remote is slower than the evictions, and there is no local fallback".into());
                 return Err(TierError::Full);
             }
         }
-        s.seq += 1;
-        let seq = s.seq;
-        s.pending_bytes += data.len();
-        s.index.insert(key, Entry { meta, seq, at: At::Pending(data.into()) });
+        s.pending_bytes += size;
+        s.index.insert(key, Entry { meta, seq, at: At::Pending(waiting) });
         s.queue.push_back((key, seq));
-        if s.queue.len() >= inner.cfg.batch_pages || s.queue.len() == 1 {
+        // (The flusher sleeps only with nothing to do.)
+        if s.queue.len() == 1 {
             inner.wake.notify_one();
         }
         Ok(())
@@ -655,7 +738,7 @@ impl NextTier for RemoteTier {
         let (tag, gen, local) = match &e.at {
             At::Pending(d) => {
                 out.clear();
-                out.extend_from_slice(d);
+                out.extend_from_slice(d.plain());
                 inner.stats.pending_hits.fetch_add(1, Relaxed);
                 if remove {
                     let e = s.index.remove(&key).expect("found");
@@ -698,8 +781,9 @@ impl NextTier for RemoteTier {
             }
         };
         let r = match fetched {
-            Ok(Some(v)) => match w.open(key, &meta, seq, &v, out) {
+            Ok(Some(mut v)) => match w.open_in_place(key, &meta, seq, &mut v) {
                 Ok(()) => {
+                    *out = v;
                     inner.stats.gets.fetch_add(1, Relaxed);
                     inner.stats.get_bytes.fetch_add(out.len() as u64, Relaxed);
                     Ok(Some(meta))
@@ -820,7 +904,9 @@ impl NextTier for RemoteTier {
             )));
         }
         let w = Writer::random(self.inner.cfg.encrypt)?;
-        s.writers = vec![Arc::new(w)];
+        let w = Arc::new(w);
+        s.writers = vec![w.clone()];
+        *self.inner.writer.lock().unwrap_or_else(|p| p.into_inner()) = w;
         s.queue.clear();
         s.unlinks.clear();
         s.pending_bytes = 0;
@@ -863,7 +949,7 @@ impl RemoteTier {
                 }
             }
         }
-        let names: Vec<Vec<u8>> = remote.iter().map(|r| r.1.clone()).collect();
+        let names: Vec<&[u8]> = remote.iter().map(|r| &r.1[..]).collect();
         let t = Instant::now();
         let got = if names.is_empty() {
             Ok(Vec::new())
@@ -880,8 +966,9 @@ impl RemoteTier {
                     inner.stats.get_ns.record(t.elapsed().as_nanos() as u64);
                 }
                 for ((i, _, w, meta, seq), v) in remote.iter().zip(vals) {
-                    let Some(v) = v else { continue };
-                    if w.open(keys[*i], meta, *seq, &v, &mut outs[*i]).is_ok() {
+                    let Some(mut v) = v else { continue };
+                    if w.open_in_place(keys[*i], meta, *seq, &mut v).is_ok() {
+                        outs[*i] = v;
                         inner.stats.gets.fetch_add(1, Relaxed);
                         inner.stats.get_bytes.fetch_add(outs[*i].len() as u64, Relaxed);
                         res[*i] = Some(*meta);

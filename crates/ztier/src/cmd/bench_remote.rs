@@ -95,7 +95,6 @@ fn ztier(cfg: &RemoteConfig, c: usize, p: usize, n: usize, lat: &mut Vec<u64>) -
         let mut cfg = cfg.clone();
         cfg.batch_pages = p;
         cfg.batches_per_round = 1;
-        cfg.pending_bytes = 64 << 20;
         tiers.push(Arc::new(RemoteTier::connect(cfg, None)?));
     }
     let pages: Arc<Vec<Vec<u8>>> = Arc::new((0..per).map(page).collect());
