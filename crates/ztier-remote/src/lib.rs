@@ -13,20 +13,45 @@
 //! * [`stats`] — counters and latency histograms.
 //! * [`testbed`] — local `redis-server` processes (a server, a cluster)
 //!   for tests and benchmarks.
+//! * [`proxy`] — the tiers of a `ztier run`'s processes, kept in the
+//!   `ztier run` process, served over a unix socket each;
+//!   [`client`] — the next tier a process under `ztier run --remote`
+//!   uses to reach it ([`wire`]: their protocol).
+//!
+//! Without the `server` feature (on by default) only [`wire`] and
+//! [`client`] are built: what the run library links (no Redis client,
+//! TLS or ciphers in a managed program).
 //!
 //! What is promised on the loss of a server, a slow network or a full
 //! cluster is written in `docs/remote.md`.
 
+pub mod client;
+#[cfg(feature = "server")]
 pub mod config;
+pub mod hist;
+#[cfg(feature = "server")]
 pub mod link;
+#[cfg(feature = "server")]
+pub mod proxy;
+#[cfg(feature = "server")]
 pub mod seal;
+#[cfg(feature = "server")]
 pub mod stats;
+#[cfg(feature = "server")]
 pub mod testbed;
+#[cfg(feature = "server")]
 pub mod tier;
+pub mod wire;
 
+pub use client::ProxyTier;
+#[cfg(feature = "server")]
 pub use config::{Credentials, Durability, RemoteConfig};
+#[cfg(feature = "server")]
+pub use proxy::{Proxy, Spill};
+#[cfg(feature = "server")]
 pub use stats::StatsSnapshot;
-pub use tier::{remove_run, RemoteTier};
+#[cfg(feature = "server")]
+pub use tier::{remove_dead_runs, remove_run, RemoteTier};
 
 /// Why a remote tier could not be set up.
 #[derive(Debug, thiserror::Error)]

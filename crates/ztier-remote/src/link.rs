@@ -348,6 +348,14 @@ impl Link {
         }
     }
 
+    /// A command on its key's node.
+    pub(crate) fn keyed(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Link::Single(c) => c.req_command(cmd),
+            Link::Cluster(c) => c.req_command(cmd),
+        }
+    }
+
     /// A command on any node (one that touches no key).
     pub(crate) fn any(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         match self {

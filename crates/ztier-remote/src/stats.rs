@@ -3,62 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// A latency histogram: four buckets per power of two of nanoseconds.
-pub struct Histogram([AtomicU64; 252]);
-
-impl Default for Histogram {
-    fn default() -> Self {
-        Histogram(std::array::from_fn(|_| AtomicU64::new(0)))
-    }
-}
-
-fn bucket(ns: u64) -> usize {
-    if ns < 4 {
-        ns as usize
-    } else {
-        let b = 63 - ns.leading_zeros() as usize;
-        (b - 1) * 4 + ((ns >> (b - 2)) & 3) as usize
-    }
-}
-
-fn bucket_floor(i: usize) -> u64 {
-    if i < 4 {
-        i as u64
-    } else {
-        let b = i / 4 + 1;
-        (4 + (i % 4) as u64) << (b - 2)
-    }
-}
-
-impl Histogram {
-    /// Counts one sample.
-    pub fn record(&self, ns: u64) {
-        self.0[bucket(ns).min(251)].fetch_add(1, Relaxed);
-    }
-
-    /// Samples counted.
-    pub fn count(&self) -> u64 {
-        self.0.iter().map(|b| b.load(Relaxed)).sum()
-    }
-
-    /// The `q` quantile (0..=1) in nanoseconds (its bucket's floor; 0
-    /// with no samples).
-    pub fn quantile(&self, q: f64) -> u64 {
-        let n = self.count();
-        if n == 0 {
-            return 0;
-        }
-        let want = ((n as f64 * q).ceil() as u64).clamp(1, n);
-        let mut seen = 0;
-        for (i, b) in self.0.iter().enumerate() {
-            seen += b.load(Relaxed);
-            if seen >= want {
-                return bucket_floor(i);
-            }
-        }
-        bucket_floor(251)
-    }
-}
+pub use crate::hist::Histogram;
 
 /// Live counters of a remote tier.
 #[derive(Default)]
@@ -126,6 +71,31 @@ pub struct StatsSnapshot {
 }
 
 impl Stats {
+    /// Adds `other`'s counts and samples to these (a run's totals over
+    /// its processes' tiers).
+    pub fn merge(&self, other: &Stats) {
+        let add = |a: &AtomicU64, b: &AtomicU64| {
+            a.fetch_add(b.load(Relaxed), Relaxed);
+        };
+        add(&self.puts, &other.puts);
+        add(&self.put_bytes, &other.put_bytes);
+        add(&self.batches, &other.batches);
+        add(&self.gets, &other.gets);
+        add(&self.get_bytes, &other.get_bytes);
+        add(&self.pending_hits, &other.pending_hits);
+        add(&self.fallback_puts, &other.fallback_puts);
+        add(&self.fallback_gets, &other.fallback_gets);
+        add(&self.local_copies, &other.local_copies);
+        add(&self.failovers, &other.failovers);
+        add(&self.errors, &other.errors);
+        add(&self.mac_errors, &other.mac_errors);
+        add(&self.lost, &other.lost);
+        add(&self.wait_timeouts, &other.wait_timeouts);
+        add(&self.unlinks, &other.unlinks);
+        self.get_ns.merge(&other.get_ns);
+        self.batch_ns.merge(&other.batch_ns);
+    }
+
     /// A snapshot.
     pub fn snapshot(&self) -> StatsSnapshot {
         let l = |a: &AtomicU64| a.load(Relaxed);
@@ -151,29 +121,5 @@ impl Stats {
             batch_p50_us: us(self.batch_ns.quantile(0.5)),
             batch_p99_us: us(self.batch_ns.quantile(0.99)),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn buckets_are_monotonic_and_quantiles_land_near() {
-        let mut last = 0;
-        for ns in [0u64, 1, 3, 4, 5, 7, 8, 100, 1000, 40_000, 1 << 40, u64::MAX] {
-            let b = bucket(ns);
-            assert!(b >= last && b <= 251, "{ns}");
-            assert!(bucket_floor(b) <= ns, "{ns}");
-            last = b;
-        }
-        let h = Histogram::default();
-        for i in 1..=1000u64 {
-            h.record(i * 1000);
-        }
-        let p50 = h.quantile(0.5);
-        assert!((400_000..=500_000).contains(&p50), "{p50}");
-        let p99 = h.quantile(0.99);
-        assert!((800_000..=990_000).contains(&p99), "{p99}");
     }
 }

@@ -212,6 +212,34 @@ impl RemoteTier {
         self.inner.stats.snapshot()
     }
 
+    /// The live counters (to merge into a run's totals).
+    pub fn counters(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    /// The entries held.
+    pub fn keys(&self) -> Vec<Key> {
+        self.inner.lock().index.keys().copied().collect()
+    }
+
+    /// Lets go of every entry (their values deleted on the servers, their
+    /// local copies dropped) and waits until the deletes are sent (or
+    /// kept for later while the remote is down, or the get deadline has
+    /// passed). Returns how many deletes could not be sent: values left
+    /// on the servers until the run's end removes them.
+    pub fn close(&self) -> usize {
+        {
+            let mut s = self.inner.lock();
+            let keys: Vec<Key> = s.index.keys().copied().collect();
+            for k in keys {
+                let e = s.index.remove(&k).expect("listed");
+                self.inner.discard(&mut s, k, e);
+            }
+        }
+        self.flush();
+        self.inner.lock().unlinks.len()
+    }
+
     /// Pages waiting to be written, and their bytes.
     pub fn pending(&self) -> (usize, usize) {
         let s = self.inner.lock();
@@ -1049,4 +1077,72 @@ pub fn remove_run(cfg: &RemoteConfig, run_id: &str) -> Result<u64, RemoteError> 
         }
     }
     Ok(removed)
+}
+
+/// The set of runs that may have values on the servers (their ids).
+pub const RUNS_KEY: &str = "zt:runs";
+
+/// The key that says run `run_id` is alive (it expires unless renewed).
+pub fn alive_key(run_id: &str) -> String {
+    format!("zt:{run_id}:alive")
+}
+
+/// How a run says it is alive: [`alive_key`] for this long, renewed
+/// every third of it.
+pub const ALIVE_FOR: Duration = Duration::from_secs(60);
+
+/// Says that run `run_id` is alive (for [`ALIVE_FOR`]) and records it in
+/// [`RUNS_KEY`]; with `alive` false, that it has ended (its records
+/// removed).
+pub fn mark_run(cfg: &RemoteConfig, run_id: &str, alive: bool) -> Result<(), RemoteError> {
+    let (conn, _) = Connector::new(cfg)?;
+    let err = |e: redis::RedisError| RemoteError::Connect(e.to_string());
+    let mut link = conn.connect().map_err(err)?;
+    let alive_key = alive_key(run_id);
+    let cmds = if alive {
+        [
+            redis::cmd("SET")
+                .arg(&alive_key)
+                .arg(std::process::id())
+                .arg("EX")
+                .arg(ALIVE_FOR.as_secs())
+                .clone(),
+            redis::cmd("SADD").arg(RUNS_KEY).arg(run_id).clone(),
+        ]
+    } else {
+        [redis::cmd("DEL").arg(&alive_key).clone(), redis::cmd("SREM").arg(RUNS_KEY).arg(run_id).clone()]
+    };
+    for c in &cmds {
+        link.keyed(c).and_then(|v| v.extract_error()).map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Removes the values of every run recorded in [`RUNS_KEY`] whose
+/// [`alive_key`] has expired (its `ztier run` was killed, or its machine
+/// lost): `(run id, values removed)` for each.
+pub fn remove_dead_runs(cfg: &RemoteConfig) -> Result<Vec<(String, u64)>, RemoteError> {
+    let (conn, _) = Connector::new(cfg)?;
+    let err = |e: redis::RedisError| RemoteError::Connect(e.to_string());
+    let mut link = conn.connect().map_err(err)?;
+    let runs: Vec<String> =
+        redis::from_redis_value(link.keyed(redis::cmd("SMEMBERS").arg(RUNS_KEY)).map_err(err)?)
+            .map_err(|e| err(e.into()))?;
+    let mut out = Vec::new();
+    for run in runs {
+        let alive: bool =
+            redis::from_redis_value(link.keyed(redis::cmd("EXISTS").arg(alive_key(&run))).map_err(err)?)
+                .map_err(|e| err(e.into()))?;
+        if alive {
+            continue;
+        }
+        let removed = if run.len() == 12 && run.bytes().all(|b| b.is_ascii_hexdigit()) {
+            remove_run(cfg, &run)?
+        } else {
+            0
+        };
+        link.keyed(redis::cmd("SREM").arg(RUNS_KEY).arg(&run)).map_err(err)?;
+        out.push((run, removed));
+    }
+    Ok(out)
 }

@@ -11,6 +11,7 @@ pub mod blk;
 pub mod demo;
 pub mod faults;
 pub mod hold;
+pub mod remote;
 pub mod run;
 pub mod sim;
 pub mod trace;
