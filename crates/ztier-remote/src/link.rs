@@ -426,8 +426,9 @@ pub(crate) fn parse_cluster_nodes(text: &str) -> Topology {
     Topology { cluster: true, masters: masters.iter().map(|m| m.addr.to_string()).collect(), min_replicas }
 }
 
-/// `MSET` and `UNLINK` of several keys as one command per key (`None`:
-/// the command as it is).
+/// `MSET` (of any number of keys: the cluster client refuses it in a
+/// pipeline even with one) as a `SET` per key, and `UNLINK` of several
+/// keys as one per key (`None`: the command as it is).
 fn split_keys(cmd: &Cmd) -> Vec<Option<Cmd>> {
     let args: Vec<&[u8]> = cmd
         .args_iter()
@@ -437,7 +438,7 @@ fn split_keys(cmd: &Cmd) -> Vec<Option<Cmd>> {
         })
         .collect();
     let each = match args.first().map(|a| a.to_ascii_uppercase()) {
-        Some(n) if n == b"MSET" && args.len() > 3 => 2,
+        Some(n) if n == b"MSET" && args.len() >= 3 => 2,
         Some(n) if n == b"UNLINK" && args.len() > 2 => 1,
         _ => return vec![None],
     };
@@ -522,7 +523,15 @@ mod tests {
         );
         assert_eq!(split_keys(&redis::cmd("UNLINK").arg("a").arg("b").clone()).len(), 2);
         assert!(split_keys(&redis::cmd("GET").arg("a").clone())[0].is_none());
-        assert!(split_keys(&redis::cmd("MSET").arg("a").arg("1").clone())[0].is_none());
+        assert!(split_keys(&redis::cmd("UNLINK").arg("a").clone())[0].is_none());
+        // A batch of one page is still an MSET, which the cluster
+        // client's pipeline refuses: a SET.
+        let one = split_keys(&redis::cmd("MSET").arg("a").arg("1").clone());
+        assert_eq!(one.len(), 1);
+        assert_eq!(
+            one[0].as_ref().expect("split").get_packed_command(),
+            redis::cmd("SET").arg("a").arg("1").get_packed_command()
+        );
     }
 
     #[test]
