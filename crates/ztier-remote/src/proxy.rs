@@ -36,7 +36,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ztier_store::tier::{FileTier, NextTier};
+use ztier_store::tier::{FileTier, NextTier, TierError};
 
 use crate::config::RemoteConfig;
 use crate::stats::{Stats, StatsSnapshot};
@@ -464,7 +464,12 @@ fn requests(
                     }
                     Ok(None) => wire::write_frame(w, reply::ABSENT, 0, &[])?,
                     Err(e) => {
-                        let why = e.to_string();
+                        // The I/O error's own words: the library's side
+                        // says "next tier I/O" once.
+                        let why = match &e {
+                            TierError::Io(io) => io.to_string(),
+                            e => e.to_string(),
+                        };
                         wire::write_frame(w, reply::ERROR, 0, &[&why.as_bytes()[..why.len().min(1024)]])?
                     }
                 }

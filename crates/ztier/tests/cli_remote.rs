@@ -253,6 +253,7 @@ fn a_value_changed_in_redis_is_an_error_never_data() {
     let o = run.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "the run went on after {n} values changed: {}", said(&o));
-    assert!(err.contains("MAC mismatch"), "{}", said(&o));
+    assert!(err.contains("page MAC mismatch: the value was changed on the server"), "{}", said(&o));
+    assert_eq!(err.matches("next tier I/O").count(), 1, "{err}");
     assert!(o.stdout.is_empty() || o.stdout == want.stdout, "{}", said(&o));
 }
