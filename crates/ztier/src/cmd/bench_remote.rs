@@ -20,7 +20,8 @@ use ztier_store::Key;
     ztier bench remote --clients 1,50 --pipelines 1,16,32 --json\n\n\
 Without --remote, a redis-server is started on a free loopback port for the run (Debian's\n\
 redis-server; redis-benchmark from redis-tools). Each round runs redis-benchmark and then\n\
-ztier at each concurrency and depth; the rates are the medians of the rounds.\n\
+ztier at each concurrency and depth; the rates are the medians of the rounds, the ratios\n\
+the medians of each round's ratio (ztier over redis-benchmark in that round), with their range.\n\
 ztier's put is the tier's put of a 4 KiB page (sealed with its MAC, written behind in\n\
 batches of DEPTH pages, one batch per pipeline, until all are written); its get at depth 1\n\
 is the get a fault makes (one GET, MAC checked), at a greater depth get_many (pipelined).")]
@@ -212,12 +213,22 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
                 zs.push(z.set);
                 zg.push(z.get);
             }
+            // Each round's ratio: both sides of a round ran back to back,
+            // so a machine that slows for a while slows both.
+            let mut put: Vec<f64> = zs.iter().zip(&rs).map(|(z, r)| z / r).collect();
+            let mut get: Vec<f64> = zg.iter().zip(&rg).map(|(z, r)| z / r).collect();
+            let range = |v: &[f64]| {
+                let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+                [lo, v.iter().copied().fold(lo, f64::max)]
+            };
+            let (put_range, get_range) = (range(&put), range(&get));
             let (rs, rg, zs, zg) = (median(&mut rs), median(&mut rg), median(&mut zs), median(&mut zg));
             rows.push(serde_json::json!({
                 "clients": c, "pipeline": p,
                 "redis_benchmark_set_s": rs, "redis_benchmark_get_s": rg,
                 "ztier_put_s": zs, "ztier_get_s": zg,
-                "put_ratio": zs / rs, "get_ratio": zg / rg,
+                "put_ratio": median(&mut put), "get_ratio": median(&mut get),
+                "put_ratio_range": put_range, "get_ratio_range": get_range,
                 "get_p50_us": quantile(&mut lat, 0.5), "get_p99_us": quantile(&mut lat, 0.99),
             }));
         }
@@ -233,26 +244,31 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
         return Ok(0);
     }
     println!(
-        "4 KiB pages against redis-benchmark -t set,get -d 4096 on {node}, {} requests, median of {} rounds",
+        "4 KiB pages against redis-benchmark -t set,get -d 4096 on {node}, {} requests, median of {} rounds\n\
+         (×: the median of the rounds' ratios, [its range])",
         a.requests, a.rounds
     );
     println!(
-        "{:>7} {:>5} {:>12} {:>12} {:>6} {:>12} {:>12} {:>6} {:>9} {:>9}",
+        "{:>7} {:>5} {:>12} {:>12} {:>17} {:>12} {:>12} {:>17} {:>9} {:>9}",
         "clients", "depth", "SET/s", "ztier put/s", "×", "GET/s", "ztier get/s", "×", "get p50", "get p99"
     );
     for r in &rows {
         let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
         let lat = |k: &str| if r["pipeline"] == 1 { format!("{:.1} µs", f(k)) } else { "-".into() };
+        let ratio = |k: &str| {
+            let g = |i: usize| r[format!("{k}_range")][i].as_f64().unwrap_or(0.0);
+            format!("{:.2} [{:.2}–{:.2}]", f(k), g(0), g(1))
+        };
         println!(
-            "{:>7} {:>5} {:>12.0} {:>12.0} {:>6.2} {:>12.0} {:>12.0} {:>6.2} {:>9} {:>9}",
+            "{:>7} {:>5} {:>12.0} {:>12.0} {:>17} {:>12.0} {:>12.0} {:>17} {:>9} {:>9}",
             r["clients"],
             r["pipeline"],
             f("redis_benchmark_set_s"),
             f("ztier_put_s"),
-            f("put_ratio"),
+            ratio("put_ratio"),
             f("redis_benchmark_get_s"),
             f("ztier_get_s"),
-            f("get_ratio"),
+            ratio("get_ratio"),
             lat("get_p50_us"),
             lat("get_p99_us")
         );
