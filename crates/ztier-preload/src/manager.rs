@@ -1351,7 +1351,7 @@ fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
     let mut sc = StoreConfig::new(cfg.store_bytes);
     sc.codec = cfg.codec;
     sc.allocator = cfg.allocator;
-    let remote = crate::remote::tier()?;
+    let remote = crate::remote::tier(crate::fds::keep)?;
     let tier: Option<Box<dyn ztier_store::tier::NextTier>> = match &cfg.spill_dir {
         // `--remote`: the run's proxy (and its spill file) instead.
         _ if remote.is_some() => remote,

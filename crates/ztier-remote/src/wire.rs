@@ -1,6 +1,6 @@
 //! The protocol between a process under `ztier run --remote` (its
-//! library's [`crate::client::ProxyTier`]) and the remote tier's proxy in
-//! the `ztier run` process (`crate::proxy`), over one unix stream socket
+//! library's `ProxyTier`, in `client.rs`) and the remote tier's proxy in
+//! the `ztier run` process (in `proxy.rs`), over one unix stream socket
 //! per process.
 //!
 //! ```text

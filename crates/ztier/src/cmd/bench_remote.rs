@@ -21,7 +21,9 @@ use ztier_store::Key;
 Without --remote, a redis-server is started on a free loopback port for the run (Debian's\n\
 redis-server; redis-benchmark from redis-tools). Each round runs redis-benchmark and then\n\
 ztier at each concurrency and depth; the rates are the medians of the rounds, the ratios\n\
-the medians of each round's ratio (ztier over redis-benchmark in that round), with their range.\n\
+the medians of each round's ratio (ztier over redis-benchmark in that round), with their range;\n\
+and the CPU time a request costs each client (all its threads) and the server (medians), which a\n\
+loaded machine disturbs less than the rates.\n\
 ztier's put is the tier's put of a 4 KiB page (sealed with its MAC, written behind in\n\
 batches of DEPTH pages, one batch per pipeline, until all are written); its get at depth 1\n\
 is the get a fault makes (one GET, MAC checked), at a greater depth get_many (pipelined).")]
@@ -46,32 +48,92 @@ pub struct RemoteBenchArgs {
     pub json: bool,
 }
 
-struct Rates {
-    set: f64,
-    get: f64,
+/// Requests per second, and CPU seconds per request of the client (its
+/// every thread) and of the server (0 if it is not ours to watch).
+#[derive(Default)]
+struct Rate {
+    per_s: f64,
+    client_cpu: f64,
+    server_cpu: f64,
 }
 
-fn redis_benchmark(port: u16, host: &str, c: usize, p: usize, n: usize) -> Result<Rates> {
-    let mut cmd = Command::new("redis-benchmark");
-    cmd.args(["-h", host, "-p", &port.to_string(), "-t", "set,get", "-d", "4096"]);
-    cmd.args(["-c", &c.to_string(), "-P", &p.to_string(), "-n", &n.to_string(), "-r", "100000", "--csv"]);
-    if let Ok(pw) = std::env::var(ztier_remote::config::ENV_PASSWORD) {
-        // redis-benchmark takes it from the environment like redis-cli.
-        cmd.env("REDISCLI_AUTH", pw);
-    }
-    let out = cmd.output().context("running redis-benchmark (Debian's redis-tools)")?;
-    if !out.status.success() {
-        bail!("redis-benchmark failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let rate = |t: &str| -> Result<f64> {
-        text.lines()
-            .find(|l| l.starts_with(&format!("\"{t}\"")))
+struct Rates {
+    set: Rate,
+    get: Rate,
+}
+
+/// User + system CPU seconds of `who` (`RUSAGE_SELF`: this process;
+/// `RUSAGE_CHILDREN`: its children waited for).
+fn rusage(who: i32) -> f64 {
+    // SAFETY: getrusage fills the plain struct it is given.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(who, &mut u);
+        u
+    };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// User + system CPU seconds of process `pid` so far (`None`: none to
+/// watch, or gone).
+fn proc_cpu(pid: Option<u32>) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
+    // Fields after the command's closing parenthesis: utime and stime
+    // are the 12th and 13th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / hz)
+}
+
+/// CPU seconds of the client (`who`) and the server while `f` runs.
+fn cpu_of<T>(who: i32, server: Option<u32>, f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64)> {
+    let (c, s) = (rusage(who), proc_cpu(server));
+    let r = f()?;
+    let server = match (s, proc_cpu(server)) {
+        (Some(a), Some(b)) => b - a,
+        _ => 0.0,
+    };
+    Ok((r, rusage(who) - c, server))
+}
+
+/// `redis-benchmark -t TEST` (each test a run of its own, so that each
+/// has its CPU time: `set` first, so that `get` finds the keys).
+fn redis_benchmark(
+    port: u16,
+    host: &str,
+    c: usize,
+    p: usize,
+    n: usize,
+    server: Option<u32>,
+) -> Result<Rates> {
+    let one = |t: &str| -> Result<Rate> {
+        let mut cmd = Command::new("redis-benchmark");
+        cmd.args(["-h", host, "-p", &port.to_string(), "-t", t, "-d", "4096"]);
+        cmd.args(["-c", &c.to_string(), "-P", &p.to_string(), "-n", &n.to_string(), "-r", "100000", "--csv"]);
+        if let Ok(pw) = std::env::var(ztier_remote::config::ENV_PASSWORD) {
+            // redis-benchmark takes it from the environment like redis-cli.
+            cmd.env("REDISCLI_AUTH", pw);
+        }
+        let (out, client, srv) = cpu_of(libc::RUSAGE_CHILDREN, server, || {
+            cmd.output().context("running redis-benchmark (Debian's redis-tools)")
+        })?;
+        if !out.status.success() {
+            bail!("redis-benchmark failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let name = t.to_uppercase();
+        let per_s: f64 = text
+            .lines()
+            .find(|l| l.starts_with(&format!("\"{name}\"")))
             .and_then(|l| l.split(',').nth(1))
             .and_then(|v| v.trim_matches('"').parse().ok())
-            .with_context(|| format!("no {t} rate in redis-benchmark's output:\n{text}"))
+            .with_context(|| format!("no {name} rate in redis-benchmark's output:\n{text}"))?;
+        Ok(Rate { per_s, client_cpu: client / n as f64, server_cpu: srv / n as f64 })
     };
-    Ok(Rates { set: rate("SET")?, get: rate("GET")? })
+    Ok(Rates { set: one("set")?, get: one("get")? })
 }
 
 fn page(i: usize) -> Vec<u8> {
@@ -87,9 +149,16 @@ fn page(i: usize) -> Vec<u8> {
         .collect()
 }
 
-/// ztier's put and get rates at `c` threads and depth `p`, with the get
-/// latencies at depth 1 (ns).
-fn ztier(cfg: &RemoteConfig, c: usize, p: usize, n: usize, lat: &mut Vec<u64>) -> Result<Rates> {
+/// ztier's put and get rates (and CPU: this process's, the server's) at
+/// `c` threads and depth `p`, with the get latencies at depth 1 (ns).
+fn ztier(
+    cfg: &RemoteConfig,
+    c: usize,
+    p: usize,
+    n: usize,
+    lat: &mut Vec<u64>,
+    server: Option<u32>,
+) -> Result<Rates> {
     let per = n / c;
     let mut tiers = Vec::new();
     for _ in 0..c {
@@ -100,6 +169,7 @@ fn ztier(cfg: &RemoteConfig, c: usize, p: usize, n: usize, lat: &mut Vec<u64>) -
     }
     let pages: Arc<Vec<Vec<u8>>> = Arc::new((0..per).map(page).collect());
     let meta = |d: &[u8]| SpillMeta { tag: 0, flags: 0, len: 4096, crc: crc32c(d), pattern: 0 };
+    let (c0, s0) = (rusage(libc::RUSAGE_SELF), proc_cpu(server));
     let t = Instant::now();
     let hs: Vec<_> = tiers
         .iter()
@@ -117,6 +187,10 @@ fn ztier(cfg: &RemoteConfig, c: usize, p: usize, n: usize, lat: &mut Vec<u64>) -
         h.join().map_err(|_| anyhow::anyhow!("a put thread panicked"))?;
     }
     let set = (per * c) as f64 / t.elapsed().as_secs_f64();
+    let total = (per * c) as f64;
+    let (c1, s1) = (rusage(libc::RUSAGE_SELF), proc_cpu(server));
+    let srv = |a: Option<f64>, b: Option<f64>| a.zip(b).map_or(0.0, |(a, b)| (b - a) / total);
+    let set = Rate { per_s: set, client_cpu: (c1 - c0) / total, server_cpu: srv(s0, s1) };
     for tier in &tiers {
         let s = tier.stats();
         if s.remote_puts != per as u64 {
@@ -158,6 +232,8 @@ fn ztier(cfg: &RemoteConfig, c: usize, p: usize, n: usize, lat: &mut Vec<u64>) -
         );
     }
     let get = (per * c) as f64 / t.elapsed().as_secs_f64();
+    let (c2, s2) = (rusage(libc::RUSAGE_SELF), proc_cpu(server));
+    let get = Rate { per_s: get, client_cpu: (c2 - c1) / total, server_cpu: srv(s1, s2) };
     for tier in &tiers {
         for i in 0..per {
             tier.remove(Key { pool: 0, object: 0, index: i as u32 });
@@ -187,7 +263,7 @@ fn quantile(v: &mut [u64], q: f64) -> f64 {
 
 /// `ztier bench remote`.
 pub fn run(a: RemoteBenchArgs) -> Result<i32> {
-    let (_bed, cfg) = match &a.remote {
+    let (bed, cfg) = match &a.remote {
         Some(url) => (None, RemoteConfig::parse(url)?),
         None => {
             let bed = Testbed::single(&Options::default()).context("starting a local redis-server")?;
@@ -195,6 +271,8 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
             (Some(bed), cfg)
         }
     };
+    // The server's CPU is watched only if it is ours.
+    let server = bed.as_ref().and_then(|b| b.servers[0].pid());
     let mut cfg = cfg;
     cfg.durability = Durability::None;
     cfg.timeout = Duration::from_secs(5);
@@ -202,33 +280,43 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
     let mut rows = Vec::new();
     for &c in &a.clients {
         for &p in &a.pipelines {
-            let (mut rs, mut rg, mut zs, mut zg) = (vec![], vec![], vec![], vec![]);
+            // Per round: redis-benchmark's set and get, ztier's put and get.
+            let mut sides: [Vec<Rate>; 4] = Default::default();
             let mut lat = Vec::new();
             for round in 0..a.rounds {
                 eprintln!("round {}/{}: {c} clients, depth {p}", round + 1, a.rounds);
-                let r = redis_benchmark(node.port, &node.host, c, p, a.requests)?;
-                rs.push(r.set);
-                rg.push(r.get);
-                let z = ztier(&cfg, c, p, a.requests, &mut lat)?;
-                zs.push(z.set);
-                zg.push(z.get);
+                let r = redis_benchmark(node.port, &node.host, c, p, a.requests, server)?;
+                let z = ztier(&cfg, c, p, a.requests, &mut lat, server)?;
+                for (v, x) in sides.iter_mut().zip([r.set, r.get, z.set, z.get]) {
+                    v.push(x);
+                }
             }
+            let [rs, rg, zs, zg] = &sides;
             // Each round's ratio: both sides of a round ran back to back,
             // so a machine that slows for a while slows both.
-            let mut put: Vec<f64> = zs.iter().zip(&rs).map(|(z, r)| z / r).collect();
-            let mut get: Vec<f64> = zg.iter().zip(&rg).map(|(z, r)| z / r).collect();
+            let ratios = |z: &[Rate], r: &[Rate]| -> Vec<f64> {
+                z.iter().zip(r).map(|(z, r)| z.per_s / r.per_s).collect()
+            };
+            let (mut put, mut get) = (ratios(zs, rs), ratios(zg, rg));
             let range = |v: &[f64]| {
                 let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
                 [lo, v.iter().copied().fold(lo, f64::max)]
             };
-            let (put_range, get_range) = (range(&put), range(&get));
-            let (rs, rg, zs, zg) = (median(&mut rs), median(&mut rg), median(&mut zs), median(&mut zg));
+            let med = |v: &[Rate], f: fn(&Rate) -> f64| median(&mut v.iter().map(f).collect::<Vec<_>>());
+            let rate = |v: &[Rate]| med(v, |r| r.per_s);
+            // CPU microseconds per request (medians of the rounds).
+            let client = |v: &[Rate]| med(v, |r| r.client_cpu) * 1e6;
+            let srv = |v: &[Rate]| med(v, |r| r.server_cpu) * 1e6;
             rows.push(serde_json::json!({
                 "clients": c, "pipeline": p,
-                "redis_benchmark_set_s": rs, "redis_benchmark_get_s": rg,
-                "ztier_put_s": zs, "ztier_get_s": zg,
+                "redis_benchmark_set_s": rate(rs), "redis_benchmark_get_s": rate(rg),
+                "ztier_put_s": rate(zs), "ztier_get_s": rate(zg),
                 "put_ratio": median(&mut put), "get_ratio": median(&mut get),
-                "put_ratio_range": put_range, "get_ratio_range": get_range,
+                "put_ratio_range": range(&put), "get_ratio_range": range(&get),
+                "redis_benchmark_set_cpu_us": client(rs), "redis_benchmark_get_cpu_us": client(rg),
+                "ztier_put_cpu_us": client(zs), "ztier_get_cpu_us": client(zg),
+                "server_set_cpu_us": srv(rs), "server_get_cpu_us": srv(rg),
+                "server_put_cpu_us": srv(zs), "server_ztier_get_cpu_us": srv(zg),
                 "get_p50_us": quantile(&mut lat, 0.5), "get_p99_us": quantile(&mut lat, 0.99),
             }));
         }
@@ -245,12 +333,24 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
     }
     println!(
         "4 KiB pages against redis-benchmark -t set,get -d 4096 on {node}, {} requests, median of {} rounds\n\
-         (×: the median of the rounds' ratios, [its range])",
+         (×: the median of the rounds' ratios, [its range]; cpu: CPU µs a request of redis-benchmark/of ztier,\n\
+         the clients' only: the server's are in --json)",
         a.requests, a.rounds
     );
     println!(
-        "{:>7} {:>5} {:>12} {:>12} {:>17} {:>12} {:>12} {:>17} {:>9} {:>9}",
-        "clients", "depth", "SET/s", "ztier put/s", "×", "GET/s", "ztier get/s", "×", "get p50", "get p99"
+        "{:>7} {:>5} {:>9} {:>11} {:>17} {:>11} {:>9} {:>11} {:>17} {:>11} {:>9} {:>9}",
+        "clients",
+        "depth",
+        "SET/s",
+        "ztier put/s",
+        "×",
+        "cpu SET/put",
+        "GET/s",
+        "ztier get/s",
+        "×",
+        "cpu GET/get",
+        "get p50",
+        "get p99"
     );
     for r in &rows {
         let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
@@ -260,15 +360,17 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
             format!("{:.2} [{:.2}–{:.2}]", f(k), g(0), g(1))
         };
         println!(
-            "{:>7} {:>5} {:>12.0} {:>12.0} {:>17} {:>12.0} {:>12.0} {:>17} {:>9} {:>9}",
-            r["clients"],
-            r["pipeline"],
+            "{:>7} {:>5} {:>9.0} {:>11.0} {:>17} {:>11} {:>9.0} {:>11.0} {:>17} {:>11} {:>9} {:>9}",
+            r["clients"].as_u64().unwrap_or(0),
+            r["pipeline"].as_u64().unwrap_or(0),
             f("redis_benchmark_set_s"),
             f("ztier_put_s"),
             ratio("put_ratio"),
+            format!("{:.1}/{:.1}", f("redis_benchmark_set_cpu_us"), f("ztier_put_cpu_us")),
             f("redis_benchmark_get_s"),
             f("ztier_get_s"),
             ratio("get_ratio"),
+            format!("{:.1}/{:.1}", f("redis_benchmark_get_cpu_us"), f("ztier_get_cpu_us")),
             lat("get_p50_us"),
             lat("get_p99_us")
         );
