@@ -113,6 +113,7 @@ mod faultlog;
 mod fds;
 mod manager;
 mod pages;
+mod remote;
 mod shim;
 mod sigstack;
 mod small;
@@ -2292,7 +2293,7 @@ fn stats_json(g: &Global) -> String {
         .map(|(i, c)| format!("[{},{c}]", manager::lat_upper_ns(i)))
         .collect();
     let ld = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-    format!(
+    remote::add_stats(format!(
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"pinned_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
@@ -2357,7 +2358,7 @@ fn stats_json(g: &Global) -> String {
         timing[3],
         ld(&s.deferred_wait_ns),
         hist.join(",")
-    )
+    ))
 }
 
 /// This process's `--stats` file, opened when the library starts and

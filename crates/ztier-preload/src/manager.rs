@@ -1351,7 +1351,10 @@ fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
     let mut sc = StoreConfig::new(cfg.store_bytes);
     sc.codec = cfg.codec;
     sc.allocator = cfg.allocator;
+    let remote = crate::remote::tier(crate::fds::keep)?;
     let tier: Option<Box<dyn ztier_store::tier::NextTier>> = match &cfg.spill_dir {
+        // `--remote`: the run's proxy (and its spill file) instead.
+        _ if remote.is_some() => remote,
         // A forked child opens a spill file of its own the same way.
         Some(dir) => {
             let dir = dir.clone();
@@ -2163,8 +2166,8 @@ impl Manager {
             return;
         }
         let next = match (self.cfg.spill_dir.is_some(), self.store.tier_error()) {
-            (false, _) => "there is no --spill folder".to_string(),
-            (true, Some(why)) => why,
+            (_, Some(why)) => why,
+            (false, None) => "there is no --spill folder".to_string(),
             (true, None) => "the spill file cannot take more".to_string(),
         };
         let size = match self.tree.as_ref().map(Member::store_limit).filter(|&l| l > 0) {

@@ -32,6 +32,8 @@ struct Cli {
     command: Command,
 }
 
+// (Made once per process: a large variant costs nothing.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the end-to-end demonstration on built-in defaults.
@@ -76,6 +78,9 @@ enum Command {
     /// faults by run length and service time, refault distances, pages
     /// that came back again and again, and page-ins over time.
     Faults(cmd::faults::FaultsArgs),
+    /// The remote tier (`ztier run --remote`): remove what killed runs left.
+    #[command(subcommand)]
+    Remote(cmd::remote::RemoteCommand),
     /// Write the manual pages (ztier.1 and one per subcommand) into DIR.
     Man(cmd::docs::ManArgs),
     /// Print the shell completion script for SHELL (bash, elvish, fish,
@@ -95,6 +100,7 @@ fn main() {
         Command::Stats(a) => cmd::run::stats(a),
         Command::Hold(a) => cmd::hold::hold(a),
         Command::Faults(a) => cmd::faults::run(a),
+        Command::Remote(c) => cmd::remote::run(c),
         Command::Man(a) => cmd::docs::man(a, Cli::command()),
         Command::Completions(a) => cmd::docs::completions(a, Cli::command()),
     };

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 
-use super::{bench_blk, bench_codecs, bench_pressure, bench_store, bench_uffd};
+use super::{bench_blk, bench_codecs, bench_pressure, bench_remote, bench_store, bench_uffd};
 
 /// The benchmarks.
 #[derive(Subcommand, Debug)]
@@ -42,6 +42,13 @@ pub enum BenchCommand {
     /// of a run, with nothing to look up or decompress: the floor under
     /// `ztier run`'s fault service here.
     Uffd(bench_uffd::UffdArgs),
+    /// The remote tier (Redis) against redis-benchmark on the same server.
+    ///
+    /// Puts and gets of 4 KiB pages through the remote tier (sealed,
+    /// batched, pipelined) against `redis-benchmark -t set,get -d 4096`
+    /// at the same concurrency and pipeline depth, in turn, round by
+    /// round; with the latency of single gets (a fault's) at depth 1.
+    Remote(bench_remote::RemoteBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -52,5 +59,6 @@ pub fn run(c: BenchCommand) -> Result<i32> {
         BenchCommand::Blk(a) => bench_blk::run(a),
         BenchCommand::Pressure(a) => bench_pressure::run(a),
         BenchCommand::Uffd(a) => bench_uffd::run(a),
+        BenchCommand::Remote(a) => bench_remote::run(a),
     }
 }

@@ -202,6 +202,8 @@ pub struct RunArgs {
     /// summarises one.
     #[arg(long, value_name = "DIR")]
     pub fault_log: Option<PathBuf>,
+    #[command(flatten)]
+    pub remote: super::remote::RemoteArgs,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub cmd: Vec<OsString>,
@@ -244,6 +246,7 @@ impl RunArgs {
             summary: false,
             log: None,
             fault_log: None,
+            remote: Default::default(),
             cmd,
         }
     }
@@ -448,6 +451,7 @@ pub fn run_program(
     if let Some(p) = &a.policy {
         cmd.env("ZTIER_POLICY", p);
     }
+    let mut spill = None;
     if let Some(d) = &a.spill {
         if !d.is_dir() {
             bail!("--spill {}: not a folder", d.display());
@@ -461,7 +465,25 @@ pub fn run_program(
         std::fs::File::create(&probe)
             .with_context(|| format!("--spill {}: cannot make a spill file there", d.display()))?;
         let _ = std::fs::remove_file(&probe);
-        cmd.env("ZTIER_SPILL_DIR", d);
+        spill = Some(d);
+    }
+    // With --remote the spill file is the remote's fallback, in this
+    // process (the remote tier's proxy, checked and started here).
+    let proxy = a.remote.start(spill.clone().map(|d| (d, a.spill_max.unwrap_or(u64::MAX))))?;
+    match &proxy {
+        Some(p) => {
+            for (k, v) in p.env() {
+                cmd.env(k, v);
+            }
+        }
+        None => {
+            for k in [ztier_remote::proxy::ENV_SOCKET, ztier_remote::proxy::ENV_TOKEN] {
+                cmd.env_remove(k);
+            }
+            if let Some(d) = spill {
+                cmd.env("ZTIER_SPILL_DIR", d);
+            }
+        }
     }
     if let Some(m) = a.spill_max {
         cmd.env("ZTIER_SPILL_MAX", m.to_string());
@@ -502,6 +524,9 @@ pub fn run_program(
     let m = measure_with_timeout(&mut cmd, timeout)?;
     let code = m.code;
     let mut stats = merge_stats(&stats_dir)?;
+    if let Some(p) = proxy {
+        super::remote::end(p, &mut stats);
+    }
     stats["wall_s"] = m.wall_s.into();
     stats["exit_code"] = code.into();
     stats["peak_rss_bytes"] = m.maxrss.into();
