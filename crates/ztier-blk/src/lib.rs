@@ -13,9 +13,14 @@
 //! * [`backing`] — the image file, and a device that forgets unflushed
 //!   writes for crash tests.
 //! * [`nbd`] — the NBD protocol: handshake, options, requests, replies.
-//! * [`server`] — the NBD server over a unix socket or loopback TCP.
+//! * [`server`] — the NBD server over a unix socket or loopback TCP, for
+//!   any [`device::Device`].
+//! * [`client`] — an NBD client (fixed newstyle, structured replies,
+//!   several connections), for devices that sit on an NBD export.
 
 pub mod backing;
+pub mod client;
+pub mod device;
 pub mod engine;
 pub mod format;
 pub mod nbd;

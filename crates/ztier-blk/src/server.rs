@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use crate::engine::{BlkError, BlockState, Engine};
+use crate::device::Device;
+use crate::engine::{BlkError, BlockState};
 use crate::nbd::{self, cflag, cmd, errno, info, opt, rep, reply, tflag, Request, Session};
 
 /// How the export is offered.
@@ -99,9 +100,10 @@ pub struct ServerStats {
 }
 
 /// Accepts connections until `stop` is set, each on its own thread. A
-/// maintenance thread seals aged extent buffers and runs the cleaner.
-pub fn serve(
-    engine: Arc<Engine>,
+/// maintenance thread calls [`Device::maintain`] (for the engine: seals
+/// aged extent buffers and runs the cleaner).
+pub fn serve<D: Device + ?Sized>(
+    engine: Arc<D>,
     listener: Listener,
     cfg: ServeConfig,
     stop: Arc<AtomicBool>,
@@ -112,13 +114,7 @@ pub fn serve(
         std::thread::spawn(move || {
             while !stop.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(100));
-                if engine.read_only() {
-                    continue;
-                }
-                let _ = engine.seal_aged(Duration::from_secs(1));
-                if engine.needs_cleaning() {
-                    let _ = engine.clean(false);
-                }
+                engine.maintain();
             }
         })
     };
@@ -170,8 +166,13 @@ fn protocol_error(msg: &str) -> io::Error {
 }
 
 /// Serves one connection: handshake, then transmission.
-pub fn handle(mut c: Conn, engine: &Arc<Engine>, cfg: &ServeConfig, stats: &ServerStats) -> io::Result<()> {
-    let r = match negotiate(&mut c, engine, cfg) {
+pub fn handle<D: Device + ?Sized>(
+    mut c: Conn,
+    engine: &Arc<D>,
+    cfg: &ServeConfig,
+    stats: &ServerStats,
+) -> io::Result<()> {
+    let r = match negotiate(&mut c, &**engine, cfg) {
         Ok(Some(s)) => transmission(c, engine, s, cfg, stats),
         Ok(None) => Ok(()),
         Err(e) => {
@@ -187,7 +188,7 @@ pub fn handle(mut c: Conn, engine: &Arc<Engine>, cfg: &ServeConfig, stats: &Serv
     r
 }
 
-fn transmission_flags(engine: &Engine, cfg: &ServeConfig, structured: bool) -> u16 {
+fn transmission_flags<D: Device + ?Sized>(engine: &D, cfg: &ServeConfig, structured: bool) -> u16 {
     let mut f = tflag::HAS_FLAGS | tflag::SEND_FLUSH | tflag::SEND_FUA | tflag::CAN_MULTI_CONN;
     if cfg.read_only || engine.read_only() {
         f |= tflag::READ_ONLY;
@@ -201,7 +202,7 @@ fn transmission_flags(engine: &Engine, cfg: &ServeConfig, structured: bool) -> u
 }
 
 /// The handshake. `Ok(None)`: the client aborted.
-fn negotiate(c: &mut Conn, engine: &Engine, cfg: &ServeConfig) -> io::Result<Option<Session>> {
+fn negotiate<D: Device + ?Sized>(c: &mut Conn, engine: &D, cfg: &ServeConfig) -> io::Result<Option<Session>> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&nbd::NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&nbd::IHAVEOPT.to_be_bytes());
@@ -366,9 +367,9 @@ fn errno_of(e: &BlkError) -> u32 {
     }
 }
 
-fn transmission(
+fn transmission<D: Device + ?Sized>(
     mut c: Conn,
-    engine: &Arc<Engine>,
+    engine: &Arc<D>,
     s: Session,
     cfg: &ServeConfig,
     stats: &ServerStats,
@@ -397,7 +398,7 @@ fn transmission(
                         }
                     };
                     let Some(job) = job else { break };
-                    let (out, err) = run(&engine, &s, &job);
+                    let (out, err) = run(&*engine, &s, &job);
                     done += 1;
                     errors += u64::from(err);
                     let mut w = writer.lock().expect("writer lock");
@@ -476,7 +477,7 @@ fn error_reply(s: &Session, req: &Request, e: u32, msg: &str) -> Vec<u8> {
 }
 
 /// Runs one request; returns the reply bytes and whether it is an error.
-fn run(engine: &Engine, s: &Session, job: &Job) -> (Vec<u8>, bool) {
+fn run<D: Device + ?Sized>(engine: &D, s: &Session, job: &Job) -> (Vec<u8>, bool) {
     let r = &job.req;
     let res: Result<Vec<u8>, BlkError> = match r.kind {
         cmd::READ => read_reply(engine, s, r),
@@ -508,7 +509,7 @@ fn ok(s: &Session, r: &Request) -> Vec<u8> {
     }
 }
 
-fn read_reply(engine: &Engine, s: &Session, r: &Request) -> Result<Vec<u8>, BlkError> {
+fn read_reply<D: Device + ?Sized>(engine: &D, s: &Session, r: &Request) -> Result<Vec<u8>, BlkError> {
     // The data is read straight into the reply buffer, after its header.
     if !s.structured {
         let mut out = nbd::simple_reply(r.cookie, 0).to_vec();
@@ -561,7 +562,7 @@ fn read_reply(engine: &Engine, s: &Session, r: &Request) -> Result<Vec<u8>, BlkE
     Ok(out)
 }
 
-fn status_reply(engine: &Engine, r: &Request) -> Vec<u8> {
+fn status_reply<D: Device + ?Sized>(engine: &D, r: &Request) -> Vec<u8> {
     let bs = engine.block_size() as u64;
     let first = r.offset / bs;
     let last = (r.offset + r.length as u64 - 1) / bs;
