@@ -310,6 +310,77 @@ fn read_checkpoint(dev: &dyn Backing, sb: &Superblock) -> io::Result<Option<(Che
     Ok(best)
 }
 
+/// What a cache device holds, read offline.
+#[derive(Debug, Clone, Serialize)]
+pub struct OfflineStats {
+    /// Bytes of the device.
+    pub device_bytes: u64,
+    /// Segments.
+    pub segments: u32,
+    /// Segment size.
+    pub segment_size: u32,
+    /// Segments holding valid data.
+    pub segments_valid: u64,
+    /// Directory lines.
+    pub lines: u64,
+    /// Placement.
+    pub placement: Placement,
+    /// Ways.
+    pub ways: u16,
+    /// Policy.
+    pub policy: Policy,
+    /// RAM the directory takes when served.
+    pub directory_bytes: u64,
+    /// State.
+    pub state: SbState,
+    /// Items in valid segments (live or not).
+    pub items: u64,
+    /// Bytes they take.
+    pub stored_bytes: u64,
+    /// 4096 × items / stored bytes.
+    pub ratio: f64,
+    /// Codec.
+    pub codec: String,
+    /// Backing size it is bound to (0: none yet).
+    pub backing_size: u64,
+    /// Whether its last server synced the journal.
+    pub journal_sync: bool,
+    /// Creation time (unix seconds).
+    pub created: u64,
+}
+
+/// Reads a cache device's superblock and segment summaries (offline).
+pub fn inspect(dev: &dyn Backing) -> Result<OfflineStats, CacheError> {
+    let sb = read_superblock(dev)?;
+    let found = log::scan(dev, &sb)?;
+    let items: u64 = found.iter().map(|f| f.entries.len() as u64).sum();
+    let stored: u64 = found
+        .iter()
+        .flat_map(|f| f.entries.iter())
+        .map(|e| format::item_span(e.len as usize, sb.loc_unit) as u64)
+        .sum();
+    Ok(OfflineStats {
+        device_bytes: sb.device_size(),
+        segments: sb.segments,
+        segment_size: sb.segment_size,
+        segments_valid: found.len() as u64,
+        lines: sb.lines,
+        placement: sb.placement,
+        ways: sb.ways,
+        policy: sb.policy,
+        directory_bytes: sb.lines * 6 + if sb.ways > 1 { sb.lines / sb.ways as u64 } else { 0 },
+        state: sb.state,
+        items,
+        stored_bytes: stored,
+        ratio: if stored == 0 { 1.0 } else { (items * BLOCK as u64) as f64 / stored as f64 },
+        codec: CodecId::try_from(sb.codec)
+            .map_or_else(|_| format!("unknown ({})", sb.codec), |c| c.name().into()),
+        backing_size: sb.backing_size,
+        journal_sync: sb.journal_sync,
+        created: sb.created,
+    })
+}
+
 /// Journal invalidations by block, for recovery.
 struct Invalidations {
     by_block: HashMap<u64, u64>,
@@ -884,15 +955,16 @@ impl Cache {
                     rec.kind = "new".into();
                     None
                 }
-                SbState::Clean => {
-                    let fp = fingerprint(&*backing).map_err(|e| CacheError::Backing(e.to_string()))?;
-                    if fp != sb.backing_fingerprint {
+                SbState::Clean => match fingerprint(&*backing) {
+                    Err(e) => Some(format!("the backing cannot be read to check it did not change ({e})")),
+                    Ok(fp) if fp != sb.backing_fingerprint => {
                         Some("the backing changed while the cache was not serving it".to_string())
-                    } else {
+                    }
+                    Ok(_) => {
                         rec.kind = "clean".into();
                         None
                     }
-                }
+                },
                 SbState::Serving => {
                     if sb.boot_id == boot || sb.journal_sync {
                         rec.kind = "crash".into();
@@ -1292,12 +1364,24 @@ impl Cache {
         if !clean {
             return Ok(());
         }
-        i.backing.flush().map_err(|e| CacheError::Backing(e.to_string()))?;
+        // The backing's flush may fail (a dead backing): the cache is
+        // checkpointed all the same, and the failure reported after.
+        let flushed =
+            i.backing.flush().map_err(|e| CacheError::Backing(format!("flushing at the stop: {e}")));
         if i.ssd_off.load(Ordering::Acquire) {
-            return Ok(());
+            return flushed;
         }
         i.checkpoint()?;
-        let fp = fingerprint(&*i.backing).map_err(|e| CacheError::Backing(e.to_string()))?;
+        flushed?;
+        let fp = match fingerprint(&*i.backing) {
+            Ok(fp) => fp,
+            Err(e) => {
+                // Left marked as serving: the next start trusts the journal,
+                // as after a crash on this boot.
+                eprintln!("ztier cache: reading the backing's fingerprint failed ({e}): not marked clean");
+                return Ok(());
+            }
+        };
         let mut sb = i.sb.lock();
         sb.state = SbState::Clean;
         sb.backing_fingerprint = fp;

@@ -155,6 +155,34 @@ pub enum Policy {
     Clock,
 }
 
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Placement::Direct => "direct",
+            Placement::Assoc => "assoc",
+        })
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Policy::Lru => "lru",
+            Policy::Clock => "clock",
+        })
+    }
+}
+
+impl std::fmt::Display for SbState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SbState::New => "new",
+            SbState::Serving => "serving (or crashed while serving)",
+            SbState::Clean => "clean",
+        })
+    }
+}
+
 /// Superblock state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
