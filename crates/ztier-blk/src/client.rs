@@ -738,7 +738,7 @@ fn send_option(s: &mut impl Write, option: u32, data: &[u8]) -> io::Result<()> {
 /// Reads one option reply: (type, data). Checks the magic and the option.
 fn read_option_reply(s: &mut impl Read, option: u32) -> Result<(u32, Vec<u8>), String> {
     let mut h = [0u8; 20];
-    s.read_exact(&mut h).map_err(|e| format!("reading an option reply: {e}"))?;
+    s.read_exact(&mut h).map_err(|e| format!("connection lost reading an option reply: {e}"))?;
     if u64::from_be_bytes(h[..8].try_into().expect("8 bytes")) != nbd::REPLY_MAGIC {
         return Err("option reply without the reply magic".into());
     }
@@ -752,7 +752,7 @@ fn read_option_reply(s: &mut impl Read, option: u32) -> Result<(u32, Vec<u8>), S
         return Err(format!("option reply of {len} bytes"));
     }
     let mut d = vec![0u8; len as usize];
-    s.read_exact(&mut d).map_err(|e| format!("reading an option reply: {e}"))?;
+    s.read_exact(&mut d).map_err(|e| format!("connection lost reading an option reply: {e}"))?;
     Ok((kind, d))
 }
 
