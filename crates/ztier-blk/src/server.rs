@@ -178,29 +178,15 @@ impl ServerStats {
     }
 }
 
-/// What `ztier blk stats` of a served image and the metrics endpoint
-/// report: the engine's statistics plus the server's live counters.
-pub struct Live {
-    /// The engine served.
-    pub engine: Arc<Engine>,
-    /// The server's counters.
-    pub stats: Arc<ServerStats>,
-    /// The image's path, as given.
-    pub image: String,
-    /// When serving started.
-    pub started: std::time::Instant,
-}
-
-impl Report for Live {
-    fn stats(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(self.engine.stats()).unwrap_or_default();
-        let s = &self.stats;
+impl ServerStats {
+    /// The live counters as JSON fields (`served`, `pid`, connections,
+    /// requests, bytes, latency p50/p99 by command), for a server's stats.
+    pub fn json(&self) -> serde_json::Map<String, serde_json::Value> {
+        let s = self;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let live = serde_json::json!({
+        let v = serde_json::json!({
             "served": true,
-            "image": self.image,
             "pid": std::process::id(),
-            "uptime_s": self.started.elapsed().as_secs_f64(),
             "connections": g(&s.connections),
             "connections_open": g(&s.connections_open),
             "requests": g(&s.requests),
@@ -221,46 +207,79 @@ impl Report for Live {
             "flush_latency_p50_us": s.flush_latency.quantile_us(0.5),
             "flush_latency_p99_us": s.flush_latency.quantile_us(0.99),
         });
-        if let (Some(o), serde_json::Value::Object(l)) = (v.as_object_mut(), live) {
-            o.extend(l);
+        match v {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
         }
-        v
     }
 
-    fn prometheus(&self, w: &mut Prom) {
-        let e = self.engine.stats();
-        let s = &self.stats;
+    /// The counters and request latencies as metrics named `KIND_...`
+    /// (`blk_requests_total`, `cache_request_duration_seconds`, …).
+    pub fn prometheus(&self, w: &mut Prom, kind: &str, labels: &[(&str, &str)]) {
+        let s = self;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        let img = [("image", self.image.as_str())];
-        w.counter("blk_requests_total", "NBD requests answered", &img, g(&s.requests));
-        w.counter("blk_request_errors_total", "NBD requests answered with an error", &img, g(&s.errors));
+        let n = |x: &str| format!("{kind}_{x}");
+        let with = |op: &'static str| {
+            let mut l = labels.to_vec();
+            l.push(("op", op));
+            l
+        };
+        w.counter(&n("requests_total"), "NBD requests answered", labels, g(&s.requests));
+        w.counter(&n("request_errors_total"), "NBD requests answered with an error", labels, g(&s.errors));
         w.counter(
-            "blk_protocol_errors_total",
+            &n("protocol_errors_total"),
             "connections dropped for protocol violations",
-            &img,
+            labels,
             g(&s.protocol_errors),
         );
-        w.counter("blk_connections_total", "connections accepted", &img, g(&s.connections));
-        w.gauge("blk_connections_open", "connections open", &img, g(&s.connections_open));
+        w.counter(&n("connections_total"), "connections accepted", labels, g(&s.connections));
+        w.gauge(&n("connections_open"), "connections open", labels, g(&s.connections_open));
         for (op, v) in [("read", &s.reads), ("write", &s.writes), ("flush", &s.flushes), ("other", &s.others)]
         {
-            w.counter("blk_requests_by_op_total", "NBD requests by command", &[img[0], ("op", op)], g(v));
+            w.counter(&n("requests_by_op_total"), "NBD requests by command", &with(op), g(v));
         }
-        w.counter("blk_read_bytes_total", "bytes read by clients", &img, g(&s.bytes_read));
-        w.counter("blk_written_bytes_total", "bytes written by clients", &img, g(&s.bytes_written));
+        w.counter(&n("read_bytes_total"), "bytes read by clients", labels, g(&s.bytes_read));
+        w.counter(&n("written_bytes_total"), "bytes written by clients", labels, g(&s.bytes_written));
         for (op, h) in [
             ("all", &s.latency),
             ("read", &s.read_latency),
             ("write", &s.write_latency),
             ("flush", &s.flush_latency),
         ] {
-            w.histogram(
-                "blk_request_duration_seconds",
-                "request read to reply sent",
-                &[img[0], ("op", op)],
-                h,
-            );
+            w.histogram(&n("request_duration_seconds"), "request read to reply sent", &with(op), h);
         }
+    }
+}
+
+/// What `ztier blk stats` of a served image and the metrics endpoint
+/// report: the engine's statistics plus the server's live counters.
+pub struct Live {
+    /// The engine served.
+    pub engine: Arc<Engine>,
+    /// The server's counters.
+    pub stats: Arc<ServerStats>,
+    /// The image's path, as given.
+    pub image: String,
+    /// When serving started.
+    pub started: std::time::Instant,
+}
+
+impl Report for Live {
+    fn stats(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self.engine.stats()).unwrap_or_default();
+        let mut live = self.stats.json();
+        live.insert("image".into(), self.image.clone().into());
+        live.insert("uptime_s".into(), self.started.elapsed().as_secs_f64().into());
+        if let Some(o) = v.as_object_mut() {
+            o.extend(live);
+        }
+        v
+    }
+
+    fn prometheus(&self, w: &mut Prom) {
+        let e = self.engine.stats();
+        let img = [("image", self.image.as_str())];
+        self.stats.prometheus(w, "blk", &img);
         w.gauge("blk_logical_bytes", "logical size", &img, e.logical_size as f64);
         w.gauge(
             "blk_mapped_bytes",

@@ -64,7 +64,7 @@ use crate::log::{self, Item, Log, LogStats, Sealed, Tail};
 use crate::pressure::{self, PressureConfig, PressureStats, Watch};
 use crate::ram::{RamCache, RamStats};
 use crate::seq::Sequential;
-use crate::stats::{Counters, Latencies, LatencySummary};
+use crate::stats::{summary, Counters, Latencies, LatencySummary};
 use crate::CacheError;
 
 /// What writes do to the SSD and RAM caches.
@@ -1139,6 +1139,11 @@ impl Cache {
         &self.inner.recovery
     }
 
+    /// The latency histograms (measured inside the server).
+    pub fn latencies(&self) -> &Latencies {
+        &self.inner.lat
+    }
+
     /// The superblock as served.
     pub fn geometry(&self) -> Superblock {
         self.inner.geo
@@ -1181,7 +1186,7 @@ impl Cache {
         }
         if missing.is_empty() {
             let h = if used_ssd { &i.lat.ssd_hit } else { &i.lat.ram_hit };
-            h.record(t.elapsed().as_nanos() as u64);
+            h.record(t.elapsed());
             return Ok(());
         }
         i.c.misses.fetch_add(missing.len() as u64, Ordering::Relaxed);
@@ -1221,7 +1226,7 @@ impl Cache {
                 i.queue_fill(Fill { lba: b, data: data.to_vec(), token, write: false });
             }
         }
-        i.lat.miss.record(t.elapsed().as_nanos() as u64);
+        i.lat.miss.record(t.elapsed());
         Ok(())
     }
 
@@ -1267,7 +1272,7 @@ impl Cache {
                 i.queue_fill(Fill { lba: b, data: data[at..at + BLOCK].to_vec(), token, write: true });
             }
         }
-        i.lat.write.record(t.elapsed().as_nanos() as u64);
+        i.lat.write.record(t.elapsed());
         if r.is_err() {
             i.c.errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -1477,10 +1482,10 @@ impl Cache {
             ram,
             pressure: i.ram.as_ref().map(|_| i.watch.stats()),
             latency: LatencyStats {
-                ram_hit: i.lat.ram_hit.summary(),
-                ssd_hit: i.lat.ssd_hit.summary(),
-                miss: i.lat.miss.summary(),
-                write: i.lat.write.summary(),
+                ram_hit: summary(&i.lat.ram_hit),
+                ssd_hit: summary(&i.lat.ssd_hit),
+                miss: summary(&i.lat.miss),
+                write: summary(&i.lat.write),
             },
             recovery: i.recovery.clone(),
             degraded: i.degraded.lock().clone(),

@@ -24,7 +24,8 @@
 //! * [`ram`] and [`pressure`] — the RAM cache and how it notices pressure.
 //! * [`seq`] — sequential streams that bypass.
 //! * [`backend`] — the backing: file, block device, NBD, memory.
-//! * [`stats`] — counters and latency histograms.
+//! * [`stats`] — counters and latency histograms; [`report`] — what a
+//!   served cache reports live (control socket, Prometheus).
 //!
 //! The cache is served over NBD by `ztier_blk::server` through the
 //! [`ztier_blk::device::Device`] implementation at the end of this file.
@@ -37,6 +38,7 @@ pub mod journal;
 pub mod log;
 pub mod pressure;
 pub mod ram;
+pub mod report;
 pub mod seq;
 pub mod stats;
 

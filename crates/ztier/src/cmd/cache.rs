@@ -12,14 +12,17 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use ztier_blk::backing::{Backing, FileBacking};
 use ztier_blk::client::ClientOptions;
+use ztier_blk::live;
 use ztier_blk::server::{self, Listener, ServeConfig, ServerStats};
 use ztier_cache::backend::open_backing;
 use ztier_cache::cache::{self, CacheOptions, Mode};
 use ztier_cache::format::{Geometry, Placement, Policy, SbState};
 use ztier_cache::pressure::PressureConfig;
+use ztier_cache::report::CacheReport;
 use ztier_cache::Cache;
 use ztier_codec::CodecId;
 
+use super::serving;
 use crate::units::parse_size;
 
 /// `ztier cache` subcommands.
@@ -43,7 +46,10 @@ pub enum CacheCommand {
     /// cache keeps every line that checks out and that no later write
     /// made stale.
     Serve(ServeArgs),
-    /// Statistics of a cache device (offline: what it holds; its geometry).
+    /// Statistics of a cache: of a served one, the server answers (its
+    /// control socket) — hits and misses per level, fills, bypasses,
+    /// evictions, compression, metadata bytes, latencies, the RAM
+    /// cache's budget; of a stopped one, what its device holds.
     Stats(StatsArgs),
 }
 
@@ -98,7 +104,11 @@ pub struct ServeArgs {
     /// TCP address to listen on (loopback only unless --allow-remote).
     #[arg(long, value_name = "ADDR:PORT")]
     pub listen: Option<String>,
-    /// Allow a non-loopback --listen address.
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (loopback
+    /// only unless --allow-remote; port 0 picks one, printed at start).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
+    /// Allow non-loopback --listen and --metrics addresses.
     #[arg(long)]
     pub allow_remote: bool,
     /// Refuse writes.
@@ -284,52 +294,20 @@ fn create(a: CreateArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Blocks SIGINT/SIGTERM/SIGHUP in this thread (and the threads it
-/// starts) and sets `stop` from a waiter thread when one arrives.
-fn stop_on_signals(stop: Arc<AtomicBool>) {
-    // SAFETY: sigset manipulation on a local value, then pthread_sigmask on it.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
-    std::thread::spawn(move || {
-        let mut sig: libc::c_int = 0;
-        // SAFETY: sigwait on the set blocked above.
-        if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
-            eprintln!("ztier cache: signal {sig}: stopping");
-            stop.store(true, Ordering::Release);
-        }
-    });
-}
-
-/// Binds the unix socket: a stale one (nobody listening) is replaced, a
-/// live one refused.
-fn bind_unix(path: &Path) -> Result<std::os::unix::net::UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if !m.file_type().is_socket() {
-            bail!("{} exists and is not a socket: remove it or give another --socket", path.display());
-        }
-        match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => bail!("{} is in use by a running server: give another --socket", path.display()),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                eprintln!("ztier cache: replacing the stale socket {}", path.display());
-                std::fs::remove_file(path)?;
-            }
-            Err(e) => bail!("{}: {e}", path.display()),
-        }
-    }
-    std::os::unix::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
+/// The control socket name of a server of `cache`.
+fn control(cache: &Path) -> Result<String> {
+    live::control_name("cache", cache).with_context(|| format!("opening {}", cache.display()))
 }
 
 fn serve(a: ServeArgs) -> Result<i32> {
+    use std::os::unix::fs::MetadataExt;
     let stop = Arc::new(AtomicBool::new(false));
-    stop_on_signals(stop.clone());
+    serving::stop_on_signals("cache", stop.clone());
+    let metrics = a
+        .metrics
+        .as_deref()
+        .map(|m| serving::loopback_or_allowed("metrics", m, a.allow_remote))
+        .transpose()?;
     let f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -373,18 +351,16 @@ fn serve(a: ServeArgs) -> Result<i32> {
         r.lines_invalidated,
         r.seconds
     );
+    let mut sock_id = None;
     let (listener, where_) = if let Some(addr) = &a.listen {
-        let sa: std::net::SocketAddr =
-            addr.parse().with_context(|| format!("--listen {addr}: not ADDR:PORT"))?;
-        if !sa.ip().is_loopback() && !a.allow_remote {
-            bail!("--listen {addr} is not a loopback address: NBD has no authentication; add --allow-remote to mean it");
-        }
+        let sa = serving::loopback_or_allowed("listen", addr, a.allow_remote)?;
         let l = std::net::TcpListener::bind(sa).with_context(|| format!("listening on {addr}"))?;
         let local = l.local_addr()?;
         (Listener::Tcp(l), format!("nbd://{local}/{}", a.name))
     } else {
         let path = socket_path(&a);
-        let l = bind_unix(&path)?;
+        let l = serving::bind_unix("cache", &path)?;
+        sock_id = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino()));
         (Listener::Unix(l), format!("nbd+unix:///{}?socket={}", a.name, path.display()))
     };
     let cfg = ServeConfig {
@@ -393,11 +369,37 @@ fn serve(a: ServeArgs) -> Result<i32> {
         read_only: a.readonly,
         threads: a.threads as usize,
     };
-    eprintln!("ztier cache: serving at {where_}");
     let stats = Arc::new(ServerStats::default());
-    let served = server::serve(cache.clone(), listener, cfg, stop, stats.clone());
+    let report = Arc::new(CacheReport {
+        cache: cache.clone(),
+        server: stats.clone(),
+        path: a.cache.display().to_string(),
+    });
+    let ctl = live::serve_control(&control(&a.cache)?, report.clone(), stop.clone())
+        .context("starting the control socket (`ztier cache stats` of this cache)")?;
+    let metrics = match metrics {
+        Some(sa) => Some(
+            live::serve_metrics(sa, a.allow_remote, report, stop.clone())
+                .with_context(|| format!("--metrics {sa}"))?,
+        ),
+        None => None,
+    };
+    eprintln!(
+        "ztier cache: serving at {where_}{} ({} threads per connection)",
+        metrics.as_ref().map(|(b, _)| format!(", metrics at http://{b}/metrics")).unwrap_or_default(),
+        cfg.threads
+    );
+    let served = server::serve(cache.clone(), listener, cfg, stop.clone(), stats.clone());
+    stop.store(true, Ordering::Release);
+    let _ = ctl.join();
+    if let Some((_, h)) = metrics {
+        let _ = h.join();
+    }
     if a.listen.is_none() {
-        let _ = std::fs::remove_file(socket_path(&a));
+        let p = socket_path(&a);
+        if serving::same_file(&p, sock_id) {
+            let _ = std::fs::remove_file(p);
+        }
     }
     cache.close().context("stopping the cache cleanly")?;
     served.context("serving")?;
@@ -427,7 +429,112 @@ fn socket_path(a: &ServeArgs) -> PathBuf {
     })
 }
 
+fn print_live(v: &serde_json::Value) {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    let srv = &v["server"];
+    println!(
+        "served         by pid {} for {:.0} s, {} connections open, in front of {} ({} bytes)",
+        n("pid"),
+        f("uptime_s"),
+        srv["connections_open"].as_u64().unwrap_or(0),
+        v["backing"].as_str().unwrap_or("?"),
+        n("backing_size")
+    );
+    println!(
+        "cache          {}, {} ways ({}), codec {}, {} of {} lines used, {} mode",
+        v["placement"].as_str().unwrap_or("?"),
+        n("ways"),
+        v["policy"].as_str().unwrap_or("?"),
+        v["codec"].as_str().unwrap_or("?"),
+        n("lines_used"),
+        n("lines"),
+        v["mode"].as_str().unwrap_or("?")
+    );
+    println!(
+        "reads          {} blocks: {} RAM hits, {} SSD hits, {} misses (hit ratio {:.3})",
+        n("read_blocks"),
+        n("ram_hits"),
+        n("ssd_hits"),
+        n("misses"),
+        f("hit_ratio")
+    );
+    println!(
+        "fills          {} SSD ({} write-through), {} RAM; dropped {} race, {} queue, {} space",
+        n("ssd_fills"),
+        n("write_through_fills"),
+        n("ram_fills"),
+        n("fills_dropped_race"),
+        n("fills_dropped_queue"),
+        n("fills_dropped_space")
+    );
+    println!(
+        "bypassed       {} read, {} written blocks (sequential streams)",
+        n("bypassed_read_blocks"),
+        n("bypassed_write_blocks")
+    );
+    println!(
+        "evictions      {} invalidated, {} conflict, {} capacity; {} reinserted",
+        n("invalidated_lines"),
+        n("conflict_evictions"),
+        n("capacity_evictions"),
+        n("reinserted")
+    );
+    println!(
+        "space          {} bytes stored, ratio {:.2}, {} bytes saved",
+        n("stored_bytes"),
+        f("ratio"),
+        n("bytes_saved")
+    );
+    println!(
+        "metadata       {} bytes of RAM: {:.2} per line, {:.2} per cached block",
+        n("metadata_bytes"),
+        f("metadata_bytes_per_line"),
+        f("metadata_bytes_per_cached_block")
+    );
+    let lat = &v["latency"];
+    let l = |k: &str, q: &str| lat[k][q].as_f64().unwrap_or(0.0);
+    println!(
+        "latency        RAM hit p50 {:.1} µs, SSD hit p50 {:.1} µs, miss p50 {:.0} µs (p99 {:.0}), write p50 {:.0} µs",
+        l("ram_hit", "p50_us"),
+        l("ssd_hit", "p50_us"),
+        l("miss", "p50_us"),
+        l("miss", "p99_us"),
+        l("write", "p50_us")
+    );
+    if let Some(r) = v["ram"].as_object() {
+        let g = |k: &str| r.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+        println!(
+            "RAM cache      {} of {} bytes budget ({} asked), {} blocks",
+            g("memory_used"),
+            g("budget_bytes"),
+            g("configured_bytes"),
+            g("blocks")
+        );
+    }
+    println!(
+        "errors         {} requests, {} verify, {} cache read, {} cache write, {} backing{}",
+        n("errors"),
+        n("verify_failures"),
+        n("cache_read_errors"),
+        n("cache_write_errors"),
+        n("backing_errors"),
+        v["degraded"].as_str().map(|d| format!("; degraded: {d}")).unwrap_or_default()
+    );
+}
+
 fn stats(a: StatsArgs) -> Result<i32> {
+    let name = control(&a.cache)?;
+    if let Some(v) = live::query(&name, "stats", Duration::from_secs(5))
+        .with_context(|| format!("asking the server of {}", a.cache.display()))?
+    {
+        if a.json {
+            println!("{v}");
+        } else {
+            print_live(&v);
+        }
+        return Ok(0);
+    }
     let f = OpenOptions::new()
         .read(true)
         .open(&a.cache)

@@ -13,5 +13,6 @@ pub mod demo;
 pub mod faults;
 pub mod hold;
 pub mod run;
+pub mod serving;
 pub mod sim;
 pub mod trace;
