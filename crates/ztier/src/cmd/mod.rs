@@ -10,6 +10,7 @@ pub mod bench_uffd;
 pub mod blk;
 pub mod cache;
 pub mod demo;
+pub mod docs;
 pub mod faults;
 pub mod hold;
 pub mod run;
