@@ -35,6 +35,13 @@ pub trait Device: Send + Sync + 'static {
     }
     /// Background work, called by the server about every 100 ms.
     fn maintain(&self) {}
+    /// Serves a read at once if that needs no waiting (all of it cached
+    /// in memory, say): the server then answers it from the connection's
+    /// own thread, without handing it to a worker. `None`: read it the
+    /// ordinary way.
+    fn read_fast(&self, _off: u64, _buf: &mut [u8]) -> Option<Result<(), BlkError>> {
+        None
+    }
 }
 
 impl Device for Engine {

@@ -60,7 +60,7 @@ use crate::backend::Backend;
 use crate::dir::Directory;
 use crate::format::{self, Checkpoint, Form, Invalidation, Placement, Policy, SbState, Superblock, BLOCK};
 use crate::journal::{self, Journal, JournalError, JournalStats};
-use crate::log::{self, Item, Log, LogStats, Sealed, Tail};
+use crate::log::{self, Item, ItemRead, Log, LogStats, Sealed, Tail};
 use crate::pressure::{self, PressureConfig, PressureStats, Watch};
 use crate::ram::{RamCache, RamStats};
 use crate::seq::Sequential;
@@ -168,7 +168,10 @@ struct Fill {
     lba: u64,
     data: Vec<u8>,
     token: u64,
+    /// A write-through fill.
     write: bool,
+    /// An SSD hit to keep in RAM (not in the SSD cache again).
+    ram_only: bool,
 }
 
 /// A block of a write in flight: whether it was the only write of the
@@ -488,6 +491,8 @@ enum Level {
     Ram,
     Ssd,
     Miss,
+    /// In the SSD cache, but reading it would wait for the device.
+    WouldBlock,
 }
 
 impl Inner {
@@ -524,8 +529,10 @@ impl Inner {
     }
 
     /// Looks a block up in RAM, then the SSD cache. `promote`: an SSD hit
-    /// is kept in RAM too.
-    fn lookup(&self, lba: u64, out: &mut [u8], promote: bool) -> Level {
+    /// is queued to be kept in RAM too. `nowait`: an SSD hit only if its
+    /// item is read without waiting for the device ([`Level::WouldBlock`]
+    /// otherwise).
+    fn lookup(&self, lba: u64, out: &mut [u8], promote: bool, nowait: bool) -> Level {
         if let Some(ram) = &self.ram {
             if ram.get(lba, out) {
                 return Level::Ram;
@@ -535,36 +542,27 @@ impl Inner {
             return Level::Miss;
         }
         let Some(f) = self.dir.lookup(lba) else { return Level::Miss };
+        // Reserved before the item is read: kept in RAM only if no write
+        // of the block starts meanwhile.
         let token = match (&self.ram, promote) {
             (Some(_), true) => self.reserve(lba),
             _ => None,
         };
-        let r = self.log.read_item(f.loc, lba);
-        if let (Some(t), Ok(Some(_))) = (token, &r) {
-            // Kept in RAM only if no write of the block started meanwhile.
-            let mut st = self.stripe(lba).lock();
-            if st.fills.get(&lba) == Some(&t) {
-                st.fills.remove(&lba);
-                if let (Some(ram), Ok(Some((h, data)))) = (&self.ram, &r) {
-                    if decode(h, data, out).is_ok() {
-                        ram.put(lba, out);
-                    }
-                }
-            }
-        } else if let Some(t) = token {
-            self.cancel(lba, t);
-        }
-        match r {
-            Ok(Some((h, data))) => {
-                if decode(&h, &data, out).is_err() {
+        let r = self.log.read_item(f.loc, lba, nowait);
+        let level = match r {
+            Ok(ItemRead::Found(h, b)) => {
+                let data = &b[format::ITEM_HEADER..format::ITEM_HEADER + h.len as usize];
+                if decode(&h, data, out).is_ok() {
+                    self.dir.touch(f.line);
+                    Level::Ssd
+                } else {
                     self.c.verify_failures.fetch_add(1, Ordering::Relaxed);
                     self.drop_line(lba, f.loc);
-                    return Level::Miss;
+                    Level::Miss
                 }
-                self.dir.touch(f.line);
-                Level::Ssd
             }
-            Ok(None) => {
+            Ok(ItemRead::WouldBlock) => Level::WouldBlock,
+            Ok(ItemRead::Gone) => {
                 self.c.verify_failures.fetch_add(1, Ordering::Relaxed);
                 self.drop_line(lba, f.loc);
                 Level::Miss
@@ -574,7 +572,15 @@ impl Inner {
                 self.drop_line(lba, f.loc);
                 Level::Miss
             }
+        };
+        if let Some(t) = token {
+            if level == Level::Ssd {
+                self.queue_fill(Fill { lba, data: out.to_vec(), token: t, write: false, ram_only: true });
+            } else {
+                self.cancel(lba, t);
+            }
         }
+        level
     }
 
     /// Drops `lba`'s line if it still points at `loc`.
@@ -611,7 +617,7 @@ impl Inner {
 
     /// A filler's work on one fill.
     fn fill(&self, f: Fill, buf: &mut Vec<u8>) {
-        let ssd = !self.ssd_off.load(Ordering::Acquire);
+        let ssd = !self.ssd_off.load(Ordering::Acquire) && !f.ram_only;
         let form = if ssd { encode(self.codec, &f.data, buf) } else { Form::Raw };
         // Twice at most: with no free segment, recycle one and try again.
         for attempt in 0..2 {
@@ -1170,9 +1176,9 @@ impl Cache {
         // Hits are copied into place; misses are listed.
         for b in first..first + n {
             let cacheable = i.cacheable(b);
-            let lvl = if cacheable { i.lookup(b, &mut blk, !bypass) } else { Level::Miss };
+            let lvl = if cacheable { i.lookup(b, &mut blk, !bypass, false) } else { Level::Miss };
             match lvl {
-                Level::Miss => missing.push(b),
+                Level::Miss | Level::WouldBlock => missing.push(b),
                 l => {
                     if l == Level::Ram {
                         i.c.ram_hits.fetch_add(1, Ordering::Relaxed);
@@ -1223,11 +1229,44 @@ impl Cache {
                     .copy_from_slice(&data[(from - boff) as usize..(to - boff) as usize]);
             }
             if let Some(token) = token {
-                i.queue_fill(Fill { lba: b, data: data.to_vec(), token, write: false });
+                i.queue_fill(Fill { lba: b, data: data.to_vec(), token, write: false, ram_only: false });
             }
         }
         i.lat.miss.record(t.elapsed());
         Ok(())
+    }
+
+    /// Serves a read at once if every block is in RAM, or in the SSD
+    /// cache and readable without waiting for the device; `None`
+    /// otherwise (nothing counted: the ordinary read follows).
+    pub fn read_fast(&self, off: u64, buf: &mut [u8]) -> Option<io::Result<()>> {
+        let i = &*self.inner;
+        let t = Instant::now();
+        let len = buf.len() as u64;
+        if len == 0 || off.checked_add(len).is_none_or(|e| e > i.size) {
+            return None;
+        }
+        let (first, n) = range_blocks(off, len);
+        let mut blk = [0u8; BLOCK];
+        let (mut ram, mut ssd) = (0, 0);
+        for b in first..first + n {
+            if !i.cacheable(b) {
+                return None;
+            }
+            match i.lookup(b, &mut blk, true, true) {
+                Level::Ram => ram += 1,
+                Level::Ssd => ssd += 1,
+                Level::Miss | Level::WouldBlock => return None,
+            }
+            copy_block(b, &blk, off, buf);
+        }
+        i.c.reads.fetch_add(1, Ordering::Relaxed);
+        i.c.read_blocks.fetch_add(n, Ordering::Relaxed);
+        i.c.ram_hits.fetch_add(ram, Ordering::Relaxed);
+        i.c.ssd_hits.fetch_add(ssd, Ordering::Relaxed);
+        let h = if ssd > 0 { &i.lat.ssd_hit } else { &i.lat.ram_hit };
+        h.record(t.elapsed());
+        Some(Ok(()))
     }
 
     fn write_op(
@@ -1269,7 +1308,13 @@ impl Cache {
         if let Some(data) = data {
             for (b, token) in fills {
                 let at = (b * BLOCK as u64 - off) as usize;
-                i.queue_fill(Fill { lba: b, data: data[at..at + BLOCK].to_vec(), token, write: true });
+                i.queue_fill(Fill {
+                    lba: b,
+                    data: data[at..at + BLOCK].to_vec(),
+                    token,
+                    write: true,
+                    ram_only: false,
+                });
             }
         }
         i.lat.write.record(t.elapsed());

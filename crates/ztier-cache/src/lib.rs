@@ -113,4 +113,7 @@ impl ztier_blk::device::Device for Cache {
     fn block_states(&self, _lba: u64, n: u64) -> Vec<BlockState> {
         vec![BlockState::Data; n as usize]
     }
+    fn read_fast(&self, off: u64, buf: &mut [u8]) -> Option<Result<(), BlkError>> {
+        Cache::read_fast(self, off, buf).map(|r| r.map_err(blk_err))
+    }
 }

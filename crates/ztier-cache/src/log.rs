@@ -97,6 +97,17 @@ pub struct Tail {
     pub buf: Vec<u8>,
 }
 
+/// What reading an item found.
+pub enum ItemRead {
+    /// The item (checked): its header, and its bytes (the data from
+    /// [`ITEM_HEADER`] on, `len` long).
+    Found(ItemHeader, Vec<u8>),
+    /// Not there (moved, dropped, or damaged).
+    Gone,
+    /// Reading it would wait for the device.
+    WouldBlock,
+}
+
 /// A sealed segment to write (by whoever sealed it, outside every lock).
 pub struct Sealed {
     idx: u32,
@@ -366,12 +377,12 @@ impl Log {
     }
 
     /// Reads the item at `loc` and checks it: its checksum (with the
-    /// segment's seq) and that it holds `lba`. `Ok(None)`: not there (a
-    /// line that moved or was dropped meanwhile, or a damaged item).
-    pub fn read_item(&self, loc: u32, lba: u64) -> io::Result<Option<(ItemHeader, Vec<u8>)>> {
+    /// segment's seq) and that it holds `lba`. With `nowait`, only if that
+    /// needs no wait for the device.
+    pub fn read_item(&self, loc: u32, lba: u64, nowait: bool) -> io::Result<ItemRead> {
         let (idx, off) = self.split(loc);
         if idx >= self.sb.segments {
-            return Ok(None);
+            return Ok(ItemRead::Gone);
         }
         let state = self.state[idx as usize].load(Ordering::Acquire);
         let seq = self.seqs[idx as usize].load(Ordering::Acquire);
@@ -383,27 +394,33 @@ impl Log {
                 let st = self.st.lock();
                 match &st.open {
                     Some(o) if o.idx == idx => b.copy_from_slice(&o.buf[off..off + len]),
-                    _ => return Ok(None),
+                    _ => return Ok(ItemRead::Gone),
                 }
             }
             WRITING => match self.writing.lock().get(&idx) {
                 Some(buf) => b.copy_from_slice(&buf[off..off + len]),
-                None => return Ok(None),
+                None => return Ok(ItemRead::Gone),
             },
             SEALED => {
-                if let Err(e) = self.dev.read_at(&mut b, self.sb.segment_offset(idx) + off as u64) {
+                let at = self.sb.segment_offset(idx) + off as u64;
+                let r = if nowait {
+                    match self.dev.read_at_nowait(&mut b, at) {
+                        Some(r) => r,
+                        None => return Ok(ItemRead::WouldBlock),
+                    }
+                } else {
+                    self.dev.read_at(&mut b, at)
+                };
+                if let Err(e) = r {
                     self.read_errors.fetch_add(1, Ordering::Relaxed);
                     return Err(e);
                 }
             }
-            _ => return Ok(None),
+            _ => return Ok(ItemRead::Gone),
         }
         match format::get_item(&b, seq) {
-            Ok((h, d)) if h.lba == lba => {
-                let d = d.to_vec();
-                Ok(Some((h, d)))
-            }
-            _ => Ok(None),
+            Ok((h, _)) if h.lba == lba => Ok(ItemRead::Found(h, b)),
+            _ => Ok(ItemRead::Gone),
         }
     }
 
