@@ -75,7 +75,7 @@ fn ssd_hit_kept_in_ram_racing_a_write_is_dropped() {
     assert_eq!(read_block(&c, 9), block(9, 0));
     c.drain();
     c.checkpoint().unwrap(); // the line is on the device now, not in a buffer
-                             // Drop it from RAM (a write elsewhere would not): restart with a cold RAM.
+    // Drop it from RAM (a write elsewhere would not): restart with a cold RAM.
     c.close().unwrap();
     drop(c);
     let c = Arc::new(open(dev.clone(), backing.clone(), o));
@@ -495,4 +495,20 @@ fn write_around_does_not_cache_writes() {
     c.drain();
     let s = c.stats();
     assert_eq!((s.ssd_fills, s.write_through_fills, s.misses), (1, 0, 1), "{s:?}");
+}
+
+/// Write-through: a written block is cached once the backing has it, and
+/// read back from the cache with no backing read; the backing holds it.
+#[test]
+fn write_through_caches_written_blocks() {
+    let backing = filled(64, 0);
+    let c = open(shape_dev(), backing.clone(), CacheOptions { mode: Mode::Writethrough, ..opts() });
+    c.write(3 * B as u64, &block(5, 1), false).unwrap();
+    let mut on_backing = vec![0u8; B];
+    backing.read_at(&mut on_backing, 3 * B as u64).unwrap();
+    assert_eq!(on_backing, block(5, 1));
+    c.drain();
+    assert_eq!(read_block(&c, 3), block(5, 1));
+    let s = c.stats();
+    assert_eq!((s.ssd_fills, s.write_through_fills, s.ssd_hits, s.misses), (1, 1, 1, 0), "{s:?}");
 }
