@@ -24,7 +24,7 @@ fn tmpdir(name: &str) -> PathBuf {
 fn need(tool: &str) {
     let ok =
         Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap().status.success();
-    assert!(ok, "{tool} is needed (scripts/deb-packages/blk.txt; `make test` as root installs it)");
+    assert!(ok, "{tool} is needed (scripts/deb-packages/cache.txt; `make test` as root installs it)");
 }
 
 fn run(cmd: &mut Command) -> String {
