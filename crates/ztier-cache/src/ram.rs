@@ -3,7 +3,7 @@
 //! through to it — kept compressed in an *ephemeral* pool of the page
 //! store. Nothing is ever only here: every block in it is also on the
 //! backing, so the store may drop any of it at any time (its budget
-//! shrinks when the machine needs memory: see [`crate::pressure`]).
+//! shrinks when the machine needs memory: the pressure watch in `pressure.rs` sets it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

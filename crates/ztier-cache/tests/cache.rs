@@ -74,8 +74,9 @@ fn ssd_hit_kept_in_ram_racing_a_write_is_dropped() {
     let c = Arc::new(open(dev.clone(), backing.clone(), o.clone()));
     assert_eq!(read_block(&c, 9), block(9, 0));
     c.drain();
-    c.checkpoint().unwrap(); // the line is on the device now, not in a buffer
-    // Drop it from RAM (a write elsewhere would not): restart with a cold RAM.
+    // The line is on the device now, not in a buffer. Drop it from RAM (a
+    // write elsewhere would not): restart with a cold RAM.
+    c.checkpoint().unwrap();
     c.close().unwrap();
     drop(c);
     let c = Arc::new(open(dev.clone(), backing.clone(), o));

@@ -4,38 +4,19 @@
 //! is full or unreadable (nbdkit's error filter); malformed replies from
 //! the backing; restarts; a short benchmark run.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::nbd::{mount_image_ro, run, sums, text, Mounted};
+use common::{require as need, tmp as tmpdir};
+
 fn ztier() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ztier"))
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ztier-cli-cache-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn need(tool: &str) {
-    let ok =
-        Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap().status.success();
-    assert!(ok, "{tool} is needed (scripts/deb-packages/cache.txt; `make test` as root installs it)");
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
+    Command::new(common::ztier())
 }
 
 fn wait_socket(p: &Path, child: &mut Child, what: &str) {
@@ -149,21 +130,6 @@ fn serve(d: &Path, cache: &Path, backing: &str, extra: &[&str]) -> Proc {
 
 fn serve_log(d: &Path) -> String {
     std::fs::read_to_string(d.join("serve.log")).unwrap_or_default()
-}
-
-fn text(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut v = Vec::with_capacity(len + 64);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(
-            format!("line {} of the ztier cache test, value {}\n", x % 977, x % 31).as_bytes(),
-        );
-    }
-    v.truncate(len);
-    v
 }
 
 /// Reads the whole export at `uri` with nbdcopy.
@@ -671,31 +637,12 @@ fn refusals() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// Undoes a system change when dropped (also when the test fails).
-struct Undo(Vec<(String, Vec<String>)>);
-impl Drop for Undo {
-    fn drop(&mut self) {
-        for (cmd, args) in self.0.iter().rev() {
-            let _ = Command::new(cmd).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status();
-        }
-    }
-}
-
 /// As root: the cached device as a block device (nbdfuse + a loop
 /// device), mkfs.ext4, mount, copy files, unmount, fsck clean, the
 /// backing then holds the same files.
 #[test]
 fn nbdfuse_loop_mkfs_mount_as_root() {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    assert!(root, "this test needs root (loop devices, mount); run `make test` as root");
-    for t in ["nbdfuse", "losetup", "mkfs.ext4", "fsck.ext4", "mount"] {
-        need(t);
-    }
     let d = tmpdir("fuse");
-    let (f, m) = (d.join("f"), d.join("m"));
-    std::fs::create_dir_all(&f).unwrap();
-    std::fs::create_dir_all(&m).unwrap();
     let img = d.join("backing.img");
     std::fs::File::create(&img).unwrap().set_len(192 << 20).unwrap();
     let kit = nbdkit(
@@ -704,45 +651,17 @@ fn nbdfuse_loop_mkfs_mount_as_root() {
     );
     let cache = create_cache(&d, "32M", &[]);
     let srv = serve(&d, &cache, &kit.uri(), &["--ram-cache", "8M"]);
-    let mut undo = Undo(Vec::new());
-    let mut fuse = Command::new("nbdfuse").arg(f.join("nbd")).arg("--unix").arg(&srv.sock).spawn().unwrap();
-    undo.0.push(("kill".into(), vec![fuse.id().to_string()]));
-    undo.0.push(("umount".into(), vec![f.display().to_string()]));
-    let t = Instant::now();
-    while !f.join("nbd").exists() {
-        assert!(t.elapsed() < Duration::from_secs(30), "nbdfuse did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let dev = run(Command::new("losetup").args(["-f", "--show"]).arg(f.join("nbd"))).trim().to_string();
-    undo.0.push(("losetup".into(), vec!["-d".into(), dev.clone()]));
-    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&dev));
-    run(Command::new("mount").arg(&dev).arg(&m));
-    undo.0.push(("umount".into(), vec![m.display().to_string()]));
-    run(Command::new("cp").args(["-r", "/usr/share/zoneinfo"]).arg(m.join("zoneinfo")));
-    run(Command::new("cp").args(["-r", "/usr/share/perl5"]).arg(m.join("perl5")));
-    run(&mut Command::new("sync"));
-    let sums = |dir: &Path| {
-        run(Command::new("sh")
-            .arg("-c")
-            .arg(format!("cd {} && find . -type f -print0 | sort -z | xargs -0 md5sum", dir.display())))
-    };
-    let want = sums(&m);
+    let fs = Mounted::mkfs(&d, &srv.sock);
+    let want = fs.copy_files();
     // Drop the page cache's copy: reads come back through the cache.
-    run(Command::new("umount").arg(&m));
-    run(Command::new("mount").arg(&dev).arg(&m));
-    assert_eq!(sums(&m), want, "files differ read back through the cache");
-    run(Command::new("umount").arg(&m));
-    let out = run(Command::new("fsck.ext4").args(["-fn"]).arg(&dev));
-    assert!(out.contains("files"), "{out}");
-    run(Command::new("losetup").args(["-d", &dev]));
-    drop(undo);
-    let _ = fuse.wait();
+    fs.remount();
+    assert_eq!(sums(&fs.mnt), want, "files differ read back through the cache");
+    let m = fs.mnt.clone();
+    fs.finish();
     assert_eq!(srv.stop().code(), Some(0));
     drop(kit);
     // The backing alone holds the file system.
-    let mut undo = Undo(Vec::new());
-    run(Command::new("mount").args(["-o", "loop,ro"]).arg(&img).arg(&m));
-    undo.0.push(("umount".into(), vec![m.display().to_string()]));
+    let undo = mount_image_ro(&img, &m);
     assert_eq!(sums(&m), want, "the backing misses writes");
     drop(undo);
     std::fs::remove_dir_all(&d).unwrap();

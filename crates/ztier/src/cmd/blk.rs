@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use ztier_blk::backing::FileBacking;
 use ztier_blk::engine::{CreateOptions, Engine};
 use ztier_blk::live;
-use ztier_blk::server::{self, Listener, Live, ServeConfig, ServerStats};
+use ztier_blk::server::{self, Live, ServeConfig, ServerStats};
 use ztier_codec::CodecId;
 
 use super::serving;
@@ -84,20 +84,8 @@ pub struct ServeArgs {
     /// Image to serve.
     #[arg(value_name = "IMAGE")]
     pub image: PathBuf,
-    /// Unix socket to listen on (default: IMAGE.sock).
-    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
-    pub socket: Option<PathBuf>,
-    /// TCP address to listen on. Only loopback addresses unless
-    /// --allow-remote is given (NBD has no authentication here).
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub listen: Option<String>,
-    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (loopback
-    /// only unless --allow-remote; port 0 picks one, printed at start).
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub metrics: Option<String>,
-    /// Allow non-loopback --listen and --metrics addresses.
-    #[arg(long)]
-    pub allow_remote: bool,
+    #[command(flatten)]
+    pub at: serving::ListenArgs,
     /// Refuse writes.
     #[arg(long)]
     pub readonly: bool,
@@ -362,37 +350,12 @@ pub fn run(c: BlkCommand) -> Result<i32> {
     }
 }
 
-/// `--socket`, or IMAGE.sock.
-fn socket_path(a: &ServeArgs) -> PathBuf {
-    a.socket.clone().unwrap_or_else(|| {
-        let mut p = a.image.clone().into_os_string();
-        p.push(".sock");
-        PathBuf::from(p)
-    })
-}
-
 fn serve(a: ServeArgs) -> Result<i32> {
-    use std::os::unix::fs::MetadataExt;
     let stop = Arc::new(AtomicBool::new(false));
     serving::stop_on_signals("blk", stop.clone());
     let engine = Arc::new(open_engine(&a.image, a.readonly)?);
-    let metrics = a
-        .metrics
-        .as_deref()
-        .map(|m| serving::loopback_or_allowed("metrics", m, a.allow_remote))
-        .transpose()?;
-    let mut sock_id = None;
-    let (listener, where_) = if let Some(addr) = &a.listen {
-        let sa = serving::loopback_or_allowed("listen", addr, a.allow_remote)?;
-        let l = std::net::TcpListener::bind(sa).with_context(|| format!("listening on {addr}"))?;
-        let local = l.local_addr()?;
-        (Listener::Tcp(l), format!("nbd://{local}/{}", a.name))
-    } else {
-        let path = socket_path(&a);
-        let l = serving::bind_unix("blk", &path)?;
-        sock_id = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino()));
-        (Listener::Unix(l), format!("nbd+unix:///{}?socket={}", a.name, path.display()))
-    };
+    let metrics = a.at.metrics_addr()?;
+    let (listener, where_, unbind) = a.at.bind("blk", &a.image, &a.name)?;
     let cfg = ServeConfig {
         name: a.name.clone(),
         description: format!("ztier compressed image {}", a.image.display()),
@@ -412,7 +375,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
         .context("starting the control socket (`ztier blk stats` of this image)")?;
     let metrics = match metrics {
         Some(sa) => {
-            let (bound, h) = live::serve_metrics(sa, a.allow_remote, report, stop.clone())
+            let (bound, h) = live::serve_metrics(sa, a.at.allow_remote, report, stop.clone())
                 .with_context(|| format!("--metrics {sa}"))?;
             Some((bound, h))
         }
@@ -430,12 +393,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
     if let Some((_, h)) = metrics {
         let _ = h.join();
     }
-    if a.listen.is_none() {
-        let p = socket_path(&a);
-        if serving::same_file(&p, sock_id) {
-            let _ = std::fs::remove_file(p);
-        }
-    }
+    unbind.remove();
     engine.close().context("checkpointing the image at shutdown")?;
     r.context("serving")?;
     eprintln!(

@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use ztier_blk::backing::{Backing, FileBacking};
 use ztier_blk::client::ClientOptions;
 use ztier_blk::live;
-use ztier_blk::server::{self, Listener, ServeConfig, ServerStats};
+use ztier_blk::server::{self, ServeConfig, ServerStats};
 use ztier_cache::backend::open_backing;
 use ztier_cache::cache::{self, CacheOptions, Mode};
 use ztier_cache::format::{Geometry, Placement, Policy, SbState};
@@ -98,19 +98,8 @@ pub struct ServeArgs {
     /// writearound: written blocks are only dropped from the caches.
     #[arg(long, default_value = "writethrough", value_name = "M")]
     pub mode: Mode,
-    /// Unix socket to listen on (default: CACHE.sock).
-    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
-    pub socket: Option<PathBuf>,
-    /// TCP address to listen on (loopback only unless --allow-remote).
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub listen: Option<String>,
-    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (loopback
-    /// only unless --allow-remote; port 0 picks one, printed at start).
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub metrics: Option<String>,
-    /// Allow non-loopback --listen and --metrics addresses.
-    #[arg(long)]
-    pub allow_remote: bool,
+    #[command(flatten)]
+    pub at: serving::ListenArgs,
     /// Refuse writes.
     #[arg(long)]
     pub readonly: bool,
@@ -300,14 +289,9 @@ fn control(cache: &Path) -> Result<String> {
 }
 
 fn serve(a: ServeArgs) -> Result<i32> {
-    use std::os::unix::fs::MetadataExt;
     let stop = Arc::new(AtomicBool::new(false));
     serving::stop_on_signals("cache", stop.clone());
-    let metrics = a
-        .metrics
-        .as_deref()
-        .map(|m| serving::loopback_or_allowed("metrics", m, a.allow_remote))
-        .transpose()?;
+    let metrics = a.at.metrics_addr()?;
     let f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -351,18 +335,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
         r.lines_invalidated,
         r.seconds
     );
-    let mut sock_id = None;
-    let (listener, where_) = if let Some(addr) = &a.listen {
-        let sa = serving::loopback_or_allowed("listen", addr, a.allow_remote)?;
-        let l = std::net::TcpListener::bind(sa).with_context(|| format!("listening on {addr}"))?;
-        let local = l.local_addr()?;
-        (Listener::Tcp(l), format!("nbd://{local}/{}", a.name))
-    } else {
-        let path = socket_path(&a);
-        let l = serving::bind_unix("cache", &path)?;
-        sock_id = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino()));
-        (Listener::Unix(l), format!("nbd+unix:///{}?socket={}", a.name, path.display()))
-    };
+    let (listener, where_, unbind) = a.at.bind("cache", &a.cache, &a.name)?;
     let cfg = ServeConfig {
         name: a.name.clone(),
         description: format!("ztier cache {} in front of {}", a.cache.display(), a.backing),
@@ -379,7 +352,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
         .context("starting the control socket (`ztier cache stats` of this cache)")?;
     let metrics = match metrics {
         Some(sa) => Some(
-            live::serve_metrics(sa, a.allow_remote, report, stop.clone())
+            live::serve_metrics(sa, a.at.allow_remote, report, stop.clone())
                 .with_context(|| format!("--metrics {sa}"))?,
         ),
         None => None,
@@ -395,12 +368,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
     if let Some((_, h)) = metrics {
         let _ = h.join();
     }
-    if a.listen.is_none() {
-        let p = socket_path(&a);
-        if serving::same_file(&p, sock_id) {
-            let _ = std::fs::remove_file(p);
-        }
-    }
+    unbind.remove();
     cache.close().context("stopping the cache cleanly")?;
     served.context("serving")?;
     let s = cache.stats();
@@ -418,15 +386,6 @@ fn serve(a: ServeArgs) -> Result<i32> {
         s.lines_used
     );
     Ok(0)
-}
-
-/// `--socket`, or CACHE.sock.
-fn socket_path(a: &ServeArgs) -> PathBuf {
-    a.socket.clone().unwrap_or_else(|| {
-        let mut p = a.cache.clone().into_os_string();
-        p.push(".sock");
-        PathBuf::from(p)
-    })
 }
 
 fn print_live(v: &serde_json::Value) {

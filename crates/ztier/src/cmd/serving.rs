@@ -1,12 +1,78 @@
 //! What the NBD servers (`ztier blk serve`, `ztier cache serve`) share:
-//! signals that stop them, the unix socket (a stale one replaced), the
-//! loopback-only rule for addresses.
+//! their listening flags and the listener they make, signals that stop
+//! them, the unix socket (a stale one replaced), the loopback-only rule
+//! for addresses.
 
-use std::path::Path;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use clap::Args;
+use ztier_blk::server::Listener;
+
+/// Where a server listens, and its metrics endpoint.
+#[derive(Args, Debug)]
+pub struct ListenArgs {
+    /// Unix socket to listen on (default: the served file's path + `.sock`).
+    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+    pub socket: Option<PathBuf>,
+    /// TCP address to listen on. Only loopback addresses unless
+    /// --allow-remote is given (NBD has no authentication here).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (loopback
+    /// only unless --allow-remote; port 0 picks one, printed at start).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
+    /// Allow non-loopback --listen and --metrics addresses.
+    #[arg(long)]
+    pub allow_remote: bool,
+}
+
+impl ListenArgs {
+    /// `--metrics`, checked against the loopback rule.
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>> {
+        self.metrics.as_deref().map(|m| loopback_or_allowed("metrics", m, self.allow_remote)).transpose()
+    }
+
+    /// Binds `--listen`, or the unix socket (`--socket`, or `served`'s
+    /// path + `.sock`), for the export `name`: the listener, the URI
+    /// clients reach it at, and what removes the socket at the end.
+    pub fn bind(&self, who: &str, served: &Path, name: &str) -> Result<(Listener, String, Unbind)> {
+        use std::os::unix::fs::MetadataExt;
+        if let Some(addr) = &self.listen {
+            let sa = loopback_or_allowed("listen", addr, self.allow_remote)?;
+            let l = std::net::TcpListener::bind(sa).with_context(|| format!("listening on {addr}"))?;
+            let local = l.local_addr()?;
+            return Ok((Listener::Tcp(l), format!("nbd://{local}/{name}"), Unbind(None)));
+        }
+        let path = self.socket.clone().unwrap_or_else(|| {
+            let mut p = served.as_os_str().to_owned();
+            p.push(".sock");
+            PathBuf::from(p)
+        });
+        let l = bind_unix(who, &path)?;
+        let id = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino()));
+        let uri = format!("nbd+unix:///{name}?socket={}", path.display());
+        Ok((Listener::Unix(l), uri, Unbind(Some((path, id)))))
+    }
+}
+
+/// The unix socket a server bound (none for TCP).
+pub struct Unbind(Option<(PathBuf, Option<(u64, u64)>)>);
+
+impl Unbind {
+    /// Removes the socket if it is still the one bound (dev, inode).
+    pub fn remove(self) {
+        if let Some((p, id)) = self.0 {
+            if same_file(&p, id) {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
 
 /// Blocks SIGINT/SIGTERM/SIGHUP in this thread (and the threads it
 /// starts) and sets `stop` from a waiter thread when one arrives.
