@@ -1249,17 +1249,21 @@ impl Cache {
         let (first, n) = range_blocks(off, len);
         let mut blk = [0u8; BLOCK];
         let (mut ram, mut ssd) = (0, 0);
+        // A stream's hits count toward its length too (recorded only if
+        // served here: the ordinary read records the others).
+        let bypass = i.seq.peek(off, len);
         for b in first..first + n {
             if !i.cacheable(b) {
                 return None;
             }
-            match i.lookup(b, &mut blk, true, true) {
+            match i.lookup(b, &mut blk, !bypass, true) {
                 Level::Ram => ram += 1,
                 Level::Ssd => ssd += 1,
                 Level::Miss | Level::WouldBlock => return None,
             }
             copy_block(b, &blk, off, buf);
         }
+        i.seq.observe(off, len);
         i.c.reads.fetch_add(1, Ordering::Relaxed);
         i.c.read_blocks.fetch_add(n, Ordering::Relaxed);
         i.c.ram_hits.fetch_add(ram, Ordering::Relaxed);

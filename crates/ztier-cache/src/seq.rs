@@ -4,10 +4,10 @@
 //!
 //! NBD requests carry no task identity, so streams are told apart by
 //! where they continue: a request that starts within [`WINDOW`] of where
-//! one of the last [`STREAMS`] streams ended extends it (clients keep
-//! several requests of one stream in flight, so they arrive a little out
-//! of order). Once a stream has moved more than the cutoff, its requests
-//! bypass.
+//! one of the last [`STREAMS`] streams ended extends it, the one that
+//! ended nearest (clients keep several requests of one stream in flight,
+//! so they arrive a little out of order). Once a stream has moved more
+//! than the cutoff, its requests bypass; hits count too.
 
 use parking_lot::Mutex;
 
@@ -37,13 +37,31 @@ impl Sequential {
 
     /// Records a request; returns whether it should bypass the cache.
     pub fn observe(&self, off: u64, len: u64) -> bool {
+        self.step(off, len, true)
+    }
+
+    /// Whether a request would bypass, recording nothing.
+    pub fn peek(&self, off: u64, len: u64) -> bool {
+        self.step(off, len, false)
+    }
+
+    fn step(&self, off: u64, len: u64, record: bool) -> bool {
         if self.cutoff == 0 {
             return false;
         }
         let mut g = self.st.lock();
         let (streams, clock) = &mut *g;
+        // Of the streams it may continue, the one that ends nearest.
+        let hit = (0..STREAMS)
+            .filter(|&i| {
+                let s = &streams[i];
+                s.bytes > 0 && off + WINDOW >= s.end && off <= s.end + WINDOW
+            })
+            .min_by_key(|&i| (streams[i].end.abs_diff(off), u64::MAX - streams[i].bytes));
+        if !record {
+            return hit.map_or(0, |i| streams[i].bytes) + len > self.cutoff;
+        }
         *clock += 1;
-        let hit = streams.iter().position(|s| s.bytes > 0 && off + WINDOW >= s.end && off <= s.end + WINDOW);
         let i = match hit {
             Some(i) => i,
             None => {
@@ -92,5 +110,13 @@ mod tests {
         }
         assert_eq!(n, 0, "random 4K I/O over 1 GiB never bypasses");
         assert!(!Sequential::new(0).observe(0, 1 << 30));
+        // peek answers as observe would, and records nothing.
+        let p = Sequential::new(1 << 20);
+        assert!(!p.peek(0, 1 << 20) && p.peek(0, (1 << 20) + 1));
+        assert!(!p.observe(0, 512 << 10));
+        for _ in 0..3 {
+            assert!(!p.peek(512 << 10, 512 << 10) && p.peek(512 << 10, (512 << 10) + 1));
+        }
+        assert!(!p.observe(512 << 10, 512 << 10) && p.observe(1 << 20, 4096));
     }
 }

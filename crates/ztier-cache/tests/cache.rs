@@ -453,6 +453,35 @@ fn sequential_streams_bypass() {
     }
 }
 
+/// Hits answered at once (`read_fast`) count toward a stream's length:
+/// a sequential read over cached blocks, then on over uncached ones,
+/// bypasses once the whole stream passes the cutoff.
+#[test]
+fn a_stream_over_hits_then_misses_bypasses() {
+    let backing = filled(1024, 0);
+    let dev = Shape { size: 8 << 20, ..Shape::default() }.device();
+    let c = open(dev, backing.clone(), CacheOptions { sequential_cutoff: 1 << 20, ..opts() });
+    // The first MiB cached, read in an order that makes no stream.
+    for k in 0..256u64 {
+        read_block(&c, (k * 97) % 256);
+    }
+    c.drain();
+    assert_eq!(c.stats().bypassed_read_blocks, 0);
+    let mut buf = vec![0u8; 64 << 10];
+    for k in 0..16u64 {
+        let r = c.read_fast(k << 16, &mut buf);
+        assert!(matches!(r, Some(Ok(()))), "chunk {k} not answered at once");
+        assert!(buf[..B] == block(k * 16, 0)[..]);
+    }
+    for k in 16..32u64 {
+        assert!(c.read_fast(k << 16, &mut buf).is_none(), "chunk {k} is not cached");
+        c.read(k << 16, &mut buf).unwrap();
+        assert!(buf[..B] == block(k * 16, 0)[..]);
+    }
+    let s = c.stats();
+    assert_eq!(s.bypassed_read_blocks, 256, "{s:?}");
+}
+
 /// The metadata target: ≤ 8 bytes of RAM per cached block when the cache
 /// is full of 2×-compressible blocks, in both placements.
 #[test]
