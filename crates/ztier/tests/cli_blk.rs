@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::nbd::{mount_image_ro, run, sums, text, Mounted};
+use common::nbd::{go, go_on, handshake, mount_image_ro, option, run, sums, text, Mounted};
 use common::{require as need, tmp as tmpdir};
 
 fn ztier() -> Command {
@@ -175,31 +175,6 @@ fn fio_nbd_engine_verifies_crc32c() {
     srv.stop();
     check_clean(&img);
     std::fs::remove_dir_all(&d).unwrap();
-}
-
-fn handshake(sock: &Path) -> UnixStream {
-    let mut s = UnixStream::connect(sock).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut hello = [0u8; 18];
-    s.read_exact(&mut hello).unwrap();
-    assert_eq!(&hello[..8], b"NBDMAGIC");
-    s.write_all(&3u32.to_be_bytes()).unwrap();
-    s
-}
-
-fn option(s: &mut UnixStream, opt: u32, data: &[u8]) -> (u32, Vec<u8>) {
-    let mut m = b"IHAVEOPT".to_vec();
-    m.extend_from_slice(&opt.to_be_bytes());
-    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    m.extend_from_slice(data);
-    s.write_all(&m).unwrap();
-    let mut h = [0u8; 20];
-    s.read_exact(&mut h).unwrap();
-    let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
-    let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
-    let mut body = vec![0u8; len as usize];
-    s.read_exact(&mut body).unwrap();
-    (kind, body)
 }
 
 /// Malformed options get error replies, malformed requests error replies
@@ -548,27 +523,6 @@ fn live_stats_metrics_and_online_check_of_a_served_image() {
 
 /// The handshake up to GO on the default export, with structured replies
 /// off: the connection is in transmission.
-fn go(sock: &Path) -> UnixStream {
-    let mut s = handshake(sock);
-    go_on(&mut s);
-    s
-}
-
-/// GO on the default export: INFO replies, then ACK.
-fn go_on(s: &mut UnixStream) {
-    let mut go = 0u32.to_be_bytes().to_vec();
-    go.extend_from_slice(&0u16.to_be_bytes());
-    let (mut k, _) = option(s, 7, &go);
-    while k != 1 {
-        assert_eq!(k, 3, "INFO expected");
-        let mut h = [0u8; 20];
-        s.read_exact(&mut h).unwrap();
-        k = u32::from_be_bytes(h[12..16].try_into().unwrap());
-        let mut body = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
-        s.read_exact(&mut body).unwrap();
-    }
-}
-
 fn threads_of(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count()
 }

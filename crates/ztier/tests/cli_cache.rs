@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::nbd::{mount_image_ro, run, sums, text, Mounted};
+use common::nbd::{go, mount_image_ro, run, simple_read, sums, text, Mounted};
 use common::{require as need, tmp as tmpdir};
 
 fn ztier() -> Command {
@@ -399,13 +399,14 @@ fn kill_9_of_the_backing_server() {
 /// reads), switched on while the cache serves (nbdkit's error filter
 /// with trigger files): the errors reach the client, cached blocks are
 /// still served, and the cache never answers with data the backing does
-/// not hold.
+/// not hold. (Write-around, so that a write leaves its blocks uncached
+/// whatever the reads before cached.)
 #[test]
 fn backing_full_or_unreadable() {
     need("qemu-io");
     let d = tmpdir("errors");
     let img = d.join("backing.img");
-    let want = text(8 << 20, 3);
+    let mut want = text(8 << 20, 3);
     std::fs::write(&img, &want).unwrap();
     let cache = create_cache(&d, "8M", &[]);
     let (full, bad) = (d.join("full"), d.join("unreadable"));
@@ -423,7 +424,7 @@ fn backing_full_or_unreadable() {
             &format!("error-pread-file={}", bad.display()),
         ],
     );
-    let srv = serve(&d, &cache, &kit.uri(), &[]);
+    let srv = serve(&d, &cache, &kit.uri(), &["--mode", "writearound"]);
     let qio = |cmds: &[&str]| {
         let mut c = Command::new("qemu-io");
         c.args(["-f", "raw"]);
@@ -443,7 +444,11 @@ fn backing_full_or_unreadable() {
     assert!(out.contains("No space left on device"), "{out}");
     std::fs::remove_file(&full).unwrap();
     assert!(read_all(&d, &srv.uri()) == want, "after a failed write the cache serves what the backing holds");
-    // Unreadable: uncached blocks fail with EIO, cached ones are served.
+    // Written (so not cached, whatever the read above cached), then
+    // unreadable: uncached blocks fail with EIO, cached ones are served.
+    let out = qio(&["write -P 0x22 7M 64k"]);
+    assert!(!out.contains("failed"), "{out}");
+    want[7 << 20..(7 << 20) + (64 << 10)].fill(0x22);
     std::fs::write(&bad, b"").unwrap();
     let out = qio(&["read 7M 64k"]);
     assert!(out.contains("Input/output error"), "{out}");
@@ -664,6 +669,53 @@ fn nbdfuse_loop_mkfs_mount_as_root() {
     let undo = mount_image_ro(&img, &m);
     assert_eq!(sums(&m), want, "the backing misses writes");
     drop(undo);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Reads answered at once from the connection's thread (blocks in RAM or
+/// in the cache device's page cache) and those left to the workers (a
+/// miss, or longer than 64 KiB) give the same simple replies (no
+/// structured replies negotiated): right cookie, right data; a read past
+/// the end an error.
+#[test]
+fn simple_replies_of_hits_and_misses() {
+    let d = tmpdir("simple");
+    let img = d.join("backing.img");
+    let want = text(4 << 20, 11);
+    std::fs::write(&img, &want).unwrap();
+    let cache = create_cache(&d, "8M", &[]);
+    let stats = d.join("stats.json");
+    let srv = serve(
+        &d,
+        &cache,
+        img.to_str().unwrap(),
+        &["--ram-cache", "2M", "--sequential-cutoff", "0", "--stats", stats.to_str().unwrap()],
+    );
+    let mut s = go(&srv.sock);
+    let mut cookie = 1u64;
+    let mut check = |s: &mut std::os::unix::net::UnixStream, off: u64, len: u32| {
+        cookie += 1;
+        let (err, got) = simple_read(s, cookie, off, len);
+        assert_eq!(err, 0, "read {off}+{len}");
+        assert!(got == want[off as usize..off as usize + len as usize], "read {off}+{len}: wrong data");
+    };
+    for round in 0..4 {
+        for (off, len) in [(0, 4096), (8192, 512), (65536 + 100, 20000), (1 << 20, 128 << 10)] {
+            check(&mut s, off, len);
+        }
+        if round == 0 {
+            // The fills land (a filler thread) before the next rounds hit.
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    let (err, _) = simple_read(&mut s, 99, (4 << 20) - 4096, 8192);
+    assert_ne!(err, 0, "a read past the end");
+    check(&mut s, 4096, 4096);
+    drop(s);
+    assert_eq!(srv.stop().code(), Some(0));
+    let st = stats_file(&d);
+    assert!(st["ram_hits"].as_u64().unwrap() + st["ssd_hits"].as_u64().unwrap() > 0, "{st}");
+    assert!(st["misses"].as_u64().unwrap() > 0, "{st}");
     std::fs::remove_dir_all(&d).unwrap();
 }
 

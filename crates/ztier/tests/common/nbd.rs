@@ -2,6 +2,8 @@
 //! tools, text data, undoing system changes, and a served export mounted
 //! as a file system (nbdfuse + a loop device + ext4).
 
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -118,4 +120,75 @@ pub fn mount_image_ro(img: &Path, mnt: &Path) -> Undo {
     run(Command::new("mount").args(["-o", "loop,ro"]).arg(img).arg(mnt));
     undo.0.push(("umount".into(), vec![mnt.display().to_string()]));
     undo
+}
+
+/// A raw NBD connection to the unix socket `sock`, past the server's
+/// greeting, with fixed newstyle asked for (no options sent yet).
+pub fn handshake(sock: &Path) -> UnixStream {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    assert_eq!(&hello[..8], b"NBDMAGIC");
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    s
+}
+
+/// Sends option `opt` with `data`; the first reply's type and body.
+pub fn option(s: &mut UnixStream, opt: u32, data: &[u8]) -> (u32, Vec<u8>) {
+    let mut m = b"IHAVEOPT".to_vec();
+    m.extend_from_slice(&opt.to_be_bytes());
+    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    m.extend_from_slice(data);
+    s.write_all(&m).unwrap();
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h).unwrap();
+    let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
+    let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+    let mut body = vec![0u8; len as usize];
+    s.read_exact(&mut body).unwrap();
+    (kind, body)
+}
+
+/// A connection in transmission on the default export (simple replies:
+/// no structured replies asked for).
+pub fn go(sock: &Path) -> UnixStream {
+    let mut s = handshake(sock);
+    go_on(&mut s);
+    s
+}
+
+/// GO on the default export: INFO replies, then ACK.
+pub fn go_on(s: &mut UnixStream) {
+    let mut go = 0u32.to_be_bytes().to_vec();
+    go.extend_from_slice(&0u16.to_be_bytes());
+    let (mut k, _) = option(s, 7, &go);
+    while k != 1 {
+        assert_eq!(k, 3, "INFO expected");
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h).unwrap();
+        k = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let mut body = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
+        s.read_exact(&mut body).unwrap();
+    }
+}
+
+/// Sends a READ of `len` bytes at `off` with `cookie` and reads its
+/// simple reply: the error (0 for success) and the data.
+pub fn simple_read(s: &mut UnixStream, cookie: u64, off: u64, len: u32) -> (u32, Vec<u8>) {
+    let mut r = 0x2560_9513u32.to_be_bytes().to_vec();
+    r.extend_from_slice(&0u16.to_be_bytes()); // flags
+    r.extend_from_slice(&0u16.to_be_bytes()); // READ
+    r.extend_from_slice(&cookie.to_be_bytes());
+    r.extend_from_slice(&off.to_be_bytes());
+    r.extend_from_slice(&len.to_be_bytes());
+    s.write_all(&r).unwrap();
+    let mut h = [0u8; 16];
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), 0x6744_6698, "simple reply magic");
+    assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), cookie, "the request's cookie");
+    let err = u32::from_be_bytes(h[4..8].try_into().unwrap());
+    let mut data = vec![0u8; if err == 0 { len as usize } else { 0 }];
+    s.read_exact(&mut data).unwrap();
+    (err, data)
 }
