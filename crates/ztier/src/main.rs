@@ -51,6 +51,11 @@ enum Command {
     /// cleaner, crash-safe) served over NBD.
     #[command(subcommand)]
     Blk(cmd::blk::BlkCommand),
+    /// A compressed cache in front of slow storage (a file, a block device
+    /// or an NBD export), served over NBD: FlaZ's compressed SSD cache and
+    /// a compressed RAM cache of clean blocks.
+    #[command(subcommand)]
+    Cache(cmd::cache::CacheCommand),
     /// Run an unmodified program with its heap under a memory budget: colder
     /// pages are kept compressed and served back on touch by userfaultfd.
     Run(cmd::run::RunArgs),
@@ -96,6 +101,7 @@ fn main() {
         Command::Sim(a) => cmd::sim::run(a),
         Command::Trace(t) => cmd::trace::run(t),
         Command::Blk(b) => cmd::blk::run(b),
+        Command::Cache(c) => cmd::cache::run(c),
         Command::Run(a) => cmd::run::run(a),
         Command::Stats(a) => cmd::run::stats(a),
         Command::Hold(a) => cmd::hold::hold(a),

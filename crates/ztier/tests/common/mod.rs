@@ -1,7 +1,9 @@
-//! What the `ztier run` tests share: the binary, temporary directories,
-//! native runs, the C programs in `run_progs/`. Each test binary uses
-//! part of it.
+//! What the CLI tests share: the binary, temporary directories, native
+//! runs, the C programs in `run_progs/`, and for the NBD tests [`nbd`].
+//! Each test binary uses part of it.
 #![allow(dead_code)]
+
+pub mod nbd;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
