@@ -4,9 +4,9 @@
 CARGO ?= cargo
 FUZZ_SECONDS ?= 20
 
-.PHONY: test deps lint unit fuzz-ci bench soak
+.PHONY: test deps lint unit miri fuzz-ci bench soak
 
-test: deps lint unit fuzz-ci
+test: deps lint unit miri fuzz-ci
 	@echo "make test: all steps passed"
 
 deps:
@@ -25,6 +25,8 @@ lint:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --workspace --no-deps --document-private-items
 	for c in scripts/*.c; do cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null $$c $$(scripts/lz4-src.sh $$c) || exit 1; done
 
+# The second line runs the codec tests again on the WK codecs built from
+# their safe twins alone (the codec crate's `safe` feature).
 # The `ztier run` tests of cli_run run three times more: with faults
 # served in the faulting thread (--fault-path signal), and with the
 # user-mode-only userfaultfd an unprivileged user gets (forced here, as
@@ -34,11 +36,21 @@ lint:
 # build as the first line's, nothing compiled again.)
 unit:
 	$(CARGO) test --workspace --release
+	$(CARGO) test --release -p ztier-codec --features safe
 	ZTIER_FAULT_PATH=signal $(CARGO) test --workspace --release --test cli_run
 	ZTIER_UFFD_USER_MODE_ONLY=1 $(CARGO) test --workspace --release --test cli_run
 	ZTIER_UFFD_USER_MODE_ONLY=1 ZTIER_FAULT_PATH=thread $(CARGO) test --workspace --release --test cli_run
 
-# Every fuzz target for a short time (FUZZ_SECONDS each).
+# miri (a nightly toolchain's; scripts/install-deps.sh installs it) over
+# the WK codecs' kernels without vector instructions and over the store's
+# lock: undefined behaviour in their unsafe code fails. The tests too slow
+# for miri are marked ignored under it; the rest take a few minutes.
+MIRI ?= cargo +nightly miri
+miri:
+	$(MIRI) test -p ztier-codec --lib -- wkdm:: wk4x4:: wk64::
+	$(MIRI) test -p ztier-store --lib -- lock
+
+# Every fuzz target for a short time (FUZZ_SECONDS each), from its seeds.
 fuzz-ci:
 	./scripts/fuzz-ci.sh $(FUZZ_SECONDS)
 
