@@ -45,6 +45,7 @@
 //! two stores a word.
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use super::{Counts, Layout, Segments, CHECK_EVERY, HASH, LOW_MASK};
 
@@ -159,8 +160,9 @@ pub(super) unsafe fn model(
     let src = block.as_ptr();
     let zero = _mm256_setzero_si256();
 
-    // 1. Each word's slot; zero words store to the scratch slot 16.
-    let mut keys = [0u32; CHECK_EVERY];
+    // 1. Each word's slot; zero words store to the scratch slot 16. (The
+    // arrays are written before they are read: no zeroing.)
+    let mut keys = [MaybeUninit::<u32>::uninit(); CHECK_EVERY];
     for (g, k) in keys[..m].chunks_exact_mut(8).enumerate() {
         // SAFETY: a 32-byte load of words 8g..8g + 8 < m of `block`; the
         // store writes the 8 entries of `k`. Both unaligned.
@@ -170,14 +172,16 @@ pub(super) unsafe fn model(
             _mm256_storeu_si256(k.as_mut_ptr().cast(), key);
         }
     }
+    // SAFETY: the first m entries were written just above.
+    let keys = unsafe { std::slice::from_raw_parts(keys.as_ptr().cast::<u32>(), m) };
 
     // 2. In order: each word's dictionary entry, then the word into it.
-    let mut prev = [0u32; CHECK_EVERY];
+    let mut prev = [MaybeUninit::<u32>::uninit(); CHECK_EVERY];
     let mut d = [0u32; 32];
     d[..17].copy_from_slice(dict);
-    for ((&k, p), w) in keys[..m].iter().zip(&mut prev[..m]).zip(block.chunks_exact(4)) {
+    for ((&k, p), w) in keys.iter().zip(&mut prev[..m]).zip(block.chunks_exact(4)) {
         let k = k as usize & 31;
-        *p = d[k];
+        p.write(d[k]);
         d[k] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
     }
     dict.copy_from_slice(&d[..17]);
@@ -195,7 +199,8 @@ pub(super) unsafe fn model(
     let (mut ip, mut lp, mut fp) = (c.index, c.low, c.full);
     for (g, t_out) in tags[..m].chunks_exact_mut(8).enumerate() {
         // SAFETY: 32-byte loads of words 8g..8g + 8 < m of `block`, of
-        // entries 8g..8g + 8 of `prev` and of `keys`; unaligned.
+        // entries 8g..8g + 8 of `prev` (written in step 2) and of `keys`;
+        // unaligned.
         let (w, d, h) = unsafe {
             (
                 _mm256_loadu_si256(src.add(32 * g).cast()),
@@ -298,6 +303,54 @@ pub(super) unsafe fn unpack_index_low(src: &[u8], lay: &Layout, seg: &mut Segmen
     }
 }
 
+/// Counts (misses, partials, exacts) among packed tags as the scalar
+/// `count_tags` does, 32 bytes at a time: each nibble holds two tags, and
+/// a byte shuffle looks up each nibble's count of a kind in a 16-entry
+/// table.
+///
+/// # Safety
+///
+/// The CPU must support AVX2 ([`available`]).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn count_tags(packed: &[u8]) -> (usize, usize, usize) {
+    // Tags of a nibble: bits 0..2 and 2..4; a table of how many are `kind`.
+    let table = |kind: u8| {
+        let mut t = [0i8; 16];
+        for (v, c) in t.iter_mut().enumerate() {
+            *c = ((v as u8 & 3) == kind) as i8 + ((v as u8 >> 2) == kind) as i8;
+        }
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(
+            t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11], t[12], t[13], t[14],
+            t[15],
+        ))
+    };
+    let (tm, tp, te) = (table(3), table(2), table(1));
+    let nibble = _mm256_set1_epi8(15);
+    let zero = _mm256_setzero_si256();
+    let (mut m, mut p, mut e) = (zero, zero, zero);
+    let mut chunks = packed.chunks_exact(32);
+    for c in &mut chunks {
+        // SAFETY: a 32-byte load from a 32-byte chunk; unaligned.
+        let v = unsafe { _mm256_loadu_si256(c.as_ptr().cast()) };
+        let (lo, hi) = (_mm256_and_si256(v, nibble), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble));
+        // Per byte at most 4 of a kind; summed over each 8 bytes.
+        let count = |t: __m256i| {
+            _mm256_sad_epu8(_mm256_add_epi8(_mm256_shuffle_epi8(t, lo), _mm256_shuffle_epi8(t, hi)), zero)
+        };
+        m = _mm256_add_epi64(m, count(tm));
+        p = _mm256_add_epi64(p, count(tp));
+        e = _mm256_add_epi64(e, count(te));
+    }
+    let sum = |v: __m256i| {
+        let mut l = [0u64; 4];
+        // SAFETY: a 32-byte store to a 32-byte array; unaligned.
+        unsafe { _mm256_storeu_si256(l.as_mut_ptr().cast(), v) };
+        l.iter().sum::<u64>() as usize
+    };
+    let (rm, rp, re) = super::count_tags(chunks.remainder());
+    (sum(m) + rm, sum(p) + rp, sum(e) + re)
+}
+
 /// Words planned at a time before their plans run.
 const BLOCK: usize = 128;
 /// Dictionary entries 16..24: where exact matches store, one per lane of
@@ -346,9 +399,9 @@ pub(super) unsafe fn decode(src: &[u8], lay: &Layout, seg: &mut Segments, dst: &
         ip: 0,
         lp: 0,
         dict: [0; 256],
-        x: [0; BLOCK + 8],
-        a: [0; BLOCK + 8],
-        p: [0; BLOCK + 8],
+        x: [MaybeUninit::uninit(); BLOCK + 8],
+        a: [MaybeUninit::uninit(); BLOCK + 8],
+        p: [MaybeUninit::uninit(); BLOCK + 8],
     };
     for (b, out) in dst.chunks_mut(4 * BLOCK).enumerate() {
         let words = out.len() / 4;
@@ -387,9 +440,10 @@ struct State {
     /// The plans of a block's nonzero words: x, a, and p = the entry
     /// loaded | the entry stored << 8 | the word's position in the block
     /// << 16. 8 entries of room past the block for the last packed store.
-    x: [u32; BLOCK + 8],
-    a: [u32; BLOCK + 8],
-    p: [u32; BLOCK + 8],
+    /// Each block reads only the entries it wrote.
+    x: [MaybeUninit<u32>; BLOCK + 8],
+    a: [MaybeUninit<u32>; BLOCK + 8],
+    p: [MaybeUninit<u32>; BLOCK + 8],
 }
 
 /// Decodes `groups` groups of 8 words (at most `BLOCK / 8`) to `out`: plans
@@ -413,7 +467,8 @@ unsafe fn decode_block(st: &mut State, tags: &[u8], out: *mut u32, groups: usize
     // In locals: the plan stores below could alias `st`'s fields.
     let (fullp, indexp, lowp) = (st.fullp, st.indexp, st.lowp);
     let (mut fp, mut ip, mut lp) = (st.fp, st.ip, st.lp);
-    let (xp, ap, pp) = (st.x.as_mut_ptr(), st.a.as_mut_ptr(), st.p.as_mut_ptr());
+    let (xp, ap, pp) =
+        (st.x.as_mut_ptr().cast::<u32>(), st.a.as_mut_ptr().cast::<u32>(), st.p.as_mut_ptr().cast::<u32>());
     let mut k = 0; // packed plans so far
     let mut at = _mm256_slli_epi32::<16>(lanes8);
     for (c, t) in tags[..2 * groups].chunks_exact(2).enumerate() {

@@ -416,6 +416,17 @@ impl Layout {
     /// Validates the header of `src` (format `version`, `dst_len` bytes
     /// out) and its counts against the tags and the length of `src`.
     pub(crate) fn check(version: u8, src: &[u8], dst_len: usize) -> Result<Layout, DecompressError> {
+        Layout::check_with(version, src, dst_len, count_tags)
+    }
+
+    /// [`Layout::check`] with `count` counting the tags (misses, partials,
+    /// exacts) as `count_tags` does.
+    fn check_with(
+        version: u8,
+        src: &[u8],
+        dst_len: usize,
+        count: impl FnOnce(&[u8]) -> (usize, usize, usize),
+    ) -> Result<Layout, DecompressError> {
         check_output_len(dst_len)?;
         if src.len() < HEADER {
             return Err(DecompressError::Truncated("WK header"));
@@ -439,7 +450,7 @@ impl Layout {
             return Err(DecompressError::Corrupt("trailing bytes after WK segments"));
         }
         let full_at = HEADER + n.div_ceil(4);
-        let (misses, partials, exacts) = count_tags(&src[HEADER..full_at]);
+        let (misses, partials, exacts) = count(&src[HEADER..full_at]);
         if misses != nf || exacts + partials != ni || partials != nl {
             return Err(DecompressError::Corrupt("WK tag counts disagree with the header"));
         }
@@ -535,6 +546,17 @@ impl Codec for Wkdm {
     }
 
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), DecompressError> {
+        #[cfg(all(not(feature = "safe"), target_arch = "x86_64"))]
+        if self.kernel == Kernel::Avx2 {
+            let lay = Layout::check_with(VERSION, src, dst.len(), |tags| {
+                // SAFETY: a codec runs a kernel only if the CPU has the
+                // features it needs (`Kernel::available`).
+                unsafe { avx2::count_tags(tags) }
+            })?;
+            // SAFETY: as above.
+            unsafe { avx2::decode(src, &lay, &mut self.seg, dst) };
+            return Ok(());
+        }
         let lay = Layout::check(VERSION, src, dst.len())?;
         match self.kernel {
             #[cfg(all(not(feature = "safe"), feature = "avx512", target_arch = "x86_64"))]
@@ -553,10 +575,6 @@ impl Codec for Wkdm {
                 // SLACK entries it reads past them.)
                 unsafe { avx512::decode(tags, lay.n, full, index, low, dst) };
             }
-            #[cfg(all(not(feature = "safe"), target_arch = "x86_64"))]
-            // SAFETY: a codec runs a kernel only if the CPU has the
-            // features it needs (`Kernel::available`), its one requirement.
-            Kernel::Avx2 => unsafe { avx2::decode(src, &lay, &mut self.seg, dst) },
             #[cfg(not(feature = "safe"))]
             Kernel::Scalar => {
                 self.seg.unpack_layout(src, &lay);
@@ -995,6 +1013,20 @@ mod tests {
             }
         }
         assert!(refused > rounds / 6 && accepted > rounds / 30, "refused {refused}, accepted {accepted}");
+    }
+
+    #[cfg(all(not(feature = "safe"), target_arch = "x86_64"))]
+    #[test]
+    fn avx2_count_tags_agrees_with_count_tags() {
+        if !kernels().contains(&Kernel::Avx2) {
+            return; // miri: no AVX2 detected
+        }
+        let mut rng = crate::corpus::synth::Rng::new(17);
+        for len in (0..70).chain([255, 256, 257, 4096, 16384]) {
+            let packed: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            // SAFETY: the CPU has AVX2 (the kernel is available).
+            assert_eq!(unsafe { avx2::count_tags(&packed) }, count_tags(&packed), "{len} bytes");
+        }
     }
 
     #[test]
