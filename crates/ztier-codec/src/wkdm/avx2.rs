@@ -40,7 +40,7 @@
 //! change nothing, add no store-to-load chain). The words' full values —
 //! right for misses and zero words — are stored to the output, and the
 //! nonzero words' plans, each with its position, are packed to the front
-//! of a block's plan arrays (`PACK`). After 128 words a scalar loop runs
+//! of a block's plan arrays (`PACK`). After 256 words a scalar loop runs
 //! the plans in order through the dictionary: a load, an and, an or and
 //! two stores a word.
 
@@ -351,8 +351,10 @@ pub(super) unsafe fn count_tags(packed: &[u8]) -> (usize, usize, usize) {
     (sum(m) + rm, sum(p) + rp, sum(e) + re)
 }
 
-/// Words planned at a time before their plans run.
-const BLOCK: usize = 128;
+/// Words planned at a time before their plans run (a plan's position is
+/// one byte).
+const BLOCK: usize = 256;
+const _: () = assert!(BLOCK <= 256);
 /// Dictionary entries 16..24: where exact matches store, one per lane of
 /// the 8, so that no two nearby words store to one entry.
 const SCRATCH: i32 = 16;
@@ -530,7 +532,7 @@ unsafe fn decode_block(st: &mut State, tags: &[u8], out: *mut u32, groups: usize
     // bits `a` of it and ORs in `x`; the result is the word, and it is
     // stored to entry `p >> 8 & 255`. Branch-free (a byte indexes the 256
     // entries without a bounds check); the bytes of `p` are read one by
-    // one, two plans an iteration.
+    // one, four plans an iteration.
     let dict = &mut st.dict;
     let run = |dict: &mut [u32; 256], x: u32, a: u32, p: &[u8]| {
         let v = (dict[p[0] as usize] & a) | x;
@@ -548,13 +550,15 @@ unsafe fn decode_block(st: &mut State, tags: &[u8], out: *mut u32, groups: usize
             std::slice::from_raw_parts(pp.cast::<u8>(), 4 * k),
         )
     };
-    let (x2, a2, p2) = (x.chunks_exact(2), a.chunks_exact(2), p.chunks_exact(8));
-    let (xr, ar, pr) = (x2.remainder(), a2.remainder(), p2.remainder());
-    for ((x, a), p) in x2.zip(a2).zip(p2) {
+    let (x4, a4, p4) = (x.chunks_exact(4), a.chunks_exact(4), p.chunks_exact(16));
+    let (xr, ar, pr) = (x4.remainder(), a4.remainder(), p4.remainder());
+    for ((x, a), p) in x4.zip(a4).zip(p4) {
         run(dict, x[0], a[0], &p[..4]);
-        run(dict, x[1], a[1], &p[4..]);
+        run(dict, x[1], a[1], &p[4..8]);
+        run(dict, x[2], a[2], &p[8..12]);
+        run(dict, x[3], a[3], &p[12..]);
     }
-    if let ([x], [a]) = (xr, ar) {
-        run(dict, *x, *a, pr);
+    for ((&x, &a), p) in xr.iter().zip(ar).zip(pr.chunks_exact(4)) {
+        run(dict, x, a, p);
     }
 }
