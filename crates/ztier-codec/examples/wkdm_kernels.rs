@@ -8,7 +8,8 @@
 //! cargo run --release -p ztier-codec --features avx512 --example wkdm_kernels -- FILE...
 //! ```
 //!
-//! `--passes N` sets the passes (default 15); `--decode-only KERNEL` runs
+//! `--passes N` sets the passes (default 15), `--kernels LIST` which
+//! kernels run (default: all); `--decode-only KERNEL` runs
 //! just that kernel's decoder (or `lz4`'s) over the pages, `--encode-only
 //! KERNEL` its encoder, N times each (for instruction counts under valgrind, whose
 //! CPU has no AVX-512).
@@ -58,6 +59,7 @@ fn median(mut t: Vec<f64>) -> f64 {
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mut passes = 15;
+    let mut wanted: Option<Vec<Kernel>> = None;
     // (decode?, kernel; None for LZ4)
     let mut only: Option<(bool, Option<Kernel>)> = None;
     while let Some(i) = args.iter().position(|a| a.starts_with("--")) {
@@ -65,6 +67,9 @@ fn main() {
         let value = args.remove(i);
         match flag.as_str() {
             "--passes" => passes = value.parse().expect("--passes N"),
+            "--kernels" => {
+                wanted = Some(value.split(',').map(|k| k.parse().expect("a kernel name")).collect())
+            }
             "--decode-only" | "--encode-only" => {
                 let k = (value != "lz4").then(|| value.parse().expect("a kernel name or lz4"));
                 only = Some((flag == "--decode-only", k));
@@ -76,7 +81,10 @@ fn main() {
         !args.is_empty(),
         "usage: wkdm_kernels [--passes N] [--decode-only|--encode-only KERNEL] FILE..."
     );
-    let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.available()).collect();
+    let kernels: Vec<Kernel> = Kernel::ALL
+        .into_iter()
+        .filter(|k| k.available() && wanted.as_ref().is_none_or(|w| w.contains(k)))
+        .collect();
     println!("kernels this build and CPU run: {:?}", kernels.iter().map(|k| k.name()).collect::<Vec<_>>());
     for file in &args {
         let corpus = Corpus::load(&[file.into()]).expect("a .pages file");

@@ -7,7 +7,14 @@
 //! can an emulator packaged for them (QEMU's user mode and valgrind both
 //! stop at the first AVX-512 instruction with SIGILL). Test it on a CPU
 //! with AVX-512: `cargo test --release -p ztier-codec --features avx512`
-//! (the tests fail there, rather than skip, when the CPU lacks it).
+//! (the tests fail there, rather than skip, when the CPU lacks it), and
+//! `cargo fuzz run --features avx512 wkdm_kernels` in `fuzz/`.
+//!
+//! It was measured faster than LZ4 on an AMD Zen 4 (the `vpconflictd`
+//! it leans on is cheap there) but at about half the speed of the AVX2
+//! kernel on an Intel Xeon (family 6, model 207): a build with the
+//! feature runs it wherever the CPU has AVX-512, so measure before
+//! enabling it, and `ZTIER_WKDM_KERNEL=avx2` picks the other.
 //!
 //! The `match` of [`decode_words_fast`] mispredicts often on real pages
 //! (tag sequences are too irregular to learn), and a branch-free scalar

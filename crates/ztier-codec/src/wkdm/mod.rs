@@ -74,7 +74,9 @@
 //!   machines the tests run on (AMD with AVX2) cannot execute it, nor can
 //!   the emulators packaged for them (QEMU's user mode and valgrind stop
 //!   at its first instruction with SIGILL); `cargo test --release -p
-//!   ztier-codec --features avx512` tests it on a CPU that has it.
+//!   ztier-codec --features avx512` tests it on a CPU that has it. It is
+//!   not faster everywhere: on an Intel Xeon it ran at about half the
+//!   AVX2 kernel's speed (its module says more).
 //!
 //! The decoder first validates the header against the tags and the length
 //! (`Layout::check`), so a corrupt page is an error before any kernel
