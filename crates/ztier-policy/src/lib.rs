@@ -5,6 +5,8 @@
 //! ([`policy::Policy`]): they are fed references and never do I/O, so the
 //! simulator and the live frontends run the same code.
 //!
+//! * [`registry`] — the policies' names and [`build`], which makes one
+//!   from its name.
 //! * [`recency::Recency`] — exact LRU stack distances in O(log n) per
 //!   reference over the pages it tracks (resident pages plus recently
 //!   evicted "ghosts"), the measure every policy here is built on.
@@ -25,6 +27,8 @@ pub mod none;
 pub mod policy;
 pub mod pressure;
 pub mod recency;
+pub mod registry;
 pub mod static_size;
 
-pub use policy::{build, Costs, Outcome, Policy, Reference};
+pub use policy::{Costs, Outcome, Policy, Reference};
+pub use registry::{build, NAMES};

@@ -87,7 +87,8 @@ pub struct RunArgs {
     pub budget_scope: Option<String>,
     /// Split the budget live between resident pages and the compressed store:
     /// static:F (a fixed fraction F compressed), kaplan (Wilson/Kaplan 1999
-    /// cost/benefit), castro (de Castro 2003), pressure (refault feedback) — the
+    /// cost/benefit), castro, castro-aggressive, castro-sluggish (de Castro 2003),
+    /// pressure (refault feedback), any of them +clean-disable — the
     /// policies of `ztier sim`, fed with the faults. Needs --spill: what the
     /// store's share cannot hold goes there, still compressed.
     #[arg(long, conflicts_with = "store")]

@@ -23,8 +23,9 @@ pub struct SimArgs {
     #[arg(long, value_name = "LIST")]
     pub memory: Option<String>,
     /// Policies, comma-separated: none, static:FRACTION (of memory kept
-    /// compressed), kaplan (1999 cost/benefit), castro (2003 expense/profit),
-    /// pressure (refault vs stall feedback); POLICY+clean-disable adds de
+    /// compressed), kaplan (1999 cost/benefit), castro (2003 expense/profit;
+    /// castro-aggressive and castro-sluggish: the paper's two other
+    /// variants), pressure (refault vs stall feedback); POLICY+clean-disable adds de
     /// Castro's switch that stops compressing clean pages while it does
     /// not pay (`kaplan+clean-disable`).
     #[arg(
