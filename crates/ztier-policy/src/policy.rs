@@ -1,5 +1,7 @@
-//! The policy interface: a state machine fed references, answering how
-//! much memory the compressed region should take.
+//! The sizing interface: a state machine fed references, answering how
+//! much memory the compressed region should take (the replacement and
+//! prefetch interfaces are [`crate::replacement`] and [`crate::prefetch`];
+//! the crate root builds policies by name: [`crate::build`]).
 //!
 //! The simulator and the live frontends call it the same way: for every
 //! reference deeper in the LRU stack than [`Policy::interest_depth`] (the
@@ -77,37 +79,4 @@ pub trait Policy: Send {
     fn clean_dropped(&mut self, _page: u64, _was_compressed: bool, _region_pages: usize) {}
     /// A page was read from the backing store (tracking policies only).
     fn faulted(&mut self, _page: u64) {}
-}
-
-/// Builds a policy from its command-line name for a memory of
-/// `memory_pages` pages: `none`, `static:FRACTION`, `kaplan`, `castro`, `pressure`.
-///
-/// `POLICY+clean-disable` wraps any of them in
-/// [`crate::clean_disable::CleanDisable`].
-pub fn build(spec: &str, memory_pages: usize, costs: Costs) -> Result<Box<dyn Policy>, String> {
-    if let Some(inner) = spec.strip_suffix("+clean-disable") {
-        if inner.ends_with("+clean-disable") {
-            return Err(format!("'{spec}': clean-disable given twice"));
-        }
-        return Ok(Box::new(crate::clean_disable::CleanDisable::new(build(inner, memory_pages, costs)?)));
-    }
-    match spec {
-        "none" => Ok(Box::new(crate::none::NoCompression)),
-        "kaplan" => Ok(Box::new(crate::kaplan::Kaplan::new(memory_pages, costs))),
-        "castro" => Ok(Box::new(crate::castro::Castro::new(memory_pages))),
-        "pressure" => Ok(Box::new(crate::pressure::Pressure::new(memory_pages, costs))),
-        _ => {
-            if let Some(f) = spec.strip_prefix("static:") {
-                let f: f64 = f.parse().map_err(|_| format!("bad fraction in '{spec}' (e.g. static:0.25)"))?;
-                if !(0.0..1.0).contains(&f) {
-                    return Err(format!("'{spec}': the compressed fraction must be in [0, 1)"));
-                }
-                return Ok(Box::new(crate::static_size::Static::new(spec.to_string(), f, memory_pages)));
-            }
-            Err(format!(
-                "unknown policy '{spec}' (none, static:FRACTION, kaplan, castro, pressure; \
-                 any of them followed by +clean-disable)"
-            ))
-        }
-    }
 }

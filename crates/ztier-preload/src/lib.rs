@@ -92,7 +92,7 @@
 //! `@ztier-PID` answers every request with the same JSON, in one
 //! datagram (`ztier stats PID`). With `ZTIER_FAULT_LOG_DIR` (`ztier run --fault-log DIR`) each
 //! process also writes one row per page-in as `PID.csv` there (see
-//! [`faultlog`]).
+//! [`ztier_run_core::faultlog`]).
 
 // The library's interface is C symbols; these docs are read with
 // `cargo doc --document-private-items`, so they link its private modules.
@@ -101,7 +101,6 @@
 mod coredump;
 mod direct;
 mod dl;
-mod faultlog;
 mod fds;
 mod manager;
 mod pages;
@@ -1744,13 +1743,13 @@ fn serve_in_thread(addr: usize) -> bool {
         // the store already: committed now, it is served below.
         let early = owned && !back && m.commit_early(g.page_of(page), &g.stats);
         if back {
-            m.log_fault(t_log, faultlog::Kind::Wp, page);
+            m.log_fault(t_log, ztier_run_core::faultlog::Kind::Wp, page);
             drop(m);
         } else if owned && !early {
             // Read under the lock: the batch that owns the page commits
             // (under the lock) after this.
             let seen = COMMITS.load(Ordering::Acquire);
-            m.log_fault(t_log, faultlog::Kind::Deferred, page);
+            m.log_fault(t_log, ztier_run_core::faultlog::Kind::Deferred, page);
             drop(m);
             g.stats.deferred.fetch_add(1, Ordering::Relaxed);
             let waited = std::time::Instant::now();
@@ -2122,6 +2121,7 @@ fn stats_json(g: &Global) -> String {
         now_stored,
         spilled,
         policy,
+        names,
         resident_budget,
         user_mode_only,
         tree,
@@ -2150,6 +2150,7 @@ fn stats_json(g: &Global) -> String {
             st.memory_used,
             st.tier_bytes,
             m.sizing(),
+            m.policy_names(),
             m.budget() * PAGE,
             m.uffd.user_mode_only,
             tree,
@@ -2188,7 +2189,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"pinned_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
-         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"committed_early\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"hot_distance\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\"held_by\":{:?},\
+         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"committed_early\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"hot_distance\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"replacement\":\"{}\",\"prefetch\":\"{}\",\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\"held_by\":{:?},\
          \"tree_held_bytes\":{},\"tree_reserved_bytes\":{},\"tree_inherited_bytes\":{},\
          \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"deferred_wait_ns\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
@@ -2234,6 +2235,8 @@ fn stats_json(g: &Global) -> String {
         ld(&s.dirtied),
         resident_budget,
         policy.as_ref().map_or("null".to_string(), |(n, _)| format!("\"{n}\"")),
+        names.0,
+        names.1,
         g.cfg.allocator.name(),
         policy.as_ref().map(|(_, b)| *b).or(store_share).map_or("null".to_string(), |b| b.to_string()),
         ld(&s.forks),
