@@ -4,7 +4,7 @@
 CARGO ?= cargo
 FUZZ_SECONDS ?= 20
 
-.PHONY: test deps lint unit fuzz-ci bench soak
+.PHONY: test deps lint unit fuzz-ci bench soak install-docs
 
 test: deps lint unit fuzz-ci
 	@echo "make test: all steps passed"
@@ -12,8 +12,11 @@ test: deps lint unit fuzz-ci
 deps:
 	./scripts/install-deps.sh
 
-# Formatting, clippy, the docs (every intra-doc link resolves), and the
-# C measurement scripts ARCHITECTURE cites (they must keep compiling;
+# Formatting, clippy, the docs (every intra-doc link resolves; every
+# relative link and anchor of the Markdown files resolves, and
+# ARCHITECTURE.md stays a map of at most 400 lines), and the
+# C measurement scripts the write-ups in docs/measurements cite (they
+# must keep compiling;
 # one that includes lz4.h is built with the liblz4 sources lz4-sys
 # brought, see scripts/lz4-src.sh).
 # (The docs with --release: they reuse clippy's checked dependencies and
@@ -24,6 +27,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --workspace --no-deps --document-private-items
 	for c in scripts/*.c; do cc -O2 -Wall -Wextra -Werror -pthread -o /dev/null $$c $$(scripts/lz4-src.sh $$c) || exit 1; done
+	python3 scripts/check-docs.py
 
 # The `ztier run` tests of cli_run run three times more: with faults
 # served in the faulting thread (--fault-path signal), and with the
@@ -53,3 +57,14 @@ bench:
 ROUNDS ?= 3
 soak:
 	./scripts/soak.sh $(ROUNDS)
+
+# The manual pages and shell completions, generated from the clap
+# definitions (`ztier man`, `ztier completions`), installed under PREFIX.
+PREFIX ?= /usr/local
+install-docs:
+	$(CARGO) build --release -p ztier
+	target/release/ztier man $(DESTDIR)$(PREFIX)/share/man/man1
+	mkdir -p $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	target/release/ztier completions bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/ztier
+	target/release/ztier completions zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_ztier
+	target/release/ztier completions fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/ztier.fish

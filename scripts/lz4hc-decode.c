@@ -15,8 +15,8 @@
  * On this machine (python-dict.pages, 16 copies, three runs): LZ4
  * ratio 2.88, 4.15-4.19 µs to compress, 1.38-1.42 µs to decode; LZ4HC
  * level 3, 3.58, 11.95-12.11 and 1.14-1.15 µs; level 9, 3.76,
- * 35.75-36.00 and 1.05-1.15 µs. ARCHITECTURE.md, "The corpus builder's
- * page-ins over time", has the rest.
+ * 35.75-36.00 and 1.05-1.15 µs.
+ * docs/measurements/2026-11-26-corpus-builder-page-ins.md has the rest.
  *
  *   cc -O3 -o /tmp/lz4hc-decode scripts/lz4hc-decode.c $(scripts/lz4-src.sh scripts/lz4hc-decode.c)
  *   /tmp/lz4hc-decode ../shared/corpus/python-dict.pages 3 16

@@ -7,30 +7,46 @@
 //!
 //! # Writes
 //!
-//! A block is compressed outside any lock (zero blocks become metadata,
-//! blocks that do not shrink below 7/8 are stored raw), then placed into
-//! one of [`OPEN_EXTENTS`] extent buffers in RAM — the one whose free space
-//! fits it most tightly (ZBD's buckets by free space). A buffer is sealed
-//! (its header and crc written, the extent written with one `pwrite`) when
-//! it is full, when it is older than the aging timeout
-//! ([`Engine::seal_aged`]), and on every FLUSH. TRIM and WRITE_ZEROES are
-//! single range records: metadata only.
+//! A block is compressed outside any lock. Zero and same-filled blocks
+//! become metadata: one range record for each run of neighbouring blocks
+//! of one request filled alike. A block that does not shrink below 7/8 is
+//! stored raw in a *raw extent* (blocks only, no header: incompressible
+//! data costs its size plus a 32-byte record in a log extent). Compressed
+//! blocks go into one of [`OPEN_EXTENTS`] log extent buffers in RAM — the
+//! one whose free space fits it most tightly (ZBD's buckets by free
+//! space). A log buffer is sealed (its header and crc written, the extent
+//! written with one `pwrite`) when it is full, when it is older than the
+//! aging timeout ([`Engine::seal_aged`]), and on every FLUSH; a raw
+//! extent's new blocks are written at the same points, and it closes when
+//! full. TRIM and WRITE_ZEROES are single range records: metadata only.
 //!
 //! # Durability and recovery
 //!
-//! FLUSH (and FUA) seals every buffer, then `fdatasync`s the image: every
-//! write acknowledged before it is then in a sealed, synced extent. A
-//! checkpoint seals and syncs, writes the table to the checkpoint area not
-//! in use, syncs, then writes the superblock slot not in use (the next
-//! generation, the seq of the next extent to open, the write counter), and
-//! syncs.
-//! Recovery takes the valid superblock with the highest generation, loads
-//! its table, reads the header of every extent, and replays — record by
-//! record, highest write counter wins — the extents opened after that
-//! checkpoint whose header crc holds, skipping data records whose data crc
-//! fails (torn, and so never flushed). Work is bounded by the extents
-//! written since the checkpoint, which is taken after every
-//! `max(1024, extents / 8)` sealed extents and at close.
+//! FLUSH (and FUA) seals every log buffer and writes every raw block, then
+//! `fdatasync`s the image: every write acknowledged before it is then in a
+//! synced extent. Recovery takes the valid superblock with the highest
+//! generation, loads its table, reads the header of every extent, and
+//! replays — record by record, highest write counter wins — the log
+//! extents opened after that checkpoint whose header crc holds, skipping
+//! data records whose data crc fails (torn, and so never flushed). Work is
+//! bounded by the extents written since the checkpoint, which is taken
+//! after every `max(1024, extents / 8)` sealed extents and at close.
+//!
+//! # Checkpoints
+//!
+//! A checkpoint is incremental: each checkpoint area remembers which of
+//! its 4 KiB table pages changed since it was last written, and only those
+//! are written. It runs beside writes: under the state lock it closes the
+//! log buffers (the cut: extents opened later have seq ≥ the checkpoint's
+//! `next_seq` and are replayed on top of it), then copies the changed
+//! pages a few at a time, each copy under the lock for a moment. A page
+//! copied later may already hold writes made after the cut; the
+//! checkpoint therefore writes out every buffer once more before it syncs,
+//! so whatever its pages point to is durable, and replaying those writes
+//! again at recovery changes nothing. Then the pages are written to the
+//! area not in use, synced, and the superblock slot not in use (the next
+//! generation, the seq of the next extent to open, the write counter) is
+//! written and synced.
 //!
 //! # Space
 //!
@@ -56,6 +72,7 @@
 //! hole (a write anywhere may need space).
 
 use std::collections::BTreeSet;
+use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -67,16 +84,21 @@ use ztier_codec::page::{Form, PageEncoder};
 use ztier_codec::CodecId;
 
 use crate::backing::Backing;
-use crate::format::{self, Kind, Loc, Record, Superblock, EXT_HEADER, RECORD, SB_SIZE, UNMAPPED, ZERO};
+use crate::format::{
+    self, Kind, Loc, Record, Superblock, CKPT_PAGE, ENTRIES_PER_PAGE, EXT_HEADER, RECORD, SAME, SB_SIZE,
+    UNMAPPED, ZERO,
+};
 
-/// Extent buffers open at once.
+/// Log extent buffers open at once.
 pub const OPEN_EXTENTS: usize = 4;
 /// Free extents kept for the cleaner (user writes cannot take them).
 pub const CLEANER_RESERVE: u32 = 8;
-/// Reads at least this long are split across two threads.
-pub const SPLIT_READ: usize = 256 << 10;
+/// Writes at least this long are compressed on two threads.
+pub const SPLIT_WRITE: usize = 256 << 10;
 /// Bytes of extents the cleaner scans per step.
 pub const CLEAN_WINDOW: u64 = 2 << 20;
+/// Checkpoint pages copied per hold of the state lock.
+const PAGES_PER_HOLD: usize = 32;
 
 /// Errors of the engine.
 #[derive(Debug, thiserror::Error)]
@@ -132,21 +154,33 @@ enum ExtState {
 #[derive(Debug, Clone, Copy)]
 struct ExtInfo {
     state: ExtState,
-    /// Bytes of live data records (data + record size).
+    /// Bytes of live data: compressed blocks with their records (log
+    /// extents), whole blocks (raw extents).
     live: u32,
     seq: u64,
+    raw: bool,
+}
+
+impl ExtInfo {
+    const FREE: ExtInfo = ExtInfo { state: ExtState::Free, live: 0, seq: 0, raw: false };
 }
 
 struct OpenExt {
     idx: u32,
     seq: u64,
     buf: Vec<u8>,
+    /// Records (log) or blocks (raw) in the buffer.
     count: u32,
+    /// Log: where the data grows down to.
     data_start: usize,
+    /// Raw: blocks already written to the image.
+    written: u32,
+    raw: bool,
     opened: Instant,
 }
 
 impl OpenExt {
+    /// Free bytes of a log buffer.
     fn free(&self) -> usize {
         self.data_start - (EXT_HEADER + self.count as usize * RECORD)
     }
@@ -154,6 +188,8 @@ impl OpenExt {
 
 struct State {
     table: Vec<Loc>,
+    /// Per checkpoint area, the table pages changed since it was written.
+    dirty: [Vec<u64>; 2],
     ext: Vec<ExtInfo>,
     free: BTreeSet<u32>,
     pending_free: Vec<u32>,
@@ -166,6 +202,49 @@ struct State {
     clean_cursor: u32,
     high_water: u32,
     poisoned: Option<String>,
+    block_size: u32,
+}
+
+fn set_bit(v: &mut [u64], i: usize) {
+    v[i / 64] |= 1 << (i % 64);
+}
+fn take_bit(v: &mut [u64], i: usize) -> bool {
+    let was = v[i / 64] & (1 << (i % 64)) != 0;
+    v[i / 64] &= !(1 << (i % 64));
+    was
+}
+
+impl State {
+    /// Bytes a location takes in its extent's live count.
+    fn cost(&self, l: &Loc) -> u32 {
+        if l.len as u32 == self.block_size {
+            l.len as u32
+        } else {
+            l.len as u32 + RECORD as u32
+        }
+    }
+
+    fn set_loc(&mut self, lba: u64, loc: Loc) {
+        let old = std::mem::replace(&mut self.table[lba as usize], loc);
+        if old == loc {
+            return;
+        }
+        if old.is_data() {
+            let c = self.cost(&old);
+            self.ext[old.extent as usize].live -= c;
+        }
+        if loc.is_data() {
+            let c = self.cost(&loc);
+            self.ext[loc.extent as usize].live += c;
+        }
+        let page = lba as usize / ENTRIES_PER_PAGE;
+        set_bit(&mut self.dirty[0], page);
+        set_bit(&mut self.dirty[1], page);
+    }
+
+    fn open_log_count(&self) -> usize {
+        self.open.iter().filter(|o| !o.raw).count()
+    }
 }
 
 /// Counters (monotonic) and gauges.
@@ -187,13 +266,18 @@ pub struct Stats {
     pub extents_free: u32,
     /// Extents holding data (sealed, open or awaiting a checkpoint).
     pub used_extents: u32,
+    /// Of those, raw extents (whole blocks, no header).
+    pub raw_extents: u32,
     /// Highest extent ever used + 1 (the image file's extent area).
     pub high_water_extents: u32,
     /// Blocks holding data.
     pub data_blocks: u64,
     /// Blocks written as zeros (metadata only).
     pub zero_blocks: u64,
-    /// Logical bytes of the data blocks (zero and unmapped blocks excluded).
+    /// Blocks filled with a repeated 8-byte pattern (metadata only).
+    pub same_blocks: u64,
+    /// Logical bytes of the data blocks (zero, same-filled and unmapped
+    /// blocks excluded).
     pub logical_bytes_mapped: u64,
     /// Bytes those blocks take in extents (data + records).
     pub data_stored_bytes: u64,
@@ -207,16 +291,28 @@ pub struct Stats {
     pub raw_writes: u64,
     /// Blocks written (data).
     pub block_writes: u64,
+    /// Blocks written as zeros or same-filled (metadata only).
+    pub fill_writes: u64,
     /// Blocks read.
     pub block_reads: u64,
     /// Extents sealed.
     pub extents_sealed: u64,
+    /// Cleaner passes that freed or moved something.
+    pub cleaner_runs: u64,
     /// Extents cleaned.
     pub extents_cleaned: u64,
     /// Blocks moved by the cleaner.
     pub blocks_relocated: u64,
+    /// Microseconds spent cleaning.
+    pub cleaner_us: u64,
     /// Checkpoints written.
     pub checkpoints: u64,
+    /// Table pages written by checkpoints (4 KiB each).
+    pub checkpoint_pages_written: u64,
+    /// Microseconds spent in checkpoints (all of them).
+    pub checkpoint_us: u64,
+    /// The longest checkpoint, microseconds.
+    pub checkpoint_max_us: u64,
     /// Flushes.
     pub flushes: u64,
     /// Writes refused for lack of space.
@@ -231,11 +327,17 @@ pub struct Stats {
 struct Counters {
     raw_writes: AtomicU64,
     block_writes: AtomicU64,
+    fill_writes: AtomicU64,
     block_reads: AtomicU64,
     extents_sealed: AtomicU64,
+    cleaner_runs: AtomicU64,
     extents_cleaned: AtomicU64,
     blocks_relocated: AtomicU64,
+    cleaner_us: AtomicU64,
     checkpoints: AtomicU64,
+    checkpoint_pages_written: AtomicU64,
+    checkpoint_us: AtomicU64,
+    checkpoint_max_us: AtomicU64,
     flushes: AtomicU64,
     enospc: AtomicU64,
     corrupt_reads: AtomicU64,
@@ -249,7 +351,7 @@ pub enum BlockState {
     Unmapped,
     /// Written as zeros.
     Zero,
-    /// Holds data.
+    /// Holds data (same-filled blocks included).
     Data,
 }
 
@@ -271,6 +373,8 @@ pub struct Engine {
 }
 
 thread_local! {
+    /// The compressed bytes of a read, kept from read to read.
+    static SPAN: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     static ENC: std::cell::RefCell<Option<(CodecId, PageEncoder, Vec<u8>)>> = const { std::cell::RefCell::new(None) };
 }
 
@@ -288,10 +392,27 @@ fn with_encoder<R>(codec: CodecId, len: usize, f: impl FnOnce(&mut PageEncoder, 
     })
 }
 
-/// Encoded block ready to place.
-struct Encoded {
-    kind: Kind,
-    bytes: Vec<u8>,
+/// A block encoded, ready to place.
+#[derive(Debug, PartialEq, Eq)]
+enum Encoded {
+    Zero,
+    Same(u64),
+    Compressed(Vec<u8>),
+    Raw,
+}
+
+/// A random image identity (the std hasher's keys come from the OS).
+fn random_uuid() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish() | 1
+}
+
+fn micros(t: Instant) -> u64 {
+    t.elapsed().as_micros() as u64
 }
 
 impl Engine {
@@ -299,15 +420,15 @@ impl Engine {
     pub fn create(backing: Box<dyn Backing>, o: &CreateOptions) -> Result<Engine, BlkError> {
         let blocks = o.logical_size / o.block_size.max(1) as u64;
         let table_pages = Superblock::table_pages_for(blocks);
-        let payload = o.extent_size as u64 - EXT_HEADER as u64;
-        let per_ext = (payload / (o.block_size as u64 + RECORD as u64)).max(1);
-        let full = blocks.div_ceil(per_ext)
-            + CLEANER_RESERVE as u64
-            + OPEN_EXTENTS as u64
-            + blocks.div_ceil(per_ext) / 16;
+        // Raw blocks fill raw extents exactly; their records (and
+        // compressed data) go to log extents.
+        let raw_exts = blocks.div_ceil((o.extent_size / o.block_size.max(1)).max(1) as u64);
+        let recs = blocks
+            .div_ceil(((o.extent_size as u64).saturating_sub(EXT_HEADER as u64) / RECORD as u64).max(1));
+        let full = raw_exts + recs + CLEANER_RESERVE as u64 + OPEN_EXTENTS as u64 + 1 + raw_exts / 16;
         let extents = match o.physical {
             None => full,
-            Some(p) => (p / o.extent_size as u64).max(4),
+            Some(p) => (p / o.extent_size.max(1) as u64).max(4),
         };
         if extents > u32::MAX as u64 / 2 {
             return Err(BlkError::BadImage("too many extents: use a bigger extent size".into()));
@@ -323,20 +444,37 @@ impl Engine {
             generation: 1,
             next_seq: 1,
             next_wseq: 1,
+            uuid: random_uuid(),
         };
         sb.validate().map_err(BlkError::BadImage)?;
-        if (extents as u32) < CLEANER_RESERVE + OPEN_EXTENTS as u32 + 4 {
+        if (extents as u32) < CLEANER_RESERVE + OPEN_EXTENTS as u32 + 5 {
             return Err(BlkError::BadImage(format!(
                 "physical size too small: {} extents of {}, at least {}",
                 extents,
                 o.extent_size,
-                CLEANER_RESERVE + OPEN_EXTENTS as u32 + 4
+                CLEANER_RESERVE + OPEN_EXTENTS as u32 + 5
             )));
         }
-        let table = vec![Loc::NONE; blocks as usize];
-        backing.write_at(&format::encode_checkpoint(&table, 1, table_pages), sb.area_offset(1))?;
-        backing.write_at(&vec![0u8; SB_SIZE], SB_SIZE as u64)?;
-        backing.write_at(&sb.encode(), 0)?;
+        // Area 1 holds generation 1: every block unmapped.
+        let none = vec![Loc::NONE; ENTRIES_PER_PAGE];
+        let chunk = 256usize;
+        let mut buf = vec![0u8; chunk * CKPT_PAGE];
+        let mut p = 0u32;
+        while p < table_pages {
+            let k = (table_pages - p).min(chunk as u32);
+            for i in 0..k {
+                let first = (p + i) as u64 * ENTRIES_PER_PAGE as u64;
+                let n = (blocks - first).min(ENTRIES_PER_PAGE as u64) as usize;
+                let at = i as usize * CKPT_PAGE;
+                format::encode_page(&none[..n], p + i, 1, &mut buf[at..at + CKPT_PAGE]);
+            }
+            backing.write_at(&buf[..k as usize * CKPT_PAGE], sb.page_offset(1, p))?;
+            p += k;
+        }
+        // Generation g lives in slot g % 2: generation 1 in slot 1, so the
+        // first checkpoint (2, slot 0) leaves it whole.
+        backing.write_at(&vec![0u8; SB_SIZE], 0)?;
+        backing.write_at(&sb.encode(), SB_SIZE as u64)?;
         // Zero the first bytes of the last extent so the file has its full size.
         backing.write_at(&[0u8; 8], sb.extent_offset(sb.extents - 1))?;
         backing.sync()?;
@@ -345,31 +483,52 @@ impl Engine {
 
     /// Opens an image, recovering from a crash if it was not closed.
     pub fn open(backing: Box<dyn Backing>, read_only: bool) -> Result<Engine, BlkError> {
-        let mut slots = Vec::new();
+        let mut best: Option<Superblock> = None;
+        let mut why = Vec::new();
         for s in 0..2u64 {
             let mut b = vec![0u8; SB_SIZE];
             backing.read_at(&mut b, s * SB_SIZE as u64)?;
-            slots.push(Superblock::decode(&b));
-        }
-        let mut best: Option<Superblock> = None;
-        let mut why = String::new();
-        for s in &slots {
-            match s {
-                Ok(sb) if best.is_none_or(|b| sb.generation > b.generation) => best = Some(*sb),
+            match Superblock::decode(&b) {
+                Ok(sb) if best.is_none_or(|b| sb.generation > b.generation) => best = Some(sb),
                 Ok(_) => {}
-                Err(e) => why = e.clone(),
+                Err(e) => why.push(format!("superblock slot {s}: {e}")),
             }
         }
-        let sb = best.ok_or_else(|| BlkError::BadImage(format!("not a ztier block image: {why}")))?;
+        let sb =
+            best.ok_or_else(|| BlkError::BadImage(format!("not a ztier block image: {}", why.join("; "))))?;
         let codec = CodecId::try_from(sb.codec)
             .map_err(|_| BlkError::BadImage(format!("unknown codec {}", sb.codec)))?;
-        let mut area = vec![0u8; sb.table_pages as usize * 4096];
-        backing.read_at(&mut area, sb.area_offset(sb.generation % 2))?;
-        let mut table =
-            format::decode_checkpoint(&area, sb.blocks(), sb.generation).map_err(BlkError::BadImage)?;
-        drop(area);
+        let blocks = sb.blocks();
+        let area = sb.generation % 2;
+        let mut table = Vec::with_capacity(blocks as usize);
+        {
+            let chunk = 256u32;
+            let mut buf = vec![0u8; chunk as usize * CKPT_PAGE];
+            let mut p = 0u32;
+            let needed = Superblock::table_pages_for(blocks);
+            while p < needed {
+                let k = (needed - p).min(chunk);
+                let b = &mut buf[..k as usize * CKPT_PAGE];
+                backing.read_at(b, sb.page_offset(area, p))?;
+                for i in 0..k {
+                    let first = (p + i) as u64 * ENTRIES_PER_PAGE as u64;
+                    let n = (blocks - first).min(ENTRIES_PER_PAGE as u64) as usize;
+                    let at = i as usize * CKPT_PAGE;
+                    format::decode_page(&b[at..at + CKPT_PAGE], p + i, sb.generation, n, &mut table)
+                        .map_err(|e| BlkError::BadImage(format!("checkpoint area {area}: {e}")))?;
+                }
+                p += k;
+            }
+        }
         let n = sb.extents;
-        // Replay the extents opened after the checkpoint.
+        let bs = sb.block_size as usize;
+        let pages = Superblock::table_pages_for(blocks) as usize; // the ones in use
+        let mut dirty = [vec![0u64; pages.div_ceil(64)], vec![0u64; pages.div_ceil(64)]];
+        // The other area is stale: its first checkpoint writes it whole.
+        for p in 0..pages {
+            set_bit(&mut dirty[1 - area as usize], p);
+        }
+        // Replay the log extents opened after the checkpoint.
         let mut wseq = vec![0u64; table.len()];
         let mut max_seq = sb.next_seq.saturating_sub(1);
         let mut max_wseq = sb.next_wseq.saturating_sub(1);
@@ -378,7 +537,7 @@ impl Engine {
         let mut replay: Vec<(u64, u32)> = Vec::new();
         for e in 0..n {
             backing.read_at(&mut head, sb.extent_offset(e))?;
-            if let Some(seq) = format::peek_seq(&head) {
+            if let Some(seq) = format::peek_seq(&head, e, sb.uuid) {
                 seqs[e as usize] = seq;
                 if seq >= sb.next_seq {
                     replay.push((seq, e));
@@ -387,21 +546,32 @@ impl Engine {
         }
         replay.sort_unstable();
         let mut buf = vec![0u8; sb.extent_size as usize];
+        let mut block = vec![0u8; bs];
         let mut recovered = 0u64;
-        let blocks = table.len() as u64;
+        let mut replayed = 0usize;
         for &(seq, e) in &replay {
             backing.read_at(&mut buf, sb.extent_offset(e))?;
-            let Some((s, recs)) = format::parse_extent(&buf) else {
+            let Some((s, recs)) = format::parse_extent(&buf, e, sb.uuid) else {
                 seqs[e as usize] = 0; // torn header: never flushed
                 continue;
             };
             debug_assert_eq!(s, seq);
             recovered += 1;
+            replayed += 1;
             max_seq = max_seq.max(seq);
             for r in recs {
                 max_wseq = max_wseq.max(r.wseq);
+                let mut apply = |i: u64, loc: Loc, table: &mut Vec<Loc>| {
+                    let i = i as usize;
+                    if r.wseq > wseq[i] {
+                        wseq[i] = r.wseq;
+                        table[i] = loc;
+                        set_bit(&mut dirty[0], i / ENTRIES_PER_PAGE);
+                        set_bit(&mut dirty[1], i / ENTRIES_PER_PAGE);
+                    }
+                };
                 match r.kind {
-                    Kind::Compressed | Kind::Raw => {
+                    Kind::Compressed => {
                         if r.lba >= blocks {
                             continue;
                         }
@@ -409,20 +579,31 @@ impl Engine {
                         if crc32c(data) != r.crc {
                             continue; // torn data: never flushed
                         }
-                        let i = r.lba as usize;
-                        if r.wseq > wseq[i] {
-                            wseq[i] = r.wseq;
-                            table[i] = Loc { extent: e, offset: r.offset, len: r.len, crc: r.crc };
-                        }
+                        apply(r.lba, r.loc(), &mut table);
                     }
-                    Kind::Zero | Kind::Trim => {
+                    Kind::Raw => {
+                        let fits = r.extent < n
+                            && r.len as usize == bs
+                            && r.offset as usize % bs == 0
+                            && r.offset as usize + bs <= sb.extent_size as usize;
+                        if r.lba >= blocks || !fits {
+                            continue;
+                        }
+                        backing.read_at(&mut block, sb.extent_offset(r.extent) + r.offset as u64)?;
+                        if crc32c(&block) != r.crc {
+                            continue; // the block was not written: never flushed
+                        }
+                        apply(r.lba, r.loc(), &mut table);
+                    }
+                    Kind::Zero | Kind::Trim | Kind::Same => {
                         let end = r.lba.saturating_add(r.nblocks as u64).min(blocks);
+                        let loc = match r.kind {
+                            Kind::Zero => Loc::ZEROED,
+                            Kind::Trim => Loc::NONE,
+                            _ => Loc::same(r.pattern),
+                        };
                         for i in r.lba.min(end)..end {
-                            let i = i as usize;
-                            if r.wseq > wseq[i] {
-                                wseq[i] = r.wseq;
-                                table[i] = if r.kind == Kind::Zero { Loc::ZEROED } else { Loc::NONE };
-                            }
+                            apply(i, loc, &mut table);
                         }
                     }
                 }
@@ -430,21 +611,23 @@ impl Engine {
         }
         drop(wseq);
         // Extent states from the table.
-        let mut ext = vec![ExtInfo { state: ExtState::Free, live: 0, seq: 0 }; n as usize];
+        let mut ext = vec![ExtInfo::FREE; n as usize];
         for l in &table {
             if l.is_data() {
                 if l.extent >= n {
                     return Err(BlkError::BadImage(format!("table points to extent {} of {n}", l.extent)));
                 }
+                let raw = l.len as usize == bs;
                 let x = &mut ext[l.extent as usize];
                 x.state = ExtState::Sealed;
-                x.live += l.len as u32 + RECORD as u32;
+                x.raw = raw;
+                x.live += if raw { l.len as u32 } else { l.len as u32 + RECORD as u32 };
             }
         }
         let mut free = BTreeSet::new();
         let mut high_water = 0;
         for (i, x) in ext.iter_mut().enumerate() {
-            x.seq = seqs[i];
+            x.seq = if x.raw { 0 } else { seqs[i] };
             if x.state == ExtState::Free {
                 free.insert(i as u32);
             } else {
@@ -453,6 +636,7 @@ impl Engine {
         }
         let st = State {
             table,
+            dirty,
             ext,
             free,
             pending_free: Vec::new(),
@@ -461,10 +645,11 @@ impl Engine {
             next_wseq: max_wseq + 1,
             generation: sb.generation,
             ckpt_next_seq: sb.next_seq,
-            sealed_since_ckpt: replay.len() as u32,
+            sealed_since_ckpt: replayed as u32,
             clean_cursor: 0,
             high_water,
             poisoned: None,
+            block_size: sb.block_size,
         };
         let eng = Engine {
             backing,
@@ -526,17 +711,6 @@ impl Engine {
     pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), BlkError> {
         self.check_range(off, buf.len() as u64)?;
         let bs = self.block_size() as u64;
-        // Large requests are split across two threads at a block boundary.
-        if buf.len() >= SPLIT_READ && off % bs == 0 && buf.len() as u64 % bs == 0 {
-            let half = (buf.len() / 2) / bs as usize * bs as usize;
-            let (a, b) = buf.split_at_mut(half);
-            let (ra, rb) = std::thread::scope(|sc| {
-                let h = sc.spawn(|| self.read_aligned(off / bs, a));
-                let rb = self.read_aligned((off + half as u64) / bs, b);
-                (h.join().expect("read thread"), rb)
-            });
-            return ra.and(rb);
-        }
         let mut tmp = vec![0u8; bs as usize];
         let mut done = 0usize;
         while done < buf.len() {
@@ -556,6 +730,18 @@ impl Engine {
             done += n;
         }
         Ok(())
+    }
+
+    /// Fills `dst` for a block stored as metadata (unmapped, zero, same).
+    fn fill_meta(loc: &Loc, dst: &mut [u8]) {
+        if loc.extent == SAME {
+            let p = loc.pattern().to_le_bytes();
+            for c in dst.chunks_exact_mut(8) {
+                c.copy_from_slice(&p);
+            }
+        } else {
+            dst.fill(0);
+        }
     }
 
     /// Reads whole blocks from `lba` into `out`: one table lookup under the
@@ -583,13 +769,28 @@ impl Engine {
                 open_bytes.push(ob);
             }
         }
-        let mut span = Vec::new();
+        SPAN.with(|span| self.decode_run(lba, &locs, &mut open_bytes, out, &mut span.borrow_mut()))
+    }
+
+    /// Decodes blocks `lba..lba + locs.len()` into `out`: from the open
+    /// buffers' copies, or with one `pread` into `span` per run of blocks
+    /// in the same extent.
+    fn decode_run(
+        &self,
+        lba: u64,
+        locs: &[Loc],
+        open_bytes: &mut [Option<Vec<u8>>],
+        out: &mut [u8],
+        span: &mut Vec<u8>,
+    ) -> Result<(), BlkError> {
+        let bs = self.block_size();
+        let n = locs.len();
         let mut i = 0;
         while i < n {
             let loc = locs[i];
             let dst = &mut out[i * bs..(i + 1) * bs];
             if !loc.is_data() {
-                dst.fill(0);
+                Self::fill_meta(&loc, dst);
                 i += 1;
                 continue;
             }
@@ -606,8 +807,11 @@ impl Engine {
                 hi = hi.max(locs[j].offset as usize + locs[j].len as usize);
                 j += 1;
             }
-            span.resize(hi - lo, 0);
-            self.backing.read_at(&mut span, self.sb.extent_offset(loc.extent) + lo as u64)?;
+            if span.len() < hi - lo {
+                span.resize(hi - lo, 0);
+            }
+            let span = &mut span[..hi - lo];
+            self.backing.read_at(span, self.sb.extent_offset(loc.extent) + lo as u64)?;
             for k in i..j {
                 let l = locs[k];
                 let a = l.offset as usize - lo;
@@ -632,7 +836,7 @@ impl Engine {
             let st = self.state.lock();
             loc = st.table[lba as usize];
             if !loc.is_data() {
-                out.fill(0);
+                Self::fill_meta(&loc, out);
                 return Ok(());
             }
             if let Some(o) = st.open.iter().find(|o| o.idx == loc.extent) {
@@ -686,12 +890,13 @@ impl Engine {
     fn encode(&self, data: &[u8]) -> Encoded {
         with_encoder(self.codec, data.len(), |enc, buf| match enc.encode(data, &mut buf[..]) {
             Ok(e) => match e.form {
-                Form::Zero => Encoded { kind: Kind::Zero, bytes: Vec::new() },
-                Form::Compressed(_) => Encoded { kind: Kind::Compressed, bytes: buf[..e.len].to_vec() },
-                // Same-filled blocks are rare on disks; kept raw.
-                Form::Raw | Form::Same(_) => Encoded { kind: Kind::Raw, bytes: data.to_vec() },
+                Form::Zero => Encoded::Zero,
+                Form::Same(0) => Encoded::Zero,
+                Form::Same(p) => Encoded::Same(p),
+                Form::Compressed(_) => Encoded::Compressed(buf[..e.len].to_vec()),
+                Form::Raw => Encoded::Raw,
             },
-            Err(_) => Encoded { kind: Kind::Raw, bytes: data.to_vec() },
+            Err(_) => Encoded::Raw,
         })
     }
 
@@ -701,7 +906,7 @@ impl Engine {
         self.check_range(off, data.len() as u64)?;
         let bs = self.block_size() as u64;
         // Large aligned requests are compressed on two threads.
-        if data.len() >= SPLIT_READ && off % bs == 0 && data.len() as u64 % bs == 0 {
+        if data.len() >= SPLIT_WRITE && off % bs == 0 && data.len() as u64 % bs == 0 {
             let half = (data.len() / 2) / bs as usize * bs as usize;
             let (a, b) = data.split_at(half);
             let (ra, rb) = std::thread::scope(|sc| {
@@ -716,23 +921,56 @@ impl Engine {
             return Ok(());
         }
         let mut done = 0usize;
+        // A run of blocks filled alike (zero or one pattern), written as
+        // one range record when it ends.
+        let mut run: Option<(u64, u64, Kind, u64)> = None; // first lba, blocks, kind, pattern
         while done < data.len() {
             let pos = off + done as u64;
             let lba = pos / bs;
             let within = (pos % bs) as usize;
             let n = (bs as usize - within).min(data.len() - done);
             if within == 0 && n == bs as usize {
-                let e = self.encode(&data[done..done + n]);
-                self.put_block(lba, e)?;
+                let block = &data[done..done + n];
+                let e = self.encode(block);
+                let fill = match e {
+                    Encoded::Zero => Some((Kind::Zero, 0)),
+                    Encoded::Same(p) => Some((Kind::Same, p)),
+                    _ => None,
+                };
+                match (fill, &mut run) {
+                    (Some((k, p)), Some(r)) if r.2 == k && r.3 == p && r.0 + r.1 == lba => r.1 += 1,
+                    (Some((k, p)), _) => {
+                        if let Some((a, c, k, p)) = run.take() {
+                            self.put_range(a, c, k, p)?;
+                        }
+                        run = Some((lba, 1, k, p));
+                    }
+                    (None, _) => {
+                        if let Some((a, c, k, p)) = run.take() {
+                            self.put_range(a, c, k, p)?;
+                        }
+                        self.put_block(lba, e, block)?;
+                    }
+                }
             } else {
+                if let Some((a, c, k, p)) = run.take() {
+                    self.put_range(a, c, k, p)?;
+                }
                 let _g = self.stripes[lba as usize % self.stripes.len()].lock();
                 let mut blk = vec![0u8; bs as usize];
                 self.read_block(lba, &mut blk)?;
                 blk[within..within + n].copy_from_slice(&data[done..done + n]);
                 let e = self.encode(&blk);
-                self.put_block(lba, e)?;
+                match e {
+                    Encoded::Zero => self.put_range(lba, 1, Kind::Zero, 0)?,
+                    Encoded::Same(p) => self.put_range(lba, 1, Kind::Same, p)?,
+                    e => self.put_block(lba, e, &blk)?,
+                }
             }
             done += n;
+        }
+        if let Some((a, c, k, p)) = run.take() {
+            self.put_range(a, c, k, p)?;
         }
         if fua {
             self.flush()?;
@@ -747,70 +985,92 @@ impl Engine {
         Ok(())
     }
 
-    fn put_block(&self, lba: u64, e: Encoded) -> Result<(), BlkError> {
-        if e.kind == Kind::Zero {
-            return self.put_range(lba, 1, Kind::Zero);
-        }
+    /// Stores one data block (`e` is compressed or raw; `block` its bytes).
+    fn put_block(&self, lba: u64, e: Encoded, block: &[u8]) -> Result<(), BlkError> {
         self.counters.block_writes.fetch_add(1, Ordering::Relaxed);
-        if e.kind == Kind::Raw {
-            self.counters.raw_writes.fetch_add(1, Ordering::Relaxed);
+        match e {
+            Encoded::Compressed(bytes) => {
+                let mut st = self.lock_with_space(RECORD + bytes.len(), false, false)?;
+                self.add_compressed(&mut st, lba, &bytes, false)
+            }
+            Encoded::Raw => {
+                self.counters.raw_writes.fetch_add(1, Ordering::Relaxed);
+                let mut st = self.lock_with_space(RECORD, true, false)?;
+                self.add_raw(&mut st, lba, block, false)
+            }
+            Encoded::Zero | Encoded::Same(_) => unreachable!("fills are range records"),
         }
-        let need = RECORD + e.bytes.len();
-        let mut st = self.lock_with_space(need, false)?;
-        let slot = self.place(&mut st, need, false)?;
-        let wseq = st.next_wseq;
-        st.next_wseq += 1;
-        let crc = crc32c(&e.bytes);
+    }
+
+    /// Appends `rec` to open log buffer `slot`.
+    fn push_record(st: &mut State, slot: usize, rec: &Record) {
         let o = &mut st.open[slot];
-        o.data_start -= e.bytes.len();
-        let offset = o.data_start;
-        o.buf[offset..offset + e.bytes.len()].copy_from_slice(&e.bytes);
-        let rec = Record {
-            lba,
-            wseq,
-            nblocks: 1,
-            offset: offset as u16,
-            len: e.bytes.len() as u16,
-            kind: e.kind,
-            crc,
-        };
         let at = EXT_HEADER + o.count as usize * RECORD;
         rec.put(&mut o.buf[at..at + RECORD]);
         o.count += 1;
+    }
+
+    /// Places compressed `bytes` of block `lba` and maps it there.
+    fn add_compressed(&self, st: &mut State, lba: u64, bytes: &[u8], cleaner: bool) -> Result<(), BlkError> {
+        let slot = self.place_log(st, RECORD + bytes.len(), cleaner)?;
+        let wseq = st.next_wseq;
+        st.next_wseq += 1;
+        let crc = crc32c(bytes);
+        let o = &mut st.open[slot];
+        o.data_start -= bytes.len();
+        let offset = o.data_start;
+        o.buf[offset..offset + bytes.len()].copy_from_slice(bytes);
         let idx = o.idx;
-        let loc = Loc { extent: idx, offset: offset as u16, len: e.bytes.len() as u16, crc };
-        Self::set_loc(&mut st, lba, loc);
+        let rec = Record::data(lba, wseq, Kind::Compressed, idx, offset as u16, bytes.len() as u16, crc);
+        Self::push_record(st, slot, &rec);
+        st.set_loc(lba, rec.loc());
         Ok(())
     }
 
-    fn set_loc(st: &mut State, lba: u64, loc: Loc) {
-        let old = std::mem::replace(&mut st.table[lba as usize], loc);
-        if old.is_data() {
-            st.ext[old.extent as usize].live -= old.len as u32 + RECORD as u32;
+    /// Places raw `block` of `lba` in the open raw extent, its record in a
+    /// log buffer, and maps it there.
+    fn add_raw(&self, st: &mut State, lba: u64, block: &[u8], cleaner: bool) -> Result<(), BlkError> {
+        let bs = self.block_size();
+        let rs = self.place_raw(st, cleaner)?;
+        let o = &mut st.open[rs];
+        let offset = o.count as usize * bs;
+        o.buf[offset..offset + bs].copy_from_slice(block);
+        o.count += 1;
+        let idx = o.idx;
+        let full = o.count == self.sb.raw_slots();
+        if full {
+            self.seal(st, rs)?;
         }
-        if loc.is_data() {
-            st.ext[loc.extent as usize].live += loc.len as u32 + RECORD as u32;
-        }
+        let slot = self.place_log(st, RECORD, cleaner)?;
+        let wseq = st.next_wseq;
+        st.next_wseq += 1;
+        let rec = Record::data(lba, wseq, Kind::Raw, idx, offset as u16, bs as u16, crc32c(block));
+        Self::push_record(st, slot, &rec);
+        st.set_loc(lba, rec.loc());
+        Ok(())
     }
 
-    /// Writes a zero or trim record over `n` blocks from `lba`.
-    fn put_range(&self, lba: u64, n: u64, kind: Kind) -> Result<(), BlkError> {
+    /// Writes a zero, trim or same record over `n` blocks from `lba`.
+    fn put_range(&self, lba: u64, n: u64, kind: Kind, pattern: u64) -> Result<(), BlkError> {
+        if kind != Kind::Trim {
+            self.counters.fill_writes.fetch_add(n, Ordering::Relaxed);
+        }
         let mut at = lba;
         let end = lba + n;
         while at < end {
             let k = (end - at).min(u32::MAX as u64);
-            let mut st = self.lock_with_space(RECORD, false)?;
-            let slot = self.place(&mut st, RECORD, false)?;
+            let mut st = self.lock_with_space(RECORD, false, false)?;
+            let slot = self.place_log(&mut st, RECORD, false)?;
             let wseq = st.next_wseq;
             st.next_wseq += 1;
-            let o = &mut st.open[slot];
-            let rec = Record { lba: at, wseq, nblocks: k as u32, offset: 0, len: 0, kind, crc: 0 };
-            let pos = EXT_HEADER + o.count as usize * RECORD;
-            rec.put(&mut o.buf[pos..pos + RECORD]);
-            o.count += 1;
-            let loc = if kind == Kind::Zero { Loc::ZEROED } else { Loc::NONE };
+            Self::push_record(&mut st, slot, &Record::range(at, wseq, kind, k as u32, pattern));
+            let loc = match kind {
+                Kind::Zero => Loc::ZEROED,
+                Kind::Same => Loc::same(pattern),
+                _ => Loc::NONE,
+            };
             for b in at..at + k {
-                Self::set_loc(&mut st, b, loc);
+                st.set_loc(b, loc);
             }
             at += k;
         }
@@ -837,7 +1097,7 @@ impl Engine {
             if off % bs != 0 {
                 self.write(off, &vec![0u8; (first * bs - off) as usize], false)?;
             }
-            self.put_range(first, last - first, Kind::Zero)?;
+            self.put_range(first, last - first, Kind::Zero, 0)?;
             if (off + len) % bs != 0 {
                 self.write(last * bs, &vec![0u8; ((off + len) - last * bs) as usize], false)?;
             }
@@ -857,10 +1117,25 @@ impl Engine {
         let first = off.div_ceil(bs);
         let last = (off + len) / bs;
         if first < last {
-            self.put_range(first, last - first, Kind::Trim)?;
+            self.put_range(first, last - first, Kind::Trim, 0)?;
         }
         if fua {
             self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Seals every log buffer holding records and writes every raw
+    /// extent's new blocks (no sync).
+    fn write_out(&self, st: &mut State) -> Result<(), BlkError> {
+        // Empty log buffers stay open: nothing of theirs needs to be durable.
+        while let Some(i) = st.open.iter().position(|o| !o.raw && o.count > 0) {
+            self.seal(st, i)?;
+        }
+        for i in 0..st.open.len() {
+            if st.open[i].raw {
+                self.write_raw(st, i)?;
+            }
         }
         Ok(())
     }
@@ -871,38 +1146,47 @@ impl Engine {
         {
             let mut st = self.state.lock();
             Self::check_poison(&st)?;
-            // Empty buffers stay open: nothing of theirs needs to be durable.
-            while let Some(i) = st.open.iter().position(|o| o.count > 0) {
-                self.seal(&mut st, i)?;
-            }
+            self.write_out(&mut st)?;
         }
         self.backing.sync()?;
         self.maybe_checkpoint()?;
         Ok(())
     }
 
-    /// Seals extents opened more than `age` ago (the extent buffer's aging
-    /// timeout); no sync.
+    /// Seals log buffers opened more than `age` ago (the extent buffer's
+    /// aging timeout) and writes raw blocks as old; no sync.
     pub fn seal_aged(&self, age: Duration) -> Result<(), BlkError> {
         let mut st = self.state.lock();
-        while let Some(i) = st.open.iter().position(|o| o.opened.elapsed() >= age && o.count > 0) {
+        while let Some(i) = st.open.iter().position(|o| !o.raw && o.opened.elapsed() >= age && o.count > 0) {
             self.seal(&mut st, i)?;
+        }
+        for i in 0..st.open.len() {
+            if st.open[i].raw && st.open[i].opened.elapsed() >= age {
+                self.write_raw(&mut st, i)?;
+            }
         }
         Ok(())
     }
 
     /// Takes the state lock with room for a record of `need` bytes in an
-    /// open extent or a free extent to open, cleaning inline if needed.
+    /// open log buffer (and, with `raw`, a block in a raw extent) or free
+    /// extents to open, cleaning inline if needed.
     fn lock_with_space(
         &self,
         need: usize,
+        raw: bool,
         cleaner: bool,
     ) -> Result<parking_lot::MutexGuard<'_, State>, BlkError> {
         let reserve = if cleaner { 0 } else { CLEANER_RESERVE as usize };
+        let slots = self.sb.raw_slots();
         for attempt in 0..3 {
             let st = self.state.lock();
             Self::check_poison(&st)?;
-            if st.open.iter().any(|o| o.free() >= need) || st.free.len() > reserve {
+            let mut new = usize::from(!st.open.iter().any(|o| !o.raw && o.free() >= need));
+            if raw && !st.open.iter().any(|o| o.raw && o.count < slots) {
+                new += 1;
+            }
+            if new == 0 || st.free.len() >= reserve + new {
                 return Ok(st);
             }
             drop(st);
@@ -914,33 +1198,17 @@ impl Engine {
         Err(BlkError::NoSpace)
     }
 
-    /// Chooses the open extent for `need` bytes (best fit), opening or
-    /// sealing as needed. Returns its slot.
-    fn place(&self, st: &mut State, need: usize, cleaner: bool) -> Result<usize, BlkError> {
-        let best = st.open.iter().enumerate().filter(|(_, o)| o.free() >= need).min_by_key(|(_, o)| o.free());
-        if let Some((i, _)) = best {
-            return Ok(i);
-        }
+    /// Takes a free extent for a new buffer; its slot in `st.open`.
+    fn open_extent(&self, st: &mut State, raw: bool, cleaner: bool) -> Result<usize, BlkError> {
         let reserve = if cleaner { 0 } else { CLEANER_RESERVE as usize };
         if st.free.len() <= reserve {
             self.counters.enospc.fetch_add(1, Ordering::Relaxed);
             return Err(BlkError::NoSpace);
         }
-        if st.open.len() >= OPEN_EXTENTS {
-            // Seal the fullest.
-            let i = st
-                .open
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, o)| o.free())
-                .map(|(i, _)| i)
-                .expect("open extents");
-            self.seal(st, i)?;
-        }
         let idx = st.free.pop_first().expect("checked above");
         let seq = st.next_seq;
         st.next_seq += 1;
-        st.ext[idx as usize] = ExtInfo { state: ExtState::Open, live: 0, seq };
+        st.ext[idx as usize] = ExtInfo { state: ExtState::Open, live: 0, seq, raw };
         st.high_water = st.high_water.max(idx + 1);
         let es = self.sb.extent_size as usize;
         st.open.push(OpenExt {
@@ -949,15 +1217,85 @@ impl Engine {
             buf: vec![0u8; es],
             count: 0,
             data_start: es,
+            written: 0,
+            raw,
             opened: Instant::now(),
         });
         Ok(st.open.len() - 1)
     }
 
-    /// Seals open extent `slot`: header, crc, one write.
+    /// Chooses the open log buffer for `need` bytes (best fit), opening or
+    /// sealing as needed. Returns its slot.
+    fn place_log(&self, st: &mut State, need: usize, cleaner: bool) -> Result<usize, BlkError> {
+        let best = st
+            .open
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| !o.raw && o.free() >= need)
+            .min_by_key(|(_, o)| o.free());
+        if let Some((i, _)) = best {
+            return Ok(i);
+        }
+        let reserve = if cleaner { 0 } else { CLEANER_RESERVE as usize };
+        if st.free.len() <= reserve {
+            self.counters.enospc.fetch_add(1, Ordering::Relaxed);
+            return Err(BlkError::NoSpace);
+        }
+        if st.open_log_count() >= OPEN_EXTENTS {
+            // Seal the fullest.
+            let i = st
+                .open
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| !o.raw)
+                .min_by_key(|(_, o)| o.free())
+                .map(|(i, _)| i)
+                .expect("open extents");
+            self.seal(st, i)?;
+        }
+        self.open_extent(st, false, cleaner)
+    }
+
+    /// The slot of the open raw extent with room for a block, opening one
+    /// if needed.
+    fn place_raw(&self, st: &mut State, cleaner: bool) -> Result<usize, BlkError> {
+        let slots = self.sb.raw_slots();
+        if let Some(i) = st.open.iter().position(|o| o.raw && o.count < slots) {
+            return Ok(i);
+        }
+        self.open_extent(st, true, cleaner)
+    }
+
+    /// Writes the blocks of open raw extent `slot` not yet written; a
+    /// full one is then closed (sealed).
+    fn write_raw(&self, st: &mut State, slot: usize) -> Result<(), BlkError> {
+        let bs = self.block_size();
+        let o = &st.open[slot];
+        let (a, b) = (o.written as usize * bs, o.count as usize * bs);
+        if b > a {
+            if let Err(e) = self.backing.write_at(&o.buf[a..b], self.sb.extent_offset(o.idx) + a as u64) {
+                st.poisoned = Some(e.to_string());
+                return Err(e.into());
+            }
+            st.open[slot].written = st.open[slot].count;
+        }
+        if st.open[slot].count == self.sb.raw_slots() {
+            let o = st.open.swap_remove(slot);
+            st.ext[o.idx as usize].state = ExtState::Sealed;
+            st.sealed_since_ckpt += 1;
+            self.counters.extents_sealed.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Seals open extent `slot`: a log buffer's header, crc and one write;
+    /// a raw extent's remaining blocks.
     fn seal(&self, st: &mut State, slot: usize) -> Result<(), BlkError> {
+        if st.open[slot].raw {
+            return self.write_raw(st, slot);
+        }
         let mut o = st.open.swap_remove(slot);
-        format::seal_header(&mut o.buf, o.count, o.seq);
+        format::seal_header(&mut o.buf, o.count, o.seq, o.idx, self.sb.uuid);
         if let Err(e) = self.backing.write_at(&o.buf, self.sb.extent_offset(o.idx)) {
             // The data is still needed: keep the buffer open, report.
             st.poisoned = Some(e.to_string());
@@ -973,15 +1311,18 @@ impl Engine {
     // ---- checkpoints and cleaning -------------------------------------
 
     fn maybe_checkpoint(&self) -> Result<(), BlkError> {
-        let due = {
-            let st = self.state.lock();
-            st.sealed_since_ckpt >= (self.sb.extents / 8).max(1024)
-                || (!st.pending_free.is_empty() && st.free.len() < self.low_mark() as usize)
-        };
-        if due {
+        if self.checkpoint_due() {
             self.checkpoint()?;
         }
         Ok(())
+    }
+
+    /// Whether enough extents were sealed since the last checkpoint (or
+    /// freed extents wait for one while free extents run low).
+    pub fn checkpoint_due(&self) -> bool {
+        let st = self.state.lock();
+        st.sealed_since_ckpt >= (self.sb.extents / 8).max(1024)
+            || (!st.pending_free.is_empty() && st.free.len() < self.low_mark() as usize)
     }
 
     fn low_mark(&self) -> u32 {
@@ -998,26 +1339,73 @@ impl Engine {
         if self.read_only {
             return Ok(());
         }
+        let t0 = Instant::now();
         let _m = self.maint.lock();
-        let (image, sb, freed) = {
+        // The cut: every log extent opened before it is sealed.
+        let (generation, next_seq, freed) = {
             let mut st = self.state.lock();
             Self::check_poison(&st)?;
-            while !st.open.is_empty() {
-                self.seal(&mut st, 0)?;
+            while let Some(i) = st.open.iter().position(|o| !o.raw && o.count > 0) {
+                self.seal(&mut st, i)?;
             }
-            let generation = st.generation + 1;
-            let image = format::encode_checkpoint(&st.table, generation, self.sb.table_pages);
-            let sb = Superblock { generation, next_seq: st.next_seq, next_wseq: st.next_wseq, ..self.sb };
-            (image, sb, std::mem::take(&mut st.pending_free))
+            // Empty log buffers go back: extents opened after the cut
+            // must have seq ≥ next_seq.
+            while let Some(i) = st.open.iter().position(|o| !o.raw) {
+                let o = st.open.swap_remove(i);
+                st.ext[o.idx as usize] = ExtInfo::FREE;
+                st.free.insert(o.idx);
+            }
+            (st.generation + 1, st.next_seq, std::mem::take(&mut st.pending_free))
         };
-        // Writes after this point go to extents with seq ≥ sb.next_seq and
-        // are replayed on top of this checkpoint; the table image above
-        // already holds everything before it.
+        let area = generation % 2;
+        let pages = Superblock::table_pages_for(self.sb.blocks()) as usize; // the ones in use
+        let blocks = self.sb.blocks() as usize;
+        // The changed pages, a few at a time under the lock.
+        let mut copied: Vec<(u32, Vec<Loc>)> = Vec::new();
+        let mut p = 0;
+        while p < pages {
+            let st = &mut *self.state.lock();
+            let end = (p + PAGES_PER_HOLD).min(pages);
+            for q in p..end {
+                if take_bit(&mut st.dirty[area as usize], q) {
+                    let a = q * ENTRIES_PER_PAGE;
+                    let b = (a + ENTRIES_PER_PAGE).min(blocks);
+                    copied.push((q as u32, st.table[a..b].to_vec()));
+                }
+            }
+            p = end;
+        }
+        // What the copies point to must be durable before they are.
+        let next_wseq = {
+            let mut st = self.state.lock();
+            let r = self.write_out(&mut st);
+            if let Err(e) = r {
+                st.pending_free.extend(freed);
+                return Err(e);
+            }
+            st.next_wseq
+        };
+        let sb = Superblock { generation, next_seq, next_wseq, ..self.sb };
+        let written = copied.len() as u64;
         let r = (|| -> io::Result<()> {
             self.backing.sync()?;
-            self.backing.write_at(&image, self.sb.area_offset(sb.generation % 2))?;
+            // Runs of neighbouring pages in one write each.
+            let mut i = 0;
+            let mut buf = Vec::new();
+            while i < copied.len() {
+                let mut j = i + 1;
+                while j < copied.len() && copied[j].0 == copied[j - 1].0 + 1 && j - i < 256 {
+                    j += 1;
+                }
+                buf.resize((j - i) * CKPT_PAGE, 0);
+                for (k, (q, locs)) in copied[i..j].iter().enumerate() {
+                    format::encode_page(locs, *q, generation, &mut buf[k * CKPT_PAGE..(k + 1) * CKPT_PAGE]);
+                }
+                self.backing.write_at(&buf, self.sb.page_offset(area, copied[i].0))?;
+                i = j;
+            }
             self.backing.sync()?;
-            self.backing.write_at(&sb.encode(), (sb.generation % 2) * SB_SIZE as u64)?;
+            self.backing.write_at(&sb.encode(), area * SB_SIZE as u64)?;
             self.backing.sync()
         })();
         if let Err(e) = r {
@@ -1026,17 +1414,24 @@ impl Engine {
             st.poisoned = Some(e.to_string());
             return Err(e.into());
         }
-        self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
-        let _reuse = self.reuse.write();
-        let mut st = self.state.lock();
-        st.generation = sb.generation;
-        st.ckpt_next_seq = sb.next_seq;
-        st.sealed_since_ckpt =
-            st.ext.iter().filter(|x| x.state == ExtState::Sealed && x.seq >= sb.next_seq).count() as u32;
-        for e in freed {
-            st.ext[e as usize] = ExtInfo { state: ExtState::Free, live: 0, seq: 0 };
-            st.free.insert(e);
+        {
+            let _reuse = self.reuse.write();
+            let mut st = self.state.lock();
+            st.generation = generation;
+            st.ckpt_next_seq = next_seq;
+            st.sealed_since_ckpt =
+                st.ext.iter().filter(|x| x.state == ExtState::Sealed && x.seq >= next_seq).count() as u32;
+            for e in freed {
+                st.ext[e as usize] = ExtInfo::FREE;
+                st.free.insert(e);
+            }
         }
+        let c = &self.counters;
+        c.checkpoints.fetch_add(1, Ordering::Relaxed);
+        c.checkpoint_pages_written.fetch_add(written, Ordering::Relaxed);
+        let us = micros(t0);
+        c.checkpoint_us.fetch_add(us, Ordering::Relaxed);
+        c.checkpoint_max_us.fetch_max(us, Ordering::Relaxed);
         Ok(())
     }
 
@@ -1053,6 +1448,7 @@ impl Engine {
         if self.read_only {
             return Ok(0);
         }
+        let t0 = Instant::now();
         let window = (CLEAN_WINDOW / self.sb.extent_size as u64).max(1) as u32;
         let mut freed = 0;
         for pass in 0..2 {
@@ -1090,6 +1486,8 @@ impl Engine {
                 break;
             }
         }
+        self.counters.cleaner_runs.fetch_add(1, Ordering::Relaxed);
+        self.counters.cleaner_us.fetch_add(micros(t0), Ordering::Relaxed);
         Ok(freed)
     }
 
@@ -1097,17 +1495,24 @@ impl Engine {
     fn clean_window(&self, window: u32, urgent: bool) -> Result<u32, BlkError> {
         let _m = self.maint.lock();
         let es = self.sb.extent_size;
-        let cap = es - EXT_HEADER as u32;
+        let bs = self.sb.block_size;
         let victims: Vec<u32> = {
             let mut st = self.state.lock();
             let n = self.sb.extents;
             let start = st.clean_cursor % n;
             st.clean_cursor = (start + window) % n;
-            let limit = if urgent { cap - cap / 32 } else { cap * 3 / 4 };
+            let limit = |raw: bool| {
+                let cap = if raw { es } else { es - EXT_HEADER as u32 };
+                if urgent {
+                    cap - cap / 32
+                } else {
+                    cap * 3 / 4
+                }
+            };
             let mut v: Vec<(u32, u32)> = (start..(start + window).min(n))
                 .filter_map(|e| {
                     let x = st.ext[e as usize];
-                    (x.state == ExtState::Sealed && x.seq < st.ckpt_next_seq && x.live <= limit)
+                    (x.state == ExtState::Sealed && x.seq < st.ckpt_next_seq && x.live <= limit(x.raw))
                         .then_some((x.live, e))
                 })
                 .collect();
@@ -1115,11 +1520,14 @@ impl Engine {
             // Victims are freed only at the next checkpoint: move no more
             // than the free extents (the reserve included) and the open
             // buffers can take now.
-            let mut budget: u64 = st.free.len().saturating_sub(1) as u64 * cap as u64
-                + st.open.iter().map(|o| o.free() as u64).sum::<u64>();
+            let cap = es as u64 - EXT_HEADER as u64;
+            let mut budget: u64 = st.free.len().saturating_sub(2) as u64 * cap
+                + st.open.iter().filter(|o| !o.raw).map(|o| o.free() as u64).sum::<u64>();
             v.into_iter()
-                .take_while(|&(live, _)| {
-                    let need = live as u64 + live as u64 / 16;
+                .take_while(|&(live, e)| {
+                    let raw = st.ext[e as usize].raw;
+                    let records = if raw { (live / bs) as u64 * RECORD as u64 } else { 0 };
+                    let need = live as u64 + records + live as u64 / 16;
                     let ok = need <= budget;
                     budget = budget.saturating_sub(need);
                     ok
@@ -1130,7 +1538,7 @@ impl Engine {
         if victims.is_empty() {
             return Ok(0);
         }
-        // Read the victims and collect their live records.
+        // Read the victims and collect their live blocks.
         let mut bufs = Vec::new();
         for &e in &victims {
             let mut b = vec![0u8; es as usize];
@@ -1139,28 +1547,44 @@ impl Engine {
         }
         let mut st = self.state.lock();
         let mut live: Vec<(u64, usize, u16, u16, Kind)> = Vec::new(); // lba, victim idx, offset, len, kind
+        let mut raw_victims = Vec::new();
         for (vi, &e) in victims.iter().enumerate() {
-            let Some((_, recs)) = format::parse_extent(&bufs[vi]) else {
+            if st.ext[e as usize].raw {
+                raw_victims.push((e, vi));
+                continue;
+            }
+            let Some((_, recs)) = format::parse_extent(&bufs[vi], e, self.sb.uuid) else {
                 // A sealed extent we wrote ourselves no longer parses: leave
                 // it (its blocks fail their crc on read) rather than guess.
                 continue;
             };
             for r in recs {
-                if matches!(r.kind, Kind::Compressed | Kind::Raw)
+                if r.kind == Kind::Compressed
                     && r.lba < st.table.len() as u64
-                    && st.table[r.lba as usize]
-                        == (Loc { extent: e, offset: r.offset, len: r.len, crc: r.crc })
+                    && st.table[r.lba as usize] == r.loc()
                 {
                     live.push((r.lba, vi, r.offset, r.len, r.kind));
                 }
             }
         }
+        if !raw_victims.is_empty() {
+            // Raw extents carry no records: their blocks are found in the table.
+            raw_victims.sort_unstable();
+            for (lba, l) in st.table.iter().enumerate() {
+                if l.is_data() {
+                    if let Ok(k) = raw_victims.binary_search_by_key(&l.extent, |x| x.0) {
+                        live.push((lba as u64, raw_victims[k].1, l.offset, l.len, Kind::Raw));
+                    }
+                }
+            }
+        }
         // First-fit decreasing over runs of neighbouring blocks.
         live.sort_unstable_by_key(|x| x.0);
+        let cap = es as usize - EXT_HEADER;
         let mut runs: Vec<(usize, usize, usize)> = Vec::new(); // start, end, bytes
         for (i, x) in live.iter().enumerate() {
             match runs.last_mut() {
-                Some(r) if live[r.1 - 1].0 + 1 == x.0 && r.2 + x.3 as usize + RECORD <= cap as usize => {
+                Some(r) if live[r.1 - 1].0 + 1 == x.0 && r.2 + x.3 as usize + RECORD <= cap => {
                     r.1 = i + 1;
                     r.2 += x.3 as usize + RECORD;
                 }
@@ -1172,20 +1596,11 @@ impl Engine {
         for (s, e, _) in runs {
             for &(lba, vi, offset, len, kind) in &live[s..e] {
                 let bytes = &bufs[vi][offset as usize..offset as usize + len as usize];
-                let slot = self.place(&mut st, RECORD + len as usize, true)?;
-                let wseq = st.next_wseq;
-                st.next_wseq += 1;
-                let crc = crc32c(bytes);
-                let o = &mut st.open[slot];
-                o.data_start -= len as usize;
-                let off = o.data_start;
-                o.buf[off..off + len as usize].copy_from_slice(bytes);
-                let rec = Record { lba, wseq, nblocks: 1, offset: off as u16, len, kind, crc };
-                let at = EXT_HEADER + o.count as usize * RECORD;
-                rec.put(&mut o.buf[at..at + RECORD]);
-                o.count += 1;
-                let idx = o.idx;
-                Self::set_loc(&mut st, lba, Loc { extent: idx, offset: off as u16, len, crc });
+                if kind == Kind::Raw {
+                    self.add_raw(&mut st, lba, bytes, true)?;
+                } else {
+                    self.add_compressed(&mut st, lba, bytes, true)?;
+                }
                 moved += 1;
             }
         }
@@ -1216,18 +1631,19 @@ impl Engine {
     pub fn stats(&self) -> Stats {
         let st = self.state.lock();
         let bs = self.sb.block_size as u64;
-        let mut data_blocks = 0u64;
-        let mut zero_blocks = 0u64;
-        let mut stored = 0u64;
+        let (mut data_blocks, mut zero_blocks, mut same_blocks, mut stored) = (0u64, 0u64, 0u64, 0u64);
         for l in &st.table {
             if l.is_data() {
                 data_blocks += 1;
                 stored += l.len as u64 + RECORD as u64;
             } else if l.extent == ZERO {
                 zero_blocks += 1;
+            } else if l.extent == SAME {
+                same_blocks += 1;
             }
         }
         let used = st.ext.iter().filter(|x| x.state != ExtState::Free).count() as u32;
+        let raw = st.ext.iter().filter(|x| x.state != ExtState::Free && x.raw).count() as u32;
         let c = &self.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
@@ -1239,9 +1655,11 @@ impl Engine {
             extents_total: self.sb.extents,
             extents_free: st.free.len() as u32,
             used_extents: used,
+            raw_extents: raw,
             high_water_extents: st.high_water,
             data_blocks,
             zero_blocks,
+            same_blocks,
             logical_bytes_mapped: data_blocks * bs,
             data_stored_bytes: stored,
             physical_bytes_used: self.sb.data_offset() + used as u64 * self.sb.extent_size as u64,
@@ -1249,11 +1667,17 @@ impl Engine {
             ratio: if stored == 0 { 1.0 } else { (data_blocks * bs) as f64 / stored as f64 },
             raw_writes: g(&c.raw_writes),
             block_writes: g(&c.block_writes),
+            fill_writes: g(&c.fill_writes),
             block_reads: g(&c.block_reads),
             extents_sealed: g(&c.extents_sealed),
+            cleaner_runs: g(&c.cleaner_runs),
             extents_cleaned: g(&c.extents_cleaned),
             blocks_relocated: g(&c.blocks_relocated),
+            cleaner_us: g(&c.cleaner_us),
             checkpoints: g(&c.checkpoints),
+            checkpoint_pages_written: g(&c.checkpoint_pages_written),
+            checkpoint_us: g(&c.checkpoint_us),
+            checkpoint_max_us: g(&c.checkpoint_max_us),
             flushes: g(&c.flushes),
             enospc: g(&c.enospc),
             corrupt_reads: g(&c.corrupt_reads),
@@ -1261,15 +1685,38 @@ impl Engine {
         }
     }
 
+    /// Reads every mapped block back (crc and decode); returns the
+    /// problems found. Safe while the image is served: each block is read
+    /// as any reader reads it.
+    pub fn verify_blocks(&self) -> Result<Vec<String>, BlkError> {
+        let n = self.sb.blocks();
+        let mut out = vec![0u8; self.block_size()];
+        let mut problems = Vec::new();
+        for lba in 0..n {
+            if self.block_states(lba, 1)[0] == BlockState::Data {
+                match self.read_block(lba, &mut out) {
+                    Ok(()) => {}
+                    Err(e @ BlkError::Corrupt { .. }) => problems.push(e.to_string()),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(problems)
+    }
+
     /// Offline audit: every mapped block reads back (crc and decode), the
-    /// live bytes of every extent match the table, no two blocks overlap.
+    /// live bytes of every extent match the table, no two blocks overlap,
+    /// no extent holds both raw and compressed blocks.
     /// Returns the problems found (empty = clean).
     pub fn check(&self) -> Result<Vec<String>, BlkError> {
         let mut problems = Vec::new();
         let table: Vec<Loc> = self.state.lock().table.clone();
-        let mut live = vec![0u64; self.sb.extents as usize];
+        let n = self.sb.extents as usize;
+        let bs = self.sb.block_size as usize;
+        let mut live = vec![0u64; n];
+        let mut kinds = vec![(false, false); n]; // (raw, compressed) seen
         let mut spans: Vec<(u32, u16, u16, u64)> = Vec::new();
-        let mut out = vec![0u8; self.block_size()];
+        let mut out = vec![0u8; bs];
         for (lba, l) in table.iter().enumerate() {
             if !l.is_data() {
                 continue;
@@ -1278,13 +1725,22 @@ impl Engine {
                 problems.push(format!("block {lba}: extent {} out of range", l.extent));
                 continue;
             }
-            if (l.offset as usize) < EXT_HEADER
+            let raw = l.len as usize == bs;
+            let start = if raw { 0 } else { EXT_HEADER };
+            if (l.offset as usize) < start
                 || l.offset as usize + l.len as usize > self.sb.extent_size as usize
+                || (raw && l.offset as usize % bs != 0)
             {
                 problems.push(format!("block {lba}: data range out of its extent"));
                 continue;
             }
-            live[l.extent as usize] += l.len as u64 + RECORD as u64;
+            let k = &mut kinds[l.extent as usize];
+            if raw {
+                k.0 = true;
+            } else {
+                k.1 = true;
+            }
+            live[l.extent as usize] += l.len as u64 + if raw { 0 } else { RECORD as u64 };
             spans.push((l.extent, l.offset, l.len, lba as u64));
             if let Err(e) = self.read_block(lba as u64, &mut out) {
                 problems.push(e.to_string());
@@ -1303,6 +1759,11 @@ impl Engine {
             }
             if x.state == ExtState::Free && live[e] > 0 {
                 problems.push(format!("extent {e} is free but holds live blocks"));
+            }
+            if kinds[e].0 && kinds[e].1 {
+                problems.push(format!("extent {e} holds both raw and compressed blocks"));
+            } else if (kinds[e].0 || kinds[e].1) && x.raw != kinds[e].0 {
+                problems.push(format!("extent {e}: kind {} but the table says otherwise", x.raw));
             }
         }
         Ok(problems)

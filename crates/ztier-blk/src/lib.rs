@@ -13,11 +13,15 @@
 //! * [`backing`] — the image file, and a device that forgets unflushed
 //!   writes for crash tests.
 //! * [`nbd`] — the NBD protocol: handshake, options, requests, replies.
-//! * [`server`] — the NBD server over a unix socket or loopback TCP.
+//! * [`server`] — the NBD server over a unix socket or loopback TCP, and
+//!   what it reports live.
+//! * [`live`] — live statistics for any ztier server: the control socket,
+//!   the Prometheus endpoint, latency histograms.
 
 pub mod backing;
 pub mod engine;
 pub mod format;
+pub mod live;
 pub mod nbd;
 pub mod server;
 

@@ -12,9 +12,10 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::engine::{BlkError, BlockState, Engine};
+use crate::live::{Histogram, Prom, Report};
 use crate::nbd::{self, cflag, cmd, errno, info, opt, rep, reply, tflag, Request, Session};
 
 /// How the export is offered.
@@ -53,6 +54,30 @@ impl Conn {
             Conn::Tcp(s) => Conn::Tcp(s.try_clone()?),
         })
     }
+    /// Asks for a send buffer that holds a few 1 MiB replies (the kernel
+    /// caps it at `net.core.wmem_max`): a worker then queues a large read's
+    /// reply without sleeping until the client drains the socket, which
+    /// held the reply lock and cost a context switch per buffer's worth.
+    fn grow_send_buffer(&self) {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Conn::Unix(s) => s.as_raw_fd(),
+            Conn::Tcp(s) => s.as_raw_fd(),
+        };
+        let size: libc::c_int = 4 << 20;
+        // SAFETY: a valid option value of its own size on a socket we own;
+        // failure only leaves the default size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+
     fn shutdown(&self) {
         let _ = match self {
             Conn::Unix(s) => s.shutdown(std::net::Shutdown::Both),
@@ -85,17 +110,223 @@ impl Write for Conn {
     }
 }
 
-/// Server-wide counters.
-#[derive(Debug, Default)]
+/// Server-wide counters, updated as each request is answered.
+#[derive(Default)]
 pub struct ServerStats {
     /// Connections accepted.
     pub connections: AtomicU64,
+    /// Connections open now.
+    pub connections_open: AtomicU64,
     /// Requests answered.
     pub requests: AtomicU64,
     /// Requests answered with an error.
     pub errors: AtomicU64,
     /// Connections dropped for protocol violations.
     pub protocol_errors: AtomicU64,
+    /// READ requests.
+    pub reads: AtomicU64,
+    /// WRITE requests.
+    pub writes: AtomicU64,
+    /// FLUSH requests.
+    pub flushes: AtomicU64,
+    /// TRIM, WRITE_ZEROES, BLOCK_STATUS and other requests.
+    pub others: AtomicU64,
+    /// Bytes read by clients.
+    pub bytes_read: AtomicU64,
+    /// Bytes written by clients.
+    pub bytes_written: AtomicU64,
+    /// Latency (request read to reply sent) of every request.
+    pub latency: Histogram,
+    /// Of READ requests.
+    pub read_latency: Histogram,
+    /// Of WRITE requests.
+    pub write_latency: Histogram,
+    /// Of FLUSH requests.
+    pub flush_latency: Histogram,
+}
+
+impl ServerStats {
+    fn record(&self, req: &Request, took: Duration, error: bool) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.errors.fetch_add(u64::from(error), Ordering::Relaxed);
+        self.latency.record(took);
+        let len = req.length as u64;
+        match req.kind {
+            cmd::READ => {
+                self.reads.fetch_add(1, Ordering::Relaxed);
+                self.read_latency.record(took);
+                if !error {
+                    self.bytes_read.fetch_add(len, Ordering::Relaxed);
+                }
+            }
+            cmd::WRITE => {
+                self.writes.fetch_add(1, Ordering::Relaxed);
+                self.write_latency.record(took);
+                if !error {
+                    self.bytes_written.fetch_add(len, Ordering::Relaxed);
+                }
+            }
+            cmd::FLUSH => {
+                self.flushes.fetch_add(1, Ordering::Relaxed);
+                self.flush_latency.record(took);
+            }
+            _ => {
+                self.others.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// What `ztier blk stats` of a served image and the metrics endpoint
+/// report: the engine's statistics plus the server's live counters.
+pub struct Live {
+    /// The engine served.
+    pub engine: Arc<Engine>,
+    /// The server's counters.
+    pub stats: Arc<ServerStats>,
+    /// The image's path, as given.
+    pub image: String,
+    /// When serving started.
+    pub started: std::time::Instant,
+}
+
+impl Report for Live {
+    fn stats(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self.engine.stats()).unwrap_or_default();
+        let s = &self.stats;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let live = serde_json::json!({
+            "served": true,
+            "image": self.image,
+            "pid": std::process::id(),
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "connections": g(&s.connections),
+            "connections_open": g(&s.connections_open),
+            "requests": g(&s.requests),
+            "errors": g(&s.errors),
+            "protocol_errors": g(&s.protocol_errors),
+            "read_requests": g(&s.reads),
+            "write_requests": g(&s.writes),
+            "flush_requests": g(&s.flushes),
+            "other_requests": g(&s.others),
+            "bytes_read": g(&s.bytes_read),
+            "bytes_written": g(&s.bytes_written),
+            "latency_p50_us": s.latency.quantile_us(0.5),
+            "latency_p99_us": s.latency.quantile_us(0.99),
+            "read_latency_p50_us": s.read_latency.quantile_us(0.5),
+            "read_latency_p99_us": s.read_latency.quantile_us(0.99),
+            "write_latency_p50_us": s.write_latency.quantile_us(0.5),
+            "write_latency_p99_us": s.write_latency.quantile_us(0.99),
+            "flush_latency_p50_us": s.flush_latency.quantile_us(0.5),
+            "flush_latency_p99_us": s.flush_latency.quantile_us(0.99),
+        });
+        if let (Some(o), serde_json::Value::Object(l)) = (v.as_object_mut(), live) {
+            o.extend(l);
+        }
+        v
+    }
+
+    fn prometheus(&self, w: &mut Prom) {
+        let e = self.engine.stats();
+        let s = &self.stats;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let img = [("image", self.image.as_str())];
+        w.counter("blk_requests_total", "NBD requests answered", &img, g(&s.requests));
+        w.counter("blk_request_errors_total", "NBD requests answered with an error", &img, g(&s.errors));
+        w.counter(
+            "blk_protocol_errors_total",
+            "connections dropped for protocol violations",
+            &img,
+            g(&s.protocol_errors),
+        );
+        w.counter("blk_connections_total", "connections accepted", &img, g(&s.connections));
+        w.gauge("blk_connections_open", "connections open", &img, g(&s.connections_open));
+        for (op, v) in [("read", &s.reads), ("write", &s.writes), ("flush", &s.flushes), ("other", &s.others)]
+        {
+            w.counter("blk_requests_by_op_total", "NBD requests by command", &[img[0], ("op", op)], g(v));
+        }
+        w.counter("blk_read_bytes_total", "bytes read by clients", &img, g(&s.bytes_read));
+        w.counter("blk_written_bytes_total", "bytes written by clients", &img, g(&s.bytes_written));
+        for (op, h) in [
+            ("all", &s.latency),
+            ("read", &s.read_latency),
+            ("write", &s.write_latency),
+            ("flush", &s.flush_latency),
+        ] {
+            w.histogram(
+                "blk_request_duration_seconds",
+                "request read to reply sent",
+                &[img[0], ("op", op)],
+                h,
+            );
+        }
+        w.gauge("blk_logical_bytes", "logical size", &img, e.logical_size as f64);
+        w.gauge(
+            "blk_mapped_bytes",
+            "logical bytes of blocks holding data",
+            &img,
+            e.logical_bytes_mapped as f64,
+        );
+        w.gauge(
+            "blk_stored_bytes",
+            "bytes the data blocks take in extents",
+            &img,
+            e.data_stored_bytes as f64,
+        );
+        w.gauge(
+            "blk_physical_bytes",
+            "physical bytes of the image in use",
+            &img,
+            e.physical_bytes_used as f64,
+        );
+        w.gauge("blk_compression_ratio", "mapped / stored bytes", &img, e.ratio);
+        w.gauge("blk_extents", "extents in the image", &img, e.extents_total as f64);
+        w.gauge("blk_extents_free", "extents free", &img, e.extents_free as f64);
+        w.gauge("blk_zero_blocks", "blocks written as zeros", &img, e.zero_blocks as f64);
+        w.gauge("blk_same_blocks", "blocks filled with a repeated pattern", &img, e.same_blocks as f64);
+        w.counter("blk_checkpoints_total", "checkpoints written", &img, e.checkpoints as f64);
+        w.counter(
+            "blk_checkpoint_pages_total",
+            "table pages written by checkpoints",
+            &img,
+            e.checkpoint_pages_written as f64,
+        );
+        w.counter(
+            "blk_checkpoint_seconds_total",
+            "time spent in checkpoints",
+            &img,
+            e.checkpoint_us as f64 / 1e6,
+        );
+        w.gauge(
+            "blk_checkpoint_max_seconds",
+            "the longest checkpoint",
+            &img,
+            e.checkpoint_max_us as f64 / 1e6,
+        );
+        w.counter("blk_cleaner_runs_total", "cleaner passes", &img, e.cleaner_runs as f64);
+        w.counter(
+            "blk_cleaner_extents_total",
+            "extents freed by the cleaner",
+            &img,
+            e.extents_cleaned as f64,
+        );
+        w.counter(
+            "blk_cleaner_blocks_moved_total",
+            "blocks moved by the cleaner",
+            &img,
+            e.blocks_relocated as f64,
+        );
+        w.counter("blk_cleaner_seconds_total", "time spent cleaning", &img, e.cleaner_us as f64 / 1e6);
+        w.counter("blk_enospc_total", "writes refused for lack of space", &img, e.enospc as f64);
+        w.counter("blk_corrupt_reads_total", "reads that found damaged data", &img, e.corrupt_reads as f64);
+    }
+
+    fn command(&self, cmd: &str) -> Option<serde_json::Value> {
+        (cmd == "verify").then(|| match self.engine.verify_blocks() {
+            Ok(p) => serde_json::json!({ "problems": p, "data_blocks": self.engine.stats().data_blocks }),
+            Err(e) => serde_json::json!({ "error": format!("verifying: {e}") }),
+        })
+    }
 }
 
 /// Accepts connections until `stop` is set, each on its own thread. A
@@ -140,14 +371,17 @@ pub fn serve(
                     Conn::Unix(s) => s.set_nonblocking(false)?,
                     Conn::Tcp(s) => s.set_nonblocking(false)?,
                 }
+                c.grow_send_buffer();
                 stats.connections.fetch_add(1, Ordering::Relaxed);
                 let (engine, cfg, stats) = (engine.clone(), cfg.clone(), stats.clone());
                 std::thread::spawn(move || {
+                    stats.connections_open.fetch_add(1, Ordering::Relaxed);
                     if let Err(e) = handle(c, &engine, &cfg, &stats) {
                         if e.kind() != io::ErrorKind::UnexpectedEof && e.kind() != io::ErrorKind::BrokenPipe {
                             eprintln!("ztier blk: connection ended: {e}");
                         }
                     }
+                    stats.connections_open.fetch_sub(1, Ordering::Relaxed);
                 });
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
@@ -170,7 +404,12 @@ fn protocol_error(msg: &str) -> io::Error {
 }
 
 /// Serves one connection: handshake, then transmission.
-pub fn handle(mut c: Conn, engine: &Arc<Engine>, cfg: &ServeConfig, stats: &ServerStats) -> io::Result<()> {
+pub fn handle(
+    mut c: Conn,
+    engine: &Arc<Engine>,
+    cfg: &ServeConfig,
+    stats: &Arc<ServerStats>,
+) -> io::Result<()> {
     let r = match negotiate(&mut c, engine, cfg) {
         Ok(Some(s)) => transmission(c, engine, s, cfg, stats),
         Ok(None) => Ok(()),
@@ -347,6 +586,8 @@ fn negotiate(c: &mut Conn, engine: &Engine, cfg: &ServeConfig) -> io::Result<Opt
 struct Job {
     req: Request,
     payload: Vec<u8>,
+    /// When its header was read.
+    at: Instant,
 }
 
 #[derive(Default)]
@@ -371,41 +612,38 @@ fn transmission(
     engine: &Arc<Engine>,
     s: Session,
     cfg: &ServeConfig,
-    stats: &ServerStats,
+    stats: &Arc<ServerStats>,
 ) -> io::Result<()> {
     let writer = Arc::new(Mutex::new(c.try_clone()?));
     let queue = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
     let failed = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..cfg.threads.max(1))
         .map(|_| {
-            let (engine, writer, queue, failed) =
-                (engine.clone(), writer.clone(), queue.clone(), failed.clone());
-            std::thread::spawn(move || -> (u64, u64) {
-                let (mut done, mut errors) = (0, 0);
-                loop {
-                    let job = {
-                        let (m, cv) = &*queue;
-                        let mut q = m.lock().expect("queue lock");
-                        loop {
-                            if let Some(j) = q.reads.pop_front().or_else(|| q.others.pop_front()) {
-                                break Some(j);
-                            }
-                            if q.closed {
-                                break None;
-                            }
-                            q = cv.wait(q).expect("queue lock");
+            let (engine, writer, queue, failed, stats) =
+                (engine.clone(), writer.clone(), queue.clone(), failed.clone(), stats.clone());
+            let mut buf = Vec::new();
+            std::thread::spawn(move || loop {
+                let job = {
+                    let (m, cv) = &*queue;
+                    let mut q = m.lock().expect("queue lock");
+                    loop {
+                        if let Some(j) = q.reads.pop_front().or_else(|| q.others.pop_front()) {
+                            break Some(j);
                         }
-                    };
-                    let Some(job) = job else { break };
-                    let (out, err) = run(&engine, &s, &job);
-                    done += 1;
-                    errors += u64::from(err);
-                    let mut w = writer.lock().expect("writer lock");
-                    if w.write_all(&out).is_err() {
-                        failed.store(true, Ordering::Release);
+                        if q.closed {
+                            break None;
+                        }
+                        q = cv.wait(q).expect("queue lock");
                     }
+                };
+                let Some(job) = job else { break };
+                let (n, err) = run(&engine, &s, &job, &mut buf);
+                let mut w = writer.lock().expect("writer lock");
+                if w.write_all(&buf[..n]).is_err() {
+                    failed.store(true, Ordering::Release);
                 }
-                (done, errors)
+                drop(w);
+                stats.record(&job.req, job.at.elapsed(), err);
             })
         })
         .collect();
@@ -430,6 +668,7 @@ fn transmission(
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()), // client went away
                 Err(e) => return Err(e),
             }
+            let at = Instant::now();
             let req =
                 Request::parse(&h).ok_or_else(|| protocol_error("request without the request magic"))?;
             let mut payload = Vec::new();
@@ -442,14 +681,14 @@ fn transmission(
             }
             if let Err(e) = nbd::validate(&req, &s) {
                 let out = error_reply(&s, &req, e, "invalid request");
-                stats.errors.fetch_add(1, Ordering::Relaxed);
                 writer.lock().expect("writer lock").write_all(&out)?;
+                stats.record(&req, at.elapsed(), true);
                 continue;
             }
             if req.kind == cmd::DISC {
                 return Ok(());
             }
-            push(Job { req, payload });
+            push(Job { req, payload, at });
         }
     })();
     {
@@ -458,10 +697,7 @@ fn transmission(
         cv.notify_all();
     }
     for w in workers {
-        if let Ok((done, errors)) = w.join() {
-            stats.requests.fetch_add(done, Ordering::Relaxed);
-            stats.errors.fetch_add(errors, Ordering::Relaxed);
-        }
+        let _ = w.join();
     }
     c.shutdown();
     result
@@ -475,14 +711,30 @@ fn error_reply(s: &Session, req: &Request, e: u32, msg: &str) -> Vec<u8> {
     }
 }
 
-/// Runs one request; returns the reply bytes and whether it is an error.
-fn run(engine: &Engine, s: &Session, job: &Job) -> (Vec<u8>, bool) {
+/// `buf[..n]`, growing `buf` if needed. The buffer is kept by its worker
+/// from request to request: a large reply does not allocate, zero and
+/// free a buffer each time.
+fn room(buf: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    if buf.len() < n {
+        buf.resize(n, 0);
+    }
+    &mut buf[..n]
+}
+
+fn put(buf: &mut Vec<u8>, bytes: &[u8]) -> usize {
+    room(buf, bytes.len()).copy_from_slice(bytes);
+    bytes.len()
+}
+
+/// Runs one request; its reply is `buf[..n]`. Returns `n` and whether the
+/// reply is an error.
+fn run(engine: &Engine, s: &Session, job: &Job, buf: &mut Vec<u8>) -> (usize, bool) {
     let r = &job.req;
-    let res: Result<Vec<u8>, BlkError> = match r.kind {
-        cmd::READ => read_reply(engine, s, r),
-        cmd::WRITE => engine.write(r.offset, &job.payload, r.flags & cflag::FUA != 0).map(|_| ok(s, r)),
-        cmd::FLUSH => engine.flush().map(|_| ok(s, r)),
-        cmd::TRIM => engine.trim(r.offset, r.length as u64, r.flags & cflag::FUA != 0).map(|_| ok(s, r)),
+    let res: Result<usize, BlkError> = match r.kind {
+        cmd::READ => read_reply(engine, s, r, buf),
+        cmd::WRITE => engine.write(r.offset, &job.payload, r.flags & cflag::FUA != 0).map(|_| ok(s, r, buf)),
+        cmd::FLUSH => engine.flush().map(|_| ok(s, r, buf)),
+        cmd::TRIM => engine.trim(r.offset, r.length as u64, r.flags & cflag::FUA != 0).map(|_| ok(s, r, buf)),
         cmd::WRITE_ZEROES => engine
             .write_zeroes(
                 r.offset,
@@ -490,31 +742,32 @@ fn run(engine: &Engine, s: &Session, job: &Job) -> (Vec<u8>, bool) {
                 r.flags & cflag::FAST_ZERO != 0,
                 r.flags & cflag::FUA != 0,
             )
-            .map(|_| ok(s, r)),
-        cmd::BLOCK_STATUS => Ok(status_reply(engine, r)),
+            .map(|_| ok(s, r, buf)),
+        cmd::BLOCK_STATUS => Ok(put(buf, &status_reply(engine, r))),
         _ => Err(BlkError::OutOfRange),
     };
     match res {
-        Ok(out) => (out, false),
-        Err(e) => (error_reply(s, r, errno_of(&e), &e.to_string()), true),
+        Ok(n) => (n, false),
+        Err(e) => (put(buf, &error_reply(s, r, errno_of(&e), &e.to_string())), true),
     }
 }
 
-fn ok(s: &Session, r: &Request) -> Vec<u8> {
+fn ok(s: &Session, r: &Request, buf: &mut Vec<u8>) -> usize {
     if s.structured {
-        nbd::chunk_header(r.cookie, reply::FLAG_DONE, reply::NONE, 0).to_vec()
+        put(buf, &nbd::chunk_header(r.cookie, reply::FLAG_DONE, reply::NONE, 0))
     } else {
-        nbd::simple_reply(r.cookie, 0).to_vec()
+        put(buf, &nbd::simple_reply(r.cookie, 0))
     }
 }
 
-fn read_reply(engine: &Engine, s: &Session, r: &Request) -> Result<Vec<u8>, BlkError> {
+fn read_reply(engine: &Engine, s: &Session, r: &Request, buf: &mut Vec<u8>) -> Result<usize, BlkError> {
     // The data is read straight into the reply buffer, after its header.
     if !s.structured {
-        let mut out = nbd::simple_reply(r.cookie, 0).to_vec();
-        out.resize(16 + r.length as usize, 0);
+        let n = 16 + r.length as usize;
+        let out = room(buf, n);
+        out[..16].copy_from_slice(&nbd::simple_reply(r.cookie, 0));
         engine.read(r.offset, &mut out[16..])?;
-        return Ok(out);
+        return Ok(n);
     }
     // Content chunks: holes for whole blocks that read as zeros (unless DF).
     let bs = engine.block_size() as u64;
@@ -539,26 +792,45 @@ fn read_reply(engine: &Engine, s: &Session, r: &Request) -> Result<Vec<u8>, BlkE
     } else {
         chunks.push((off, len, false));
     }
-    let data_len: u64 = chunks.iter().filter(|c| !c.2).map(|c| c.1).sum();
-    let mut out = Vec::with_capacity(data_len as usize + 32 * chunks.len());
+    let total: usize = chunks
+        .iter()
+        .map(|&(_, clen, hole)| {
+            if hole {
+                32
+            } else if clen == 0 {
+                20
+            } else {
+                28 + clen as usize
+            }
+        })
+        .sum();
+    let out = room(buf, total);
     let n = chunks.len();
+    let mut at = 0;
     for (i, (start, clen, hole)) in chunks.into_iter().enumerate() {
         let flags = if i + 1 == n { reply::FLAG_DONE } else { 0 };
         if hole {
-            out.extend_from_slice(&nbd::chunk_header(r.cookie, flags, reply::OFFSET_HOLE, 12));
-            out.extend_from_slice(&start.to_be_bytes());
-            out.extend_from_slice(&(clen as u32).to_be_bytes());
+            out[at..at + 20].copy_from_slice(&nbd::chunk_header(r.cookie, flags, reply::OFFSET_HOLE, 12));
+            out[at + 20..at + 28].copy_from_slice(&start.to_be_bytes());
+            out[at + 28..at + 32].copy_from_slice(&(clen as u32).to_be_bytes());
+            at += 32;
         } else if clen == 0 {
-            out.extend_from_slice(&nbd::chunk_header(r.cookie, flags, reply::NONE, 0));
+            out[at..at + 20].copy_from_slice(&nbd::chunk_header(r.cookie, flags, reply::NONE, 0));
+            at += 20;
         } else {
-            out.extend_from_slice(&nbd::chunk_header(r.cookie, flags, reply::OFFSET_DATA, 8 + clen as u32));
-            out.extend_from_slice(&start.to_be_bytes());
-            let at = out.len();
-            out.resize(at + clen as usize, 0);
-            engine.read(start, &mut out[at..])?;
+            out[at..at + 20].copy_from_slice(&nbd::chunk_header(
+                r.cookie,
+                flags,
+                reply::OFFSET_DATA,
+                8 + clen as u32,
+            ));
+            out[at + 20..at + 28].copy_from_slice(&start.to_be_bytes());
+            at += 28;
+            engine.read(start, &mut out[at..at + clen as usize])?;
+            at += clen as usize;
         }
     }
-    Ok(out)
+    Ok(total)
 }
 
 fn status_reply(engine: &Engine, r: &Request) -> Vec<u8> {

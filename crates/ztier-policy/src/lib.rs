@@ -10,20 +10,25 @@
 //!   [`segmented`] (the one `ztier run` ships: protected and probation
 //!   segments, promotion by refault distance, adaptive aging) and
 //!   [`fifo`] (oldest first). The simulator's `lru` sees every reference
-//!   instead ([`recency`]).
+//!   instead ([`recency::Recency`]: exact LRU stack distances in O(log n)
+//!   per reference, the measure the sizing policies are built on).
 //! * **prefetch** ([`prefetch::Prefetch`]) — what a fault brings in
 //!   besides its page: [`walk`] (shipped: sequential and interleaved
 //!   walks, zero runs) and [`single`].
 //! * **sizing** ([`policy::Policy`]) — how much of the memory holds
-//!   compressed pages: [`none`], [`static_size`] (`static:F`),
-//!   [`kaplan`] (Wilson/Kaplan/Smaragdakis 1999 cost/benefit), [`castro`]
-//!   (de Castro et al. 2003 expense/profit), [`pressure`] (refault
+//!   compressed pages: [`none`] (plain LRU, no compressed region),
+//!   [`static_size`] (`static:F`), [`kaplan`] (Wilson/Kaplan/Smaragdakis
+//!   1999 cost/benefit), [`castro`] (de Castro et al. 2003 expense/profit,
+//!   and its aggressive and sluggish variants), [`pressure`] (refault
 //!   feedback, TMO/Senpai style), and [`clean_disable`] (de Castro 2003's
-//!   clean-page switch, around any of them). Live, [`split::Split`]
-//!   feeds one with faults.
+//!   clean-page switch, around any of them). Live, [`split::Split`] feeds
+//!   one with faults.
 //!
-//! [`spec`] parses the names `--policy` takes (`segmented+walk+kaplan`);
-//! [`pacing`] says when a fault-driven pager evicts and how many pages.
+//! [`registry`] names the sizing policies and builds one ([`build`]);
+//! [`spec`] parses the names `--policy` takes, a replacement, a prefetch
+//! and a sizing policy joined by '+' (`segmented+walk+kaplan`), and builds
+//! the parts; [`pacing`] says when a fault-driven pager evicts and how
+//! many pages.
 
 pub mod castro;
 pub mod clean_disable;
@@ -35,6 +40,7 @@ pub mod policy;
 pub mod prefetch;
 pub mod pressure;
 pub mod recency;
+pub mod registry;
 pub mod replacement;
 pub mod segmented;
 pub mod single;
@@ -44,4 +50,5 @@ pub mod static_size;
 pub mod walk;
 
 pub use policy::{Costs, Outcome, Policy, Reference};
-pub use spec::{build, Frontend, Spec};
+pub use registry::{build, NAMES};
+pub use spec::{Frontend, Spec};

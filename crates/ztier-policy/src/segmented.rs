@@ -40,7 +40,8 @@
 //! than an eighth are, it speeds up (down to [`AGE_FASTEST`]). A loop
 //! over more than the budget (a collector's full passes) ends up aging
 //! slowly; a program that leaves a working set behind ages fast and
-//! drains it (docs/measurements has the measurements).
+//! drains it (`docs/measurements/2026-11-25-protected-segment-aging.md`
+//! has the measurements).
 //!
 //! The hot distance adapts too. Each hot refault takes a protected page's
 //! place, and that page is demoted and comes back in turn. When more than

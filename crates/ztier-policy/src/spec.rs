@@ -1,6 +1,7 @@
 //! Policies by name, as `ztier run --policy` and `ztier sim --policy`
 //! take them: a replacement, a prefetch and a sizing policy joined by
-//! `+` ([`Spec`]), and the sizing policies alone ([`build`]).
+//! `+` ([`Spec`]; the sizing policies' own names are
+//! [`crate::registry`]'s).
 //!
 //! ```text
 //!   segmented+walk+kaplan      replacement + prefetch + sizing, any order
@@ -15,7 +16,7 @@
 //! |---|---|---|
 //! | replacement | `segmented` (shipped), `fifo`; `lru` in `ztier sim` only | `segmented` (`lru` in `ztier sim` when only a sizing is named) |
 //! | prefetch | `walk` (shipped), `single` | `walk` (none over `lru`) |
-//! | sizing | `none`, `static:F`, `kaplan`, `castro`, `pressure`, each with `+clean-disable` | none: the budget bounds resident pages and the store is beside it, sized on its own (`ztier run --store`) |
+//! | sizing | `none`, `static:F`, `kaplan`, `castro`, `castro-aggressive`, `castro-sluggish`, `pressure`, each with `+clean-disable` | none: the budget bounds resident pages and the store is beside it, sized on its own (`ztier run --store`) |
 //!
 //! With a sizing policy, the budget bounds resident pages and the
 //! compressed store together, and the policy splits it
@@ -23,46 +24,14 @@
 //! pages (no compression: evicted pages go to the backing store).
 
 use crate::fifo::Fifo;
-use crate::policy::{Costs, Policy};
+use crate::policy::Costs;
 use crate::prefetch::Prefetch;
+use crate::registry::build;
 use crate::replacement::{Replacement, Slots};
 use crate::segmented::Segmented;
 use crate::single::Single;
 use crate::split::Split;
 use crate::walk::WalkPrefetch;
-
-/// Builds a policy from its command-line name for a memory of
-/// `memory_pages` pages: `none`, `static:FRACTION`, `kaplan`, `castro`, `pressure`.
-///
-/// `POLICY+clean-disable` wraps any of them in
-/// [`crate::clean_disable::CleanDisable`].
-pub fn build(spec: &str, memory_pages: usize, costs: Costs) -> Result<Box<dyn Policy>, String> {
-    if let Some(inner) = spec.strip_suffix("+clean-disable") {
-        if inner.ends_with("+clean-disable") {
-            return Err(format!("'{spec}': clean-disable given twice"));
-        }
-        return Ok(Box::new(crate::clean_disable::CleanDisable::new(build(inner, memory_pages, costs)?)));
-    }
-    match spec {
-        "none" => Ok(Box::new(crate::none::NoCompression)),
-        "kaplan" => Ok(Box::new(crate::kaplan::Kaplan::new(memory_pages, costs))),
-        "castro" => Ok(Box::new(crate::castro::Castro::new(memory_pages))),
-        "pressure" => Ok(Box::new(crate::pressure::Pressure::new(memory_pages, costs))),
-        _ => {
-            if let Some(f) = spec.strip_prefix("static:") {
-                let f: f64 = f.parse().map_err(|_| format!("bad fraction in '{spec}' (e.g. static:0.25)"))?;
-                if !(0.0..1.0).contains(&f) {
-                    return Err(format!("'{spec}': the compressed fraction must be in [0, 1)"));
-                }
-                return Ok(Box::new(crate::static_size::Static::new(spec.to_string(), f, memory_pages)));
-            }
-            Err(format!(
-                "unknown policy '{spec}' (none, static:FRACTION, kaplan, castro, pressure; \
-                 any of them followed by +clean-disable)"
-            ))
-        }
-    }
-}
 
 /// The replacements [`Spec`] knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1251,7 +1251,7 @@ const PRIME_BYTES: usize = 120 << 10;
 /// shrinks by `sbrk` and opens nothing) also avoided it, but would put
 /// the program's thread and the evictor behind one arena lock (measured
 /// on the corpus builder at 256M: within this host's noise either way,
-/// see ARCHITECTURE); this leaves the arenas as they were.
+/// see docs/run.md, "Descriptors made while the program runs"); this leaves the arenas as they were.
 fn prime_heap_check() {
     for b in &PRIME {
         let p = b.swap(std::ptr::null_mut(), Ordering::AcqRel);

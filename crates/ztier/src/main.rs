@@ -2,7 +2,7 @@
 //! library crates together; the logic lives in those crates. Each subcommand
 //! has its own module under `cmd/`.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
 mod scratch;
@@ -77,6 +77,11 @@ enum Command {
     /// faults by run length and service time, refault distances, pages
     /// that came back again and again, and page-ins over time.
     Faults(cmd::faults::FaultsArgs),
+    /// Write the manual pages (ztier.1 and one per subcommand) into DIR.
+    Man(cmd::docs::ManArgs),
+    /// Print the shell completion script for SHELL (bash, elvish, fish,
+    /// powershell, zsh).
+    Completions(cmd::docs::CompletionsArgs),
 }
 
 fn main() {
@@ -91,6 +96,8 @@ fn main() {
         Command::Stats(a) => cmd::run::stats(a),
         Command::Hold(a) => cmd::hold::hold(a),
         Command::Faults(a) => cmd::faults::run(a),
+        Command::Man(a) => cmd::docs::man(a, Cli::command()),
+        Command::Completions(a) => cmd::docs::completions(a, Cli::command()),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -50,8 +50,9 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        // Wait until it accepts (a stale socket file may be there before).
         let start = Instant::now();
-        while !sock.exists() {
+        while UnixStream::connect(sock).is_err() {
             assert!(start.elapsed() < Duration::from_secs(30), "server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -68,12 +69,12 @@ impl Server {
         assert!(st.success(), "server exit {st:?}");
         assert!(!self.sock.exists(), "socket removed at shutdown");
     }
-    /// SIGKILL (by PID): a crash.
-    fn kill9(mut self) {
+    /// SIGKILL (by PID): a crash; the socket file stays, as after a real one.
+    fn kill9_keep_socket(mut self) {
         let mut c = self.child.take().unwrap();
         run(Command::new("kill").arg("-KILL").arg(c.id().to_string()));
         let _ = c.wait();
-        let _ = std::fs::remove_file(&self.sock);
+        assert!(self.sock.exists(), "a killed server leaves its socket");
     }
 }
 
@@ -254,18 +255,7 @@ fn malformed_input_gets_errors_and_the_server_survives() {
     go.extend_from_slice(b"nope!");
     go.extend_from_slice(&0u16.to_be_bytes());
     assert_eq!(option(&mut s, 6, &go).0, ERR_UNKNOWN);
-    let mut go = 0u32.to_be_bytes().to_vec();
-    go.extend_from_slice(&0u16.to_be_bytes());
-    // GO on the default export: INFO replies, then ACK.
-    let (mut k, _) = option(&mut s, 7, &go);
-    while k != 1 {
-        assert_eq!(k, 3, "INFO expected");
-        let mut h = [0u8; 20];
-        s.read_exact(&mut h).unwrap();
-        k = u32::from_be_bytes(h[12..16].try_into().unwrap());
-        let mut body = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
-        s.read_exact(&mut body).unwrap();
-    }
+    go_on(&mut s);
     // Read beyond the end: EINVAL in a simple reply.
     let req = |kind: u16, off: u64, len: u32| {
         let mut b = 0x2560_9513u32.to_be_bytes().to_vec();
@@ -305,8 +295,12 @@ fn malformed_input_gets_errors_and_the_server_survives() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// kill -9 of the server during fio writes: after a restart the image is
-/// consistent and data flushed before the crash reads back.
+/// kill -9 of the server during fio writes: fio writes sequentially with
+/// a FLUSH after each write and a checksum in each block; the server is
+/// killed once it has answered 40 flushes. After a restart the image is
+/// consistent and every block fio wrote and flushed before the kill
+/// verifies (fio --verify_only over them; the same check over more than
+/// was written fails, so it checks what it claims).
 #[test]
 fn kill_9_during_fio_writes_keeps_flushed_data() {
     for t in ["fio", "nbdcopy"] {
@@ -318,23 +312,55 @@ fn kill_9_during_fio_writes_keeps_flushed_data() {
     let keep = text(16 << 20, 3);
     std::fs::write(d.join("keep"), &keep).unwrap();
     run(Command::new("nbdcopy").arg(d.join("keep")).arg(srv.uri())); // flushes at the end
-    let mut fio = Command::new("fio")
-        .args(["--name=w", "--ioengine=nbd", "--rw=randwrite", "--bs=16k", "--offset=32M", "--size=64M"])
-        .args(["--iodepth=8", "--time_based", "--runtime=30", "--output=/dev/null"])
-        .arg(format!("--uri={}", srv.uri()))
+    let uri = srv.uri();
+    let job = |size: u64| {
+        let mut c = Command::new("fio");
+        c.current_dir(&d)
+            .args(["--name=w", "--ioengine=nbd", "--rw=write", "--bs=64k", "--offset=32M", "--iodepth=1"])
+            .args(["--verify=crc32c", "--verify_fatal=1"])
+            .arg(format!("--size={size}"))
+            .arg(format!("--uri={uri}"));
+        c
+    };
+    let mut fio = job(48 << 20)
+        .args(["--fsync=1", "--do_verify=0", "--output-format=json", "--output=fio.json"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    srv.kill9();
-    let _ = fio.wait();
+    // Kill once the server has answered 40 flushes (its live stats).
+    let start = Instant::now();
+    loop {
+        let out = ztier().args(["blk", "stats", "--json"]).arg(&img).output().unwrap();
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if s["flush_requests"].as_u64().unwrap_or(0) >= 40 {
+            break;
+        }
+        assert!(fio.try_wait().unwrap().is_none(), "fio ended before the kill: did it connect?");
+        assert!(start.elapsed() < Duration::from_secs(60), "fio made no progress: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sock = srv.sock.clone();
+    srv.kill9_keep_socket();
+    let st = fio.wait().unwrap();
+    assert!(!st.success(), "fio must see its server die mid-run");
+    let j = std::fs::read_to_string(d.join("fio.json")).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&j[j.find('{').unwrap()..]).unwrap();
+    let written = j["jobs"][0]["write"]["io_bytes"].as_u64().unwrap();
+    // Each write was followed by a FLUSH before the next: all but the
+    // last completed write were flushed.
+    let flushed = written.saturating_sub(64 << 10);
+    assert!(flushed >= 32 * (64 << 10), "fio wrote {written} bytes before the kill");
     check_clean(&img);
-    let srv = Server::start(&img, &d.join("s.sock"));
+    let srv = Server::start(&img, &sock); // the stale socket is replaced
     let back = d.join("back");
     run(Command::new("nbdcopy").arg(srv.uri()).arg(&back));
     let got = std::fs::read(&back).unwrap();
-    assert!(got[..keep.len()] == keep[..], "flushed data lost after kill -9");
+    assert!(got[..keep.len()] == keep[..], "data flushed by nbdcopy lost after kill -9");
+    let ok = job(flushed).args(["--verify_only", "--do_verify=1"]).output().unwrap();
+    assert!(ok.status.success(), "flushed fio blocks do not verify: {}", String::from_utf8_lossy(&ok.stderr));
+    let beyond = job(flushed + (8 << 20)).args(["--verify_only", "--do_verify=1"]).output().unwrap();
+    assert!(!beyond.status.success(), "verifying blocks fio never wrote must fail");
     srv.stop();
     check_clean(&img);
     std::fs::remove_dir_all(&d).unwrap();
@@ -440,5 +466,379 @@ fn nbdfuse_loop_mkfs_mount_copy_fsck_as_root() {
         .arg(format!("cd {} && find . -type f -print0 | sort -z | xargs -0 md5sum", m.display())));
     assert_eq!(got, want, "files differ after a restart");
     drop(undo);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Starts `ztier blk serve ARGS`; returns it (the caller waits for it)
+/// and its "serving" line.
+#[allow(clippy::zombie_processes)]
+fn serve_with(args: &[&str]) -> (Child, String) {
+    use std::io::BufRead;
+    let mut c = ztier().args(["blk", "serve"]).args(args).stderr(Stdio::piped()).spawn().unwrap();
+    let mut r = std::io::BufReader::new(c.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap() == 0 {
+            let st = c.wait().unwrap();
+            panic!("serve {args:?} ended ({st:?}) before serving: {seen}");
+        }
+        seen.push_str(&line);
+        if line.contains("serving") {
+            // Keep draining stderr so the server never blocks on it.
+            std::thread::spawn(move || std::io::copy(&mut r, &mut std::io::sink()));
+            return (c, line);
+        }
+    }
+}
+
+/// Runs `ztier ARGS`, expecting failure; returns stderr.
+fn fails(args: &[&str]) -> String {
+    let out = ztier().args(args).output().unwrap();
+    assert!(!out.status.success(), "ztier {args:?} should fail: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+fn kill(c: &mut Child, sig: &str) {
+    run(Command::new("kill").arg(format!("-{sig}")).arg(c.id().to_string()));
+    let _ = c.wait();
+}
+
+fn sha(p: &Path) -> String {
+    run(Command::new("sha256sum").arg(p))
+}
+
+/// A server killed by SIGKILL leaves its socket; the same command starts
+/// again (the socket nobody listens on is replaced). A socket a live
+/// server listens on, or a file that is not a socket, is refused.
+#[test]
+fn stale_socket_is_replaced_a_live_one_refused() {
+    need("qemu-io");
+    let d = tmpdir("stale");
+    let img = create(&d, "16M");
+    let sock = d.join("s.sock");
+    let srv = Server::start(&img, &sock);
+    srv.kill9_keep_socket();
+    let a = img.display().to_string();
+    let s = sock.display().to_string();
+    let (mut c, line) = serve_with(&[&a, "--socket", &s]);
+    assert!(line.contains("serving"), "{line}");
+    let out = run(Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x33 0 64k", "-c", "read -P 0x33 0 64k"])
+        .arg(format!("nbd+unix:///?socket={s}")));
+    assert!(!out.contains("failed"), "{out}");
+    // Another image on the same socket while it is served: refused.
+    let other = d.join("other.ztb");
+    run(ztier().args(["blk", "create"]).arg(&other).args(["--size", "1M"]));
+    let e = fails(&["blk", "serve", &other.display().to_string(), "--socket", &s]);
+    assert!(e.contains("another server listens"), "{e}");
+    kill(&mut c, "TERM");
+    // A regular file in the way is never removed.
+    let file = d.join("notasocket");
+    std::fs::write(&file, b"keep me").unwrap();
+    let e = fails(&["blk", "serve", &a, "--socket", &file.display().to_string()]);
+    assert!(e.contains("not a socket"), "{e}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    check_clean(&img);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// qemu-io fills 64 MiB with one byte: same-filled blocks are records,
+/// under 1 MiB physical.
+#[test]
+fn same_filled_64m_takes_under_1m() {
+    need("qemu-io");
+    let d = tmpdir("samefill");
+    let img = create(&d, "64M");
+    let srv = Server::start(&img, &d.join("s.sock"));
+    let out = run(Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x5a 0 64M", "-c", "read -P 0x5a 0 64M", "-c", "flush"])
+        .arg(srv.uri()));
+    assert!(!out.contains("failed"), "{out}");
+    srv.stop();
+    let s: serde_json::Value =
+        serde_json::from_str(&run(ztier().args(["blk", "stats", "--json"]).arg(&img))).unwrap();
+    assert_eq!(s["same_blocks"], 16384, "{s}");
+    assert!(s["physical_bytes_used"].as_u64().unwrap() < 1 << 20, "{s}");
+    check_clean(&img);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// A served image: `blk stats` answers from the server with the offline
+/// fields plus live counters; the metrics endpoint serves Prometheus text;
+/// `blk check` reads every block back online and says what it did not do.
+#[test]
+fn live_stats_metrics_and_online_check_of_a_served_image() {
+    need("qemu-io");
+    let d = tmpdir("live");
+    let img = create(&d, "32M");
+    let a = img.display().to_string();
+    let s = d.join("s.sock").display().to_string();
+    let e = fails(&["blk", "serve", &a, "--socket", &s, "--metrics", "0.0.0.0:0"]);
+    assert!(e.contains("not a loopback address"), "{e}");
+    let (mut c, line) = serve_with(&[&a, "--socket", &s, "--metrics", "127.0.0.1:0"]);
+    let addr = line.split("http://").nth(1).and_then(|x| x.split("/metrics").next()).unwrap().to_string();
+    let out = run(Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x11 0 1M", "-c", "read -P 0x11 0 1M", "-c", "flush"])
+        .arg(format!("nbd+unix:///?socket={s}")));
+    assert!(!out.contains("failed"), "{out}");
+    let v: serde_json::Value =
+        serde_json::from_str(&run(ztier().args(["blk", "stats", "--json", &a]))).unwrap();
+    assert_eq!(v["served"], true, "{v}");
+    assert_eq!(v["logical_size"], 32u64 << 20, "{v}");
+    assert_eq!(v["bytes_written"], 1u64 << 20, "{v}");
+    assert_eq!(v["bytes_read"], 1u64 << 20, "{v}");
+    assert!(v["requests"].as_u64().unwrap() >= 3 && v["flush_requests"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(v["errors"], 0, "{v}");
+    for k in ["latency_p50_us", "latency_p99_us", "write_latency_p99_us", "read_latency_p50_us"] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
+    }
+    for k in ["checkpoints", "checkpoint_pages_written", "cleaner_runs", "extents_cleaned", "same_blocks"] {
+        assert!(v[k].is_number(), "{k}: {v}");
+    }
+    let text = run(ztier().args(["blk", "stats", &a]));
+    assert!(text.contains("requests") && text.contains("p99"), "{text}");
+    let m = http_get(&addr, "/metrics");
+    assert!(m.starts_with("HTTP/1.") && m.contains(" 200 "), "{m}");
+    assert!(m.contains("# TYPE ztier_blk_requests_total counter"), "{m}");
+    assert!(m.contains("ztier_blk_written_bytes_total{image=") && m.contains("} 1048576"), "{m}");
+    assert!(m.contains("ztier_blk_request_duration_seconds_bucket{"), "{m}");
+    assert!(http_get(&addr, "/other").contains(" 404 "));
+    let out = ztier().args(["blk", "check", &a]).output().unwrap();
+    let o = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{o}");
+    assert!(o.contains("every mapped block reads back") && o.contains("need the image not served"), "{o}");
+    kill(&mut c, "TERM");
+    // Stopped: the offline answer, without the live fields.
+    let v: serde_json::Value =
+        serde_json::from_str(&run(ztier().args(["blk", "stats", "--json", &a]))).unwrap();
+    assert!(v.get("served").is_none() && v["data_blocks"].is_number(), "{v}");
+    check_clean(&img);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// The handshake up to GO on the default export, with structured replies
+/// off: the connection is in transmission.
+fn go(sock: &Path) -> UnixStream {
+    let mut s = handshake(sock);
+    go_on(&mut s);
+    s
+}
+
+/// GO on the default export: INFO replies, then ACK.
+fn go_on(s: &mut UnixStream) {
+    let mut go = 0u32.to_be_bytes().to_vec();
+    go.extend_from_slice(&0u16.to_be_bytes());
+    let (mut k, _) = option(s, 7, &go);
+    while k != 1 {
+        assert_eq!(k, 3, "INFO expected");
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h).unwrap();
+        k = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let mut body = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
+        s.read_exact(&mut body).unwrap();
+    }
+}
+
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count()
+}
+
+/// --listen on loopback TCP (a non-loopback address refused), --readonly
+/// (writes refused with EPERM, the image byte-identical after), --threads
+/// (workers per connection).
+#[test]
+fn listen_readonly_and_threads() {
+    need("qemu-io");
+    let d = tmpdir("opts");
+    let img = create(&d, "16M");
+    let a = img.display().to_string();
+    let e = fails(&["blk", "serve", &a, "--listen", "0.0.0.0:0"]);
+    assert!(e.contains("not a loopback address"), "{e}");
+    let (mut c, line) = serve_with(&[&a, "--listen", "127.0.0.1:0"]);
+    let uri = line.split_whitespace().find(|w| w.starts_with("nbd://")).unwrap().to_string();
+    let out = run(Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x42 0 256k", "-c", "read -P 0x42 0 256k", "-c", "flush"])
+        .arg(&uri));
+    assert!(!out.contains("failed"), "{out}");
+    kill(&mut c, "TERM");
+    // Read-only: a raw WRITE gets EPERM, reads work, the file is unchanged.
+    let before = sha(&img);
+    let s = d.join("ro.sock");
+    let (mut c, _) = serve_with(&[&a, "--socket", &s.display().to_string(), "--readonly"]);
+    let mut conn = go(&s);
+    let mut w = 0x2560_9513u32.to_be_bytes().to_vec();
+    w.extend_from_slice(&0u16.to_be_bytes()); // flags
+    w.extend_from_slice(&1u16.to_be_bytes()); // WRITE
+    w.extend_from_slice(&5u64.to_be_bytes()); // cookie
+    w.extend_from_slice(&0u64.to_be_bytes());
+    w.extend_from_slice(&4096u32.to_be_bytes());
+    w.extend_from_slice(&[0xee; 4096]);
+    conn.write_all(&w).unwrap();
+    let mut r = [0u8; 16];
+    conn.read_exact(&mut r).unwrap();
+    assert_eq!(u32::from_be_bytes(r[4..8].try_into().unwrap()), 1, "EPERM for a write to a read-only export");
+    drop(conn);
+    let out = run(Command::new("qemu-io")
+        .args(["-r", "-f", "raw", "-c", "read -P 0x42 0 256k"])
+        .arg(format!("nbd+unix:///?socket={}", s.display())));
+    assert!(!out.contains("failed"), "{out}");
+    kill(&mut c, "TERM");
+    assert_eq!(sha(&img), before, "a read-only serve changed the image");
+    // Threads: one connection in transmission has N workers.
+    let mut counts = Vec::new();
+    for n in ["1", "3"] {
+        let s = d.join(format!("t{n}.sock"));
+        let (mut c, line) = serve_with(&[&a, "--socket", &s.display().to_string(), "--threads", n]);
+        assert!(line.contains(&format!("({n} threads per connection)")), "{line}");
+        std::thread::sleep(Duration::from_millis(300)); // its maintenance thread starts
+        let idle = threads_of(c.id());
+        let conn = go(&s);
+        std::thread::sleep(Duration::from_millis(300));
+        counts.push(threads_of(c.id()) - idle);
+        drop(conn);
+        kill(&mut c, "TERM");
+    }
+    // The connection's reader thread plus its workers.
+    assert_eq!(counts, vec![2, 4], "threads per connection with --threads 1 and 3");
+    let e = fails(&["blk", "serve", &a, "--threads", "0"]);
+    assert!(e.contains("--threads"), "{e}");
+    check_clean(&img);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// `blk create` never overwrites a file and refuses sizes that do not fit
+/// (a --block above u32 was once truncated to 4K), leaving no file.
+#[test]
+fn create_refuses_existing_files_and_bad_sizes() {
+    let d = tmpdir("create");
+    let img = d.join("x.ztb");
+    std::fs::write(&img, b"precious").unwrap();
+    let e = fails(&["blk", "create", &img.display().to_string(), "--size", "16M"]);
+    assert!(e.contains("exists"), "{e}");
+    assert_eq!(std::fs::read(&img).unwrap(), b"precious");
+    let new = d.join("new.ztb").display().to_string();
+    for (args, says) in [
+        (vec!["--size", "0"], "--size"),
+        (vec!["--size", "1000"], "multiple of the block size"),
+        (vec!["--size", "12Q"], "suffix"),
+        (vec!["--size", "16M", "--block", "3000"], "power of two"),
+        (vec!["--size", "16M", "--block", "4294971392"], "does not fit"),
+        (vec!["--size", "16M", "--block", "64K"], "--block"),
+        (vec!["--size", "16M", "--extent", "128K"], "--extent"),
+        (vec!["--size", "16M", "--extent", "4K"], "--extent"),
+        (vec!["--size", "16M", "--physical", "0"], "--physical"),
+        (vec!["--size", "16M", "--physical", "64K"], "physical size too small"),
+    ] {
+        let mut a = vec!["blk", "create", &new];
+        a.extend(args.iter().copied());
+        let e = fails(&a);
+        assert!(e.contains(says), "{args:?}: {e}");
+        assert!(!Path::new(&new).exists(), "{args:?} left a file");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// check, serve and stats of a file that is not an image, and of an image
+/// whose two superblock slots are damaged, fail with a clear message and
+/// change nothing; one damaged slot is survived.
+#[test]
+fn non_images_and_damaged_superblocks_are_refused() {
+    need("qemu-io");
+    let d = tmpdir("notimg");
+    let txt = d.join("notes.txt");
+    std::fs::write(&txt, "not an image\n".repeat(2000)).unwrap();
+    let img = create(&d, "8M");
+    let srv = Server::start(&img, &d.join("s.sock"));
+    let out = run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x77 0 1M"]).arg(srv.uri()));
+    assert!(!out.contains("failed"), "{out}");
+    srv.stop(); // generation 2, in slot 0; generation 1 stays in slot 1
+    let mut bytes = std::fs::read(&img).unwrap();
+    // Slot 0 damaged: generation 1 and the log written since are used.
+    bytes[100] ^= 0xff;
+    std::fs::write(&img, &bytes).unwrap();
+    check_clean(&img);
+    let srv = Server::start(&img, &d.join("s.sock"));
+    let out = run(Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x77 0 1M"]).arg(srv.uri()));
+    assert!(!out.contains("failed"), "{out}");
+    srv.stop();
+    let bytes = std::fs::read(&img).unwrap();
+    // Both damaged.
+    let two = d.join("two.ztb");
+    let mut b2 = bytes.clone();
+    b2[100] ^= 0xff;
+    b2[4096 + 100] ^= 0xff;
+    std::fs::write(&two, &b2).unwrap();
+    for (p, says) in [(&txt, "no ztier block image magic"), (&two, "superblock checksum mismatch")] {
+        let before = sha(p);
+        let f = p.display().to_string();
+        let sock = d.join("n.sock").display().to_string();
+        for args in
+            [vec!["blk", "check", &f], vec!["blk", "stats", &f], vec!["blk", "serve", &f, "--socket", &sock]]
+        {
+            let e = fails(&args);
+            assert!(e.contains("not a ztier block image") && e.contains(says), "{args:?}: {e}");
+            if p == &two {
+                assert!(e.contains("slot 0") && e.contains("slot 1"), "both slots named: {e}");
+            }
+        }
+        assert_eq!(sha(p), before, "{} changed", p.display());
+        assert!(!Path::new(&sock).exists());
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A short `ztier bench blk --json` run: one JSON object with every fio
+/// job against nbdkit, the space table (random at most 101%, the mixed
+/// row), and the checkpoint-latency run.
+#[test]
+fn bench_blk_short_run_json() {
+    for t in ["fio", "nbdkit", "sqlite3", "gzip"] {
+        need(t);
+    }
+    let d = tmpdir("bench");
+    let out = run(ztier()
+        .args(["bench", "blk", "--size", "32M", "--runtime", "1", "--space-mib", "32", "--ckpt-runtime", "2"])
+        .args(["--rounds", "1"])
+        .arg("--dir")
+        .arg(&d)
+        .arg("--json"));
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object on stdout");
+    let jobs: Vec<&str> = v["fio"].as_array().unwrap().iter().map(|j| j["job"].as_str().unwrap()).collect();
+    assert_eq!(
+        jobs,
+        ["seq-write-1M", "seq-read-1M-qd4", "seq-read-1M-qd16", "randread-4K-qd32", "randwrite-4K-qd32"]
+    );
+    for j in v["fio"].as_array().unwrap() {
+        for k in ["ztier_mb_s", "nbdkit_mb_s", "ratio", "ztier_iops", "nbdkit_iops"] {
+            assert!(j[k].as_f64().unwrap() > 0.0, "{k}: {j}");
+        }
+        assert_eq!(j["ratios"].as_array().unwrap().len(), 1, "{j}");
+    }
+    let space = v["space"].as_array().unwrap();
+    let row = |name: &str| space.iter().find(|r| r["data"] == name).unwrap_or_else(|| panic!("{name}: {v}"));
+    let random = row("random")["physical_fraction"].as_f64().unwrap();
+    assert!(random <= 1.01, "random data at {random} of its size");
+    let mixed = row("mixed")["physical_fraction"].as_f64().unwrap();
+    assert!(mixed < 1.0 && mixed > row("text")["physical_fraction"].as_f64().unwrap(), "{v}");
+    let c = &v["checkpoint"][0];
+    assert_eq!(c["build"], "this", "{v}");
+    for k in ["iops", "write_p50_us", "write_p99_us", "write_max_us"] {
+        assert!(c[k].as_f64().unwrap() > 0.0, "{k}: {c}");
+    }
+    assert!(c["checkpoints"].is_u64(), "{c}");
+    // This build reports its checkpoints' pages from its live stats.
+    if c["checkpoints"].as_u64().unwrap() > 0 {
+        assert!(c["pages_per_checkpoint"].as_f64().unwrap() > 0.0, "{c}");
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -2359,3 +2359,45 @@ fn bad_input_gets_clear_errors() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no process 999999999"), "{o:?}");
 }
+
+/// Every castro variant is a policy `ztier run` takes, alone and with
+/// +clean-disable: the program's output is the native one and the
+/// statistics name the policy as given.
+#[test]
+fn the_castro_variants_size_a_live_store() {
+    require("python3");
+    let d = tmp("castro-variants");
+    let prog =
+        ["python3", "-c", "x = [bytes([i % 251]) * 4096 for i in range(12000)]; print(sum(map(len, x)))"];
+    let n = native(&prog, &d);
+    assert!(n.status.success());
+    for p in ["castro", "castro-aggressive", "castro-sluggish", "castro-sluggish+clean-disable"] {
+        let spill = d.join(format!("spill-{p}"));
+        std::fs::create_dir_all(&spill).unwrap();
+        let stats = d.join(format!("stats-{p}.json"));
+        let o = Command::new(ztier())
+            .args(["run", "--budget", "32M", "--policy", p, "--spill"])
+            .arg(&spill)
+            .arg("--stats")
+            .arg(&stats)
+            .arg("--")
+            .args(prog)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{p}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(o.stdout == n.stdout, "{p}: output differs from the native run");
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        let pp = &s["per_process"][0];
+        assert_eq!(pp["policy"].as_str(), Some(p), "{pp}");
+        let (st, res) =
+            (pp["store_budget_bytes"].as_u64().unwrap(), pp["resident_budget_bytes"].as_u64().unwrap());
+        assert_eq!(st + res, 32 << 20, "{p}: {pp}");
+    }
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "32M", "--policy", "castro-lazy", "--spill", "/tmp", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("unknown policy 'castro-lazy'") && e.contains("castro-sluggish"), "{e}");
+}

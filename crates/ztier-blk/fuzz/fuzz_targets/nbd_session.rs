@@ -83,7 +83,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = client.shutdown(std::net::Shutdown::Write);
     });
     let cfg = ServeConfig { name: "ztier".into(), description: String::new(), read_only: false, threads: 2 };
-    let _ = server::handle(Conn::Unix(srv), engine(), &cfg, &ServerStats::default());
+    let _ = server::handle(Conn::Unix(srv), engine(), &cfg, &Arc::new(ServerStats::default()));
     let _ = writer.join();
     let _ = drain.join();
     assert!(engine().check().unwrap().is_empty());

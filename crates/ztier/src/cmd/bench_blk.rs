@@ -1,6 +1,9 @@
 //! `ztier bench blk`: the compressed block device against `nbdkit file`
-//! with the same client (fio's nbd engine), and a space table per data
-//! type next to `gzip -6`.
+//! with the same client (fio's nbd engine), a space table per data type
+//! next to `gzip -6`, and 4K write latency over a run that crosses
+//! several checkpoints (this build, and another build's `ztier` if given,
+//! as separate server processes, so builds before and after a change are
+//! compared in one run).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -44,9 +47,51 @@ pub struct BlkBenchArgs {
     /// MiB of each data type for the space table.
     #[arg(long, default_value_t = 64, value_name = "MIB")]
     pub space_mib: usize,
+    /// Rounds of each fio job and checkpoint run, the two sides in turn
+    /// (which goes first alternates); medians are reported.
+    #[arg(long, default_value_t = 3, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub rounds: u32,
+    /// Seconds of each checkpoint-latency run (0: skip them).
+    #[arg(long, default_value_t = 20, value_name = "S")]
+    pub ckpt_runtime: u64,
+    /// Another build's `ztier` binary to run the checkpoint-latency run
+    /// with too (the build before a change).
+    #[arg(long, value_name = "PATH")]
+    pub before_bin: Option<PathBuf>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// 4K random writes (QD8, a FLUSH every 64 writes) over a run that
+/// crosses checkpoints, on one build's server.
+#[derive(Debug, Serialize)]
+pub struct CkptRow {
+    /// Which build: "this" or "before".
+    pub build: String,
+    /// Its binary.
+    pub binary: String,
+    /// Write IOPS.
+    pub iops: f64,
+    /// Write completion latency percentiles, µs.
+    pub write_p50_us: f64,
+    /// p99.
+    pub write_p99_us: f64,
+    /// p99.9.
+    pub write_p999_us: f64,
+    /// The slowest write.
+    pub write_max_us: f64,
+    /// FLUSH latency p99, µs.
+    pub flush_p99_us: f64,
+    /// Checkpoints taken during the run (superblock generations).
+    pub checkpoints: u64,
+    /// Table pages a checkpoint wrote on average (this build, from its
+    /// live stats; `null` for another build).
+    pub pages_per_checkpoint: Option<f64>,
+    /// The longest checkpoint, µs (this build only).
+    pub checkpoint_max_us: Option<f64>,
+    /// Each round's write p99, µs (the fields above are medians).
+    pub write_p99_us_rounds: Vec<f64>,
 }
 
 /// One fio job on both servers.
@@ -62,8 +107,10 @@ pub struct FioRow {
     pub nbdkit_mb_s: f64,
     /// nbdkit file, IOPS.
     pub nbdkit_iops: f64,
-    /// ztier / nbdkit (throughput).
+    /// Median of the rounds' ztier / nbdkit throughput ratios.
     pub ratio: f64,
+    /// Each round's ratio.
+    pub ratios: Vec<f64>,
 }
 
 /// One data type in the space table.
@@ -92,6 +139,8 @@ pub struct BlkBenchReport {
     pub fio: Vec<FioRow>,
     /// Space per data type.
     pub space: Vec<SpaceRow>,
+    /// Checkpoint latency runs.
+    pub checkpoint: Vec<CkptRow>,
 }
 
 struct Kid(Child);
@@ -163,8 +212,12 @@ fn fio_jobs(size: u64, runtime: u64, pct: u32) -> Vec<(String, Vec<String>)> {
             &["--rw=write".into(), "--bs=1M".into(), "--iodepth=4".into(), format!("--size={size}")],
         ),
         mk(
-            "seq-read-1M",
+            "seq-read-1M-qd4",
             &["--rw=read".into(), "--bs=1M".into(), "--iodepth=4".into(), format!("--size={size}")],
+        ),
+        mk(
+            "seq-read-1M-qd16",
+            &["--rw=read".into(), "--bs=1M".into(), "--iodepth=16".into(), format!("--size={size}")],
         ),
         mk(
             "randread-4K-qd32",
@@ -242,27 +295,184 @@ fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
         if !a.json {
             eprintln!("bench blk: {name}");
         }
-        // Alternate which server goes first to spread the noise.
-        let (z, k) = if rows.len() % 2 == 0 {
-            let z = fio(&zuri, &args)?;
-            (z, fio(&kuri, &args)?)
-        } else {
-            let k = fio(&kuri, &args)?;
-            (fio(&zuri, &args)?, k)
-        };
+        // Rounds of pairs; which server goes first alternates.
+        let (mut zs, mut ks, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..a.rounds as usize {
+            let (z, k) = if (rows.len() + round) % 2 == 0 {
+                let z = fio(&zuri, &args)?;
+                (z, fio(&kuri, &args)?)
+            } else {
+                let k = fio(&kuri, &args)?;
+                (fio(&zuri, &args)?, k)
+            };
+            ratios.push(if k.0 > 0.0 { z.0 / k.0 } else { 0.0 });
+            zs.push(z);
+            ks.push(k);
+        }
+        let m = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| median(v.iter().map(f).collect());
         rows.push(FioRow {
             job: name,
-            ztier_mb_s: z.0,
-            ztier_iops: z.1,
-            nbdkit_mb_s: k.0,
-            nbdkit_iops: k.1,
-            ratio: if k.0 > 0.0 { z.0 / k.0 } else { 0.0 },
+            ztier_mb_s: m(&zs, |x| x.0),
+            ztier_iops: m(&zs, |x| x.1),
+            nbdkit_mb_s: m(&ks, |x| x.0),
+            nbdkit_iops: m(&ks, |x| x.1),
+            ratio: median(ratios.clone()),
+            ratios,
         });
     }
     stop.store(true, std::sync::atomic::Ordering::Release);
     server.join().map_err(|_| anyhow::anyhow!("server thread panicked"))??;
     engine.close()?;
     Ok(rows)
+}
+
+/// The median (the mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The highest generation of the two superblock slots of `img` (offset 40
+/// of each 4 KiB slot in every format version so far).
+fn generation(img: &Path) -> Result<u64> {
+    let b = std::fs::read(img).map(|mut b| {
+        b.truncate(8192);
+        b
+    })?;
+    if b.len() < 8192 {
+        bail!("{}: too short for an image", img.display());
+    }
+    let g = |o: usize| u64::from_le_bytes(b[o + 40..o + 48].try_into().expect("8 bytes"));
+    Ok(g(0).max(g(4096)))
+}
+
+/// One checkpoint-latency run on the server of `bin`.
+fn ckpt_run(a: &BlkBenchArgs, dir: &Path, build: &str, bin: &Path) -> Result<CkptRow> {
+    let img = dir.join("ckpt.ztb");
+    let sock = dir.join("c.sock");
+    let _ = std::fs::remove_file(&img);
+    let _ = std::fs::remove_file(&sock);
+    let st = Command::new(bin)
+        .args(["blk", "create"])
+        .arg(&img)
+        .args(["--size", &a.size])
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !st.success() {
+        bail!("{} blk create failed", bin.display());
+    }
+    let g0 = generation(&img)?;
+    let srv = Kid(Command::new(bin)
+        .args(["blk", "serve"])
+        .arg(&img)
+        .arg("--socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the server")?);
+    wait_for(&sock)?;
+    let out = Command::new("fio")
+        .args(["--ioengine=nbd", "--output-format=json", "--name=ckpt", "--rw=randwrite", "--bs=4k"])
+        .args(["--iodepth=8", "--fsync=64", "--time_based", "--percentile_list=50:99:99.9"])
+        .arg(format!("--runtime={}", a.ckpt_runtime))
+        .arg(format!("--size={}", a.size))
+        .arg(format!("--buffer_compress_percentage={}", a.compress_percentage))
+        .arg("--refill_buffers")
+        .arg(format!("--uri=nbd+unix:///?socket={}", sock.display()))
+        .output()
+        .context("running fio")?;
+    // This build answers on its control socket (another may not).
+    let live = ztier_blk::live::control_name("blk", &img)
+        .ok()
+        .and_then(|n| ztier_blk::live::query(&n, "stats", Duration::from_secs(10)).ok().flatten());
+    drop(srv); // SIGTERM: a clean stop takes one more checkpoint
+    if !out.status.success() {
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let checkpoints = generation(&img)?.saturating_sub(g0 + 1);
+    let start = out.stdout.iter().position(|&b| b == b'{').unwrap_or(0);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout[start..]).context("fio JSON")?;
+    let w = &v["jobs"][0]["write"];
+    let pct = |x: &serde_json::Value, k: &str| x["percentile"][k].as_f64().unwrap_or(0.0) / 1000.0;
+    Ok(CkptRow {
+        build: build.into(),
+        binary: bin.display().to_string(),
+        iops: w["iops"].as_f64().unwrap_or(0.0),
+        write_p50_us: pct(&w["clat_ns"], "50.000000"),
+        write_p99_us: pct(&w["clat_ns"], "99.000000"),
+        write_p999_us: pct(&w["clat_ns"], "99.900000"),
+        write_max_us: w["clat_ns"]["max"].as_f64().unwrap_or(0.0) / 1000.0,
+        flush_p99_us: pct(&v["jobs"][0]["sync"]["lat_ns"], "99.000000"),
+        checkpoints,
+        pages_per_checkpoint: live.as_ref().and_then(|l| {
+            let c = l["checkpoints"].as_f64()?;
+            (c > 0.0).then(|| l["checkpoint_pages_written"].as_f64().unwrap_or(0.0) / c)
+        }),
+        checkpoint_max_us: live.as_ref().and_then(|l| l["checkpoint_max_us"].as_f64()),
+        write_p99_us_rounds: Vec::new(),
+    })
+}
+
+/// The checkpoint-latency runs: this build, and `--before-bin` if given
+/// (interleaved: before, this).
+fn bench_checkpoints(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<CkptRow>> {
+    need("fio", "fio")?;
+    let me = std::env::current_exe().context("this binary")?;
+    let mut builds: Vec<(&str, PathBuf)> = Vec::new();
+    if let Some(b) = &a.before_bin {
+        builds.push(("before", b.clone()));
+    }
+    builds.push(("this", me));
+    let mut runs: Vec<Vec<CkptRow>> = builds.iter().map(|_| Vec::new()).collect();
+    for round in 0..a.rounds as usize {
+        for i in 0..builds.len() {
+            // Which build goes first alternates from round to round.
+            let i = if round % 2 == 0 { i } else { builds.len() - 1 - i };
+            let (name, bin) = &builds[i];
+            if !a.json {
+                eprintln!(
+                    "bench blk: checkpoint latency, {name} build ({}), round {}",
+                    bin.display(),
+                    round + 1
+                );
+            }
+            runs[i].push(ckpt_run(a, dir, name, bin)?);
+        }
+    }
+    Ok(runs
+        .into_iter()
+        .map(|rs| {
+            let m = |f: fn(&CkptRow) -> f64| median(rs.iter().map(f).collect());
+            let opt = |f: fn(&CkptRow) -> Option<f64>| {
+                let v: Vec<f64> = rs.iter().filter_map(f).collect();
+                (!v.is_empty()).then(|| median(v))
+            };
+            CkptRow {
+                build: rs[0].build.clone(),
+                binary: rs[0].binary.clone(),
+                iops: m(|r| r.iops),
+                write_p50_us: m(|r| r.write_p50_us),
+                write_p99_us: m(|r| r.write_p99_us),
+                write_p999_us: m(|r| r.write_p999_us),
+                write_max_us: m(|r| r.write_max_us),
+                flush_p99_us: m(|r| r.flush_p99_us),
+                checkpoints: median(rs.iter().map(|r| r.checkpoints as f64).collect()).round() as u64,
+                pages_per_checkpoint: opt(|r| r.pages_per_checkpoint),
+                checkpoint_max_us: opt(|r| r.checkpoint_max_us),
+                write_p99_us_rounds: rs.iter().map(|r| r.write_p99_us).collect(),
+            }
+        })
+        .collect())
 }
 
 /// Up to `max` bytes of the regular files under `roots` (sorted walk).
@@ -401,7 +611,16 @@ fn bench_space(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<SpaceRow>> {
     )?);
     let mut random = vec![0u8; max];
     synth::fill(&mut random, synth::Kind::Random, &mut synth::Rng::new(1));
+    // Half random, half text, in alternate 64 KiB pieces.
+    let text = gather(&["/usr/share/doc", "/usr/share/common-licenses", "/usr/share/perl5"], max, |p| {
+        !ext(p, &["gz", "xz", "bz2", "png", "jpg", "zst"])
+    });
+    let mut mixed = Vec::with_capacity(max);
+    for (i, (r, t)) in random.chunks(64 << 10).zip(text.chunks(64 << 10)).enumerate() {
+        mixed.extend_from_slice(if i % 2 == 0 { r } else { t });
+    }
     rows.push(space_row(dir, a.codec, "random", "xorshift64*", random)?);
+    rows.push(space_row(dir, a.codec, "mixed", "random and text, alternate 64 KiB", mixed)?);
     Ok(rows)
 }
 
@@ -418,12 +637,14 @@ pub fn run(a: BlkBenchArgs) -> Result<i32> {
     let result = (|| -> Result<BlkBenchReport> {
         let fio = if a.space_only { Vec::new() } else { bench_fio(&a, &dir)? };
         let space = bench_space(&a, &dir)?;
-        Ok(BlkBenchReport { fio, space })
+        let checkpoint =
+            if a.space_only || a.ckpt_runtime == 0 { Vec::new() } else { bench_checkpoints(&a, &dir)? };
+        Ok(BlkBenchReport { fio, space, checkpoint })
     })();
     if own {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
-        for f in ["bench.ztb", "nbdkit.img", "z.sock", "k.sock", "bench.db"] {
+        for f in ["bench.ztb", "nbdkit.img", "z.sock", "k.sock", "bench.db", "ckpt.ztb", "c.sock"] {
             let _ = std::fs::remove_file(dir.join(f));
         }
     }
@@ -437,14 +658,47 @@ pub fn run(a: BlkBenchArgs) -> Result<i32> {
             "fio (nbd engine), ztier blk vs nbdkit file, {} size, {}% compressible data",
             a.size, a.compress_percentage
         );
+        println!("(medians of {} rounds; ratio: the median of each round's paired ratio)", a.rounds);
         println!(
-            "{:<20} {:>12} {:>12} {:>12} {:>12} {:>8}",
+            "{:<20} {:>12} {:>12} {:>12} {:>12} {:>8}  rounds",
             "job", "ztier MB/s", "ztier IOPS", "nbdkit MB/s", "nbdkit IOPS", "ratio"
         );
         for x in &r.fio {
+            let rs: Vec<String> = x.ratios.iter().map(|r| format!("{r:.2}")).collect();
             println!(
-                "{:<20} {:>12.1} {:>12.0} {:>12.1} {:>12.0} {:>8.2}",
-                x.job, x.ztier_mb_s, x.ztier_iops, x.nbdkit_mb_s, x.nbdkit_iops, x.ratio
+                "{:<20} {:>12.1} {:>12.0} {:>12.1} {:>12.0} {:>8.2}  {}",
+                x.job,
+                x.ztier_mb_s,
+                x.ztier_iops,
+                x.nbdkit_mb_s,
+                x.nbdkit_iops,
+                x.ratio,
+                rs.join(" ")
+            );
+        }
+        println!();
+    }
+    if !r.checkpoint.is_empty() {
+        println!(
+            "4K random writes, QD8, a FLUSH every 64 writes, {} s across checkpoints, {} size, {}% compressible (medians of {} rounds)",
+            a.ckpt_runtime, a.size, a.compress_percentage, a.rounds
+        );
+        println!(
+            "{:<8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>6} {:>10}",
+            "build", "IOPS", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "flush p99", "ckpts", "pages/ckpt"
+        );
+        for x in &r.checkpoint {
+            println!(
+                "{:<8} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>10.0} {:>11.0} {:>6} {:>10}",
+                x.build,
+                x.iops,
+                x.write_p50_us,
+                x.write_p99_us,
+                x.write_p999_us,
+                x.write_max_us,
+                x.flush_p99_us,
+                x.checkpoints,
+                x.pages_per_checkpoint.map_or("-".to_string(), |p| format!("{p:.0}"))
             );
         }
         println!();

@@ -33,7 +33,7 @@ pub struct CodecsArgs {
     /// Minimum seconds of timing per codec and direction.
     #[arg(long, default_value_t = 0.5, value_name = "S")]
     pub seconds: f64,
-    /// Print one JSON object on stdout (schema in ARCHITECTURE.md) instead of a table.
+    /// Print one JSON object on stdout (schema in docs/json.md) instead of a table.
     /// With --each: `{"files": [report, ...]}`.
     #[arg(long)]
     pub json: bool,

@@ -6,12 +6,14 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use ztier_blk::backing::FileBacking;
 use ztier_blk::engine::{CreateOptions, Engine};
-use ztier_blk::server::{self, Listener, ServeConfig, ServerStats};
+use ztier_blk::live;
+use ztier_blk::server::{self, Listener, Live, ServeConfig, ServerStats};
 use ztier_codec::CodecId;
 
 use crate::units::parse_size;
@@ -34,19 +36,28 @@ pub enum BlkCommand {
     /// Clients: `qemu-img`/`qemu-io` with `nbd+unix:///?socket=PATH`,
     /// `nbdcopy`, `nbdinfo`, fio's nbd engine, nbdfuse.
     Serve(ServeArgs),
-    /// Audit an image offline: recover it, then read every block back
-    /// (checksums and decompression) and cross-check the extent accounting.
-    /// Exit 0 only if clean.
+    /// Audit an image: recover it, then read every block back (checksums
+    /// and decompression) and cross-check the extent accounting. Exit 0
+    /// only if clean.
+    ///
+    /// Of a served image, the server reads every block back while it
+    /// serves (the accounting and recovery audit need the image stopped,
+    /// and the output says so); exit 0 if every block reads back.
     Check(ImageArgs),
-    /// Print statistics of an image (offline): sizes, compression ratio,
-    /// extents used and free.
+    /// Print statistics of an image: sizes, compression ratio, extents
+    /// used and free.
+    ///
+    /// Of a served image the server answers (its control socket), adding
+    /// live counters: requests, bytes, errors, latency p50/p99, cleaner
+    /// and checkpoint activity.
     Stats(StatsArgs),
 }
 
 /// Arguments of `ztier blk create`.
 #[derive(Args, Debug)]
 pub struct CreateArgs {
-    /// Image file to create (must not exist).
+    /// Image file to create (must not exist: an existing file is never
+    /// overwritten).
     #[arg(value_name = "IMAGE")]
     pub image: PathBuf,
     /// Logical size (K/M/G/T suffixes).
@@ -79,15 +90,19 @@ pub struct ServeArgs {
     /// --allow-remote is given (NBD has no authentication here).
     #[arg(long, value_name = "ADDR:PORT")]
     pub listen: Option<String>,
-    /// Allow a non-loopback --listen address.
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (loopback
+    /// only unless --allow-remote; port 0 picks one, printed at start).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
+    /// Allow non-loopback --listen and --metrics addresses.
     #[arg(long)]
     pub allow_remote: bool,
     /// Refuse writes.
     #[arg(long)]
     pub readonly: bool,
     /// Worker threads per connection (default: CPUs).
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
     /// Export name (the empty name selects it too).
     #[arg(long, default_value = "ztier", value_name = "NAME")]
     pub name: String,
@@ -133,19 +148,129 @@ fn open_engine(path: &Path, read_only: bool) -> Result<Engine> {
         .with_context(|| format!("opening image {}", path.display()))
 }
 
+/// The control socket name of a server of `image`.
+fn control(image: &Path) -> Result<String> {
+    live::control_name("blk", image).with_context(|| format!("opening {}", image.display()))
+}
+
+/// Asks the server of `image`, if one runs, `cmd`.
+fn ask_server(image: &Path, cmd: &str, timeout: Duration) -> Result<Option<serde_json::Value>> {
+    let name = control(image)?;
+    live::query(&name, cmd, timeout).with_context(|| format!("asking the server of {}", image.display()))
+}
+
+fn create_options(a: &CreateArgs) -> Result<CreateOptions> {
+    let small = |what: &str, s: &str| -> Result<u32> {
+        let v = parse_size(s).with_context(|| format!("--{what}"))?;
+        u32::try_from(v)
+            .map_err(|_| anyhow::anyhow!("--{what} {s}: {v} bytes does not fit (at most 64K here)"))
+    };
+    let o = CreateOptions {
+        logical_size: parse_size(&a.size).context("--size")?,
+        block_size: small("block", &a.block)?,
+        extent_size: small("extent", &a.extent)?,
+        codec: a.codec,
+        physical: a.physical.as_deref().map(parse_size).transpose().context("--physical")?,
+    };
+    if !o.block_size.is_power_of_two() || !(512..=32768).contains(&o.block_size) {
+        bail!("--block {}: a power of two from 512 to 32K", a.block);
+    }
+    if !o.extent_size.is_power_of_two() || o.extent_size > 65536 || o.extent_size < 2 * o.block_size {
+        bail!("--extent {}: a power of two up to 64K, at least two blocks (--block {})", a.extent, a.block);
+    }
+    if o.logical_size == 0 || o.logical_size % o.block_size as u64 != 0 {
+        bail!("--size {}: a positive multiple of the block size ({})", a.size, o.block_size);
+    }
+    if o.physical == Some(0) {
+        bail!("--physical 0: no room for any extent");
+    }
+    Ok(o)
+}
+
+fn print_stats(s: &serde_json::Value) {
+    let n = |k: &str| s[k].as_u64().unwrap_or(0);
+    println!("logical        {} bytes ({} B blocks)", n("logical_size"), n("block_size"));
+    println!(
+        "data           {} blocks, {} zero blocks, {} same-filled blocks",
+        n("data_blocks"),
+        n("zero_blocks"),
+        n("same_blocks")
+    );
+    println!(
+        "stored         {} bytes (ratio {:.3})",
+        n("data_stored_bytes"),
+        s["ratio"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "extents        {} of {} used ({} B each, {} raw), {} free",
+        n("used_extents"),
+        n("extents_total"),
+        n("extent_size"),
+        n("raw_extents"),
+        n("extents_free")
+    );
+    println!(
+        "physical       {} bytes; file allocated {} bytes",
+        n("physical_bytes_used"),
+        n("file_allocated_bytes")
+    );
+    println!(
+        "codec          {}{}",
+        s["codec"].as_str().unwrap_or("?"),
+        if s["provisioned"].as_bool().unwrap_or(false) { ", provisioned" } else { ", thin" }
+    );
+    if s["served"].as_bool() == Some(true) {
+        let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
+        println!(
+            "served         by pid {} for {:.0} s, {} connections open",
+            n("pid"),
+            f("uptime_s"),
+            n("connections_open")
+        );
+        println!(
+            "requests       {} ({} read, {} write, {} flush, {} other), {} errors",
+            n("requests"),
+            n("read_requests"),
+            n("write_requests"),
+            n("flush_requests"),
+            n("other_requests"),
+            n("errors")
+        );
+        println!("bytes          {} read, {} written", n("bytes_read"), n("bytes_written"));
+        println!(
+            "latency        p50 {:.0} µs, p99 {:.0} µs (read p99 {:.0}, write p99 {:.0}, flush p99 {:.0})",
+            f("latency_p50_us"),
+            f("latency_p99_us"),
+            f("read_latency_p99_us"),
+            f("write_latency_p99_us"),
+            f("flush_latency_p99_us")
+        );
+        println!(
+            "checkpoints    {} ({} pages written, longest {:.1} ms)",
+            n("checkpoints"),
+            n("checkpoint_pages_written"),
+            f("checkpoint_max_us") / 1000.0
+        );
+        println!(
+            "cleaner        {} runs, {} extents freed, {} blocks moved, {:.1} s",
+            n("cleaner_runs"),
+            n("extents_cleaned"),
+            n("blocks_relocated"),
+            f("cleaner_us") / 1e6
+        );
+    }
+}
+
 /// Runs a `blk` subcommand.
 pub fn run(c: BlkCommand) -> Result<i32> {
     match c {
         BlkCommand::Create(a) => {
-            let o = CreateOptions {
-                logical_size: parse_size(&a.size)?,
-                block_size: parse_size(&a.block)? as u32,
-                extent_size: parse_size(&a.extent)? as u32,
-                codec: a.codec,
-                physical: a.physical.as_deref().map(parse_size).transpose()?,
-            };
-            if o.logical_size % o.block_size.max(1) as u64 != 0 {
-                bail!("--size must be a multiple of the block size ({})", o.block_size);
+            let o = create_options(&a)?;
+            if a.image.exists() {
+                bail!(
+                    "{} exists: `blk create` never overwrites a file; remove it or name another",
+                    a.image.display()
+                );
             }
             let f = OpenOptions::new()
                 .read(true)
@@ -175,15 +300,40 @@ pub fn run(c: BlkCommand) -> Result<i32> {
         }
         BlkCommand::Serve(a) => serve(a),
         BlkCommand::Check(a) => {
+            if let Some(v) = ask_server(&a.image, "verify", Duration::from_secs(24 * 3600))? {
+                let problems: Vec<String> = v["problems"]
+                    .as_array()
+                    .map(|p| p.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+                    .unwrap_or_default();
+                let why = "the extent accounting and recovery audit need the image not served: stop the server and check again";
+                for p in &problems {
+                    println!("{}: {p}", a.image.display());
+                }
+                if problems.is_empty() {
+                    println!(
+                        "{}: served: every mapped block reads back ({} data blocks, checked online); {why}",
+                        a.image.display(),
+                        v["data_blocks"]
+                    );
+                    return Ok(0);
+                }
+                println!(
+                    "{}: served: {} damaged blocks (checked online); {why}",
+                    a.image.display(),
+                    problems.len()
+                );
+                return Ok(1);
+            }
             let e = open_engine(&a.image, true)?;
             let problems = e.check()?;
             if problems.is_empty() {
                 let s = e.stats();
                 println!(
-                    "{}: clean ({} data blocks, {} zero blocks, {} extents used of {})",
+                    "{}: clean ({} data blocks, {} zero blocks, {} same-filled blocks, {} extents used of {})",
                     a.image.display(),
                     s.data_blocks,
                     s.zero_blocks,
+                    s.same_blocks,
                     s.used_extents,
                     s.extents_total
                 );
@@ -197,27 +347,14 @@ pub fn run(c: BlkCommand) -> Result<i32> {
             }
         }
         BlkCommand::Stats(a) => {
-            let e = open_engine(&a.image, true)?;
-            let s = e.stats();
+            let v = match ask_server(&a.image, "stats", Duration::from_secs(30))? {
+                Some(v) => v,
+                None => serde_json::to_value(open_engine(&a.image, true)?.stats())?,
+            };
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&s)?);
+                println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                println!("logical        {} bytes ({} B blocks)", s.logical_size, s.block_size);
-                println!("data           {} blocks, {} zero blocks", s.data_blocks, s.zero_blocks);
-                println!("stored         {} bytes (ratio {:.3})", s.data_stored_bytes, s.ratio);
-                println!(
-                    "extents        {} of {} used ({} B each), {} free",
-                    s.used_extents, s.extents_total, s.extent_size, s.extents_free
-                );
-                println!(
-                    "physical       {} bytes; file allocated {} bytes",
-                    s.physical_bytes_used, s.file_allocated_bytes
-                );
-                println!(
-                    "codec          {}{}",
-                    s.codec,
-                    if s.provisioned { ", provisioned" } else { ", thin" }
-                );
+                print_stats(&v);
             }
             Ok(0)
         }
@@ -256,39 +393,111 @@ fn socket_path(a: &ServeArgs) -> PathBuf {
     })
 }
 
+/// Binds the unix socket at `path`. A socket file nobody listens on (a
+/// server that crashed left it: connecting is refused) is replaced; a live
+/// one, or anything that is not a socket, is refused.
+fn bind_unix(path: &Path) -> Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_socket() {
+            bail!("{} exists and is not a socket: remove it or give another --socket", path.display());
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                bail!("{}: another server listens there: stop it or give another --socket", path.display())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                eprintln!(
+                    "ztier blk: {}: nobody listens (a server that stopped without removing it): replacing it",
+                    path.display()
+                );
+                std::fs::remove_file(path)
+                    .with_context(|| format!("removing the stale {}", path.display()))?;
+            }
+            Err(e) => bail!(
+                "{}: cannot tell whether a server listens there ({e}): remove it or give another --socket",
+                path.display()
+            ),
+        }
+    }
+    std::os::unix::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
+}
+
+/// The socket file at `path` is still the one bound (dev, inode).
+fn same_file(path: &Path, id: Option<(u64, u64)>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino())) == id && id.is_some()
+}
+
+fn loopback_or_allowed(flag: &str, addr: &str, allow: bool) -> Result<std::net::SocketAddr> {
+    let sa: std::net::SocketAddr = addr.parse().with_context(|| format!("--{flag} {addr}: not ADDR:PORT"))?;
+    if !sa.ip().is_loopback() && !allow {
+        bail!("--{flag} {addr} is not a loopback address: NBD and the metrics have no authentication; add --allow-remote to mean it");
+    }
+    Ok(sa)
+}
+
 fn serve(a: ServeArgs) -> Result<i32> {
+    use std::os::unix::fs::MetadataExt;
     let stop = Arc::new(AtomicBool::new(false));
     stop_on_signals(stop.clone());
     let engine = Arc::new(open_engine(&a.image, a.readonly)?);
+    let metrics =
+        a.metrics.as_deref().map(|m| loopback_or_allowed("metrics", m, a.allow_remote)).transpose()?;
+    let mut sock_id = None;
     let (listener, where_) = if let Some(addr) = &a.listen {
-        let sa: std::net::SocketAddr =
-            addr.parse().with_context(|| format!("--listen {addr}: not ADDR:PORT"))?;
-        if !sa.ip().is_loopback() && !a.allow_remote {
-            bail!("--listen {addr} is not a loopback address: NBD has no authentication; add --allow-remote to mean it");
-        }
+        let sa = loopback_or_allowed("listen", addr, a.allow_remote)?;
         let l = std::net::TcpListener::bind(sa).with_context(|| format!("listening on {addr}"))?;
         let local = l.local_addr()?;
         (Listener::Tcp(l), format!("nbd://{local}/{}", a.name))
     } else {
         let path = socket_path(&a);
-        if path.exists() {
-            bail!("{} exists: remove it or give another --socket", path.display());
-        }
-        let l = std::os::unix::net::UnixListener::bind(&path)
-            .with_context(|| format!("binding {}", path.display()))?;
+        let l = bind_unix(&path)?;
+        sock_id = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino()));
         (Listener::Unix(l), format!("nbd+unix:///{}?socket={}", a.name, path.display()))
     };
     let cfg = ServeConfig {
         name: a.name.clone(),
         description: format!("ztier compressed image {}", a.image.display()),
         read_only: a.readonly,
-        threads: a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+        threads: a
+            .threads
+            .map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()), |t| t as usize),
     };
-    eprintln!("ztier blk: serving {} at {where_}", a.image.display());
     let stats = Arc::new(ServerStats::default());
-    let r = server::serve(engine.clone(), listener, cfg, stop, stats.clone());
+    let report = Arc::new(Live {
+        engine: engine.clone(),
+        stats: stats.clone(),
+        image: a.image.display().to_string(),
+        started: std::time::Instant::now(),
+    });
+    let ctl = live::serve_control(&control(&a.image)?, report.clone(), stop.clone())
+        .context("starting the control socket (`ztier blk stats` of this image)")?;
+    let metrics = match metrics {
+        Some(sa) => {
+            let (bound, h) = live::serve_metrics(sa, a.allow_remote, report, stop.clone())
+                .with_context(|| format!("--metrics {sa}"))?;
+            Some((bound, h))
+        }
+        None => None,
+    };
+    eprintln!(
+        "ztier blk: serving {} at {where_}{} ({} threads per connection)",
+        a.image.display(),
+        metrics.as_ref().map(|(b, _)| format!(", metrics at http://{b}/metrics")).unwrap_or_default(),
+        cfg.threads
+    );
+    let r = server::serve(engine.clone(), listener, cfg, stop.clone(), stats.clone());
+    stop.store(true, Ordering::Release);
+    let _ = ctl.join();
+    if let Some((_, h)) = metrics {
+        let _ = h.join();
+    }
     if a.listen.is_none() {
-        let _ = std::fs::remove_file(socket_path(&a));
+        let p = socket_path(&a);
+        if same_file(&p, sock_id) {
+            let _ = std::fs::remove_file(p);
+        }
     }
     engine.close().context("checkpointing the image at shutdown")?;
     r.context("serving")?;

@@ -8,6 +8,7 @@ pub mod bench_store;
 pub mod bench_uffd;
 pub mod blk;
 pub mod demo;
+pub mod docs;
 pub mod faults;
 pub mod hold;
 pub mod run;

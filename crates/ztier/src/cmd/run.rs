@@ -94,8 +94,9 @@ pub struct RunArgs {
     /// and interleaved walks, zero runs of 16 new pages) or single (one page a
     /// fault). Sizing (split the budget live between resident pages and the
     /// compressed store): static:F (a fixed fraction F compressed), kaplan
-    /// (Wilson/Kaplan 1999 cost/benefit), castro (de Castro 2003), pressure
-    /// (refault feedback), none; with one, --budget holds the stores too, and
+    /// (Wilson/Kaplan 1999 cost/benefit), castro, castro-aggressive,
+    /// castro-sluggish (de Castro 2003), pressure (refault feedback), none, any
+    /// of them +clean-disable; with one, --budget holds the stores too, and
     /// --spill is needed (what a store's share cannot hold goes there, still
     /// compressed); without one, the store is beside the budget (--store).
     /// shipped = segmented+walk.

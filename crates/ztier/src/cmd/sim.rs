@@ -47,7 +47,8 @@ pub struct SimArgs {
     /// reference; the default when only a sizing policy is named).
     /// Prefetch: walk (shipped), single. Sizing: none, static:FRACTION (of
     /// memory kept compressed), kaplan (1999 cost/benefit), castro (2003
-    /// expense/profit), pressure (refault vs stall feedback); SIZING+
+    /// expense/profit; castro-aggressive and castro-sluggish: the paper's
+    /// two other variants), pressure (refault vs stall feedback); SIZING+
     /// clean-disable adds de Castro's switch that stops compressing clean
     /// pages while it does not pay (`kaplan+clean-disable`). shipped =
     /// segmented+walk.

@@ -20,7 +20,7 @@ pub fn require(tool: &str) {
         .is_ok_and(|o| o.status.success());
     assert!(
         ok,
-        "{tool} is needed by this test (scripts/deb-packages/run.txt; `make deps` as root installs it)"
+        "{tool} is needed by this test (scripts/deb-packages/*.txt; `make deps` as root installs it)"
     );
 }
 
