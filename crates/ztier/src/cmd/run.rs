@@ -37,7 +37,8 @@ static PRELOAD: &[u8] = include_bytes!(env!("ZTIER_PRELOAD_SO"));
     ztier run --budget 256M -- python3 job.py\n  \
     ztier run --budget 64M --codec wkdm --stats run.json -- sort big.txt\n  \
     ztier run --budget 128M --spill /var/tmp --store 64M -- gcc -O2 -c big.c\n  \
-    ztier run --budget 256M --policy kaplan --spill /var/tmp -- python3 job.py\n\n\
+    ztier run --budget 256M --policy kaplan --spill /var/tmp -- python3 job.py\n  \
+    ztier run --budget 256M --policy fifo+single -- python3 job.py\n\n\
 What is managed: memory from malloc/calloc/realloc/memalign (replaced) and the\n\
 program's private anonymous mmaps, read-write or reserved (PROT_NONE, made usable\n\
 later), as the heaps of the JVM and of node's V8 are; an address hint is only a\n\
@@ -69,11 +70,11 @@ caught as pthread_create's are.")]
 pub struct RunArgs {
     /// Most uncompressed memory (managed pages resident), e.g. 256M: for all of the
     /// command's processes together (--budget-scope tree, the default), or per process
-    /// (--budget-scope process). With --policy: resident pages and the compressed store
-    /// together, per process.
+    /// (--budget-scope process). With a sizing policy in --policy: resident pages and
+    /// the compressed stores together.
     #[arg(long, value_parser = parse_size)]
     pub budget: u64,
-    /// What --budget bounds [default: tree; process with --policy]. tree: the
+    /// What --budget bounds [default: tree]. tree: the
     /// command's processes share one budget, as a memory cgroup's limit covers every
     /// process in it (a make -j, a pool of forked workers, a pipeline): a process that
     /// finds none left evicts its own oldest pages, and every process's evictor gives
