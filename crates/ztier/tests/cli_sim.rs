@@ -186,7 +186,7 @@ fn bad_input_gets_clear_errors() {
 /// docs/measurements/2026-12-06-policy.md for both). The live count is
 /// the median of five runs (the background evictor's timing moves it by
 /// ±10%); the prediction must be within 20% of it. (Here the model
-/// predicted 13% more than the median; at 1M to 3M it predicts 13–26%
+/// predicted 13–15% more than the median; at 1M to 3M it predicts 13–26%
 /// more: the measurement has the table.) A replay of one run's
 /// fault log, which has no hits, sees at most that run's page-ins.
 #[test]
