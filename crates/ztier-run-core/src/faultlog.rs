@@ -42,7 +42,7 @@
 //! library's own allocator (never the arena), so logging is one clock
 //! read and one store per page-in. A process keeps at most
 //! [`MAX_ROWS`] rows (256 MiB); later page-ins are counted, not logged,
-//! and the count is said on stderr at exit. A forked child starts an
+//! and the count is said in the log at exit. A forked child starts an
 //! empty log of its own; a process killed by a signal writes none.
 
 use std::io::{self, Write};
@@ -273,22 +273,20 @@ impl FaultLog {
     }
 
     /// Writes `dir/name` (`PID.csv`, or `PID-N.csv` as the process's
-    /// statistics are named); says on stderr how many page-ins went
-    /// unlogged, if any.
+    /// statistics are named). How many page-ins went unlogged is
+    /// [`FaultLog::unlogged`]'s, for the caller to say.
     pub fn write_file(&self, name: &str) -> io::Result<PathBuf> {
         let path = self.dir.join(name);
         let mut w = io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&path)?);
         self.write_csv(&mut w)?;
         w.flush()?;
-        if self.dropped > 0 {
-            eprintln!(
-                "ztier: fault log {}: {} page-ins after the first {} were not logged",
-                path.display(),
-                self.dropped,
-                self.max
-            );
-        }
         Ok(path)
+    }
+
+    /// Page-ins counted but not logged (past the first `max` rows), and
+    /// that `max`.
+    pub fn unlogged(&self) -> (u64, usize) {
+        (self.dropped, self.max)
     }
 }
 

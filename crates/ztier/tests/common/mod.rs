@@ -137,3 +137,14 @@ pub fn compile_with_library(
     let link = format!("-l{lib}");
     compile_in(d, exe, sources, &["-Wl,--no-as-needed", "-L.", &link, "-Wl,-rpath,$ORIGIN"])
 }
+
+/// The notices of ztier's in merged stats (`notices`: what it said about
+/// the run, kept out of the program's stderr), a line each.
+pub fn notices(s: &serde_json::Value) -> String {
+    s["notices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no notices in the statistics: {s}"))
+        .iter()
+        .map(|n| format!("{}\n", n.as_str().unwrap()))
+        .collect()
+}
