@@ -92,7 +92,7 @@
 //! `@ztier-PID` answers every request with the same JSON, in one
 //! datagram (`ztier stats PID`). With `ZTIER_FAULT_LOG_DIR` (`ztier run --fault-log DIR`) each
 //! process also writes one row per page-in as `PID.csv` there (see
-//! [`faultlog`]).
+//! [`ztier_run_core::faultlog`]).
 //!
 //! **Notices**: what the library says that the program did not cause (a
 //! request the arena cannot hold, a full store, a call refused in this
@@ -109,7 +109,6 @@
 mod coredump;
 mod direct;
 mod dl;
-mod faultlog;
 mod fds;
 mod manager;
 mod pages;
@@ -1853,13 +1852,13 @@ fn serve_in_thread(addr: usize) -> bool {
         // the store already: committed now, it is served below.
         let early = owned && !back && m.commit_early(g.page_of(page), &g.stats);
         if back {
-            m.log_fault(t_log, faultlog::Kind::Wp, page);
+            m.log_fault(t_log, ztier_run_core::faultlog::Kind::Wp, page);
             drop(m);
         } else if owned && !early {
             // Read under the lock: the batch that owns the page commits
             // (under the lock) after this.
             let seen = COMMITS.load(Ordering::Acquire);
-            m.log_fault(t_log, faultlog::Kind::Deferred, page);
+            m.log_fault(t_log, ztier_run_core::faultlog::Kind::Deferred, page);
             drop(m);
             g.stats.deferred.fetch_add(1, Ordering::Relaxed);
             let waited = std::time::Instant::now();
@@ -2231,6 +2230,7 @@ fn stats_json(g: &Global) -> String {
         now_stored,
         spilled,
         policy,
+        names,
         resident_budget,
         user_mode_only,
         tree,
@@ -2259,6 +2259,7 @@ fn stats_json(g: &Global) -> String {
             st.memory_used,
             st.tier_bytes,
             m.sizing(),
+            m.policy_names(),
             m.budget() * PAGE,
             m.uffd.user_mode_only,
             tree,
@@ -2297,7 +2298,7 @@ fn stats_json(g: &Global) -> String {
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"pinned_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
-         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"committed_early\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"hot_distance\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\"held_by\":{:?},\
+         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"committed_early\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"hot_distance\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"replacement\":\"{}\",\"prefetch\":\"{}\",\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\"held_by\":{:?},\
          \"tree_held_bytes\":{},\"tree_reserved_bytes\":{},\"tree_inherited_bytes\":{},\
          \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"deferred_wait_ns\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
@@ -2343,6 +2344,8 @@ fn stats_json(g: &Global) -> String {
         ld(&s.dirtied),
         resident_budget,
         policy.as_ref().map_or("null".to_string(), |(n, _)| format!("\"{n}\"")),
+        names.0,
+        names.1,
         g.cfg.allocator.name(),
         policy.as_ref().map(|(_, b)| *b).or(store_share).map_or("null".to_string(), |b| b.to_string()),
         ld(&s.forks),
@@ -2533,8 +2536,19 @@ extern "C" fn at_exit() {
             m.take_fault_log()
         };
         if let Some(log) = log {
-            if let Err(e) = log.write_file(&own_file_name("csv")) {
-                notice(format_args!("ztier: writing the fault log into {}: {e}", log.dir.display()));
+            match log.write_file(&own_file_name("csv")) {
+                Ok(path) => {
+                    let (dropped, max) = log.unlogged();
+                    if dropped > 0 {
+                        notice(format_args!(
+                            "ztier: fault log {}: {dropped} page-ins after the first {max} were not logged",
+                            path.display()
+                        ));
+                    }
+                }
+                Err(e) => {
+                    notice(format_args!("ztier: writing the fault log into {}: {e}", log.dir.display()))
+                }
             }
         }
     });

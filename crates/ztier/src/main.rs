@@ -5,6 +5,7 @@
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
+mod scratch;
 mod units;
 
 /// ztier: compressed caching in user space.

@@ -2170,7 +2170,8 @@ fn a_policy_splits_the_budget_between_resident_pages_and_the_store() {
     assert!(o.stdout == n.stdout, "static:0.25: output differs from the native run");
     let p = &s["per_process"][0];
     assert_eq!(p["policy"].as_str(), Some("static:0.25"), "{p}");
-    assert_eq!(s["budget_scope"], "process", "a policy's scope");
+    assert_eq!((p["replacement"].as_str(), p["prefetch"].as_str()), (Some("segmented"), Some("walk")), "{p}");
+    assert_eq!(s["budget_scope"], "tree", "a policy takes the default scope");
     assert_eq!(p["store_budget_bytes"].as_u64(), Some(8 << 20), "{p}");
     assert_eq!(p["resident_budget_bytes"].as_u64(), Some(24 << 20), "{p}");
     assert!(p["peak_resident_bytes"].as_u64().unwrap() <= 24 << 20, "{p}");
@@ -2194,6 +2195,20 @@ fn a_policy_splits_the_budget_between_resident_pages_and_the_store() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs --spill"));
     let o = Command::new(ztier())
+        .args([
+            "run", "--budget", "32M", "--policy", "kaplan", "--spill", "/tmp", "--store", "8M", "--", "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("sizes the store"));
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "32M", "--policy", "lru", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("faults only"));
+    let o = Command::new(ztier())
         .args(["run", "--budget", "32M", "--policy", "static:2", "--spill", "/tmp", "--", "true"])
         .output()
         .unwrap();
@@ -2203,25 +2218,61 @@ fn a_policy_splits_the_budget_between_resident_pages_and_the_store() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let o = Command::new(ztier())
-        .args([
-            "run",
-            "--budget",
-            "32M",
-            "--budget-scope",
-            "tree",
-            "--policy",
-            "kaplan",
-            "--spill",
-            "/tmp",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(e.contains("--budget-scope tree cannot be used with --policy"), "{e}");
+}
+
+/// Any combination of the policy's parts runs: oldest-first replacement
+/// and no prefetch give the native output, say so in the statistics,
+/// and bring no page in besides the faulting one.
+#[test]
+fn any_replacement_and_prefetch_can_be_picked() {
+    require("python3");
+    let d = tmp("policy-parts");
+    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
+    let cmd = ["python3", app.to_str().unwrap(), "100000"];
+    let n = native(&cmd, &d);
+    assert!(n.status.success());
+    let (m, s) = managed_with("16M", &["--policy", "fifo+single"], &cmd, &d);
+    assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
+    let p = &s["per_process"][0];
+    assert_eq!((p["replacement"].as_str(), p["prefetch"].as_str()), (Some("fifo"), Some("single")), "{p}");
+    assert_eq!(p["policy"], serde_json::Value::Null, "no sizing policy: {p}");
+    assert_eq!(p["prefetched"].as_u64(), Some(0), "{p}");
+    assert_eq!(p["promoted"].as_u64(), Some(0), "fifo has no protected segment: {p}");
+    assert!(p["store_faults"].as_u64().unwrap() > 1000, "{p}");
+}
+
+/// A sizing policy in the tree scope (the default): three forked workers
+/// share one budget of 32M for their resident pages and their stores
+/// together, each splitting its part by the policy; the oldest compressed
+/// pages beyond a store's share spill.
+#[test]
+fn a_sizing_policy_splits_each_processs_part_of_a_shared_budget() {
+    require("python3");
+    let d = tmp("policy-tree");
+    let w = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/workers.py");
+    let cmd = ["python3", w.to_str().unwrap(), "100000", "3"];
+    let n = native(&cmd, &d);
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    let spill = d.join("spill");
+    std::fs::create_dir_all(&spill).unwrap();
+    let (m, s) =
+        managed_with("32M", &["--policy", "static:0.25", "--spill", spill.to_str().unwrap()], &cmd, &d);
+    assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
+    assert_eq!(s["budget_scope"], "tree");
+    let over = s["tree_over_bytes"].as_u64().unwrap();
+    assert!(over < 1 << 20, "{s}");
+    assert!(s["tree_peak_held_bytes"].as_u64().unwrap() <= (32 << 20) + over, "{s}");
+    let procs = s["per_process"].as_array().unwrap();
+    assert!(procs.len() >= 4, "{s}");
+    let mut spilled = 0;
+    for p in procs {
+        assert_eq!(p["policy"].as_str(), Some("static:0.25"), "{p}");
+        let (st, res) =
+            (p["store_budget_bytes"].as_u64().unwrap(), p["resident_budget_bytes"].as_u64().unwrap());
+        assert!(st + res <= 32 << 20, "a process's part is at most the budget: {p}");
+        spilled += p["spilled_bytes"].as_u64().unwrap();
+    }
+    assert!(spilled > 0, "the stores' shares are too small for the workers' records: {s}");
 }
 
 /// A full store: with no spill folder, and with a spill file that can

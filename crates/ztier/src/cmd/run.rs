@@ -37,7 +37,8 @@ static PRELOAD: &[u8] = include_bytes!(env!("ZTIER_PRELOAD_SO"));
     ztier run --budget 256M -- python3 job.py\n  \
     ztier run --budget 64M --codec wkdm --stats run.json -- sort big.txt\n  \
     ztier run --budget 128M --spill /var/tmp --store 64M -- gcc -O2 -c big.c\n  \
-    ztier run --budget 256M --policy kaplan --spill /var/tmp -- python3 job.py\n\n\
+    ztier run --budget 256M --policy kaplan --spill /var/tmp -- python3 job.py\n  \
+    ztier run --budget 256M --policy fifo+single -- python3 job.py\n\n\
 What is managed: memory from malloc/calloc/realloc/memalign (replaced) and the\n\
 program's private anonymous mmaps, read-write or reserved (PROT_NONE, made usable\n\
 later), as the heaps of the JVM and of node's V8 are; an address hint is only a\n\
@@ -69,11 +70,11 @@ caught as pthread_create's are.")]
 pub struct RunArgs {
     /// Most uncompressed memory (managed pages resident), e.g. 256M: for all of the
     /// command's processes together (--budget-scope tree, the default), or per process
-    /// (--budget-scope process). With --policy: resident pages and the compressed store
-    /// together, per process.
+    /// (--budget-scope process). With a sizing policy in --policy: resident pages and
+    /// the compressed stores together.
     #[arg(long, value_parser = parse_size)]
     pub budget: u64,
-    /// What --budget bounds [default: tree; process with --policy]. tree: the
+    /// What --budget bounds [default: tree]. tree: the
     /// command's processes share one budget, as a memory cgroup's limit covers every
     /// process in it (a make -j, a pool of forked workers, a pipeline): a process that
     /// finds none left evicts its own oldest pages, and every process's evictor gives
@@ -81,18 +82,27 @@ pub struct RunArgs {
     /// page a forked child shares with its parent counts once, in the parent, until one
     /// of them writes it. --stats then gives tree_peak_held_bytes (at most --budget, but
     /// for tree_over_bytes taken when no process had pages to give back). process: each
-    /// process of the command has a budget of its own (the only scope --policy has: a
-    /// policy splits one process's budget between its resident pages and its store).
+    /// process of the command has a budget of its own. With a sizing policy each
+    /// process splits its part (tree) or its budget (process) between its resident
+    /// pages and its store, and holds pages of the shared budget for both.
     #[arg(long, value_parser = ["process", "tree"])]
     pub budget_scope: Option<String>,
-    /// Split the budget live between resident pages and the compressed store:
-    /// static:F (a fixed fraction F compressed), kaplan (Wilson/Kaplan 1999
-    /// cost/benefit), castro, castro-aggressive, castro-sluggish (de Castro 2003),
-    /// pressure (refault feedback), any of them +clean-disable — the
-    /// policies of `ztier sim`, fed with the faults. Needs --spill: what the
-    /// store's share cannot hold goes there, still compressed.
-    #[arg(long, conflicts_with = "store")]
-    pub policy: Option<String>,
+    /// The policy: a replacement, a prefetch and a sizing policy joined by '+'
+    /// (any part left out takes its default) — the objects `ztier sim` replays.
+    /// Replacement (which resident pages go; it sees faults only): segmented
+    /// (protected and probation segments, refault-distance promotion, adaptive
+    /// aging) or fifo (oldest first). Prefetch: walk (stored pages of sequential
+    /// and interleaved walks, zero runs of 16 new pages) or single (one page a
+    /// fault). Sizing (split the budget live between resident pages and the
+    /// compressed store): static:F (a fixed fraction F compressed), kaplan
+    /// (Wilson/Kaplan 1999 cost/benefit), castro, castro-aggressive,
+    /// castro-sluggish (de Castro 2003), pressure (refault feedback), none, any
+    /// of them +clean-disable; with one, --budget holds the stores too, and
+    /// --spill is needed (what a store's share cannot hold goes there, still
+    /// compressed); without one, the store is beside the budget (--store).
+    /// shipped = segmented+walk.
+    #[arg(long, default_value = "segmented+walk", value_name = "POLICY")]
+    pub policy: String,
     /// Codec of the compressed store (lz4, wkdm, wk4x4, wk64, lzo, zstd, deflate, hybrid, raw).
     #[arg(long, default_value = "lz4")]
     pub codec: String,
@@ -210,18 +220,9 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// What the budget bounds: `tree` (the default) or `process` (the
-    /// default with `--policy`, and the only scope it has).
-    pub fn scope(&self) -> anyhow::Result<&str> {
-        Ok(match (self.budget_scope.as_deref(), &self.policy) {
-            (Some("tree"), Some(p)) => bail!(
-                "--budget-scope tree cannot be used with --policy {p}: a policy splits one process's \
-                 budget between its resident pages and its store (use --budget-scope process)"
-            ),
-            (Some(s), _) => s,
-            (None, Some(_)) => "process",
-            (None, None) => "tree",
-        })
+    /// What the budget bounds: `tree` (the default) or `process`.
+    pub fn scope(&self) -> &str {
+        self.budget_scope.as_deref().unwrap_or("tree")
     }
 
     /// The defaults of `ztier run` for `cmd` at `budget` with `codec`
@@ -233,7 +234,7 @@ impl RunArgs {
             codec: codec.into(),
             allocator: "classes".into(),
             store: None,
-            policy: None,
+            policy: ztier_policy::spec::SHIPPED.into(),
             spill: None,
             spill_max: None,
             stats: None,
@@ -394,15 +395,21 @@ pub fn run_program(
     if a.budget < MIN_BUDGET {
         bail!("--budget {} is too small (at least 1M)", a.budget);
     }
-    if let Some(p) = &a.policy {
-        ztier_policy::build(
-            p,
-            (a.budget >> 12) as usize,
-            ztier_policy::Costs { disk_ns: 1.0, compress_ns: 1.0, decompress_ns: 1.0 },
-        )
+    let policy = ztier_policy::Spec::parse(&a.policy, ztier_policy::Frontend::Run)
         .map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+    if let Some(sizing) = &policy.sizing {
         if a.spill.is_none() {
-            bail!("--policy {p} needs --spill DIR: pages beyond the store's share of the budget go there");
+            bail!(
+                "--policy {}: the sizing policy {sizing} needs --spill DIR: pages beyond the store's share \
+                 of the budget go there",
+                a.policy
+            );
+        }
+        if a.store.is_some() {
+            bail!(
+                "--policy {}: the sizing policy {sizing} sizes the store: --store cannot be given",
+                a.policy
+            );
         }
     }
     let lib = preload_path()?;
@@ -412,7 +419,7 @@ pub fn run_program(
         std::env::temp_dir().join(format!("ztier-{uid}")).join(format!("run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&stats_dir);
     std::fs::create_dir_all(&stats_dir)?;
-    let _cleanup = RemoveDir(stats_dir.clone());
+    let _cleanup = crate::scratch::TempDir::adopt(stats_dir.clone());
     let mut preload = lib.as_os_str().to_owned();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
         preload.push(":");
@@ -420,10 +427,12 @@ pub fn run_program(
     }
     // Kept open until the command ends: its processes open it by a path
     // into this process's descriptors.
-    let tree = match a.scope()? {
+    // With a sizing policy each process sizes its own store (holding
+    // pages of the shared budget for it): no store limit to share.
+    let store_limit = if policy.sizing.is_some() { 0 } else { a.store.unwrap_or(physical_memory() / 2) };
+    let tree = match a.scope() {
         "tree" => Some(
-            ztier_uffd::tree::Shared::create(a.budget >> 12, a.store.unwrap_or(physical_memory() / 2))
-                .context("--budget-scope tree")?,
+            ztier_uffd::tree::Shared::create(a.budget >> 12, store_limit).context("--budget-scope tree")?,
         ),
         _ => None,
     };
@@ -448,9 +457,7 @@ pub fn run_program(
     if let Some(s) = a.store {
         cmd.env("ZTIER_STORE", s.to_string());
     }
-    if let Some(p) = &a.policy {
-        cmd.env("ZTIER_POLICY", p);
-    }
+    cmd.env("ZTIER_POLICY", &a.policy);
     let mut spill = None;
     if let Some(d) = &a.spill {
         if !d.is_dir() {
@@ -534,7 +541,7 @@ pub fn run_program(
     stats["cpu_s"] = m.cpu_s.into();
     stats["budget_bytes"] = a.budget.into();
     stats["fault_path"] = taken_fault_path(&stats, &a.fault_path).into();
-    stats["budget_scope"] = a.scope()?.into();
+    stats["budget_scope"] = a.scope().into();
     if let Some((p, from)) = &log {
         stats["notices"] = read_notices(p, *from).into();
     }
@@ -827,14 +834,6 @@ fn allowed_cpus() -> String {
         .map(|c| c.to_string())
         .collect::<Vec<_>>()
         .join(",")
-}
-
-struct RemoveDir(PathBuf);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Mean of a merged histogram keyed by bucket upper bound (ns), in µs,

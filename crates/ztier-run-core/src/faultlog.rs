@@ -1,11 +1,15 @@
 //! The fault log (`ztier run --fault-log DIR`): one row per page-in the
-//! manager serves, kept in memory and written at exit as `DIR/PID.csv`.
+//! manager serves, kept in memory and written at exit as `DIR/PID.csv`
+//! ([`FaultLog`]), and read back ([`parse`]) by `ztier faults` and by
+//! `ztier sim`, which replays one as a trace of faults.
 //!
 //! It exists for offline analysis of what the policy did to a program:
 //! when pages came back, in what runs, at what refault distance, and what
 //! each service cost. It sees what userfaultfd sees — misses only, never
 //! hits on resident pages — so it is a record of the built policy's
-//! faults, not a reference stream another policy could be replayed on.
+//! faults, not a reference stream: replayed by `ztier sim` it tells what
+//! another fault-driven policy, or a larger budget, would have done with
+//! those faults, not what hits the run had in between.
 //!
 //! ```text
 //!  t_ns,kind,addr,pages,distance,evictions,hot,service_ns
@@ -44,6 +48,9 @@
 use std::io::{self, Write};
 use std::path::PathBuf;
 
+/// The first line of a fault log.
+pub const HEADER: &str = "t_ns,kind,addr,pages,distance,evictions,hot,service_ns";
+
 /// Most rows a process keeps (`ZTIER_TEST_FAULT_LOG_MAX` lowers it, for
 /// tests).
 pub const MAX_ROWS: usize = 8 << 20;
@@ -69,7 +76,16 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    /// Every kind, in the order the docs list them.
+    pub const ALL: [Kind; 6] = [Kind::Store, Kind::Zero, Kind::Pin, Kind::Deferred, Kind::Wp, Kind::Lost];
+
+    /// The kind named `name` in a log.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Its name in a log.
+    pub fn name(self) -> &'static str {
         match self {
             Kind::Store => "store",
             Kind::Zero => "zero",
@@ -82,17 +98,86 @@ impl Kind {
 }
 
 /// One row (see the module docs for the fields).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Row {
+    /// Nanoseconds since the process's manager started.
     pub t_ns: u64,
+    /// First page's address.
     pub addr: u64,
+    /// Service time inside the manager's lock.
     pub service_ns: u32,
-    /// `u32::MAX`: none.
+    /// Refault distance; `u32::MAX`: none.
     pub distance: u32,
+    /// The eviction clock.
     pub evictions: u32,
+    /// Pages installed.
     pub pages: u16,
+    /// What the row records.
     pub kind: Kind,
+    /// The page joined the protected segment.
     pub hot: bool,
+}
+
+impl Row {
+    /// The refault distance, if the row has one.
+    pub fn distance(&self) -> Option<u32> {
+        (self.distance != u32::MAX).then_some(self.distance)
+    }
+}
+
+/// A line of a fault log that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}: {why}")]
+pub struct ParseError {
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong with it.
+    pub why: String,
+}
+
+/// Parses a fault log (header first); an error names the line.
+pub fn parse(text: &str) -> Result<Vec<Row>, ParseError> {
+    let mut lines = text.lines();
+    match lines.next() {
+        Some(HEADER) => {}
+        Some(h) => {
+            return Err(ParseError {
+                line: 1,
+                why: format!("not a fault log header ({h:?}; expected {HEADER:?})"),
+            })
+        }
+        None => return Err(ParseError { line: 1, why: "empty file: not a fault log".into() }),
+    }
+    lines
+        .enumerate()
+        .map(|(i, l)| parse_row(l).map_err(|why| ParseError { line: i + 2, why: format!("{why}: {l:?}") }))
+        .collect()
+}
+
+fn parse_row(l: &str) -> Result<Row, String> {
+    let f: Vec<&str> = l.split(',').collect();
+    if f.len() != 8 {
+        return Err(format!("{} fields, expected 8", f.len()));
+    }
+    fn num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String> {
+        s.parse::<T>().map_err(|_| format!("{what} {s:?} is not a number in range"))
+    }
+    let kind = Kind::from_name(f[1]).ok_or_else(|| format!("unknown kind {:?}", f[1]))?;
+    let addr = f[2].strip_prefix("0x").ok_or_else(|| format!("addr {:?} is not hexadecimal", f[2]))?;
+    Ok(Row {
+        t_ns: num(f[0], "t_ns")?,
+        kind,
+        addr: u64::from_str_radix(addr, 16).map_err(|_| format!("addr {:?} is not hexadecimal", f[2]))?,
+        pages: num(f[3], "pages")?,
+        distance: if f[4].is_empty() { u32::MAX } else { num::<u32>(f[4], "distance")?.min(u32::MAX - 1) },
+        evictions: num(f[5], "evictions")?,
+        hot: match f[6] {
+            "0" => false,
+            "1" => true,
+            h => return Err(format!("hot {h:?} is neither 0 nor 1")),
+        },
+        service_ns: num(f[7], "service_ns")?,
+    })
 }
 
 /// The log of one process.
@@ -176,7 +261,7 @@ impl FaultLog {
 
     /// Writes the rows as CSV (header first).
     pub fn write_csv(&self, w: &mut impl Write) -> io::Result<()> {
-        writeln!(w, "t_ns,kind,addr,pages,distance,evictions,hot,service_ns")?;
+        writeln!(w, "{HEADER}")?;
         for r in self.chunks.iter().flatten() {
             write!(w, "{},{},{:#x},{},", r.t_ns, r.kind.name(), r.addr, r.pages)?;
             if r.distance != u32::MAX {
@@ -188,22 +273,20 @@ impl FaultLog {
     }
 
     /// Writes `dir/name` (`PID.csv`, or `PID-N.csv` as the process's
-    /// statistics are named); says in the log how many page-ins went
-    /// unlogged, if any.
+    /// statistics are named). How many page-ins went unlogged is
+    /// [`FaultLog::unlogged`]'s, for the caller to say.
     pub fn write_file(&self, name: &str) -> io::Result<PathBuf> {
         let path = self.dir.join(name);
         let mut w = io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&path)?);
         self.write_csv(&mut w)?;
         w.flush()?;
-        if self.dropped > 0 {
-            crate::notice(format_args!(
-                "ztier: fault log {}: {} page-ins after the first {} were not logged",
-                path.display(),
-                self.dropped,
-                self.max
-            ));
-        }
         Ok(path)
+    }
+
+    /// Page-ins counted but not logged (past the first `max` rows), and
+    /// that `max`.
+    pub fn unlogged(&self) -> (u64, usize) {
+        (self.dropped, self.max)
     }
 }
 
@@ -250,5 +333,31 @@ mod tests {
         assert!(String::from_utf8(out).unwrap().ends_with("\n9,pin,0x9000,1,42,3,1,7\n"));
         log.clear();
         assert!(log.is_empty());
+    }
+
+    #[test]
+    fn a_written_log_parses_back_and_bad_lines_are_named() {
+        let mut log = FaultLog::new(PathBuf::from("/nonexistent"), 100);
+        log.push(row(1, Kind::Zero));
+        log.push(Row { distance: 42, hot: true, pages: 8, ..row(2, Kind::Store) });
+        let mut out = Vec::new();
+        log.write_csv(&mut out).unwrap();
+        let rows = parse(std::str::from_utf8(&out).unwrap()).unwrap();
+        assert_eq!(
+            rows,
+            vec![row(1, Kind::Zero), Row { distance: 42, hot: true, pages: 8, ..row(2, Kind::Store) }]
+        );
+        assert_eq!((rows[0].distance(), rows[1].distance()), (None, Some(42)));
+        for (bad, says) in [
+            ("t_ns,kind\n", "line 1"),
+            (&*format!("{HEADER}\n1,store,0x10,1,,1,0,5\n1,nope,0x10,1,,1,0,5\n"), "line 3"),
+            (&*format!("{HEADER}\n1,store,10,1,,1,0,5\n"), "not hexadecimal"),
+            (&*format!("{HEADER}\n1,store,0x10,1,,1,2,5\n"), "neither 0 nor 1"),
+            (&*format!("{HEADER}\n1,store,0x10,1\n"), "4 fields"),
+            (&*format!("{HEADER}\n1,store,0x10,70000,,1,0,5\n"), "pages"),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
     }
 }
