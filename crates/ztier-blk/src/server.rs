@@ -330,7 +330,8 @@ impl Report for Live {
 }
 
 /// Accepts connections until `stop` is set, each on its own thread. A
-/// maintenance thread seals aged extent buffers and runs the cleaner.
+/// maintenance thread seals aged extent buffers, runs the cleaner and
+/// takes due checkpoints (so a FLUSH does not wait for one).
 pub fn serve(
     engine: Arc<Engine>,
     listener: Listener,
@@ -338,11 +339,15 @@ pub fn serve(
     stop: Arc<AtomicBool>,
     stats: Arc<ServerStats>,
 ) -> io::Result<()> {
+    if !engine.read_only() {
+        engine.set_background_checkpoints(true);
+    }
     let maint = {
         let (engine, stop) = (engine.clone(), stop.clone());
         std::thread::spawn(move || {
+            let mut reported = false;
             while !stop.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(50));
                 if engine.read_only() {
                     continue;
                 }
@@ -350,7 +355,16 @@ pub fn serve(
                 if engine.needs_cleaning() {
                     let _ = engine.clean(false);
                 }
+                // A failed checkpoint poisons the engine: requests then
+                // fail with EIO; say why once.
+                if let Err(e) = engine.checkpoint_if_due() {
+                    if !reported {
+                        eprintln!("ztier blk: checkpoint failed: {e}");
+                        reported = true;
+                    }
+                }
             }
+            engine.set_background_checkpoints(false);
         })
     };
     match &listener {
