@@ -41,7 +41,8 @@
 //! sorts the blocks stored in sealed extents by their place in the image
 //! (sequential writes spread a run of blocks over the few extents open at
 //! the time, in any order) and reads them in spans of up to 1 MiB, one
-//! `pread` each, with holes of at most an extent inside a span; then it
+//! `pread` each, with holes of at most 8 KiB inside a span (a neighbouring
+//! extent's header and records, not another extent's blocks); then it
 //! checks and decodes each block from its span.
 //!
 //! # Checkpoints
@@ -114,6 +115,10 @@ const PAGES_PER_HOLD: usize = 32;
 /// The most bytes a read of whole blocks reads from the image at once
 /// (blocks of neighbouring extents are read together, up to this).
 const READ_SPAN: usize = 1 << 20;
+/// The largest hole a span of a read reads over: an extent's header and
+/// records and the space left free in it, not a whole extent of other
+/// blocks.
+const READ_GAP: u64 = 8 << 10;
 
 /// Errors of the engine.
 #[derive(Debug, thiserror::Error)]
@@ -794,8 +799,8 @@ impl Engine {
     /// Decodes blocks `lba..lba + locs.len()` into `out`: from the open
     /// buffers' copies, or from spans of the image read into `span`, one
     /// `pread` each: the stored blocks in file order, a span taking the
-    /// next block while the hole before it is at most an extent and the
-    /// span stays within READ_SPAN bytes.
+    /// next block while the hole before it is at most READ_GAP bytes and
+    /// the span stays within READ_SPAN bytes.
     fn decode_run(
         &self,
         lba: u64,
@@ -819,7 +824,6 @@ impl Engine {
             }
         }
         stored.sort_unstable();
-        let gap = self.sb.extent_size as u64;
         let mut i = 0;
         while i < stored.len() {
             let lo = stored[i].0;
@@ -828,7 +832,7 @@ impl Engine {
             while j < stored.len() {
                 let (p, k) = stored[j];
                 let end = hi.max(p + locs[k].len as u64);
-                if p > hi + gap || end - lo > READ_SPAN as u64 {
+                if p > hi + READ_GAP || end - lo > READ_SPAN as u64 {
                     break;
                 }
                 hi = end;

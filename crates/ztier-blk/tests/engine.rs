@@ -675,19 +675,20 @@ fn large_reads_span_neighbouring_extents_and_stay_right_under_writes() {
         eng.write(chunk * 256 * BS as u64, &data, false).unwrap();
     }
     eng.flush().unwrap();
-    // The blocks of a MiB lie in about 12 extents; a few stragglers sit
-    // in extents opened earlier (best fit).
+    // The blocks of a MiB lie in about 12 extents (one `pread` each
+    // before spans); a few stragglers sit in extents opened earlier (best
+    // fit), and a hole above 8 KiB ends a span.
     let mut buf = vec![0u8; 1 << 20];
     let before_all = counting.1.load(Relaxed);
     for mib in 0..blocks / 256 {
         let before = counting.1.load(Relaxed);
         eng.read(mib << 20, &mut buf).unwrap();
         let reads = counting.1.load(Relaxed) - before;
-        assert!(reads <= 4, "MiB {mib}: {reads} reads of the image");
+        assert!(reads <= 8, "MiB {mib}: {reads} reads of the image");
         assert!(versions_of(mib * 256, &buf).iter().all(|&v| v == 0));
     }
     let reads = counting.1.load(Relaxed) - before_all;
-    assert!(reads <= 2 * blocks / 256, "{reads} reads for {} MiB", blocks / 256);
+    assert!(reads <= 5 * blocks / 256, "{reads} reads for {} MiB", blocks / 256);
     // Two writers (even and odd blocks), two readers, cleaning and checkpoints.
     let done = AtomicBool::new(false);
     let last: Vec<u64> = std::thread::scope(|s| {
