@@ -4,7 +4,7 @@
 CARGO ?= cargo
 FUZZ_SECONDS ?= 20
 
-.PHONY: test deps lint unit fuzz-ci bench soak install-docs
+.PHONY: test deps lint unit fuzz-ci bench soak conformance install-docs
 
 test: deps lint unit fuzz-ci
 	@echo "make test: all steps passed"
@@ -57,6 +57,13 @@ bench:
 ROUNDS ?= 3
 soak:
 	./scripts/soak.sh $(ROUNDS)
+
+# CPython's regression modules natively and under `ztier run`, compared
+# module by module (crates/ztier/tests/cpython_conformance.rs; part of
+# `make test` through the workspace's tests): this runs it alone and
+# prints the table.
+conformance: deps
+	$(CARGO) test --release -p ztier --test cpython_conformance -- --nocapture
 
 # The manual pages and shell completions, generated from the clap
 # definitions (`ztier man`, `ztier completions`), installed under PREFIX.

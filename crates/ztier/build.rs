@@ -12,7 +12,7 @@ fn main() {
     let ws = manifest.join("../..");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let target = out.join("preload-target");
-    for dep in ["ztier-preload", "ztier-store", "ztier-codec", "ztier-uffd"] {
+    for dep in ["ztier-preload", "ztier-store", "ztier-codec", "ztier-uffd", "ztier-remote"] {
         println!("cargo:rerun-if-changed={}", ws.join("crates").join(dep).join("src").display());
         println!("cargo:rerun-if-changed={}", ws.join("crates").join(dep).join("Cargo.toml").display());
     }

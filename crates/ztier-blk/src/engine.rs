@@ -32,8 +32,9 @@
 //! bounded by the extents written since the checkpoint, which is taken
 //! after every `max(1024, extents / 8)` sealed extents and at close: by
 //! the FLUSH that finds one due, or — with
-//! [`Engine::set_background_checkpoints`], as a server runs — by its
-//! maintenance thread, so no FLUSH waits for one.
+//! [`Engine::set_background_checkpoints`], which the engine's
+//! `Device::maintain` sets as a server runs — by the server's maintenance
+//! thread, so no FLUSH waits for one.
 //!
 //! # Reads
 //!
@@ -393,6 +394,8 @@ pub struct Engine {
     /// FLUSH leaves due checkpoints to `checkpoint_if_due` (a server's
     /// maintenance thread) instead of taking them itself.
     background_checkpoints: AtomicBool,
+    /// A background checkpoint failed (and was reported).
+    checkpoint_failed: AtomicBool,
 }
 
 thread_local! {
@@ -685,6 +688,7 @@ impl Engine {
             counters: Counters::default(),
             read_only,
             background_checkpoints: AtomicBool::new(false),
+            checkpoint_failed: AtomicBool::new(false),
         };
         eng.counters.recovered_extents.store(recovered, Ordering::Relaxed);
         if !read_only && !replay.is_empty() {
@@ -1194,6 +1198,12 @@ impl Engine {
     /// checkpoint); checkpoints bound that replay and recycle extents.
     pub fn set_background_checkpoints(&self, on: bool) {
         self.background_checkpoints.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether this is the first call after a background checkpoint
+    /// failed (so the failure is reported once).
+    pub(crate) fn first_checkpoint_failure(&self) -> bool {
+        !self.checkpoint_failed.swap(true, Ordering::Relaxed)
     }
 
     /// Seals log buffers opened more than `age` ago (the extent buffer's

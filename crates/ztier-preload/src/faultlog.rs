@@ -38,7 +38,7 @@
 //! library's own allocator (never the arena), so logging is one clock
 //! read and one store per page-in. A process keeps at most
 //! [`MAX_ROWS`] rows (256 MiB); later page-ins are counted, not logged,
-//! and the count is said on stderr at exit. A forked child starts an
+//! and the count is said in the log at exit. A forked child starts an
 //! empty log of its own; a process killed by a signal writes none.
 
 use std::io::{self, Write};
@@ -188,7 +188,7 @@ impl FaultLog {
     }
 
     /// Writes `dir/name` (`PID.csv`, or `PID-N.csv` as the process's
-    /// statistics are named); says on stderr how many page-ins went
+    /// statistics are named); says in the log how many page-ins went
     /// unlogged, if any.
     pub fn write_file(&self, name: &str) -> io::Result<PathBuf> {
         let path = self.dir.join(name);
@@ -196,12 +196,12 @@ impl FaultLog {
         self.write_csv(&mut w)?;
         w.flush()?;
         if self.dropped > 0 {
-            eprintln!(
+            crate::notice(format_args!(
                 "ztier: fault log {}: {} page-ins after the first {} were not logged",
                 path.display(),
                 self.dropped,
                 self.max
-            );
+            ));
         }
         Ok(path)
     }

@@ -1351,7 +1351,10 @@ fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
     let mut sc = StoreConfig::new(cfg.store_bytes);
     sc.codec = cfg.codec;
     sc.allocator = cfg.allocator;
+    let remote = crate::remote::tier(crate::fds::keep)?;
     let tier: Option<Box<dyn ztier_store::tier::NextTier>> = match &cfg.spill_dir {
+        // `--remote`: the run's proxy (and its spill file) instead.
+        _ if remote.is_some() => remote,
         // A forked child opens a spill file of its own the same way.
         Some(dir) => {
             let dir = dir.clone();
@@ -1368,7 +1371,7 @@ fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
 
 /// This process's share of the command's budget with `--budget-scope
 /// tree` (`ZTIER_TREE` names the segment), if it can take one; if not,
-/// it says why on stderr and keeps a budget of its own.
+/// it says why in the log and keeps a budget of its own.
 fn join_tree() -> Option<Member> {
     let path = std::env::var("ZTIER_TREE").ok().filter(|p| !p.is_empty())?;
     let why = match ztier_uffd::tree::open(&path) {
@@ -1378,11 +1381,11 @@ fn join_tree() -> Option<Member> {
         },
         Err(e) => format!("{path}: {e}"),
     };
-    eprintln!(
+    crate::notice(format_args!(
         "ztier: process {}: cannot share the command's budget ({why}; `ztier run` has ended?): \
          this process keeps its own --budget",
         std::process::id()
-    );
+    ));
     None
 }
 
@@ -1429,11 +1432,11 @@ impl Manager {
         // write-protected page with EFAULT, so pages are not installed
         // write-protected there (the same result, told by content).
         let clean = if (uffd.user_mode_only || uffd.sigbus) && clean == CleanMode::Wp {
-            eprintln!(
+            crate::notice(format_args!(
                 "ztier: --clean wp needs a userfaultfd that serves the kernel's faults too \
                  (this one is {}): using --clean verify",
                 if uffd.sigbus { "in --fault-path signal mode" } else { "user-mode-only" }
-            );
+            ));
             CleanMode::Verify
         } else {
             clean
@@ -2155,7 +2158,7 @@ impl Manager {
     }
 
     /// The store refused a victim: no evictions for a while
-    /// ([`Manager::refusing`]), and the first time, the reason on stderr.
+    /// ([`Manager::refusing`]), and the first time, the reason in the log.
     fn store_refused(&mut self) {
         self.refusing = Some((std::time::Instant::now() + REFUSED_PAUSE, self.taken_out));
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -2163,8 +2166,8 @@ impl Manager {
             return;
         }
         let next = match (self.cfg.spill_dir.is_some(), self.store.tier_error()) {
-            (false, _) => "there is no --spill folder".to_string(),
-            (true, Some(why)) => why,
+            (_, Some(why)) => why,
+            (false, None) => "there is no --spill folder".to_string(),
             (true, None) => "the spill file cannot take more".to_string(),
         };
         let size = match self.tree.as_ref().map(Member::store_limit).filter(|&l| l > 0) {
@@ -2175,11 +2178,11 @@ impl Manager {
             ),
             None => format!("{} MiB", self.store.budget() >> 20),
         };
-        eprintln!(
+        crate::notice(format_args!(
             "ztier: process {}: the compressed store is full ({size}) and {next}: pages over \
              --budget stay in memory uncompressed until the store has room",
             std::process::id(),
-        );
+        ));
     }
 
     /// Records the store's size if it is the largest seen (for the
@@ -3153,11 +3156,11 @@ impl Manager {
             || self.store.prepare_fork_tier().unwrap_or_else(|e| {
                 static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
                 if !SAID.swap(true, Ordering::Relaxed) {
-                    eprintln!(
+                    crate::notice(format_args!(
                         "ztier: process {}: copying the spill file for a forked child failed ({e}): \
                          spilled pages come back for a fork instead (said once)",
                         std::process::id()
-                    );
+                    ));
                 }
                 false
             });
@@ -3248,12 +3251,12 @@ impl Manager {
         if let Some(t) = self.tree.take() {
             self.tree = t.rejoin();
             if self.tree.is_none() {
-                eprintln!(
+                crate::notice(format_args!(
                     "ztier: process {}: the command's {} places in its shared budget are all taken: \
                      this forked child keeps its own --budget",
                     std::process::id(),
                     ztier_uffd::tree::SLOTS
-                );
+                ));
             }
         }
         self.publish_wake_word();

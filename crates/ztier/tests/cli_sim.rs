@@ -147,6 +147,9 @@ fn bad_input_gets_clear_errors() {
     assert!(run(&["--codec", "deflate"]).contains("no compression records for deflate"));
     assert!(run(&["--disk-ms", "0"]).contains("positive"));
     assert!(run(&["--memory", "4K"]).contains("at least 8K"));
+    // A range near u64::MAX: refused at once (it looped for ever).
+    let e = run(&["--memory", "1..18446744073709551615:1"]);
+    assert!(e.contains("gives 18446744073709551615 sizes, and a list may give at most 10000"), "{e}");
     assert!(run(&["--plot", "x.png"]).contains("SVG"));
     // A trace without compression records cannot answer.
     let d = t.parent().unwrap();

@@ -63,8 +63,8 @@ ztier enters directly; --clean wp becomes verify). io_uring and Linux AIO are no
 offered in that mode (their buffers are used after the call: the program is told\n\
 ENOSYS and falls back), signal frames go to a stack of ztier's, and a thread the\n\
 program starts with its own clone() and no thread-local storage of its own runs\n\
-without that catching: its system calls on evicted memory fail with EFAULT (said on\n\
-stderr when one starts). glibc's own threads (SIGEV_THREAD timers, POSIX AIO) are\n\
+without that catching: its system calls on evicted memory fail with EFAULT (said in\n\
+ztier's notices when one starts: see --log). glibc's own threads (SIGEV_THREAD timers, POSIX AIO) are\n\
 caught as pthread_create's are.")]
 pub struct RunArgs {
     /// Most uncompressed memory (managed pages resident), e.g. 256M: for all of the
@@ -106,7 +106,7 @@ pub struct RunArgs {
     /// process (--budget-scope process).
     /// When it is full the oldest compressed pages go to the spill file (with --spill);
     /// without one, or once the spill file can take no more (--spill-max, a full
-    /// device), the pages it refuses stay resident over --budget (said once on stderr).
+    /// device), the pages it refuses stay resident over --budget (said once: see --log).
     #[arg(long, value_parser = parse_size)]
     pub store: Option<u64>,
     /// Folder for spill files (kept compressed; files without a name, so nothing is left behind).
@@ -162,8 +162,8 @@ pub struct RunArgs {
     /// touches outside a system call is not served, --clean wp becomes
     /// verify, io_uring and Linux AIO are not offered (ENOSYS), and a
     /// thread of the program's own clone() without thread-local storage of
-    /// its own gets EFAULT from system calls on evicted memory (said on
-    /// stderr). auto (the default): signal where system calls are caught
+    /// its own gets EFAULT from system calls on evicted memory (said in
+    /// ztier's notices, see --log). auto (the default): signal where system calls are caught
     /// anyway — under the user-mode-only userfaultfd an unprivileged user
     /// gets, which has all of those limits with either path — and thread
     /// with a full userfaultfd (root, or vm.unprivileged_userfaultfd=1). A
@@ -175,9 +175,22 @@ pub struct RunArgs {
     /// took (overall: thread, signal, or mixed).
     #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "auto", value_parser = ["auto", "thread", "signal"])]
     pub fault_path: String,
-    /// Print a one-line summary to stderr when the program ends.
+    /// Print a one-line summary to stderr when the program ends (after
+    /// ztier's notices, without --log).
     #[arg(long)]
     pub summary: bool,
+    /// Where ztier's notices go: what it says about the run that the
+    /// program did not cause (a request the arena cannot hold, a full
+    /// store, a call refused in this mode, a hold that lapsed, a program
+    /// out of LD_PRELOAD's reach), from every process of the command, a
+    /// line each, appended to FILE as they come. `-`: on stderr, among the
+    /// program's own messages. Without --log they stay out of the
+    /// program's stderr, which is its own: the --stats file lists them
+    /// ("notices"), and --summary prints them after the run. (A message
+    /// that ends the program, an abort of ztier's, is said on stderr all
+    /// the same.)
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
     /// Log every page-in into this folder (made if missing): each process
     /// writes PID.csv at exit (PID-N.csv if another process of the command
     /// had its PID), one row per fault served, with its time, kind
@@ -189,6 +202,8 @@ pub struct RunArgs {
     /// summarises one.
     #[arg(long, value_name = "DIR")]
     pub fault_log: Option<PathBuf>,
+    #[command(flatten)]
+    pub remote: super::remote::RemoteArgs,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub cmd: Vec<OsString>,
@@ -229,7 +244,9 @@ impl RunArgs {
             clean: "verify".into(),
             fault_path: "auto".into(),
             summary: false,
+            log: None,
             fault_log: None,
+            remote: Default::default(),
             cmd,
         }
     }
@@ -434,6 +451,7 @@ pub fn run_program(
     if let Some(p) = &a.policy {
         cmd.env("ZTIER_POLICY", p);
     }
+    let mut spill = None;
     if let Some(d) = &a.spill {
         if !d.is_dir() {
             bail!("--spill {}: not a folder", d.display());
@@ -447,7 +465,25 @@ pub fn run_program(
         std::fs::File::create(&probe)
             .with_context(|| format!("--spill {}: cannot make a spill file there", d.display()))?;
         let _ = std::fs::remove_file(&probe);
-        cmd.env("ZTIER_SPILL_DIR", d);
+        spill = Some(d);
+    }
+    // With --remote the spill file is the remote's fallback, in this
+    // process (the remote tier's proxy, checked and started here).
+    let proxy = a.remote.start(spill.clone().map(|d| (d, a.spill_max.unwrap_or(u64::MAX))))?;
+    match &proxy {
+        Some(p) => {
+            for (k, v) in p.env() {
+                cmd.env(k, v);
+            }
+        }
+        None => {
+            for k in [ztier_remote::proxy::ENV_SOCKET, ztier_remote::proxy::ENV_TOKEN] {
+                cmd.env_remove(k);
+            }
+            if let Some(d) = spill {
+                cmd.env("ZTIER_SPILL_DIR", d);
+            }
+        }
     }
     if let Some(m) = a.spill_max {
         cmd.env("ZTIER_SPILL_MAX", m.to_string());
@@ -463,12 +499,34 @@ pub fn run_program(
     } else {
         cmd.env_remove("ZTIER_FAULT_LOG_DIR");
     }
+    // The processes' notices: into --log FILE, or a file of the run's
+    // folder read back into the statistics; with `--log -`, stderr.
+    let log = match a.log.as_deref() {
+        Some(p) if p == Path::new("-") => None,
+        Some(p) => {
+            let f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(p)
+                .with_context(|| format!("--log {}: cannot write there", p.display()))?;
+            // Absolute: the program may change its working folder.
+            Some((std::path::absolute(p)?, f.metadata()?.len()))
+        }
+        None => Some((stats_dir.join("notices.log"), 0)),
+    };
+    match &log {
+        Some((p, _)) => cmd.env("ZTIER_LOG", p),
+        None => cmd.env_remove("ZTIER_LOG"),
+    };
     if let Some(f) = stdout {
         cmd.stdout(f);
     }
     let m = measure_with_timeout(&mut cmd, timeout)?;
     let code = m.code;
     let mut stats = merge_stats(&stats_dir)?;
+    if let Some(p) = proxy {
+        super::remote::end(p, &mut stats);
+    }
     stats["wall_s"] = m.wall_s.into();
     stats["exit_code"] = code.into();
     stats["peak_rss_bytes"] = m.maxrss.into();
@@ -477,6 +535,9 @@ pub fn run_program(
     stats["budget_bytes"] = a.budget.into();
     stats["fault_path"] = taken_fault_path(&stats, &a.fault_path).into();
     stats["budget_scope"] = a.scope()?.into();
+    if let Some((p, from)) = &log {
+        stats["notices"] = read_notices(p, *from).into();
+    }
     if let Some(t) = &tree {
         let seg = t.segment();
         let bytes = |v: &std::sync::atomic::AtomicU64| v.load(std::sync::atomic::Ordering::Acquire) << 12;
@@ -488,6 +549,37 @@ pub fn run_program(
         stats["tree_processes"] = seg.joined.load(std::sync::atomic::Ordering::Acquire).into();
     }
     Ok(RunOutcome { code, stats, timed_out: m.timed_out })
+}
+
+/// The notices the processes wrote into the log `path` from byte `from`
+/// on (where the file ended when the run began), a line each.
+fn read_notices(path: &Path, from: u64) -> Vec<String> {
+    use std::io::Seek;
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        if f.seek(std::io::SeekFrom::Start(from)).is_ok() {
+            let mut bytes = Vec::new();
+            let _ = f.read_to_end(&mut bytes);
+            text = String::from_utf8_lossy(&bytes).into_owned();
+        }
+    }
+    text.lines().map(str::to_owned).collect()
+}
+
+/// Says `msg`, a notice of ztier's own about the run (see `--log`): on
+/// stderr with `--log -`, else appended to the --log file, and among the
+/// statistics' notices.
+fn say_notice(a: &RunArgs, stats: Option<&mut Value>, msg: String) {
+    match a.log.as_deref() {
+        Some(p) if p == Path::new("-") => eprintln!("{msg}"),
+        Some(p) => {
+            let _ = std::fs::OpenOptions::new().append(true).open(p).and_then(|mut f| writeln!(f, "{msg}"));
+        }
+        None => {}
+    }
+    if let Some(Value::Array(n)) = stats.and_then(|s| s.get_mut("notices")) {
+        n.push(msg.into());
+    }
 }
 
 /// The fault path the command's processes took (a program with a
@@ -1035,24 +1127,34 @@ pub fn run(a: RunArgs) -> Result<i32> {
     if let Err(code) = runnable(&a.cmd[0]) {
         return Ok(code);
     }
-    if let Some(why) = out_of_reach(a.cmd[0].as_ref()) {
-        eprintln!("ztier: warning: {why}: LD_PRELOAD cannot reach it, so its own memory is not managed");
+    let reach = out_of_reach(a.cmd[0].as_ref()).map(|why| {
+        format!("ztier: warning: {why}: LD_PRELOAD cannot reach it, so its own memory is not managed")
+    });
+    if let Some(msg) = &reach {
+        // Said now where notices are said as they come (and listed with
+        // the others after the run).
+        say_notice(&a, None, msg.clone());
     }
-    let out = run_program(&a, None, None)?;
+    let mut out = run_program(&a, None, None)?;
+    if let (Some(msg), Some(Value::Array(n))) = (reach, out.stats.get_mut("notices")) {
+        n.insert(0, msg.into());
+    }
     let s = &out.stats;
     let peak = s["peak_rss_bytes"].as_u64().unwrap_or(0);
     // With the tree scope, processes that joined its budget started the
     // library, though none may have left statistics (killed by SIGKILL).
     let started = s["processes"].as_u64().unwrap_or(0) + s["tree_processes"].as_u64().unwrap_or(0);
     if started == 0 && peak > a.budget {
-        eprintln!(
+        let msg = format!(
             "ztier: warning: no process of the program started ztier's library, and its peak RSS ({} MiB) \
              went over the budget ({} MiB): none of its memory was managed (a statically linked program, \
              a set-user-ID one, or one started without LD_PRELOAD)",
             peak >> 20,
             a.budget >> 20
         );
+        say_notice(&a, Some(&mut out.stats), msg);
     }
+    let s = &out.stats;
     if let Some(path) = &a.stats {
         if let Err(e) = std::fs::write(path, pretty(s)? + "\n") {
             // The program's own status is still the one given back, unless
@@ -1062,6 +1164,11 @@ pub fn run(a: RunArgs) -> Result<i32> {
         }
     }
     if a.summary {
+        if a.log.is_none() {
+            for n in s["notices"].as_array().into_iter().flatten() {
+                eprintln!("{}", n.as_str().unwrap_or_default());
+            }
+        }
         let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);
         let mb = |k: &str| s[k].as_f64().unwrap_or(0.0) / 1e6;
         let budget = a.budget as f64 / 1e6;
