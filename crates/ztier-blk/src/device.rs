@@ -75,9 +75,8 @@ impl Device for Engine {
     fn block_states(&self, lba: u64, n: u64) -> Vec<BlockState> {
         Engine::block_states(self, lba, n)
     }
-    /// Seals aged extent buffers and runs the cleaner when free extents
-    /// run low.
-    /// Also takes a due checkpoint: once a server maintains the engine,
+    /// Seals aged extent buffers, runs the cleaner when free extents run
+    /// low and takes a due checkpoint: once a server maintains the engine,
     /// FLUSH leaves due checkpoints to this (see
     /// [`Engine::set_background_checkpoints`]).
     fn maintain(&self) {
