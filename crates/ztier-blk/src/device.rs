@@ -75,15 +75,25 @@ impl Device for Engine {
     fn block_states(&self, lba: u64, n: u64) -> Vec<BlockState> {
         Engine::block_states(self, lba, n)
     }
-    /// Seals aged extent buffers and runs the cleaner when free extents
-    /// run low.
+    /// Seals aged extent buffers, runs the cleaner when free extents run
+    /// low and takes a due checkpoint: once a server maintains the engine,
+    /// FLUSH leaves due checkpoints to this (see
+    /// [`Engine::set_background_checkpoints`]).
     fn maintain(&self) {
         if Engine::read_only(self) {
             return;
         }
+        self.set_background_checkpoints(true);
         let _ = self.seal_aged(std::time::Duration::from_secs(1));
         if self.needs_cleaning() {
             let _ = self.clean(false);
+        }
+        // A failed checkpoint poisons the engine (requests then fail with
+        // EIO); it is said once.
+        if let Err(e) = self.checkpoint_if_due() {
+            if self.first_checkpoint_failure() {
+                eprintln!("ztier blk: checkpoint failed: {e}");
+            }
         }
     }
 }

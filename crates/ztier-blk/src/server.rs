@@ -351,7 +351,8 @@ impl Report for Live {
 
 /// Accepts connections until `stop` is set, each on its own thread. A
 /// maintenance thread calls [`Device::maintain`] (for the engine: seals
-/// aged extent buffers and runs the cleaner).
+/// aged extent buffers, runs the cleaner and takes due checkpoints, so a
+/// FLUSH does not wait for one).
 pub fn serve<D: Device + ?Sized>(
     engine: Arc<D>,
     listener: Listener,
