@@ -12,7 +12,7 @@ use ztier_remote::{Credentials, Durability, Proxy, RemoteConfig, Spill};
 #[derive(Args, Debug, Clone)]
 pub struct RemoteArgs {
     /// Keep compressed pages the store evicts in Redis (a server, or any
-    /// nodes of a Redis Cluster): redis://[USER@]HOST:PORT[,HOST:PORT...]
+    /// nodes of a Redis Cluster): `redis://[USER@]HOST:PORT[,HOST:PORT...]`
     /// (rediss:// for TLS). The password comes from ZTIER_REMOTE_PASSWORD or
     /// --remote-auth, never from the URL. With --spill, the spill file is the
     /// remote's fallback (the remote is down, full or slow) and holds the
