@@ -2445,11 +2445,13 @@ fn a_stuck_evictor_is_caught_by_the_watchdog() {
     // of victims, sealed and write-protected, as a deadlocked one would;
     // the program then goes over every object it made, writing their
     // reference counts, those victims among them, and the writes wait for
-    // the evictor: the watchdog must end it with a message.
+    // the evictor: the watchdog must end it with a message. Several passes:
+    // a write that reaches a victim before its batch is sealed takes it
+    // back without waiting, so a busy machine can let the first pass through.
     let t = std::time::Instant::now();
     let o = Command::new(ztier())
         .args(["run", "--budget", "16M", "--watchdog", "2", "--", "python3", "-c"])
-        .arg("import os\nb = [os.urandom(4096) for i in range(10000)]\nprint(sum(x[0] for x in b))\nprint('finished')")
+        .arg("import os\nb = [os.urandom(4096) for i in range(10000)]\nfor _ in range(8): print(sum(x[0] for x in b))\nprint('finished')")
         .env("ZTIER_TEST_EVICTOR_HANG_AFTER", "3")
         .output()
         .unwrap();
