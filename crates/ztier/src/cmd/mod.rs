@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_blk;
 pub mod bench_codecs;
 pub mod bench_pressure;
+pub mod bench_pressure_suite;
 pub mod bench_store;
 pub mod bench_uffd;
 pub mod blk;

@@ -67,12 +67,23 @@ without that catching: its system calls on evicted memory fail with EFAULT (said
 stderr when one starts). glibc's own threads (SIGEV_THREAD timers, POSIX AIO) are\n\
 caught as pthread_create's are.")]
 pub struct RunArgs {
-    /// Most uncompressed memory (managed pages resident), e.g. 256M: for all of the
-    /// command's processes together (--budget-scope tree, the default), or per process
-    /// (--budget-scope process). With --policy: resident pages and the compressed store
-    /// together, per process.
+    /// Most memory ztier holds for the command, e.g. 256M: by default (--budget-covers
+    /// all) its managed pages resident, its compressed store and the library's own
+    /// tables, for all of the command's processes together, as a memory cgroup's
+    /// memory.max bounds a program with zswap's pool charged to it. With
+    /// --budget-covers resident: managed pages resident only (the store bounded by
+    /// --store). With --budget-scope process: per process (resident pages only,
+    /// or with --policy resident pages and the store together).
     #[arg(long, value_parser = parse_size)]
     pub budget: u64,
+    /// What --budget counts [default: all; resident with --budget-scope process].
+    /// all: resident managed pages + the compressed stores + the library's tables
+    /// (tree scope; the stores may take up to 3/4 of the budget, or --store if
+    /// smaller, and the pages the budget has no room for stay in memory over it
+    /// without --spill, counted in --stats' tree_over_bytes). resident: resident
+    /// managed pages only, the stores bounded apart by --store (default half of RAM).
+    #[arg(long, value_parser = ["all", "resident"])]
+    pub budget_covers: Option<String>,
     /// What --budget bounds [default: tree; process with --policy]. tree: the
     /// command's processes share one budget, as a memory cgroup's limit covers every
     /// process in it (a make -j, a pool of forked workers, a pipeline): a process that
@@ -195,6 +206,38 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// What the budget counts: `all` (the default, with the tree scope) or
+    /// `resident` (the default with `--budget-scope process`, the only one
+    /// it has without `--policy`; a policy splits the budget between
+    /// resident pages and the store, which is `all` per process).
+    pub fn covers(&self) -> anyhow::Result<&str> {
+        Ok(match (self.budget_covers.as_deref(), self.scope()?, &self.policy) {
+            (Some("resident"), _, Some(p)) => bail!(
+                "--budget-covers resident cannot be used with --policy {p}: a policy splits the budget \
+                 between resident pages and the store"
+            ),
+            (_, _, Some(_)) => "all",
+            (Some("all"), "process", None) => bail!(
+                "--budget-covers all needs --budget-scope tree (or a --policy, which splits each \
+                 process's budget between its resident pages and its store)"
+            ),
+            (Some(c), _, None) => c,
+            (None, "process", None) => "resident",
+            (None, _, None) => "all",
+        })
+    }
+
+    /// With the tree scope: the bytes all the stores may use together
+    /// (`--store`, or half of RAM; under `--budget-covers all` at most 3/4
+    /// of the budget, so that a quarter stays for resident pages).
+    fn tree_store_limit(&self) -> anyhow::Result<u64> {
+        let asked = self.store.unwrap_or(physical_memory() / 2);
+        Ok(match self.covers()? {
+            "all" => asked.min(self.budget / 4 * 3),
+            _ => asked,
+        })
+    }
+
     /// What the budget bounds: `tree` (the default) or `process` (the
     /// default with `--policy`, and the only scope it has).
     pub fn scope(&self) -> anyhow::Result<&str> {
@@ -215,6 +258,7 @@ impl RunArgs {
         RunArgs {
             budget,
             budget_scope: None,
+            budget_covers: None,
             codec: codec.into(),
             allocator: "classes".into(),
             store: None,
@@ -403,11 +447,13 @@ pub fn run_program(
     }
     // Kept open until the command ends: its processes open it by a path
     // into this process's descriptors.
+    let covers = a.covers()?;
     let tree = match a.scope()? {
-        "tree" => Some(
-            ztier_uffd::tree::Shared::create(a.budget >> 12, a.store.unwrap_or(physical_memory() / 2))
-                .context("--budget-scope tree")?,
-        ),
+        "tree" => {
+            let t = ztier_uffd::tree::Shared::create(a.budget >> 12, a.tree_store_limit()?)
+                .context("--budget-scope tree")?;
+            Some(if covers == "all" { t.covering_all() } else { t })
+        }
         _ => None,
     };
     let mut cmd = std::process::Command::new(&a.cmd[0]);
@@ -477,6 +523,7 @@ pub fn run_program(
     stats["budget_bytes"] = a.budget.into();
     stats["fault_path"] = taken_fault_path(&stats, &a.fault_path).into();
     stats["budget_scope"] = a.scope()?.into();
+    stats["budget_covers"] = covers.into();
     if let Some(t) = &tree {
         let seg = t.segment();
         let bytes = |v: &std::sync::atomic::AtomicU64| v.load(std::sync::atomic::Ordering::Acquire) << 12;
@@ -485,6 +532,11 @@ pub fn run_program(
         stats["tree_reclaimed_bytes"] = bytes(&seg.reclaimed).into();
         stats["tree_adopted_bytes"] = bytes(&seg.adopted).into();
         stats["tree_store_peak_bytes"] = seg.store_peak.load(std::sync::atomic::Ordering::Acquire).into();
+        stats["tree_store_limit_bytes"] = seg.store_limit.into();
+        // Everything the library held for the command at its most:
+        // resident pages held, the stores and the tables (what
+        // `--budget-covers all` bounds).
+        stats["tree_peak_total_bytes"] = seg.total_peak.load(std::sync::atomic::Ordering::Acquire).into();
         stats["tree_processes"] = seg.joined.load(std::sync::atomic::Ordering::Acquire).into();
     }
     Ok(RunOutcome { code, stats, timed_out: m.timed_out })
@@ -1086,6 +1138,19 @@ pub fn run(a: RunArgs) -> Result<i32> {
                 limit as f64 / 1e6
             ),
             _ => resident,
+        };
+        // Everything held together, against the budget it counts toward.
+        let resident = match s["tree_peak_total_bytes"].as_u64() {
+            Some(t) => format!(
+                "{resident}, everything held (resident, stores, tables) at most {:.1} MB{}",
+                t as f64 / 1e6,
+                if s["budget_covers"] == "all" {
+                    format!(" of the {budget:.1} MB budget")
+                } else {
+                    String::new()
+                }
+            ),
+            None => resident,
         };
         eprintln!(
             "ztier run: exit {} in {:.2} s; {} faults ({} from the store, {} of them lone pages off any walk; p50 {} µs, p99 {} µs; served in {:.2} s: {}), {} pages compressed ({:.1} MB → {:.1} MB), {resident}, peak RSS {:.1} MB",
