@@ -299,6 +299,19 @@ fn paired_lines(rows: &[Row]) -> Vec<String> {
         .collect()
 }
 
+/// What a row's run came to, as the tables say it.
+pub(super) fn outcome(r: &Row) -> &'static str {
+    if r.timed_out {
+        "TIMEOUT"
+    } else if r.same_output {
+        "same"
+    } else if r.exit_code != 0 {
+        "FAILED"
+    } else {
+        "DIFFERS"
+    }
+}
+
 /// One undo action and what it restores.
 type Undo = (String, Box<dyn FnOnce() -> Result<()>>);
 
@@ -1374,19 +1387,18 @@ pub(super) fn report(
             r.peak_total_bytes.map_or("-".into(), |b| format!("{:.0} MB", b as f64 / 1e6)),
             r.major_faults,
             comp,
-            if r.timed_out {
-                "TIMEOUT"
-            } else if r.same_output {
-                "same"
-            } else if r.exit_code != 0 {
-                "FAILED"
-            } else {
-                "DIFFERS"
-            }
+            outcome(r)
         )?;
     }
     if let Some(scope) = rows.iter().find_map(|r| r.budget_scope.as_deref()) {
         writeln!(o, "{}", scope_line(scope))?;
+    }
+    if rows.iter().any(|r| r.peak_total_bytes.is_some()) {
+        writeln!(
+            o,
+            "peak held: a kernel run's cgroup peak + its compressed pool's most (zswap's growth, zram's \
+             mem_used_max); ztier run's resident managed pages + stores + tables of all its processes"
+        )?;
     }
     for r in rows.iter().filter(|r| r.oom_wakeups > 0) {
         writeln!(

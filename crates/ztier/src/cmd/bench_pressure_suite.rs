@@ -36,7 +36,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use super::bench_pressure::{
-    measure_program, price_at_floor, report, Bench, OutputRule, PressureArgs, Program, Row,
+    measure_program, outcome, price_at_floor, report, Bench, OutputRule, PressureArgs, Program, Row,
 };
 
 /// The suite file.
@@ -176,19 +176,6 @@ pub(super) struct Summary {
     pub above_native_vs_floor: Option<f64>,
     /// same, FAILED, TIMEOUT or DIFFERS (`ztier run`'s).
     pub ztier_output: String,
-}
-
-/// What a row's run came to, as the tables say it.
-fn outcome(r: &Row) -> &'static str {
-    if r.timed_out {
-        "TIMEOUT"
-    } else if r.same_output {
-        "same"
-    } else if r.exit_code != 0 {
-        "FAILED"
-    } else {
-        "DIFFERS"
-    }
 }
 
 /// The suite line of one program from its rows.
