@@ -1294,8 +1294,8 @@ pub(super) fn measure_program(b: &mut Bench, p: &Program) -> Result<(Vec<Row>, b
             }
             if m.code != 0
                 || r.code != 0
-                || !p.difference(&native_out, &out).is_none()
-                || !p.difference(&native_out, &out_z).is_none()
+                || p.difference(&native_out, &out).is_some()
+                || p.difference(&native_out, &out_z).is_some()
             {
                 eprintln!(
                     "ztier bench pressure: pair {i} at {} MiB: native exit {}, ztier run exit {}{}, \

@@ -363,11 +363,14 @@ pub fn run(a: &PressureArgs, suite: &Path) -> Result<i32> {
     Ok(i32::from(bad))
 }
 
+/// A mode's bar: its name, its wall time in a summary, its colour.
+type Bar = (&'static str, fn(&Summary) -> Option<f64>, plotters::style::RGBColor);
+
 /// Bars per program: each mode's wall time against native's (log scale).
 fn plot(path: &Path, s: &[Summary]) -> Result<()> {
     use plotters::prelude::*;
     let e = |e: &dyn std::fmt::Display| anyhow::anyhow!("{e}");
-    let modes: [(&str, fn(&Summary) -> Option<f64>, RGBColor); 4] = [
+    let modes: [Bar; 4] = [
         ("swap", |r| r.swap_s, RED),
         ("zswap", |r| r.zswap_s, MAGENTA),
         ("zram", |r| r.zram_s, CYAN),
