@@ -706,7 +706,7 @@ fn the_budget_counts_the_stores_and_tables_too() {
     let cmd = ["python3", w.to_str().unwrap(), "100000", "3"];
     let n = native(&cmd, &d);
     assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
-    let (m, all) = managed_with("24M", &["--summary", "--spill", spill], &cmd, &d);
+    let (m, all) = managed_with("24M", &["--summary", "--budget-covers", "all", "--spill", spill], &cmd, &d);
     assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
     assert_eq!(all["budget_covers"], "all");
     assert!(all["tree_processes"].as_u64().unwrap() >= 4, "{all}");
@@ -755,7 +755,8 @@ fn everything_held_stays_within_the_budget() {
     std::fs::create_dir_all(&spill).unwrap();
     let w = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/workers.py");
     let cmd = ["python3", w.to_str().unwrap(), "100000", "3"];
-    let (m, all) = managed_with("24M", &["--spill", spill.to_str().unwrap()], &cmd, &d);
+    let (m, all) =
+        managed_with("24M", &["--budget-covers", "all", "--spill", spill.to_str().unwrap()], &cmd, &d);
     assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
     let total = all["tree_peak_total_bytes"].as_u64().unwrap();
     let over = all["tree_over_bytes"].as_u64().unwrap();

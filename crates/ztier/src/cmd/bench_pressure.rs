@@ -500,7 +500,9 @@ fn ztier_args(a: &PressureArgs, cmd: &[OsString], budget: u64) -> RunArgs {
     let mut ra = RunArgs::defaults(budget, &a.codec, cmd.to_vec());
     ra.fault_path = a.fault_path.clone();
     ra.budget_scope = Some(a.budget_scope.clone());
-    ra.budget_covers = a.budget_covers.clone();
+    // Everything counted, as the kernel runs' cgroup counts zswap's pool
+    // (with the tree scope; a process's own budget counts resident pages).
+    ra.budget_covers = a.budget_covers.clone().or_else(|| (a.budget_scope == "tree").then(|| "all".into()));
     // Where the kernel runs' swap file goes, the pages the budget has no
     // room for go (compressed) too.
     ra.spill = Some(a.swap_dir.clone());
