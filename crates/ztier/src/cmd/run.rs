@@ -67,12 +67,11 @@ without that catching: its system calls on evicted memory fail with EFAULT (said
 stderr when one starts). glibc's own threads (SIGEV_THREAD timers, POSIX AIO) are\n\
 caught as pthread_create's are.")]
 pub struct RunArgs {
-    /// Most memory ztier holds for the command, e.g. 256M: by default (--budget-covers
-    /// all) its managed pages resident, its compressed store and the library's own
-    /// tables, for all of the command's processes together, as a memory cgroup's
-    /// memory.max bounds a program with zswap's pool charged to it. With
-    /// --budget-covers resident: managed pages resident only (the store bounded by
-    /// --store). With --budget-scope process: per process (resident pages only,
+    /// Most memory ztier holds for the command, e.g. 256M: its managed pages resident
+    /// (the default, --budget-covers resident; the store bounded by --store), or with
+    /// --budget-covers all those, its compressed store and the library's own tables,
+    /// for all of the command's processes together, as a memory cgroup's memory.max
+    /// bounds a program with zswap's pool charged to it. With --budget-scope process: per process (resident pages only,
     /// or with --policy resident pages and the store together).
     #[arg(long, value_parser = parse_size)]
     pub budget: u64,
