@@ -20,6 +20,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "install-deps: not root; missing Debian packages: ${missing[*]} (tests needing them will fail)" >&2
   fi
 fi
+if ! cargo +nightly miri --version >/dev/null 2>&1; then
+  echo "install-deps: installing a nightly toolchain with miri (make miri)"
+  rustup toolchain install nightly --profile minimal --component miri,rust-src
+fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "install-deps: installing cargo-fuzz"
   cargo install --locked -q cargo-fuzz

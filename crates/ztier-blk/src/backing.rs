@@ -17,6 +17,12 @@ pub trait Backing: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// Bytes the image occupies on its device (allocated, not apparent size).
     fn allocated_bytes(&self) -> io::Result<u64>;
+    /// Reads as [`Backing::read_at`] when that needs no wait for the
+    /// device (the data is in the page cache, for a file); `None` when it
+    /// would wait (or the backing cannot tell).
+    fn read_at_nowait(&self, _buf: &mut [u8], _off: u64) -> Option<io::Result<()>> {
+        None
+    }
 }
 
 /// A shared device (tests keep a handle to crash it while the engine runs).
@@ -32,6 +38,9 @@ impl<B: Backing + ?Sized> Backing for std::sync::Arc<B> {
     }
     fn allocated_bytes(&self) -> io::Result<u64> {
         (**self).allocated_bytes()
+    }
+    fn read_at_nowait(&self, buf: &mut [u8], off: u64) -> Option<io::Result<()>> {
+        (**self).read_at_nowait(buf, off)
     }
 }
 
@@ -72,6 +81,23 @@ impl Backing for FileBacking {
     fn allocated_bytes(&self) -> io::Result<u64> {
         use std::os::unix::fs::MetadataExt;
         Ok(self.file.metadata()?.blocks() * 512)
+    }
+    /// `preadv2(RWF_NOWAIT)`: only what the page cache holds, whole.
+    fn read_at_nowait(&self, buf: &mut [u8], off: u64) -> Option<io::Result<()>> {
+        use std::os::fd::AsRawFd;
+        let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: one iovec over `buf`, which outlives the call; the
+        // descriptor is ours.
+        let n =
+            unsafe { libc::preadv2(self.file.as_raw_fd(), &iov, 1, off as libc::off_t, libc::RWF_NOWAIT) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => None,
+                _ => Some(Err(e)),
+            };
+        }
+        (n as usize == buf.len()).then_some(Ok(()))
     }
 }
 
@@ -163,5 +189,8 @@ impl Backing for CrashBacking {
     }
     fn allocated_bytes(&self) -> io::Result<u64> {
         Ok(self.inner.lock().current.len() as u64)
+    }
+    fn read_at_nowait(&self, buf: &mut [u8], off: u64) -> Option<io::Result<()>> {
+        Some(self.read_at(buf, off))
     }
 }

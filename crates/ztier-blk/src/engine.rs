@@ -30,7 +30,21 @@
 //! extents opened after that checkpoint whose header crc holds, skipping
 //! data records whose data crc fails (torn, and so never flushed). Work is
 //! bounded by the extents written since the checkpoint, which is taken
-//! after every `max(1024, extents / 8)` sealed extents and at close.
+//! after every `max(1024, extents / 8)` sealed extents and at close: by
+//! the FLUSH that finds one due, or — with
+//! [`Engine::set_background_checkpoints`], which the engine's
+//! `Device::maintain` sets as a server runs — by the server's maintenance
+//! thread, so no FLUSH waits for one.
+//!
+//! # Reads
+//!
+//! A read of whole blocks looks their locations up in one lock hold,
+//! sorts the blocks stored in sealed extents by their place in the image
+//! (sequential writes spread a run of blocks over the few extents open at
+//! the time, in any order) and reads them in spans of up to 1 MiB, one
+//! `pread` each, with holes of at most 8 KiB inside a span (a neighbouring
+//! extent's header and records, not another extent's blocks); then it
+//! checks and decodes each block from its span.
 //!
 //! # Checkpoints
 //!
@@ -74,7 +88,7 @@
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crc32c::crc32c;
@@ -99,6 +113,13 @@ pub const SPLIT_WRITE: usize = 256 << 10;
 pub const CLEAN_WINDOW: u64 = 2 << 20;
 /// Checkpoint pages copied per hold of the state lock.
 const PAGES_PER_HOLD: usize = 32;
+/// The most bytes a read of whole blocks reads from the image at once
+/// (blocks of neighbouring extents are read together, up to this).
+const READ_SPAN: usize = 1 << 20;
+/// The largest hole a span of a read reads over: an extent's header and
+/// records and the space left free in it, not a whole extent of other
+/// blocks.
+const READ_GAP: u64 = 8 << 10;
 
 /// Errors of the engine.
 #[derive(Debug, thiserror::Error)]
@@ -370,6 +391,11 @@ pub struct Engine {
     maint: Mutex<()>,
     counters: Counters,
     read_only: bool,
+    /// FLUSH leaves due checkpoints to `checkpoint_if_due` (a server's
+    /// maintenance thread) instead of taking them itself.
+    background_checkpoints: AtomicBool,
+    /// A background checkpoint failed (and was reported).
+    checkpoint_failed: AtomicBool,
 }
 
 thread_local! {
@@ -661,6 +687,8 @@ impl Engine {
             maint: Mutex::new(()),
             counters: Counters::default(),
             read_only,
+            background_checkpoints: AtomicBool::new(false),
+            checkpoint_failed: AtomicBool::new(false),
         };
         eng.counters.recovered_extents.store(recovered, Ordering::Relaxed);
         if !read_only && !replay.is_empty() {
@@ -745,7 +773,7 @@ impl Engine {
     }
 
     /// Reads whole blocks from `lba` into `out`: one table lookup under the
-    /// lock, then one `pread` per run of blocks stored in the same extent.
+    /// lock, then one `pread` per span of stored blocks (`decode_run`).
     fn read_aligned(&self, lba: u64, out: &mut [u8]) -> Result<(), BlkError> {
         let bs = self.block_size();
         let n = out.len() / bs;
@@ -773,8 +801,10 @@ impl Engine {
     }
 
     /// Decodes blocks `lba..lba + locs.len()` into `out`: from the open
-    /// buffers' copies, or with one `pread` into `span` per run of blocks
-    /// in the same extent.
+    /// buffers' copies, or from spans of the image read into `span`, one
+    /// `pread` each: the stored blocks in file order, a span taking the
+    /// next block while the hole before it is at most READ_GAP bytes and
+    /// the span stays within READ_SPAN bytes.
     fn decode_run(
         &self,
         lba: u64,
@@ -784,37 +814,43 @@ impl Engine {
         span: &mut Vec<u8>,
     ) -> Result<(), BlkError> {
         let bs = self.block_size();
-        let n = locs.len();
-        let mut i = 0;
-        while i < n {
-            let loc = locs[i];
-            let dst = &mut out[i * bs..(i + 1) * bs];
+        let pos = |l: &Loc| self.sb.extent_offset(l.extent) + l.offset as u64;
+        // (position in the image, index) of the blocks to read.
+        let mut stored: Vec<(u64, usize)> = Vec::with_capacity(locs.len());
+        for (k, loc) in locs.iter().enumerate() {
+            let dst = &mut out[k * bs..(k + 1) * bs];
             if !loc.is_data() {
-                Self::fill_meta(&loc, dst);
-                i += 1;
-                continue;
+                Self::fill_meta(loc, dst);
+            } else if let Some(b) = open_bytes[k].take() {
+                self.decode(lba + k as u64, loc, &b, dst)?;
+            } else {
+                stored.push((pos(loc), k));
             }
-            if let Some(b) = open_bytes[i].take() {
-                self.decode(lba + i as u64, &loc, &b, dst)?;
-                i += 1;
-                continue;
-            }
-            // Blocks i..j stored in the same sealed extent: one read.
+        }
+        stored.sort_unstable();
+        let mut i = 0;
+        while i < stored.len() {
+            let lo = stored[i].0;
+            let mut hi = lo + locs[stored[i].1].len as u64;
             let mut j = i + 1;
-            let (mut lo, mut hi) = (loc.offset as usize, loc.offset as usize + loc.len as usize);
-            while j < n && locs[j].extent == loc.extent && open_bytes[j].is_none() {
-                lo = lo.min(locs[j].offset as usize);
-                hi = hi.max(locs[j].offset as usize + locs[j].len as usize);
+            while j < stored.len() {
+                let (p, k) = stored[j];
+                let end = hi.max(p + locs[k].len as u64);
+                if p > hi + READ_GAP || end - lo > READ_SPAN as u64 {
+                    break;
+                }
+                hi = end;
                 j += 1;
             }
-            if span.len() < hi - lo {
-                span.resize(hi - lo, 0);
+            let len = (hi - lo) as usize;
+            if span.len() < len {
+                span.resize(len, 0);
             }
-            let span = &mut span[..hi - lo];
-            self.backing.read_at(span, self.sb.extent_offset(loc.extent) + lo as u64)?;
-            for k in i..j {
+            let span = &mut span[..len];
+            self.backing.read_at(span, lo)?;
+            for &(p, k) in &stored[i..j] {
                 let l = locs[k];
-                let a = l.offset as usize - lo;
+                let a = (p - lo) as usize;
                 self.decode(
                     lba + k as u64,
                     &l,
@@ -1149,8 +1185,25 @@ impl Engine {
             self.write_out(&mut st)?;
         }
         self.backing.sync()?;
-        self.maybe_checkpoint()?;
+        if !self.background_checkpoints.load(Ordering::Relaxed) {
+            self.checkpoint_if_due()?;
+        }
         Ok(())
+    }
+
+    /// With `on`, FLUSH no longer takes a due checkpoint itself: whoever
+    /// calls this (a server's maintenance thread) calls
+    /// [`Engine::checkpoint_if_due`] often. A FLUSH's data is durable in
+    /// the log either way (recovery replays what follows the last
+    /// checkpoint); checkpoints bound that replay and recycle extents.
+    pub fn set_background_checkpoints(&self, on: bool) {
+        self.background_checkpoints.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether this is the first call after a background checkpoint
+    /// failed (so the failure is reported once).
+    pub(crate) fn first_checkpoint_failure(&self) -> bool {
+        !self.checkpoint_failed.swap(true, Ordering::Relaxed)
     }
 
     /// Seals log buffers opened more than `age` ago (the extent buffer's
@@ -1310,11 +1363,13 @@ impl Engine {
 
     // ---- checkpoints and cleaning -------------------------------------
 
-    fn maybe_checkpoint(&self) -> Result<(), BlkError> {
-        if self.checkpoint_due() {
-            self.checkpoint()?;
+    /// Takes a checkpoint if one is due; whether it did.
+    pub fn checkpoint_if_due(&self) -> Result<bool, BlkError> {
+        if self.read_only || !self.checkpoint_due() {
+            return Ok(false);
         }
-        Ok(())
+        self.checkpoint()?;
+        Ok(true)
     }
 
     /// Whether enough extents were sealed since the last checkpoint (or

@@ -13,12 +13,16 @@
 //! * [`backing`] — the image file, and a device that forgets unflushed
 //!   writes for crash tests.
 //! * [`nbd`] — the NBD protocol: handshake, options, requests, replies.
-//! * [`server`] — the NBD server over a unix socket or loopback TCP, and
-//!   what it reports live.
+//! * [`server`] — the NBD server over a unix socket or loopback TCP, for
+//!   any [`device::Device`], and what it reports live.
 //! * [`live`] — live statistics for any ztier server: the control socket,
 //!   the Prometheus endpoint, latency histograms.
+//! * [`client`] — an NBD client (fixed newstyle, structured replies,
+//!   several connections), for devices that sit on an NBD export.
 
 pub mod backing;
+pub mod client;
+pub mod device;
 pub mod engine;
 pub mod format;
 pub mod live;

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::device::Device;
 use crate::engine::{BlkError, BlockState, Engine};
 use crate::live::{Histogram, Prom, Report};
 use crate::nbd::{self, cflag, cmd, errno, info, opt, rep, reply, tflag, Request, Session};
@@ -177,29 +178,15 @@ impl ServerStats {
     }
 }
 
-/// What `ztier blk stats` of a served image and the metrics endpoint
-/// report: the engine's statistics plus the server's live counters.
-pub struct Live {
-    /// The engine served.
-    pub engine: Arc<Engine>,
-    /// The server's counters.
-    pub stats: Arc<ServerStats>,
-    /// The image's path, as given.
-    pub image: String,
-    /// When serving started.
-    pub started: std::time::Instant,
-}
-
-impl Report for Live {
-    fn stats(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(self.engine.stats()).unwrap_or_default();
-        let s = &self.stats;
+impl ServerStats {
+    /// The live counters as JSON fields (`served`, `pid`, connections,
+    /// requests, bytes, latency p50/p99 by command), for a server's stats.
+    pub fn json(&self) -> serde_json::Map<String, serde_json::Value> {
+        let s = self;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let live = serde_json::json!({
+        let v = serde_json::json!({
             "served": true,
-            "image": self.image,
             "pid": std::process::id(),
-            "uptime_s": self.started.elapsed().as_secs_f64(),
             "connections": g(&s.connections),
             "connections_open": g(&s.connections_open),
             "requests": g(&s.requests),
@@ -220,46 +207,79 @@ impl Report for Live {
             "flush_latency_p50_us": s.flush_latency.quantile_us(0.5),
             "flush_latency_p99_us": s.flush_latency.quantile_us(0.99),
         });
-        if let (Some(o), serde_json::Value::Object(l)) = (v.as_object_mut(), live) {
-            o.extend(l);
+        match v {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
         }
-        v
     }
 
-    fn prometheus(&self, w: &mut Prom) {
-        let e = self.engine.stats();
-        let s = &self.stats;
+    /// The counters and request latencies as metrics named `KIND_...`
+    /// (`blk_requests_total`, `cache_request_duration_seconds`, …).
+    pub fn prometheus(&self, w: &mut Prom, kind: &str, labels: &[(&str, &str)]) {
+        let s = self;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        let img = [("image", self.image.as_str())];
-        w.counter("blk_requests_total", "NBD requests answered", &img, g(&s.requests));
-        w.counter("blk_request_errors_total", "NBD requests answered with an error", &img, g(&s.errors));
+        let n = |x: &str| format!("{kind}_{x}");
+        let with = |op: &'static str| {
+            let mut l = labels.to_vec();
+            l.push(("op", op));
+            l
+        };
+        w.counter(&n("requests_total"), "NBD requests answered", labels, g(&s.requests));
+        w.counter(&n("request_errors_total"), "NBD requests answered with an error", labels, g(&s.errors));
         w.counter(
-            "blk_protocol_errors_total",
+            &n("protocol_errors_total"),
             "connections dropped for protocol violations",
-            &img,
+            labels,
             g(&s.protocol_errors),
         );
-        w.counter("blk_connections_total", "connections accepted", &img, g(&s.connections));
-        w.gauge("blk_connections_open", "connections open", &img, g(&s.connections_open));
+        w.counter(&n("connections_total"), "connections accepted", labels, g(&s.connections));
+        w.gauge(&n("connections_open"), "connections open", labels, g(&s.connections_open));
         for (op, v) in [("read", &s.reads), ("write", &s.writes), ("flush", &s.flushes), ("other", &s.others)]
         {
-            w.counter("blk_requests_by_op_total", "NBD requests by command", &[img[0], ("op", op)], g(v));
+            w.counter(&n("requests_by_op_total"), "NBD requests by command", &with(op), g(v));
         }
-        w.counter("blk_read_bytes_total", "bytes read by clients", &img, g(&s.bytes_read));
-        w.counter("blk_written_bytes_total", "bytes written by clients", &img, g(&s.bytes_written));
+        w.counter(&n("read_bytes_total"), "bytes read by clients", labels, g(&s.bytes_read));
+        w.counter(&n("written_bytes_total"), "bytes written by clients", labels, g(&s.bytes_written));
         for (op, h) in [
             ("all", &s.latency),
             ("read", &s.read_latency),
             ("write", &s.write_latency),
             ("flush", &s.flush_latency),
         ] {
-            w.histogram(
-                "blk_request_duration_seconds",
-                "request read to reply sent",
-                &[img[0], ("op", op)],
-                h,
-            );
+            w.histogram(&n("request_duration_seconds"), "request read to reply sent", &with(op), h);
         }
+    }
+}
+
+/// What `ztier blk stats` of a served image and the metrics endpoint
+/// report: the engine's statistics plus the server's live counters.
+pub struct Live {
+    /// The engine served.
+    pub engine: Arc<Engine>,
+    /// The server's counters.
+    pub stats: Arc<ServerStats>,
+    /// The image's path, as given.
+    pub image: String,
+    /// When serving started.
+    pub started: std::time::Instant,
+}
+
+impl Report for Live {
+    fn stats(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self.engine.stats()).unwrap_or_default();
+        let mut live = self.stats.json();
+        live.insert("image".into(), self.image.clone().into());
+        live.insert("uptime_s".into(), self.started.elapsed().as_secs_f64().into());
+        if let Some(o) = v.as_object_mut() {
+            o.extend(live);
+        }
+        v
+    }
+
+    fn prometheus(&self, w: &mut Prom) {
+        let e = self.engine.stats();
+        let img = [("image", self.image.as_str())];
+        self.stats.prometheus(w, "blk", &img);
         w.gauge("blk_logical_bytes", "logical size", &img, e.logical_size as f64);
         w.gauge(
             "blk_mapped_bytes",
@@ -330,9 +350,11 @@ impl Report for Live {
 }
 
 /// Accepts connections until `stop` is set, each on its own thread. A
-/// maintenance thread seals aged extent buffers and runs the cleaner.
-pub fn serve(
-    engine: Arc<Engine>,
+/// maintenance thread calls [`Device::maintain`] (for the engine: seals
+/// aged extent buffers, runs the cleaner and takes due checkpoints, so a
+/// FLUSH does not wait for one).
+pub fn serve<D: Device + ?Sized>(
+    engine: Arc<D>,
     listener: Listener,
     cfg: ServeConfig,
     stop: Arc<AtomicBool>,
@@ -343,13 +365,7 @@ pub fn serve(
         std::thread::spawn(move || {
             while !stop.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(100));
-                if engine.read_only() {
-                    continue;
-                }
-                let _ = engine.seal_aged(Duration::from_secs(1));
-                if engine.needs_cleaning() {
-                    let _ = engine.clean(false);
-                }
+                engine.maintain();
             }
         })
     };
@@ -404,13 +420,13 @@ fn protocol_error(msg: &str) -> io::Error {
 }
 
 /// Serves one connection: handshake, then transmission.
-pub fn handle(
+pub fn handle<D: Device + ?Sized>(
     mut c: Conn,
-    engine: &Arc<Engine>,
+    engine: &Arc<D>,
     cfg: &ServeConfig,
     stats: &Arc<ServerStats>,
 ) -> io::Result<()> {
-    let r = match negotiate(&mut c, engine, cfg) {
+    let r = match negotiate(&mut c, &**engine, cfg) {
         Ok(Some(s)) => transmission(c, engine, s, cfg, stats),
         Ok(None) => Ok(()),
         Err(e) => {
@@ -426,7 +442,7 @@ pub fn handle(
     r
 }
 
-fn transmission_flags(engine: &Engine, cfg: &ServeConfig, structured: bool) -> u16 {
+fn transmission_flags<D: Device + ?Sized>(engine: &D, cfg: &ServeConfig, structured: bool) -> u16 {
     let mut f = tflag::HAS_FLAGS | tflag::SEND_FLUSH | tflag::SEND_FUA | tflag::CAN_MULTI_CONN;
     if cfg.read_only || engine.read_only() {
         f |= tflag::READ_ONLY;
@@ -440,7 +456,7 @@ fn transmission_flags(engine: &Engine, cfg: &ServeConfig, structured: bool) -> u
 }
 
 /// The handshake. `Ok(None)`: the client aborted.
-fn negotiate(c: &mut Conn, engine: &Engine, cfg: &ServeConfig) -> io::Result<Option<Session>> {
+fn negotiate<D: Device + ?Sized>(c: &mut Conn, engine: &D, cfg: &ServeConfig) -> io::Result<Option<Session>> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&nbd::NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&nbd::IHAVEOPT.to_be_bytes());
@@ -607,9 +623,9 @@ fn errno_of(e: &BlkError) -> u32 {
     }
 }
 
-fn transmission(
+fn transmission<D: Device + ?Sized>(
     mut c: Conn,
-    engine: &Arc<Engine>,
+    engine: &Arc<D>,
     s: Session,
     cfg: &ServeConfig,
     stats: &Arc<ServerStats>,
@@ -637,7 +653,7 @@ fn transmission(
                     }
                 };
                 let Some(job) = job else { break };
-                let (n, err) = run(&engine, &s, &job, &mut buf);
+                let (n, err) = run(&*engine, &s, &job, &mut buf);
                 let mut w = writer.lock().expect("writer lock");
                 if w.write_all(&buf[..n]).is_err() {
                     failed.store(true, Ordering::Release);
@@ -657,6 +673,8 @@ fn transmission(
         }
         cv.notify_one();
     };
+    // Reads the device serves at once are answered from this thread.
+    let mut fast = Vec::new();
     let result = (|| -> io::Result<()> {
         loop {
             if failed.load(Ordering::Acquire) {
@@ -687,6 +705,13 @@ fn transmission(
             }
             if req.kind == cmd::DISC {
                 return Ok(());
+            }
+            if req.kind == cmd::READ {
+                if let Some((n, err)) = fast_read(&**engine, &s, &req, &mut fast) {
+                    writer.lock().expect("writer lock").write_all(&fast[..n])?;
+                    stats.record(&req, at.elapsed(), err);
+                    continue;
+                }
             }
             push(Job { req, payload, at });
         }
@@ -728,7 +753,7 @@ fn put(buf: &mut Vec<u8>, bytes: &[u8]) -> usize {
 
 /// Runs one request; its reply is `buf[..n]`. Returns `n` and whether the
 /// reply is an error.
-fn run(engine: &Engine, s: &Session, job: &Job, buf: &mut Vec<u8>) -> (usize, bool) {
+fn run<D: Device + ?Sized>(engine: &D, s: &Session, job: &Job, buf: &mut Vec<u8>) -> (usize, bool) {
     let r = &job.req;
     let res: Result<usize, BlkError> = match r.kind {
         cmd::READ => read_reply(engine, s, r, buf),
@@ -752,6 +777,43 @@ fn run(engine: &Engine, s: &Session, job: &Job, buf: &mut Vec<u8>) -> (usize, bo
     }
 }
 
+/// Largest read tried on [`Device::read_fast`].
+const FAST_READ_MAX: u32 = 64 << 10;
+
+/// A read the device serves at once (see [`Device::read_fast`]): the
+/// reply in `buf[..n]` (one data chunk, or a simple reply) and whether it
+/// is an error; `None` to run it on a worker.
+fn fast_read<D: Device + ?Sized>(
+    dev: &D,
+    s: &Session,
+    r: &Request,
+    buf: &mut Vec<u8>,
+) -> Option<(usize, bool)> {
+    if r.length == 0 || r.length > FAST_READ_MAX {
+        return None;
+    }
+    let len = r.length as usize;
+    let head = if s.structured { 28 } else { 16 };
+    let out = room(buf, head + len);
+    match dev.read_fast(r.offset, &mut out[head..])? {
+        Ok(()) => {
+            if s.structured {
+                out[..20].copy_from_slice(&nbd::chunk_header(
+                    r.cookie,
+                    reply::FLAG_DONE,
+                    reply::OFFSET_DATA,
+                    8 + r.length,
+                ));
+                out[20..28].copy_from_slice(&r.offset.to_be_bytes());
+            } else {
+                out[..16].copy_from_slice(&nbd::simple_reply(r.cookie, 0));
+            }
+            Some((head + len, false))
+        }
+        Err(e) => Some((put(buf, &error_reply(s, r, errno_of(&e), &e.to_string())), true)),
+    }
+}
+
 fn ok(s: &Session, r: &Request, buf: &mut Vec<u8>) -> usize {
     if s.structured {
         put(buf, &nbd::chunk_header(r.cookie, reply::FLAG_DONE, reply::NONE, 0))
@@ -760,7 +822,12 @@ fn ok(s: &Session, r: &Request, buf: &mut Vec<u8>) -> usize {
     }
 }
 
-fn read_reply(engine: &Engine, s: &Session, r: &Request, buf: &mut Vec<u8>) -> Result<usize, BlkError> {
+fn read_reply<D: Device + ?Sized>(
+    engine: &D,
+    s: &Session,
+    r: &Request,
+    buf: &mut Vec<u8>,
+) -> Result<usize, BlkError> {
     // The data is read straight into the reply buffer, after its header.
     if !s.structured {
         let n = 16 + r.length as usize;
@@ -833,7 +900,7 @@ fn read_reply(engine: &Engine, s: &Session, r: &Request, buf: &mut Vec<u8>) -> R
     Ok(total)
 }
 
-fn status_reply(engine: &Engine, r: &Request) -> Vec<u8> {
+fn status_reply<D: Device + ?Sized>(engine: &D, r: &Request) -> Vec<u8> {
     let bs = engine.block_size() as u64;
     let first = r.offset / bs;
     let last = (r.offset + r.length as u64 - 1) / bs;

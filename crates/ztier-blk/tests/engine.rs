@@ -610,3 +610,193 @@ fn checkpoints_write_only_changed_pages() {
     }
     assert!(e2.check().unwrap().is_empty());
 }
+
+/// A device that counts its reads.
+struct CountReads(std::sync::Arc<CrashBacking>, std::sync::atomic::AtomicU64);
+impl ztier_blk::backing::Backing for CountReads {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.0.write_at(buf, off)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.0.sync()
+    }
+    fn allocated_bytes(&self) -> std::io::Result<u64> {
+        self.0.allocated_bytes()
+    }
+}
+
+/// Version `ver` of block `lba`: its number and version, then text-like
+/// (compresses) or random (stored raw) bytes derived from both.
+fn versioned(lba: u64, ver: u64) -> Vec<u8> {
+    let seed = lba.wrapping_mul(1_000_003).wrapping_add(ver);
+    let mut b = fill(if ver % 3 == 2 { 1 } else { 0 }, seed, BS);
+    b[..8].copy_from_slice(&lba.to_le_bytes());
+    b[8..16].copy_from_slice(&ver.to_le_bytes());
+    b
+}
+
+/// Checks that each block of `buf` (read at block `first`) is some
+/// version of itself; returns the versions.
+fn versions_of(first: u64, buf: &[u8]) -> Vec<u64> {
+    buf.chunks(BS)
+        .enumerate()
+        .map(|(i, b)| {
+            let lba = first + i as u64;
+            let ver = u64::from_le_bytes(b[8..16].try_into().unwrap());
+            assert_eq!(
+                u64::from_le_bytes(b[..8].try_into().unwrap()),
+                lba,
+                "block {lba}: another block's data"
+            );
+            assert!(b == versioned(lba, ver).as_slice(), "block {lba}: damaged version {ver}");
+            ver
+        })
+        .collect()
+}
+
+/// A 1 MiB read of blocks written in sequence reads their neighbouring
+/// extents in a few `pread`s (not one per extent), and large reads
+/// stay right while writers overwrite, the cleaner moves blocks and
+/// checkpoints run beside them.
+#[test]
+fn large_reads_span_neighbouring_extents_and_stay_right_under_writes() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let blocks = 4096u64; // 16 MiB
+    let dev = std::sync::Arc::new(CrashBacking::new());
+    let counting = std::sync::Arc::new(CountReads(dev.clone(), Default::default()));
+    // 640 extents of 32 KiB (20 MiB) for 16 MiB of data: the cleaner has work.
+    let eng = Engine::create(Box::new(counting.clone()), &opts(blocks, 32768, Some(640 * 32768))).unwrap();
+    for chunk in 0..blocks / 256 {
+        let data: Vec<u8> = (chunk * 256..(chunk + 1) * 256).flat_map(|l| versioned(l, 0)).collect();
+        eng.write(chunk * 256 * BS as u64, &data, false).unwrap();
+    }
+    eng.flush().unwrap();
+    // The blocks of a MiB lie in about 12 extents (one `pread` each
+    // before spans); a few stragglers sit in extents opened earlier (best
+    // fit), and a hole above 8 KiB ends a span.
+    let mut buf = vec![0u8; 1 << 20];
+    let before_all = counting.1.load(Relaxed);
+    for mib in 0..blocks / 256 {
+        let before = counting.1.load(Relaxed);
+        eng.read(mib << 20, &mut buf).unwrap();
+        let reads = counting.1.load(Relaxed) - before;
+        assert!(reads <= 8, "MiB {mib}: {reads} reads of the image");
+        assert!(versions_of(mib * 256, &buf).iter().all(|&v| v == 0));
+    }
+    let reads = counting.1.load(Relaxed) - before_all;
+    assert!(reads <= 5 * blocks / 256, "{reads} reads for {} MiB", blocks / 256);
+    // Two writers (even and odd blocks), two readers, cleaning and checkpoints.
+    let done = AtomicBool::new(false);
+    let last: Vec<u64> = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..2u64)
+            .map(|w| {
+                let eng = &eng;
+                s.spawn(move || {
+                    let mut ver = vec![0u64; blocks as usize];
+                    let mut x = 0x2545_F491_4F6C_DD1D_u64 ^ w;
+                    for round in 0..300u64 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        // A run of up to 64 of this writer's blocks.
+                        let start = (x % blocks) & !1 | w;
+                        let n = 1 + (x >> 32) % 64;
+                        for lba in (start..(start + 2 * n).min(blocks)).step_by(2) {
+                            ver[lba as usize] += 1;
+                            eng.write(lba * BS as u64, &versioned(lba, ver[lba as usize]), false).unwrap();
+                        }
+                        if round % 50 == 49 {
+                            eng.flush().unwrap();
+                        }
+                    }
+                    ver
+                })
+            })
+            .collect();
+        let readers: Vec<_> = (0..2u64)
+            .map(|r| {
+                let (eng, done) = (&eng, &done);
+                s.spawn(move || {
+                    let mut x = 0x9E37_79B9_7F4A_7C15_u64 ^ r;
+                    let mut buf = vec![0u8; 512 * BS];
+                    let mut n_reads = 0;
+                    while !done.load(Relaxed) || n_reads < 20 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let first = x % blocks;
+                        let n = (1 + (x >> 40) % 512).min(blocks - first);
+                        let b = &mut buf[..n as usize * BS];
+                        eng.read(first * BS as u64, b).unwrap();
+                        versions_of(first, b);
+                        n_reads += 1;
+                    }
+                })
+            })
+            .collect();
+        let maint = s.spawn(|| {
+            while !done.load(Relaxed) {
+                eng.clean(true).unwrap();
+                eng.checkpoint().unwrap();
+            }
+        });
+        let vers: Vec<Vec<u64>> = writers.into_iter().map(|h| h.join().unwrap()).collect();
+        done.store(true, Relaxed);
+        maint.join().unwrap();
+        for h in readers {
+            h.join().unwrap();
+        }
+        (0..blocks as usize).map(|l| vers[l % 2][l]).collect()
+    });
+    assert!(eng.stats().extents_cleaned > 0, "the cleaner ran: {:?}", eng.stats());
+    // Quiet now: everything, also at unaligned offsets, is the last version.
+    let mut all = vec![0u8; blocks as usize * BS];
+    eng.read(0, &mut all).unwrap();
+    assert_eq!(versions_of(0, &all), last);
+    let mut odd = vec![0u8; (1 << 20) + 1000];
+    eng.read(12345, &mut odd).unwrap();
+    assert!(odd == all[12345..12345 + odd.len()]);
+    assert!(eng.check().unwrap().is_empty());
+}
+
+/// With background checkpoints on (as a server runs its engine), FLUSH
+/// does not take a due checkpoint; `checkpoint_if_due` does. Flushed data
+/// survives a crash either way (the log after the last checkpoint is
+/// replayed).
+#[test]
+fn flush_leaves_due_checkpoints_to_the_background() {
+    // Random data fills the 1024 extents that make a checkpoint due in
+    // 32 MiB; thin (2400 extents, 75 MiB), so no cleaning is needed.
+    let dev = std::sync::Arc::new(CrashBacking::new());
+    let eng = engine_on(&dev, Some(&opts(32768, 32768, Some(2400 * 32768))));
+    eng.set_background_checkpoints(true);
+    let data = fill(1, 9, 36 << 20);
+    for (i, c) in data.chunks(1 << 20).enumerate() {
+        eng.write((i as u64) << 20, c, false).unwrap();
+        eng.flush().unwrap();
+    }
+    assert!(eng.checkpoint_due());
+    assert_eq!(eng.stats().checkpoints, 0, "a FLUSH took a checkpoint");
+    // Crash now: flushed data is all in the log.
+    let e2 = engine_on(&std::sync::Arc::new(CrashBacking::from_image(dev.crash(|_, _| 0))), None);
+    let mut back = vec![0u8; data.len()];
+    e2.read(0, &mut back).unwrap();
+    assert!(back == data, "flushed data after a crash with no checkpoint");
+    drop(e2);
+    assert!(eng.checkpoint_if_due().unwrap());
+    assert_eq!(eng.stats().checkpoints, 1);
+    assert!(!eng.checkpoint_due() && !eng.checkpoint_if_due().unwrap());
+    // Off again: FLUSH takes a due checkpoint itself.
+    eng.set_background_checkpoints(false);
+    for (i, c) in data.chunks(1 << 20).enumerate() {
+        eng.write((36 + i as u64) << 20, c, false).unwrap();
+    }
+    assert!(eng.checkpoint_due());
+    eng.flush().unwrap();
+    assert_eq!(eng.stats().checkpoints, 2);
+    assert!(!eng.checkpoint_due());
+}

@@ -139,6 +139,9 @@ pub struct Report {
     pub same_filled_pages: usize,
     /// memcpy speed on the codec pages, MB/s.
     pub memcpy_mb_s: f64,
+    /// The WKdm kernel measured (wkdm and hybrid run it): the fastest this
+    /// build and CPU run, or the one `ZTIER_WKDM_KERNEL` names.
+    pub wkdm_kernel: String,
     /// One entry per codec.
     pub codecs: Vec<CodecReport>,
 }
@@ -415,6 +418,7 @@ pub fn run(
         zero_pages: zero,
         same_filled_pages: same,
         memcpy_mb_s: mb_s(memcpy_s),
+        wkdm_kernel: crate::wkdm::Kernel::selected().name().to_string(),
         codecs: reports,
     })
 }
@@ -425,12 +429,13 @@ pub fn render_table(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "corpus: {}\npages: {} ({} zero, {} same-filled; those are stored as metadata only)\nmemcpy: {:.0} MB/s\n",
+        "corpus: {}\npages: {} ({} zero, {} same-filled; those are stored as metadata only)\nmemcpy: {:.0} MB/s\nwkdm kernel: {}\n",
         r.corpus.join(", "),
         r.pages,
         r.zero_pages,
         r.same_filled_pages,
-        r.memcpy_mb_s
+        r.memcpy_mb_s,
+        r.wkdm_kernel
     );
     let _ = writeln!(
         s,
@@ -506,6 +511,7 @@ mod tests {
         let json = serde_json::to_value(&r).unwrap();
         assert!(json["codecs"][0]["histogram"]["0-512"].is_u64());
         assert!(json["memcpy_mb_s"].as_f64().unwrap() > 0.0);
+        assert!(json["wkdm_kernel"].as_str().unwrap().parse::<crate::wkdm::Kernel>().is_ok());
         let table = render_table(&r);
         assert!(table.contains("lz4") && table.contains("zstd"));
     }

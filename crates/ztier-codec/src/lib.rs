@@ -46,6 +46,28 @@
 //!   input never panics and never reads or writes out of bounds.
 //! * Every codec has a stable `u8` tag ([`CodecId`]), recorded next to stored
 //!   data so that old data is recognised.
+//!
+//! ## Cargo features
+//!
+//! Neither is on by default; the default build runs only code the CI
+//! machines (x86-64 with AVX2, no AVX-512) execute.
+//!
+//! * `safe` — the WK codecs built from their safe twins alone (no `unsafe`
+//!   in [`wkdm`], [`wk4x4`], [`wk64`]; the C-library codecs are unchanged).
+//!   `make test` runs this crate's tests once more with it:
+//!   `cargo test --release -p ztier-codec --features safe`.
+//! * `avx512` — the WKdm AVX-512 kernel ([`wkdm::Kernel::Avx512`]; Rust
+//!   1.89 or later). Test it on a CPU with AVX-512F and AVX-512CD:
+//!   `cargo test --release -p ztier-codec --features avx512` (its tests
+//!   fail there, rather than skip, when the CPU lacks them), and from
+//!   `crates/ztier-codec`, `cargo fuzz run --features avx512 wkdm_kernels`.
+//!   A build with it runs the kernel wherever the CPU has AVX-512; measure
+//!   first (`cargo run --release -p ztier-codec --features avx512 --example
+//!   wkdm_kernels -- FILE.pages...`): it was slower than the AVX2 kernel on
+//!   an Intel Xeon.
+//!
+//! [`wkdm::KERNEL_ENV`] (`ZTIER_WKDM_KERNEL=safe|scalar|avx2|avx512`) picks
+//! the WKdm kernel a process runs, for measurements and tests.
 
 pub mod bench;
 pub mod corpus;

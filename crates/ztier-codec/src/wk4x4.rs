@@ -22,6 +22,8 @@
 //! decoded as WK4x4 or back — then tags, full words, 4-bit indices and
 //! 10-bit low bits in packed segments.
 
+#![forbid(unsafe_code)]
+
 use crate::wkdm::{packed_len, Counts, Segments, CHECK_EVERY, LOW_MASK};
 use crate::{check_input_len, Codec, CodecId, CompressError, DecompressError};
 

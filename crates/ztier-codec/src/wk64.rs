@@ -40,6 +40,8 @@
 //! +-------------------------------------------------------------------+
 //! ```
 
+#![forbid(unsafe_code)]
+
 use crate::{check_input_len, check_output_len, Codec, CodecId, CompressError, DecompressError, MAX_INPUT};
 
 /// Format version byte.

@@ -1,5 +1,7 @@
-//! The policy interface: a state machine fed references, answering how
-//! much memory the compressed region should take.
+//! The sizing interface: a state machine fed references, answering how
+//! much memory the compressed region should take (the replacement and
+//! prefetch interfaces are [`crate::replacement`] and [`crate::prefetch`];
+//! the crate root builds policies by name: [`crate::build`]).
 //!
 //! The simulator and the live frontends call it the same way: for every
 //! reference deeper in the LRU stack than [`Policy::interest_depth`] (the

@@ -31,7 +31,7 @@
 //! ```text
 //!  program thread: SIGSEGV, abort()'s SIGABRT, Ctrl-\ …
 //!    └─► on_core_signal (the library's signal stack where it has one)
-//!          crash inside ztier's own code?  then no: said on stderr
+//!          crash inside ztier's own code?  then no: said in the log
 //!          the manager's lock (waited for at most 2 s), no eviction from now on
 //!          an eviction in flight commits; every stored page back (spill file too)
 //!          the default action back; the same signal and siginfo sent again
@@ -43,7 +43,7 @@
 //! finds its default action does the same before the default is taken
 //! (`sud::chain`). Where bringing the pages back would not fit in the
 //! memory available, or the manager's lock is not had in time, the core
-//! is written without them and stderr says how much it misses.
+//! is written without them and the log says how much it misses.
 //!
 //! The program's own actions come first: a handler it installs replaces
 //! the library's, and decides. The program is shown `SIG_DFL` where the
@@ -196,7 +196,7 @@ extern "C" fn on_core_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: 
 }
 
 /// Brings every stored page of this process back before a core is
-/// dumped for `sig`, and stops evictions; says on stderr what the core
+/// dumped for `sig`, and stops evictions; says in the log what the core
 /// will miss when it cannot.
 pub fn before_core(sig: libc::c_int) {
     if !crate::ready() || !cores_written() {
@@ -214,18 +214,18 @@ pub fn before_core(sig: libc::c_int) {
     }
 }
 
-/// Says on stderr what the core will miss, and why — without allocating:
+/// Says in the log ([`crate::notice`]) what the core will miss, and why — without allocating:
 /// the crashing thread may hold glibc's allocator's lock.
 fn say(sig: libc::c_int, why: &str) {
     let stored = crate::GLOBAL.get().and_then(|g| g.mgr.try_lock().ok().map(|m| crate::stored_bytes(&m)));
     let pid = raw(libc::SYS_getpid, [0; 6]);
     match stored {
-        Some(b) => crate::say_unallocated(format_args!(
-            "ztier: process {pid}: signal {sig}: the core dump will miss {} MiB of evicted pages: {why}\n",
+        Some(b) => crate::notice(format_args!(
+            "ztier: process {pid}: signal {sig}: the core dump will miss {} MiB of evicted pages: {why}",
             b >> 20
         )),
-        None => crate::say_unallocated(format_args!(
-            "ztier: process {pid}: signal {sig}: the core dump will miss its evicted pages: {why}\n"
+        None => crate::notice(format_args!(
+            "ztier: process {pid}: signal {sig}: the core dump will miss its evicted pages: {why}"
         )),
     }
 }

@@ -115,9 +115,13 @@ macro_rules! direct {
                 // SAFETY: glibc's function of this name, which has this
                 // signature.
                 let f = unsafe { std::mem::transmute::<usize, unsafe extern "C-unwind" fn($($ty),*) -> $ret>(p) };
-                crate::sud::fast($nr, args([$($a as u64),*]), || {
-                    // SAFETY: the caller's arguments, passed on.
-                    unsafe { f($($arg),*) as isize }
+                let a = args([$($a as u64),*]);
+                crate::sud::fast($nr, a, || {
+                    // (`getdents64`: the library's descriptors left out.)
+                    crate::fds::listed($nr, a, || {
+                        // SAFETY: the caller's arguments, passed on.
+                        unsafe { f($($arg),*) as isize }
+                    })
                 }) as $ret
             }
         )*
@@ -390,8 +394,11 @@ pub unsafe extern "C" fn syscall(
     // SAFETY: glibc's `syscall`, a variadic function of this type.
     let real = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(c_long, ...) -> c_long>(p) };
     crate::sud::fast(nr, args, || {
-        // SAFETY: the caller's arguments, passed on.
-        unsafe { real(nr, a, b, c, d, e, f) as isize }
+        // (`getdents64`: the library's descriptors left out.)
+        crate::fds::listed(nr, args, || {
+            // SAFETY: the caller's arguments, passed on.
+            unsafe { real(nr, a, b, c, d, e, f) as isize }
+        })
     }) as c_long
 }
 
@@ -573,8 +580,13 @@ static REAL_FCNTL: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
 const FCNTL_NAMES: [&str; 2] = ["fcntl\0", "fcntl64\0"];
 
 fn fcntl_via(slot: usize, fd: c_int, cmd: c_int, arg: u64) -> c_int {
+    let a = [fd as u64, cmd as u64, arg, 0, 0, 0];
+    // The library's own descriptors are not the program's to see.
+    if let Some(r) = crate::fds::guard_c(libc::SYS_fcntl, a) {
+        return r as c_int;
+    }
     let p = real(&REAL_FCNTL, slot, FCNTL_NAMES[slot]);
-    crate::sud::fast(libc::SYS_fcntl, [fd as u64, cmd as u64, arg, 0, 0, 0], || {
+    crate::sud::fast(libc::SYS_fcntl, a, || {
         // SAFETY: glibc's function of that name, variadic after the
         // command, called with the caller's arguments (the third passed
         // in its register whether or not the command reads it).
@@ -604,12 +616,66 @@ pub unsafe extern "C-unwind" fn fcntl64(fd: c_int, cmd: c_int, arg: u64) -> c_in
     fcntl_via(1, fd, cmd, arg)
 }
 
+/// glibc's `readdir` and `readdir64`, looked up with the others.
+static REAL_READDIR: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+const READDIR_NAMES: [&str; 2] = ["readdir\0", "readdir64\0"];
+
+/// glibc's `readdir` (`slot` 0) or `readdir64` (1), skipping the entries
+/// of the library's descriptors in a listing of the process's own
+/// ([`crate::fds::hidden_entry`]). glibc reads ahead with its own
+/// `getdents64`, which only the dispatch handler sees.
+///
+/// # Safety
+/// The C contract of `readdir`.
+unsafe fn readdir_via(slot: usize, d: *mut libc::DIR) -> *mut libc::dirent64 {
+    let p = real(&REAL_READDIR, slot, READDIR_NAMES[slot]);
+    // SAFETY: glibc's `readdir`/`readdir64` (one function on x86-64), of
+    // this type.
+    let f = unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(*mut libc::DIR) -> *mut libc::dirent64>(p)
+    };
+    loop {
+        // SAFETY: the caller's directory stream.
+        let e = unsafe { f(d) };
+        // SAFETY: glibc's entry, its name NUL-terminated; `d` is open.
+        if e.is_null() || !unsafe { crate::fds::hidden_entry(libc::dirfd(d), (*e).d_name.as_ptr().cast()) } {
+            return e;
+        }
+    }
+}
+
+/// `readdir(3)`: glibc's, the library's descriptors left out of a
+/// listing of the process's own ([`crate::fds`]).
+///
+/// # Safety
+/// The C contract of `readdir`.
+#[no_mangle]
+pub unsafe extern "C" fn readdir(d: *mut libc::DIR) -> *mut libc::dirent64 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { readdir_via(0, d) }
+}
+
+/// `readdir64(3)`: as [`readdir`].
+///
+/// # Safety
+/// The C contract of `readdir64`.
+#[no_mangle]
+pub unsafe extern "C" fn readdir64(d: *mut libc::DIR) -> *mut libc::dirent64 {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { readdir_via(1, d) }
+}
+
 pub(crate) extern "C" fn look_up_all() {
     for (slot, name) in REAL.iter().zip(NAMES) {
         slot.store(lookup(name), Ordering::Relaxed);
     }
     REAL_SYSCALL[0].store(lookup("syscall\0"), Ordering::Relaxed);
-    for (slot, name) in REAL_OPEN.iter().zip(OPEN_NAMES).chain(REAL_FCNTL.iter().zip(FCNTL_NAMES)) {
+    for (slot, name) in REAL_OPEN
+        .iter()
+        .zip(OPEN_NAMES)
+        .chain(REAL_FCNTL.iter().zip(FCNTL_NAMES))
+        .chain(REAL_READDIR.iter().zip(READDIR_NAMES))
+    {
         slot.store(lookup(name), Ordering::Relaxed);
     }
 }

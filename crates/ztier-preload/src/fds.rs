@@ -15,13 +15,24 @@
 //!   [`low`], 960 under the usual limit of 1024), out of the numbers a
 //!   program counts on: the lowest free one for its next `open`, the
 //!   small ones it `dup2`s onto (a shell's 10 and 255);
-//! - the program's `close` of one returns 0 and leaves it open; its
-//!   `close_range` and `closefrom` close around them; its `dup2`/`dup3`
-//!   onto one fails with `EBADF`, said once on stderr ([`guard`]). That
-//!   holds for glibc's functions (exported in [`crate::direct`]),
-//!   `syscall(2)` with those numbers, and, where system calls are caught
-//!   (`crate::sud`), the raw calls too. A raw `close` system call in full
-//!   mode is not seen.
+//! - the program's `close` of one fails with `EBADF`, as it would
+//!   natively, and leaves it open; its `close_range` and `closefrom`
+//!   close around them; its `dup2`/`dup3` onto one fails with `EBADF`,
+//!   said once in the log ([`guard`]). That holds for glibc's functions
+//!   (exported in [`crate::direct`]), `syscall(2)` with those numbers,
+//!   and, where system calls are caught (`crate::sud`), the raw calls
+//!   too. A raw `close` system call in full mode is not seen;
+//! - the program does not see them, as it would not natively: a probe of
+//!   one (`fstat`, `fstatat` or `statx` on it, `fcntl`, `dup`, `dup2`
+//!   or `dup3` from it) fails with `EBADF` ([`guard`]), and a listing of
+//!   the process's own descriptors (`/proc/self/fd`, `/dev/fd`,
+//!   `/proc/PID/fdinfo`, a thread's `task/TID/fd`) leaves them out, read
+//!   by `readdir` or by `getdents64` ([`listed`], [`hidden_entry`]). CPython's
+//!   `test_subprocess` (`test_pass_fds_redirected`) has an exec'd child
+//!   `fstat` every number below its limit and found the child's own
+//!   library's five descriptors besides those it was given. Still seen:
+//!   a path through `/proc/self/fd/N` named without listing, and the
+//!   raw calls of a program's own `syscall` instruction in full mode.
 //!
 //! The library's own calls (library threads, or library code on the
 //! program's threads: [`crate::inside`]) are not guarded; its `close` of
@@ -69,8 +80,15 @@ pub fn keep(fd: i32) -> i32 {
     fd
 }
 
+/// No kept descriptor is below this (a bound, lowered as they are
+/// kept): most of the program's calls are let through by one compare.
+static LOWEST: AtomicI32 = AtomicI32::new(i32::MAX);
+
 /// Keeps `fd` from the program's `close` (already where it should be).
 pub fn register(fd: i32) {
+    if fd >= 0 {
+        LOWEST.fetch_min(fd, Ordering::AcqRel);
+    }
     for s in &KEPT {
         if s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             return;
@@ -111,10 +129,32 @@ fn kept_in(first: u32, last: u32) -> ([u32; 16], usize) {
 /// calls pass (a `close` of a kept one forgets it).
 #[inline]
 pub fn guard(nr: i64, a: [u64; 6]) -> Option<i64> {
-    if !matches!(nr, libc::SYS_close | libc::SYS_close_range | libc::SYS_dup2 | libc::SYS_dup3) {
-        return None;
+    match nr {
+        libc::SYS_close | libc::SYS_close_range | libc::SYS_dup2 | libc::SYS_dup3 => guard_slow(nr, a),
+        libc::SYS_dup | libc::SYS_fcntl | libc::SYS_fstat | libc::SYS_newfstatat | libc::SYS_statx
+            if a[0] as i32 >= LOWEST.load(Ordering::Relaxed) =>
+        {
+            guard_slow(nr, a)
+        }
+        _ => None,
     }
-    guard_slow(nr, a)
+}
+
+/// Does the path argument `p` (of `newfstatat` or `statx`) make the call
+/// use its directory descriptor: empty (`AT_EMPTY_PATH`, or null for
+/// `statx`) or relative? An absolute path ignores the descriptor, even
+/// one that is not open. A path in the arena is not read (it may be
+/// evicted, and this may run in the dispatch handler): `false`.
+fn uses_dir(p: u64) -> bool {
+    if p == 0 {
+        return true;
+    }
+    if crate::GLOBAL.get().is_some_and(|g| g.in_arena(p as usize)) {
+        return false;
+    }
+    // SAFETY: a C string the program passed to the call (non-null, out
+    // of the arena): its first byte is readable.
+    unsafe { *(p as *const u8) != b'/' }
 }
 
 #[cold]
@@ -125,14 +165,19 @@ fn guard_slow(nr: i64, a: [u64; 6]) -> Option<i64> {
         }
         return None;
     }
+    let ebadf = Some(-(libc::EBADF as i64));
     match nr {
-        libc::SYS_close if is_kept(a[0] as i32) => Some(0),
+        // Not open, to the program: what a probe of a number it never
+        // opened gets natively.
+        libc::SYS_close | libc::SYS_dup | libc::SYS_fcntl | libc::SYS_fstat if is_kept(a[0] as i32) => ebadf,
+        libc::SYS_dup2 | libc::SYS_dup3 if is_kept(a[0] as i32) => ebadf,
+        libc::SYS_newfstatat | libc::SYS_statx if is_kept(a[0] as i32) && uses_dir(a[1]) => ebadf,
         libc::SYS_dup2 | libc::SYS_dup3 if is_kept(a[1] as i32) => {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Ordering::Relaxed) {
                 // No allocation: this may run in the dispatch handler.
-                crate::say_unallocated(format_args!(
-                    "ztier: process {}: dup2 onto descriptor {}, which ztier's library uses: refused (EBADF)\n",
+                crate::notice(format_args!(
+                    "ztier: process {}: dup2 onto descriptor {}, which ztier's library uses: refused (EBADF)",
                     std::process::id(),
                     a[1]
                 ));
@@ -181,4 +226,139 @@ fn guard_slow(nr: i64, a: [u64; 6]) -> Option<i64> {
 /// `errno` set on failure).
 pub fn guard_c(nr: i64, a: [u64; 6]) -> Option<i64> {
     guard(nr, a).map(crate::sys::c_ret)
+}
+
+/// A program's call `nr` (`a`: its arguments), made by `call`: for
+/// `getdents64` on a listing of the process's own descriptors, the
+/// library's are taken out of what it read (and if they were all it
+/// read, the call is made again: 0 would end the listing); any other
+/// call is `call` itself.
+#[inline]
+pub fn listed(nr: i64, a: [u64; 6], call: impl Fn() -> isize) -> isize {
+    if nr != libc::SYS_getdents64 {
+        return call();
+    }
+    loop {
+        let n = call();
+        if n <= 0 || LOWEST.load(Ordering::Relaxed) == i32::MAX || crate::inside() {
+            return n;
+        }
+        // SAFETY: the kernel wrote `n` bytes of `linux_dirent64` records
+        // there (the caller's buffer, pinned around `call` where the
+        // dispatch handler or `sud::fast` makes it).
+        let left = unsafe { unlist(a[0] as i32, a[1] as *mut u8, n as usize) };
+        if left > 0 {
+            return left as isize;
+        }
+    }
+}
+
+/// Offset of `d_reclen` and of `d_name` in a `linux_dirent64` record
+/// (`u64 d_ino, i64 d_off, u16 d_reclen, u8 d_type, char d_name[]`).
+const RECLEN_AT: usize = 16;
+const NAME_AT: usize = 19;
+
+/// Takes the records named by a kept descriptor out of the `len` bytes of
+/// `getdents64` records at `buf`, if directory `dir` lists this
+/// process's descriptors; the bytes left.
+///
+/// # Safety
+/// `buf` holds `len` bytes of records as the kernel writes them.
+unsafe fn unlist(dir: i32, buf: *mut u8, len: usize) -> usize {
+    // SAFETY: (each record) within the `len` bytes, as the kernel laid
+    // them out: a length, then a NUL-terminated name inside the record.
+    let reclen = |at: usize| unsafe { (buf.add(at + RECLEN_AT) as *const u16).read_unaligned() } as usize;
+    // SAFETY: as above.
+    let ours = |at: usize| unsafe { kept_name(buf.add(at + NAME_AT)) };
+    let mut at = 0;
+    while at + NAME_AT < len && reclen(at) > 0 && !ours(at) {
+        at += reclen(at);
+    }
+    if at + NAME_AT >= len || reclen(at) == 0 || !lists_own(dir) {
+        return len;
+    }
+    let (mut from, mut to) = (at, at);
+    while from + NAME_AT < len && reclen(from) > 0 {
+        let n = reclen(from);
+        if !ours(from) {
+            // SAFETY: both within the buffer; `to` <= `from`, and copy
+            // allows the ranges to overlap.
+            unsafe { std::ptr::copy(buf.add(from), buf.add(to), n) };
+            to += n;
+        }
+        from += n;
+    }
+    to
+}
+
+/// Is the NUL-terminated name at `name` a kept descriptor's number?
+///
+/// # Safety
+/// `name` points to a NUL-terminated string.
+unsafe fn kept_name(name: *const u8) -> bool {
+    let mut fd: i64 = 0;
+    for i in 0..11 {
+        // SAFETY: within the string: the loop stops at its NUL.
+        match unsafe { *name.add(i) } {
+            0 => return i > 0 && is_kept(fd as i32),
+            c @ b'0'..=b'9' => fd = fd * 10 + i64::from(c - b'0'),
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// Does the directory open as `dir` list this process's descriptors:
+/// `/proc/PID/fd` or `/proc/PID/fdinfo`, or a thread's
+/// `/proc/PID/task/TID/fd` (all of them share the table), PID this
+/// process's as `/proc` shows it? (`/dev/fd` and `/proc/self/fd` lead
+/// there.) Two `readlink`s, nothing allocated, no descriptor made.
+fn lists_own(dir: i32) -> bool {
+    let mut path = [0u8; 32];
+    let mut w = std::io::Cursor::new(&mut path[..]);
+    if std::io::Write::write_fmt(&mut w, format_args!("/proc/self/fd/{dir}\0")).is_err() {
+        return false;
+    }
+    let mut target = [0u8; 64];
+    let mut me = [0u8; 16];
+    let link = |p: *const u8, buf: &mut [u8]| {
+        let n = crate::sud::raw(
+            libc::SYS_readlink,
+            [p as u64, buf.as_mut_ptr() as u64, buf.len() as u64, 0, 0, 0],
+        );
+        usize::try_from(n).ok().filter(|&n| n > 0 && n < buf.len())
+    };
+    let (Some(n), Some(m)) = (link(path.as_ptr(), &mut target), link(c"/proc/self".as_ptr().cast(), &mut me))
+    else {
+        return false;
+    };
+    let Some(rest) = target[..n].strip_prefix(b"/proc/").and_then(|r| r.strip_prefix(&me[..m])) else {
+        return false;
+    };
+    let rest = match rest.strip_prefix(b"/task/") {
+        Some(t) => {
+            let digits = t.iter().take_while(|c| c.is_ascii_digit()).count();
+            if digits == 0 {
+                return false;
+            }
+            &t[digits..]
+        }
+        None => rest,
+    };
+    rest == b"/fd" || rest == b"/fdinfo"
+}
+
+/// Is the directory entry named `name` (NUL-terminated), read from the
+/// directory open as `dir` by the program, one of the library's
+/// descriptors in a listing of the process's own (to be skipped: see
+/// `readdir` in [`crate::direct`])?
+///
+/// # Safety
+/// `name` points to a NUL-terminated string.
+pub unsafe fn hidden_entry(dir: i32, name: *const u8) -> bool {
+    LOWEST.load(Ordering::Relaxed) != i32::MAX
+        && !crate::inside()
+        // SAFETY: the caller's contract.
+        && unsafe { kept_name(name) }
+        && lists_own(dir)
 }

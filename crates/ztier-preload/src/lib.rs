@@ -44,7 +44,7 @@
 //! which count the reservation though nothing is committed, the arena is smaller
 //! ([`arena_bytes`]), its span region a quarter of it as above. When the
 //! arena has no room left for a request, the memory comes from glibc or
-//! the kernel instead, unmanaged (said once on stderr).
+//! the kernel instead, unmanaged (said once in the log).
 //!
 //! **The handler must never fault on arena memory** (it would wait for
 //! itself). Threads of the library (the handler, and any thread while it
@@ -92,7 +92,15 @@
 //! `@ztier-PID` answers every request with the same JSON, in one
 //! datagram (`ztier stats PID`). With `ZTIER_FAULT_LOG_DIR` (`ztier run --fault-log DIR`) each
 //! process also writes one row per page-in as `PID.csv` there (see
-//! [`faultlog`]).
+//! [`ztier_run_core::faultlog`]).
+//!
+//! **Notices**: what the library says that the program did not cause (a
+//! request the arena cannot hold, a full store, a call refused in this
+//! mode) goes to the log `ZTIER_LOG` names (`ztier run --log FILE`, or a
+//! file in `ztier run`'s folder whose lines end up in `--stats`), opened
+//! at start-up ([`open_log`]) and written by [`notice`]; the program's
+//! stderr is its own. Without `ZTIER_LOG` (`--log -`), stderr. Messages
+//! that end the program (an abort of the library's) are said on stderr.
 
 // The library's interface is C symbols; these docs are read with
 // `cargo doc --document-private-items`, so they link its private modules.
@@ -101,10 +109,10 @@
 mod coredump;
 mod direct;
 mod dl;
-mod faultlog;
 mod fds;
 mod manager;
 mod pages;
+mod remote;
 mod shim;
 mod sigstack;
 mod small;
@@ -237,6 +245,45 @@ pub(crate) fn say_unallocated(args: std::fmt::Arguments) {
     let _ = std::io::Write::write_fmt(&mut w, args);
     let n = w.position();
     sud::raw(libc::SYS_write, [2, buf.as_ptr() as u64, n, 0, 0, 0]);
+}
+
+/// The descriptor notices are written to ([`notice`]): the log
+/// `ZTIER_LOG` names, opened at start-up ([`open_log`]; a forked child
+/// keeps its parent's), else 2, stderr.
+static LOG_FD: AtomicI32 = AtomicI32::new(2);
+
+/// Opens the log `ZTIER_LOG` names, for appending, once when the library
+/// starts (before anything it says), its descriptor kept (see [`fds`]);
+/// an `exec`'d image opens it again. Where it cannot be opened, notices
+/// go to stderr, and the first says why.
+fn open_log() {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::IntoRawFd;
+    let Some(path) = std::env::var_os("ZTIER_LOG").filter(|p| !p.is_empty()) else { return };
+    match std::fs::OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(&path) {
+        Ok(f) => LOG_FD.store(fds::keep(f.into_raw_fd()), Ordering::Relaxed),
+        Err(e) => eprintln!(
+            "ztier: process {}: cannot open the log {} ({e}): ztier's notices go to stderr",
+            std::process::id(),
+            std::path::Path::new(&path).display()
+        ),
+    }
+}
+
+/// Says `args` (one line, without its newline) in the log ([`LOG_FD`]),
+/// from a buffer on the stack (cut at 1 KiB), by a raw system call:
+/// nothing allocated, so from anywhere (the dispatch handler, a thread
+/// that may hold glibc's allocator's lock, a crashing one). One `write`
+/// per line, so lines of several processes appending to the log never
+/// mix.
+pub(crate) fn notice(args: std::fmt::Arguments) {
+    let mut buf = [0u8; 1024];
+    let mut w = std::io::Cursor::new(&mut buf[..1023]);
+    let _ = std::io::Write::write_fmt(&mut w, args);
+    let n = w.position() as usize;
+    buf[n] = b'\n';
+    let fd = LOG_FD.load(Ordering::Relaxed);
+    sud::raw(libc::SYS_write, [fd as u64, buf.as_ptr() as u64, n as u64 + 1, 0, 0, 0]);
 }
 
 /// Address space of the arena (less under an address-space limit:
@@ -511,10 +558,13 @@ extern "C" fn library_loaded() {
     // constructors is the linker's).
     direct::look_up_all();
     dl::look_up();
+    // Where glibc's code lies: what it allocates for itself stays glibc's.
+    shim::note_libc();
     sud::find_jumps();
     // glibc's exec and spawn functions, and what a program started from
     // this one inherits (the environment is still the initial one).
     spawn::note_start();
+    look_up_glibc_threads();
     let own_malloc = program_has_own_malloc();
     OWN_MALLOC.store(own_malloc, Ordering::Release);
     LOADED.store(true, Ordering::Release);
@@ -624,6 +674,7 @@ fn knob_size(name: &str) -> Option<usize> {
 /// run under a budget, and silently running without one would lie.
 fn start() -> bool {
     let Some(budget) = env_size("ZTIER_BUDGET") else { return false };
+    open_log();
     // Every setting read later, read now (see `knob`).
     let _ = knob("ZTIER_PIN");
     let codec =
@@ -658,6 +709,7 @@ fn start() -> bool {
                 let m = lock(&GLOBAL.get().expect("set").mgr);
                 (m.uffd.user_mode_only, m.uffd.sigbus)
             };
+            USER_MODE_ONLY.store(user_mode_only, Ordering::Relaxed);
             if user_mode_only || sigbus {
                 if let Err(e) = sud::install(sigbus) {
                     let why = if sigbus {
@@ -812,6 +864,11 @@ fn try_start(cfg: Config) -> std::io::Result<Global> {
     })
 }
 
+/// Is this process's userfaultfd user-mode-only (set when it starts or
+/// is forked)? For [`filtered`], which may run with the manager's lock
+/// held.
+static USER_MODE_ONLY: AtomicBool = AtomicBool::new(false);
+
 /// Why pages could not be brought back in a thread of the program (a
 /// fault served in it with `--fault-path signal`, or a system call's
 /// memory under a user-mode-only userfaultfd), where the reason is the
@@ -828,7 +885,9 @@ pub(crate) fn filtered(e: &std::io::Error) -> &'static str {
     };
     if !status.lines().any(|l| l.starts_with("Seccomp:") && l.split_whitespace().nth(1) != Some("0")) {
         ""
-    } else if sud::sigbus_on() {
+    } else if sud::sigbus_on() && !USER_MODE_ONLY.load(Ordering::Relaxed) {
+        // (Under a user-mode-only userfaultfd the faulting thread brings
+        // back its system calls' memory on either path.)
         " in this thread, which runs under a seccomp filter of the program that forbids the library's calls \
          (with --fault-path thread faults are served by the library's own thread, which is not under it)"
     } else {
@@ -1262,6 +1321,54 @@ fn prime_heap_check() {
     }
 }
 
+/// glibc's count of the process's live threads (`__nptl_nthreads`,
+/// exported to `libthread_db` as `GLIBC_PRIVATE`), or null where this
+/// glibc has none ([`look_up_glibc_threads`]).
+static GLIBC_THREADS: std::sync::atomic::AtomicPtr<u32> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Finds [`GLIBC_THREADS`], once, when the library is loaded (the
+/// dynamic linker's lookup is not for a fork handler).
+fn look_up_glibc_threads() {
+    // SAFETY: dlvsym with NUL-terminated name and version; the symbol,
+    // when found, is glibc's `unsigned int`, which lives as long as the
+    // process.
+    let p =
+        unsafe { libc::dlvsym(libc::RTLD_DEFAULT, c"__nptl_nthreads".as_ptr(), c"GLIBC_PRIVATE".as_ptr()) };
+    GLIBC_THREADS.store(p.cast(), Ordering::Release);
+}
+
+/// Takes a thread just made by glibc's `pthread_create` for the library
+/// out of glibc's count of live threads. glibc ends the process, by
+/// `exit(0)`, when the last thread it counts ends (`start_thread`, or
+/// `pthread_exit` in the main thread): the library's threads, which
+/// never end, kept a program whose last thread leaves by `pthread_exit`
+/// alive for ever. CPython's forked child of a thread other than the
+/// main one ends so (the thread's function returns, the thread exits,
+/// and it is the child's only thread): the child stayed a zombie leader
+/// with the library's three threads, and its parent waited for it for
+/// ever (CPython's `test_threading`). The library's threads are not the
+/// program's: with them uncounted the process ends where it would
+/// natively. (glibc sets the count to 1 in a forked child, whose library
+/// threads are then made anew and taken out again.)
+///
+/// The count is glibc's from its increment in `pthread_create` to here:
+/// if the program's last thread left meanwhile (only the watchdog makes
+/// library threads while the program runs), it found the count above one
+/// and did not end the process; this ends it as that thread would have.
+fn uncount_library_thread() {
+    let p = GLIBC_THREADS.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: glibc's counter, an aligned `unsigned int` it changes
+        // only with atomic operations; the thread counted lives.
+        let count = unsafe { AtomicU32::from_ptr(p) };
+        if count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // SAFETY: exit as glibc's last thread calls it.
+            unsafe { libc::exit(0) };
+        }
+    }
+}
+
 fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
     // A raw pthread, not std::thread: std initialises thread-locals (with
     // destructors registered through calloc) before running the closure,
@@ -1356,6 +1463,7 @@ fn spawn_handler(cpus: Option<Vec<usize>>, role: Role) {
         eprintln!("ztier: cannot start the fault handler: {}", std::io::Error::from_raw_os_error(r));
         std::process::abort();
     }
+    uncount_library_thread();
     // The new thread makes its per-thread data (glibc allocates for it
     // with the program's `calloc`) before the program runs on: a program
     // with an allocator of its own may take that allocator's lock and
@@ -1744,13 +1852,13 @@ fn serve_in_thread(addr: usize) -> bool {
         // the store already: committed now, it is served below.
         let early = owned && !back && m.commit_early(g.page_of(page), &g.stats);
         if back {
-            m.log_fault(t_log, faultlog::Kind::Wp, page);
+            m.log_fault(t_log, ztier_run_core::faultlog::Kind::Wp, page);
             drop(m);
         } else if owned && !early {
             // Read under the lock: the batch that owns the page commits
             // (under the lock) after this.
             let seen = COMMITS.load(Ordering::Acquire);
-            m.log_fault(t_log, faultlog::Kind::Deferred, page);
+            m.log_fault(t_log, ztier_run_core::faultlog::Kind::Deferred, page);
             drop(m);
             g.stats.deferred.fetch_add(1, Ordering::Relaxed);
             let waited = std::time::Instant::now();
@@ -2039,12 +2147,12 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
                     // renewals sent while the process was stopped (under a
                     // debugger) are in them.
                     if lock(&g.mgr).release_holds(None, std::time::Instant::now()) {
-                        eprintln!(
+                        notice(format_args!(
                             "ztier: process {}: a hold (`ztier hold`) was not renewed for {} s: its \
                              holder is gone; pages are evicted again",
                             std::process::id(),
                             HOLD_LEASE.as_secs()
-                        );
+                        ));
                     }
                 }
                 continue;
@@ -2122,6 +2230,7 @@ fn stats_json(g: &Global) -> String {
         now_stored,
         spilled,
         policy,
+        names,
         resident_budget,
         user_mode_only,
         tree,
@@ -2150,6 +2259,7 @@ fn stats_json(g: &Global) -> String {
             st.memory_used,
             st.tier_bytes,
             m.sizing(),
+            m.policy_names(),
             m.budget() * PAGE,
             m.uffd.user_mode_only,
             tree,
@@ -2184,11 +2294,11 @@ fn stats_json(g: &Global) -> String {
         .map(|(i, c)| format!("[{},{c}]", manager::lat_upper_ns(i)))
         .collect();
     let ld = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-    format!(
+    remote::add_stats(format!(
         "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
          \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
          \"peak_resident_bytes\":{},\"resident_bytes\":{},\"pinned_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
-         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"committed_early\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"hot_distance\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\"held_by\":{:?},\
+         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"committed_early\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"hot_distance\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"replacement\":\"{}\",\"prefetch\":\"{}\",\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\"held_by\":{:?},\
          \"tree_held_bytes\":{},\"tree_reserved_bytes\":{},\"tree_inherited_bytes\":{},\
          \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"deferred_wait_ns\":{},\"latency_ns\":[{}]}}\n",
         std::process::id(),
@@ -2234,6 +2344,8 @@ fn stats_json(g: &Global) -> String {
         ld(&s.dirtied),
         resident_budget,
         policy.as_ref().map_or("null".to_string(), |(n, _)| format!("\"{n}\"")),
+        names.0,
+        names.1,
         g.cfg.allocator.name(),
         policy.as_ref().map(|(_, b)| *b).or(store_share).map_or("null".to_string(), |b| b.to_string()),
         ld(&s.forks),
@@ -2249,7 +2361,7 @@ fn stats_json(g: &Global) -> String {
         timing[3],
         ld(&s.deferred_wait_ns),
         hist.join(",")
-    )
+    ))
 }
 
 /// This process's `--stats` file, opened when the library starts and
@@ -2407,11 +2519,11 @@ extern "C" fn at_exit() {
                 // Said, not lost silently: a process that dropped root
                 // before it was forked cannot write into `ztier run`'s
                 // folder.
-                eprintln!(
+                notice(format_args!(
                     "ztier: process {}: its statistics are left out of --stats: writing {}: {e}",
                     std::process::id(),
                     path.display()
-                );
+                ));
             }
         }
         // Taken under the lock, written after it is let go: threads still
@@ -2424,8 +2536,19 @@ extern "C" fn at_exit() {
             m.take_fault_log()
         };
         if let Some(log) = log {
-            if let Err(e) = log.write_file(&own_file_name("csv")) {
-                eprintln!("ztier: writing the fault log into {}: {e}", log.dir.display());
+            match log.write_file(&own_file_name("csv")) {
+                Ok(path) => {
+                    let (dropped, max) = log.unlogged();
+                    if dropped > 0 {
+                        notice(format_args!(
+                            "ztier: fault log {}: {dropped} page-ins after the first {max} were not logged",
+                            path.display()
+                        ));
+                    }
+                }
+                Err(e) => {
+                    notice(format_args!("ztier: writing the fault log into {}: {e}", log.dir.display()))
+                }
             }
         }
     });
@@ -2860,6 +2983,7 @@ extern "C" fn fork_child() {
             eprintln!("ztier: the forked child cannot manage its memory: {e}: aborting");
             std::process::abort();
         }
+        USER_MODE_ONLY.store(m.uffd.user_mode_only, Ordering::Relaxed);
         if m.uffd.user_mode_only && !sud::active() {
             // The parent had a full-mode userfaultfd, the child (forked
             // after the program dropped root, with no /dev/userfaultfd
@@ -2994,8 +3118,8 @@ pub unsafe extern "C" fn _Fork() -> libc::pid_t {
         if !SAID.swap(true, Ordering::Relaxed) {
             let msg: &[u8] = b"ztier: _Fork was called from a signal handler that interrupted ztier's code \
                 in the same thread (or ztier's locks stayed taken for 100 ms): its child was made without \
-                ztier's fork handlers, and reads zeros from evicted memory\n";
-            sud::raw(libc::SYS_write, [2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
+                ztier's fork handlers, and reads zeros from evicted memory";
+            notice(format_args!("{}", std::str::from_utf8(msg).unwrap_or("")));
         }
         // Not caught as a fork of the program's own (`fork_unseen` would
         // make it with the handlers after all).

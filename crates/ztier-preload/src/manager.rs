@@ -2,13 +2,13 @@
 //! the resident budget and eviction into the compressed page store.
 //!
 //! ```text
-//!  page state (1 byte per arena page)
-//!  ┌────────┬─────────┬──────────────┬─────────┬───────┬─────────────────────┐
-//!  │ bit 7  │ bit 6   │ bit 5 · 4    │ bit 3   │ bit 2 │ bits 0..1           │
-//!  │ QUEUED │ NOEVICT │ PROTECTED ·  │ DEMOTED │ OWNED │ ABSENT 0 · RESIDENT │
-//!  │        │         │ CLEAN        │         │       │ 1 · STORED 2 ·      │
-//!  │        │         │              │         │       │ EVICTING 3          │
-//!  └────────┴─────────┴──────────────┴─────────┴───────┴─────────────────────┘
+//!  page state (1 byte per arena page; the replacement policy keeps its
+//!  own flags per page, see `ztier_policy::segmented`)
+//!  ┌────────┬─────────┬───────┬───────┬───────┬─────────────────────────────┐
+//!  │ bit 7  │ bit 6   │ bit 4 │ bit 3 │ bit 2 │ bits 0..1                   │
+//!  │ (free) │ NOEVICT │ CLEAN │(free) │ OWNED │ ABSENT 0 · RESIDENT 1 ·     │
+//!  │        │         │       │       │       │ STORED 2 · EVICTING 3       │
+//!  └────────┴─────────┴───────┴───────┴───────┴─────────────────────────────┘
 //!
 //!   ABSENT ──fault: UFFDIO_COPY of zeros (a run of up to 16)──► RESIDENT
 //!   RESIDENT ──evict: WP, compress, MADV_DONTNEED, commit, wake──► STORED (or ABSENT if all zero)
@@ -20,61 +20,16 @@
 //! page becomes resident only through the handler: the resident count is
 //! exact, and it is held at the budget by eviction.
 //!
-//! Which pages go: uffd shows misses, never hits, so recency of resident
-//! pages is unknown. Oldest-first (FIFO) eviction is the worst case for
-//! a program that sweeps more than the budget over and over — a garbage
-//! collector's full-heap pass, a join, a scan — because the page evicted
-//! is always the one the sweep needs next, and every page of every pass
-//! faults. So resident pages are split in two segments:
-//!
-//! ```text
-//!   fault / new page ──► protected (11/12 of the budget) while it has room
-//!                    └─► probation (1/12) otherwise ──► victims, oldest first
-//!   protected ──1 page per 8..256 victims (aging), or over its share──► probation
-//!   refault distance < hot distance (budget/4 .. budget/64) ──► protected
-//!                                     (a hot page evicted too soon)
-//! ```
-//!
-//! The refault distance is the number of evictions between a page's
-//! eviction and its fault back (per-page eviction clock, as the kernel's
-//! workingset detection). A sweep over more than the budget refaults at a
-//! long distance, so it cycles through probation and leaves the protected
-//! segment resident: about budget·11/12 pages per pass are hits instead
-//! of none. (Probation must stay larger than the pages the background
-//! evictor keeps free, a sixteenth of the budget, or victims come from
-//! the protected segment directly: at a 32nd, pyapp compressed 1.6× as
-//! many pages. A twelfth instead of an eighth: 6% fewer on pyapp at
-//! 256M, 0.97× wall in 5 paired runs; xz -9, random access, 2% more.)
-//!
-//! The protected segment must age, or pages a program stopped using
-//! would hold it forever while a new working set that fits the budget
-//! thrashes through probation. But every page aged out of a segment
-//! that is still in use comes back as a fault. So the aging rate adapts
-//! ([`Aging`]): a demoted page is marked DEMOTED, and one that faults
-//! back from the store still marked is a regretted demotion. While at
-//! least half of the recent demotions are regretted, aging slows down
-//! (twice the victims per demotion, up to [`AGE_SLOWEST`]); while fewer
-//! than an eighth are, it speeds up (down to [`AGE_FASTEST`]). A loop
-//! over more than the budget (a collector's full passes) ends up aging
-//! slowly; a program that leaves a working set behind ages fast and
-//! drains it (`docs/measurements/2026-11-25-protected-segment-aging.md`
-//! has the measurements).
-//!
-//! The hot distance adapts too. Each hot refault takes a protected page's
-//! place, and that page is demoted and comes back in turn. When more than
-//! half of the store faults are hot, the protected segment is cycling
-//! like one FIFO over the whole budget and protects nothing: the hot
-//! distance halves (down to a 64th of the budget), so that only the
-//! pages refaulting soonest take places — once four adjustments in a row
-//! found it so, since a heap that has just outgrown the budget refaults
-//! short for a while too (pyapp-corpus's first collections past 256M:
-//! 82–90% hot for three). While fewer than an eighth are hot, it doubles
-//! (up to a quarter). `xz -T2 -6` of 40 MB at 160M (its
-//! peak is 269 MB) ran 84 s with a fixed quarter, 42 s adapted.
-//!
-//! Victims from probation take their resident probation neighbours
-//! along (up to 16 pages), because each run costs a write-protect call and
-//! a release, each with a TLB shootdown on the program's CPU.
+//! Which pages go, and what a fault brings in besides its page, the
+//! policy decides: a replacement ([`ztier_policy::replacement`]; the
+//! shipped one is [`ztier_policy::segmented`]: protected and probation
+//! segments, refault-distance promotion, adaptive aging), a prefetch
+//! ([`ztier_policy::walk`]) and, with `--policy ...+SIZING`, a split of the
+//! budget between resident pages and the store ([`ztier_policy::split`]).
+//! They are the objects `ztier sim` replays; the manager feeds them the
+//! faults, installs and evictions, and keeps their per-page tables
+//! ([`Table`]). When it evicts, and how many pages at a time, is
+//! [`ztier_policy::pacing`].
 //!
 //! Clean pages: a page that comes back from the store and goes out again
 //! unwritten need not be compressed again, if the store kept its copy.
@@ -169,7 +124,6 @@
 //! resident (eviction reads them), and its own allocations come from
 //! glibc's malloc (see the crate docs), so it cannot fault on itself.
 
-use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -177,14 +131,18 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_128;
 use ztier_codec::CodecId;
+use ztier_policy::prefetch::{Prefetch, MAX_STORE_RUN, MAX_ZERO_RUN};
+use ztier_policy::replacement::{Replacement, Verdict};
+use ztier_policy::spec::Parts;
+use ztier_policy::split::Split;
 use ztier_store::alloc::AllocatorKind;
 use ztier_store::tier::FileTier;
 use ztier_store::{Key, PoolKind, PoolOptions, PutFlags, Store, StoreConfig, StoreError};
 use ztier_uffd::tree::Member;
 use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP};
 
-use crate::faultlog::{FaultLog, Kind, Row};
 use crate::sys;
+use ztier_run_core::faultlog::{FaultLog, Kind, Row};
 
 /// Page size.
 pub const PAGE: usize = 4096;
@@ -199,223 +157,22 @@ pub const STORED: u8 = 2;
 pub const EVICTING: u8 = 3;
 /// Mask of the state bits.
 pub const STATE: u8 = 3;
-/// In the protected segment (with QUEUED: its entry is in that queue).
-pub const PROTECTED: u8 = 0x20;
 /// Resident, installed write-protected from the store, which still holds
 /// its copy: not written since, so evicting it needs no compression.
 pub const CLEAN: u8 = 0x10;
-/// Aged out of the protected segment and not back from the store since
-/// (see [`Aging`]).
-pub const DEMOTED: u8 = 0x08;
 /// Picked by an eviction that has not committed yet: its memory may be
 /// released without the lock, so faults on it wait for the commit (but
 /// see [`Manager::commit_early`]).
 pub const OWNED: u8 = 0x04;
 /// Not readable (mprotect'ed): never evicted.
 pub const NOEVICT: u8 = 0x40;
-/// Has an entry in one of the two queues of resident pages.
-pub const QUEUED: u8 = 0x80;
-/// Zero pages installed per fault on a never-touched page.
-pub const ZERO_RUN: usize = 16;
-/// Stored pages installed per fault when faults run sequentially.
-pub const PREFETCH: usize = 8;
-/// Stored pages installed per fault when the fault continues one of the
-/// last 8 faults' walks (within 16 pages after it) but not the last one's.
-pub const STREAM_PREFETCH: usize = 8;
-/// Pages evicted per round.
-pub const EVICT_BATCH: usize = 32;
+pub use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, CLUSTER, EVICT_BATCH};
+/// Zero pages installed per fault on a never-touched page, at most (the
+/// prefetch says how many; pins fill this many at a time).
+pub const ZERO_RUN: usize = MAX_ZERO_RUN;
 /// How long no eviction is tried after the store refused a victim
 /// ([`Manager::refusing`]).
 pub const REFUSED_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
-/// Victims the background evictor takes at a time. Fewer write-protect
-/// calls (TLB shootdowns on the program's CPU) per page than smaller
-/// batches: pyapp at 256M, against 256: same wall time, fault p99 77 µs
-/// instead of 110-150 µs; against 64: 8% slower.
-pub const BACKGROUND_BATCH: usize = EVICT_BATCH * 16;
-/// Fewest victims the background evictor takes while eviction is not
-/// wanted yet (at most half the reserve). Without it the evictor, never
-/// idle under a steady stream of faults, took whatever had come in since
-/// its last batch: ~18 pages a batch on the corpus builder at 256M, and
-/// each batch waits for a fault service to write-protect it (see the
-/// `near` module of the crate root) and costs a shootdown to release.
-pub const BACKGROUND_LEAST: usize = 256;
-/// Largest run of neighbours evicted with a victim from probation.
-pub const CLUSTER: usize = 16;
-/// Fewest victims per page aged out of the protected segment (the
-/// fastest aging, and the rate a run starts with).
-pub const AGE_FASTEST: usize = 8;
-/// Most victims per page aged out of the protected segment.
-pub const AGE_SLOWEST: usize = 256;
-
-/// The rate at which the protected segment ages, adapted to what its
-/// demotions cost (see the module docs). Counts are decayed (halved) at
-/// each adjustment, which comes every `period` victims, or every eight
-/// demotions' worth of victims if that is more (so that even the slowest
-/// rate sees enough demotions to speed up again).
-#[derive(Debug)]
-pub struct Aging {
-    /// Victims per demotion now.
-    every: usize,
-    /// Victims since the last demotion.
-    since: usize,
-    /// Victims since the last adjustment.
-    victims: usize,
-    /// Demotions (decayed).
-    demoted: u32,
-    /// Demoted pages that faulted back from the store (decayed).
-    regretted: u32,
-    /// The hot distance is the budget >> `hot_shift` ([`HOT_SHIFT_FIRST`]
-    /// to [`HOT_SHIFT_LAST`]).
-    hot_shift: u32,
-    /// Store faults (decayed).
-    faults: u32,
-    /// Store faults within the hot distance (decayed).
-    hot: u32,
-    /// Adjustments in a row that found more than half of the store faults
-    /// hot.
-    hot_streak: u32,
-}
-
-impl Aging {
-    /// The fastest aging, no history.
-    pub fn new() -> Aging {
-        Aging {
-            every: AGE_FASTEST,
-            since: 0,
-            victims: 0,
-            demoted: 0,
-            regretted: 0,
-            hot_shift: HOT_SHIFT_FIRST,
-            faults: 0,
-            hot: 0,
-            hot_streak: 0,
-        }
-    }
-
-    /// Refault distance (evictions) under which a page of a budget of
-    /// `budget` pages is hot: it goes to the protected segment.
-    pub fn hot_distance(&self, budget: usize) -> usize {
-        budget >> self.hot_shift
-    }
-
-    /// A page came back from the store, from within the hot distance
-    /// (`hot`) or not.
-    pub fn store_fault(&mut self, hot: bool) {
-        self.faults = self.faults.saturating_add(1);
-        if hot {
-            self.hot = self.hot.saturating_add(1);
-        }
-    }
-
-    /// Victims per demotion now.
-    pub fn every(&self) -> usize {
-        self.every
-    }
-
-    /// One victim taken; adjusts the rate every `period` victims (or
-    /// every eight demotions).
-    pub fn victim(&mut self, period: usize) {
-        self.victims += 1;
-        if self.victims >= period.max(self.every * 8) {
-            self.adjust();
-        }
-        self.since += 1;
-    }
-
-    /// Is a protected page to be demoted now? (Once per `every` victims.)
-    pub fn due(&mut self) -> bool {
-        if self.since >= self.every {
-            self.since = 0;
-            return true;
-        }
-        false
-    }
-
-    /// A page left the protected segment.
-    pub fn demoted(&mut self) {
-        self.demoted = self.demoted.saturating_add(1);
-    }
-
-    /// A demoted page came back from the store.
-    pub fn regretted(&mut self) {
-        self.regretted = self.regretted.saturating_add(1);
-    }
-
-    fn adjust(&mut self) {
-        self.victims = 0;
-        // Four demotions at least, or the ratio says nothing (a period
-        // sees eight at any rate, fewer only if the protected segment is
-        // empty).
-        if self.demoted >= 4 {
-            if self.regretted * 2 >= self.demoted {
-                self.every = (self.every * 2).min(AGE_SLOWEST);
-            } else if self.regretted * 8 < self.demoted {
-                self.every = (self.every / 2).max(AGE_FASTEST);
-            }
-        }
-        self.demoted /= 2;
-        self.regretted /= 2;
-        // When most store faults are hot, every one of them takes a
-        // protected page's place, and that page comes back in turn: the
-        // segment cycles like one FIFO over the budget and protects
-        // nothing. The hot distance halves then, so that only the pages
-        // refaulting soonest take places; it doubles back while few are
-        // hot.
-        if self.faults >= 16 {
-            if self.hot * 2 > self.faults {
-                self.hot_streak += 1;
-                if self.hot_streak >= HOT_STREAK {
-                    self.hot_shift = (self.hot_shift + 1).min(HOT_SHIFT_LAST);
-                    self.hot_streak = 0;
-                }
-            } else {
-                self.hot_streak = 0;
-                if self.hot * 8 < self.faults {
-                    self.hot_shift = (self.hot_shift - 1).max(HOT_SHIFT_FIRST);
-                }
-            }
-        }
-        self.faults /= 2;
-        self.hot /= 2;
-    }
-}
-
-impl Default for Aging {
-    fn default() -> Self {
-        Aging::new()
-    }
-}
-
-/// Victims between two adjustments of the aging rate, for a budget of
-/// `budget` pages: an eighth of the budget (at least 256).
-pub fn aging_period(budget: usize) -> usize {
-    (budget / 8).max(256)
-}
-
-/// Resident pages kept free below a budget of `budget` pages by the
-/// background evictor.
-fn reserve_of(budget: usize) -> usize {
-    (budget / 16).clamp(EVICT_BATCH * 2, 4096).min(budget / 2)
-}
-
-/// The longest hot distance, and the one a run starts with, as a shift
-/// of the budget: a quarter. With slow aging, pyapp at 256M compressed
-/// 7% fewer pages than with the probation's size (an eighth) and 5%
-/// fewer than with half the budget.
-pub const HOT_SHIFT_FIRST: u32 = 2;
-/// The shortest hot distance, as a shift of the budget: a 64th.
-pub const HOT_SHIFT_LAST: u32 = 6;
-/// Adjustments in a row that must find most store faults hot before the
-/// hot distance halves: a heap that just outgrew the budget refaults
-/// short for a while (pyapp's first collections past it), a cycling
-/// segment for good.
-pub const HOT_STREAK: u32 = 4;
-
-/// Probation: the part of a budget of `budget` pages that cycles (a
-/// twelfth); the rest is the protected segment.
-pub fn probation(budget: usize) -> usize {
-    (budget / 12).max(EVICT_BATCH * 4).min(budget / 2)
-}
 /// Fault-latency buckets: 100 ns wide below 100 µs, then 10 µs wide up to
 /// 10.1 ms; the last collects the rest.
 pub const LAT_BUCKETS: usize = 2000;
@@ -469,24 +226,6 @@ pub struct Config {
 /// (this machine's profile of `ztier run` with lz4, rounded).
 pub const POLICY_COSTS: ztier_policy::Costs =
     ztier_policy::Costs { disk_ns: 50_000.0, compress_ns: 7_000.0, decompress_ns: 2_000.0 };
-
-/// Live split of the budget between resident pages and the compressed
-/// store, by a policy of `ztier-policy` (the same code the simulator
-/// runs). It sees the faults only: a fault on a stored page is a
-/// reference at LRU depth ≈ resident budget + the page's refault
-/// distance (pages evicted since it was), a compressed hit if the store
-/// still held it in memory, a fault if it came from the spill file.
-struct Sizing {
-    policy: Box<dyn ztier_policy::Policy>,
-    /// Pages of memory the budget gives: resident + store.
-    total: usize,
-    /// Store pages applied last.
-    applied: usize,
-    /// Mean compressed page size seen (bytes).
-    size: u16,
-    /// References fed since the last resize.
-    since: usize,
-}
 
 /// How a page that came back from the store and still has its stored
 /// copy is known to be unchanged when it is evicted again (`ZTIER_CLEAN`,
@@ -656,7 +395,7 @@ impl Stats {
             promoted: AtomicU64::new(0),
             demoted: AtomicU64::new(0),
             regretted: AtomicU64::new(0),
-            age_every: AtomicUsize::new(AGE_FASTEST),
+            age_every: AtomicUsize::new(ztier_policy::segmented::AGE_FASTEST),
             hot_distance: AtomicUsize::new(0),
             clean_evicted: AtomicU64::new(0),
             dirtied: AtomicU64::new(0),
@@ -765,47 +504,45 @@ pub struct Manager {
     pub base: usize,
     /// Arena pages.
     pub pages: usize,
-    states: *mut u8,
+    /// Per arena page: the page-state byte (drawn in the module docs).
+    states: Table<u8>,
     /// The userfaultfd (shared with the handler's event loop).
     pub uffd: Arc<Uffd>,
     store: Arc<Store>,
     pool: u32,
-    /// Probation: resident pages, oldest first; victims come from here.
-    fifo: VecDeque<u32>,
-    /// Protected segment, oldest first.
-    prot: VecDeque<u32>,
-    /// Resident (or evicting) pages with PROTECTED set.
-    prot_res: usize,
-    /// Largest protected segment (budget − probation).
-    prot_max: usize,
-    /// How fast the protected segment ages.
-    aging: Aging,
-    /// Evictions so far (the clock of the refault distance).
-    evict_seq: u32,
-    /// Per arena page: `evict_seq` when it was last evicted.
-    evicted_at: *mut u32,
-    /// The page whose fault is being served goes to the protected segment.
-    hot: usize,
-    /// Pages demoted (copied into the statistics after each eviction).
-    demoted: u64,
-    sizing: Option<Sizing>,
+    /// The replacement policy: which resident pages go.
+    repl: Box<dyn Replacement>,
+    /// The prefetch policy: what a fault brings in besides its page.
+    prefetch: Box<dyn Prefetch>,
+    /// `--policy ...+SIZING`: the split of the budget between resident
+    /// pages and the store.
+    sizing: Option<Split>,
     /// How pages that still have their stored copy are told apart from
     /// written ones.
     clean: CleanMode,
     /// Per arena page: the xxh3-128 hash of the content of its stored
     /// copy ([`CleanMode::Verify`]).
-    hashes: *mut u128,
+    hashes: Table<u128>,
     resident: usize,
-    /// Resident pages allowed: what the sizes of the segments follow.
-    /// With `--policy` it moves with the policy's split, with the tree
-    /// scope with what the process can have ([`Manager::follow_tree`]).
+    /// Resident pages allowed: what the replacement policy's sizes
+    /// follow. With a sizing policy it moves with the policy's split,
+    /// with the tree scope with what the process can have
+    /// ([`Manager::follow_tree`]).
     budget: usize,
     /// The budget asked for (`ZTIER_BUDGET`).
     cap: usize,
-    last_fault: usize,
-    /// Pages of the last faults (stream detection).
-    recent: [usize; 8],
-    recent_at: usize,
+    /// This process's part of the budget: `cap`, or with the tree scope
+    /// what it can have now ([`Manager::follow_tree`]). Resident pages get
+    /// it all, or with a sizing policy what the policy's split leaves
+    /// them ([`Manager::set_share`]).
+    share: usize,
+    /// With a sizing policy, the store's pages last given to it
+    /// (`Store::set_budget`).
+    store_applied: usize,
+    /// With a sizing policy and the tree scope, pages of the shared budget
+    /// this process holds for its store's memory (besides one per
+    /// resident page): what the store used at the last eviction.
+    store_held: usize,
     evicting: usize,
     /// The background evictor's batch in flight has not been sealed yet
     /// ([`Manager::seal_background`]): its victims can still be taken
@@ -823,7 +560,6 @@ pub struct Manager {
     /// whether a fault may commit it early ([`Manager::commit_early`]);
     /// empty while none is sealed.
     sealed: Vec<(usize, Sealed)>,
-    prefetch: usize,
     buf: Vec<u8>,
     zero: Vec<u8>,
     cfg: Config,
@@ -1132,9 +868,84 @@ struct Kept {
     end: usize,
 }
 
-// SAFETY: `states` points to a private mapping owned by the manager; all
-// access goes through `&mut self` under the manager's lock.
-unsafe impl Send for Manager {}
+/// A per-page table: a private anonymous mapping of `len` zeroed `T`s,
+/// backed only where touched (the arena is 64 GiB of address space), and
+/// left out of core dumps (`crate::coredump`), seen as a slice: every
+/// index is bounds-checked. Never unmapped: it lives as long as the
+/// manager, which lives as long as the process (a forked child has its
+/// copy).
+pub struct Table<T: Zeroed> {
+    ptr: std::ptr::NonNull<T>,
+    len: usize,
+}
+
+/// Types for which all-zero bytes are a value (what a fresh mapping holds).
+pub trait Zeroed: Copy {}
+impl Zeroed for u8 {}
+impl Zeroed for u32 {}
+impl Zeroed for u128 {}
+
+impl<T: Zeroed> Table<T> {
+    /// A table of `len` zeros.
+    pub fn new(len: usize) -> io::Result<Table<T>> {
+        let bytes = len.max(1) * std::mem::size_of::<T>();
+        let p = sys::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // The library's own: out of the program's core dumps, which
+        // would be as long as the tables.
+        crate::coredump::exclude(p as usize, bytes);
+        let ptr =
+            std::ptr::NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap gave a null table"))?;
+        Ok(Table { ptr, len })
+    }
+}
+
+impl<T: Zeroed> std::ops::Deref for Table<T> {
+    type Target = [T];
+    #[inline]
+    fn deref(&self) -> &[T] {
+        // SAFETY: `ptr` is a live mapping of `len` Ts (page-aligned, so
+        // aligned for T), zero-filled (a valid T) or written as Ts since,
+        // never unmapped; `&self` excludes writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Zeroed> std::ops::DerefMut for Table<T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `deref`; `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+// SAFETY: the table owns its mapping (nothing else refers to it but
+// through the table, or, for the hashes, a victim batch the manager's
+// protocol gives those pages to); moving it to another thread moves that.
+unsafe impl<T: Zeroed + Send> Send for Table<T> {}
+
+/// The replacement, prefetch and sizing policies `spec` names
+/// (`ZTIER_POLICY`; unset: the shipped ones) for an arena of `pages`
+/// pages and a budget of `budget` pages (resident pages, or resident
+/// pages and the store with a sizing policy); `prefetch`: the most stored
+/// pages a walk brings in (`ZTIER_PREFETCH`).
+fn policies(spec: Option<&str>, pages: usize, budget: usize, prefetch: usize) -> io::Result<Parts> {
+    let bad = |e: String| io::Error::new(io::ErrorKind::InvalidInput, format!("ZTIER_POLICY: {e}"));
+    let spec =
+        ztier_policy::Spec::parse(spec.unwrap_or(ztier_policy::spec::SHIPPED), ztier_policy::Frontend::Run)
+            .map_err(bad)?;
+    let (bits, stamps) = (Table::<u8>::new(pages)?, Table::<u32>::new(pages)?);
+    spec.parts(budget, bits, stamps, prefetch, POLICY_COSTS).map_err(bad)
+}
 
 /// Opens a userfaultfd and registers the arena for missing and
 /// write-protect faults.
@@ -1356,7 +1167,10 @@ fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
     let mut sc = StoreConfig::new(cfg.store_bytes);
     sc.codec = cfg.codec;
     sc.allocator = cfg.allocator;
+    let remote = crate::remote::tier(crate::fds::keep)?;
     let tier: Option<Box<dyn ztier_store::tier::NextTier>> = match &cfg.spill_dir {
+        // `--remote`: the run's proxy (and its spill file) instead.
+        _ if remote.is_some() => remote,
         // A forked child opens a spill file of its own the same way.
         Some(dir) => {
             let dir = dir.clone();
@@ -1373,7 +1187,7 @@ fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
 
 /// This process's share of the command's budget with `--budget-scope
 /// tree` (`ZTIER_TREE` names the segment), if it can take one; if not,
-/// it says why on stderr and keeps a budget of its own.
+/// it says why in the log and keeps a budget of its own.
 fn join_tree() -> Option<Member> {
     let path = std::env::var("ZTIER_TREE").ok().filter(|p| !p.is_empty())?;
     let why = match ztier_uffd::tree::open(&path) {
@@ -1383,11 +1197,11 @@ fn join_tree() -> Option<Member> {
         },
         Err(e) => format!("{path}: {e}"),
     };
-    eprintln!(
+    crate::notice(format_args!(
         "ztier: process {}: cannot share the command's budget ({why}; `ztier run` has ended?): \
          this process keeps its own --budget",
         std::process::id()
-    );
+    ));
     None
 }
 
@@ -1406,49 +1220,26 @@ impl Manager {
     pub fn new(base: usize, pages: usize, cfg: Config) -> io::Result<Manager> {
         // Per-page tables: private, zero-filled, and backed only where
         // touched (the arena is 64 GiB of address space).
-        let table = |bytes: usize| {
-            let p = sys::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            );
-            if p == libc::MAP_FAILED {
-                Err(io::Error::last_os_error())
-            } else {
-                // The library's own: out of the program's core dumps,
-                // which would be as long as the tables (`crate::coredump`).
-                crate::coredump::exclude(p as usize, bytes);
-                Ok(p)
-            }
-        };
-        let states = table(pages)?;
-        let evicted_at = table(pages * 4)?;
-        let hashes = table(pages * 16)?;
+        let states = Table::<u8>::new(pages)?;
+        let hashes = Table::<u128>::new(pages)?;
         let clean = CleanMode::from_env()?;
         let budget = cfg.budget_pages.max(EVICT_BATCH * 2);
-        let sizing = match &cfg.policy {
-            Some(spec) => Some(Sizing {
-                policy: ztier_policy::build(spec, budget, POLICY_COSTS).map_err(io::Error::other)?,
-                total: budget,
-                applied: usize::MAX,
-                size: 2048,
-                since: 0,
-            }),
-            None => None,
-        };
+        let prefetch = std::env::var("ZTIER_PREFETCH")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(ztier_policy::walk::PREFETCH);
+        let Parts { replacement: repl, prefetch, sizing } =
+            policies(cfg.policy.as_deref(), pages, budget, prefetch)?;
         let uffd = open_uffd(base, pages * PAGE)?;
         // A user-mode-only userfaultfd fails the kernel's writes to a
         // write-protected page with EFAULT, so pages are not installed
         // write-protected there (the same result, told by content).
         let clean = if (uffd.user_mode_only || uffd.sigbus) && clean == CleanMode::Wp {
-            eprintln!(
+            crate::notice(format_args!(
                 "ztier: --clean wp needs a userfaultfd that serves the kernel's faults too \
                  (this one is {}): using --clean verify",
                 if uffd.sigbus { "in --fault-path signal mode" } else { "user-mode-only" }
-            );
+            ));
             CleanMode::Verify
         } else {
             clean
@@ -1457,40 +1248,28 @@ impl Manager {
         let mut m = Manager {
             base,
             pages,
-            states: states.cast(),
+            states,
             uffd,
             store,
             pool,
-            fifo: VecDeque::new(),
-            prot: VecDeque::new(),
-            prot_res: 0,
-            prot_max: budget - probation(budget),
-            aging: Aging::new(),
-            evict_seq: 0,
-            evicted_at: evicted_at.cast(),
-            hot: usize::MAX,
-            demoted: 0,
+            repl,
+            prefetch,
             sizing,
             clean,
-            hashes: hashes.cast(),
+            hashes,
             resident: 0,
             budget,
             cap: budget,
-            last_fault: usize::MAX,
-            recent: [usize::MAX; 8],
-            recent_at: 0,
+            share: budget,
+            store_applied: usize::MAX,
+            store_held: 0,
             evicting: 0,
             background_open: false,
             background_released: false,
             background_protected: false,
             taken_back: Vec::new(),
             sealed: Vec::new(),
-            prefetch: std::env::var("ZTIER_PREFETCH")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(PREFETCH)
-                .clamp(1, 64),
-            buf: vec![0; 64 * PAGE],
+            buf: vec![0; MAX_STORE_RUN * PAGE],
             zero: vec![0; ZERO_RUN * PAGE],
             cfg,
             pins: Vec::new(),
@@ -1517,30 +1296,58 @@ impl Manager {
         Ok(m)
     }
 
-    /// Resizes the resident budget and the store to the policy's target.
+    /// Resizes the resident budget and the store to the sizing policy's
+    /// target, if it moved (or `force`).
     fn apply_sizing(&mut self, force: bool) {
-        let Some(s) = &mut self.sizing else { return };
-        // At least an eighth of the budget stays for resident pages, and
-        // at least a sixteenth (2 MiB or more) for the store, which needs
-        // room in every shard to take pages before it spills the oldest.
-        let floor = (s.total / 8).max(EVICT_BATCH * 4).min(s.total);
-        let t = s.policy.target().max(s.total / 16).max(512).min(s.total - floor);
-        // Resizing the store compacts it: only for a real move (1/32 of
-        // the budget), at most once per 256 references.
-        if !force && (t.abs_diff(s.applied) < (s.total / 32).max(16) || s.since < 256) {
-            return;
+        if let Some(t) = self.sizing.as_mut().and_then(|s| s.apply(force)) {
+            self.resized(t);
         }
-        s.since = 0;
-        s.applied = t;
-        self.budget = s.total - t;
-        self.prot_max = self.budget - probation(self.budget);
-        self.store.set_budget(t * PAGE);
+    }
+
+    /// The sizing policy moved its split (the store's pages of the whole
+    /// budget now `t`): applied to this process's share.
+    fn resized(&mut self, _t: usize) {
+        self.set_share(self.share, true);
+    }
+
+    /// The store's part of this process's share: the sizing policy's split
+    /// of the whole budget, scaled to the share (0 without a policy).
+    fn store_part(&self) -> usize {
+        match &self.sizing {
+            Some(s) if s.store_pages() != usize::MAX => {
+                (s.store_pages() as u128 * self.share as u128 / s.total().max(1) as u128) as usize
+            }
+            _ => 0,
+        }
+    }
+
+    /// This process's part of the budget is `share` pages: resident pages
+    /// get what the sizing policy's split leaves them (all of it without a
+    /// policy), the store the rest — given to the store when the policy
+    /// moved (`moved`) or the store's part moved by a 32nd of the budget
+    /// since (resizing the store compacts it).
+    fn set_share(&mut self, share: usize, moved: bool) {
+        self.share = share;
+        let store = self.store_part();
+        self.budget = share - store;
+        self.repl.set_budget(self.budget);
+        if let Some(s) = &self.sizing {
+            if moved || store.abs_diff(self.store_applied) >= (s.total() / 32).max(16) {
+                self.store_applied = store;
+                self.store.set_budget(store * PAGE);
+            }
+        }
     }
 
     /// The policy's name and the store's share of the budget now (bytes),
     /// if a policy sizes it.
     pub fn sizing(&self) -> Option<(String, usize)> {
-        self.sizing.as_ref().map(|s| (s.policy.name(), s.applied * PAGE))
+        self.sizing.as_ref().map(|s| (s.name(), self.store_applied * PAGE))
+    }
+
+    /// The names of the replacement and prefetch policies.
+    pub fn policy_names(&self) -> (&'static str, &'static str) {
+        (self.repl.name(), self.prefetch.name())
     }
 
     /// Resident pages allowed now.
@@ -1553,16 +1360,14 @@ impl Manager {
         &self.store
     }
 
+    #[inline]
     fn st(&self, i: usize) -> u8 {
-        debug_assert!(i < self.pages);
-        // SAFETY: i < pages, the length of the states mapping.
-        unsafe { *self.states.add(i) }
+        self.states[i]
     }
 
+    #[inline]
     fn set(&mut self, i: usize, v: u8) {
-        debug_assert!(i < self.pages);
-        // SAFETY: as in `st`; exclusive through `&mut self`.
-        unsafe { *self.states.add(i) = v };
+        self.states[i] = v;
     }
 
     fn key(&self, i: usize) -> Key {
@@ -1575,31 +1380,17 @@ impl Manager {
 
     fn became_resident(&mut self, i: usize, stats: &Stats) {
         let s = self.st(i);
-        if s & DEMOTED != 0 {
-            // Back from the store (or as zeros, if it was all zero when
-            // evicted; a released page loses the mark).
-            self.aging.regretted();
+        // A regretted demotion: back from the store (or as zeros, if it
+        // was all zero when evicted; a released page loses the mark). A
+        // promotion: the page faulted back soon after its eviction.
+        let a = self.repl.resident(i);
+        if a.regretted {
             stats.regretted.fetch_add(1, Ordering::Relaxed);
         }
-        let mut n = (s & !(STATE | DEMOTED)) | RESIDENT;
-        if s & QUEUED == 0 {
-            // The protected segment fills first; after that only pages
-            // faulted back soon after their eviction join it.
-            if self.prot_res < self.prot_max || i == self.hot {
-                self.prot.push_back(i as u32);
-                n |= QUEUED | PROTECTED;
-                if i == self.hot {
-                    stats.promoted.fetch_add(1, Ordering::Relaxed);
-                }
-            } else {
-                self.fifo.push_back(i as u32);
-                n |= QUEUED;
-            }
+        if a.promoted {
+            stats.promoted.fetch_add(1, Ordering::Relaxed);
         }
-        if n & PROTECTED != 0 {
-            self.prot_res += 1;
-        }
-        self.set(i, n);
+        self.set(i, (s & !STATE) | RESIDENT);
         let (w, b) = (i >> 14, 1u64 << ((i >> 8) & 63));
         if let Some(word) = self.table_chunks.get_mut(w).filter(|x| **x & b == 0) {
             *word |= b;
@@ -1702,14 +1493,7 @@ impl Manager {
     pub fn serve(&mut self, addr: usize, stats: &Stats) -> io::Result<Option<(usize, usize)>> {
         let t0 = self.log_clock();
         let i = (addr - self.base) / PAGE;
-        let sequential = i == self.last_fault.wrapping_add(1);
-        // One of several interleaved ascending walks (a collector tracing
-        // objects of several size classes, each class's pages in
-        // allocation order): a recent fault shortly before this one.
-        let stream = self.recent.iter().any(|&r| r < i && i - r <= 16);
-        self.recent[self.recent_at % 8] = i;
-        self.recent_at += 1;
-        self.last_fault = i;
+        let walk = self.prefetch.fault(i);
         if self.st(i) & OWNED != 0 && !self.commit_early(i, stats) {
             // Released by an eviction that has not committed yet: the
             // evictor wakes this fault after its commit (see the module
@@ -1720,39 +1504,18 @@ impl Manager {
         }
         let wake = match self.st(i) & STATE {
             STORED => {
-                // Refault distance (evictions since this page went out):
-                // shorter than probation means a bigger probation would
-                // have kept it — a hot page, it goes to the protected
-                // segment. A loop over more than the budget refaults at
-                // a long distance and leaves the protected segment alone.
-                let d = self.evict_seq.wrapping_sub(self.evicted_at_get(i)) as usize;
-                self.hot = if d < self.aging.hot_distance(self.budget) { i } else { usize::MAX };
+                // Refault distance (evictions since this page went out),
+                // and whether the page is hot: the replacement's to say.
+                let d = self.repl.refault(i).distance;
                 let key = self.key(i);
                 if let Some(s) = &mut self.sizing {
-                    let depth = self.budget + d;
-                    if depth > s.policy.interest_depth() {
-                        let outcome = if self.store.contains(key) {
-                            ztier_policy::Outcome::CompressedHit
-                        } else {
-                            ztier_policy::Outcome::Fault
-                        };
-                        s.policy.reference(&ztier_policy::Reference {
-                            depth: Some(depth),
-                            outcome,
-                            size: s.size,
-                        });
-                        s.since += 1;
-                        self.apply_sizing(false);
+                    let store = &self.store;
+                    if let Some(t) = s.fault(self.budget, d, || store.contains(key)) {
+                        self.resized(t);
                     }
                 }
                 let mut n = 1;
-                let lim = if sequential {
-                    self.prefetch
-                } else if stream {
-                    self.prefetch.min(STREAM_PREFETCH)
-                } else {
-                    1
-                };
+                let lim = self.prefetch.store_run(walk).min(MAX_STORE_RUN);
                 // No longer than the shared budget can give ([`Manager::run_room`]).
                 let lim = self.run_room(lim);
                 {
@@ -1766,7 +1529,7 @@ impl Manager {
                 let keep = match self.clean {
                     CleanMode::Off => false,
                     CleanMode::Wp => true,
-                    CleanMode::Verify => self.prot_res >= self.prot_max && i != self.hot,
+                    CleanMode::Verify => !self.repl.stays_long(i),
                 };
                 {
                     let _timed = Timed::start(&stats.store_read_ns);
@@ -1774,17 +1537,15 @@ impl Manager {
                 }
                 self.make_room(n, stats)?;
                 let r = self.install(i, n, false, keep, stats);
-                let hot = self.hot == i;
-                self.hot = usize::MAX;
+                let hot = self.repl.refault_done();
                 let wake = r?;
                 self.log_row(t0, Kind::Store, i, n, Some(d), hot);
-                self.aging.store_fault(hot);
                 stats.store_faults.fetch_add(1, Ordering::Relaxed);
-                if !sequential && !stream {
+                if walk.lone() {
                     stats.lone_faults.fetch_add(1, Ordering::Relaxed);
                 }
                 stats.prefetched.fetch_add(n as u64 - 1, Ordering::Relaxed);
-                self.last_fault = i + n - 1;
+                self.prefetch.ran_to(i + n - 1);
                 wake
             }
             RESIDENT => {
@@ -1812,7 +1573,7 @@ impl Manager {
             }
             _ => {
                 let mut n = 1;
-                let lim = self.run_room(ZERO_RUN);
+                let lim = self.run_room(self.prefetch.zero_run().min(ZERO_RUN));
                 while n < lim && i + n < self.pages && self.st(i + n) & (STATE | NOEVICT | OWNED) == ABSENT {
                     n += 1;
                 }
@@ -1834,10 +1595,10 @@ impl Manager {
     }
 
     /// Logs a page-in of `n` pages from page `i` whose service began at
-    /// `t0` (see [`crate::faultlog`]); nothing without a log.
+    /// `t0` (see [`ztier_run_core::faultlog`]); nothing without a log.
     #[inline]
     fn log_row(&mut self, t0: u64, kind: Kind, i: usize, n: usize, distance: Option<usize>, hot: bool) {
-        let (addr, evictions) = (self.addr(i) as u64, self.evict_seq);
+        let (addr, evictions) = (self.addr(i) as u64, self.repl.clock());
         if let Some(log) = &mut self.log {
             let service = log.now().saturating_sub(t0);
             log.push(Row {
@@ -1951,7 +1712,7 @@ impl Manager {
     fn hold_tree(&mut self, n: usize, stats: &Stats) -> io::Result<()> {
         let mut waited = false;
         loop {
-            let want = self.tree_resident() + n;
+            let want = self.tree_need() + n;
             let shared = self.inherited.as_ref().map_or(0, |h| h.count);
             let Some(t) = &mut self.tree else { return Ok(()) };
             if t.ensure(want) {
@@ -1968,7 +1729,7 @@ impl Manager {
                 continue;
             }
             // Nothing of its own can go now.
-            let want = self.tree_resident() + n;
+            let want = self.tree_need() + n;
             if !self.wait_tree(want) {
                 if let Some(t) = &mut self.tree {
                     t.force(want);
@@ -2027,9 +1788,9 @@ impl Manager {
     /// Gives back to the shared budget what this process holds beyond its
     /// resident pages (and a chunk).
     fn trim_tree(&mut self) {
-        let resident = self.tree_resident();
+        let need = self.tree_need();
         if let Some(t) = &mut self.tree {
-            t.trim(resident);
+            t.trim(need);
         }
     }
 
@@ -2045,19 +1806,26 @@ impl Manager {
     /// children of `sharedkids` at 48M went over in 7 runs of 20, by up
     /// to 68 pages, up to 32 at a time. `lim` without the tree scope.
     fn run_room(&mut self, lim: usize) -> usize {
-        let own = self.tree_resident();
+        let (own, need) = (self.tree_resident(), self.tree_need());
         let Some(t) = &mut self.tree else { return lim };
-        if t.ensure(own + lim) {
+        if t.ensure(need + lim) {
             return lim;
         }
-        let held = t.ensure_some(own + lim);
-        (held + own.saturating_sub(self.evicting)).saturating_sub(own).clamp(1, lim)
+        let held = t.ensure_some(need + lim);
+        (held + own.saturating_sub(self.evicting)).saturating_sub(need).clamp(1, lim)
     }
 
     /// Resident pages this process must hold a page of the shared budget
     /// for: all but those it shares with its parent.
     fn tree_resident(&self) -> usize {
         self.resident - self.inherited.as_ref().map_or(0, |h| h.count)
+    }
+
+    /// Pages of the shared budget this process must hold: its resident
+    /// pages ([`Manager::tree_resident`]) and, with a sizing policy, its
+    /// store's ([`Manager::store_held`]).
+    fn tree_need(&self) -> usize {
+        self.tree_resident() + self.store_held
     }
 
     /// Page `i` is no longer resident: if it was shared with the parent,
@@ -2114,9 +1882,8 @@ impl Manager {
         // memory at the commit, or is adopted by a later look if it stays
         // (before, a process whose resident pages were all in flight
         // took adopted ones past the budget: 48 pages at once).
-        let (states, pages) = (self.states, self.pages);
-        // SAFETY: as in `st` (i < pages, the length of the states mapping).
-        let in_flight = |i: usize| i < pages && unsafe { *states.add(i) } & STATE == EVICTING;
+        let states = &self.states;
+        let in_flight = |i: usize| states.get(i).is_some_and(|&s| s & STATE == EVICTING);
         let Some(h) = &mut self.inherited else { return Ok(()) };
         let adopted = gone.iter().filter(|&&i| !in_flight(i) && h.take(i)).count();
         if h.count == 0 {
@@ -2180,7 +1947,7 @@ impl Manager {
     }
 
     /// The store refused a victim: no evictions for a while
-    /// ([`Manager::refusing`]), and the first time, the reason on stderr.
+    /// ([`Manager::refusing`]), and the first time, the reason in the log.
     fn store_refused(&mut self) {
         self.refusing = Some((std::time::Instant::now() + REFUSED_PAUSE, self.taken_out));
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -2188,8 +1955,8 @@ impl Manager {
             return;
         }
         let next = match (self.cfg.spill_dir.is_some(), self.store.tier_error()) {
-            (false, _) => "there is no --spill folder".to_string(),
-            (true, Some(why)) => why,
+            (_, Some(why)) => why,
+            (false, None) => "there is no --spill folder".to_string(),
             (true, None) => "the spill file cannot take more".to_string(),
         };
         let size = match self.tree.as_ref().map(Member::store_limit).filter(|&l| l > 0) {
@@ -2200,11 +1967,11 @@ impl Manager {
             ),
             None => format!("{} MiB", self.store.budget() >> 20),
         };
-        eprintln!(
+        crate::notice(format_args!(
             "ztier: process {}: the compressed store is full ({size}) and {next}: pages over \
              --budget stay in memory uncompressed until the store has room",
             std::process::id(),
-        );
+        ));
     }
 
     /// Records the store's size if it is the largest seen (for the
@@ -2214,12 +1981,14 @@ impl Manager {
         let st = self.store.stats();
         if let Some(s) = &mut self.sizing {
             if let Some(mean) = st.compressed_bytes.checked_div(st.pages) {
-                s.size = mean.clamp(1, PAGE as u64) as u16;
-                s.policy.compressed(s.size);
+                s.compressed(mean);
             }
         }
         let inherited = stats.store_inherited.0.load(Ordering::Relaxed);
         let used = st.memory_used.saturating_sub(inherited);
+        if self.sizing.is_some() && self.tree.is_some() {
+            self.store_held = (used as usize).div_ceil(PAGE);
+        }
         self.follow_tree_store(used as usize, inherited as usize);
         if used >= stats.peak_store_bytes.load(Ordering::Relaxed) {
             let orig = st.orig_bytes + st.tier_entries * PAGE as u64;
@@ -2240,7 +2009,8 @@ impl Manager {
     /// oldest pages to the spill file, or, without one, makes the store
     /// refuse pages until the faults take some out.
     fn follow_tree_store(&mut self, used: usize, inherited: usize) {
-        let Some(t) = &mut self.tree else { return };
+        // (A sizing policy sizes the store itself: `set_share`.)
+        let Some(t) = self.tree.as_mut().filter(|_| self.sizing.is_none()) else { return };
         let limit = t.store_limit();
         if limit == 0 {
             return;
@@ -2278,9 +2048,11 @@ impl Manager {
     }
 
     /// The most pages this process may have resident: the budget; with
-    /// the tree scope, all of it (the shared budget bounds it first).
+    /// the tree scope, all of it (the shared budget bounds it first) —
+    /// but with a sizing policy, what its split leaves resident pages of
+    /// the process's part.
     fn limit(&self) -> usize {
-        if self.tree.is_some() {
+        if self.tree.is_some() && self.sizing.is_none() {
             self.cap
         } else {
             self.budget
@@ -2305,17 +2077,17 @@ impl Manager {
         let Some(t) = &self.tree else { return };
         let shared = self.inherited.as_ref().map_or(0, |h| h.count);
         let b = (t.held() + t.free() + shared).min(self.cap).max(EVICT_BATCH * 4);
-        if b.abs_diff(self.budget) < EVICT_BATCH {
+        if b.abs_diff(self.share) < EVICT_BATCH {
             return;
         }
-        let b = if b > self.budget {
+        let b = if b > self.share {
             let now = std::time::Instant::now();
             if now.duration_since(self.tree_grown) < TREE_GROW_EVERY {
                 return;
             }
             self.tree_grown = now;
             // (All the way once less than a batch would be left.)
-            let grown = self.budget + (self.budget / 64).max(EVICT_BATCH);
+            let grown = self.share + (self.share / 64).max(EVICT_BATCH);
             if grown + EVICT_BATCH > b {
                 b
             } else {
@@ -2324,8 +2096,7 @@ impl Manager {
         } else {
             b
         };
-        self.budget = b;
-        self.prot_max = b - probation(b);
+        self.set_share(b, false);
     }
 
     /// Should the background evictor work (resident above budget −
@@ -2507,71 +2278,51 @@ impl Manager {
         let mut pages = Vec::with_capacity(max);
         // Each queue entry is looked at most once per call (pages that
         // cannot be evicted go to the back).
-        let mut looks = self.fifo.len() + self.prot.len();
+        let mut looks = self.repl.queued();
         while pages.len() < max && self.resident > target + in_flight + pages.len() && looks > 0 {
             looks -= 1;
-            // The protected segment ages (one page to probation every
-            // `Aging::every` victims), so it follows a changing working
-            // set; and it never holds more than its share.
-            if self.prot_res > self.prot_max || self.aging.due() {
-                self.demote_one();
-            }
-            let (i, from_prot) = match self.fifo.pop_front() {
-                Some(i) => (i as usize, false),
-                None => match self.prot.pop_front() {
-                    Some(i) => (i as usize, true),
-                    None => break,
-                },
-            };
-            let s = self.st(i) & !(QUEUED | PROTECTED);
-            if s & (STATE | OWNED) == RESIDENT | OWNED {
+            let states = &self.states;
+            let Some(i) = self.repl.candidate(&|i| states[i] & STATE == RESIDENT) else { break };
+            let s = self.st(i);
+            let verdict = if s & (STATE | OWNED) == RESIDENT | OWNED {
                 // Taken back from an eviction in flight: out of the queues
                 // until its commit puts it back.
-                self.set(i, s);
+                Verdict::Owned
             } else if s & STATE == RESIDENT && s & NOEVICT == 0 && !self.pinned(i) {
-                if from_prot {
-                    self.prot_res -= 1;
-                }
-                self.set(i, (s & !STATE) | EVICTING | OWNED);
-                pages.push(i);
-                self.aging.victim(aging_period(self.budget));
-                // Its resident neighbours in probation go with it: a run
-                // is write-protected and released in one call each, and
-                // every call costs a TLB shootdown on the program's CPU.
-                // (Their queue entries stay, as stale ones.)
-                let mut j = i + 1;
-                while j < self.pages
-                    && j < i + CLUSTER
-                    && pages.len() < max
-                    && self.resident > target + in_flight + pages.len()
-                {
-                    let t = self.st(j);
-                    if t & (STATE | NOEVICT | PROTECTED | OWNED) != RESIDENT || self.pinned(j) {
-                        break;
-                    }
-                    self.set(j, (t & !STATE) | EVICTING | OWNED);
-                    pages.push(j);
-                    j += 1;
-                }
+                Verdict::Take
             } else if s & STATE == RESIDENT && s & NOEVICT == 0 {
                 // Pinned by a system call: out of the queues until it is
-                // unpinned (cycling through probation, pinned pages would
-                // keep the victims behind them from being looked at).
-                if from_prot {
-                    self.prot_res -= 1;
-                }
-                self.set(i, s);
+                // unpinned.
+                Verdict::Hold
             } else if s & STATE == RESIDENT {
-                if from_prot {
-                    self.prot.push_back(i as u32);
-                    self.set(i, s | QUEUED | PROTECTED);
-                } else {
-                    self.fifo.push_back(i as u32);
-                    self.set(i, s | QUEUED);
-                }
+                Verdict::Requeue
             } else {
                 // A stale entry (the page left memory while queued).
-                self.set(i, s);
+                Verdict::Stale
+            };
+            self.repl.judge(i, verdict);
+            if verdict != Verdict::Take {
+                continue;
+            }
+            self.set(i, (s & !STATE) | EVICTING | OWNED);
+            pages.push(i);
+            // Its resident neighbours that the policy lets go along (in
+            // probation) go with it: a run is write-protected and released
+            // in one call each, and every call costs a TLB shootdown on
+            // the program's CPU. (Their queue entries stay, as stale ones.)
+            let mut j = i + 1;
+            while j < self.pages
+                && j < i + CLUSTER
+                && pages.len() < max
+                && self.resident > target + in_flight + pages.len()
+            {
+                let t = self.st(j);
+                if t & (STATE | NOEVICT | OWNED) != RESIDENT || !self.repl.clusters(j) || self.pinned(j) {
+                    break;
+                }
+                self.set(j, (t & !STATE) | EVICTING | OWNED);
+                pages.push(j);
+                j += 1;
             }
         }
         if pages.is_empty() {
@@ -2587,37 +2338,13 @@ impl Manager {
             protect: runs_of(dirty),
             clean,
             mode: self.clean,
-            hashes: self.hashes as usize,
+            hashes: self.hashes.as_ptr() as usize,
             pages,
             uffd: self.uffd.clone(),
             store: self.store.clone(),
             pool: self.pool,
             base: self.base,
         }))
-    }
-
-    /// Moves the oldest resident page of the protected segment to the back
-    /// of probation (stale entries on the way are dropped).
-    fn demote_one(&mut self) {
-        while let Some(i) = self.prot.pop_front() {
-            let i = i as usize;
-            let s = self.st(i) & !(QUEUED | PROTECTED);
-            if s & STATE == RESIDENT {
-                self.prot_res -= 1;
-                self.fifo.push_back(i as u32);
-                self.set(i, s | QUEUED | DEMOTED);
-                self.demoted += 1;
-                self.aging.demoted();
-                return;
-            }
-            self.set(i, s);
-        }
-    }
-
-    fn evicted_at_get(&self, i: usize) -> u32 {
-        debug_assert!(i < self.pages);
-        // SAFETY: i < pages, the length (in u32) of the evicted_at mapping.
-        unsafe { *self.evicted_at.add(i) }
     }
 
     /// Finishes an eviction whose memory [`Victims::release`] gave back:
@@ -2662,18 +2389,18 @@ impl Manager {
                 if o == Outcome::Stored {
                     let _ = self.store.flush_page(self.key(i));
                 }
-                if s & (STATE | QUEUED) == RESIDENT {
-                    self.fifo.push_back(i as u32);
-                    self.set(i, s | QUEUED);
+                if s & STATE == RESIDENT {
+                    self.repl.requeue(i);
                 }
                 continue;
             }
             self.commit_one(i, s, o);
         }
         stats.resident.store(self.resident, Ordering::Relaxed);
-        stats.demoted.store(self.demoted, Ordering::Relaxed);
-        stats.age_every.store(self.aging.every(), Ordering::Relaxed);
-        stats.hot_distance.store(self.aging.hot_distance(self.budget), Ordering::Relaxed);
+        let g = self.repl.gauges();
+        stats.demoted.store(g.demoted, Ordering::Relaxed);
+        stats.age_every.store(g.age_every, Ordering::Relaxed);
+        stats.hot_distance.store(g.hot_distance, Ordering::Relaxed);
         self.trim_tree();
         self.follow_tree();
         self.sample_store(stats);
@@ -2691,17 +2418,13 @@ impl Manager {
                     let _ = self.store.flush_page(self.key(i));
                 }
                 self.set(i, (s & !(STATE | CLEAN)) | if o == Outcome::Stored { STORED } else { ABSENT });
-                self.evict_seq = self.evict_seq.wrapping_add(1);
-                // SAFETY: i < pages (a victim), the length of evicted_at.
-                unsafe { *self.evicted_at.add(i) = self.evict_seq };
+                self.repl.evicted(i);
                 self.resident -= 1;
                 self.uninherit(i);
             }
             Outcome::Kept => {
-                self.set(i, (s & !STATE) | RESIDENT | QUEUED);
-                if s & QUEUED == 0 {
-                    self.fifo.push_back(i as u32);
-                }
+                self.set(i, (s & !STATE) | RESIDENT);
+                self.repl.requeue(i);
             }
         }
     }
@@ -2757,13 +2480,12 @@ impl Manager {
         }
         for i in first..first + n {
             let s = self.st(i);
+            let was_resident = matches!(s & STATE, RESIDENT | EVICTING);
+            self.repl.released(i, was_resident);
             match s & STATE {
                 RESIDENT | EVICTING => {
                     self.resident -= 1;
                     self.uninherit(i);
-                    if s & PROTECTED != 0 {
-                        self.prot_res -= 1;
-                    }
                     if s & CLEAN != 0 {
                         let _ = self.store.flush_page(self.key(i));
                     }
@@ -2777,7 +2499,7 @@ impl Manager {
             // unreadable page (a guard page V8 gives back) must not make
             // it a candidate for the zero runs that fault in neighbours.
             // An OWNED page stays so until its eviction commits.
-            self.set(i, s & (QUEUED | PROTECTED | NOEVICT | OWNED));
+            self.set(i, s & (NOEVICT | OWNED));
         }
         sys::madvise(self.addr(first) as *mut libc::c_void, n * PAGE, libc::MADV_DONTNEED);
         stats.resident.store(self.resident, Ordering::Relaxed);
@@ -2833,7 +2555,7 @@ impl Manager {
             match s & STATE {
                 STORED => {
                     let t0 = self.log_clock();
-                    let d = self.evict_seq.wrapping_sub(self.evicted_at_get(i)) as usize;
+                    let d = self.repl.distance(i);
                     // No longer than the shared budget can give
                     // ([`Manager::run_room`]).
                     let (mut k, cap) = (1, self.run_room(self.buf.len() / PAGE));
@@ -2878,9 +2600,8 @@ impl Manager {
         // Pages that left the queues while pinned go back to probation.
         for i in first..end {
             let s = self.st(i);
-            if s & (STATE | QUEUED) == RESIDENT && !self.pinned(i) {
-                self.fifo.push_back(i as u32);
-                self.set(i, s | QUEUED);
+            if s & STATE == RESIDENT && !self.pinned(i) {
+                self.repl.requeue(i);
             }
         }
     }
@@ -3183,11 +2904,11 @@ impl Manager {
             || self.store.prepare_fork_tier().unwrap_or_else(|e| {
                 static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
                 if !SAID.swap(true, Ordering::Relaxed) {
-                    eprintln!(
+                    crate::notice(format_args!(
                         "ztier: process {}: copying the spill file for a forked child failed ({e}): \
                          spilled pages come back for a fork instead (said once)",
                         std::process::id()
-                    );
+                    ));
                 }
                 false
             });
@@ -3260,10 +2981,7 @@ impl Manager {
             if s & STATE == EVICTING {
                 let _ = self.store.flush_page(self.key(i));
                 self.set(i, (s & !(STATE | CLEAN)) | RESIDENT);
-                if s & QUEUED == 0 {
-                    self.fifo.push_back(i as u32);
-                    self.set(i, (s & !(STATE | CLEAN)) | RESIDENT | QUEUED);
-                }
+                self.repl.requeue(i);
             }
         }
         self.uffd = open_uffd(self.base, self.pages * PAGE)?;
@@ -3275,15 +2993,16 @@ impl Manager {
         // once they are its own ([`Manager::adopt_unshared`]); it holds
         // those it installs from now on at once.
         self.inherited = None;
+        self.store_held = 0;
         if let Some(t) = self.tree.take() {
             self.tree = t.rejoin();
             if self.tree.is_none() {
-                eprintln!(
+                crate::notice(format_args!(
                     "ztier: process {}: the command's {} places in its shared budget are all taken: \
                      this forked child keeps its own --budget",
                     std::process::id(),
                     ztier_uffd::tree::SLOTS
-                );
+                ));
             }
         }
         self.publish_wake_word();
@@ -3564,6 +3283,7 @@ impl Victims {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ztier_policy::segmented::probation;
 
     /// The arena's anonymous runs, around node's own text mapped into it
     /// (a line of a real node process's maps) and a shared mapping;
@@ -3652,6 +3372,13 @@ mod tests {
         std::fs::remove_dir(&dir).unwrap();
     }
 
+    type Seg = ztier_policy::segmented::Segmented<Table<u8>, Table<u32>>;
+
+    /// The manager's replacement policy: the shipped one.
+    fn seg(m: &mut Manager) -> &mut Seg {
+        m.repl.as_any_mut().downcast_mut::<Seg>().expect("the shipped replacement")
+    }
+
     fn test_manager(pages: usize) -> (Manager, usize) {
         let base = sys::mmap(
             std::ptr::null_mut(),
@@ -3688,121 +3415,6 @@ mod tests {
         (m, shared, seg)
     }
 
-    #[test]
-    fn the_hot_distance_shortens_while_most_store_faults_are_hot_and_grows_back_when_few_are() {
-        let budget = 64 * 1024;
-        let mut a = Aging::new();
-        assert_eq!(a.hot_distance(budget), budget / 4);
-        // Most store faults hot for three adjustments (a heap that just
-        // outgrew the budget): it holds.
-        for _ in 0..3 {
-            for _ in 0..100 {
-                a.store_fault(true);
-            }
-            a.adjust();
-        }
-        assert_eq!(a.hot_distance(budget), budget / 4);
-        let mut a = Aging::new();
-        // Every store fault hot (a segment that cycles): shorter, a step
-        // per four adjustments, down to a 64th.
-        let mut seen = vec![a.hot_distance(budget)];
-        for k in 0..40 {
-            for _ in 0..100 {
-                a.store_fault(true);
-            }
-            a.adjust();
-            if seen.last() != Some(&a.hot_distance(budget)) {
-                seen.push(a.hot_distance(budget));
-            }
-            if k == 3 {
-                assert_eq!(a.hot_distance(budget), budget / 8, "after four adjustments");
-            }
-        }
-        assert_eq!(seen, [budget / 4, budget / 8, budget / 16, budget / 32, budget / 64]);
-        // One in four hot: neither, the distance holds.
-        for k in 0..4000 {
-            a.store_fault(k % 4 == 0);
-            if k % 100 == 99 {
-                a.adjust();
-            }
-        }
-        assert_eq!(a.hot_distance(budget), budget / 64);
-        // Few hot (a loop over more than the budget): back to a quarter.
-        for k in 0..4000 {
-            a.store_fault(k % 20 == 0);
-            if k % 100 == 99 {
-                a.adjust();
-            }
-        }
-        assert_eq!(a.hot_distance(budget), budget / 4);
-        // Too few faults to judge: it holds.
-        let mut a = Aging::new();
-        for _ in 0..10 {
-            for _ in 0..7 {
-                a.store_fault(true);
-            }
-            a.adjust();
-        }
-        assert_eq!(a.hot_distance(budget), budget / 4);
-    }
-
-    #[test]
-    fn aging_slows_while_demotions_come_back_and_speeds_up_when_they_do_not() {
-        let period = 1000;
-        let mut a = Aging::new();
-        assert_eq!(a.every(), AGE_FASTEST);
-        // Every demoted page comes back: slower, down to the slowest rate.
-        for _ in 0..40 * period {
-            a.victim(period);
-            if a.due() {
-                a.demoted();
-                a.regretted();
-            }
-        }
-        assert_eq!(a.every(), AGE_SLOWEST);
-        // None comes back (a working set that left): faster again.
-        let mut demotions = 0;
-        for _ in 0..40 * period {
-            a.victim(period);
-            if a.due() {
-                a.demoted();
-                demotions += 1;
-            }
-        }
-        assert_eq!(a.every(), AGE_FASTEST, "after {demotions} demotions without regret");
-        // One in four comes back: neither, the rate holds.
-        let mut a = Aging::new();
-        for _ in 0..3 {
-            for _ in 0..8 {
-                a.demoted();
-                a.regretted();
-            }
-            a.adjust();
-        }
-        let held = a.every();
-        assert_eq!(held, AGE_FASTEST * 8);
-        for k in 0..400 {
-            a.demoted();
-            if k % 4 == 0 {
-                a.regretted();
-            }
-            if k % 40 == 39 {
-                a.adjust();
-            }
-        }
-        assert_eq!(a.every(), held);
-        // Too few demotions to judge (once the history has decayed): the
-        // rate holds too.
-        for _ in 0..10 {
-            a.adjust();
-        }
-        for _ in 0..10 {
-            a.demoted();
-            a.adjust();
-        }
-        assert_eq!(a.every(), held);
-    }
-
     /// With the tree scope, the budget the protected segment follows
     /// drops at once to what the process can have, and grows back by a
     /// 64th (a batch at least) per [`TREE_GROW_EVERY`].
@@ -3812,7 +3424,7 @@ mod tests {
         // Another process holds three quarters of it.
         seg.reserved.fetch_add(3072, Ordering::AcqRel);
         m.follow_tree();
-        assert_eq!((m.budget, m.prot_max), (1024, 1024 - probation(1024)));
+        assert_eq!((m.budget, m.repl.gauges().protected_max), (1024, 1024 - probation(1024)));
         // It gives them back: nothing before TREE_GROW_EVERY has passed.
         seg.reserved.fetch_sub(3072, Ordering::AcqRel);
         m.tree_grown = std::time::Instant::now();
@@ -3825,7 +3437,7 @@ mod tests {
             m.follow_tree();
             let step = (before / 64).max(EVICT_BATCH);
             assert!(m.budget > before && m.budget - before < step + EVICT_BATCH, "{before} to {}", m.budget);
-            assert_eq!(m.prot_max, m.budget - probation(m.budget));
+            assert_eq!(m.repl.gauges().protected_max, m.budget - probation(m.budget));
             steps += 1;
         }
         assert_eq!(m.budget, 4096);
@@ -4200,9 +3812,9 @@ mod tests {
         // Fill the protected segment, then push it over its share.
         fill_pages(&mut m, base, 2048, &stats, |i| 1 + i as u8 % 250);
         assert_eq!(m.resident(), 2048);
-        m.prot_max = 100;
+        seg(&mut m).set_protected_max(100);
         let v = m.take_victims(32, 0, 0).unwrap().expect("victims");
-        let demoted: Vec<usize> = (0..2048).filter(|&i| m.st(i) & DEMOTED != 0).collect();
+        let demoted: Vec<usize> = (0..2048).filter(|&i| seg(&mut m).demoted(i)).collect();
         assert!(!demoted.is_empty(), "over its share, the protected segment sheds pages");
         let outcome = v.compress(&stats).unwrap();
         v.release(&outcome).unwrap();
@@ -4211,7 +3823,7 @@ mod tests {
         v.wake_released(&outcome).unwrap();
         // Evict a demoted page, then fault it back: one regret, mark gone.
         let i = demoted[0];
-        m.prot_max = 2048;
+        seg(&mut m).set_protected_max(2048);
         let mut gone = false;
         for _ in 0..64 {
             let v = m.take_victims(64, 0, 0).unwrap().expect("victims");
@@ -4226,10 +3838,14 @@ mod tests {
             }
         }
         assert!(gone, "the demoted page was evicted");
-        assert_eq!(m.st(i) & (STATE | DEMOTED), STORED | DEMOTED, "the mark stays while it is out");
+        assert_eq!(
+            (m.st(i) & STATE, seg(&mut m).demoted(i)),
+            (STORED, true),
+            "the mark stays while it is out"
+        );
         let before = stats.regretted.load(Ordering::Relaxed);
         let _ = m.serve(base + i * PAGE, &stats).unwrap();
-        assert_eq!(m.st(i) & (STATE | DEMOTED), RESIDENT);
+        assert_eq!((m.st(i) & STATE, seg(&mut m).demoted(i)), (RESIDENT, false));
         // (Its stored neighbours may come with it, demoted ones too.)
         assert!(stats.regretted.load(Ordering::Relaxed) > before);
         // SAFETY: page i is resident again.
@@ -4241,7 +3857,7 @@ mod tests {
         let (mut m, base) = test_manager(1024);
         let stats = Stats::new();
         m.budget = 128;
-        m.prot_max = m.budget - probation(m.budget);
+        m.repl.set_budget(m.budget);
         for f in (0..128).step_by(16) {
             let _ = m.install(f, 16, true, false, &stats).unwrap();
         }
@@ -4296,7 +3912,7 @@ mod tests {
             pages: victims.to_vec(),
             clean: vec![false; victims.len()],
             mode: m.clean,
-            hashes: m.hashes as usize,
+            hashes: m.hashes.as_ptr() as usize,
             uffd: m.uffd.clone(),
             store: m.store.clone(),
             pool: m.pool,
@@ -4426,11 +4042,8 @@ mod tests {
         assert!(!present(base + b * PAGE));
         let left: Vec<(usize, u8)> =
             (0..64).map(|i| (i, m.st(i))).filter(|&(_, s)| s & STATE == RESIDENT).collect();
-        assert_eq!(
-            m.resident, 1,
-            "only the page taken back stays resident: {left:?} fifo {:?} prot {:?}",
-            m.fifo, m.prot
-        );
+        let queues = format!("{:?}", seg(&mut m).queues());
+        assert_eq!(m.resident, 1, "only the page taken back stays resident: {left:?} queues {queues}");
         assert_eq!(m.evicting(), 0);
         // a is a victim like any other again.
         let again = m.take_victims(64, 0, 0).unwrap().expect("a again");
@@ -4759,19 +4372,23 @@ mod tests {
         // comes back without its copy. (A first fault at page 40 is no
         // walk: it brings one page.)
         let _ = m.serve(base + 40 * PAGE, &stats).unwrap();
-        assert_eq!(m.st(40) & (STATE | CLEAN | PROTECTED), RESIDENT | PROTECTED);
+        assert_eq!((m.st(40) & (STATE | CLEAN), m.repl.protected(40)), (RESIDENT, true));
         assert_eq!(m.st(41) & STATE, STORED);
         assert!(!m.store.contains(m.key(40)), "a protected page does not keep its copy");
         // Bound for probation, pages keep their copies and come back
         // writable (no write-protect fault on their first write).
-        m.prot_max = 0;
+        seg(&mut m).set_protected_max(0);
         for i in 0..64 {
             if m.st(i) & STATE == STORED {
                 let _ = m.serve(base + i * PAGE, &stats).unwrap();
             }
         }
         for i in (0..64).filter(|&i| i != 40) {
-            assert_eq!(m.st(i) & (STATE | CLEAN | PROTECTED), RESIDENT | CLEAN, "page {i}");
+            assert_eq!(
+                (m.st(i) & (STATE | CLEAN), m.repl.protected(i)),
+                (RESIDENT | CLEAN, false),
+                "page {i}"
+            );
             assert!(m.store.contains(m.key(i)), "page {i} keeps its copy");
             assert!(!write_protected(base + i * PAGE), "page {i} is writable");
         }
@@ -4811,7 +4428,7 @@ mod tests {
         // A clean page the program releases loses its copy. (Page 20 just
         // came back hot, into the protected segment: once more, from far.)
         evict_all(&mut m, &stats);
-        m.evict_seq = m.evict_seq.wrapping_add(10_000);
+        seg(&mut m).clock_mut().advance(10_000);
         let _ = m.serve(base + 20 * PAGE, &stats).unwrap();
         assert_eq!(m.st(20) & (STATE | CLEAN), RESIDENT | CLEAN);
         let key = m.key(20);

@@ -196,7 +196,7 @@ fn counted<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// The arena has no room for a request of `bytes`: it is served by
-/// glibc or the kernel instead, unmanaged (as natively), and stderr says
+/// glibc or the kernel instead, unmanaged (as natively), and the log says
 /// so once. A small arena (under `ulimit -v`) fills; before, `malloc`
 /// then failed where it would have succeeded natively. A request of
 /// over a quarter of the arena (a 64 GiB reservation, a `malloc(64 GiB)`
@@ -210,21 +210,21 @@ pub(crate) fn arena_full(g: &Global, bytes: usize) {
     if !(if large { &SAID_LARGE } else { &SAID_FULL }).swap(true, Ordering::Relaxed) {
         crate::as_inside(|| {
             if large {
-                eprintln!(
+                crate::notice(format_args!(
                     "ztier: process {}: {} MiB asked at once does not fit in the arena ({} MiB of address \
                      space): it comes from glibc or the kernel, unmanaged, as other such requests may; \
                      smaller ones are still managed",
                     std::process::id(),
                     bytes >> 20,
                     g.arena_bytes >> 20
-                )
+                ))
             } else {
-                eprintln!(
+                crate::notice(format_args!(
                     "ztier: process {}: the arena ({} MiB of address space) is full: further memory comes \
                      from glibc and the kernel, unmanaged",
                     std::process::id(),
                     g.arena_bytes >> 20
-                )
+                ))
             }
         });
     }
@@ -273,6 +273,65 @@ fn ldso_text() -> (usize, usize) {
     }
     // SAFETY: the kernel maps the dynamic linker's first segment, with its
     // ELF header and program headers, at AT_BASE; they stay mapped.
+    unsafe { text_of(base) }
+}
+
+/// Where glibc's own code lies (`libc.so.6`'s executable segment),
+/// `[start, end)`, found when the library is loaded ([`note_libc`]);
+/// (0, 0) before, or if it was not found.
+static LIBC_TEXT: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// Finds [`LIBC_TEXT`] (from the library's constructor: `dladdr` takes
+/// the dynamic linker's lock, not for inside `malloc`).
+pub(crate) fn note_libc() {
+    // SAFETY: a zeroed Dl_info is valid (null pointers); dladdr only
+    // writes it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: any address may be asked about.
+    if unsafe { libc::dladdr(__libc_malloc as *const c_void, &mut info) } == 0 || info.dli_fbase.is_null() {
+        return;
+    }
+    // SAFETY: the base of a loaded object: its first segment, with the
+    // ELF header and program headers, stays mapped while it is loaded
+    // (libc always is).
+    let (lo, hi) = unsafe { text_of(info.dli_fbase as usize) };
+    LIBC_TEXT[1].store(hi, Ordering::Relaxed);
+    LIBC_TEXT[0].store(lo, Ordering::Release);
+}
+
+/// Is `ret` (the return address of a call into the malloc family) in
+/// glibc's own code: a block glibc allocates for itself?
+///
+/// glibc keeps some of its state in blocks from `malloc` and touches them
+/// inside `fork` after the fork handlers have run, when the library's
+/// `prepare` handler holds the manager's lock until its `parent` or
+/// `child` one: the NSS configuration's state (locked and copied by
+/// `__nss_database_fork_prepare_parent`, written again in the child) and
+/// every open `FILE` (`fopen`'s, whose locks the child resets). Evicted,
+/// such a block faulted in the parent with the lock held, and nothing
+/// could serve the fault: CPython's `test_os` (`test_waitpid`: a program
+/// that had looked up a user, then `os.spawnv`) hung at `--budget 16M`
+/// in every run. In the child, before its `child` handler registers the
+/// arena with its own userfaultfd, a write to an evicted block lands on
+/// a fresh page of zeros, which the child then keeps: the rest of that
+/// page silently lost. So small blocks glibc allocates for itself (up to
+/// [`GLIBC_GROW_MAX`]: its bookkeeping, and the short strings of
+/// `getline`, `asprintf` and the like, unmanaged) are glibc's; larger ones
+/// (a `qsort` buffer, a long line) are the arena's, as before, and so are
+/// `strdup`'s and `strndup`'s copies, made by the library ([`copy_out`]).
+fn from_libc(ret: usize) -> bool {
+    let lo = LIBC_TEXT[0].load(Ordering::Acquire);
+    ret >= lo && ret < LIBC_TEXT[1].load(Ordering::Relaxed)
+}
+
+/// The executable segment `[start, end)` of the ELF object loaded at
+/// `base`, from its program headers; (0, 0) if it has none.
+///
+/// # Safety
+/// `base` is the address where an ELF object's first segment, with its
+/// headers, is mapped.
+unsafe fn text_of(base: usize) -> (usize, usize) {
+    // SAFETY: the caller's contract: the headers are mapped at `base`.
     unsafe {
         let eh = &*(base as *const libc::Elf64_Ehdr);
         if eh.e_ident[..4] != *b"\x7fELF" {
@@ -307,7 +366,7 @@ extern "C" fn malloc_from(size: usize, ret: usize) -> *mut c_void {
     let _sud = crate::sud::Allow::hot();
     // SAFETY: glibc's malloc (its lock taken: counted).
     let glibc = |size| counted(|| unsafe { __libc_malloc(size) });
-    if from_ldso(ret) {
+    if from_ldso(ret) || (size <= GLIBC_GROW_MAX && from_libc(ret)) {
         return glibc(size);
     }
     match global_for(size) {
@@ -332,7 +391,7 @@ extern "C" fn calloc_from(n: usize, size: usize, ret: usize) -> *mut c_void {
     let _sud = crate::sud::Allow::hot();
     // SAFETY: glibc's calloc (its lock taken: counted).
     let glibc = |n, size| counted(|| unsafe { __libc_calloc(n, size) });
-    if from_ldso(ret) {
+    if from_ldso(ret) || (n.saturating_mul(size) <= GLIBC_GROW_MAX && from_libc(ret)) {
         return glibc(n, size);
     }
     match global_for(n.saturating_mul(size)) {
@@ -454,6 +513,72 @@ fn realloc_glibc(p: *mut c_void, size: usize) -> *mut c_void {
     }
     // SAFETY: glibc memory stays glibc's.
     unsafe { __libc_realloc(p, size) }
+}
+
+/// A copy of the `len` bytes at `s` and a NUL, from the library's
+/// `malloc` (called here, so the arena's like any block of the
+/// program's); null with `ENOMEM` if there is no room.
+///
+/// glibc's `strdup` family allocates inside glibc, where blocks of up to
+/// 64 KiB are glibc's ([`from_libc`]); but the copy is the program's
+/// data, not glibc's state: GNU make keeps every variable's value so
+/// (20 MiB of them in `cli_run_modes::make_runs_recipes_from_a_cold_heap`,
+/// unmanaged until these were exported).
+///
+/// # Safety
+/// `s` is readable for `len` bytes.
+unsafe fn copy_out(s: *const u8, len: usize) -> *mut u8 {
+    // SAFETY: the library's malloc, C contract.
+    let p = unsafe { malloc(len + 1) }.cast::<u8>();
+    if !p.is_null() {
+        // SAFETY: `len` readable bytes into a new block of `len + 1`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s, p, len);
+            *p.add(len) = 0;
+        }
+    }
+    p
+}
+
+/// `strdup(3)`: see [`copy_out`].
+///
+/// # Safety
+/// The C contract of `strdup`.
+#[no_mangle]
+pub unsafe extern "C" fn strdup(s: *const libc::c_char) -> *mut libc::c_char {
+    // SAFETY: a NUL-terminated string (the caller's contract).
+    unsafe { copy_out(s.cast(), libc::strlen(s)) }.cast()
+}
+
+/// `__strdup`: glibc's other name for `strdup`.
+///
+/// # Safety
+/// The C contract of `strdup`.
+#[no_mangle]
+pub unsafe extern "C" fn __strdup(s: *const libc::c_char) -> *mut libc::c_char {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { strdup(s) }
+}
+
+/// `strndup(3)`: see [`copy_out`].
+///
+/// # Safety
+/// The C contract of `strndup`.
+#[no_mangle]
+pub unsafe extern "C" fn strndup(s: *const libc::c_char, n: usize) -> *mut libc::c_char {
+    // SAFETY: a string readable up to its NUL or `n` bytes (the caller's
+    // contract).
+    unsafe { copy_out(s.cast(), libc::strnlen(s, n)) }.cast()
+}
+
+/// `__strndup`: glibc's other name for `strndup`.
+///
+/// # Safety
+/// The C contract of `strndup`.
+#[no_mangle]
+pub unsafe extern "C" fn __strndup(s: *const libc::c_char, n: usize) -> *mut libc::c_char {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { strndup(s, n) }
 }
 
 /// `reallocarray(3)`.
@@ -907,7 +1032,7 @@ static REFUSED_RUN: AtomicU32 = AtomicU32::new(0);
 /// `munmap(a, len)` of arena memory: if it is the mapping last given for
 /// a hint, whole, the program refused it (it was not where it asked); at
 /// [`REFUSALS`] in a row of one length, hints are granted from then on,
-/// and stderr says so once.
+/// and the log says so once.
 fn note_refused(a: usize, len: usize) {
     if a == 0 || len != LAST_HINTED_LEN.load(Ordering::Relaxed) {
         return;
@@ -917,12 +1042,12 @@ fn note_refused(a: usize, len: usize) {
     }
     let run = REFUSED_RUN.fetch_add(1, Ordering::Relaxed) + 1;
     if run >= REFUSALS && !HINTS_GRANTED.swap(true, Ordering::Relaxed) {
-        eprintln!(
+        crate::notice(format_args!(
             "ztier: process {}: the program gave back {run} mappings in a row that were not at the \
              address it asked for (as a runtime that needs fixed addresses does, ZGC): from now on such \
              memory comes from the kernel at that address where it can, unmanaged",
             std::process::id()
-        );
+        ));
     }
 }
 
@@ -1384,7 +1509,7 @@ fn populate(g: &Global, first: usize, n: usize) -> c_int {
             }
         });
         if let Err(e) = r {
-            eprintln!("ztier: madvise(MADV_POPULATE): bringing back {k} pages failed: {e}");
+            crate::notice(format_args!("ztier: madvise(MADV_POPULATE): bringing back {k} pages failed: {e}"));
             sys::set_errno(libc::ENOMEM);
             return -1;
         }
@@ -1430,7 +1555,7 @@ fn lock_range(a: *const c_void, len: usize, nr: i64, flags: u64) -> c_int {
                     Ok(true) => return 0,
                     Ok(false) => continue,
                     Err(e) => {
-                        eprintln!("ztier: mlock: bringing back {n} pages failed: {e}");
+                        crate::notice(format_args!("ztier: mlock: bringing back {n} pages failed: {e}"));
                         sys::set_errno(libc::ENOMEM);
                         return -1;
                     }
@@ -1523,7 +1648,7 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
         LOCK_FUTURE.store(flags & libc::MCL_FUTURE != 0, std::sync::atomic::Ordering::Relaxed);
         let used = crate::used(g, &crate::lock(&g.pages));
         if let Err(e) = m.lock_all(true, &used, &g.stats) {
-            eprintln!("ztier: mlockall: bringing back stored pages failed: {e}");
+            crate::notice(format_args!("ztier: mlockall: bringing back stored pages failed: {e}"));
             sys::set_errno(libc::ENOMEM);
             return -1;
         }

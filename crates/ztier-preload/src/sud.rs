@@ -66,7 +66,7 @@
 //!   made by the handler itself, so that the thread enables dispatch
 //!   before anything else ([`clone_with_dispatch`], drawn there); any
 //!   other runs as above, without dispatch in the child, which is said
-//!   once on stderr ([`warn_raw_thread`] has what such a thread loses).
+//!   once in the log ([`warn_raw_thread`] has what such a thread loses).
 //! - `execve` runs with the program's signal mask, not the handler's
 //!   (the new program would start with `SIGSYS` blocked).
 //! - `rt_sigprocmask` is applied to the mask the handler returns to, and
@@ -204,7 +204,7 @@
 //! the stats says what was still pinned at exit.
 //!
 //! **Asynchronous I/O.** `io_uring_setup` and `io_setup` fail with
-//! `ENOSYS` (said once on stderr): the kernel reads and writes their
+//! `ENOSYS` (said once in the log): the kernel reads and writes their
 //! buffers after the call that submits them, where no pin can reach, so
 //! a transfer on an evicted page would fail. Programs fall back to
 //! ordinary calls (libuv and liburing users do).
@@ -2425,7 +2425,7 @@ fn forks_in_place(nr: i64, a: [u64; 6]) -> bool {
     }
 }
 
-/// Says once, on stderr, that a thread the program started with its own
+/// Says once, in the log, that a thread the program started with its own
 /// clone runs without dispatch: the kernel enables it per thread and
 /// does not carry it over, and [`clone_with_dispatch`] could not start it
 /// with dispatch (a `clone` rather than `clone3`, no thread-local storage
@@ -2445,18 +2445,18 @@ fn warn_raw_thread() {
     static SAID: AtomicBool = AtomicBool::new(false);
     say_once(
         &SAID,
-        b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): with --fault-path signal its system calls are not caught, so those on evicted memory may fail with EFAULT, and a fault in it while it blocks SIGBUS ends the process; --fault-path thread serves such threads\n",
-        b"ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): under a user-mode-only userfaultfd its system calls are not caught, so those on evicted memory may fail with EFAULT; as root, or with vm.unprivileged_userfaultfd=1, they are served\n",
+        "ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): with --fault-path signal its system calls are not caught, so those on evicted memory may fail with EFAULT, and a fault in it while it blocks SIGBUS ends the process; --fault-path thread serves such threads",
+        "ztier: a thread was started without pthread_create, by a clone() of the program's own that ztier cannot start with system-call catching (no thread-local storage of its own, a small stack or one from malloc, or clone rather than clone3): under a user-mode-only userfaultfd its system calls are not caught, so those on evicted memory may fail with EFAULT; as root, or with vm.unprivileged_userfaultfd=1, they are served",
     );
 }
 
-/// Writes `signal` (with `--fault-path signal`) or `user_mode_only` (under
-/// a user-mode-only userfaultfd) to stderr, the first time `said` is
-/// found unset.
-fn say_once(said: &AtomicBool, signal: &[u8], user_mode_only: &[u8]) {
+/// Says `signal` (with `--fault-path signal`) or `user_mode_only` (under
+/// a user-mode-only userfaultfd) in the log ([`crate::notice`]), the
+/// first time `said` is found unset.
+fn say_once(said: &AtomicBool, signal: &str, user_mode_only: &str) {
     if !said.swap(true, Ordering::Relaxed) {
         let msg = if SIGBUS_ON.load(Ordering::Relaxed) { signal } else { user_mode_only };
-        raw(libc::SYS_write, [2, msg.as_ptr() as u64, msg.len() as u64, 0, 0, 0]);
+        crate::notice(format_args!("{msg}"));
     }
 }
 
@@ -2593,14 +2593,14 @@ impl Drop for KeepErrno {
     }
 }
 
-/// Says once, on stderr, that `io_uring` and Linux AIO are not offered
+/// Says once, in the log, that `io_uring` and Linux AIO are not offered
 /// (see [`on_sigsys`]).
 fn refuse_async_io() {
     static SAID: AtomicBool = AtomicBool::new(false);
     say_once(
         &SAID,
-        b"ztier: io_uring and Linux AIO are not offered with --fault-path signal (the kernel would meet evicted buffers after the call): the program was told ENOSYS\n",
-        b"ztier: io_uring and Linux AIO are not offered under a user-mode-only userfaultfd (the kernel would meet evicted buffers after the call): the program was told ENOSYS; as root, or with vm.unprivileged_userfaultfd=1, they are\n",
+        "ztier: io_uring and Linux AIO are not offered with --fault-path signal (the kernel would meet evicted buffers after the call): the program was told ENOSYS",
+        "ztier: io_uring and Linux AIO are not offered under a user-mode-only userfaultfd (the kernel would meet evicted buffers after the call): the program was told ENOSYS; as root, or with vm.unprivileged_userfaultfd=1, they are",
     );
 }
 
@@ -2717,8 +2717,11 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                 uc.uc_mcontext.gregs[rax] = dispatch(nr, a);
             }
             _ => {
-                // The library's own descriptors (see `crate::fds`).
-                uc.uc_mcontext.gregs[rax] = crate::fds::guard(nr, a).unwrap_or_else(|| dispatch(nr, a));
+                // The library's own descriptors (see `crate::fds`): kept
+                // from the program's calls, left out of its listings.
+                uc.uc_mcontext.gregs[rax] = crate::fds::guard(nr, a).unwrap_or_else(|| {
+                    dispatch_via(nr, a, || crate::fds::listed(nr, a, || raw(nr, a) as isize) as i64)
+                });
             }
         }
     }

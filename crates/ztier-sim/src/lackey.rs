@@ -34,6 +34,19 @@
 //! of the trace's records for that codec and counts such references).
 //! Valgrind's own memory is never read: only pages the program referenced.
 //!
+//! # Memory `ztier run` would not manage
+//!
+//! At the snapshot after a page's first reference the recorder also looks
+//! it up in the valgrind process's `/proc/PID/maps` and marks it
+//! *unmanaged* ([`TraceWriter::unmanaged`]) if it is mapped from a file
+//! (a program's or a library's data, a mapped file) or lies in the
+//! client's main stack (valgrind puts it just below `0x1fff001000` on
+//! x86-64: [`CLIENT_STACK`]). `ztier run`'s library manages the program's
+//! heap and private anonymous mappings only, so the simulator's model of
+//! it leaves those pages out. (What the library leaves to glibc — the
+//! program's first MiB of requests — and the stacks of threads cannot be
+//! told apart here, and count as managed.)
+//!
 //! One address space is traced: valgrind follows `exec` (a launcher script
 //! that execs the real program is traced as the program, with the memory
 //! file reopened after the exec), while forked children run untraced. To
@@ -189,9 +202,47 @@ impl Default for RecordOptions {
     }
 }
 
+/// Where valgrind puts the client's main stack on x86-64 (its address
+/// space manager's layout): pages of anonymous memory in this range are
+/// the stack's.
+pub const CLIENT_STACK: std::ops::Range<u64> = 0x1f_f000_0000..0x20_0000_0000;
+
+/// The pages of `pages` (page numbers) that `maps` (the text of
+/// `/proc/PID/maps`) shows mapped from a file, as a special mapping
+/// (`[stack]`, `[vdso]`, ...), or in the client's stack ([`CLIENT_STACK`]):
+/// memory `ztier run` would not manage. Pages in no mapping (gone since
+/// they were referenced) are not among them.
+pub fn unmanaged_pages(maps: &str, pages: &[u64]) -> Vec<u64> {
+    let mut ranges: Vec<(u64, u64, bool)> = maps
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, _perms, _off, _dev, _inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+            let (lo, hi) = range.split_once('-')?;
+            let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+            let named = f
+                .next()
+                .is_some_and(|p| p.starts_with('/') || (p.starts_with('[') && !p.starts_with("[anon")));
+            Some((lo, hi, named || (CLIENT_STACK.contains(&lo) && hi <= CLIENT_STACK.end)))
+        })
+        .collect();
+    ranges.sort_unstable();
+    pages
+        .iter()
+        .copied()
+        .filter(|&p| {
+            let a = p << 12;
+            let k = ranges.partition_point(|&(lo, _, _)| lo <= a);
+            k > 0 && a < ranges[k - 1].1 && ranges[k - 1].2
+        })
+        .collect()
+}
+
 struct Snapshotter {
     pid: u32,
     mem: Option<File>,
+    /// Pages already looked up in the maps.
+    classified: HashSet<u64>,
     encoders: Vec<PageEncoder>,
     touched: HashSet<u64>,
     page: Vec<u8>,
@@ -208,6 +259,14 @@ impl Snapshotter {
     fn snapshot<W: Write>(&mut self, w: &mut TraceWriter<W>, st: &mut ConvertStats) -> io::Result<()> {
         let mut pages: Vec<u64> = self.touched.drain().collect();
         pages.sort_unstable();
+        let new: Vec<u64> = pages.iter().copied().filter(|&p| self.classified.insert(p)).collect();
+        if !new.is_empty() {
+            if let Ok(maps) = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)) {
+                for p in unmanaged_pages(&maps, &new) {
+                    w.unmanaged(p)?;
+                }
+            }
+        }
         let mut sizes = vec![0u16; self.encoders.len()];
         let mut reopened = false;
         for p in pages {
@@ -428,6 +487,7 @@ fn record_in(
     let mut snap = Snapshotter {
         pid,
         mem,
+        classified: HashSet::new(),
         encoders: opts.codecs.iter().map(|&c| PageEncoder::new(c)).collect(),
         touched: HashSet::new(),
         page: vec![0; PAGE_SIZE],
@@ -501,5 +561,23 @@ mod tests {
         assert_eq!(parse_line(" L zz,8"), Err(BadLine));
         assert_eq!(parse_line(" L 1000,0"), Err(BadLine));
         assert_eq!(parse_line(" L ffffffffffffffff,8"), Err(BadLine));
+    }
+
+    /// A valgrind process's maps (lines of a real one): the program's
+    /// file mappings and the client stack are unmanaged, its anonymous
+    /// memory (heap, arenas) is not, and a page in no mapping is neither.
+    #[test]
+    fn file_mappings_and_the_client_stack_are_unmanaged() {
+        let maps = "\
+04035000-04056000 rwxp 00000000 00:00 0 \n\
+55a9cc5f3000-55a9cc5f4000 rw-p 00003000 fe:00 18504                      /usr/bin/python3.11\n\
+7efd902fb000-7efd90731000 rw-p 00000000 00:00 0 \n\
+7efd90df1000-7efd90df3000 rw-p 001d3000 fe:00 326279                     /usr/lib/x86_64-linux-gnu/libc.so.6\n\
+7efd90df3000-7efd90e00000 rw-p 00000000 00:00 0                          [anon:glibc]\n\
+1ffeffd000-1fff001000 rw-p 00000000 00:00 0 \n\
+7ffe336f0000-7ffe33711000 rw-p 00000000 00:00 0                          [stack]\n";
+        let pages =
+            [0x4040, 0x55a9cc5f3, 0x7efd90300, 0x7efd90df1, 0x7efd90df5, 0x1fff000, 0x7ffe336f1, 0x5000];
+        assert_eq!(unmanaged_pages(maps, &pages), vec![0x55a9cc5f3, 0x7efd90df1, 0x1fff000, 0x7ffe336f1]);
     }
 }

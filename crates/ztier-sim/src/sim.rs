@@ -52,97 +52,14 @@ use serde::Serialize;
 use ztier_codec::CodecId;
 use ztier_policy::kaplan::Kaplan;
 use ztier_policy::recency::{PageHasher, Recency};
-use ztier_policy::{Costs, Outcome, Reference};
+use ztier_policy::{Costs, Frontend, Outcome, Reference, Spec};
 
-use crate::trace::{self, Event, TraceError, TraceReader};
+use crate::pager::{self, Layout, PagerOptions};
+use crate::trace::{Event, TraceReader};
 
 type PageMap<V> = HashMap<u64, V, BuildHasherDefault<PageHasher>>;
 
-/// Errors of the simulator.
-#[derive(Debug, thiserror::Error)]
-pub enum SimError {
-    /// The trace could not be read.
-    #[error(transparent)]
-    Trace(#[from] TraceError),
-    /// I/O failed.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    /// The trace cannot answer the question.
-    #[error("{0}")]
-    Unusable(String),
-    /// A policy name did not parse.
-    #[error("{0}")]
-    Policy(String),
-}
-
-/// What a trace offers for one codec column.
-#[derive(Debug, Clone)]
-pub struct TraceSummary {
-    /// Data references.
-    pub references: u64,
-    /// Distinct pages.
-    pub distinct_pages: u64,
-    /// Column of the chosen codec.
-    pub column: usize,
-    /// Mean compressed size of the column's records.
-    pub mean_size: u16,
-    /// Per-page costs of the codec, from the trace header.
-    pub compress_ns: f64,
-    /// Per-page decompress cost.
-    pub decompress_ns: f64,
-}
-
-/// Reads the trace once to find the codec column, footprint and mean size.
-pub fn summarize(path: &Path, codec: CodecId) -> Result<TraceSummary, SimError> {
-    let f = BufReader::with_capacity(1 << 20, File::open(path)?);
-    let t = TraceReader::new(f)?;
-    let column = t.columns.iter().position(|c| c.codec == codec).ok_or_else(|| {
-        let have: Vec<&str> = t.columns.iter().map(|c| c.codec.name()).collect();
-        SimError::Unusable(if have.is_empty() {
-            "the trace has no compression records (an imported lackey log?): record it with `ztier trace record` \
-             so that compressed sizes come from the program's real pages"
-                .to_string()
-        } else {
-            format!("the trace has no compression records for {}; it has: {}", codec.name(), have.join(", "))
-        })
-    })?;
-    let col = t.columns[column];
-    drop(t);
-    let i = trace::info(BufReader::with_capacity(1 << 20, File::open(path)?))?;
-    if i.size_records == 0 {
-        return Err(SimError::Unusable("the trace has no compression records".into()));
-    }
-    if col.compress_ns == 0 || col.decompress_ns == 0 {
-        return Err(SimError::Unusable(format!("the trace has no measured costs for {}", codec.name())));
-    }
-    Ok(TraceSummary {
-        references: i.references,
-        distinct_pages: i.distinct_pages,
-        column,
-        mean_size: i.mean_sizes[column].round() as u16,
-        compress_ns: col.compress_ns as f64,
-        decompress_ns: col.decompress_ns as f64,
-    })
-}
-
-/// Counts of one replay.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct Counts {
-    /// References replayed.
-    pub references: u64,
-    /// Faults (reads from the backing store).
-    pub disk_faults: u64,
-    /// Hits in the compressed region.
-    pub compressed_hits: u64,
-    /// Pages compressed.
-    pub compressions: u64,
-    /// Pages decompressed.
-    pub decompressions: u64,
-    /// Compressions of pages that had no compression record yet.
-    pub unsized_compressions: u64,
-    /// Mean compressed-region target over the misses, in pages.
-    pub mean_target_pages: f64,
-}
+pub use crate::replay::{summarize, Counts, SimError, TraceSummary};
 
 /// One replay of `path` through a memory of `memory_pages` pages under
 /// `policy` (built from its name), with `costs` given to the policy.
@@ -154,8 +71,28 @@ pub fn replay(
     policy: &str,
     costs: Costs,
 ) -> Result<(Counts, f64), SimError> {
+    let spec = Spec::parse(policy, Frontend::Sim).map_err(SimError::Policy)?;
+    if spec.fault_driven() {
+        let layout = Layout::of_trace(path)?;
+        return pager::replay(path, summary, &layout, memory_pages, &spec, costs, PagerOptions::default());
+    }
+    replay_lru(path, summary, memory_pages, &spec, costs)
+}
+
+/// [`replay`] of an `lru` spec (the 1999 model).
+fn replay_lru(
+    path: &Path,
+    summary: &TraceSummary,
+    memory_pages: usize,
+    spec: &Spec,
+    costs: Costs,
+) -> Result<(Counts, f64), SimError> {
     let m = memory_pages.max(2);
-    let mut pol = ztier_policy::build(policy, m, costs).map_err(SimError::Policy)?;
+    // No sizing: the compressed region is beside the memory, unbounded
+    // (every page pushed out is kept compressed).
+    let beside = spec.sizing.is_none();
+    let mut pol =
+        ztier_policy::build(spec.sizing.as_deref().unwrap_or("none"), m, costs).map_err(SimError::Policy)?;
     let interest = pol.interest_depth();
     let tracks_clean = pol.tracks_clean();
     let mut rec = Recency::new(Kaplan::reach(m) + 1);
@@ -202,10 +139,15 @@ pub fn replay(
                 sizes.insert(page, s[col]);
                 continue;
             }
+            // The 1999 model pages all of a program's memory.
+            Event::Unmanaged { .. } => continue,
             Event::Ref { page, write } => (page, write),
         };
         c.references += 1;
         let d = rec.access(page);
+        if d.is_some_and(|d| d > u) {
+            c.store_faults += 1;
+        }
         let outcome = match d {
             Some(d) if d <= u => Outcome::Hit,
             // Beyond the uncompressed region: compressed if the region has it
@@ -245,10 +187,10 @@ pub fn replay(
             dirty.insert(page, ());
         }
         u += 1;
-        let target = pol.target().min(m - 1);
-        target_sum += target as f64;
+        let target = if beside { usize::MAX } else { pol.target().min(m - 1) };
+        target_sum += if beside { 0.0 } else { target as f64 };
         misses += 1;
-        let cap_u = m - target;
+        let cap_u = if beside { m } else { m - target };
         if target == 0 {
             // No compressed region: it empties, and the page pushed out of
             // memory goes to the backing store uncompressed.
@@ -281,7 +223,7 @@ pub fn replay(
             pol.compressed(s);
         }
         // The region's oldest pages go to the backing store.
-        let cap_bytes = target * 4096;
+        let cap_bytes = target.saturating_mul(4096);
         while bytes > cap_bytes {
             evict_oldest(&mut region, &mut fifo, &mut bytes, &dirty, &mut pol);
         }
@@ -319,6 +261,16 @@ pub struct SimRow {
     pub unsized_compressions: u64,
     /// Mean compressed-region target over misses, pages.
     pub mean_target_pages: f64,
+    /// Faults on evicted pages (see [`Counts::store_faults`]): what
+    /// `ztier run --stats` reports as `store_faults`, for a fault-driven
+    /// policy.
+    pub store_faults: u64,
+    /// Page-ins of a fault-driven pager (0 for `lru`).
+    pub faults: u64,
+    /// Zero faults of a fault-driven pager (0 for `lru`).
+    pub zero_faults: u64,
+    /// Pages brought in by prefetch besides the faulting ones.
+    pub prefetched: u64,
     /// Share of `none`'s run time spent on non-compulsory paging at this
     /// memory size and disk cost (see [`paging_share`]).
     pub none_paging_share: f64,
@@ -514,6 +466,8 @@ pub struct SweepConfig {
     /// Estimated run time per data reference without paging, ns (for the
     /// interesting range; see [`paging_share`]).
     pub ref_ns: f64,
+    /// Settings of the model of `ztier run`'s pager (fault-driven policies).
+    pub pager: PagerOptions,
 }
 
 /// The result of a sweep (DESIGN.md's JSON plus context).
@@ -543,8 +497,20 @@ pub struct SweepReport {
     pub summaries: Vec<PolicySummary>,
 }
 
+/// Whether a policy's counts do not depend on the disk cost (no sizing
+/// policy, or a fixed one).
 fn disk_independent(policy: &str) -> bool {
-    policy == "none" || policy.starts_with("static:")
+    Spec::parse(policy, Frontend::Sim)
+        .map(|s| s.sizing.as_deref().is_none_or(|z| z == "none" || z.starts_with("static:")))
+        .unwrap_or(false)
+}
+
+/// Whether a policy is one of the fixed sizes adaptive ones are measured
+/// against: `none` or `static:F` over `lru` (the 1999 model).
+fn baseline(policy: &str) -> bool {
+    Spec::parse(policy, Frontend::Sim).is_ok_and(|s| {
+        !s.fault_driven() && s.sizing.as_deref().is_some_and(|z| z == "none" || z.starts_with("static:"))
+    })
 }
 
 /// Runs every replay of the sweep; `progress(done, total)` after each.
@@ -556,9 +522,9 @@ pub fn sweep(
     if cfg.memory_pages.is_empty() || cfg.policies.is_empty() || cfg.disk_ms.is_empty() {
         return Err(SimError::Unusable("give at least one memory size, policy and disk cost".into()));
     }
+    let mut specs = Vec::new();
     for p in &cfg.policies {
-        ztier_policy::build(p, 100, Costs { disk_ns: 1.0, compress_ns: 1.0, decompress_ns: 1.0 })
-            .map_err(SimError::Policy)?;
+        specs.push(Spec::parse(p, Frontend::Sim).map_err(SimError::Policy)?);
     }
     if let Some(&d) = cfg.disk_ms.iter().find(|&&d| !(d > 0.0 && d.is_finite())) {
         return Err(SimError::Unusable(format!("disk cost {d} ms: must be a positive number")));
@@ -570,6 +536,8 @@ pub fn sweep(
         return Err(SimError::Unusable(format!("memory of {m} pages: at least 2 pages")));
     }
     let s = summarize(path, cfg.codec)?;
+    // Fault-driven policies need the trace's layout: found once.
+    let layout = if specs.iter().any(Spec::fault_driven) { Some(Layout::of_trace(path)?) } else { None };
     let mut policies = cfg.policies.clone();
     if !policies.iter().any(|p| p == "none") {
         policies.insert(0, "none".into());
@@ -600,7 +568,19 @@ pub fn sweep(
                 let disk = cfg.disk_ms[d.unwrap_or(0)];
                 let costs =
                     Costs { disk_ns: disk * 1e6, compress_ns: s.compress_ns, decompress_ns: s.decompress_ns };
-                let r = replay(path, &s, *m, p, costs);
+                let r = match Spec::parse(p, Frontend::Sim) {
+                    Ok(spec) if spec.fault_driven() => pager::replay(
+                        path,
+                        &s,
+                        layout.as_ref().expect("a layout for fault-driven policies"),
+                        *m,
+                        &spec,
+                        costs,
+                        cfg.pager,
+                    ),
+                    Ok(spec) => replay_lru(path, &s, *m, &spec, costs),
+                    Err(e) => Err(SimError::Policy(e)),
+                };
                 *results[i].lock().expect("result slot") = Some(r);
                 progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, jobs.len());
             });
@@ -643,6 +623,10 @@ pub fn sweep(
                     },
                     unsized_compressions: c.unsized_compressions,
                     mean_target_pages: c.mean_target_pages,
+                    store_faults: c.store_faults,
+                    faults: c.faults,
+                    zero_faults: c.zero_faults,
+                    prefetched: c.prefetched,
                     none_paging_share: share,
                     interesting: INTERESTING.contains(&share),
                 });
@@ -692,17 +676,18 @@ pub struct PolicySummary {
     pub all_within_10pct_of_best_static: usize,
 }
 
-/// One [`PolicySummary`] per adaptive policy (not `none`/`static:*`).
+/// One [`PolicySummary`] per policy but the fixed sizes over `lru`
+/// (`none`, `static:*`), which are what the others are measured against.
 pub fn summarize_policies(r: &SweepReport, disk_ms: f64) -> Vec<PolicySummary> {
     let rows: Vec<&SimRow> = r.results.iter().filter(|x| x.disk_ms == disk_ms).collect();
     let mut out: Vec<PolicySummary> = Vec::new();
     for x in &rows {
-        if disk_independent(&x.policy) {
+        if baseline(&x.policy) {
             continue;
         }
         let best = rows
             .iter()
-            .filter(|y| y.memory_pages == x.memory_pages && disk_independent(&y.policy))
+            .filter(|y| y.memory_pages == x.memory_pages && baseline(&y.policy))
             .map(|y| y.normalized)
             .fold(1.0f64, f64::min);
         let i = match out.iter().position(|s| s.policy == x.policy) {
@@ -754,18 +739,27 @@ pub fn render_table(r: &SweepReport) -> String {
     );
     for d in disk_costs(r) {
         out += &format!(
-            "\ndisk {d} ms\n{:>8} {:>6} {:<22} {:>10} {:>10} {:>10} {:>12} {:>10}\n",
-            "memory", "paging", "policy", "faults", "comp.hits", "compress", "paging s", "normalized"
+            "\ndisk {d} ms\n{:>8} {:>6} {:<22} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}\n",
+            "memory",
+            "paging",
+            "policy",
+            "faults",
+            "comp.hits",
+            "store flt",
+            "compress",
+            "paging s",
+            "normalized"
         );
         for x in r.results.iter().filter(|x| x.disk_ms == d) {
             out += &format!(
-                "{:>8} {:>5.0}%{} {:<22} {:>10} {:>10} {:>10} {:>12.4} {:>10.3}\n",
+                "{:>8} {:>5.0}%{} {:<22} {:>10} {:>10} {:>10} {:>10} {:>12.4} {:>10.3}\n",
                 x.memory_pages,
                 x.none_paging_share * 100.0,
                 if x.interesting { ' ' } else { '-' },
                 x.policy,
                 x.disk_faults,
                 x.compressed_hits,
+                x.store_faults,
                 x.compressions,
                 x.paging_time_s,
                 x.normalized

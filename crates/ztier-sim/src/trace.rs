@@ -9,7 +9,7 @@
 //!  header (16 + 9·n bytes)
 //!  +--------+---------+----------+---------+-------------------------------+
 //!  | "ZTRC" | version | reserved | n (u8)  | n × { codec u8,               |
-//!  | 4 B    | u8 = 1  | 3 B      |  + 7 B  |       compress_ns u32 LE,     |
+//!  | 4 B    | u8 = 2  | 3 B      |  + 7 B  |       compress_ns u32 LE,     |
 //!  |        |         |          |  pad    |       decompress_ns u32 LE }  |
 //!  +--------+---------+----------+---------+-------------------------------+
 //!  records, each starting with one LEB128 varint v; kind = v & 3:
@@ -21,6 +21,10 @@
 //!                then n varints: compressed size per codec
 //!                (0 = zero/same-filled page, 4096 = stored raw)
 //!             1  end of trace: total references (varint)
+//!             2  unmanaged page: page (varint, absolute) — memory `ztier run`
+//!                would not manage (mapped from a file, or the main stack);
+//!                written once per page, when it is first classified
+//!                (version 2; version 1 traces have none and are read too)
 //! ```
 //!
 //! Page numbers are virtual addresses >> 12. `compress_ns` and
@@ -35,8 +39,9 @@ use ztier_codec::CodecId;
 
 /// File magic.
 pub const MAGIC: &[u8; 4] = b"ZTRC";
-/// Format version.
-pub const VERSION: u8 = 1;
+/// Format version written (version 1, without unmanaged-page records,
+/// is read as well).
+pub const VERSION: u8 = 2;
 /// Page numbers are below this (addresses are 64-bit, pages 4 KiB).
 pub const MAX_PAGE: u64 = 1 << 52;
 
@@ -69,6 +74,12 @@ pub enum Event {
         /// Compressed size per codec column.
         sizes: Vec<u16>,
     },
+    /// `page` is memory `ztier run` would not manage: mapped from a file
+    /// (a program's or a library's data), or the main stack.
+    Unmanaged {
+        /// Page number.
+        page: u64,
+    },
 }
 
 /// Errors reading a trace.
@@ -81,7 +92,7 @@ pub enum TraceError {
     #[error("not a ztier trace (bad magic)")]
     BadMagic,
     /// A newer or unknown format version.
-    #[error("trace format version {0} is not supported (this build reads version {VERSION})")]
+    #[error("trace format version {0} is not supported (this build reads versions 1 to {VERSION})")]
     Version(u8),
     /// Damaged content.
     #[error("corrupt trace at byte {offset}: {what}")]
@@ -182,6 +193,13 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
+    /// Appends an unmanaged-page record.
+    pub fn unmanaged(&mut self, page: u64) -> io::Result<()> {
+        self.flush_run()?;
+        put_varint(&mut self.w, (2 << 2) | 3)?;
+        put_varint(&mut self.w, page)
+    }
+
     /// References written so far.
     pub fn references(&self) -> u64 {
         self.refs
@@ -220,7 +238,7 @@ impl<R: BufRead> TraceReader<R> {
         if &h[..4] != MAGIC {
             return Err(TraceError::BadMagic);
         }
-        if h[4] != VERSION {
+        if !(1..=VERSION).contains(&h[4]) {
             return Err(TraceError::Version(h[4]));
         }
         let n = h[8] as usize;
@@ -323,6 +341,11 @@ impl<R: BufRead> TraceReader<R> {
                     self.done = true;
                     Ok(None)
                 }
+                2 => {
+                    let page =
+                        self.varint()?.ok_or_else(|| self.corrupt("truncated unmanaged-page record"))?;
+                    Ok(Some(Event::Unmanaged { page }))
+                }
                 k => Err(self.corrupt(&format!("unknown record kind 3/{k}"))),
             },
         }
@@ -345,6 +368,8 @@ pub struct TraceInfo {
     pub distinct_pages: u64,
     /// Compression records.
     pub size_records: u64,
+    /// Pages marked unmanaged (memory `ztier run` would not manage).
+    pub unmanaged_pages: u64,
     /// Codec names of the columns.
     pub codecs: Vec<String>,
     /// Mean compressed size per codec column over compression records.
@@ -379,6 +404,7 @@ pub fn info<R: BufRead>(r: R) -> Result<TraceInfo, TraceError> {
                     *s += x as f64;
                 }
             }
+            Event::Unmanaged { .. } => out.unmanaged_pages += 1,
         }
     }
     out.distinct_pages = seen.len() as u64;
@@ -403,6 +429,7 @@ mod tests {
         prop_oneof![
             6 => (prop_oneof![0..8u64, 0..MAX_PAGE], any::<bool>()).prop_map(|(page, write)| Event::Ref { page, write }),
             1 => (any::<u64>(), (0..=4096u16, 0..=4096u16)).prop_map(|(page, (a, b))| Event::Sizes { page, sizes: vec![a, b] }),
+            1 => any::<u64>().prop_map(|page| Event::Unmanaged { page }),
         ]
     }
 
@@ -414,6 +441,7 @@ mod tests {
                 match e {
                     Event::Ref { page, write } => w.reference(*page, *write).unwrap(),
                     Event::Sizes { page, sizes } => w.sizes(*page, sizes).unwrap(),
+                    Event::Unmanaged { page } => w.unmanaged(*page).unwrap(),
                 }
             }
             let bytes = w.finish().unwrap();
@@ -465,6 +493,9 @@ mod tests {
         let mut v = bytes.clone();
         v[4] = 9;
         assert!(matches!(TraceReader::new(&v[..]), Err(TraceError::Version(9))));
+        // Version 1 (no unmanaged-page records) is read as well.
+        v[4] = 1;
+        assert_eq!(info(&v[..]).unwrap().references, 100_000);
         let cut = &bytes[..bytes.len() - 2];
         let mut r = TraceReader::new(cut).unwrap();
         let err = loop {

@@ -32,7 +32,7 @@ use crate::Key;
 /// What the store knows about a spilled entry besides its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpillMeta {
-    /// The entry's form/codec tag (see [`crate::store`] docs).
+    /// The entry's form/codec tag (drawn in the docs of the store module, which uses this one).
     pub tag: u8,
     /// Entry flags (dirty, file-backed).
     pub flags: u8,

@@ -5,6 +5,7 @@
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
+mod scratch;
 mod units;
 
 /// ztier: compressed caching in user space.
@@ -32,6 +33,8 @@ struct Cli {
     command: Command,
 }
 
+// (Made once per process: a large variant costs nothing.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the end-to-end demonstration on built-in defaults.
@@ -49,6 +52,11 @@ enum Command {
     /// cleaner, crash-safe) served over NBD.
     #[command(subcommand)]
     Blk(cmd::blk::BlkCommand),
+    /// A compressed cache in front of slow storage (a file, a block device
+    /// or an NBD export), served over NBD: FlaZ's compressed SSD cache and
+    /// a compressed RAM cache of clean blocks.
+    #[command(subcommand)]
+    Cache(cmd::cache::CacheCommand),
     /// Run an unmodified program with its heap under a memory budget: colder
     /// pages are kept compressed and served back on touch by userfaultfd.
     Run(cmd::run::RunArgs),
@@ -76,6 +84,9 @@ enum Command {
     /// faults by run length and service time, refault distances, pages
     /// that came back again and again, and page-ins over time.
     Faults(cmd::faults::FaultsArgs),
+    /// The remote tier (`ztier run --remote`): remove what killed runs left.
+    #[command(subcommand)]
+    Remote(cmd::remote::RemoteCommand),
     /// Write the manual pages (ztier.1 and one per subcommand) into DIR.
     Man(cmd::docs::ManArgs),
     /// Print the shell completion script for SHELL (bash, elvish, fish,
@@ -91,10 +102,12 @@ fn main() {
         Command::Sim(a) => cmd::sim::run(a),
         Command::Trace(t) => cmd::trace::run(t),
         Command::Blk(b) => cmd::blk::run(b),
+        Command::Cache(c) => cmd::cache::run(c),
         Command::Run(a) => cmd::run::run(a),
         Command::Stats(a) => cmd::run::stats(a),
         Command::Hold(a) => cmd::hold::hold(a),
         Command::Faults(a) => cmd::faults::run(a),
+        Command::Remote(c) => cmd::remote::run(c),
         Command::Man(a) => cmd::docs::man(a, Cli::command()),
         Command::Completions(a) => cmd::docs::completions(a, Cli::command()),
     };

@@ -27,10 +27,16 @@ pub fn parse_size(s: &str) -> Result<u64> {
     n.checked_mul(mult).with_context(|| format!("size '{s}' is too large"))
 }
 
+/// Most sizes a list may give (ranges counted out): every subcommand that
+/// takes a list runs something per size.
+pub const MAX_LIST: u64 = 10_000;
+
 /// Parses a comma-separated list of sizes where each element may also be a
 /// range `A..B:STEP` (inclusive of both ends when B is reached). An empty
 /// element (`64M,,32M`, a trailing comma) is refused: it is a slip, and
-/// skipping it silently ran one budget fewer than asked.
+/// skipping it silently ran one budget fewer than asked. So is a list of
+/// more than [`MAX_LIST`] sizes: `1..18446744073709551615:1` looped for
+/// ever (the step's addition wrapped past the end in release builds).
 pub fn parse_size_list(s: &str) -> Result<Vec<u64>> {
     let mut out = Vec::new();
     if s.trim().is_empty() {
@@ -47,13 +53,20 @@ pub fn parse_size_list(s: &str) -> Result<Vec<u64>> {
             if step == 0 || a > b {
                 bail!("range '{part}': need A <= B and STEP > 0");
             }
-            let mut x = a;
-            while x <= b {
-                out.push(x);
-                x += step;
+            // (b - a) / step + 1 sizes, counted without overflow.
+            let n = (b - a) / step;
+            if n >= MAX_LIST || out.len() as u64 + n >= MAX_LIST {
+                bail!(
+                    "range '{part}' gives {} sizes, and a list may give at most {MAX_LIST}: use a larger STEP",
+                    u128::from(n) + 1
+                );
             }
+            out.extend((0..=n).map(|i| a + i * step));
         } else {
             out.push(parse_size(part)?);
+        }
+        if out.len() as u64 > MAX_LIST {
+            bail!("the list '{s}' gives more than {MAX_LIST} sizes");
         }
     }
     Ok(out)
@@ -78,5 +91,29 @@ mod tests {
         for slip in ["64M,,32M", "64M,", ",64M", "", " "] {
             assert!(parse_size_list(slip).is_err(), "{slip:?}");
         }
+        // Up to the very top of u64, exactly (the last step ends on it).
+        let top = u64::MAX;
+        assert_eq!(parse_size_list(&format!("{}..{top}:1", top - 2)).unwrap(), vec![top - 2, top - 1, top]);
+        assert_eq!(parse_size_list(&format!("1..{top}:{}", top / 2)).unwrap(), vec![1, top / 2 + 1, top]);
+        assert_eq!(parse_size_list(&format!("{top}..{top}:1")).unwrap(), vec![top]);
+    }
+
+    /// A range of more sizes than a list may give is refused at once,
+    /// naming its count, near `u64::MAX` too (it looped for ever: the
+    /// step's addition wrapped past the end); so is a list whose items
+    /// add up past the limit. The limit itself is allowed.
+    #[test]
+    fn a_list_of_too_many_sizes_is_refused_at_once() {
+        let t = std::time::Instant::now();
+        let e = parse_size_list("1..18446744073709551615:1").unwrap_err().to_string();
+        assert!(e.contains("gives 18446744073709551615 sizes") && e.contains("at most 10000"), "{e}");
+        let e = parse_size_list("0..18446744073709551615:1").unwrap_err().to_string();
+        assert!(e.contains("gives 18446744073709551616 sizes"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        assert_eq!(parse_size_list("1..10000:1").unwrap().len(), 10_000);
+        assert!(parse_size_list("1..10001:1").is_err());
+        assert!(parse_size_list("1..5000:1,1..5001:1").is_err());
+        let many = vec!["1"; 10_001].join(",");
+        assert!(parse_size_list(&many).unwrap_err().to_string().contains("more than 10000"));
     }
 }

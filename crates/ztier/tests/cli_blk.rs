@@ -1,38 +1,19 @@
 //! `ztier blk` with real NBD clients: qemu-io, qemu-img, nbdinfo, nbdcopy,
 //! fio's nbd engine; malformed protocol input; kill -9 of the server.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::nbd::{go, go_on, handshake, mount_image_ro, option, run, sums, text, Mounted};
+use common::{require as need, tmp as tmpdir};
+
 fn ztier() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ztier"))
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ztier-cli-blk-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn need(tool: &str) {
-    let ok =
-        Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap().status.success();
-    assert!(ok, "{tool} is needed (scripts/deb-packages/blk.txt; `make test` as root installs it)");
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
+    Command::new(common::ztier())
 }
 
 struct Server {
@@ -96,21 +77,6 @@ fn create(dir: &Path, size: &str) -> PathBuf {
 fn check_clean(img: &Path) {
     let out = run(ztier().args(["blk", "check"]).arg(img));
     assert!(out.contains("clean"), "{out}");
-}
-
-fn text(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut v = Vec::with_capacity(len + 32);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(
-            format!("line {} of the ztier block test, value {}\n", x % 977, x % 31).as_bytes(),
-        );
-    }
-    v.truncate(len);
-    v
 }
 
 #[test]
@@ -209,31 +175,6 @@ fn fio_nbd_engine_verifies_crc32c() {
     srv.stop();
     check_clean(&img);
     std::fs::remove_dir_all(&d).unwrap();
-}
-
-fn handshake(sock: &Path) -> UnixStream {
-    let mut s = UnixStream::connect(sock).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut hello = [0u8; 18];
-    s.read_exact(&mut hello).unwrap();
-    assert_eq!(&hello[..8], b"NBDMAGIC");
-    s.write_all(&3u32.to_be_bytes()).unwrap();
-    s
-}
-
-fn option(s: &mut UnixStream, opt: u32, data: &[u8]) -> (u32, Vec<u8>) {
-    let mut m = b"IHAVEOPT".to_vec();
-    m.extend_from_slice(&opt.to_be_bytes());
-    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    m.extend_from_slice(data);
-    s.write_all(&m).unwrap();
-    let mut h = [0u8; 20];
-    s.read_exact(&mut h).unwrap();
-    let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
-    let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
-    let mut body = vec![0u8; len as usize];
-    s.read_exact(&mut body).unwrap();
-    (kind, body)
 }
 
 /// Malformed options get error replies, malformed requests error replies
@@ -398,59 +339,18 @@ fn qemu_img_convert_and_compare_an_ext4_image() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// Undoes a system change when dropped (also when the test fails).
-struct Undo(Vec<(String, Vec<String>)>);
-impl Drop for Undo {
-    fn drop(&mut self) {
-        for (cmd, args) in self.0.iter().rev() {
-            let _ = Command::new(cmd).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status();
-        }
-    }
-}
-
 /// As root: the device as a real block device (nbdfuse + a loop device),
 /// mkfs.ext4, mount, copy files, unmount, fsck clean, files intact after a
 /// server restart.
 #[test]
 fn nbdfuse_loop_mkfs_mount_copy_fsck_as_root() {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    assert!(root, "this test needs root (loop devices, mount); run `make test` as root");
-    for t in ["nbdfuse", "losetup", "mkfs.ext4", "fsck.ext4", "mount"] {
-        need(t);
-    }
     let d = tmpdir("fuse");
-    let (f, m) = (d.join("f"), d.join("m"));
-    std::fs::create_dir_all(&f).unwrap();
-    std::fs::create_dir_all(&m).unwrap();
     let img = create(&d, "192M");
     let srv = Server::start(&img, &d.join("s.sock"));
-    let mut undo = Undo(Vec::new());
-    let mut fuse = Command::new("nbdfuse").arg(f.join("nbd")).arg("--unix").arg(&srv.sock).spawn().unwrap();
-    undo.0.push(("kill".into(), vec![fuse.id().to_string()]));
-    undo.0.push(("umount".into(), vec![f.display().to_string()]));
-    let start = Instant::now();
-    while !f.join("nbd").exists() {
-        assert!(start.elapsed() < Duration::from_secs(30), "nbdfuse did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let dev = run(Command::new("losetup").args(["-f", "--show"]).arg(f.join("nbd"))).trim().to_string();
-    undo.0.push(("losetup".into(), vec!["-d".into(), dev.clone()]));
-    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&dev));
-    run(Command::new("mount").arg(&dev).arg(&m));
-    undo.0.push(("umount".into(), vec![m.display().to_string()]));
-    run(Command::new("cp").args(["-r", "/usr/share/zoneinfo"]).arg(m.join("zoneinfo")));
-    run(Command::new("cp").args(["-r", "/usr/share/perl5"]).arg(m.join("perl5")));
-    run(&mut Command::new("sync"));
-    let want = run(Command::new("sh")
-        .arg("-c")
-        .arg(format!("cd {} && find . -type f -print0 | sort -z | xargs -0 md5sum", m.display())));
-    run(Command::new("umount").arg(&m));
-    let out = run(Command::new("fsck.ext4").args(["-fn"]).arg(&dev));
-    assert!(out.contains("files"), "{out}");
-    run(Command::new("losetup").args(["-d", &dev]));
-    drop(undo); // unmounts the FUSE folder and ends nbdfuse (by PID)
-    let _ = fuse.wait();
+    let fs = Mounted::mkfs(&d, &srv.sock);
+    let want = fs.copy_files();
+    let m = fs.mnt.clone();
+    fs.finish();
     srv.stop();
     check_clean(&img);
     // The files read back through a fresh server, with qemu-img as the client.
@@ -458,13 +358,8 @@ fn nbdfuse_loop_mkfs_mount_copy_fsck_as_root() {
     let raw = d.join("raw.img");
     run(Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw"]).arg(srv.uri()).arg(&raw));
     srv.stop();
-    let mut undo = Undo(Vec::new());
-    run(Command::new("mount").args(["-o", "loop,ro"]).arg(&raw).arg(&m));
-    undo.0.push(("umount".into(), vec![m.display().to_string()]));
-    let got = run(Command::new("sh")
-        .arg("-c")
-        .arg(format!("cd {} && find . -type f -print0 | sort -z | xargs -0 md5sum", m.display())));
-    assert_eq!(got, want, "files differ after a restart");
+    let undo = mount_image_ro(&raw, &m);
+    assert_eq!(sums(&m), want, "files differ after a restart");
     drop(undo);
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -628,27 +523,6 @@ fn live_stats_metrics_and_online_check_of_a_served_image() {
 
 /// The handshake up to GO on the default export, with structured replies
 /// off: the connection is in transmission.
-fn go(sock: &Path) -> UnixStream {
-    let mut s = handshake(sock);
-    go_on(&mut s);
-    s
-}
-
-/// GO on the default export: INFO replies, then ACK.
-fn go_on(s: &mut UnixStream) {
-    let mut go = 0u32.to_be_bytes().to_vec();
-    go.extend_from_slice(&0u16.to_be_bytes());
-    let (mut k, _) = option(s, 7, &go);
-    while k != 1 {
-        assert_eq!(k, 3, "INFO expected");
-        let mut h = [0u8; 20];
-        s.read_exact(&mut h).unwrap();
-        k = u32::from_be_bytes(h[12..16].try_into().unwrap());
-        let mut body = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
-        s.read_exact(&mut body).unwrap();
-    }
-}
-
 fn threads_of(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count()
 }

@@ -147,6 +147,9 @@ fn bad_input_gets_clear_errors() {
     assert!(run(&["--codec", "deflate"]).contains("no compression records for deflate"));
     assert!(run(&["--disk-ms", "0"]).contains("positive"));
     assert!(run(&["--memory", "4K"]).contains("at least 8K"));
+    // A range near u64::MAX: refused at once (it looped for ever).
+    let e = run(&["--memory", "1..18446744073709551615:1"]);
+    assert!(e.contains("gives 18446744073709551615 sizes, and a list may give at most 10000"), "{e}");
     assert!(run(&["--plot", "x.png"]).contains("SVG"));
     // A trace without compression records cannot answer.
     let d = t.parent().unwrap();
@@ -175,4 +178,83 @@ fn bad_input_gets_clear_errors() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `ztier sim` with the shipped policy predicts the store faults of
+/// `ztier run` on the same program: `sort` over 50,000 lines (one
+/// thread, ~6 MB at its peak), recorded under lackey, then run under a
+/// 2.5M budget. The run's memory is all managed from the first byte
+/// (`ZTIER_START_AFTER=0`): by default the library leaves a process's
+/// first MiB of requests to glibc, which a trace cannot tell apart (see
+/// docs/measurements/2026-12-06-policy.md for both). The live count is
+/// the median of five runs (the background evictor's timing moves it by
+/// ±10%); the prediction must be within 20% of it. (Here the model
+/// predicted 13–15% more than the median; at 1M to 3M it predicts 13–26%
+/// more: the measurement has the table.) A replay of one run's
+/// fault log, which has no hits, sees at most that run's page-ins.
+#[test]
+fn the_simulator_predicts_the_store_faults_of_a_live_run() {
+    let d = std::env::temp_dir().join(format!("ztier-cli-sim-live-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let input = d.join("in.txt");
+    let mut x: u64 = 7;
+    let mut text = String::new();
+    for _ in 0..50_000 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let n = (x >> 33) % 100_000_000;
+        let pad = ((x >> 20) % 40) as usize;
+        text.push_str(&format!("{n:08} {}\n", "x".repeat(pad)));
+    }
+    std::fs::write(&input, text).unwrap();
+    let sort = ["sort", "--parallel=1", "-o", "/dev/null", input.to_str().unwrap()];
+    let t = d.join("sort.trace");
+    let out = ztier().args(["trace", "record", "-o"]).arg(&t).arg("--").args(sort).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let log = d.join("log");
+    let mut live = Vec::new();
+    let mut last = (0, PathBuf::new());
+    for k in 0..5 {
+        let stats = d.join(format!("run{k}.json"));
+        let out = ztier()
+            .env("ZTIER_START_AFTER", "0")
+            .args(["run", "--budget", "2560K", "--fault-log"])
+            .arg(&log)
+            .arg("--stats")
+            .arg(&stats)
+            .arg("--")
+            .args(sort)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        let p = &s["per_process"][0];
+        live.push(p["store_faults"].as_u64().unwrap());
+        last = (p["faults"].as_u64().unwrap(), log.join(format!("{}.csv", p["pid"])));
+    }
+    live.sort_unstable();
+    let live = live[2];
+    assert!(live > 300, "sort under 2.5M faults on stored pages: {live}");
+    let sim = |input: &str, path: &Path| {
+        let out = ztier()
+            .args(["sim", "--json", "--memory", "2560K", "--policy", "shipped", "--disk-ms", "5", input])
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r = v["results"].as_array().unwrap().iter().find(|r| r["policy"] == "shipped").unwrap().clone();
+        r
+    };
+    let r = sim("--trace", &t);
+    let predicted = r["store_faults"].as_u64().unwrap();
+    let off = predicted as f64 / live as f64 - 1.0;
+    assert!(
+        off.abs() <= 0.2,
+        "predicted {predicted} store faults, ztier run had {live} ({:+.0}%)",
+        off * 100.0
+    );
+    let (faults, csv) = last;
+    let r = sim("--fault-log", &csv);
+    let replayed = r["faults"].as_u64().unwrap();
+    assert!(r["store_faults"].as_u64().unwrap() > 0 && replayed <= faults, "{r} against {faults} faults");
 }

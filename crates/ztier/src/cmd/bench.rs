@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 
-use super::{bench_blk, bench_codecs, bench_pressure, bench_store, bench_uffd};
+use super::{bench_blk, bench_cache, bench_codecs, bench_pressure, bench_remote, bench_store, bench_uffd};
 
 /// The benchmarks.
 #[derive(Subcommand, Debug)]
@@ -30,6 +30,14 @@ pub enum BenchCommand {
     /// space a device takes per data type (text, source, binaries, a
     /// SQLite database, random) next to `gzip -6` (ZBD's Table III).
     Blk(bench_blk::BlkBenchArgs),
+    /// Caches in front of a slow backing (`nbdkit --filter=delay`): the
+    /// backing alone, `nbdkit --filter=cache` (uncompressed, same size),
+    /// and `ztier cache` raw, compressed (set-associative and
+    /// direct-mapped) and compressed with a RAM cache; fio zipf random
+    /// reads and a 70/30 read/write mix over working sets of 1x..8x the
+    /// cache, on 50%-compressible data and an ext4 image of system files.
+    /// Hit ratio (what reached the backing), IOPS, latency, CPU.
+    Cache(bench_cache::CacheBenchArgs),
     /// A program under memory pressure: natively, then at each budget under
     /// kernel swap to a file, zswap and zram (in a memory cgroup; root) and
     /// under `ztier run`. Checks outputs are identical; prints wall time,
@@ -42,6 +50,13 @@ pub enum BenchCommand {
     /// of a run, with nothing to look up or decompress: the floor under
     /// `ztier run`'s fault service here.
     Uffd(bench_uffd::UffdArgs),
+    /// The remote tier (Redis) against redis-benchmark on the same server.
+    ///
+    /// Puts and gets of 4 KiB pages through the remote tier (sealed,
+    /// batched, pipelined) against `redis-benchmark -t set,get -d 4096`
+    /// at the same concurrency and pipeline depth, in turn, round by
+    /// round; with the latency of single gets (a fault's) at depth 1.
+    Remote(bench_remote::RemoteBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -50,7 +65,9 @@ pub fn run(c: BenchCommand) -> Result<i32> {
         BenchCommand::Codecs(a) => bench_codecs::run(a),
         BenchCommand::Store(a) => bench_store::run(a),
         BenchCommand::Blk(a) => bench_blk::run(a),
+        BenchCommand::Cache(a) => bench_cache::run(a),
         BenchCommand::Pressure(a) => bench_pressure::run(a),
         BenchCommand::Uffd(a) => bench_uffd::run(a),
+        BenchCommand::Remote(a) => bench_remote::run(a),
     }
 }

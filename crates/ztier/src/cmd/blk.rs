@@ -13,9 +13,10 @@ use clap::{Args, Subcommand};
 use ztier_blk::backing::FileBacking;
 use ztier_blk::engine::{CreateOptions, Engine};
 use ztier_blk::live;
-use ztier_blk::server::{self, Listener, Live, ServeConfig, ServerStats};
+use ztier_blk::server::{self, Live, ServeConfig, ServerStats};
 use ztier_codec::CodecId;
 
+use super::serving;
 use crate::units::parse_size;
 
 /// `ztier blk` subcommands.
@@ -83,20 +84,8 @@ pub struct ServeArgs {
     /// Image to serve.
     #[arg(value_name = "IMAGE")]
     pub image: PathBuf,
-    /// Unix socket to listen on (default: IMAGE.sock).
-    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
-    pub socket: Option<PathBuf>,
-    /// TCP address to listen on. Only loopback addresses unless
-    /// --allow-remote is given (NBD has no authentication here).
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub listen: Option<String>,
-    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (loopback
-    /// only unless --allow-remote; port 0 picks one, printed at start).
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub metrics: Option<String>,
-    /// Allow non-loopback --listen and --metrics addresses.
-    #[arg(long)]
-    pub allow_remote: bool,
+    #[command(flatten)]
+    pub at: serving::ListenArgs,
     /// Refuse writes.
     #[arg(long)]
     pub readonly: bool,
@@ -361,101 +350,12 @@ pub fn run(c: BlkCommand) -> Result<i32> {
     }
 }
 
-/// Blocks SIGINT/SIGTERM/SIGHUP in this thread (and the threads it
-/// starts) and sets `stop` from a waiter thread when one arrives.
-fn stop_on_signals(stop: Arc<AtomicBool>) {
-    // SAFETY: sigset manipulation on a local value, then pthread_sigmask on it.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
-    std::thread::spawn(move || {
-        let mut sig: libc::c_int = 0;
-        // SAFETY: sigwait on the set blocked above.
-        if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
-            eprintln!("ztier blk: signal {sig}: stopping");
-            stop.store(true, Ordering::Release);
-        }
-    });
-}
-
-/// `--socket`, or IMAGE.sock.
-fn socket_path(a: &ServeArgs) -> PathBuf {
-    a.socket.clone().unwrap_or_else(|| {
-        let mut p = a.image.clone().into_os_string();
-        p.push(".sock");
-        PathBuf::from(p)
-    })
-}
-
-/// Binds the unix socket at `path`. A socket file nobody listens on (a
-/// server that crashed left it: connecting is refused) is replaced; a live
-/// one, or anything that is not a socket, is refused.
-fn bind_unix(path: &Path) -> Result<std::os::unix::net::UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if !m.file_type().is_socket() {
-            bail!("{} exists and is not a socket: remove it or give another --socket", path.display());
-        }
-        match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => {
-                bail!("{}: another server listens there: stop it or give another --socket", path.display())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                eprintln!(
-                    "ztier blk: {}: nobody listens (a server that stopped without removing it): replacing it",
-                    path.display()
-                );
-                std::fs::remove_file(path)
-                    .with_context(|| format!("removing the stale {}", path.display()))?;
-            }
-            Err(e) => bail!(
-                "{}: cannot tell whether a server listens there ({e}): remove it or give another --socket",
-                path.display()
-            ),
-        }
-    }
-    std::os::unix::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
-}
-
-/// The socket file at `path` is still the one bound (dev, inode).
-fn same_file(path: &Path, id: Option<(u64, u64)>) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino())) == id && id.is_some()
-}
-
-fn loopback_or_allowed(flag: &str, addr: &str, allow: bool) -> Result<std::net::SocketAddr> {
-    let sa: std::net::SocketAddr = addr.parse().with_context(|| format!("--{flag} {addr}: not ADDR:PORT"))?;
-    if !sa.ip().is_loopback() && !allow {
-        bail!("--{flag} {addr} is not a loopback address: NBD and the metrics have no authentication; add --allow-remote to mean it");
-    }
-    Ok(sa)
-}
-
 fn serve(a: ServeArgs) -> Result<i32> {
-    use std::os::unix::fs::MetadataExt;
     let stop = Arc::new(AtomicBool::new(false));
-    stop_on_signals(stop.clone());
+    serving::stop_on_signals("blk", stop.clone());
     let engine = Arc::new(open_engine(&a.image, a.readonly)?);
-    let metrics =
-        a.metrics.as_deref().map(|m| loopback_or_allowed("metrics", m, a.allow_remote)).transpose()?;
-    let mut sock_id = None;
-    let (listener, where_) = if let Some(addr) = &a.listen {
-        let sa = loopback_or_allowed("listen", addr, a.allow_remote)?;
-        let l = std::net::TcpListener::bind(sa).with_context(|| format!("listening on {addr}"))?;
-        let local = l.local_addr()?;
-        (Listener::Tcp(l), format!("nbd://{local}/{}", a.name))
-    } else {
-        let path = socket_path(&a);
-        let l = bind_unix(&path)?;
-        sock_id = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino()));
-        (Listener::Unix(l), format!("nbd+unix:///{}?socket={}", a.name, path.display()))
-    };
+    let metrics = a.at.metrics_addr()?;
+    let (listener, where_, unbind) = a.at.bind("blk", &a.image, &a.name)?;
     let cfg = ServeConfig {
         name: a.name.clone(),
         description: format!("ztier compressed image {}", a.image.display()),
@@ -475,7 +375,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
         .context("starting the control socket (`ztier blk stats` of this image)")?;
     let metrics = match metrics {
         Some(sa) => {
-            let (bound, h) = live::serve_metrics(sa, a.allow_remote, report, stop.clone())
+            let (bound, h) = live::serve_metrics(sa, a.at.allow_remote, report, stop.clone())
                 .with_context(|| format!("--metrics {sa}"))?;
             Some((bound, h))
         }
@@ -493,12 +393,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
     if let Some((_, h)) = metrics {
         let _ = h.join();
     }
-    if a.listen.is_none() {
-        let p = socket_path(&a);
-        if same_file(&p, sock_id) {
-            let _ = std::fs::remove_file(p);
-        }
-    }
+    unbind.remove();
     engine.close().context("checkpointing the image at shutdown")?;
     r.context("serving")?;
     eprintln!(

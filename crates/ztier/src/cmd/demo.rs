@@ -132,7 +132,7 @@ fn run_demo() -> Result<()> {
     const BUDGET: u64 = 48 << 20;
     let dir = std::env::temp_dir().join(format!("ztier-demo-run-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let _cleanup = RemoveDir(dir.clone());
+    let _cleanup = crate::scratch::TempDir::adopt(dir.clone());
     let job = dir.join("pyapp.py");
     std::fs::write(&job, JOB)?;
     let python = which("python3").context("python3 is needed for this part")?;
@@ -287,14 +287,6 @@ fn which(prog: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(prog)).find(|p| p.is_file())
 }
 
-struct RemoveDir(PathBuf);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Part 4: engine on an in-memory device that forgets unflushed writes.
 fn blk_demo() -> Result<()> {
     use std::sync::Arc;
@@ -416,6 +408,7 @@ fn trace_demo() -> Result<()> {
             codec: ztier_codec::CodecId::Lz4,
             threads: 2,
             ref_ns: 1.0,
+            pager: Default::default(),
         };
         let r = ztier_sim::sim::sweep(&trace, &cfg, |_, _| {})?;
         print!("{}", ztier_sim::sim::render_table(&r));

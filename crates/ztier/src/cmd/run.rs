@@ -37,7 +37,8 @@ static PRELOAD: &[u8] = include_bytes!(env!("ZTIER_PRELOAD_SO"));
     ztier run --budget 256M -- python3 job.py\n  \
     ztier run --budget 64M --codec wkdm --stats run.json -- sort big.txt\n  \
     ztier run --budget 128M --spill /var/tmp --store 64M -- gcc -O2 -c big.c\n  \
-    ztier run --budget 256M --policy kaplan --spill /var/tmp -- python3 job.py\n\n\
+    ztier run --budget 256M --policy kaplan --spill /var/tmp -- python3 job.py\n  \
+    ztier run --budget 256M --policy fifo+single -- python3 job.py\n\n\
 What is managed: memory from malloc/calloc/realloc/memalign (replaced) and the\n\
 program's private anonymous mmaps, read-write or reserved (PROT_NONE, made usable\n\
 later), as the heaps of the JVM and of node's V8 are; an address hint is only a\n\
@@ -63,27 +64,30 @@ ztier enters directly; --clean wp becomes verify). io_uring and Linux AIO are no
 offered in that mode (their buffers are used after the call: the program is told\n\
 ENOSYS and falls back), signal frames go to a stack of ztier's, and a thread the\n\
 program starts with its own clone() and no thread-local storage of its own runs\n\
-without that catching: its system calls on evicted memory fail with EFAULT (said on\n\
-stderr when one starts). glibc's own threads (SIGEV_THREAD timers, POSIX AIO) are\n\
+without that catching: its system calls on evicted memory fail with EFAULT (said in\n\
+ztier's notices when one starts: see --log). glibc's own threads (SIGEV_THREAD timers, POSIX AIO) are\n\
 caught as pthread_create's are.")]
 pub struct RunArgs {
     /// Most memory ztier holds for the command, e.g. 256M: its managed pages resident
     /// (the default, --budget-covers resident; the store bounded by --store), or with
-    /// --budget-covers all those, its compressed store and the library's own tables,
-    /// for all of the command's processes together, as a memory cgroup's memory.max
-    /// bounds a program with zswap's pool charged to it. With --budget-scope process: per process (resident pages only,
-    /// or with --policy resident pages and the store together).
+    /// --budget-covers all those, its compressed stores and the library's own tables,
+    /// as a memory cgroup's memory.max bounds a program with zswap's pool charged to
+    /// it: for all of the command's processes together (--budget-scope tree, the
+    /// default), or per process (--budget-scope process, resident pages only). With a
+    /// sizing policy in --policy: resident pages and the compressed stores together.
     #[arg(long, value_parser = parse_size)]
     pub budget: u64,
-    /// What --budget counts [default: resident; `bench pressure` passes all].
-    /// all: resident managed pages + the compressed stores + the library's tables
-    /// (tree scope; the stores may take up to 3/4 of the budget, or --store if
-    /// smaller, and the pages the budget has no room for stay in memory over it
-    /// without --spill, counted in --stats' tree_over_bytes). resident: resident
-    /// managed pages only, the stores bounded apart by --store (default half of RAM).
+    /// What --budget counts [default: resident; `bench pressure` passes all; all with
+    /// a sizing policy in --policy]. all: resident managed pages + the compressed
+    /// stores + the library's tables (tree scope; the stores may take up to 3/4 of the
+    /// budget, or --store if smaller, and the pages the budget has no room for stay in
+    /// memory over it without --spill, counted in --stats' tree_over_bytes; with a
+    /// sizing policy, resident pages and the stores as the policy splits them).
+    /// resident: resident managed pages only, the stores bounded apart by --store
+    /// (default half of RAM); not with a sizing policy.
     #[arg(long, value_parser = ["all", "resident"])]
     pub budget_covers: Option<String>,
-    /// What --budget bounds [default: tree; process with --policy]. tree: the
+    /// What --budget bounds [default: tree]. tree: the
     /// command's processes share one budget, as a memory cgroup's limit covers every
     /// process in it (a make -j, a pool of forked workers, a pipeline): a process that
     /// finds none left evicts its own oldest pages, and every process's evictor gives
@@ -91,18 +95,27 @@ pub struct RunArgs {
     /// page a forked child shares with its parent counts once, in the parent, until one
     /// of them writes it. --stats then gives tree_peak_held_bytes (at most --budget, but
     /// for tree_over_bytes taken when no process had pages to give back). process: each
-    /// process of the command has a budget of its own (the only scope --policy has: a
-    /// policy splits one process's budget between its resident pages and its store).
+    /// process of the command has a budget of its own. With a sizing policy each
+    /// process splits its part (tree) or its budget (process) between its resident
+    /// pages and its store, and holds pages of the shared budget for both.
     #[arg(long, value_parser = ["process", "tree"])]
     pub budget_scope: Option<String>,
-    /// Split the budget live between resident pages and the compressed store:
-    /// static:F (a fixed fraction F compressed), kaplan (Wilson/Kaplan 1999
-    /// cost/benefit), castro, castro-aggressive, castro-sluggish (de Castro 2003),
-    /// pressure (refault feedback), any of them +clean-disable — the
-    /// policies of `ztier sim`, fed with the faults. Needs --spill: what the
-    /// store's share cannot hold goes there, still compressed.
-    #[arg(long, conflicts_with = "store")]
-    pub policy: Option<String>,
+    /// The policy: a replacement, a prefetch and a sizing policy joined by '+'
+    /// (any part left out takes its default) — the objects `ztier sim` replays.
+    /// Replacement (which resident pages go; it sees faults only): segmented
+    /// (protected and probation segments, refault-distance promotion, adaptive
+    /// aging) or fifo (oldest first). Prefetch: walk (stored pages of sequential
+    /// and interleaved walks, zero runs of 16 new pages) or single (one page a
+    /// fault). Sizing (split the budget live between resident pages and the
+    /// compressed store): static:F (a fixed fraction F compressed), kaplan
+    /// (Wilson/Kaplan 1999 cost/benefit), castro, castro-aggressive,
+    /// castro-sluggish (de Castro 2003), pressure (refault feedback), none, any
+    /// of them +clean-disable; with one, --budget holds the stores too, and
+    /// --spill is needed (what a store's share cannot hold goes there, still
+    /// compressed); without one, the store is beside the budget (--store).
+    /// shipped = segmented+walk.
+    #[arg(long, default_value = "segmented+walk", value_name = "POLICY")]
+    pub policy: String,
     /// Codec of the compressed store (lz4, wkdm, wk4x4, wk64, lzo, zstd, deflate, hybrid, raw).
     #[arg(long, default_value = "lz4")]
     pub codec: String,
@@ -116,7 +129,7 @@ pub struct RunArgs {
     /// process (--budget-scope process).
     /// When it is full the oldest compressed pages go to the spill file (with --spill);
     /// without one, or once the spill file can take no more (--spill-max, a full
-    /// device), the pages it refuses stay resident over --budget (said once on stderr).
+    /// device), the pages it refuses stay resident over --budget (said once: see --log).
     #[arg(long, value_parser = parse_size)]
     pub store: Option<u64>,
     /// Folder for spill files (kept compressed; files without a name, so nothing is left behind).
@@ -172,8 +185,8 @@ pub struct RunArgs {
     /// touches outside a system call is not served, --clean wp becomes
     /// verify, io_uring and Linux AIO are not offered (ENOSYS), and a
     /// thread of the program's own clone() without thread-local storage of
-    /// its own gets EFAULT from system calls on evicted memory (said on
-    /// stderr). auto (the default): signal where system calls are caught
+    /// its own gets EFAULT from system calls on evicted memory (said in
+    /// ztier's notices, see --log). auto (the default): signal where system calls are caught
     /// anyway — under the user-mode-only userfaultfd an unprivileged user
     /// gets, which has all of those limits with either path — and thread
     /// with a full userfaultfd (root, or vm.unprivileged_userfaultfd=1). A
@@ -185,9 +198,22 @@ pub struct RunArgs {
     /// took (overall: thread, signal, or mixed).
     #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "auto", value_parser = ["auto", "thread", "signal"])]
     pub fault_path: String,
-    /// Print a one-line summary to stderr when the program ends.
+    /// Print a one-line summary to stderr when the program ends (after
+    /// ztier's notices, without --log).
     #[arg(long)]
     pub summary: bool,
+    /// Where ztier's notices go: what it says about the run that the
+    /// program did not cause (a request the arena cannot hold, a full
+    /// store, a call refused in this mode, a hold that lapsed, a program
+    /// out of LD_PRELOAD's reach), from every process of the command, a
+    /// line each, appended to FILE as they come. `-`: on stderr, among the
+    /// program's own messages. Without --log they stay out of the
+    /// program's stderr, which is its own: the --stats file lists them
+    /// ("notices"), and --summary prints them after the run. (A message
+    /// that ends the program, an abort of ztier's, is said on stderr all
+    /// the same.)
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
     /// Log every page-in into this folder (made if missing): each process
     /// writes PID.csv at exit (PID-N.csv if another process of the command
     /// had its PID), one row per fault served, with its time, kind
@@ -199,26 +225,32 @@ pub struct RunArgs {
     /// summarises one.
     #[arg(long, value_name = "DIR")]
     pub fault_log: Option<PathBuf>,
+    #[command(flatten)]
+    pub remote: super::remote::RemoteArgs,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub cmd: Vec<OsString>,
 }
 
 impl RunArgs {
-    /// What the budget counts: `all` (the default, with the tree scope) or
-    /// `resident` (the default with `--budget-scope process`, the only one
-    /// it has without `--policy`; a policy splits the budget between
-    /// resident pages and the store, which is `all` per process).
+    /// What the budget counts: `resident` (the default) or `all`. A
+    /// sizing policy in `--policy` splits the budget between resident
+    /// pages and the stores, so with one it is `all` (and `resident` is
+    /// refused); without one `all` needs the tree scope.
     pub fn covers(&self) -> anyhow::Result<&str> {
-        Ok(match (self.budget_covers.as_deref(), self.scope()?, &self.policy) {
-            (Some("resident"), _, Some(p)) => bail!(
-                "--budget-covers resident cannot be used with --policy {p}: a policy splits the budget \
-                 between resident pages and the store"
+        let sizing = ztier_policy::Spec::parse(&self.policy, ztier_policy::Frontend::Run)
+            .map_err(|e| anyhow::anyhow!("--policy: {e}"))?
+            .sizing;
+        Ok(match (self.budget_covers.as_deref(), self.scope(), sizing) {
+            (Some("resident"), _, Some(sizing)) => bail!(
+                "--budget-covers resident cannot be used with --policy {}: its sizing policy {sizing} \
+                 splits the budget between resident pages and the store",
+                self.policy
             ),
             (_, _, Some(_)) => "all",
             (Some("all"), "process", None) => bail!(
-                "--budget-covers all needs --budget-scope tree (or a --policy, which splits each \
-                 process's budget between its resident pages and its store)"
+                "--budget-covers all needs --budget-scope tree (or a sizing policy in --policy, which \
+                 splits each process's budget between its resident pages and its store)"
             ),
             (Some(c), _, None) => c,
             // Not yet the default: without --spill, pages the budget has no
@@ -230,27 +262,25 @@ impl RunArgs {
 
     /// With the tree scope: the bytes all the stores may use together
     /// (`--store`, or half of RAM; under `--budget-covers all` at most 3/4
-    /// of the budget, so that a quarter stays for resident pages).
+    /// of the budget, so that a quarter stays for resident pages). With a
+    /// sizing policy none (0): each process sizes its own store, holding
+    /// pages of the shared budget for it.
     fn tree_store_limit(&self) -> anyhow::Result<u64> {
+        let sizing = ztier_policy::Spec::parse(&self.policy, ztier_policy::Frontend::Run)
+            .map_err(|e| anyhow::anyhow!("--policy: {e}"))?
+            .sizing
+            .is_some();
         let asked = self.store.unwrap_or(physical_memory() / 2);
         Ok(match self.covers()? {
+            _ if sizing => 0,
             "all" => asked.min(self.budget / 4 * 3),
             _ => asked,
         })
     }
 
-    /// What the budget bounds: `tree` (the default) or `process` (the
-    /// default with `--policy`, and the only scope it has).
-    pub fn scope(&self) -> anyhow::Result<&str> {
-        Ok(match (self.budget_scope.as_deref(), &self.policy) {
-            (Some("tree"), Some(p)) => bail!(
-                "--budget-scope tree cannot be used with --policy {p}: a policy splits one process's \
-                 budget between its resident pages and its store (use --budget-scope process)"
-            ),
-            (Some(s), _) => s,
-            (None, Some(_)) => "process",
-            (None, None) => "tree",
-        })
+    /// What the budget bounds: `tree` (the default) or `process`.
+    pub fn scope(&self) -> &str {
+        self.budget_scope.as_deref().unwrap_or("tree")
     }
 
     /// The defaults of `ztier run` for `cmd` at `budget` with `codec`
@@ -263,7 +293,7 @@ impl RunArgs {
             codec: codec.into(),
             allocator: "classes".into(),
             store: None,
-            policy: None,
+            policy: ztier_policy::spec::SHIPPED.into(),
             spill: None,
             spill_max: None,
             stats: None,
@@ -274,7 +304,9 @@ impl RunArgs {
             clean: "verify".into(),
             fault_path: "auto".into(),
             summary: false,
+            log: None,
             fault_log: None,
+            remote: Default::default(),
             cmd,
         }
     }
@@ -422,15 +454,21 @@ pub fn run_program(
     if a.budget < MIN_BUDGET {
         bail!("--budget {} is too small (at least 1M)", a.budget);
     }
-    if let Some(p) = &a.policy {
-        ztier_policy::build(
-            p,
-            (a.budget >> 12) as usize,
-            ztier_policy::Costs { disk_ns: 1.0, compress_ns: 1.0, decompress_ns: 1.0 },
-        )
+    let policy = ztier_policy::Spec::parse(&a.policy, ztier_policy::Frontend::Run)
         .map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+    if let Some(sizing) = &policy.sizing {
         if a.spill.is_none() {
-            bail!("--policy {p} needs --spill DIR: pages beyond the store's share of the budget go there");
+            bail!(
+                "--policy {}: the sizing policy {sizing} needs --spill DIR: pages beyond the store's share \
+                 of the budget go there",
+                a.policy
+            );
+        }
+        if a.store.is_some() {
+            bail!(
+                "--policy {}: the sizing policy {sizing} sizes the store: --store cannot be given",
+                a.policy
+            );
         }
     }
     let lib = preload_path()?;
@@ -440,7 +478,7 @@ pub fn run_program(
         std::env::temp_dir().join(format!("ztier-{uid}")).join(format!("run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&stats_dir);
     std::fs::create_dir_all(&stats_dir)?;
-    let _cleanup = RemoveDir(stats_dir.clone());
+    let _cleanup = crate::scratch::TempDir::adopt(stats_dir.clone());
     let mut preload = lib.as_os_str().to_owned();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
         preload.push(":");
@@ -449,11 +487,13 @@ pub fn run_program(
     // Kept open until the command ends: its processes open it by a path
     // into this process's descriptors.
     let covers = a.covers()?;
-    let tree = match a.scope()? {
+    let tree = match a.scope() {
+        // With a sizing policy the stores are held as pages of the shared
+        // budget already: the segment charges only the pages held.
         "tree" => {
             let t = ztier_uffd::tree::Shared::create(a.budget >> 12, a.tree_store_limit()?)
                 .context("--budget-scope tree")?;
-            Some(if covers == "all" { t.covering_all() } else { t })
+            Some(if covers == "all" && policy.sizing.is_none() { t.covering_all() } else { t })
         }
         _ => None,
     };
@@ -478,9 +518,8 @@ pub fn run_program(
     if let Some(s) = a.store {
         cmd.env("ZTIER_STORE", s.to_string());
     }
-    if let Some(p) = &a.policy {
-        cmd.env("ZTIER_POLICY", p);
-    }
+    cmd.env("ZTIER_POLICY", &a.policy);
+    let mut spill = None;
     if let Some(d) = &a.spill {
         if !d.is_dir() {
             bail!("--spill {}: not a folder", d.display());
@@ -494,7 +533,25 @@ pub fn run_program(
         std::fs::File::create(&probe)
             .with_context(|| format!("--spill {}: cannot make a spill file there", d.display()))?;
         let _ = std::fs::remove_file(&probe);
-        cmd.env("ZTIER_SPILL_DIR", d);
+        spill = Some(d);
+    }
+    // With --remote the spill file is the remote's fallback, in this
+    // process (the remote tier's proxy, checked and started here).
+    let proxy = a.remote.start(spill.clone().map(|d| (d, a.spill_max.unwrap_or(u64::MAX))))?;
+    match &proxy {
+        Some(p) => {
+            for (k, v) in p.env() {
+                cmd.env(k, v);
+            }
+        }
+        None => {
+            for k in [ztier_remote::proxy::ENV_SOCKET, ztier_remote::proxy::ENV_TOKEN] {
+                cmd.env_remove(k);
+            }
+            if let Some(d) = spill {
+                cmd.env("ZTIER_SPILL_DIR", d);
+            }
+        }
     }
     if let Some(m) = a.spill_max {
         cmd.env("ZTIER_SPILL_MAX", m.to_string());
@@ -510,12 +567,34 @@ pub fn run_program(
     } else {
         cmd.env_remove("ZTIER_FAULT_LOG_DIR");
     }
+    // The processes' notices: into --log FILE, or a file of the run's
+    // folder read back into the statistics; with `--log -`, stderr.
+    let log = match a.log.as_deref() {
+        Some(p) if p == Path::new("-") => None,
+        Some(p) => {
+            let f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(p)
+                .with_context(|| format!("--log {}: cannot write there", p.display()))?;
+            // Absolute: the program may change its working folder.
+            Some((std::path::absolute(p)?, f.metadata()?.len()))
+        }
+        None => Some((stats_dir.join("notices.log"), 0)),
+    };
+    match &log {
+        Some((p, _)) => cmd.env("ZTIER_LOG", p),
+        None => cmd.env_remove("ZTIER_LOG"),
+    };
     if let Some(f) = stdout {
         cmd.stdout(f);
     }
     let m = measure_with_timeout(&mut cmd, timeout)?;
     let code = m.code;
     let mut stats = merge_stats(&stats_dir)?;
+    if let Some(p) = proxy {
+        super::remote::end(p, &mut stats);
+    }
     stats["wall_s"] = m.wall_s.into();
     stats["exit_code"] = code.into();
     stats["peak_rss_bytes"] = m.maxrss.into();
@@ -523,8 +602,11 @@ pub fn run_program(
     stats["cpu_s"] = m.cpu_s.into();
     stats["budget_bytes"] = a.budget.into();
     stats["fault_path"] = taken_fault_path(&stats, &a.fault_path).into();
-    stats["budget_scope"] = a.scope()?.into();
+    stats["budget_scope"] = a.scope().into();
     stats["budget_covers"] = covers.into();
+    if let Some((p, from)) = &log {
+        stats["notices"] = read_notices(p, *from).into();
+    }
     if let Some(t) = &tree {
         let seg = t.segment();
         let bytes = |v: &std::sync::atomic::AtomicU64| v.load(std::sync::atomic::Ordering::Acquire) << 12;
@@ -541,6 +623,37 @@ pub fn run_program(
         stats["tree_processes"] = seg.joined.load(std::sync::atomic::Ordering::Acquire).into();
     }
     Ok(RunOutcome { code, stats, timed_out: m.timed_out })
+}
+
+/// The notices the processes wrote into the log `path` from byte `from`
+/// on (where the file ended when the run began), a line each.
+fn read_notices(path: &Path, from: u64) -> Vec<String> {
+    use std::io::Seek;
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        if f.seek(std::io::SeekFrom::Start(from)).is_ok() {
+            let mut bytes = Vec::new();
+            let _ = f.read_to_end(&mut bytes);
+            text = String::from_utf8_lossy(&bytes).into_owned();
+        }
+    }
+    text.lines().map(str::to_owned).collect()
+}
+
+/// Says `msg`, a notice of ztier's own about the run (see `--log`): on
+/// stderr with `--log -`, else appended to the --log file, and among the
+/// statistics' notices.
+fn say_notice(a: &RunArgs, stats: Option<&mut Value>, msg: String) {
+    match a.log.as_deref() {
+        Some(p) if p == Path::new("-") => eprintln!("{msg}"),
+        Some(p) => {
+            let _ = std::fs::OpenOptions::new().append(true).open(p).and_then(|mut f| writeln!(f, "{msg}"));
+        }
+        None => {}
+    }
+    if let Some(Value::Array(n)) = stats.and_then(|s| s.get_mut("notices")) {
+        n.push(msg.into());
+    }
 }
 
 /// The fault path the command's processes took (a program with a
@@ -788,14 +901,6 @@ fn allowed_cpus() -> String {
         .map(|c| c.to_string())
         .collect::<Vec<_>>()
         .join(",")
-}
-
-struct RemoveDir(PathBuf);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Mean of a merged histogram keyed by bucket upper bound (ns), in µs,
@@ -1088,24 +1193,34 @@ pub fn run(a: RunArgs) -> Result<i32> {
     if let Err(code) = runnable(&a.cmd[0]) {
         return Ok(code);
     }
-    if let Some(why) = out_of_reach(a.cmd[0].as_ref()) {
-        eprintln!("ztier: warning: {why}: LD_PRELOAD cannot reach it, so its own memory is not managed");
+    let reach = out_of_reach(a.cmd[0].as_ref()).map(|why| {
+        format!("ztier: warning: {why}: LD_PRELOAD cannot reach it, so its own memory is not managed")
+    });
+    if let Some(msg) = &reach {
+        // Said now where notices are said as they come (and listed with
+        // the others after the run).
+        say_notice(&a, None, msg.clone());
     }
-    let out = run_program(&a, None, None)?;
+    let mut out = run_program(&a, None, None)?;
+    if let (Some(msg), Some(Value::Array(n))) = (reach, out.stats.get_mut("notices")) {
+        n.insert(0, msg.into());
+    }
     let s = &out.stats;
     let peak = s["peak_rss_bytes"].as_u64().unwrap_or(0);
     // With the tree scope, processes that joined its budget started the
     // library, though none may have left statistics (killed by SIGKILL).
     let started = s["processes"].as_u64().unwrap_or(0) + s["tree_processes"].as_u64().unwrap_or(0);
     if started == 0 && peak > a.budget {
-        eprintln!(
+        let msg = format!(
             "ztier: warning: no process of the program started ztier's library, and its peak RSS ({} MiB) \
              went over the budget ({} MiB): none of its memory was managed (a statically linked program, \
              a set-user-ID one, or one started without LD_PRELOAD)",
             peak >> 20,
             a.budget >> 20
         );
+        say_notice(&a, Some(&mut out.stats), msg);
     }
+    let s = &out.stats;
     if let Some(path) = &a.stats {
         if let Err(e) = std::fs::write(path, pretty(s)? + "\n") {
             // The program's own status is still the one given back, unless
@@ -1115,6 +1230,11 @@ pub fn run(a: RunArgs) -> Result<i32> {
         }
     }
     if a.summary {
+        if a.log.is_none() {
+            for n in s["notices"].as_array().into_iter().flatten() {
+                eprintln!("{}", n.as_str().unwrap_or_default());
+            }
+        }
         let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);
         let mb = |k: &str| s[k].as_f64().unwrap_or(0.0) / 1e6;
         let budget = a.budget as f64 / 1e6;

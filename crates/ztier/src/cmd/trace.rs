@@ -26,8 +26,42 @@ pub enum TraceCommand {
     /// Convert a lackey log (`valgrind --tool=lackey --trace-mem=yes
     /// --log-file=LOG`) into a trace. It carries no compression records.
     ImportLackey(ImportArgs),
+    /// Convert a `ztier run --fault-log` file into a trace of that run's
+    /// faults (what `ztier sim --fault-log` replays).
+    ///
+    /// A store, zero or lost row becomes a write reference to its first
+    /// page, a pin row one to each of its pages; deferred and wp rows none.
+    /// A fault log has no hits and no sizes: every page that came back
+    /// from the store is taken to compress to --size bytes.
+    ImportFaults(ImportFaultsArgs),
     /// Summarise a trace: references, writes, footprint, compression records.
     Info(InfoArgs),
+}
+
+/// Arguments of `ztier trace import-faults`.
+#[derive(Args, Debug)]
+pub struct ImportFaultsArgs {
+    /// A fault log (`ztier run --fault-log DIR` writes DIR/PID.csv).
+    #[arg(value_name = "LOG.csv")]
+    pub input: PathBuf,
+    /// Trace file to write.
+    #[arg(short, long, value_name = "T.trace")]
+    pub output: PathBuf,
+    /// Compressed size of a page that came back from the store, bytes.
+    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub size: u16,
+}
+
+/// Writes the trace of the fault log `log` to `out`.
+pub fn import_faults(
+    log: &std::path::Path,
+    out: &std::path::Path,
+    opts: ztier_sim::faults::FaultTraceOptions,
+) -> Result<ztier_sim::faults::FaultImport> {
+    let text = std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+    let rows = ztier_run_core::faultlog::parse(&text).with_context(|| format!("{}", log.display()))?;
+    let w = BufWriter::new(File::create(out).with_context(|| format!("creating {}", out.display()))?);
+    Ok(ztier_sim::faults::import(&rows, w, opts)?)
 }
 
 /// Arguments of `ztier trace record`.
@@ -109,6 +143,18 @@ pub fn run(c: TraceCommand) -> Result<i32> {
             );
             Ok(0)
         }
+        TraceCommand::ImportFaults(a) => {
+            let opts = ztier_sim::faults::FaultTraceOptions { size: a.size, ..Default::default() };
+            let st = import_faults(&a.input, &a.output, opts)?;
+            eprintln!(
+                "ztier trace: {} rows, {} references, {} pages sized -> {}",
+                st.rows,
+                st.references,
+                st.stored_pages,
+                a.output.display()
+            );
+            Ok(0)
+        }
         TraceCommand::Info(a) => {
             let f = File::open(&a.trace).with_context(|| format!("opening {}", a.trace.display()))?;
             let i = trace::info(BufReader::with_capacity(1 << 20, f))
@@ -120,6 +166,12 @@ pub fn run(c: TraceCommand) -> Result<i32> {
                 println!("writes          {}", i.writes);
                 println!("distinct pages  {}", i.distinct_pages);
                 println!("size records    {}", i.size_records);
+                if i.unmanaged_pages > 0 {
+                    println!(
+                        "unmanaged pages {} (mapped from files, or the stack: not ztier run's)",
+                        i.unmanaged_pages
+                    );
+                }
                 for (k, c) in i.codecs.iter().enumerate() {
                     let m = i.mean_sizes[k];
                     println!(

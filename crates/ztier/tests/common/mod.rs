@@ -1,7 +1,9 @@
-//! What the `ztier run` tests share: the binary, temporary directories,
-//! native runs, the C programs in `run_progs/`. Each test binary uses
-//! part of it.
+//! What the CLI tests share: the binary, temporary directories, native
+//! runs, the C programs in `run_progs/`, and for the NBD tests [`nbd`].
+//! Each test binary uses part of it.
 #![allow(dead_code)]
+
+pub mod nbd;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -136,4 +138,15 @@ pub fn compile_with_library(
     compile_in(d, &format!("lib{lib}.so"), lib_sources, &["-shared", "-fPIC"]);
     let link = format!("-l{lib}");
     compile_in(d, exe, sources, &["-Wl,--no-as-needed", "-L.", &link, "-Wl,-rpath,$ORIGIN"])
+}
+
+/// The notices of ztier's in merged stats (`notices`: what it said about
+/// the run, kept out of the program's stderr), a line each.
+pub fn notices(s: &serde_json::Value) -> String {
+    s["notices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no notices in the statistics: {s}"))
+        .iter()
+        .map(|n| format!("{}\n", n.as_str().unwrap()))
+        .collect()
 }

@@ -1,0 +1,1695 @@
+//! The cache: reads served from RAM, then the SSD cache, then the
+//! backing; writes through to the backing, never held only here.
+//!
+//! ```text
+//!  read(block) ─► RAM cache ─hit─► done
+//!                   │ miss
+//!                   ▼
+//!               directory ─hit─► item on the cache device: checked (lba, crc), decoded ─► done
+//!                   │ miss                                    (and kept in RAM)
+//!                   ▼
+//!               backing read ─► done; fill queued ─► filler: compress, append, insert
+//!
+//!  write ─► stripe: in flight += 1, lines dropped (directory, RAM)
+//!        ─► journal record "copies older than G are stale" (pwrite; synced with --journal-sync)
+//!        ─► backing write ─► stripe: last end = G', in flight −= 1
+//!        ─► write-through: the new data queued as a fill
+//! ```
+//!
+//! # Never stale
+//!
+//! Every fill (from a read miss, an SSD hit kept in RAM, or a
+//! write-through) holds a *reservation* for its block, taken before its
+//! data was read: a token in the block's stripe, refused while a write of
+//! the block is in flight. A write of the block removes the reservation
+//! when it starts (under the stripe's lock, with the block's lines), so a
+//! fill whose data may predate a write finds its token gone and is
+//! dropped — bcache's read race, fixed late there; the test
+//! `fill_racing_a_write_is_dropped` replays it. A write-through fill is
+//! reserved when its write ends, and only if no other write of the block
+//! was in flight at any moment of its own (two overlapping writes leave
+//! the backing with either's data: neither is cached).
+//!
+//! # Persistence
+//!
+//! Lines live in segments on the cache device ([`crate::log`]); a
+//! checkpoint lists the live ones; the journal ([`crate::journal`]) records
+//! every invalidation since. At open, every segment's summary is read and
+//! a line is kept if its segment is valid, it is listed (segments the
+//! checkpoint covers) or not marked dead (later ones), and no journal
+//! record invalidates it; every hit then checks its item's checksum. A
+//! clean stop seals, checkpoints and records a fingerprint of the backing;
+//! a crash on the same boot loses only the open segment; after a reboot
+//! the cache is kept only if it was served with `--journal-sync`.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use ztier_blk::backing::Backing;
+use ztier_codec::page::{Form as PageForm, PageEncoder};
+use ztier_codec::CodecId;
+
+use crate::backend::Backend;
+use crate::dir::Directory;
+use crate::format::{self, Checkpoint, Form, Invalidation, Placement, Policy, SbState, Superblock, BLOCK};
+use crate::journal::{self, Journal, JournalError, JournalStats};
+use crate::log::{self, Item, ItemRead, Log, LogStats, Sealed, Tail};
+use crate::pressure::{self, PressureConfig, PressureStats, Watch};
+use crate::ram::{RamCache, RamStats};
+use crate::seq::Sequential;
+use crate::stats::{summary, Counters, Latencies, LatencySummary};
+use crate::CacheError;
+
+/// What writes do to the SSD and RAM caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Written blocks are cached (after the backing has them).
+    Writethrough,
+    /// Written blocks are only dropped from the caches.
+    Writearound,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "writethrough" => Ok(Mode::Writethrough),
+            "writearound" => Ok(Mode::Writearound),
+            _ => Err(format!("unknown mode '{s}' (writethrough, writearound)")),
+        }
+    }
+}
+
+/// How to serve a cache.
+#[derive(Debug, Clone)]
+pub struct CacheOptions {
+    /// Writes: through or around.
+    pub mode: Mode,
+    /// RAM cache size in bytes (0: none).
+    pub ram_cache: u64,
+    /// Sequential streams longer than this bypass (0: never).
+    pub sequential_cutoff: u64,
+    /// Sync the journal before each backing write (warm after power loss).
+    pub journal_sync: bool,
+    /// Refuse writes.
+    pub read_only: bool,
+    /// Drop every line and bind the cache to this backing.
+    pub discard: bool,
+    /// Filler threads.
+    pub fillers: usize,
+    /// Fills waiting at most (more are dropped).
+    pub fill_queue: usize,
+    /// Seal the open segment after this long.
+    pub seal_after: Duration,
+    /// The machine's boot id (read from the kernel if `None`).
+    pub boot_id: Option<[u8; 16]>,
+    /// The RAM cache's memory pressure watcher (`None`: fixed size).
+    pub pressure: Option<PressureConfig>,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        CacheOptions {
+            mode: Mode::Writethrough,
+            ram_cache: 0,
+            sequential_cutoff: 4 << 20,
+            journal_sync: false,
+            read_only: false,
+            discard: false,
+            fillers: 1,
+            fill_queue: 8192,
+            seal_after: Duration::from_secs(5),
+            boot_id: None,
+            pressure: Some(PressureConfig::default()),
+        }
+    }
+}
+
+/// How the cache came up.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Recovery {
+    /// new, clean, crash, or cold (with the reason).
+    pub kind: String,
+    /// Why the cache started cold, if it did.
+    pub cold_reason: Option<String>,
+    /// Lines kept.
+    pub lines_loaded: u64,
+    /// Lines dropped: not in the checkpoint, or marked dead.
+    pub lines_dead: u64,
+    /// Lines dropped by journal records.
+    pub lines_invalidated: u64,
+    /// Journal records replayed.
+    pub journal_records: u64,
+    /// Valid segments found.
+    pub segments: u64,
+    /// Seconds it took.
+    pub seconds: f64,
+}
+
+/// Per stripe (a group of sets): writes in flight and fill reservations, by block.
+#[derive(Default)]
+struct Stripe {
+    /// Block → (writes of it in flight, writes of it started since the
+    /// first of those).
+    writes: HashMap<u64, (u32, u32)>,
+    /// Block → the token of the one fill allowed to insert it.
+    fills: HashMap<u64, u64>,
+}
+
+struct Fill {
+    lba: u64,
+    data: Vec<u8>,
+    token: u64,
+    /// A write-through fill.
+    write: bool,
+    /// An SSD hit to keep in RAM (not in the SSD cache again).
+    ram_only: bool,
+}
+
+/// A block of a write in flight: whether it was the only write of the
+/// block when it started, and the block's start count then.
+struct Writing {
+    lba: u64,
+    alone: bool,
+    mark: u32,
+}
+
+pub(crate) struct Inner {
+    sb: Mutex<Superblock>,
+    geo: Superblock,
+    dev: Arc<dyn Backing>,
+    backing: Arc<dyn Backend>,
+    size: u64,
+    dir: Directory,
+    log: Log,
+    journal: Journal,
+    stripes: Box<[Mutex<Stripe>]>,
+    tokens: AtomicU64,
+    gen: AtomicU64,
+    ram: Option<Arc<RamCache>>,
+    watch: Arc<Watch>,
+    fill_tx: Mutex<Option<SyncSender<Fill>>>,
+    fills_pending: AtomicU64,
+    seq: Sequential,
+    opts: CacheOptions,
+    codec: CodecId,
+    pub(crate) c: Counters,
+    pub(crate) lat: Latencies,
+    maint: Mutex<()>,
+    ckpt_seq: AtomicU64,
+    stop: Arc<AtomicBool>,
+    /// The SSD level is off (the cache device failed).
+    ssd_off: AtomicBool,
+    /// Writes are refused: the device failed and the cache could not be
+    /// marked discarded, so a restart could serve stale lines.
+    broken: Mutex<Option<String>>,
+    degraded: Mutex<Option<String>>,
+    recovery: Recovery,
+    started: Instant,
+}
+
+/// A cache in front of a backing. Shared by reference between threads.
+pub struct Cache {
+    inner: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn boot_id() -> [u8; 16] {
+    let s = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let hex: String = s.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+    let mut b = [0u8; 16];
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = hex.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()).unwrap_or(0);
+    }
+    b
+}
+
+/// A random id (uuid of a cache's contents).
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| io::Read::read_exact(&mut f, &mut b)).is_err() {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        return t.as_nanos() as u64 ^ (std::process::id() as u64) << 40;
+    }
+    u64::from_le_bytes(b).max(1)
+}
+
+/// A fingerprint of the backing: 8 blocks spread over it and its size.
+pub fn fingerprint(b: &dyn Backend) -> io::Result<u64> {
+    let size = b.size();
+    let mut buf = vec![0u8; BLOCK];
+    let mut c = crc32c::crc32c(&size.to_le_bytes());
+    let mut d = 0u32;
+    for i in 0..8u64 {
+        let off = (size / 8 * i) / BLOCK as u64 * BLOCK as u64;
+        let n = (size - off).min(BLOCK as u64) as usize;
+        b.read_at(&mut buf[..n], off)?;
+        c = crc32c::crc32c_append(c, &buf[..n]);
+        d = crc32c::crc32c_append(d ^ i as u32, &buf[..n]);
+    }
+    Ok((c as u64) << 32 | d as u64)
+}
+
+/// Reads the current superblock of a cache device.
+pub fn read_superblock(dev: &dyn Backing) -> Result<Superblock, CacheError> {
+    let mut best: Option<Superblock> = None;
+    let mut why = String::new();
+    for s in 0..2u64 {
+        let mut b = vec![0u8; format::SB_SIZE];
+        dev.read_at(&mut b, s * format::SB_SIZE as u64)?;
+        match Superblock::decode(&b) {
+            Ok(sb) if best.is_none_or(|x| sb.sb_gen > x.sb_gen) => best = Some(sb),
+            Ok(_) => {}
+            Err(e) => why = e,
+        }
+    }
+    best.ok_or(CacheError::NotACache(why))
+}
+
+fn write_superblock(dev: &dyn Backing, sb: &Superblock) -> io::Result<()> {
+    dev.write_at(&sb.encode(), (sb.sb_gen % 2) * format::SB_SIZE as u64)?;
+    dev.sync()
+}
+
+/// Writes a new, empty cache's superblock on `dev` (both slots: an old
+/// cache's superblock is overwritten).
+pub fn create(dev: &dyn Backing, sb: &Superblock) -> Result<(), CacheError> {
+    dev.write_at(&vec![0u8; 2 * format::SB_SIZE], 0)?;
+    dev.write_at(&sb.encode(), (sb.sb_gen % 2) * format::SB_SIZE as u64)?;
+    // Make the device its full size (the last segment's first bytes).
+    let last = sb.device_size() - 4096;
+    dev.write_at(&[0u8; 8], last)?;
+    dev.sync()?;
+    Ok(())
+}
+
+/// The newest valid checkpoint of cache `uuid`.
+fn read_checkpoint(dev: &dyn Backing, sb: &Superblock) -> io::Result<Option<(Checkpoint, Vec<u32>)>> {
+    let mut best: Option<(Checkpoint, Vec<u32>)> = None;
+    for s in 0..2u64 {
+        let at = sb.ckpt_off + s * sb.ckpt_size;
+        let mut head = vec![0u8; format::CKPT_HEADER];
+        dev.read_at(&mut head, at)?;
+        let Some((c, count)) = format::peek_checkpoint(&head) else { continue };
+        if c.uuid != sb.uuid || format::CKPT_HEADER as u64 + 4 * count > sb.ckpt_size {
+            continue;
+        }
+        let mut b = vec![0u8; format::CKPT_HEADER + 4 * count as usize];
+        dev.read_at(&mut b, at)?;
+        if let Some((c, locs)) = format::decode_checkpoint(&b) {
+            if best.as_ref().is_none_or(|(x, _)| c.ckpt_seq > x.ckpt_seq) {
+                best = Some((c, locs));
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// What a cache device holds, read offline.
+#[derive(Debug, Clone, Serialize)]
+pub struct OfflineStats {
+    /// Bytes of the device.
+    pub device_bytes: u64,
+    /// Segments.
+    pub segments: u32,
+    /// Segment size.
+    pub segment_size: u32,
+    /// Segments holding valid data.
+    pub segments_valid: u64,
+    /// Directory lines.
+    pub lines: u64,
+    /// Placement.
+    pub placement: Placement,
+    /// Ways.
+    pub ways: u16,
+    /// Policy.
+    pub policy: Policy,
+    /// RAM the directory takes when served.
+    pub directory_bytes: u64,
+    /// State.
+    pub state: SbState,
+    /// Items in valid segments (live or not).
+    pub items: u64,
+    /// Bytes they take.
+    pub stored_bytes: u64,
+    /// 4096 × items / stored bytes.
+    pub ratio: f64,
+    /// Codec.
+    pub codec: String,
+    /// Backing size it is bound to (0: none yet).
+    pub backing_size: u64,
+    /// Whether its last server synced the journal.
+    pub journal_sync: bool,
+    /// Creation time (unix seconds).
+    pub created: u64,
+}
+
+/// Reads a cache device's superblock and segment summaries (offline).
+pub fn inspect(dev: &dyn Backing) -> Result<OfflineStats, CacheError> {
+    let sb = read_superblock(dev)?;
+    let found = log::scan(dev, &sb)?;
+    let items: u64 = found.iter().map(|f| f.entries.len() as u64).sum();
+    let stored: u64 = found
+        .iter()
+        .flat_map(|f| f.entries.iter())
+        .map(|e| format::item_span(e.len as usize, sb.loc_unit) as u64)
+        .sum();
+    Ok(OfflineStats {
+        device_bytes: sb.device_size(),
+        segments: sb.segments,
+        segment_size: sb.segment_size,
+        segments_valid: found.len() as u64,
+        lines: sb.lines,
+        placement: sb.placement,
+        ways: sb.ways,
+        policy: sb.policy,
+        directory_bytes: sb.lines * 6 + if sb.ways > 1 { sb.lines / sb.ways as u64 } else { 0 },
+        state: sb.state,
+        items,
+        stored_bytes: stored,
+        ratio: if stored == 0 { 1.0 } else { (items * BLOCK as u64) as f64 / stored as f64 },
+        codec: CodecId::try_from(sb.codec)
+            .map_or_else(|_| format!("unknown ({})", sb.codec), |c| c.name().into()),
+        backing_size: sb.backing_size,
+        journal_sync: sb.journal_sync,
+        created: sb.created,
+    })
+}
+
+/// Journal invalidations by block, for recovery.
+struct Invalidations {
+    by_block: HashMap<u64, u64>,
+    ranges: Vec<Invalidation>,
+}
+
+impl Invalidations {
+    fn new(recs: &[Invalidation]) -> Invalidations {
+        let mut by_block = HashMap::new();
+        let mut ranges = Vec::new();
+        for r in recs {
+            if r.n > 64 {
+                ranges.push(*r);
+            } else {
+                for b in r.lba..r.lba + r.n {
+                    let g = by_block.entry(b).or_insert(0);
+                    *g = (*g).max(r.gen);
+                }
+            }
+        }
+        Invalidations { by_block, ranges }
+    }
+    fn newest(&self, lba: u64) -> u64 {
+        let a = self.by_block.get(&lba).copied().unwrap_or(0);
+        let b = self
+            .ranges
+            .iter()
+            .filter(|r| lba >= r.lba && lba < r.lba + r.n)
+            .map(|r| r.gen)
+            .max()
+            .unwrap_or(0);
+        a.max(b)
+    }
+}
+
+thread_local! {
+    static ENC: std::cell::RefCell<Option<(CodecId, PageEncoder)>> = const { std::cell::RefCell::new(None) };
+}
+
+fn with_encoder<R>(codec: CodecId, f: impl FnOnce(&mut PageEncoder) -> R) -> R {
+    ENC.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.as_ref().is_none_or(|(id, _)| *id != codec) {
+            *c = Some((codec, PageEncoder::new(codec).raw_fraction(7, 8)));
+        }
+        f(&mut c.as_mut().expect("just set").1)
+    })
+}
+
+/// Encodes a block for the SSD cache: `(form, bytes)`. The `raw` codec
+/// stores every block as it is (no zero or same-fill detection either:
+/// it is the uncompressed peer).
+fn encode(codec: CodecId, block: &[u8], out: &mut Vec<u8>) -> Form {
+    out.clear();
+    if codec == CodecId::Raw {
+        out.extend_from_slice(block);
+        return Form::Raw;
+    }
+    out.resize(BLOCK, 0);
+    let e = with_encoder(codec, |enc| enc.encode(block, out)).expect("a 4096-byte block always encodes");
+    match e.form {
+        PageForm::Zero => {
+            out.clear();
+            Form::Zero
+        }
+        PageForm::Same(p) => {
+            out.clear();
+            out.extend_from_slice(&p.to_le_bytes());
+            Form::Same
+        }
+        PageForm::Raw => {
+            out.clear();
+            out.extend_from_slice(block);
+            Form::Raw
+        }
+        PageForm::Compressed(_) => {
+            out.truncate(e.len);
+            Form::Compressed
+        }
+    }
+}
+
+fn decode(h: &format::ItemHeader, data: &[u8], out: &mut [u8]) -> Result<(), String> {
+    match h.form {
+        Form::Zero => out.fill(0),
+        Form::Same => {
+            let p = u64::from_le_bytes(data.try_into().map_err(|_| "bad pattern")?);
+            for w in out.chunks_exact_mut(8) {
+                w.copy_from_slice(&p.to_le_bytes());
+            }
+        }
+        Form::Raw => out.copy_from_slice(data),
+        Form::Compressed => {
+            let c = CodecId::try_from(h.codec).map_err(|e| e.to_string())?;
+            with_encoder(c, |enc| enc.decode(PageForm::Compressed(c), data, out))
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// Which level served a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Ram,
+    Ssd,
+    Miss,
+    /// In the SSD cache, but reading it would wait for the device.
+    WouldBlock,
+}
+
+impl Inner {
+    fn stripe(&self, lba: u64) -> &Mutex<Stripe> {
+        &self.stripes[(self.dir.set_of(lba) as usize) & (self.stripes.len() - 1)]
+    }
+
+    fn next_gen(&self) -> u64 {
+        self.gen.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn cacheable(&self, lba: u64) -> bool {
+        (lba + 1) * BLOCK as u64 <= self.size
+    }
+
+    /// Reserves `lba` for a fill whose data is about to be read: its
+    /// token, or `None` while a write of the block is in flight.
+    fn reserve(&self, lba: u64) -> Option<u64> {
+        let mut st = self.stripe(lba).lock();
+        if st.writes.contains_key(&lba) {
+            return None;
+        }
+        let t = self.tokens.fetch_add(1, Ordering::Relaxed);
+        st.fills.insert(lba, t);
+        Some(t)
+    }
+
+    /// Gives a reservation up (its fill will not come).
+    fn cancel(&self, lba: u64, token: u64) {
+        let mut st = self.stripe(lba).lock();
+        if st.fills.get(&lba) == Some(&token) {
+            st.fills.remove(&lba);
+        }
+    }
+
+    /// Looks a block up in RAM, then the SSD cache. `promote`: an SSD hit
+    /// is queued to be kept in RAM too. `nowait`: an SSD hit only if its
+    /// item is read without waiting for the device ([`Level::WouldBlock`]
+    /// otherwise).
+    fn lookup(&self, lba: u64, out: &mut [u8], promote: bool, nowait: bool) -> Level {
+        if let Some(ram) = &self.ram {
+            if ram.get(lba, out) {
+                return Level::Ram;
+            }
+        }
+        if self.ssd_off.load(Ordering::Acquire) {
+            return Level::Miss;
+        }
+        let Some(f) = self.dir.lookup(lba) else { return Level::Miss };
+        // Reserved before the item is read: kept in RAM only if no write
+        // of the block starts meanwhile.
+        let token = match (&self.ram, promote) {
+            (Some(_), true) => self.reserve(lba),
+            _ => None,
+        };
+        let r = self.log.read_item(f.loc, lba, nowait);
+        let level = match r {
+            Ok(ItemRead::Found(h, b)) => {
+                let data = &b[format::ITEM_HEADER..format::ITEM_HEADER + h.len as usize];
+                if decode(&h, data, out).is_ok() {
+                    self.dir.touch(f.line);
+                    Level::Ssd
+                } else {
+                    self.c.verify_failures.fetch_add(1, Ordering::Relaxed);
+                    self.drop_line(lba, f.loc);
+                    Level::Miss
+                }
+            }
+            Ok(ItemRead::WouldBlock) => Level::WouldBlock,
+            Ok(ItemRead::Gone) => {
+                self.c.verify_failures.fetch_add(1, Ordering::Relaxed);
+                self.drop_line(lba, f.loc);
+                Level::Miss
+            }
+            Err(_) => {
+                self.c.cache_read_errors.fetch_add(1, Ordering::Relaxed);
+                self.drop_line(lba, f.loc);
+                Level::Miss
+            }
+        };
+        if let Some(t) = token {
+            if level == Level::Ssd {
+                self.queue_fill(Fill { lba, data: out.to_vec(), token: t, write: false, ram_only: true });
+            } else {
+                self.cancel(lba, t);
+            }
+        }
+        level
+    }
+
+    /// Drops `lba`'s line if it still points at `loc`.
+    fn drop_line(&self, lba: u64, loc: u32) {
+        let _st = self.stripe(lba).lock();
+        if let Some(line) = self.dir.find_at(lba, loc) {
+            self.dir.clear(line);
+        }
+    }
+
+    fn queue_fill(&self, f: Fill) {
+        let (lba, token) = (f.lba, f.token);
+        let sent = {
+            let tx = self.fill_tx.lock();
+            match tx.as_ref() {
+                None => false,
+                Some(tx) => {
+                    self.fills_pending.fetch_add(1, Ordering::AcqRel);
+                    match tx.try_send(f) {
+                        Ok(()) => true,
+                        Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                            self.fills_pending.fetch_sub(1, Ordering::AcqRel);
+                            self.c.fills_dropped_queue.fetch_add(1, Ordering::Relaxed);
+                            false
+                        }
+                    }
+                }
+            }
+        };
+        if !sent {
+            self.cancel(lba, token);
+        }
+    }
+
+    /// A filler's work on one fill.
+    fn fill(&self, f: Fill, buf: &mut Vec<u8>) {
+        let ssd = !self.ssd_off.load(Ordering::Acquire) && !f.ram_only;
+        let form = if ssd { encode(self.codec, &f.data, buf) } else { Form::Raw };
+        // Twice at most: with no free segment, recycle one and try again.
+        for attempt in 0..2 {
+            let mut sealed = None;
+            let mut no_room = false;
+            {
+                let mut st = self.stripe(f.lba).lock();
+                if st.fills.get(&f.lba) != Some(&f.token) {
+                    self.c.fills_dropped_race.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                if ssd {
+                    let gen = self.next_gen();
+                    let it = Item { lba: f.lba, gen, form, codec: self.codec as u8, data: buf };
+                    let (loc, s) = self.log.append(&self.dir, it, false);
+                    sealed = s;
+                    match loc {
+                        Some(loc) => {
+                            let (_, old) = self.dir.insert(f.lba, loc);
+                            if old != crate::dir::EMPTY {
+                                self.c.conflict_evictions.fetch_add(1, Ordering::Relaxed);
+                            }
+                            self.c.ssd_fills.fetch_add(1, Ordering::Relaxed);
+                            if f.write {
+                                self.c.write_through_fills.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        None => no_room = true,
+                    }
+                }
+                // The reservation is kept while a segment is recycled for it.
+                if !no_room || attempt == 1 {
+                    st.fills.remove(&f.lba);
+                }
+                if !no_room || attempt == 1 {
+                    if let Some(ram) = &self.ram {
+                        if ram.put(f.lba, &f.data) {
+                            self.c.ram_fills.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            if let Some(s) = sealed {
+                self.write_segment(s);
+            }
+            if !no_room {
+                return;
+            }
+            if attempt == 1 || !self.recycle_one() {
+                self.c.fills_dropped_space.fetch_add(1, Ordering::Relaxed);
+                if attempt == 0 {
+                    let mut st = self.stripe(f.lba).lock();
+                    if st.fills.get(&f.lba) == Some(&f.token) {
+                        st.fills.remove(&f.lba);
+                        if let Some(ram) = &self.ram {
+                            if ram.put(f.lba, &f.data) {
+                                self.c.ram_fills.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+                return;
+            }
+        }
+    }
+
+    fn write_segment(&self, s: Sealed) {
+        let r = self.log.write(s, |lba, loc| self.drop_line(lba, loc));
+        if let Err(e) = r {
+            self.degrade(&format!("writing a segment to the cache device: {e}"), false);
+        }
+    }
+
+    /// Turns the SSD level off after a cache device failure (`journal`:
+    /// the journal failed, so restarts must not trust the device).
+    fn degrade(&self, why: &str, journal: bool) {
+        if !journal {
+            // A failed segment write: its lines are dropped already; keep going.
+            *self.degraded.lock() = Some(why.to_string());
+            return;
+        }
+        if self.ssd_off.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        eprintln!("ztier cache: {why}: the SSD cache is off from now on");
+        *self.degraded.lock() = Some(why.to_string());
+        self.dir.clear_all();
+        // Make the next start discard the device's contents; if even that
+        // fails, a restart could trust lines a write made stale: refuse
+        // writes from now on.
+        let mut sb = self.sb.lock();
+        let mut new = *sb;
+        new.uuid = random_u64();
+        new.sb_gen += 1;
+        match write_superblock(&*self.dev, &new) {
+            Ok(()) => *sb = new,
+            Err(e) => {
+                let msg = format!(
+                    "{why}; marking the cache discarded failed too ({e}): writes are refused so that a \
+                     restart cannot serve stale data — stop the server, then serve without this cache or re-create it"
+                );
+                eprintln!("ztier cache: {msg}");
+                *self.broken.lock() = Some(msg);
+            }
+        }
+    }
+
+    /// Enters a write of `[first, first + n)`: each block counted in
+    /// flight, its reservations and lines dropped; then the invalidation
+    /// recorded (before the backing is touched). Returns the write's
+    /// generation and its blocks.
+    fn begin_write(&self, first: u64, n: u64) -> Result<(u64, Vec<Writing>), io::Error> {
+        if let Some(why) = self.broken.lock().as_ref() {
+            return Err(io::Error::other(why.clone()));
+        }
+        let gen = self.next_gen();
+        let ssd = !self.ssd_off.load(Ordering::Acquire);
+        let mut blocks = Vec::with_capacity(n as usize);
+        for b in first..first + n {
+            let mut st = self.stripe(b).lock();
+            let e = st.writes.entry(b).or_insert((0, 0));
+            let alone = e.0 == 0;
+            e.0 += 1;
+            e.1 += 1;
+            let mark = e.1;
+            st.fills.remove(&b);
+            if ssd && self.dir.remove(b).is_some() {
+                self.c.invalidated_lines.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(ram) = &self.ram {
+                ram.remove(b);
+            }
+            drop(st);
+            blocks.push(Writing { lba: b, alone, mark });
+        }
+        if ssd {
+            if let Err(e) = self.journal_invalidation(gen, first, n) {
+                self.end_write(&blocks, |_| false);
+                return Err(e);
+            }
+        }
+        Ok((gen, blocks))
+    }
+
+    fn journal_invalidation(&self, gen: u64, first: u64, n: u64) -> io::Result<()> {
+        let mut recs = Vec::new();
+        let mut at = first;
+        while at < first + n {
+            let k = (first + n - at).min(format::MAX_RECORD_BLOCKS);
+            recs.push(Invalidation { gen, lba: at, n: k });
+            at += k;
+        }
+        for chunk in recs.chunks(format::RECORDS_PER_SECTOR) {
+            let mut tries = 0;
+            let t = loop {
+                match self.journal.append(chunk) {
+                    Ok(t) => break t,
+                    Err(JournalError::Full) if tries < 3 => {
+                        tries += 1;
+                        if let Err(e) = self.checkpoint() {
+                            return self.journal_failed(e);
+                        }
+                    }
+                    Err(e) => return self.journal_failed(io::Error::other(e)),
+                }
+            };
+            if let Err(e) = self.journal.wait(t) {
+                return self.journal_failed(io::Error::other(e));
+            }
+        }
+        Ok(())
+    }
+
+    fn journal_failed(&self, e: io::Error) -> io::Result<()> {
+        self.degrade(&format!("recording an invalidation on the cache device: {e}"), true);
+        if self.broken.lock().is_some() {
+            return Err(io::Error::other(format!(
+                "the cache device failed ({e}): write refused, the backing is untouched"
+            )));
+        }
+        // Discarded: the write may proceed (nothing on the device will be trusted).
+        Ok(())
+    }
+
+    /// The end of a write: each block's count in flight drops. Returns a
+    /// reservation for each block `want`s cached (write-through) when no
+    /// other write of it overlapped this one — its data is then what the
+    /// backing holds.
+    fn end_write(&self, blocks: &[Writing], want: impl Fn(u64) -> bool) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for w in blocks {
+            let mut st = self.stripe(w.lba).lock();
+            let Some(e) = st.writes.get_mut(&w.lba) else { continue };
+            let only = w.alone && e.1 == w.mark;
+            e.0 -= 1;
+            if e.0 == 0 {
+                st.writes.remove(&w.lba);
+            }
+            if want(w.lba) {
+                if only {
+                    let t = self.tokens.fetch_add(1, Ordering::Relaxed);
+                    st.fills.insert(w.lba, t);
+                    out.push((w.lba, t));
+                } else {
+                    self.c.fills_dropped_race.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        out
+    }
+
+    /// Seals and writes the open segment, then writes a checkpoint: the
+    /// live lines, the journal head from which records are still needed.
+    fn checkpoint(&self) -> io::Result<()> {
+        let _m = self.maint.lock();
+        if self.ssd_off.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if let Some(s) = self.log.seal_open(&self.dir, None) {
+            self.write_segment(s);
+        }
+        self.log.wait_writes();
+        let covered_seq = self.log.next_seq();
+        let journal_head = self.journal.position();
+        let gen = self.gen.load(Ordering::SeqCst);
+        let locs = self.dir.live_locs();
+        let ckpt_seq = self.ckpt_seq.fetch_add(1, Ordering::AcqRel) + 1;
+        let c = Checkpoint { uuid: self.geo.uuid, ckpt_seq, covered_seq, journal_head, gen };
+        let b = format::encode_checkpoint(&c, &locs);
+        let uuid_now = self.sb.lock().uuid;
+        if uuid_now != self.geo.uuid {
+            return Ok(()); // discarded after a failure
+        }
+        // Every segment the checkpoint covers is on the device first.
+        self.dev.sync()?;
+        self.dev.write_at(&b, self.geo.ckpt_off + (ckpt_seq % 2) * self.geo.ckpt_size)?;
+        self.dev.sync()?;
+        self.journal.set_head(journal_head);
+        self.c.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// One round of background work: recycle segments while free ones are
+    /// few, seal an old open segment, checkpoint when the journal is half full.
+    fn maintain(&self) {
+        if self.ssd_off.load(Ordering::Acquire) {
+            return;
+        }
+        let mut rounds = 0;
+        while self.log.free() < self.log.low_mark() && rounds < 64 {
+            if !self.recycle_one() {
+                break;
+            }
+            rounds += 1;
+        }
+        if let Some(s) = self.log.seal_open(&self.dir, Some(self.opts.seal_after)) {
+            self.write_segment(s);
+        }
+        if self.journal.fill() > 0.5 {
+            if let Err(e) = self.checkpoint() {
+                self.degrade(&format!("writing a checkpoint: {e}"), true);
+            }
+        }
+    }
+
+    /// Recycles the tail segment: referenced lines copied forward (at
+    /// most half a segment's worth), the others dropped.
+    fn recycle_one(&self) -> bool {
+        let _m = self.maint.lock();
+        let Some((idx, contents)) = self.log.take_tail() else { return false };
+        if let Some(Tail { seq, entries, buf }) = contents {
+            let mut budget = self.geo.segment_size as usize / 2;
+            let mut sealed = Vec::new();
+            for e in entries.iter().filter(|e| !e.dead) {
+                let loc = self.log.entry_loc(idx, e);
+                let st = self.stripe(e.lba).lock();
+                let Some(line) = self.dir.find_at(e.lba, loc) else { continue };
+                let span = format::item_span(e.len as usize, self.geo.loc_unit);
+                let mut moved = false;
+                if self.dir.referenced(line) && span <= budget {
+                    if let Ok((h, data)) = format::get_item(&buf[e.off as usize..], seq) {
+                        if h.lba == e.lba {
+                            let it = Item { lba: e.lba, gen: e.gen, form: h.form, codec: h.codec, data };
+                            let (nl, s) = self.log.append(&self.dir, it, true);
+                            sealed.extend(s);
+                            if let Some(nl) = nl {
+                                self.dir.relocate(line, nl);
+                                budget -= span;
+                                moved = true;
+                            }
+                        }
+                    }
+                }
+                if !moved {
+                    self.dir.clear(line);
+                }
+                drop(st);
+                self.log.count_recycled_line(moved);
+            }
+            for s in sealed {
+                self.write_segment(s);
+            }
+        }
+        self.log.release_tail(idx);
+        true
+    }
+}
+
+fn range_blocks(off: u64, len: u64) -> (u64, u64) {
+    let first = off / BLOCK as u64;
+    let last = (off + len).div_ceil(BLOCK as u64);
+    (first, last - first)
+}
+
+impl Cache {
+    /// Opens the cache on `dev` in front of `backing`, recovering what it
+    /// can (see the module docs), and starts its threads.
+    pub fn open(
+        dev: Arc<dyn Backing>,
+        backing: Arc<dyn Backend>,
+        opts: CacheOptions,
+    ) -> Result<Cache, CacheError> {
+        let t0 = Instant::now();
+        let mut sb = read_superblock(&*dev)?;
+        let codec = CodecId::try_from(sb.codec)
+            .map_err(|_| CacheError::Damaged(format!("unknown codec {}", sb.codec)))?;
+        let size = backing.size();
+        if size < BLOCK as u64 {
+            return Err(CacheError::Backing(format!("{} is smaller than one block", backing.describe())));
+        }
+        if sb.backing_size != 0 && sb.backing_size != size && !opts.discard {
+            return Err(CacheError::WrongBacking { cached: sb.backing_size, given: size });
+        }
+        let boot = opts.boot_id.unwrap_or_else(boot_id);
+        let mut rec = Recovery::default();
+        let cold = if opts.discard {
+            Some("asked to (--discard)".to_string())
+        } else {
+            match sb.state {
+                SbState::New => {
+                    rec.kind = "new".into();
+                    None
+                }
+                SbState::Clean => match fingerprint(&*backing) {
+                    Err(e) => Some(format!("the backing cannot be read to check it did not change ({e})")),
+                    Ok(fp) if fp != sb.backing_fingerprint => {
+                        Some("the backing changed while the cache was not serving it".to_string())
+                    }
+                    Ok(_) => {
+                        rec.kind = "clean".into();
+                        None
+                    }
+                },
+                SbState::Serving => {
+                    if sb.boot_id == boot || sb.journal_sync {
+                        rec.kind = "crash".into();
+                        None
+                    } else {
+                        Some("the machine restarted since the cache was served without --journal-sync, so invalidations of its last moments may be lost".to_string())
+                    }
+                }
+            }
+        };
+        let mut found = Vec::new();
+        let mut ckpt: Option<(Checkpoint, Vec<u32>)> = None;
+        let mut recs = Vec::new();
+        let mut journal_next = 0;
+        if let Some(why) = &cold {
+            rec.kind = "cold".into();
+            rec.cold_reason = Some(why.clone());
+            sb.uuid = random_u64();
+        } else if sb.state != SbState::New {
+            ckpt = read_checkpoint(&*dev, &sb)?;
+            found = log::scan(&*dev, &sb)?;
+            let head = ckpt.as_ref().map_or(0, |c| c.0.journal_head);
+            let (r, next) = journal::replay(&*dev, &sb, head)?;
+            recs = r;
+            journal_next = next;
+        }
+        // Bind and mark serving before anything new is written.
+        sb.state = SbState::Serving;
+        sb.boot_id = boot;
+        sb.journal_sync = opts.journal_sync;
+        sb.backing_size = size;
+        sb.sb_gen += 1;
+        write_superblock(&*dev, &sb)?;
+        let dir = Directory::new(sb.lines, sb.ways as usize, sb.placement, sb.policy);
+        // Rebuild the directory, oldest segment first.
+        found.sort_by_key(|f| f.seq);
+        let inval = Invalidations::new(&recs);
+        let mut max_gen = ckpt.as_ref().map_or(0, |c| c.0.gen);
+        max_gen = max_gen.max(recs.iter().map(|r| r.gen).max().unwrap_or(0));
+        rec.journal_records = recs.len() as u64;
+        rec.segments = found.len() as u64;
+        let ups = sb.units_per_segment();
+        for f in &found {
+            let covered = ckpt.as_ref().is_some_and(|(c, _)| f.seq < c.covered_seq);
+            for e in &f.entries {
+                max_gen = max_gen.max(e.gen);
+                let loc = f.idx * ups + e.off / sb.loc_unit;
+                let listed = match &ckpt {
+                    Some((_, locs)) if covered => locs.binary_search(&loc).is_ok(),
+                    _ => !e.dead,
+                };
+                if !listed || e.lba * BLOCK as u64 + BLOCK as u64 > size {
+                    rec.lines_dead += 1;
+                    continue;
+                }
+                if inval.newest(e.lba) > e.gen {
+                    rec.lines_invalidated += 1;
+                    continue;
+                }
+                dir.insert(e.lba, loc);
+            }
+        }
+        rec.lines_loaded = dir.count();
+        let log = Log::new(dev.clone(), &sb, &found);
+        let journal = Journal::new(dev.clone(), &sb, opts.journal_sync, journal_next, journal_next);
+        let nstripes = ((sb.lines / 1024) as usize).clamp(64, 4096).next_power_of_two();
+        let ram = if opts.ram_cache > 0 {
+            Some(Arc::new(
+                RamCache::new(opts.ram_cache, codec).map_err(|e| CacheError::Backing(e.to_string()))?,
+            ))
+        } else {
+            None
+        };
+        let (tx, rx) = mpsc::sync_channel(opts.fill_queue.max(1));
+        let mut inner = Inner {
+            sb: Mutex::new(sb),
+            geo: sb,
+            dev,
+            backing,
+            size,
+            dir,
+            log,
+            journal,
+            stripes: (0..nstripes).map(|_| Mutex::new(Stripe::default())).collect(),
+            tokens: AtomicU64::new(1),
+            gen: AtomicU64::new(max_gen + 1),
+            ram,
+            watch: Arc::new(Watch::default()),
+            fill_tx: Mutex::new(Some(tx)),
+            fills_pending: AtomicU64::new(0),
+            seq: Sequential::new(opts.sequential_cutoff),
+            codec,
+            c: Counters::default(),
+            lat: Latencies::default(),
+            maint: Mutex::new(()),
+            ckpt_seq: AtomicU64::new(ckpt.as_ref().map_or(0, |c| c.0.ckpt_seq)),
+            stop: Arc::new(AtomicBool::new(false)),
+            ssd_off: AtomicBool::new(false),
+            broken: Mutex::new(None),
+            degraded: Mutex::new(None),
+            recovery: Recovery::default(),
+            started: Instant::now(),
+            opts,
+        };
+        // A checkpoint of what was recovered: the old journal is no longer needed.
+        inner.checkpoint()?;
+        rec.seconds = t0.elapsed().as_secs_f64();
+        inner.recovery = rec;
+        let inner = Arc::new(inner);
+        let cache = Cache { inner: inner.clone(), threads: Mutex::new(Vec::new()) };
+        cache.start(rx);
+        Ok(cache)
+    }
+
+    fn start(&self, rx: Receiver<Fill>) {
+        let mut th = self.threads.lock();
+        let rx = Arc::new(Mutex::new(rx));
+        for k in 0..self.inner.opts.fillers.max(1) {
+            let (i, rx) = (self.inner.clone(), rx.clone());
+            th.push(
+                std::thread::Builder::new()
+                    .name(format!("cache-fill-{k}"))
+                    .spawn(move || {
+                        let mut buf = Vec::with_capacity(BLOCK);
+                        loop {
+                            let f = rx.lock().recv();
+                            let Ok(f) = f else { break };
+                            i.fill(f, &mut buf);
+                            i.fills_pending.fetch_sub(1, Ordering::AcqRel);
+                        }
+                    })
+                    .expect("spawning a filler"),
+            );
+        }
+        let i = self.inner.clone();
+        th.push(
+            std::thread::Builder::new()
+                .name("cache-maint".into())
+                .spawn(move || {
+                    while !i.stop.load(Ordering::Acquire) {
+                        {
+                            let mut g = i.log.low_lock.lock();
+                            i.log.low.wait_for(&mut g, Duration::from_millis(100));
+                        }
+                        i.maintain();
+                    }
+                })
+                .expect("spawning the maintenance thread"),
+        );
+        if let (Some(ram), Some(p)) = (&self.inner.ram, &self.inner.opts.pressure) {
+            th.push(pressure::spawn(
+                p.clone(),
+                ram.clone(),
+                self.inner.watch.clone(),
+                self.inner.stop.clone(),
+            ));
+        }
+    }
+
+    /// Backing size in bytes (the size the cache exports).
+    pub fn size(&self) -> u64 {
+        self.inner.size
+    }
+
+    /// Whether writes are refused.
+    pub fn read_only(&self) -> bool {
+        self.inner.opts.read_only || self.inner.backing.read_only()
+    }
+
+    /// How the cache came up.
+    pub fn recovery(&self) -> &Recovery {
+        &self.inner.recovery
+    }
+
+    /// The latency histograms (measured inside the server).
+    pub fn latencies(&self) -> &Latencies {
+        &self.inner.lat
+    }
+
+    /// The superblock as served.
+    pub fn geometry(&self) -> Superblock {
+        self.inner.geo
+    }
+
+    /// Reads `buf.len()` bytes at `off`.
+    pub fn read(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let i = &*self.inner;
+        let t = Instant::now();
+        i.c.reads.fetch_add(1, Ordering::Relaxed);
+        let len = buf.len() as u64;
+        if off.checked_add(len).is_none_or(|e| e > i.size) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "read beyond the end"));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let (first, n) = range_blocks(off, len);
+        i.c.read_blocks.fetch_add(n, Ordering::Relaxed);
+        let bypass = i.seq.observe(off, len);
+        let mut blk = vec![0u8; BLOCK];
+        let mut missing: Vec<u64> = Vec::new();
+        let mut used_ssd = false;
+        // Hits are copied into place; misses are listed.
+        for b in first..first + n {
+            let cacheable = i.cacheable(b);
+            let lvl = if cacheable { i.lookup(b, &mut blk, !bypass, false) } else { Level::Miss };
+            match lvl {
+                Level::Miss | Level::WouldBlock => missing.push(b),
+                l => {
+                    if l == Level::Ram {
+                        i.c.ram_hits.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        i.c.ssd_hits.fetch_add(1, Ordering::Relaxed);
+                        used_ssd = true;
+                    }
+                    copy_block(b, &blk, off, buf);
+                }
+            }
+        }
+        if missing.is_empty() {
+            let h = if used_ssd { &i.lat.ssd_hit } else { &i.lat.ram_hit };
+            h.record(t.elapsed());
+            return Ok(());
+        }
+        i.c.misses.fetch_add(missing.len() as u64, Ordering::Relaxed);
+        if bypass {
+            i.c.bypassed_read_blocks.fetch_add(missing.len() as u64, Ordering::Relaxed);
+        }
+        // Reservations first, then one backing read from the first missing
+        // block to the last.
+        let tokens: Vec<Option<u64>> =
+            missing.iter().map(|&b| if !bypass && i.cacheable(b) { i.reserve(b) } else { None }).collect();
+        let lo = missing[0] * BLOCK as u64;
+        let hi = ((missing[missing.len() - 1] + 1) * BLOCK as u64).min(i.size);
+        let mut span = vec![0u8; (hi - lo) as usize];
+        if let Err(e) = i.backing.read_at(&mut span, lo) {
+            for (&b, t) in missing.iter().zip(&tokens) {
+                if let Some(t) = t {
+                    i.cancel(b, *t);
+                }
+            }
+            i.c.backing_errors.fetch_add(1, Ordering::Relaxed);
+            i.c.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
+        for (&b, token) in missing.iter().zip(tokens) {
+            let s = ((b * BLOCK as u64 - lo) as usize).min(span.len());
+            let e = (s + BLOCK).min(span.len());
+            let data = &span[s..e];
+            let boff = b * BLOCK as u64;
+            // Copy the part inside the request.
+            let from = off.max(boff);
+            let to = (off + len).min(boff + data.len() as u64);
+            if from < to {
+                buf[(from - off) as usize..(to - off) as usize]
+                    .copy_from_slice(&data[(from - boff) as usize..(to - boff) as usize]);
+            }
+            if let Some(token) = token {
+                i.queue_fill(Fill { lba: b, data: data.to_vec(), token, write: false, ram_only: false });
+            }
+        }
+        i.lat.miss.record(t.elapsed());
+        Ok(())
+    }
+
+    /// Serves a read at once if every block is in RAM, or in the SSD
+    /// cache and readable without waiting for the device; `None`
+    /// otherwise (nothing counted: the ordinary read follows).
+    pub fn read_fast(&self, off: u64, buf: &mut [u8]) -> Option<io::Result<()>> {
+        let i = &*self.inner;
+        let t = Instant::now();
+        let len = buf.len() as u64;
+        if len == 0 || off.checked_add(len).is_none_or(|e| e > i.size) {
+            return None;
+        }
+        let (first, n) = range_blocks(off, len);
+        let mut blk = [0u8; BLOCK];
+        let (mut ram, mut ssd) = (0, 0);
+        // A stream's hits count toward its length too (recorded only if
+        // served here: the ordinary read records the others).
+        let bypass = i.seq.peek(off, len);
+        for b in first..first + n {
+            if !i.cacheable(b) {
+                return None;
+            }
+            match i.lookup(b, &mut blk, !bypass, true) {
+                Level::Ram => ram += 1,
+                Level::Ssd => ssd += 1,
+                Level::Miss | Level::WouldBlock => return None,
+            }
+            copy_block(b, &blk, off, buf);
+        }
+        i.seq.observe(off, len);
+        i.c.reads.fetch_add(1, Ordering::Relaxed);
+        i.c.read_blocks.fetch_add(n, Ordering::Relaxed);
+        i.c.ram_hits.fetch_add(ram, Ordering::Relaxed);
+        i.c.ssd_hits.fetch_add(ssd, Ordering::Relaxed);
+        let h = if ssd > 0 { &i.lat.ssd_hit } else { &i.lat.ram_hit };
+        h.record(t.elapsed());
+        Some(Ok(()))
+    }
+
+    fn write_op(
+        &self,
+        off: u64,
+        len: u64,
+        op: impl FnOnce() -> io::Result<()>,
+        data: Option<&[u8]>,
+    ) -> io::Result<()> {
+        let i = &*self.inner;
+        if self.read_only() {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "read-only"));
+        }
+        if off.checked_add(len).is_none_or(|e| e > i.size) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "beyond the end"));
+        }
+        if len == 0 {
+            return op();
+        }
+        let t = Instant::now();
+        let (first, n) = range_blocks(off, len);
+        let bypass = data.is_some() && i.seq.observe(off, len);
+        let (_gen, blocks) = i.begin_write(first, n)?;
+        let r = op();
+        if r.is_err() {
+            i.c.backing_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        // Write-through: the whole blocks written, unless the write failed
+        // or is part of a sequential stream.
+        let through = r.is_ok() && i.opts.mode == Mode::Writethrough && data.is_some() && !bypass;
+        if r.is_ok() && bypass {
+            i.c.bypassed_write_blocks.fetch_add(n, Ordering::Relaxed);
+        }
+        let whole = |b: u64| {
+            let boff = b * BLOCK as u64;
+            through && boff >= off && boff + BLOCK as u64 <= off + len && i.cacheable(b)
+        };
+        let fills = i.end_write(&blocks, whole);
+        if let Some(data) = data {
+            for (b, token) in fills {
+                let at = (b * BLOCK as u64 - off) as usize;
+                i.queue_fill(Fill {
+                    lba: b,
+                    data: data[at..at + BLOCK].to_vec(),
+                    token,
+                    write: true,
+                    ram_only: false,
+                });
+            }
+        }
+        i.lat.write.record(t.elapsed());
+        if r.is_err() {
+            i.c.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Writes `data` at `off` to the backing (with `fua`, durable on
+    /// return); the blocks' lines are dropped first and, in write-through
+    /// mode, the new data cached after.
+    pub fn write(&self, off: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        let i = &*self.inner;
+        i.c.writes.fetch_add(1, Ordering::Relaxed);
+        i.c.written_blocks.fetch_add(range_blocks(off, data.len() as u64).1, Ordering::Relaxed);
+        self.write_op(off, data.len() as u64, || i.backing.write_at(data, off, fua), Some(data))
+    }
+
+    /// Discards a range on the backing (its lines dropped).
+    pub fn trim(&self, off: u64, len: u64, fua: bool) -> io::Result<()> {
+        let i = &*self.inner;
+        i.c.trims.fetch_add(1, Ordering::Relaxed);
+        self.write_op(
+            off,
+            len,
+            || {
+                i.backing.trim(off, len)?;
+                if fua {
+                    i.backing.flush()?;
+                }
+                Ok(())
+            },
+            None,
+        )
+    }
+
+    /// Writes zeros over a range on the backing (its lines dropped).
+    pub fn write_zeroes(&self, off: u64, len: u64, fast: bool, fua: bool) -> io::Result<()> {
+        let i = &*self.inner;
+        i.c.zeroes.fetch_add(1, Ordering::Relaxed);
+        self.write_op(
+            off,
+            len,
+            || {
+                i.backing.write_zeroes(off, len, fast)?;
+                if fua {
+                    i.backing.flush()?;
+                }
+                Ok(())
+            },
+            None,
+        )
+    }
+
+    /// Makes every completed write durable on the backing.
+    pub fn flush(&self) -> io::Result<()> {
+        let i = &*self.inner;
+        i.c.flushes.fetch_add(1, Ordering::Relaxed);
+        i.backing.flush().inspect_err(|_| {
+            i.c.backing_errors.fetch_add(1, Ordering::Relaxed);
+            i.c.errors.fetch_add(1, Ordering::Relaxed);
+        })
+    }
+
+    /// Waits until every queued fill is done (for tests and benchmarks).
+    pub fn drain(&self) {
+        while self.inner.fills_pending.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Writes a checkpoint now.
+    pub fn checkpoint(&self) -> io::Result<()> {
+        self.inner.checkpoint()
+    }
+
+    /// Runs one round of background work now (tests).
+    pub fn maintain(&self) {
+        self.inner.maintain();
+    }
+
+    /// Stops the threads; with `clean`, seals, checkpoints, records the
+    /// backing's fingerprint and marks the cache stopped cleanly (a
+    /// restart is then warm).
+    fn shutdown(&self, clean: bool) -> Result<(), CacheError> {
+        let i = &*self.inner;
+        if i.stop.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // No more fills: the queue ends, fillers finish what is queued.
+        i.fill_tx.lock().take();
+        i.log.low.notify_all();
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+        if !clean {
+            return Ok(());
+        }
+        // The backing's flush may fail (a dead backing): the cache is
+        // checkpointed all the same, and the failure reported after.
+        let flushed =
+            i.backing.flush().map_err(|e| CacheError::Backing(format!("flushing at the stop: {e}")));
+        if i.ssd_off.load(Ordering::Acquire) {
+            return flushed;
+        }
+        i.checkpoint()?;
+        flushed?;
+        let fp = match fingerprint(&*i.backing) {
+            Ok(fp) => fp,
+            Err(e) => {
+                // Left marked as serving: the next start trusts the journal,
+                // as after a crash on this boot.
+                eprintln!("ztier cache: reading the backing's fingerprint failed ({e}): not marked clean");
+                return Ok(());
+            }
+        };
+        let mut sb = i.sb.lock();
+        sb.state = SbState::Clean;
+        sb.backing_fingerprint = fp;
+        sb.sb_gen += 1;
+        write_superblock(&*i.dev, &sb)?;
+        Ok(())
+    }
+
+    /// A clean stop (SIGTERM): the cache is warm on restart.
+    pub fn close(&self) -> Result<(), CacheError> {
+        self.shutdown(true)
+    }
+
+    /// Stops without the clean-stop steps, as a crash would leave the
+    /// device (for tests: the device then holds what a killed server's would).
+    pub fn abandon(&self) {
+        let _ = self.shutdown(false);
+    }
+
+    /// Statistics now.
+    pub fn stats(&self) -> CacheStats {
+        let i = &*self.inner;
+        let g = Counters::get;
+        let c = &i.c;
+        let ls = i.log.stats();
+        let lines_used = i.dir.count();
+        let ram = i.ram.as_ref().map(|r| r.stats());
+        let read_blocks = g(&c.read_blocks);
+        let (rh, sh, m) = (g(&c.ram_hits), g(&c.ssd_hits), g(&c.misses));
+        let lookups = (rh + sh + m).max(1) as f64;
+        let ratio = if ls.stored_bytes == 0 { 1.0 } else { ls.logical_bytes as f64 / ls.stored_bytes as f64 };
+        let metadata = i.dir.memory_bytes()
+            + i.log.memory_bytes()
+            + (i.stripes.len() * std::mem::size_of::<Mutex<Stripe>>()) as u64
+            + (crate::seq::STREAMS * 24) as u64;
+        let sb = *i.sb.lock();
+        CacheStats {
+            backing: i.backing.describe(),
+            backing_size: i.size,
+            mode: i.opts.mode,
+            placement: sb.placement,
+            ways: sb.ways,
+            policy: sb.policy,
+            codec: i.codec.name().to_string(),
+            device_bytes: sb.device_size(),
+            segment_size: sb.segment_size,
+            lines: i.dir.lines() as u64,
+            lines_used,
+            cached_bytes: lines_used * BLOCK as u64,
+            reads: g(&c.reads),
+            writes: g(&c.writes),
+            flushes: g(&c.flushes),
+            trims: g(&c.trims),
+            zeroes: g(&c.zeroes),
+            errors: g(&c.errors),
+            read_blocks,
+            written_blocks: g(&c.written_blocks),
+            ram_hits: rh,
+            ssd_hits: sh,
+            misses: m,
+            hit_ratio: (rh + sh) as f64 / lookups,
+            ram_hit_ratio: rh as f64 / lookups,
+            ssd_hit_ratio: sh as f64 / lookups,
+            ssd_fills: g(&c.ssd_fills),
+            ram_fills: g(&c.ram_fills),
+            write_through_fills: g(&c.write_through_fills),
+            fills_dropped_race: g(&c.fills_dropped_race),
+            fills_dropped_queue: g(&c.fills_dropped_queue),
+            fills_dropped_space: g(&c.fills_dropped_space),
+            bypassed_read_blocks: g(&c.bypassed_read_blocks),
+            bypassed_write_blocks: g(&c.bypassed_write_blocks),
+            invalidated_lines: g(&c.invalidated_lines),
+            conflict_evictions: g(&c.conflict_evictions),
+            capacity_evictions: ls.capacity_evictions,
+            reinserted: ls.reinserted,
+            verify_failures: g(&c.verify_failures),
+            cache_read_errors: g(&c.cache_read_errors) + ls.read_errors,
+            cache_write_errors: ls.write_errors,
+            backing_errors: g(&c.backing_errors),
+            checkpoints: g(&c.checkpoints),
+            ratio,
+            stored_bytes: ls.stored_bytes,
+            bytes_saved: (lines_used as f64 * BLOCK as f64 * (1.0 - 1.0 / ratio)).max(0.0) as u64,
+            metadata_bytes: metadata,
+            metadata_bytes_per_line: metadata as f64 / i.dir.lines().max(1) as f64,
+            metadata_bytes_per_cached_block: if lines_used == 0 {
+                0.0
+            } else {
+                metadata as f64 / lines_used as f64
+            },
+            log: ls,
+            journal: i.journal.stats(),
+            ram,
+            pressure: i.ram.as_ref().map(|_| i.watch.stats()),
+            latency: LatencyStats {
+                ram_hit: summary(&i.lat.ram_hit),
+                ssd_hit: summary(&i.lat.ssd_hit),
+                miss: summary(&i.lat.miss),
+                write: summary(&i.lat.write),
+            },
+            recovery: i.recovery.clone(),
+            degraded: i.degraded.lock().clone(),
+            writes_refused: i.broken.lock().clone(),
+            uptime_s: i.started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        // Threads hold the inner state: stop them (no clean-stop steps).
+        let _ = self.shutdown(false);
+    }
+}
+
+fn copy_block(b: u64, blk: &[u8], off: u64, buf: &mut [u8]) {
+    let boff = b * BLOCK as u64;
+    let end = off + buf.len() as u64;
+    let from = off.max(boff);
+    let to = end.min(boff + BLOCK as u64);
+    buf[(from - off) as usize..(to - off) as usize]
+        .copy_from_slice(&blk[(from - boff) as usize..(to - boff) as usize]);
+}
+
+/// Latency summaries, measured inside the server (request in, data ready).
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyStats {
+    /// Reads served wholly from the RAM cache.
+    pub ram_hit: LatencySummary,
+    /// Reads served from the caches, the SSD cache among them.
+    pub ssd_hit: LatencySummary,
+    /// Reads that went to the backing.
+    pub miss: LatencySummary,
+    /// Writes.
+    pub write: LatencySummary,
+}
+
+/// What `ztier cache stats` prints (live, from the server).
+#[derive(Debug, Clone, Serialize)]
+pub struct CacheStats {
+    /// The backing.
+    pub backing: String,
+    /// Its size (the export's).
+    pub backing_size: u64,
+    /// Write mode.
+    pub mode: Mode,
+    /// Placement.
+    pub placement: Placement,
+    /// Ways per set.
+    pub ways: u16,
+    /// Replacement within a set.
+    pub policy: Policy,
+    /// Codec of the SSD cache.
+    pub codec: String,
+    /// Bytes of the cache device.
+    pub device_bytes: u64,
+    /// Segment size.
+    pub segment_size: u32,
+    /// Directory lines.
+    pub lines: u64,
+    /// Lines holding a block.
+    pub lines_used: u64,
+    /// Logical bytes cached on the SSD level (lines used × 4096).
+    pub cached_bytes: u64,
+    /// Read requests.
+    pub reads: u64,
+    /// Write requests.
+    pub writes: u64,
+    /// Flushes.
+    pub flushes: u64,
+    /// Trims.
+    pub trims: u64,
+    /// Write-zeroes requests.
+    pub zeroes: u64,
+    /// Requests that failed.
+    pub errors: u64,
+    /// Blocks read.
+    pub read_blocks: u64,
+    /// Blocks written.
+    pub written_blocks: u64,
+    /// Blocks served from RAM.
+    pub ram_hits: u64,
+    /// Blocks served from the SSD cache.
+    pub ssd_hits: u64,
+    /// Blocks read from the backing.
+    pub misses: u64,
+    /// (RAM + SSD hits) / blocks looked up.
+    pub hit_ratio: f64,
+    /// RAM hits / blocks looked up.
+    pub ram_hit_ratio: f64,
+    /// SSD hits / blocks looked up.
+    pub ssd_hit_ratio: f64,
+    /// Blocks put in the SSD cache.
+    pub ssd_fills: u64,
+    /// Blocks put in the RAM cache.
+    pub ram_fills: u64,
+    /// Of the SSD fills, from write-through.
+    pub write_through_fills: u64,
+    /// Fills dropped for a racing write.
+    pub fills_dropped_race: u64,
+    /// Fills dropped: queue full.
+    pub fills_dropped_queue: u64,
+    /// Fills dropped: no free segment.
+    pub fills_dropped_space: u64,
+    /// Blocks of sequential reads around the cache.
+    pub bypassed_read_blocks: u64,
+    /// Blocks of sequential writes around the cache.
+    pub bypassed_write_blocks: u64,
+    /// Lines dropped by writes, trims, zeroing.
+    pub invalidated_lines: u64,
+    /// Lines replaced by another block of their set.
+    pub conflict_evictions: u64,
+    /// Lines dropped when their segment was recycled.
+    pub capacity_evictions: u64,
+    /// Lines copied forward when their segment was recycled.
+    pub reinserted: u64,
+    /// Cached lines that failed their check on read.
+    pub verify_failures: u64,
+    /// Failed reads of the cache device.
+    pub cache_read_errors: u64,
+    /// Failed segment writes.
+    pub cache_write_errors: u64,
+    /// Failed backing requests.
+    pub backing_errors: u64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// Compression ratio of the items on the cache device (4096 per item / bytes taken).
+    pub ratio: f64,
+    /// Bytes items take on the cache device.
+    pub stored_bytes: u64,
+    /// Bytes of SSD the cached lines do not take thanks to compression.
+    pub bytes_saved: u64,
+    /// RAM for the SSD cache's metadata (directory, segment tables, stripes).
+    pub metadata_bytes: u64,
+    /// Per directory line.
+    pub metadata_bytes_per_line: f64,
+    /// Per cached block (the target: ≤ 8).
+    pub metadata_bytes_per_cached_block: f64,
+    /// The line store.
+    pub log: LogStats,
+    /// The journal.
+    pub journal: JournalStats,
+    /// The RAM cache, if any.
+    pub ram: Option<RamStats>,
+    /// Its memory pressure watcher.
+    pub pressure: Option<PressureStats>,
+    /// Latencies.
+    pub latency: LatencyStats,
+    /// How the cache came up.
+    pub recovery: Recovery,
+    /// Why the SSD level is degraded, if it is.
+    pub degraded: Option<String>,
+    /// Why writes are refused, if they are.
+    pub writes_refused: Option<String>,
+    /// Seconds since open.
+    pub uptime_s: f64,
+}

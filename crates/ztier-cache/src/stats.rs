@@ -1,0 +1,99 @@
+//! Counters and latency histograms (`ztier_blk::live`'s, which the
+//! control socket and the Prometheus endpoint read).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+pub use ztier_blk::live::Histogram;
+
+/// p50/p99/count of a histogram.
+pub fn summary(h: &Histogram) -> LatencySummary {
+    LatencySummary { count: h.count(), p50_us: h.quantile_us(0.5), p99_us: h.quantile_us(0.99) }
+}
+
+/// A histogram's summary.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct LatencySummary {
+    /// Values recorded.
+    pub count: u64,
+    /// Median, µs.
+    pub p50_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
+}
+
+/// Monotonic counters of the cache.
+#[derive(Default)]
+pub struct Counters {
+    /// Read requests.
+    pub reads: AtomicU64,
+    /// Write requests.
+    pub writes: AtomicU64,
+    /// Flushes.
+    pub flushes: AtomicU64,
+    /// Trims.
+    pub trims: AtomicU64,
+    /// Write-zeroes requests.
+    pub zeroes: AtomicU64,
+    /// Requests answered with an error.
+    pub errors: AtomicU64,
+    /// Blocks read by clients.
+    pub read_blocks: AtomicU64,
+    /// Blocks written by clients.
+    pub written_blocks: AtomicU64,
+    /// Blocks served from the RAM cache.
+    pub ram_hits: AtomicU64,
+    /// Blocks served from the SSD cache.
+    pub ssd_hits: AtomicU64,
+    /// Blocks read from the backing.
+    pub misses: AtomicU64,
+    /// Blocks put into the SSD cache.
+    pub ssd_fills: AtomicU64,
+    /// Blocks put into the RAM cache.
+    pub ram_fills: AtomicU64,
+    /// Fills dropped: a write of the block (or a newer fill of it) came meanwhile.
+    pub fills_dropped_race: AtomicU64,
+    /// Fills dropped: the fill queue was full.
+    pub fills_dropped_queue: AtomicU64,
+    /// Fills dropped: no free segment.
+    pub fills_dropped_space: AtomicU64,
+    /// Of the fills, the write-through ones.
+    pub write_through_fills: AtomicU64,
+    /// Blocks of sequential streams read around the cache.
+    pub bypassed_read_blocks: AtomicU64,
+    /// Blocks of sequential streams written around the cache.
+    pub bypassed_write_blocks: AtomicU64,
+    /// Lines dropped because a write/trim/zero made them stale.
+    pub invalidated_lines: AtomicU64,
+    /// Lines replaced by another block of their set.
+    pub conflict_evictions: AtomicU64,
+    /// Cached lines that failed their check when read (damaged, or moved meanwhile).
+    pub verify_failures: AtomicU64,
+    /// Reads of the cache device that failed.
+    pub cache_read_errors: AtomicU64,
+    /// Backing requests that failed.
+    pub backing_errors: AtomicU64,
+    /// Checkpoints written.
+    pub checkpoints: AtomicU64,
+}
+
+impl Counters {
+    /// Reads one counter.
+    pub fn get(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+}
+
+/// Latency histograms.
+#[derive(Default)]
+pub struct Latencies {
+    /// Read requests served wholly from the RAM cache.
+    pub ram_hit: Histogram,
+    /// Read requests served from the caches, some block from the SSD cache.
+    pub ssd_hit: Histogram,
+    /// Read requests that went to the backing.
+    pub miss: Histogram,
+    /// Write requests.
+    pub write: Histogram,
+}

@@ -1,0 +1,544 @@
+//! The cache's promises, one test each: races with writes, restarts
+//! (clean, killed, power loss), a changed or wrong backing, a failing
+//! cache device, second chances, the RAM cache under pressure, bypass,
+//! and the metadata's size.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ztier_blk::backing::CrashBacking;
+use ztier_cache::backend::{Backend, MemBackend};
+use ztier_cache::format::Placement;
+use ztier_cache::pressure::PressureConfig;
+use ztier_cache::{Cache, CacheError, CacheOptions, Mode};
+
+fn filled(blocks: u64, kind: u8) -> Arc<MemBackend> {
+    let m = Arc::new(MemBackend::new(blocks * B as u64));
+    for b in 0..blocks {
+        m.poke(b * B as u64, &block(b, kind));
+    }
+    m
+}
+
+fn read_block(c: &Cache, b: u64) -> Vec<u8> {
+    let mut v = vec![0u8; B];
+    c.read(b * B as u64, &mut v).unwrap();
+    v
+}
+
+/// bcache's read race: a read misses, its backing read returns the old
+/// data late, a write of new data completes meanwhile; the late fill
+/// must not be cached, or every later read returns the old data.
+#[test]
+fn fill_racing_a_write_is_dropped() {
+    for ram in [0, 1 << 20] {
+        let backing = GatedBackend::new(64 * B as u64);
+        backing.mem.poke(5 * B as u64, &block(1, 0));
+        let c = Arc::new(open(shape_dev(), backing.clone(), CacheOptions { ram_cache: ram, ..opts() }));
+        backing.reads.arm(5 * B as u64);
+        let reader = {
+            let c = c.clone();
+            std::thread::spawn(move || read_block(&c, 5))
+        };
+        backing.reads.wait_blocked();
+        let new = block(2, 0);
+        c.write(5 * B as u64, &new, false).unwrap();
+        backing.reads.release();
+        assert_eq!(reader.join().unwrap(), block(1, 0), "the racing read returns what it read");
+        c.drain();
+        assert_eq!(read_block(&c, 5), new, "stale data cached (ram {ram})");
+        assert!(c.stats().fills_dropped_race >= 1);
+        // And once more with nothing racing: cached, then a hit.
+        c.drain();
+        assert_eq!(read_block(&c, 5), new);
+        let s = c.stats();
+        assert!(s.ssd_hits + s.ram_hits >= 1, "{s:?}");
+    }
+}
+
+fn shape_dev() -> Arc<CrashBacking> {
+    Shape::default().device()
+}
+
+/// An SSD hit read just before a write is not kept in RAM.
+#[test]
+fn ssd_hit_kept_in_ram_racing_a_write_is_dropped() {
+    let backing = filled(64, 0);
+    let inner = shape_dev();
+    let dev = Arc::new(GatedDevice { inner: inner.clone(), gate: Gate::default(), lo: u64::MAX.into() });
+    let o = CacheOptions { ram_cache: 1 << 20, ..opts() };
+    let c = Arc::new(open(dev.clone(), backing.clone(), o.clone()));
+    assert_eq!(read_block(&c, 9), block(9, 0));
+    c.drain();
+    // The line is on the device now, not in a buffer. Drop it from RAM (a
+    // write elsewhere would not): restart with a cold RAM.
+    c.checkpoint().unwrap();
+    c.close().unwrap();
+    drop(c);
+    let c = Arc::new(open(dev.clone(), backing.clone(), o));
+    let sb = c.geometry();
+    dev.lo.store(sb.data_off, Ordering::Release);
+    dev.gate.arm(u64::MAX);
+    let reader = {
+        let c = c.clone();
+        std::thread::spawn(move || read_block(&c, 9))
+    };
+    dev.gate.wait_blocked();
+    dev.lo.store(u64::MAX, Ordering::Release);
+    let new = block(10, 0);
+    c.write(9 * B as u64, &new, false).unwrap();
+    dev.gate.release();
+    assert_eq!(reader.join().unwrap(), block(9, 0));
+    c.drain();
+    for _ in 0..3 {
+        assert_eq!(read_block(&c, 9), new, "the old block was kept in RAM");
+    }
+}
+
+/// Two writes of one block in flight at once (write-through): whichever
+/// the backing keeps, the cache agrees with it.
+#[test]
+fn overlapping_writes_leave_the_cache_equal_to_the_backing() {
+    let backing = GatedBackend::new(64 * B as u64);
+    let c = Arc::new(open(shape_dev(), backing.clone(), opts()));
+    backing.writes.arm(3 * B as u64);
+    let first = {
+        let c = c.clone();
+        std::thread::spawn(move || c.write(3 * B as u64, &block(100, 0), false).unwrap())
+    };
+    backing.writes.wait_blocked();
+    // The second write lands first on the backing; the first one after it.
+    c.write(3 * B as u64, &block(200, 0), false).unwrap();
+    backing.writes.release();
+    first.join().unwrap();
+    c.drain();
+    let mut want = vec![0u8; B];
+    backing.mem.read_at(&mut want, 3 * B as u64).unwrap();
+    assert_eq!(want, block(100, 0));
+    for _ in 0..3 {
+        assert_eq!(read_block(&c, 3), want);
+    }
+}
+
+/// Threads writing and reading their own regions of a small cache at
+/// once (lines evicted, segments recycled all the time): every read is
+/// right.
+#[test]
+fn threads_on_a_small_cache() {
+    let backing = Arc::new(MemBackend::new(8 * 512 * B as u64));
+    let c = Arc::new(open(
+        shape_dev(),
+        backing.clone(),
+        CacheOptions { ram_cache: 512 << 10, fillers: 2, ..opts() },
+    ));
+    let ts: Vec<_> = (0..8u64)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let mut model: Vec<Option<u64>> = vec![None; 512];
+                let mut x = t + 1;
+                for _ in 0..3000 {
+                    let r = rng(&mut x);
+                    let i = (r % 512).min(r % 200);
+                    let b = t * 512 + i;
+                    if r % 3 == 0 {
+                        c.write(b * B as u64, &block(r, (r >> 5) as u8), false).unwrap();
+                        model[i as usize] = Some(r);
+                    } else {
+                        let want = model[i as usize].map_or(vec![0u8; B], |s| block(s, (s >> 5) as u8));
+                        assert!(read_block(&c, b) == want, "thread {t} block {b}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in ts {
+        t.join().unwrap();
+    }
+    // How much was hit under this load depends on the machine; that the
+    // cache served hits and recycled segments does not.
+    let s = c.stats();
+    assert!(s.ssd_hits > 0 && s.ram_hits > 0 && s.log.recycled > 0, "{s:?}");
+    assert_eq!(s.errors, 0);
+}
+
+/// A clean stop keeps every line: the restart's reads are all hits.
+#[test]
+fn warm_after_a_clean_stop() {
+    let backing = filled(600, 0);
+    let dev = shape_dev();
+    let c = open(dev.clone(), backing.clone(), opts());
+    let mut x = 3;
+    for _ in 0..2000 {
+        read_block(&c, rng(&mut x) % 600);
+    }
+    c.drain();
+    let before = c.stats().lines_used;
+    assert!(before > 300, "{before}");
+    c.close().unwrap();
+    drop(c);
+    let c = open(dev.clone(), backing.clone(), opts());
+    let r = c.recovery().clone();
+    assert_eq!(r.kind, "clean");
+    assert_eq!(r.lines_loaded, before, "every line kept: {r:?}");
+    let mut hits = 0;
+    for b in 0..600 {
+        assert_eq!(read_block(&c, b), block(b, 0));
+        hits += 1;
+    }
+    let s = c.stats();
+    assert_eq!(s.ssd_hits, before, "{s:?}");
+    assert!(hits > 0);
+}
+
+/// kill -9 (the device as a killed process leaves it): lines in written
+/// segments are kept, lines a write made stale are not; after a power
+/// loss, unsynced: cold; with --journal-sync: warm and right.
+#[test]
+fn restarts_after_a_kill_and_a_power_loss() {
+    for sync in [false, true] {
+        let backing = filled(600, 0);
+        let dev = shape_dev();
+        let o = CacheOptions { journal_sync: sync, ..opts() };
+        let c = open(dev.clone(), backing.clone(), o.clone());
+        for b in 0..400 {
+            read_block(&c, b);
+        }
+        c.drain();
+        c.checkpoint().unwrap();
+        // After the checkpoint: writes (write-through) and more reads.
+        for b in (0..400).step_by(3) {
+            c.write(b * B as u64, &block(b + 10_000, 0), false).unwrap();
+        }
+        for b in 400..500 {
+            read_block(&c, b);
+        }
+        c.drain();
+        c.maintain();
+        let lines = c.stats().lines_used;
+        c.abandon();
+        let killed = dev.image();
+        let power = dev.crash(|i, s| if i % 2 == 0 { s } else { s / 2 });
+        drop(c);
+        let want = |b: u64| if b < 400 && b % 3 == 0 { block(b + 10_000, 0) } else { block(b, 0) };
+        // Killed: warm.
+        let d1 = Arc::new(CrashBacking::from_image(killed));
+        let c = open(d1, backing.clone(), o.clone());
+        let r = c.recovery().clone();
+        assert_eq!(r.kind, "crash", "{r:?}");
+        assert!(r.lines_loaded * 10 >= lines * 8, "{r:?} of {lines}");
+        for b in 0..600 {
+            assert_eq!(read_block(&c, b), want(b), "after kill -9, block {b}");
+        }
+        assert!(c.stats().ssd_hits >= r.lines_loaded * 9 / 10);
+        drop(c);
+        // Power loss: another boot.
+        let d2 = Arc::new(CrashBacking::from_image(power));
+        let c = open(d2, backing.clone(), CacheOptions { boot_id: Some([2; 16]), ..o.clone() });
+        let r = c.recovery().clone();
+        if sync {
+            assert_eq!(r.kind, "crash", "{r:?}");
+            assert!(r.lines_loaded > 100, "{r:?}");
+        } else {
+            assert_eq!(r.kind, "cold", "{r:?}");
+            assert!(r.cold_reason.as_ref().unwrap().contains("journal-sync"), "{r:?}");
+        }
+        for b in 0..600 {
+            assert_eq!(read_block(&c, b), want(b), "after a power loss (sync {sync}), block {b}");
+        }
+    }
+}
+
+/// A backing changed while the cache was stopped: cold. Another backing
+/// (size): refused, unless --discard.
+#[test]
+fn changed_or_wrong_backing() {
+    let backing = filled(600, 0);
+    let dev = shape_dev();
+    let c = open(dev.clone(), backing.clone(), opts());
+    for b in 0..300 {
+        read_block(&c, b);
+    }
+    c.drain();
+    c.close().unwrap();
+    drop(c);
+    // Changed behind the cache's back (block 0 is one of the sampled).
+    backing.poke(0, &block(777, 1));
+    let c = open(dev.clone(), backing.clone(), opts());
+    assert_eq!(c.recovery().kind, "cold");
+    assert_eq!(read_block(&c, 0), block(777, 1));
+    assert_eq!(c.stats().ssd_hits, 0);
+    c.close().unwrap();
+    drop(c);
+    let other = filled(700, 0);
+    match Cache::open(dev.clone(), other.clone(), opts()) {
+        Err(CacheError::WrongBacking { cached, given }) => {
+            assert_eq!((cached, given), (600 * B as u64, 700 * B as u64))
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a cache of another backing was opened"),
+    }
+    let c = open(dev.clone(), other.clone(), CacheOptions { discard: true, ..opts() });
+    assert_eq!(c.recovery().kind, "cold");
+    assert_eq!(read_block(&c, 650), block(650, 0));
+}
+
+/// The cache device fails: reads (served from the backing, right data),
+/// segment writes (lines dropped), the journal (the SSD cache turns off;
+/// writes refused when the cache cannot even be marked discarded). Never
+/// wrong data, before or after a restart.
+#[test]
+fn a_failing_cache_device() {
+    let backing = filled(600, 4);
+    let inner = shape_dev();
+    let dev = Faulty::new(inner.clone());
+    let c = open(dev.clone(), backing.clone(), opts());
+    for b in 0..300 {
+        read_block(&c, b);
+    }
+    c.drain();
+    c.checkpoint().unwrap();
+    let sb = c.geometry();
+    // Reads fail from the segments on.
+    dev.from.store(sb.data_off, Ordering::Release);
+    dev.fail_reads.store(true, Ordering::Release);
+    for b in 0..300 {
+        assert_eq!(read_block(&c, b), block(b, 4));
+    }
+    let s = c.stats();
+    assert!(s.cache_read_errors > 0 && s.errors == 0, "{s:?}");
+    dev.fail_reads.store(false, Ordering::Release);
+    // Segment writes fail: fills are lost, reads stay right.
+    dev.fail_writes.store(true, Ordering::Release);
+    for b in 300..600 {
+        assert_eq!(read_block(&c, b), block(b, 4));
+    }
+    c.drain();
+    c.maintain();
+    for b in 300..600 {
+        assert_eq!(read_block(&c, b), block(b, 4));
+    }
+    assert!(c.stats().cache_write_errors > 0);
+    // The journal fails too (everything from the journal on): the write
+    // marks the cache discarded on its superblock, then proceeds.
+    dev.from.store(sb.journal_off, Ordering::Release);
+    c.write(7 * B as u64, &block(7007, 0), false).unwrap();
+    let s = c.stats();
+    assert!(s.degraded.is_some() && s.writes_refused.is_none(), "{s:?}");
+    assert_eq!(read_block(&c, 7), block(7007, 0));
+    c.abandon();
+    drop(c);
+    dev.fail_writes.store(false, Ordering::Release);
+    let c = open(dev.clone(), backing.clone(), opts());
+    // The superblock's new uuid: nothing old is trusted.
+    assert_eq!(c.stats().lines_used, 0);
+    assert_eq!(read_block(&c, 7), block(7007, 0));
+    drop(c);
+    // Now the superblock cannot be written either: writes are refused,
+    // the backing untouched.
+    let c = open(dev.clone(), backing.clone(), opts());
+    read_block(&c, 8);
+    c.drain();
+    dev.from.store(0, Ordering::Release);
+    dev.fail_writes.store(true, Ordering::Release);
+    let e = c.write(8 * B as u64, &block(8008, 0), false).unwrap_err();
+    assert!(e.to_string().contains("backing is untouched"), "{e}");
+    assert_eq!(read_block(&c, 8), block(8, 4));
+    let mut on_backing = vec![0u8; B];
+    backing.read_at(&mut on_backing, 8 * B as u64).unwrap();
+    assert_eq!(on_backing, block(8, 4));
+    assert!(c.stats().writes_refused.is_some());
+}
+
+/// Lines hit since they were written survive their segment's recycling
+/// (copied forward); the others are dropped.
+#[test]
+fn hot_lines_get_a_second_chance() {
+    let backing = filled(9000, 0);
+    let c = open(shape_dev(), backing.clone(), CacheOptions { sequential_cutoff: 0, ..opts() });
+    // A hot set, read often; a stream of cold blocks through the rest.
+    let mut cold = 200u64;
+    for round in 0..40 {
+        for b in 0..100 {
+            read_block(&c, b);
+        }
+        for _ in 0..200 {
+            read_block(&c, cold);
+            cold += 1;
+        }
+        c.drain();
+        if round % 4 == 0 {
+            c.maintain();
+        }
+    }
+    let s = c.stats();
+    assert!(s.log.recycled > 20 && s.reinserted > 50, "{s:?}");
+    let before = s.ssd_hits;
+    for b in 0..100 {
+        read_block(&c, b);
+    }
+    let hot_hits = c.stats().ssd_hits - before;
+    assert!(hot_hits >= 90, "hot blocks kept: {hot_hits} of 100 ({s:?})");
+}
+
+/// The RAM cache: hits in a few microseconds, and it gives memory back
+/// when the machine is short (a fake /proc saying so).
+#[test]
+fn ram_cache_hits_and_shrinks_under_pressure() {
+    let root = std::env::temp_dir().join(format!("ztier-cache-pressure-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("proc")).unwrap();
+    let meminfo = |avail_kb: u64| format!("MemTotal: 16777216 kB\nMemAvailable: {avail_kb} kB\n");
+    std::fs::write(root.join("proc/meminfo"), meminfo(8 << 20)).unwrap();
+    let backing = filled(2048, 0);
+    let o = CacheOptions {
+        ram_cache: 4 << 20,
+        pressure: Some(PressureConfig { root: root.clone(), interval: Duration::from_millis(20) }),
+        ..opts()
+    };
+    let c = open(shape_dev(), backing.clone(), o);
+    for b in 0..512 {
+        read_block(&c, b);
+    }
+    c.drain();
+    for b in 0..512 {
+        assert_eq!(read_block(&c, b), block(b, 0));
+    }
+    let s = c.stats();
+    assert!(s.ram_hits >= 500, "{s:?}");
+    let ram = s.ram.unwrap();
+    assert_eq!(ram.budget_bytes, 4 << 20);
+    assert!(ram.blocks >= 500, "{ram:?}");
+    // MemAvailable falls under the floor (5% of 16 GiB): it shrinks.
+    std::fs::write(root.join("proc/meminfo"), meminfo(100 << 10)).unwrap();
+    let t = Instant::now();
+    loop {
+        let s = c.stats();
+        let r = s.ram.unwrap();
+        if r.budget_bytes == 0 && r.blocks == 0 {
+            let p = s.pressure.unwrap();
+            assert!(p.shrinks >= 1 && p.last_reason.contains("MemAvailable"), "{p:?}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "did not shrink: {r:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Reads still right (from the SSD cache and the backing).
+    for b in 0..512 {
+        assert_eq!(read_block(&c, b), block(b, 0));
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A long sequential read bypasses (no fills past the cutoff); random
+/// reads do not.
+#[test]
+fn sequential_streams_bypass() {
+    let backing = filled(4096, 0);
+    let c = open(shape_dev(), backing.clone(), CacheOptions { sequential_cutoff: 1 << 20, ..opts() });
+    let mut big = vec![0u8; 8 << 20];
+    for k in 0..8u64 {
+        c.read(k << 20, &mut big[(k << 20) as usize..((k + 1) << 20) as usize]).unwrap();
+    }
+    c.drain();
+    let s = c.stats();
+    assert!(s.bypassed_read_blocks >= 6 * 256, "{s:?}");
+    assert!(s.ssd_fills <= 2 * 256 + 16, "{s:?}");
+    for b in 0..2048u64 {
+        assert!(big[(b * B as u64) as usize..((b + 1) * B as u64) as usize] == block(b, 0)[..]);
+    }
+}
+
+/// Hits answered at once (`read_fast`) count toward a stream's length:
+/// a sequential read over cached blocks, then on over uncached ones,
+/// bypasses once the whole stream passes the cutoff.
+#[test]
+fn a_stream_over_hits_then_misses_bypasses() {
+    let backing = filled(1024, 0);
+    let dev = Shape { size: 8 << 20, ..Shape::default() }.device();
+    let c = open(dev, backing.clone(), CacheOptions { sequential_cutoff: 1 << 20, ..opts() });
+    // The first MiB cached, read in an order that makes no stream.
+    for k in 0..256u64 {
+        read_block(&c, (k * 97) % 256);
+    }
+    c.drain();
+    assert_eq!(c.stats().bypassed_read_blocks, 0);
+    let mut buf = vec![0u8; 64 << 10];
+    for k in 0..16u64 {
+        let r = c.read_fast(k << 16, &mut buf);
+        assert!(matches!(r, Some(Ok(()))), "chunk {k} not answered at once");
+        assert!(buf[..B] == block(k * 16, 0)[..]);
+    }
+    for k in 16..32u64 {
+        assert!(c.read_fast(k << 16, &mut buf).is_none(), "chunk {k} is not cached");
+        c.read(k << 16, &mut buf).unwrap();
+        assert!(buf[..B] == block(k * 16, 0)[..]);
+    }
+    let s = c.stats();
+    assert_eq!(s.bypassed_read_blocks, 256, "{s:?}");
+}
+
+/// The metadata target: ≤ 8 bytes of RAM per cached block when the cache
+/// is full of 2×-compressible blocks, in both placements.
+#[test]
+fn metadata_per_cached_block() {
+    let assoc = Shape { size: 64 << 20, segment: 128 << 10, ways: 8, ..Shape::default() };
+    for shape in [assoc, assoc.direct()] {
+        let blocks = 40_000u64;
+        let backing = filled(blocks, 4);
+        let c = open(shape.device(), backing.clone(), CacheOptions { sequential_cutoff: 0, ..opts() });
+        let mut x = 9;
+        for _ in 0..200_000 {
+            read_block(&c, rng(&mut x) % blocks);
+        }
+        c.drain();
+        let s = c.stats();
+        assert!(s.ratio > 1.8, "{s:?}");
+        assert!(s.lines_used as f64 > 0.7 * s.lines as f64, "full: {} of {}", s.lines_used, s.lines);
+        assert!(s.metadata_bytes_per_line <= 7.0, "{:?}: {s:?}", shape.placement);
+        if shape.placement == Placement::Assoc {
+            assert!(s.metadata_bytes_per_cached_block <= 8.0, "{:?}: {s:?}", shape.placement);
+        }
+        eprintln!(
+            "{:?}: {:.2} B per cached block, {:.2} per line, ratio {:.2}, {} of {} lines",
+            shape.placement,
+            s.metadata_bytes_per_cached_block,
+            s.metadata_bytes_per_line,
+            s.ratio,
+            s.lines_used,
+            s.lines
+        );
+    }
+}
+
+#[test]
+fn write_around_does_not_cache_writes() {
+    let backing = filled(64, 0);
+    let c = open(shape_dev(), backing.clone(), CacheOptions { mode: Mode::Writearound, ..opts() });
+    c.write(0, &block(5, 1), false).unwrap();
+    c.drain();
+    assert_eq!(read_block(&c, 0), block(5, 1));
+    c.drain();
+    let s = c.stats();
+    assert_eq!((s.ssd_fills, s.write_through_fills, s.misses), (1, 0, 1), "{s:?}");
+}
+
+/// Write-through: a written block is cached once the backing has it, and
+/// read back from the cache with no backing read; the backing holds it.
+#[test]
+fn write_through_caches_written_blocks() {
+    let backing = filled(64, 0);
+    let c = open(shape_dev(), backing.clone(), CacheOptions { mode: Mode::Writethrough, ..opts() });
+    c.write(3 * B as u64, &block(5, 1), false).unwrap();
+    let mut on_backing = vec![0u8; B];
+    backing.read_at(&mut on_backing, 3 * B as u64).unwrap();
+    assert_eq!(on_backing, block(5, 1));
+    c.drain();
+    assert_eq!(read_block(&c, 3), block(5, 1));
+    let s = c.stats();
+    assert_eq!((s.ssd_fills, s.write_through_fills, s.ssd_hits, s.misses), (1, 1, 1, 0), "{s:?}");
+}

@@ -1,0 +1,306 @@
+//! The cache against a model of the backing's contents: random reads,
+//! writes (whole and partial blocks), flushes, trims, zeroing,
+//! maintenance, checkpoints and crashes of three kinds (clean stop, a
+//! killed process, a power loss with torn writes), over every placement,
+//! the raw and a compressing codec, with and without the RAM cache, in
+//! both write modes. Every read must equal the model: no stale block,
+//! ever. Small caches, so lines are evicted and segments recycled all the
+//! time.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use proptest::prelude::*;
+use ztier_blk::backing::CrashBacking;
+use ztier_cache::backend::MemBackend;
+use ztier_cache::format::{Placement, Policy};
+use ztier_cache::{Cache, Mode};
+use ztier_codec::CodecId;
+
+/// Blocks of the backing (4 MiB); the cache holds ~1 MiB of them raw.
+const BLOCKS: u64 = 1024;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Read {
+        block: u64,
+        n: u64,
+        skew: u64,
+    },
+    Write {
+        block: u64,
+        n: u64,
+        seed: u64,
+        kind: u8,
+        skew: u64,
+    },
+    Trim {
+        block: u64,
+        n: u64,
+    },
+    Zero {
+        block: u64,
+        n: u64,
+    },
+    Flush,
+    Drain,
+    Maintain,
+    Checkpoint,
+    /// 0: clean stop, 1: killed process, 2: power loss.
+    Crash {
+        kind: u8,
+        keep: u64,
+    },
+}
+
+fn hot_block() -> impl Strategy<Value = u64> {
+    // Skewed: most ops on a working set a little larger than the cache.
+    prop_oneof![4 => 0..400u64, 1 => 0..BLOCKS]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        30 => (hot_block(), 1..4u64, 0..3u64).prop_map(|(block, n, skew)| Op::Read { block, n, skew }),
+        20 => (hot_block(), 1..4u64, any::<u64>(), 0..5u8, 0..4u64)
+            .prop_map(|(block, n, seed, kind, skew)| Op::Write { block, n, seed, kind, skew }),
+        2 => (hot_block(), 1..40u64).prop_map(|(block, n)| Op::Trim { block, n }),
+        2 => (hot_block(), 1..40u64).prop_map(|(block, n)| Op::Zero { block, n }),
+        2 => Just(Op::Flush),
+        6 => Just(Op::Drain),
+        3 => Just(Op::Maintain),
+        1 => Just(Op::Checkpoint),
+        2 => (0..3u8, any::<u64>()).prop_map(|(kind, keep)| Op::Crash { kind, keep }),
+    ]
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    direct: bool,
+    policy_lru: bool,
+    raw: bool,
+    ram: bool,
+    around: bool,
+    sync: bool,
+}
+
+fn config() -> impl Strategy<Value = Config> {
+    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+        |(direct, policy_lru, raw, ram, around, sync)| Config { direct, policy_lru, raw, ram, around, sync },
+    )
+}
+
+fn check(cache: &Cache, model: &[u8], off: u64, len: usize, what: &str) {
+    let mut got = vec![0u8; len];
+    // The server's two ways: at once when cached, else the ordinary read.
+    match cache.read_fast(off, &mut got) {
+        Some(r) => r.unwrap(),
+        None => cache.read(off, &mut got).unwrap(),
+    }
+    let want = &model[off as usize..off as usize + len];
+    if got != want {
+        let first = got.iter().zip(want).position(|(a, b)| a != b).unwrap();
+        panic!(
+            "{what}: stale or wrong data at byte {} (block {})",
+            off as usize + first,
+            (off as usize + first) / B
+        );
+    }
+}
+
+/// What a run saw, to check the run exercised what it should.
+#[derive(Debug, Default)]
+struct Seen {
+    ssd_hits: u64,
+    ram_hits: u64,
+    recycled: u64,
+    reinserted: u64,
+    warm_restarts: u64,
+    lines_reloaded: u64,
+    invalidated_at_recovery: u64,
+    races: u64,
+}
+
+fn add(seen: &mut Seen, s: &ztier_cache::CacheStats) {
+    seen.ssd_hits += s.ssd_hits;
+    seen.ram_hits += s.ram_hits;
+    seen.recycled += s.log.recycled;
+    seen.reinserted += s.reinserted;
+    seen.races += s.fills_dropped_race;
+}
+
+fn run(cfg: Config, ops: Vec<Op>) -> Seen {
+    let mut seen = Seen::default();
+    let shape = Shape {
+        placement: if cfg.direct { Placement::Direct } else { Placement::Assoc },
+        ways: if cfg.direct { 1 } else { 4 },
+        policy: if cfg.policy_lru { Policy::Lru } else { Policy::Clock },
+        codec: if cfg.raw { CodecId::Raw } else { CodecId::Lz4 },
+        ..Shape::default()
+    };
+    let backing = Arc::new(MemBackend::new(BLOCKS * B as u64));
+    let mut model = vec![0u8; (BLOCKS * B as u64) as usize];
+    let o = || ztier_cache::CacheOptions {
+        ram_cache: if cfg.ram { 256 << 10 } else { 0 },
+        mode: if cfg.around { Mode::Writearound } else { Mode::Writethrough },
+        journal_sync: cfg.sync,
+        sequential_cutoff: 64 << 10,
+        ..opts()
+    };
+    let mut dev = shape.device();
+    let mut cache = open(dev.clone(), backing.clone(), o());
+    let mut boot = 1u8;
+    for (i, op) in ops.into_iter().enumerate() {
+        let what = format!("op {i} {op:?} ({cfg:?})");
+        match op {
+            Op::Read { block, n, skew } => {
+                let n = n.min(BLOCKS - block);
+                let off = block * B as u64 + skew * 100;
+                let len = (n * B as u64).saturating_sub(skew * 200).max(1) as usize;
+                let len = len.min((BLOCKS * B as u64 - off) as usize);
+                check(&cache, &model, off, len, &what);
+            }
+            Op::Write { block, n, seed, kind, skew } => {
+                let n = n.min(BLOCKS - block);
+                let mut data = Vec::new();
+                for k in 0..n {
+                    data.extend(block_data(seed + k, kind));
+                }
+                // skew 3: a partial write inside the first block.
+                let (off, data) = if skew == 3 {
+                    (block * B as u64 + 777, data[..1000].to_vec())
+                } else {
+                    (block * B as u64, data)
+                };
+                cache.write(off, &data, seed % 5 == 0).unwrap();
+                model[off as usize..off as usize + data.len()].copy_from_slice(&data);
+            }
+            Op::Trim { block, n } => {
+                let n = n.min(BLOCKS - block);
+                cache.trim(block * B as u64, n * B as u64, false).unwrap();
+                model[(block * B as u64) as usize..((block + n) * B as u64) as usize].fill(0);
+            }
+            Op::Zero { block, n } => {
+                let n = n.min(BLOCKS - block);
+                cache.write_zeroes(block * B as u64, n * B as u64, false, false).unwrap();
+                model[(block * B as u64) as usize..((block + n) * B as u64) as usize].fill(0);
+            }
+            Op::Flush => cache.flush().unwrap(),
+            Op::Drain => cache.drain(),
+            Op::Maintain => cache.maintain(),
+            Op::Checkpoint => cache.checkpoint().unwrap(),
+            Op::Crash { kind, keep } => {
+                add(&mut seen, &cache.stats());
+                let img = match kind {
+                    0 => {
+                        cache.drain();
+                        cache.close().unwrap();
+                        dev.image()
+                    }
+                    1 => {
+                        cache.abandon();
+                        dev.image()
+                    }
+                    _ => {
+                        cache.abandon();
+                        boot += 1;
+                        let mut x = keep | 1;
+                        dev.crash(|_, sectors| match rng(&mut x) % 4 {
+                            0 => 0,
+                            1 => (rng(&mut x) as usize) % (sectors + 1),
+                            _ => sectors,
+                        })
+                    }
+                };
+                drop(cache);
+                dev = Arc::new(CrashBacking::from_image(img));
+                let oo = ztier_cache::CacheOptions { boot_id: Some([boot; 16]), ..o() };
+                cache = open(dev.clone(), backing.clone(), oo);
+                let r = cache.recovery();
+                if r.kind != "cold" {
+                    seen.warm_restarts += 1;
+                    seen.lines_reloaded += r.lines_loaded;
+                    seen.invalidated_at_recovery += r.lines_invalidated;
+                }
+                if kind == 2 && !cfg.sync {
+                    assert_eq!(r.kind, "cold", "{what}: {r:?}");
+                }
+                if kind == 0 {
+                    assert_eq!(r.kind, "clean", "{what}: {r:?}");
+                }
+            }
+        }
+        assert_eq!(backing.contents().len(), model.len());
+    }
+    cache.drain();
+    // Everything, block by block, then the backing itself.
+    for b in 0..BLOCKS {
+        check(&cache, &model, b * B as u64, B, "final sweep");
+    }
+    assert!(backing.contents() == model, "the backing differs from the model");
+    let s = cache.stats();
+    assert_eq!(s.errors, 0, "{s:?}");
+    add(&mut seen, &s);
+    seen
+}
+
+fn block_data(seed: u64, kind: u8) -> Vec<u8> {
+    block(seed, kind)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn never_stale(cfg in config(), ops in prop::collection::vec(op(), 1..300)) {
+        run(cfg, ops);
+    }
+}
+
+/// A long deterministic run of each configuration (more recycling and
+/// journal wraps than the random cases reach).
+#[test]
+fn long_runs_of_each_configuration() {
+    for bits in 0..8u8 {
+        let cfg = Config {
+            direct: bits & 1 != 0,
+            policy_lru: bits & 2 != 0,
+            raw: bits & 4 != 0,
+            ram: bits & 1 == 0,
+            around: bits & 2 == 0,
+            sync: bits & 4 == 0,
+        };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ bits as u64;
+        let mut ops = Vec::new();
+        for i in 0..4000u64 {
+            let r = rng(&mut x);
+            let block = if r % 5 == 0 { r % BLOCKS } else { r % 400 };
+            if i % 250 == 249 {
+                ops.push(Op::Crash { kind: ((i / 250) % 3) as u8, keep: r });
+                continue;
+            }
+            ops.push(match r % 100 {
+                0..=49 => Op::Read { block, n: 1 + r % 3, skew: 0 },
+                50..=84 => Op::Write { block, n: 1 + r % 3, seed: r, kind: (r >> 8) as u8, skew: r % 4 },
+                85..=86 => Op::Trim { block, n: 1 + r % 16 },
+                87..=88 => Op::Zero { block, n: 1 + r % 16 },
+                89..=95 => Op::Drain,
+                96..=97 => Op::Maintain,
+                98 => Op::Checkpoint,
+                _ => Op::Flush,
+            });
+        }
+        let seen = run(cfg, ops);
+        // The run did what it is for: hits from the SSD cache, segments
+        // recycled, warm restarts that reloaded lines and dropped some
+        // the journal said were stale.
+        assert!(seen.ssd_hits > 500, "{cfg:?}: {seen:?}");
+        assert!(seen.recycled > 50, "{cfg:?}: {seen:?}");
+        assert!(seen.warm_restarts >= 10 && seen.lines_reloaded > 1000, "{cfg:?}: {seen:?}");
+        assert!(seen.invalidated_at_recovery > 0, "{cfg:?}: {seen:?}");
+        if cfg.ram {
+            assert!(seen.ram_hits > 100, "{cfg:?}: {seen:?}");
+        }
+        eprintln!("{cfg:?}: {seen:?}");
+    }
+}

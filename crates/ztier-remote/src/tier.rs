@@ -1,0 +1,1148 @@
+//! [`RemoteTier`]: the store's next tier in remote RAM.
+//!
+//! ```text
+//!  store (evicts, under a shard's lock)
+//!    │ put: sealed later; here only copied into the pending queue (µs)
+//!    ▼
+//!  pending queue ──flusher thread──▶ SET × batch_pages under one hash tag,
+//!    │  (full: the remote is      │    batches of several tags in one pipeline
+//!    │   slow → fallback)         │    (one per node), then WAIT 1 (replica)
+//!    │                            ├──▶ acknowledged: the page is remote (and,
+//!    │                            │    durability local, copied to the fallback)
+//!    │                            └──▶ failed: the batch goes to the fallback;
+//!    │                                 puts go there too for a while (backoff)
+//!    ▼
+//!  get: pending → copy; remote → GET in the caller's thread on a pooled
+//!       connection, MAC checked; fallback → its get. Deletes are batched.
+//! ```
+//!
+//! The tier keeps an index of its pages in local memory (about 60 bytes
+//! a page: key, metadata, sequence number, where it is), so a put never
+//! waits for the network, a miss costs no round trip, and a page's
+//! value is accepted back only with the sequence number it was written
+//! with ([`crate::seal`]).
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ztier_store::tier::{NextTier, SpillMeta, TierError};
+use ztier_store::Key;
+
+use crate::config::{Durability, RemoteConfig};
+use crate::link::{hash_tag, spread_tags, Connector, Link, Topology};
+use crate::seal::{hex, Writer, OVERHEAD};
+use crate::stats::{Stats, StatsSnapshot};
+use crate::RemoteError;
+
+/// Hash tags a tier spreads its batches over.
+const TAGS: usize = 64;
+/// Deletes sent with one batch, at most.
+const UNLINKS_PER_ROUND: usize = 512;
+/// Deletes kept for later while the remote is down, at most (beyond,
+/// the values stay until the run's end removes them).
+const UNLINKS_KEPT: usize = 1 << 20;
+/// Buffers of written pages kept for new ones, at most.
+const BUFFERS_KEPT: usize = 256;
+/// Idle flusher's look at the cluster's masters (failovers), this often.
+const TOPOLOGY_EVERY: Duration = Duration::from_secs(1);
+
+/// A page waiting to be written: sealed already (its value, whose
+/// first `len - OVERHEAD` bytes are the entry's), or, for a writer that
+/// encrypts, the entry's bytes (sealed when written).
+#[derive(Clone)]
+struct Waiting {
+    bytes: Arc<Vec<u8>>,
+    sealed: bool,
+}
+
+impl Waiting {
+    /// The entry's bytes.
+    fn plain(&self) -> &[u8] {
+        if self.sealed {
+            &self.bytes[..self.bytes.len() - OVERHEAD]
+        } else {
+            &self.bytes
+        }
+    }
+}
+
+enum At {
+    /// Waiting to be written.
+    Pending(Waiting),
+    /// On the remote, under tag `tag`, written by writer `gen`; `local`:
+    /// a copy is in the fallback too.
+    Remote { tag: u16, gen: u16, local: bool, vlen: u32 },
+    /// In the fallback only.
+    Local,
+}
+
+struct Entry {
+    meta: SpillMeta,
+    seq: u64,
+    at: At,
+}
+
+struct State {
+    writers: Vec<Arc<Writer>>,
+    index: HashMap<Key, Entry>,
+    queue: VecDeque<(Key, u64)>,
+    pending_bytes: usize,
+    unlinks: Vec<Vec<u8>>,
+    next_tag: usize,
+    remote_bytes: u64,
+    down_until: Option<Instant>,
+    backoff: Duration,
+    stop: bool,
+    paused: bool,
+    busy: bool,
+    last_error: Option<String>,
+}
+
+struct Inner {
+    cfg: RemoteConfig,
+    conn: Connector,
+    tags: Vec<String>,
+    run: String,
+    state: Mutex<State>,
+    /// The writer of new pages (the last of `State::writers`).
+    writer: Mutex<Arc<Writer>>,
+    /// The last sequence number given to a put.
+    seq: std::sync::atomic::AtomicU64,
+    /// Buffers of pages written, for new ones.
+    buffers: Mutex<Vec<Vec<u8>>>,
+    wake: Condvar,
+    done: Condvar,
+    links: Mutex<Vec<Link>>,
+    fallback: Option<Box<dyn NextTier>>,
+    stats: Stats,
+    masters_seen: Mutex<BTreeSet<String>>,
+}
+
+/// A next tier on Redis (see the module docs).
+pub struct RemoteTier {
+    inner: Arc<Inner>,
+    flusher: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn io_err(msg: String) -> TierError {
+    TierError::Io(std::io::Error::other(msg))
+}
+
+impl RemoteTier {
+    /// Connects (checking the credentials and what the servers are),
+    /// settles the durability, and starts the flusher thread. `fallback`
+    /// takes pages when the remote is down, full or slow, and the local
+    /// copies of durability `local`.
+    pub fn connect(mut cfg: RemoteConfig, fallback: Option<Box<dyn NextTier>>) -> Result<Self, RemoteError> {
+        let (conn, topo) = Connector::new(&cfg)?;
+        cfg.durability = match (cfg.durability, topo.min_replicas > 0, fallback.is_some()) {
+            (Durability::Auto, true, true) => Durability::ReplicaLocal,
+            (Durability::Auto, true, false) => Durability::Replica,
+            (Durability::Auto, false, true) => Durability::Local,
+            (Durability::Auto, false, false) => Durability::None,
+            (d, false, _) if d.waits() => return Err(RemoteError::NoReplicas(d.name())),
+            (d, _, false) if d.local() => return Err(RemoteError::NoFallback(d.name())),
+            (d, _, _) => d,
+        };
+        let run = match &cfg.run_id {
+            Some(r) if r.len() == 12 && r.bytes().all(|b| b.is_ascii_hexdigit()) => r.to_ascii_lowercase(),
+            Some(r) => return Err(RemoteError::Config(format!("run id {r:?}: 12 hex digits expected"))),
+            None => random_run_id()?,
+        };
+        let writer = Arc::new(Writer::random(cfg.encrypt).map_err(|e| RemoteError::Config(e.to_string()))?);
+        let inner = Arc::new(Inner {
+            tags: spread_tags(TAGS),
+            run,
+            state: Mutex::new(State {
+                writers: vec![writer.clone()],
+                index: HashMap::new(),
+                queue: VecDeque::new(),
+                pending_bytes: 0,
+                unlinks: Vec::new(),
+                next_tag: 0,
+                remote_bytes: 0,
+                down_until: None,
+                backoff: cfg.retry_after,
+                stop: false,
+                paused: false,
+                busy: false,
+                last_error: None,
+            }),
+            writer: Mutex::new(writer),
+            seq: std::sync::atomic::AtomicU64::new(0),
+            buffers: Mutex::new(Vec::new()),
+            cfg,
+            conn,
+            wake: Condvar::new(),
+            done: Condvar::new(),
+            links: Mutex::new(Vec::new()),
+            fallback,
+            stats: Stats::default(),
+            masters_seen: Mutex::new(topo.masters.clone()),
+        });
+        let t = RemoteTier { inner, flusher: Mutex::new(None) };
+        t.start_flusher()?;
+        Ok(t)
+    }
+
+    fn start_flusher(&self) -> Result<(), RemoteError> {
+        let inner = self.inner.clone();
+        let h = std::thread::Builder::new()
+            .name("ztier-remote".into())
+            .spawn(move || inner.flusher())
+            .map_err(|e| RemoteError::Config(format!("cannot start the flusher thread: {e}")))?;
+        *self.flusher.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+        Ok(())
+    }
+
+    /// The durability in force (never `Auto`).
+    pub fn durability(&self) -> Durability {
+        self.inner.cfg.durability
+    }
+
+    /// The run id in the keys' names.
+    pub fn run_id(&self) -> &str {
+        &self.inner.run
+    }
+
+    /// Counters and latencies.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    /// The live counters (to merge into a run's totals).
+    pub fn counters(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    /// The entries held.
+    pub fn keys(&self) -> Vec<Key> {
+        self.inner.lock().index.keys().copied().collect()
+    }
+
+    /// Lets go of every entry (their values deleted on the servers, their
+    /// local copies dropped) and waits until the deletes are sent (or
+    /// kept for later while the remote is down, or the get deadline has
+    /// passed). Returns how many deletes could not be sent: values left
+    /// on the servers until the run's end removes them.
+    pub fn close(&self) -> usize {
+        {
+            let mut s = self.inner.lock();
+            let keys: Vec<Key> = s.index.keys().copied().collect();
+            for k in keys {
+                let e = s.index.remove(&k).expect("listed");
+                self.inner.discard(&mut s, k, e);
+            }
+        }
+        self.flush();
+        self.inner.lock().unlinks.len()
+    }
+
+    /// Pages waiting to be written, and their bytes.
+    pub fn pending(&self) -> (usize, usize) {
+        let s = self.inner.lock();
+        (s.queue.len(), s.pending_bytes)
+    }
+
+    /// Waits until every page put so far has been written (or fallen
+    /// back) and every delete sent or kept for later, or the get
+    /// deadline has passed.
+    pub fn flush(&self) {
+        let until = Instant::now() + self.inner.cfg.get_deadline;
+        let mut s = self.inner.lock();
+        while !s.stop
+            && Instant::now() < until
+            && (s.busy || !s.queue.is_empty() || (!s.unlinks.is_empty() && s.down_until.is_none()))
+        {
+            self.inner.wake.notify_one();
+            s = self
+                .inner
+                .done
+                .wait_timeout(s, Duration::from_millis(50))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// What the servers are now.
+    pub fn topology(&self) -> Result<Topology, RemoteError> {
+        let mut link = self.inner.conn.connect().map_err(|e| RemoteError::Connect(e.to_string()))?;
+        link.topology().map_err(|e| RemoteError::Connect(e.to_string()))
+    }
+
+    /// The name of `key`'s value on the server, if it is there (for tests
+    /// that reach behind the tier's back).
+    pub fn value_name(&self, key: Key) -> Option<Vec<u8>> {
+        let s = self.inner.lock();
+        let e = s.index.get(&key)?;
+        match e.at {
+            At::Remote { tag, gen, .. } => Some(self.inner.name(&s.writers[gen as usize], tag, key, e.seq)),
+            _ => None,
+        }
+    }
+}
+
+fn random_run_id() -> Result<String, RemoteError> {
+    let mut b = [0u8; 6];
+    getrandom::getrandom(&mut b).map_err(|e| RemoteError::Config(e.to_string()))?;
+    Ok(String::from_utf8(hex::<12>(&b).to_vec()).expect("hex"))
+}
+
+impl Drop for RemoteTier {
+    fn drop(&mut self) {
+        self.inner.lock().stop = true;
+        self.inner.wake.notify_all();
+        if let Some(h) = self.flusher.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `zt:RUN:PROC:{TAG}:ID`.
+    fn name(&self, w: &Writer, tag: u16, key: Key, seq: u64) -> Vec<u8> {
+        let mut n = Vec::with_capacity(64);
+        n.extend_from_slice(b"zt:");
+        n.extend_from_slice(self.run.as_bytes());
+        n.push(b':');
+        n.extend_from_slice(&hex::<8>(&w.id[..4]));
+        n.extend_from_slice(b":{");
+        n.extend_from_slice(self.tags[tag as usize].as_bytes());
+        n.extend_from_slice(b"}:");
+        n.extend_from_slice(&w.name_id(key, seq));
+        n
+    }
+
+    /// Lets go of an entry replaced or removed: its value is deleted (in
+    /// the next round), its copy in the fallback now.
+    fn discard(&self, s: &mut State, key: Key, e: Entry) {
+        match e.at {
+            At::Pending(d) => s.pending_bytes -= d.bytes.len(),
+            At::Remote { tag, gen, local, vlen } => {
+                s.remote_bytes -= vlen as u64;
+                if s.unlinks.len() < UNLINKS_KEPT {
+                    let n = self.name(&s.writers[gen as usize], tag, key, e.seq);
+                    s.unlinks.push(n);
+                }
+                if local {
+                    if let Some(f) = &self.fallback {
+                        f.remove(key);
+                    }
+                }
+            }
+            At::Local => {
+                if let Some(f) = &self.fallback {
+                    f.remove(key);
+                }
+            }
+        }
+    }
+
+    /// A buffer for a sealed page: one written before, or a new one.
+    /// (Reused: a new one for each page cost a page fault every 4 KiB
+    /// whenever the allocator had given the memory back.)
+    fn buffer(&self) -> Vec<u8> {
+        let mut v = self.buffers.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
+        v.clear();
+        v.reserve(4096 + OVERHEAD);
+        v
+    }
+
+    /// Keeps a written page's buffer for [`Inner::buffer`].
+    fn recycle(&self, w: Waiting) {
+        if let Ok(v) = Arc::try_unwrap(w.bytes) {
+            let mut b = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+            if b.len() < BUFFERS_KEPT && v.capacity() >= 4096 + OVERHEAD {
+                b.push(v);
+            }
+        }
+    }
+
+    fn down(&self, s: &State) -> bool {
+        s.down_until.is_some_and(|t| Instant::now() < t)
+    }
+
+    fn to_fallback(
+        &self,
+        s: &mut State,
+        key: Key,
+        meta: SpillMeta,
+        data: &[u8],
+        why: &str,
+    ) -> Result<(), TierError> {
+        let Some(f) = &self.fallback else {
+            s.last_error = Some(format!("{why}, and there is no local fallback"));
+            return Err(TierError::Full);
+        };
+        match f.put(key, meta, data) {
+            Ok(()) => {
+                self.stats.fallback_puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                s.index.insert(key, Entry { meta, seq: 0, at: At::Local });
+                Ok(())
+            }
+            Err(e) => {
+                s.last_error = Some(format!(
+                    "{why}, and the fallback failed: {}",
+                    f.last_error().unwrap_or(e.to_string())
+                ));
+                Err(e)
+            }
+        }
+    }
+
+    fn take_link(&self) -> redis::RedisResult<Link> {
+        if let Some(l) = self.links.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(l);
+        }
+        self.conn.connect()
+    }
+
+    fn give_link(&self, l: Link) {
+        let mut v = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < 16 {
+            v.push(l);
+        }
+    }
+
+    /// GET, retried (through a failover) until `deadline`.
+    fn fetch(&self, name: &[u8], deadline: Instant) -> Result<Option<Vec<u8>>, String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut wait = Duration::from_millis(5);
+        loop {
+            let t = Instant::now();
+            let r = self.take_link().and_then(|mut l| {
+                let v = l.get(name)?;
+                self.give_link(l);
+                Ok(v)
+            });
+            match r {
+                Ok(v) => {
+                    self.stats.get_ns.record(t.elapsed().as_nanos() as u64);
+                    return Ok(v);
+                }
+                Err(e) => {
+                    self.stats.errors.fetch_add(1, Relaxed);
+                    if Instant::now() + wait > deadline {
+                        return Err(e.to_string());
+                    }
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    /// The flusher thread's loop.
+    fn flusher(self: Arc<Self>) {
+        let mut link: Option<Link> = None;
+        let mut last_topology = Instant::now();
+        let mut buf = Vec::new();
+        loop {
+            let mut s = self.lock();
+            loop {
+                if s.stop {
+                    return;
+                }
+                let work = !s.queue.is_empty() || !s.unlinks.is_empty();
+                if work && !s.paused {
+                    match s.down_until {
+                        // Backing off: try again when it ends.
+                        Some(t) if Instant::now() < t => {
+                            let d = t - Instant::now();
+                            s = self.wake.wait_timeout(s, d).unwrap_or_else(|p| p.into_inner()).0;
+                            continue;
+                        }
+                        _ => break,
+                    }
+                }
+                if !s.paused && self.conn.is_cluster() && last_topology.elapsed() >= TOPOLOGY_EVERY {
+                    break;
+                }
+                s = self.wake.wait_timeout(s, TOPOLOGY_EVERY).unwrap_or_else(|p| p.into_inner()).0;
+            }
+            s.busy = true;
+            let round = self.collect(&mut s);
+            drop(s);
+            if link.is_none() {
+                link = self.conn.connect().ok();
+            }
+            if self.conn.is_cluster() && last_topology.elapsed() >= TOPOLOGY_EVERY {
+                last_topology = Instant::now();
+                if let Some(l) = link.as_mut() {
+                    self.look_at_masters(l);
+                }
+            }
+            let ok = match (&round, link.as_mut()) {
+                (r, _) if r.is_empty() => Ok(()),
+                (r, Some(l)) => self.write(l, r, &mut buf),
+                (_, None) => Err("cannot connect".to_string()),
+            };
+            if ok.is_err() {
+                // Its replies may be out of step: a new connection next time.
+                link = None;
+            }
+            let mut s = self.lock();
+            self.settle(&mut s, round, ok);
+            s.busy = false;
+            drop(s);
+            self.done.notify_all();
+        }
+    }
+
+    /// Failovers: a master that was not one before (a replica promoted).
+    fn look_at_masters(&self, l: &mut Link) {
+        let Ok(t) = l.topology() else { return };
+        let mut seen = self.masters_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let new = t.masters.iter().filter(|m| !seen.contains(*m)).count();
+        if new > 0 {
+            self.stats.failovers.fetch_add(new as u64, std::sync::atomic::Ordering::Relaxed);
+            seen.extend(t.masters);
+        }
+    }
+}
+
+/// A page in a round: key, metadata, sequence number, hash tag, bytes.
+type RoundPage = (Key, SpillMeta, u64, u16, Waiting);
+
+/// One flusher round: the pages to write and the deletes to send.
+#[derive(Default)]
+struct Round {
+    pages: Vec<RoundPage>,
+    writer: Option<(u16, Arc<Writer>)>,
+    unlinks: Vec<Vec<u8>>,
+}
+
+impl Round {
+    fn is_empty(&self) -> bool {
+        self.pages.is_empty() && self.unlinks.is_empty()
+    }
+}
+
+impl Inner {
+    /// Takes a round's work from the queue (the pages stay in the index,
+    /// pending, until the round is settled).
+    fn collect(&self, s: &mut State) -> Round {
+        let mut r = Round::default();
+        if s.paused {
+            return r;
+        }
+        let per = self.cfg.batch_pages.max(1);
+        let most = per * self.cfg.batches_per_round.max(1);
+        let mut in_batch = 0;
+        let mut tag = s.next_tag;
+        while r.pages.len() < most {
+            let Some((key, seq)) = s.queue.pop_front() else { break };
+            let Some(e) = s.index.get(&key) else { continue };
+            let At::Pending(d) = &e.at else { continue };
+            if e.seq != seq {
+                continue;
+            }
+            if in_batch == per {
+                in_batch = 0;
+                tag = (tag + 1) % self.tags.len();
+            }
+            r.pages.push((key, e.meta, seq, tag as u16, d.clone()));
+            in_batch += 1;
+        }
+        s.next_tag = (tag + 1) % self.tags.len();
+        if !r.pages.is_empty() {
+            let gen = s.writers.len() - 1;
+            r.writer = Some((gen as u16, s.writers[gen].clone()));
+        }
+        if !self.down(s) || !r.pages.is_empty() {
+            let n = s.unlinks.len().min(UNLINKS_PER_ROUND);
+            r.unlinks = s.unlinks.drain(..n).collect();
+        }
+        r
+    }
+
+    /// Writes a round: an `MSET` per batch (one hash tag) and an
+    /// `UNLINK` per hash tag of the deletes, in one pipeline, then, if
+    /// the durability asks, WAIT for a replica. `buf`: the flusher's
+    /// buffer for the packed commands.
+    fn write(&self, l: &mut Link, r: &Round, buf: &mut Vec<u8>) -> Result<(), String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let t = Instant::now();
+        let mut names = Vec::with_capacity(r.pages.len());
+        // Values a writer that encrypts seals now.
+        let mut sealed: Vec<Vec<u8>> = Vec::new();
+        if let Some((_, w)) = &r.writer {
+            for (key, meta, seq, tag, d) in &r.pages {
+                names.push(self.name(w, *tag, *key, *seq));
+                if !d.sealed {
+                    let mut v = Vec::with_capacity(d.bytes.len() + OVERHEAD);
+                    w.seal(*key, meta, *seq, &d.bytes, &mut v);
+                    sealed.push(v);
+                }
+            }
+        }
+        let mut cmds: Vec<Vec<&[u8]>> = Vec::new();
+        let mut unsealed = sealed.iter();
+        for (i, (_, _, _, tag, d)) in r.pages.iter().enumerate() {
+            if i == 0 || r.pages[i - 1].3 != *tag {
+                cmds.push(vec![b"MSET"]);
+            }
+            let value: &[u8] = if d.sealed { &d.bytes } else { unsealed.next().expect("sealed above") };
+            let c = cmds.last_mut().expect("pushed");
+            c.push(&names[i]);
+            c.push(value);
+        }
+        let mut by_tag: Vec<&[u8]> = r.unlinks.iter().map(|n| &n[..]).collect();
+        by_tag.sort_unstable_by_key(|n| hash_tag(n));
+        for (i, n) in by_tag.iter().enumerate() {
+            if i == 0 || hash_tag(by_tag[i - 1]) != hash_tag(n) {
+                cmds.push(vec![b"UNLINK"]);
+            }
+            cmds.last_mut().expect("pushed").push(n);
+        }
+        l.exec(&cmds, buf).map_err(|e| {
+            self.stats.errors.fetch_add(1, Relaxed);
+            format!("the remote refused or lost a write: {e}")
+        })?;
+        if !r.pages.is_empty() && self.cfg.durability.waits() {
+            let n = l.wait(1, self.cfg.wait_timeout).map_err(|e| {
+                self.stats.errors.fetch_add(1, Relaxed);
+                format!("waiting for a replica failed: {e}")
+            })?;
+            if n < 1 {
+                self.stats.wait_timeouts.fetch_add(1, Relaxed);
+                return Err(format!(
+                    "no replica acknowledged the writes within {} ms",
+                    self.cfg.wait_timeout.as_millis()
+                ));
+            }
+        }
+        if !r.pages.is_empty() {
+            self.stats.batch_ns.record(t.elapsed().as_nanos() as u64);
+            self.stats.batches.fetch_add(1, Relaxed);
+        }
+        self.stats.unlinks.fetch_add(r.unlinks.len() as u64, Relaxed);
+        Ok(())
+    }
+
+    /// After a round: pages written are remote now (or were replaced
+    /// meanwhile: their values go); on failure they go to the fallback.
+    fn settle(&self, s: &mut State, r: Round, ok: Result<(), String>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some((gen, w)) = r.writer else {
+            if let Err(e) = ok {
+                s.unlinks.extend(r.unlinks);
+                self.failed(s, e);
+            }
+            return;
+        };
+        match ok {
+            Ok(()) => {
+                s.down_until = None;
+                s.backoff = self.cfg.retry_after;
+                for (key, meta, seq, tag, data) in r.pages {
+                    let vlen = (data.plain().len() + OVERHEAD) as u32;
+                    let current =
+                        s.index.get(&key).is_some_and(|e| e.seq == seq && matches!(e.at, At::Pending(_)));
+                    if !current {
+                        s.unlinks.push(self.name(&w, tag, key, seq));
+                        self.recycle(data);
+                        continue;
+                    }
+                    self.stats.puts.fetch_add(1, Relaxed);
+                    self.stats.put_bytes.fetch_add(data.plain().len() as u64, Relaxed);
+                    let local = self.cfg.durability.local()
+                        && self.fallback.as_ref().is_some_and(|f| f.put(key, meta, data.plain()).is_ok());
+                    if local {
+                        self.stats.local_copies.fetch_add(1, Relaxed);
+                    }
+                    s.pending_bytes -= data.bytes.len();
+                    s.remote_bytes += vlen as u64;
+                    let e = s.index.get_mut(&key).expect("checked above");
+                    e.at = At::Remote { tag, gen, local, vlen };
+                    self.recycle(data);
+                }
+            }
+            Err(why) => {
+                // The names written may exist: deleted later.
+                for (key, _, seq, tag, _) in &r.pages {
+                    s.unlinks.push(self.name(&w, *tag, *key, *seq));
+                }
+                s.unlinks.extend(r.unlinks);
+                for (key, meta, seq, _, data) in r.pages {
+                    let current =
+                        s.index.get(&key).is_some_and(|e| e.seq == seq && matches!(e.at, At::Pending(_)));
+                    if current {
+                        s.pending_bytes -= data.bytes.len();
+                        s.index.remove(&key);
+                        if self.to_fallback(s, key, meta, data.plain(), &why).is_err() {
+                            // No room anywhere: it waits for the remote again.
+                            s.pending_bytes += data.bytes.len();
+                            s.index.insert(key, Entry { meta, seq, at: At::Pending(data) });
+                            s.queue.push_back((key, seq));
+                        }
+                    }
+                }
+                self.failed(s, why);
+            }
+        }
+    }
+
+    fn failed(&self, s: &mut State, why: String) {
+        s.last_error = Some(why);
+        s.down_until = Some(Instant::now() + s.backoff);
+        s.backoff = (s.backoff * 2).min(self.cfg.retry_after * 16);
+    }
+}
+
+impl NextTier for RemoteTier {
+    fn name(&self) -> String {
+        format!("remote ({})", self.inner.cfg.url_list())
+    }
+
+    /// Seals the page here, in the caller's thread (the flusher only
+    /// writes), except for a writer that encrypts: that one's pages are
+    /// kept plain until written, so that a get of a page still waiting,
+    /// or the fallback, has the entry's bytes.
+    fn put(&self, key: Key, meta: SpillMeta, data: &[u8]) -> Result<(), TierError> {
+        let inner = &self.inner;
+        let seq = inner.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let w = inner.writer.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let waiting = if w.encrypts() {
+            Waiting { bytes: Arc::new(data.to_vec()), sealed: false }
+        } else {
+            let mut v = inner.buffer();
+            w.seal(key, &meta, seq, data, &mut v);
+            Waiting { bytes: Arc::new(v), sealed: true }
+        };
+        let size = waiting.bytes.len();
+        let mut s = inner.lock();
+        if let Some(old) = s.index.remove(&key) {
+            inner.discard(&mut s, key, old);
+        }
+        if inner.down(&s) && inner.fallback.is_some() {
+            let why = format!("the remote is unavailable ({})", s.last_error.clone().unwrap_or_default());
+            return inner.to_fallback(&mut s, key, meta, data, &why);
+        }
+        if s.pending_bytes + size > inner.cfg.pending_bytes {
+            if inner.fallback.is_some() {
+                return inner.to_fallback(&mut s, key, meta, data, "the remote is slower than the evictions");
+            }
+            // Nowhere else to go: wait for room (the evictions slow down
+            // to the remote's pace), as long as a get would wait.
+            let until = Instant::now() + inner.cfg.get_deadline;
+            while s.pending_bytes + size > inner.cfg.pending_bytes && Instant::now() < until {
+                inner.wake.notify_one();
+                s = inner
+                    .done
+                    .wait_timeout(s, Duration::from_millis(10))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            if s.pending_bytes + size > inner.cfg.pending_bytes {
+                s.last_error =
+                    Some("the remote is slower than the evictions, and there is no local fallback".into());
+                return Err(TierError::Full);
+            }
+        }
+        s.pending_bytes += size;
+        s.index.insert(key, Entry { meta, seq, at: At::Pending(waiting) });
+        s.queue.push_back((key, seq));
+        // (The flusher sleeps only with nothing to do.)
+        if s.queue.len() == 1 {
+            inner.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: Key, out: &mut Vec<u8>, remove: bool) -> Result<Option<SpillMeta>, TierError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let inner = &self.inner;
+        let mut s = inner.lock();
+        let Some(e) = s.index.get(&key) else { return Ok(None) };
+        let meta = e.meta;
+        let seq = e.seq;
+        let (tag, gen, local) = match &e.at {
+            At::Pending(d) => {
+                out.clear();
+                out.extend_from_slice(d.plain());
+                inner.stats.pending_hits.fetch_add(1, Relaxed);
+                if remove {
+                    let e = s.index.remove(&key).expect("found");
+                    inner.discard(&mut s, key, e);
+                }
+                return Ok(Some(meta));
+            }
+            At::Local => {
+                let f = inner.fallback.as_ref().expect("a local entry has a fallback");
+                let r = f.get(key, out, remove)?;
+                if r.is_some() {
+                    inner.stats.fallback_gets.fetch_add(1, Relaxed);
+                }
+                if remove {
+                    s.index.remove(&key);
+                }
+                return Ok(r);
+            }
+            At::Remote { tag, gen, local, .. } => (*tag, *gen, *local),
+        };
+        let w = s.writers[gen as usize].clone();
+        let name = inner.name(&w, tag, key, seq);
+        let down = inner.down(&s);
+        drop(s);
+        // With a local copy, the remote is not waited for.
+        let deadline = Instant::now() + if local { inner.cfg.timeout } else { inner.cfg.get_deadline };
+        let fetched = if down && local {
+            Err("the remote is unavailable".to_string())
+        } else {
+            inner.fetch(&name, deadline)
+        };
+        let mut from_local = |why: String| -> Result<Option<SpillMeta>, TierError> {
+            let f = inner.fallback.as_ref().expect("a local copy has a fallback");
+            match f.get(key, out, false)? {
+                Some(m) if m == meta => {
+                    inner.stats.fallback_gets.fetch_add(1, Relaxed);
+                    Ok(Some(m))
+                }
+                _ => Err(io_err(format!("{why}; and its local copy is gone"))),
+            }
+        };
+        let r = match fetched {
+            Ok(Some(mut v)) => match w.open_in_place(key, &meta, seq, &mut v) {
+                Ok(()) => {
+                    *out = v;
+                    inner.stats.gets.fetch_add(1, Relaxed);
+                    inner.stats.get_bytes.fetch_add(out.len() as u64, Relaxed);
+                    Ok(Some(meta))
+                }
+                Err(e) => {
+                    inner.stats.mac_errors.fetch_add(1, Relaxed);
+                    let msg = format!(
+                        "remote page (pool {} object {} index {}): {e}",
+                        key.pool, key.object, key.index
+                    );
+                    inner.lock().last_error = Some(msg.clone());
+                    return Err(TierError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, msg)));
+                }
+            },
+            Ok(None) => {
+                inner.stats.lost.fetch_add(1, Relaxed);
+                let why = format!(
+                    "remote page (pool {} object {} index {}) is gone from the server",
+                    key.pool, key.object, key.index
+                );
+                if local {
+                    from_local(why)
+                } else {
+                    inner.lock().last_error = Some(why.clone());
+                    Err(io_err(why))
+                }
+            }
+            Err(e) => {
+                let why = format!("the remote did not answer for a page: {e}");
+                if local {
+                    from_local(why)
+                } else {
+                    inner.lock().last_error = Some(why.clone());
+                    Err(io_err(why))
+                }
+            }
+        };
+        if remove && r.as_ref().is_ok_and(|m| m.is_some()) {
+            let mut s = inner.lock();
+            if s.index.get(&key).is_some_and(|e| e.seq == seq) {
+                let e = s.index.remove(&key).expect("found");
+                inner.discard(&mut s, key, e);
+            }
+        }
+        r
+    }
+
+    fn remove(&self, key: Key) -> bool {
+        let mut s = self.inner.lock();
+        match s.index.remove(&key) {
+            Some(e) => {
+                self.inner.discard(&mut s, key, e);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn remove_object(&self, pool: u32, object: u64) -> usize {
+        let mut s = self.inner.lock();
+        let keys: Vec<Key> =
+            s.index.keys().filter(|k| k.pool == pool && k.object == object).copied().collect();
+        for k in &keys {
+            let e = s.index.remove(k).expect("listed");
+            self.inner.discard(&mut s, *k, e);
+        }
+        keys.len()
+    }
+
+    fn remove_pool(&self, pool: u32) -> usize {
+        let mut s = self.inner.lock();
+        let keys: Vec<Key> = s.index.keys().filter(|k| k.pool == pool).copied().collect();
+        for k in &keys {
+            let e = s.index.remove(k).expect("listed");
+            self.inner.discard(&mut s, *k, e);
+        }
+        keys.len()
+    }
+
+    fn entries(&self) -> usize {
+        self.inner.lock().index.len()
+    }
+
+    fn bytes_used(&self) -> u64 {
+        let s = self.inner.lock();
+        s.remote_bytes + s.pending_bytes as u64 + self.inner.fallback.as_ref().map_or(0, |f| f.bytes_used())
+    }
+
+    fn last_error(&self) -> Option<String> {
+        self.inner.lock().last_error.clone()
+    }
+
+    /// Pauses the flusher (no lock held across the fork). The entries
+    /// are not copied for the child (`Ok(false)`): the caller takes them
+    /// back first.
+    fn prepare_fork(&self) -> Result<bool, TierError> {
+        let mut s = self.inner.lock();
+        s.paused = true;
+        while s.busy {
+            s = self.inner.done.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        Ok(false)
+    }
+
+    fn parent_after_fork(&self) {
+        self.inner.lock().paused = false;
+        self.inner.wake.notify_all();
+    }
+
+    /// The child's own: new keys and names, new connections, its own
+    /// flusher thread and fallback; it must hold no entries.
+    fn after_fork(&self) -> Result<(), TierError> {
+        let mut s = self.inner.lock();
+        if !s.index.is_empty() {
+            return Err(io_err(format!(
+                "the remote tier holds {} entries at fork; a child cannot keep them",
+                s.index.len()
+            )));
+        }
+        let w = Writer::random(self.inner.cfg.encrypt)?;
+        let w = Arc::new(w);
+        s.writers = vec![w.clone()];
+        *self.inner.writer.lock().unwrap_or_else(|p| p.into_inner()) = w;
+        s.queue.clear();
+        s.unlinks.clear();
+        s.pending_bytes = 0;
+        s.remote_bytes = 0;
+        s.paused = false;
+        s.busy = false;
+        s.last_error = None;
+        drop(s);
+        // The parent's sockets: the child closes its copies only.
+        self.inner.links.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        if let Some(f) = &self.inner.fallback {
+            f.after_fork()?;
+        }
+        // The parent's flusher does not exist here.
+        if let Some(h) = self.flusher.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            std::mem::forget(h);
+        }
+        self.start_flusher().map_err(|e| io_err(e.to_string()))
+    }
+}
+
+impl RemoteTier {
+    /// Reads several entries at once (one pipeline for those on the
+    /// remote), as [`NextTier::get`] without removing them: `outs[i]`
+    /// gets `keys[i]`'s bytes, and the result its metadata (`None`: not
+    /// held). Where the pipeline fails, the entries are read one by one.
+    pub fn get_many(&self, keys: &[Key], outs: &mut [Vec<u8>]) -> Result<Vec<Option<SpillMeta>>, TierError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let inner = &self.inner;
+        let mut res = vec![None; keys.len()];
+        let mut remote = Vec::new();
+        {
+            let s = inner.lock();
+            for (i, k) in keys.iter().enumerate() {
+                if let Some(e) = s.index.get(k) {
+                    if let At::Remote { tag, gen, .. } = e.at {
+                        let w = s.writers[gen as usize].clone();
+                        remote.push((i, inner.name(&w, tag, *k, e.seq), w, e.meta, e.seq));
+                    }
+                }
+            }
+        }
+        let names: Vec<&[u8]> = remote.iter().map(|r| &r.1[..]).collect();
+        let t = Instant::now();
+        let got = if names.is_empty() {
+            Ok(Vec::new())
+        } else {
+            inner.take_link().and_then(|mut l| {
+                let v = l.get_many(&names)?;
+                inner.give_link(l);
+                Ok(v)
+            })
+        };
+        match got {
+            Ok(vals) => {
+                if !names.is_empty() {
+                    inner.stats.get_ns.record(t.elapsed().as_nanos() as u64);
+                }
+                for ((i, _, w, meta, seq), v) in remote.iter().zip(vals) {
+                    let Some(mut v) = v else { continue };
+                    if w.open_in_place(keys[*i], meta, *seq, &mut v).is_ok() {
+                        outs[*i] = v;
+                        inner.stats.gets.fetch_add(1, Relaxed);
+                        inner.stats.get_bytes.fetch_add(outs[*i].len() as u64, Relaxed);
+                        res[*i] = Some(*meta);
+                    }
+                }
+            }
+            Err(_) => {
+                inner.stats.errors.fetch_add(1, Relaxed);
+            }
+        }
+        // The rest (pending, local, failed): one by one.
+        for (i, k) in keys.iter().enumerate() {
+            if res[i].is_none() {
+                res[i] = self.get(*k, &mut outs[i], false)?;
+            }
+        }
+        Ok(res)
+    }
+}
+
+/// Deletes every value of run `run_id` (what its processes left, killed
+/// ones included) from every master; returns how many.
+pub fn remove_run(cfg: &RemoteConfig, run_id: &str) -> Result<u64, RemoteError> {
+    if run_id.len() != 12 || !run_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(RemoteError::Config(format!("run id {run_id:?}: 12 hex digits expected")));
+    }
+    let (conn, topo) = Connector::new(cfg)?;
+    let err = |e: redis::RedisError| RemoteError::Connect(e.to_string());
+    let pattern = format!("zt:{run_id}:*");
+    let mut removed = 0u64;
+    let masters: Vec<Option<(String, u16)>> = if topo.cluster {
+        topo.masters
+            .iter()
+            .filter_map(|m| {
+                m.rsplit_once(':').and_then(|(h, p)| Some(Some((h.to_string(), p.parse().ok()?))))
+            })
+            .collect()
+    } else {
+        vec![None]
+    };
+    let mut link = conn.connect().map_err(err)?;
+    for m in masters {
+        let mut cursor = 0u64;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000);
+            let v = match (&mut link, &m) {
+                (Link::Cluster(c), Some((host, port))) => c
+                    .route_command(
+                        &scan,
+                        redis::cluster_routing::RoutingInfo::SingleNode(
+                            redis::cluster_routing::SingleNodeRoutingInfo::ByAddress {
+                                host: host.clone(),
+                                port: *port,
+                            },
+                        ),
+                    )
+                    .map_err(err)?,
+                (l, _) => l.any(&scan).map_err(err)?,
+            };
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::from_redis_value(v).map_err(|e| err(e.into()))?;
+            if !keys.is_empty() {
+                let cmds: Vec<redis::Cmd> = keys
+                    .iter()
+                    .map(|k| {
+                        let mut c = redis::cmd("UNLINK");
+                        c.arg(&k[..]);
+                        c
+                    })
+                    .collect();
+                link.pipeline(&cmds).map_err(err)?;
+                removed += keys.len() as u64;
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// The set of runs that may have values on the servers (their ids).
+pub const RUNS_KEY: &str = "zt:runs";
+
+/// The key that says run `run_id` is alive (it expires unless renewed).
+pub fn alive_key(run_id: &str) -> String {
+    format!("zt:{run_id}:alive")
+}
+
+/// How a run says it is alive: [`alive_key`] for this long, renewed
+/// every third of it.
+pub const ALIVE_FOR: Duration = Duration::from_secs(60);
+
+/// Says that run `run_id` is alive (for [`ALIVE_FOR`]) and records it in
+/// [`RUNS_KEY`]; with `alive` false, that it has ended (its records
+/// removed).
+pub fn mark_run(cfg: &RemoteConfig, run_id: &str, alive: bool) -> Result<(), RemoteError> {
+    let (conn, _) = Connector::new(cfg)?;
+    let err = |e: redis::RedisError| RemoteError::Connect(e.to_string());
+    let mut link = conn.connect().map_err(err)?;
+    let alive_key = alive_key(run_id);
+    let cmds = if alive {
+        [
+            redis::cmd("SET")
+                .arg(&alive_key)
+                .arg(std::process::id())
+                .arg("EX")
+                .arg(ALIVE_FOR.as_secs())
+                .clone(),
+            redis::cmd("SADD").arg(RUNS_KEY).arg(run_id).clone(),
+        ]
+    } else {
+        [redis::cmd("DEL").arg(&alive_key).clone(), redis::cmd("SREM").arg(RUNS_KEY).arg(run_id).clone()]
+    };
+    for c in &cmds {
+        link.keyed(c).and_then(|v| v.extract_error()).map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Removes the values of every run recorded in [`RUNS_KEY`] whose
+/// [`alive_key`] has expired (its `ztier run` was killed, or its machine
+/// lost): `(run id, values removed)` for each.
+pub fn remove_dead_runs(cfg: &RemoteConfig) -> Result<Vec<(String, u64)>, RemoteError> {
+    let (conn, _) = Connector::new(cfg)?;
+    let err = |e: redis::RedisError| RemoteError::Connect(e.to_string());
+    let mut link = conn.connect().map_err(err)?;
+    let runs: Vec<String> =
+        redis::from_redis_value(link.keyed(redis::cmd("SMEMBERS").arg(RUNS_KEY)).map_err(err)?)
+            .map_err(|e| err(e.into()))?;
+    let mut out = Vec::new();
+    for run in runs {
+        let alive: bool =
+            redis::from_redis_value(link.keyed(redis::cmd("EXISTS").arg(alive_key(&run))).map_err(err)?)
+                .map_err(|e| err(e.into()))?;
+        if alive {
+            continue;
+        }
+        let removed = if run.len() == 12 && run.bytes().all(|b| b.is_ascii_hexdigit()) {
+            remove_run(cfg, &run)?
+        } else {
+            0
+        };
+        link.keyed(redis::cmd("SREM").arg(RUNS_KEY).arg(&run)).map_err(err)?;
+        out.push((run, removed));
+    }
+    Ok(out)
+}

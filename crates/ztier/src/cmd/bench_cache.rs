@@ -1,0 +1,703 @@
+//! `ztier bench cache`: caches in front of a slow backing, with the same
+//! client and the same backing for every row.
+//!
+//! The backing is `nbdkit --filter=log --filter=delay [--filter=cow]
+//! file IMG rdelay=D wdelay=D` (cow keeps IMG unchanged under writes, so
+//! every row starts from the same data; log counts what reaches the
+//! backing). Rows: the backing alone; `nbdkit --filter=cache` over it (an
+//! uncompressed cache of the same size, cache-on-read, write-through, 4K
+//! blocks); `ztier cache serve` with codec raw, compressed (set
+//! associative, and direct-mapped), and compressed with a RAM cache. Each
+//! row runs fio's nbd engine (4K, QD32, zipf) over a working set of 1×,
+//! 2×, 4×, 8× the cache size, random reads and a 70/30 read/write mix,
+//! on 50%-compressible data and on an ext4 image of system files. fio's
+//! ramp time warms the cache; only the time after it is measured.
+//!
+//! The hit ratio of every row is measured the same way: 1 − the 4K
+//! blocks the backing was asked to read after the ramp / the blocks the
+//! client read after the ramp (from the log filter's timestamps).
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+
+use crate::units::{parse_size, parse_size_list};
+
+/// Arguments of `ztier bench cache`.
+#[derive(Args, Debug)]
+pub struct CacheBenchArgs {
+    /// Cache size (the same for every cache row).
+    #[arg(long, default_value = "128M", value_name = "SIZE")]
+    pub cache_size: String,
+    /// Working sets, as multiples of the cache size.
+    #[arg(long, default_value = "1,2,4,8", value_name = "LIST")]
+    pub ws: String,
+    /// Data sets: `compressible` (fio, 50% compressible), `real` (an ext4
+    /// image of files from /usr).
+    #[arg(long, default_value = "compressible,real", value_name = "LIST")]
+    pub data: String,
+    /// Workloads: `randread`, `randrw` (70% reads).
+    #[arg(long, default_value = "randread,randrw", value_name = "LIST")]
+    pub workloads: String,
+    /// Rows: backing, nbdkit-cache, raw, lz4, lz4-direct, lz4-ram.
+    #[arg(long, default_value = "backing,nbdkit-cache,raw,lz4,lz4-direct,lz4-ram", value_name = "LIST")]
+    pub rows: String,
+    /// fio's zipf theta.
+    #[arg(long, default_value_t = 0.8, value_name = "THETA")]
+    pub zipf: f64,
+    /// The backing's delay per request (nbdkit's delay filter).
+    #[arg(long, default_value = "2ms", value_name = "D")]
+    pub delay: String,
+    /// Seconds of warm-up (fio's ramp time) per run.
+    #[arg(long, default_value_t = 20, value_name = "S")]
+    pub warmup: u64,
+    /// Seconds measured per run.
+    #[arg(long, default_value_t = 20, value_name = "S")]
+    pub runtime: u64,
+    /// fio's queue depth.
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub iodepth: u32,
+    /// RAM cache of the lz4-ram row (default: a quarter of the cache size).
+    #[arg(long, value_name = "SIZE")]
+    pub ram_cache: Option<String>,
+    /// Folder for images, caches and sockets (default: a new one under TMPDIR).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One row at one point.
+#[derive(Debug, Serialize, Clone)]
+pub struct Row {
+    /// Data set.
+    pub data: String,
+    /// Workload.
+    pub workload: String,
+    /// Working set / cache size.
+    pub ws: u64,
+    /// Row name.
+    pub row: String,
+    /// 1 − backing reads / client reads, after the ramp.
+    pub hit_ratio: f64,
+    /// Read + write IOPS after the ramp.
+    pub iops: f64,
+    /// Read completion latency p50, µs.
+    pub read_p50_us: f64,
+    /// Read completion latency p99, µs.
+    pub read_p99_us: f64,
+    /// Write completion latency p50, µs (randrw).
+    pub write_p50_us: f64,
+    /// Write completion latency p99, µs (randrw).
+    pub write_p99_us: f64,
+    /// CPU time of the cache server (the backing's for the backing row)
+    /// after the ramp, as % of one CPU.
+    pub cpu_pct: f64,
+    /// ztier rows: the server's own statistics at exit.
+    pub ztier: Option<ZtierFigures>,
+}
+
+/// What a ztier server said at exit (whole run, ramp included).
+#[derive(Debug, Serialize, Clone)]
+pub struct ZtierFigures {
+    /// Its own hit ratio (RAM + SSD hits / blocks looked up).
+    pub hit_ratio: f64,
+    /// Compression ratio of the cache device's items.
+    pub ratio: f64,
+    /// Lines holding a block at exit.
+    pub lines_used: u64,
+    /// RAM for metadata per cached block.
+    pub metadata_bytes_per_cached_block: f64,
+    /// Reads served wholly from RAM: p50 inside the server, µs.
+    pub ram_hit_p50_us: f64,
+    /// SSD-cache hits: p50 inside the server, µs.
+    pub ssd_hit_p50_us: f64,
+    /// Fills dropped for want of a free segment.
+    pub fills_dropped_space: u64,
+}
+
+/// Compressed against uncompressed at one point.
+#[derive(Debug, Serialize)]
+pub struct Ratio {
+    /// Data set.
+    pub data: String,
+    /// Workload.
+    pub workload: String,
+    /// Working set / cache size.
+    pub ws: u64,
+    /// Row compared (lz4 or lz4-direct).
+    pub row: String,
+    /// The uncompressed peer: nbdkit-cache, or ztier's own raw row.
+    pub peer: String,
+    /// Its hit ratio / the peer's.
+    pub hit_ratio_x: f64,
+    /// Its IOPS / the peer's.
+    pub iops_x: f64,
+}
+
+/// The report.
+#[derive(Debug, Serialize)]
+pub struct CacheBenchReport {
+    /// Cache size in bytes.
+    pub cache_size: u64,
+    /// fio zipf theta.
+    pub zipf: f64,
+    /// Backing delay.
+    pub delay: String,
+    /// Warm-up and measured seconds per run.
+    pub warmup_s: u64,
+    /// Measured seconds per run.
+    pub runtime_s: u64,
+    /// Every row.
+    pub rows: Vec<Row>,
+    /// Compressed vs uncompressed.
+    pub ratios: Vec<Ratio>,
+}
+
+/// A child process, ended by PID when dropped (SIGTERM, then SIGKILL after 10 s).
+struct Kid {
+    child: Option<Child>,
+    what: String,
+}
+
+impl Kid {
+    fn spawn(mut c: Command, what: &str) -> Result<Kid> {
+        let child = c.stdout(Stdio::null()).spawn().with_context(|| format!("starting {what}"))?;
+        Ok(Kid { child: Some(child), what: what.to_string() })
+    }
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+    /// Stops it (SIGTERM) and waits; an error if it did not exit cleanly.
+    fn stop(mut self) -> Result<()> {
+        let Some(mut c) = self.child.take() else { return Ok(()) };
+        let _ = Command::new("kill").arg(c.id().to_string()).status();
+        let t = Instant::now();
+        loop {
+            if let Some(st) = c.try_wait()? {
+                if !st.success() {
+                    bail!("{} exited with {st}", self.what);
+                }
+                return Ok(());
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                let _ = Command::new("kill").arg("-KILL").arg(c.id().to_string()).status();
+                let _ = c.wait();
+                bail!("{} did not stop within 60 s", self.what);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").arg(c.id().to_string()).status();
+            let t = Instant::now();
+            while c.try_wait().ok().flatten().is_none() {
+                if t.elapsed() > Duration::from_secs(10) {
+                    let _ = Command::new("kill").arg("-KILL").arg(c.id().to_string()).status();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn need(tool: &str, pkg: &str) -> Result<()> {
+    let ok = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output()?.status.success();
+    if !ok {
+        bail!("needs '{tool}' (Debian package {pkg})");
+    }
+    Ok(())
+}
+
+fn wait_for(path: &Path, kid: &mut Kid) -> Result<()> {
+    let t = Instant::now();
+    while !path.exists() {
+        if let Some(c) = kid.child.as_mut() {
+            if let Some(st) = c.try_wait()? {
+                bail!("{} exited ({st}) before listening", kid.what);
+            }
+        }
+        if t.elapsed() > Duration::from_secs(120) {
+            bail!("{} did not appear", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// CPU seconds (user + system) of a process so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the command (which is in parentheses).
+    let Some(rest) = s.rsplit_once(')').map(|x| x.1) else { return 0.0 };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 (11 and 12 after the command and state).
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (ticks(11) + ticks(12)) / hz
+}
+
+/// Builds the image for a data set.
+fn make_image(data: &str, img: &Path, size: u64, dir: &Path) -> Result<()> {
+    match data {
+        "compressible" => {
+            let out = Command::new("fio")
+                .args(["--name=fill", "--ioengine=psync", "--rw=write", "--bs=1M", "--iodepth=1"])
+                .arg(format!("--filename={}", img.display()))
+                .arg(format!("--size={size}"))
+                .args(["--buffer_compress_percentage=50", "--refill_buffers", "--output-format=terse"])
+                .output()
+                .context("running fio to fill the image")?;
+            if !out.status.success() {
+                bail!("fio fill: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+        "real" => {
+            need("mkfs.ext4", "e2fsprogs")?;
+            // Files from /usr, hard-linked into a staging folder (no copy);
+            // as full as mkfs.ext4 -d manages (from 80% of the image down).
+            let mut fill = 80;
+            loop {
+                let stage = dir.join("stage");
+                let _ = std::fs::remove_dir_all(&stage);
+                std::fs::create_dir_all(&stage)?;
+                stage_files(&stage, size * fill / 100)?;
+                let _ = std::fs::remove_file(img);
+                let out = Command::new("mkfs.ext4")
+                    .args(["-q", "-F", "-b", "4096", "-d"])
+                    .arg(&stage)
+                    .arg(img)
+                    .arg(format!("{}K", size / 1024))
+                    .output()?;
+                let _ = std::fs::remove_dir_all(&stage);
+                if out.status.success() {
+                    break;
+                }
+                if fill <= 40 {
+                    bail!("mkfs.ext4 -d: {}", String::from_utf8_lossy(&out.stderr));
+                }
+                fill -= 10;
+            }
+        }
+        d => bail!("unknown data set '{d}' (compressible, real)"),
+    }
+    Ok(())
+}
+
+/// Hard-links directories of /usr into `stage` up to about `budget` bytes.
+fn stage_files(stage: &Path, mut budget: u64) -> Result<()> {
+    let mut picked = 0u64;
+    let floor = budget / 50;
+    for root in ["/usr/lib", "/usr/share", "/usr/bin", "/usr/libexec", "/usr/include"] {
+        let Ok(rd) = std::fs::read_dir(root) else { continue };
+        let mut kids: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+        kids.sort();
+        for k in kids {
+            if budget < floor {
+                return Ok(());
+            }
+            let du = Command::new("du").arg("-sb").arg(&k).output()?;
+            let n: u64 = String::from_utf8_lossy(&du.stdout)
+                .split_whitespace()
+                .next()
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(0);
+            if n == 0 || n > budget {
+                continue;
+            }
+            let to = stage.join(format!("{}-{picked}", root.trim_start_matches('/').replace('/', "-")));
+            let linked =
+                Command::new("cp").arg("-al").arg(&k).arg(&to).stderr(Stdio::null()).status()?.success();
+            if linked || Command::new("cp").arg("-a").arg(&k).arg(&to).status()?.success() {
+                budget -= n;
+                picked += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Starts the backing: nbdkit with log + delay (+ cow for writes) over IMG.
+fn start_backing(img: &Path, sock: &Path, log: &Path, delay: &str, cow: bool) -> Result<Kid> {
+    let _ = std::fs::remove_file(sock);
+    let _ = std::fs::remove_file(log);
+    let mut c = Command::new("nbdkit");
+    c.env("TZ", "UTC").args(["-f", "--threads=64", "-U"]).arg(sock).args(["--filter=log", "--filter=delay"]);
+    if cow {
+        c.arg("--filter=cow");
+    }
+    c.arg("file").arg(img).arg(format!("logfile={}", log.display()));
+    c.arg(format!("rdelay={delay}")).arg(format!("wdelay={delay}"));
+    if !cow {
+        c.arg("--readonly");
+    }
+    let mut k = Kid::spawn(c, "the backing nbdkit")?;
+    wait_for(sock, &mut k)?;
+    Ok(k)
+}
+
+/// Blocks the backing was asked to read at or after `since` (UTC,
+/// seconds since the epoch), from the log filter's file.
+fn backing_reads_since(log: &Path, since: f64) -> Result<f64> {
+    let f = std::fs::File::open(log).with_context(|| format!("reading {}", log.display()))?;
+    let mut blocks = 0.0;
+    for line in std::io::BufReader::new(f).lines() {
+        let line = line?;
+        let Some(i) = line.find(" Read id=") else { continue };
+        if line[i..].starts_with(" ...") {
+            continue;
+        }
+        let Some(t) = parse_log_time(&line) else { continue };
+        if t < since {
+            continue;
+        }
+        let count = line[i..]
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix("count=0x"))
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+            .unwrap_or(0);
+        blocks += count as f64 / 4096.0;
+    }
+    Ok(blocks)
+}
+
+/// `YYYY-MM-DD HH:MM:SS.ffffff` (UTC) as seconds since the epoch.
+fn parse_log_time(line: &str) -> Option<f64> {
+    let d = line.get(..10)?;
+    let t = line.get(11..26)?;
+    let mut dp = d.split('-').map(|x| x.parse::<i64>().ok());
+    let (y, m, dd) = (dp.next()??, dp.next()??, dp.next()??);
+    let mut tp = t.split(':');
+    let (h, mi) = (tp.next()?.parse::<i64>().ok()?, tp.next()?.parse::<i64>().ok()?);
+    let s: f64 = tp.next()?.parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = if y2 >= 0 { y2 } else { y2 - 399 } / 400;
+    let yoe = y2 - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + dd - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    Some((days * 86400 + h * 3600 + mi * 60) as f64 + s)
+}
+
+struct Fio {
+    read_ios: f64,
+    iops: f64,
+    read_p50: f64,
+    read_p99: f64,
+    write_p50: f64,
+    write_p99: f64,
+}
+
+fn run_fio(uri: &str, a: &CacheBenchArgs, workload: &str, ws: u64, started: &mut f64) -> Result<Fio> {
+    let mut c = Command::new("fio");
+    c.args([
+        "--name=bench",
+        "--ioengine=nbd",
+        "--bs=4k",
+        "--output-format=json",
+        "--time_based",
+        "--norandommap",
+    ])
+    .arg(format!("--uri={uri}"))
+    .arg(format!("--iodepth={}", a.iodepth))
+    .arg(format!("--size={ws}"))
+    .arg(format!("--random_distribution=zipf:{}", a.zipf))
+    .arg(format!("--ramp_time={}", a.warmup))
+    .arg(format!("--runtime={}", a.runtime))
+    .args(["--buffer_compress_percentage=50", "--refill_buffers"]);
+    match workload {
+        "randread" => c.arg("--rw=randread"),
+        "randrw" => c.args(["--rw=randrw", "--rwmixread=70"]),
+        w => bail!("unknown workload '{w}' (randread, randrw)"),
+    };
+    *started = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH)?.as_secs_f64();
+    let out = c.output().context("running fio")?;
+    if !out.status.success() {
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let start = out.stdout.iter().position(|&b| b == b'{').unwrap_or(0);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout[start..]).context("fio's JSON")?;
+    let j = &v["jobs"][0];
+    if j["error"].as_i64().unwrap_or(0) != 0 {
+        bail!("fio job error {}", j["error"]);
+    }
+    let pct = |d: &str, p: &str| j[d]["clat_ns"]["percentile"][p].as_f64().unwrap_or(0.0) / 1000.0;
+    Ok(Fio {
+        read_ios: j["read"]["total_ios"].as_f64().unwrap_or(0.0),
+        iops: j["read"]["iops"].as_f64().unwrap_or(0.0) + j["write"]["iops"].as_f64().unwrap_or(0.0),
+        read_p50: pct("read", "50.000000"),
+        read_p99: pct("read", "99.000000"),
+        write_p50: pct("write", "50.000000"),
+        write_p99: pct("write", "99.000000"),
+    })
+}
+
+/// One row at one point: starts the cache (if any), runs fio, measures.
+#[allow(clippy::too_many_arguments)]
+fn run_row(
+    a: &CacheBenchArgs,
+    dir: &Path,
+    img: &Path,
+    data: &str,
+    workload: &str,
+    ws_x: u64,
+    row: &str,
+    cache_size: u64,
+    ram: u64,
+) -> Result<Row> {
+    let bsock = dir.join("backing.sock");
+    let log = dir.join("backing.log");
+    let cow = workload != "randread";
+    let backing = start_backing(img, &bsock, &log, &a.delay, cow)?;
+    let buri = format!("nbd+unix:///?socket={}", bsock.display());
+    let csock = dir.join("cache.sock");
+    let _ = std::fs::remove_file(&csock);
+    let stats_file = dir.join("ztier-stats.json");
+    let _ = std::fs::remove_file(&stats_file);
+    let ztier = std::env::current_exe()?;
+    let mut server: Option<Kid> = None;
+    match row {
+        "backing" => {}
+        "nbdkit-cache" => {
+            let mut c = Command::new("nbdkit");
+            c.env("TMPDIR", dir).args(["-f", "-U"]).arg(&csock).args(["--filter=cache", "nbd"]);
+            c.arg(format!("socket={}", bsock.display()));
+            c.args(["cache=writethrough", "cache-on-read=true", "cache-min-block-size=4096"]);
+            c.arg(format!("cache-max-size={cache_size}"));
+            let mut k = Kid::spawn(c, "nbdkit --filter=cache")?;
+            wait_for(&csock, &mut k)?;
+            server = Some(k);
+        }
+        "raw" | "lz4" | "lz4-direct" | "lz4-ram" => {
+            let cf = dir.join("cache.ztc");
+            let _ = std::fs::remove_file(&cf);
+            let mut c = Command::new(&ztier);
+            c.args(["cache", "create"]).arg(&cf).arg("--size").arg(cache_size.to_string());
+            c.args(["--codec", if row == "raw" { "raw" } else { "lz4" }]);
+            c.args(["--placement", if row == "lz4-direct" { "direct" } else { "assoc:8:clock" }]);
+            let out = c.output()?;
+            if !out.status.success() {
+                bail!("ztier cache create: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            let mut c = Command::new(&ztier);
+            c.args(["cache", "serve", "--backing"])
+                .arg(&buri)
+                .arg("--cache")
+                .arg(&cf)
+                .arg("--socket")
+                .arg(&csock);
+            c.arg("--stats").arg(&stats_file);
+            if !cow {
+                c.arg("--readonly"); // the backing is read-only for read-only workloads
+            }
+            if row == "lz4-ram" {
+                c.arg("--ram-cache").arg(ram.to_string());
+            }
+            c.stderr(Stdio::null());
+            let mut k = Kid::spawn(c, "ztier cache serve")?;
+            wait_for(&csock, &mut k)?;
+            server = Some(k);
+        }
+        r => bail!("unknown row '{r}'"),
+    }
+    let uri =
+        if row == "backing" { buri.clone() } else { format!("nbd+unix:///?socket={}", csock.display()) };
+    let pid = server.as_ref().map_or(backing.pid(), |k| k.pid());
+    // CPU over the measured part: sampled when the ramp ends.
+    let cpu = std::sync::Arc::new(std::sync::Mutex::new((0.0f64, 0.0f64)));
+    let sampler = {
+        let (cpu, warm) = (cpu.clone(), a.warmup);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(warm));
+            cpu.lock().expect("cpu").0 = cpu_seconds(pid);
+        })
+    };
+    let mut started = 0.0;
+    let f = run_fio(&uri, a, workload, ws_x * cache_size, &mut started)?;
+    let _ = sampler.join();
+    let cpu_end = cpu_seconds(pid);
+    let cpu_pct = (cpu_end - cpu.lock().expect("cpu").0) / a.runtime as f64 * 100.0;
+    let mut figures = None;
+    if let Some(k) = server {
+        k.stop()?;
+        if row.starts_with("raw") || row.starts_with("lz4") {
+            let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats_file)?)?;
+            figures = Some(ZtierFigures {
+                hit_ratio: s["hit_ratio"].as_f64().unwrap_or(0.0),
+                ratio: s["ratio"].as_f64().unwrap_or(0.0),
+                lines_used: s["lines_used"].as_u64().unwrap_or(0),
+                metadata_bytes_per_cached_block: s["metadata_bytes_per_cached_block"].as_f64().unwrap_or(0.0),
+                ram_hit_p50_us: s["latency"]["ram_hit"]["p50_us"].as_f64().unwrap_or(0.0),
+                ssd_hit_p50_us: s["latency"]["ssd_hit"]["p50_us"].as_f64().unwrap_or(0.0),
+                fills_dropped_space: s["fills_dropped_space"].as_u64().unwrap_or(0),
+            });
+        }
+    }
+    backing.stop()?;
+    let backing_reads = backing_reads_since(&log, started + a.warmup as f64)?;
+    let hit_ratio =
+        if row == "backing" || f.read_ios == 0.0 { 0.0 } else { (1.0 - backing_reads / f.read_ios).max(0.0) };
+    Ok(Row {
+        data: data.into(),
+        workload: workload.into(),
+        ws: ws_x,
+        row: row.into(),
+        hit_ratio,
+        iops: f.iops,
+        read_p50_us: f.read_p50,
+        read_p99_us: f.read_p99,
+        write_p50_us: f.write_p50,
+        write_p99_us: f.write_p99,
+        cpu_pct,
+        ztier: figures,
+    })
+}
+
+fn list(s: &str) -> Vec<String> {
+    s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect()
+}
+
+/// Runs `ztier bench cache`.
+pub fn run(a: CacheBenchArgs) -> Result<i32> {
+    for (t, p) in [("fio", "fio"), ("nbdkit", "nbdkit")] {
+        need(t, p)?;
+    }
+    let cache_size = parse_size(&a.cache_size).context("--cache-size")?;
+    let ram = match &a.ram_cache {
+        Some(s) => parse_size(s).context("--ram-cache")?,
+        None => cache_size / 4,
+    };
+    let ws: Vec<u64> = parse_size_list(&a.ws).context("--ws")?;
+    if ws.contains(&0) {
+        bail!("--ws: multiples of at least 1");
+    }
+    let (dir, own) = match &a.dir {
+        Some(d) => (d.clone(), false),
+        None => (std::env::temp_dir().join(format!("ztier-bench-cache-{}", std::process::id())), true),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let result = (|| -> Result<CacheBenchReport> {
+        let mut rows = Vec::new();
+        let max_ws = *ws.iter().max().expect("a working set");
+        for data in list(&a.data) {
+            let img = dir.join(format!("backing-{data}.img"));
+            if !a.json {
+                eprintln!("bench cache: building the {data} image ({} MiB)", (max_ws * cache_size) >> 20);
+            }
+            make_image(&data, &img, max_ws * cache_size, &dir)?;
+            for workload in list(&a.workloads) {
+                for &w in &ws {
+                    for row in list(&a.rows) {
+                        if !a.json {
+                            eprint!("bench cache: {data} {workload} {w}x {row} … ");
+                        }
+                        let r = run_row(&a, &dir, &img, &data, &workload, w, &row, cache_size, ram)?;
+                        if !a.json {
+                            eprintln!(
+                                "hit {:.3}, {:.0} IOPS, read p50 {:.0} µs",
+                                r.hit_ratio, r.iops, r.read_p50_us
+                            );
+                        }
+                        rows.push(r);
+                    }
+                }
+            }
+            let _ = std::fs::remove_file(&img);
+        }
+        let mut ratios = Vec::new();
+        for peer in ["nbdkit-cache", "raw"] {
+            for r in rows.iter().filter(|r| r.row == "lz4" || r.row == "lz4-direct") {
+                if let Some(k) = rows
+                    .iter()
+                    .find(|k| k.row == peer && k.data == r.data && k.workload == r.workload && k.ws == r.ws)
+                {
+                    ratios.push(Ratio {
+                        data: r.data.clone(),
+                        workload: r.workload.clone(),
+                        ws: r.ws,
+                        row: r.row.clone(),
+                        peer: peer.to_string(),
+                        hit_ratio_x: if k.hit_ratio > 0.0 { r.hit_ratio / k.hit_ratio } else { 0.0 },
+                        iops_x: if k.iops > 0.0 { r.iops / k.iops } else { 0.0 },
+                    });
+                }
+            }
+        }
+        Ok(CacheBenchReport {
+            cache_size,
+            zipf: a.zipf,
+            delay: a.delay.clone(),
+            warmup_s: a.warmup,
+            runtime_s: a.runtime,
+            rows,
+            ratios,
+        })
+    })();
+    if own {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let r = result?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(0);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "caches of {} MiB in front of nbdkit file + delay {} (fio nbd, 4K, QD{}, zipf:{}; {} s warm-up, {} s measured)",
+        cache_size >> 20,
+        a.delay,
+        a.iodepth,
+        a.zipf,
+        a.warmup,
+        a.runtime
+    )?;
+    let mut last = (String::new(), String::new());
+    for x in &r.rows {
+        if (x.data.clone(), x.workload.clone()) != last {
+            writeln!(out, "\n{} data, {}", x.data, x.workload)?;
+            writeln!(
+                out,
+                "{:>3} {:<13} {:>6} {:>9} {:>9} {:>9} {:>6} {:>6} {:>9}",
+                "ws", "row", "hit", "IOPS", "p50 µs", "p99 µs", "CPU%", "ratio", "RAM p50"
+            )?;
+            last = (x.data.clone(), x.workload.clone());
+        }
+        let (ratio, ramp50) = x.ztier.as_ref().map_or((String::new(), String::new()), |z| {
+            (
+                format!("{:.2}", z.ratio),
+                if z.ram_hit_p50_us > 0.0 { format!("{:.1} µs", z.ram_hit_p50_us) } else { String::new() },
+            )
+        });
+        writeln!(
+            out,
+            "{:>2}x {:<13} {:>6.3} {:>9.0} {:>9.0} {:>9.0} {:>6.1} {:>6} {:>9}",
+            x.ws, x.row, x.hit_ratio, x.iops, x.read_p50_us, x.read_p99_us, x.cpu_pct, ratio, ramp50
+        )?;
+    }
+    if !r.ratios.is_empty() {
+        writeln!(out, "\ncompressed / uncompressed of the same size, same run")?;
+        for x in &r.ratios {
+            writeln!(
+                out,
+                "{} {} {}x {:<10} vs {:<12}: hit ratio {:.2}x, IOPS {:.2}x",
+                x.data, x.workload, x.ws, x.row, x.peer, x.hit_ratio_x, x.iops_x
+            )?;
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,259 @@
+//! `ztier run --remote`: programs whose compressed pages do not fit the
+//! store keep them in Redis (servers started here on loopback ports,
+//! stopped by PID): native output with most of the memory remote, a
+//! fork, a wrong password said before the program runs, a live
+//! resharding and the SIGKILL of a master during a run, and every
+//! server down with the spill file taking over.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{compile, native, tmp, ztier};
+use ztier_remote::testbed::{Options, Testbed};
+
+/// Starts `ztier run` with `args` then `--` and `prog` in `d`, its
+/// output captured, the password in the environment.
+fn start(d: &Path, args: &[&str], prog: &[&str], password: Option<&str>) -> Child {
+    let mut c = Command::new(ztier());
+    c.arg("run").args(args).arg("--").args(prog).current_dir(d);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    match password {
+        Some(p) => c.env("ZTIER_REMOTE_PASSWORD", p),
+        None => c.env_remove("ZTIER_REMOTE_PASSWORD"),
+    };
+    c.spawn().unwrap()
+}
+
+fn stats(d: &Path, name: &str) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(d.join(name)).unwrap()).unwrap()
+}
+
+fn said(o: &Output) -> String {
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Values on the masters (`ports`), less the run's two records.
+fn values(bed: &Testbed, ports: &[u16]) -> u64 {
+    ports.iter().map(|&p| bed.dbsize(p).unwrap_or(0)).sum::<u64>().saturating_sub(2)
+}
+
+/// Waits until the servers on `ports` hold `n` values of the run.
+fn wait_values(bed: &Testbed, ports: &[u16], n: u64, run: &mut Child) {
+    let t = Instant::now();
+    while values(bed, ports) < n {
+        assert!(run.try_wait().unwrap().is_none(), "the program ended before {n} pages were remote");
+        assert!(t.elapsed() < Duration::from_secs(60), "{} values after 60 s", values(bed, ports));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A program with most of its memory remote (an ACL user, the password
+/// from the environment) gives native output, and so does a forking
+/// one whose child checks its parent's heap; the values are gone from
+/// the server when the run ends.
+#[test]
+fn most_memory_remote_gives_native_output_and_a_fork_its_pages() {
+    let d = tmp("remote-native");
+    let opts = Options { auth: Some(("ztier".into(), "pw-remote-run".into())), ..Options::default() };
+    let bed = Testbed::single(&opts).unwrap();
+    let port = bed.servers[0].port;
+    let url = bed.url();
+    let touch = compile(&d, "touch_times");
+    let want = native(&[&touch, "8192"], &d);
+    let run = start(
+        &d,
+        &["--budget", "4M", "--store", "2M", "--remote", &url, "--stats", "s.json"],
+        &[&touch, "8192"],
+        Some("pw-remote-run"),
+    )
+    .wait_with_output()
+    .unwrap();
+    assert!(run.status.success(), "{}", said(&run));
+    assert_eq!(run.stdout, want.stdout, "{}", said(&run));
+    let s = stats(&d, "s.json");
+    let r = &s["remote"];
+    assert!(s["pages_compressed"].as_u64().unwrap() > 4000, "{s}");
+    // Most of the 32 MiB was remote: far more pages came back from it
+    // than the store could hold (512 pages at 2 MiB uncompressed... or ~2× that).
+    assert!(r["remote_puts"].as_u64().unwrap() > 4000, "{r}");
+    assert!(r["remote_gets"].as_u64().unwrap() > 4000, "{r}");
+    assert_eq!(
+        (r["mac_errors"].as_u64(), r["lost"].as_u64(), r["errors"].as_u64()),
+        (Some(0), Some(0), Some(0)),
+        "{r}"
+    );
+    let p = &s["per_process"][0]["remote"];
+    assert!(p["proxied_gets"].as_u64().unwrap() > 4000, "{p}");
+    assert_eq!(bed.dbsize(port).unwrap(), 0, "the run's values and records are gone");
+
+    let forks = compile(&d, "forks");
+    let want = native(&[&forks, "true"], &d);
+    let run = start(
+        &d,
+        &["--budget", "8M", "--store", "4M", "--remote", &url, "--stats", "f.json"],
+        &[&forks, "true"],
+        Some("pw-remote-run"),
+    )
+    .wait_with_output()
+    .unwrap();
+    assert!(run.status.success(), "{}", said(&run));
+    assert_eq!(run.stdout, want.stdout, "{}", said(&run));
+    let s = stats(&d, "f.json");
+    assert!(s["remote"]["remote_puts"].as_u64().unwrap() > 1000, "{s}");
+    assert_eq!(s["remote"]["lost"].as_u64(), Some(0));
+    assert_eq!(bed.dbsize(port).unwrap(), 0);
+}
+
+/// A wrong password is said before the program starts (which never
+/// runs), without the password.
+#[test]
+fn a_wrong_password_is_said_before_the_program_starts() {
+    let d = tmp("remote-password");
+    let opts = Options { auth: Some(("ztier".into(), "the-right-one".into())), ..Options::default() };
+    let bed = Testbed::single(&opts).unwrap();
+    let o = start(
+        &d,
+        &["--budget", "8M", "--remote", &bed.url()],
+        &["sh", "-c", "touch ran"],
+        Some("a-wrong-one"),
+    )
+    .wait_with_output()
+    .unwrap();
+    assert!(!o.status.success(), "{}", said(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("authentication failed") && !err.contains("a-wrong-one"), "{err}");
+    assert!(!d.join("ran").exists(), "the program ran");
+    // A password in the URL is refused, without repeating it.
+    let url = bed.url().replace("ztier@", "ztier:secret@");
+    let o = start(&d, &["--budget", "8M", "--remote", &url], &["sh", "-c", "touch ran"], None)
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("readable by every user") && !err.contains("secret"),
+        "{err}"
+    );
+    assert!(!d.join("ran").exists(), "the program ran");
+}
+
+/// A Redis Cluster of 3 masters with a replica each: slots move between
+/// masters during one run (no error), and a master is SIGKILLed during
+/// another (durability replica, no spill file: every page comes back
+/// through the promoted replica); both give native output.
+#[test]
+fn resharding_and_a_master_killed_during_runs() {
+    let d = tmp("remote-cluster");
+    let mut bed = Testbed::cluster(3, 1, &Options { node_timeout_ms: 1000, ..Options::default() }).unwrap();
+    let exe = compile(&d, "loop");
+    let want = native(&[&exe], &d);
+    let url = bed.url();
+    let args = ["--budget", "4M", "--store", "2M", "--remote", &url, "--remote-durability", "replica"];
+
+    let masters = bed.master_ports().unwrap();
+    let mut run = start(&d, &[&args[..], &["--stats", "r.json"]].concat(), &[&exe], None);
+    wait_values(&bed, &masters, 2000, &mut run);
+    bed.reshard(masters[0], masters[1], 2000).unwrap();
+    let o = run.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(o.stdout, want.stdout, "{}", said(&o));
+    let r = &stats(&d, "r.json")["remote"];
+    assert_eq!(
+        (r["errors"].as_u64(), r["lost"].as_u64(), r["mac_errors"].as_u64()),
+        (Some(0), Some(0), Some(0)),
+        "{r}"
+    );
+    assert!(r["remote_gets"].as_u64().unwrap() > 1000, "{r}");
+
+    let masters = bed.master_ports().unwrap();
+    let mut run = start(&d, &[&args[..], &["--stats", "k.json"]].concat(), &[&exe], None);
+    wait_values(&bed, &masters, 2000, &mut run);
+    let victim = masters[2];
+    bed.server(victim).unwrap().kill();
+    let o = run.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(o.stdout, want.stdout, "{}", said(&o));
+    let r = &stats(&d, "k.json")["remote"];
+    assert_eq!((r["lost"].as_u64(), r["mac_errors"].as_u64()), (Some(0), Some(0)), "{r}");
+    assert!(r["failovers"].as_u64().unwrap() >= 1, "{r}");
+}
+
+/// Every server down during a run (its only one SIGKILLed): the spill
+/// file takes the pages, and those already remote come back from their
+/// local copies (durability local, the default without replicas).
+#[test]
+fn every_server_down_the_spill_file_takes_over() {
+    let d = tmp("remote-down");
+    let mut bed = Testbed::single(&Options::default()).unwrap();
+    let port = bed.servers[0].port;
+    let exe = compile(&d, "loop");
+    let want = native(&[&exe], &d);
+    let spill = d.join("spill");
+    std::fs::create_dir_all(&spill).unwrap();
+    let mut run = start(
+        &d,
+        &[
+            "--budget",
+            "4M",
+            "--store",
+            "2M",
+            "--remote",
+            &bed.url(),
+            "--spill",
+            spill.to_str().unwrap(),
+            "--stats",
+            "s.json",
+        ],
+        &[&exe],
+        None,
+    );
+    wait_values(&bed, &[port], 2000, &mut run);
+    bed.servers[0].kill();
+    let o = run.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(o.stdout, want.stdout, "{}", said(&o));
+    let r = &stats(&d, "s.json")["remote"];
+    assert_eq!(r["durability"], "local", "{r}");
+    assert!(r["fallback_puts"].as_u64().unwrap() > 0 && r["fallback_gets"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!((r["lost"].as_u64(), r["mac_errors"].as_u64()), (Some(0), Some(0)), "{r}");
+    // The end could not remove the run's records: said, with what to do.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("ztier remote gc"), "{err}");
+}
+
+/// Every page value on the server changed behind the run's back (one
+/// byte each, by a script on the server) while the program loops over
+/// its heap: the run stops with the MAC error, and the program never
+/// prints a result computed from a changed page.
+#[test]
+fn a_value_changed_in_redis_is_an_error_never_data() {
+    let d = tmp("remote-tamper");
+    let bed = Testbed::single(&Options::default()).unwrap();
+    let port = bed.servers[0].port;
+    let exe = compile(&d, "loop");
+    let want = native(&[&exe], &d);
+    let mut run = start(&d, &["--budget", "4M", "--store", "2M", "--remote", &bed.url()], &[&exe], None);
+    wait_values(&bed, &[port], 2000, &mut run);
+    // Page values only (`zt:RUN:PROC:{TAG}:ID`), not the run's records.
+    let flip = "local n = 0 \
+                for _, k in ipairs(redis.call('KEYS', 'zt:*{*')) do \
+                  local b = string.byte(redis.call('GETRANGE', k, 0, 0)) \
+                  redis.call('SETRANGE', k, 0, string.char((b + 1) % 256)) \
+                  n = n + 1 \
+                end \
+                return n";
+    let n: u64 = bed.cli(port, &["EVAL", flip, "0"]).unwrap().trim().parse().unwrap();
+    assert!(n >= 1000, "{n} values changed");
+    let o = run.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "the run went on after {n} values changed: {}", said(&o));
+    assert!(err.contains("page MAC mismatch: the value was changed on the server"), "{}", said(&o));
+    assert_eq!(err.matches("next tier I/O").count(), 1, "{err}");
+    assert!(o.stdout.is_empty() || o.stdout == want.stdout, "{}", said(&o));
+}
