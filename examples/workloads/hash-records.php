@@ -3,9 +3,10 @@
 // string, sorted by key and read back in order; prints a deterministic
 // digest (579 MB peak, ~2.5 s natively here).
 //
-// usage: php -d memory_limit=-1 hash-records.php
+// usage: php -d memory_limit=-1 hash-records.php [N]   (N keys; default 1,500,000)
 $h = [];
-for ($i = 0; $i < 1500000; $i++) {
+$n = (int)($argv[1] ?? 1500000);
+for ($i = 0; $i < $n; $i++) {
     $h["key$i"] = [$i, str_repeat("v", $i % 50)];
 }
 ksort($h);

@@ -610,6 +610,11 @@ pub struct Manager {
     /// With the tree scope, the store's share of the command's `--store`
     /// last applied ([`Manager::follow_tree_store`]).
     store_share: usize,
+    /// Per 256 arena pages (a page of the hash table), whether one of
+    /// them was ever resident: the per-page tables are backed there
+    /// ([`tables_bytes`]); and how many are.
+    table_chunks: Vec<u64>,
+    table_chunks_used: usize,
 }
 
 /// A forked child's resident pages shared with its parent: a bit per
@@ -1200,6 +1205,16 @@ fn join_tree() -> Option<Member> {
     None
 }
 
+/// Bytes the per-page tables (state, eviction time, hash: 21 bytes a
+/// page) take where `chunks` runs of 256 arena pages were ever resident:
+/// a page of the hash table each, and a quarter and a sixteenth of one
+/// of the others (an estimate: they are backed only where touched).
+/// What the library holds for the arena besides the store, counted by
+/// `--budget-covers all`.
+fn tables_bytes(chunks: usize) -> usize {
+    chunks * (PAGE + PAGE / 4 + PAGE / 16)
+}
+
 impl Manager {
     /// A manager over `pages` pages at `base` (already mapped).
     pub fn new(base: usize, pages: usize, cfg: Config) -> io::Result<Manager> {
@@ -1272,6 +1287,8 @@ impl Manager {
             tree_wait: TREE_WAIT,
             tree_grown: std::time::Instant::now(),
             store_share: usize::MAX,
+            table_chunks: vec![0; pages.div_ceil(256 * 64)],
+            table_chunks_used: 0,
         };
         m.publish_wake_word();
         m.apply_sizing(true);
@@ -1374,6 +1391,11 @@ impl Manager {
             stats.promoted.fetch_add(1, Ordering::Relaxed);
         }
         self.set(i, (s & !STATE) | RESIDENT);
+        let (w, b) = (i >> 14, 1u64 << ((i >> 8) & 63));
+        if let Some(word) = self.table_chunks.get_mut(w).filter(|x| **x & b == 0) {
+            *word |= b;
+            self.table_chunks_used += 1;
+        }
         self.resident += 1;
         stats.resident.store(self.resident, Ordering::Relaxed);
         stats.peak_resident.fetch_max(self.resident, Ordering::Relaxed);
@@ -1754,10 +1776,13 @@ impl Manager {
     fn tree_excess(&self) -> usize {
         let Some(t) = &self.tree else { return 0 };
         let (free, reserve) = (t.free(), self.reserve());
-        if free >= reserve {
+        // Under `--budget-covers all` the pool shrinks as the stores grow:
+        // what is held past it is short too.
+        let short = (reserve + t.overdrawn()).saturating_sub(free);
+        if short == 0 {
             return 0;
         }
-        ((reserve - free) * t.held()).div_ceil(t.reserved().max(1)).min(self.resident)
+        (short * t.held()).div_ceil(t.reserved().max(1)).min(self.resident)
     }
 
     /// Gives back to the shared budget what this process holds beyond its
@@ -1993,6 +2018,11 @@ impl Manager {
         // Said when it moved by 64 KiB (a cache line the processes share).
         if used.abs_diff(t.stored()) >= 64 << 10 || used == 0 {
             t.publish_store(used);
+        }
+        // The tables too, which `--budget-covers all` counts (KiB).
+        let tables = tables_bytes(self.table_chunks_used);
+        if tables.abs_diff((t.tables_kib() as usize) << 10) >= 64 << 10 {
+            t.publish_tables(tables);
         }
         let Some(share) = t.store_share() else { return };
         // Followed when it moved by a 32nd of the limit, and at once when

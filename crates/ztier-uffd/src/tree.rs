@@ -19,7 +19,7 @@
 //!
 //! ```text
 //!  offset  size
-//!  0       8     magic "ZTTREE04"
+//!  0       8     magic "ZTTREE05"
 //!  8       8     budget, pages
 //!  16      8     reserved: pages held by every slot together (atomic)
 //!  24      8     peak of reserved (atomic)
@@ -35,15 +35,32 @@
 //!                said (atomic)
 //!  80      8     peak of stored (atomic)
 //!  88      8     members: slots taken now (atomic)
-//!  96      40×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
+//!  96      8     covers all: 1 if the budget bounds the stores and the
+//!                library's tables too (`--budget-covers all`), 0 if
+//!                resident pages only
+//!  104     8     tables: bytes of the library's own tables, as each
+//!                process last said (atomic)
+//!  112     8     peak of everything held: held pages + stored + tables,
+//!                in bytes (atomic)
+//!  120     40×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
 //!                wake (u32, a futex word: bumped to wake the process's
 //!                background evictor), held pages (u64, atomic), stored
 //!                bytes (u64, atomic), start time (u64, clock ticks after
 //!                boot as `/proc/PID/stat` says; 0 = not known), life
 //!                (u32, a robust futex word: a thread's TID, marked
 //!                FUTEX_OWNER_DIED by the kernel when that thread ends;
-//!                0 = not set), 4 bytes unused
+//!                0 = not set), tables (u32, KiB, atomic)
 //! ```
+//!
+//! Under `--budget-covers all` (the default) the budget bounds
+//! everything the library holds for the command, as a memory cgroup's
+//! `memory.max` bounds a program's memory with zswap's pool charged to
+//! it: the pool a process takes resident pages from is the budget less
+//! what the stores use and the tables take together
+//! ([`Member::charged`]), so a store that grows leaves fewer pages to
+//! be resident and the evictors make room. The stores' limit is then a
+//! part of the budget (`ztier run` sets it), so that some pages can stay
+//! resident.
 //!
 //! A forked child holds only the resident pages it does not share with
 //! its parent: those it inherited are the parent's until they are its
@@ -89,7 +106,7 @@ use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// The segment's first eight bytes.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE04");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE05");
 /// Processes that can hold pages at once.
 pub const SLOTS: usize = 1024;
 /// Pages a process takes from the pool beyond what it needs now, so
@@ -117,7 +134,8 @@ pub struct Slot {
     /// [`FUTEX_OWNER_DIED`] by the kernel when that thread ends; 0: not
     /// set.
     pub life: AtomicU32,
-    _unused: u32,
+    /// KiB of the library's own tables in this process, as it last said.
+    pub tables_kib: AtomicU32,
 }
 
 /// The bit the kernel sets in a robust futex word whose owner ended.
@@ -150,6 +168,13 @@ pub struct Segment {
     pub store_peak: AtomicU64,
     /// Slots taken now.
     pub members: AtomicU64,
+    /// 1: the budget bounds the stores and the tables too.
+    pub covers_all: u64,
+    /// Bytes of the library's tables in every process together.
+    pub tables: AtomicU64,
+    /// The most ever held together: pages held (in bytes), stored bytes
+    /// and tables.
+    pub total_peak: AtomicU64,
     /// One per process.
     pub slots: [Slot; SLOTS],
 }
@@ -188,7 +213,37 @@ impl Segment {
         self.reserved.fetch_sub(h, Ordering::AcqRel);
         let b = s.stored.swap(0, Ordering::AcqRel);
         self.stored.fetch_sub(b, Ordering::AcqRel);
+        let t = s.tables_kib.swap(0, Ordering::AcqRel);
+        self.tables.fetch_sub(u64::from(t) << 10, Ordering::AcqRel);
         h
+    }
+
+    /// Bytes held by every process together now: pages held, stored
+    /// bytes and tables.
+    pub fn total(&self) -> u64 {
+        (self.reserved.load(Ordering::Acquire) << 12)
+            + self.stored.load(Ordering::Acquire)
+            + self.tables.load(Ordering::Acquire)
+    }
+
+    /// Records [`Segment::total`] if it is the most yet.
+    fn note_total(&self) {
+        self.total_peak.fetch_max(self.total(), Ordering::Relaxed);
+    }
+
+    /// Pages of the budget the stores and tables take (`--budget-covers
+    /// all`; 0 otherwise): what is left of the budget for held pages is
+    /// the budget less these.
+    pub fn charged(&self) -> u64 {
+        if self.covers_all == 0 {
+            return 0;
+        }
+        (self.stored.load(Ordering::Acquire) + self.tables.load(Ordering::Acquire)).div_ceil(4096)
+    }
+
+    /// Pages that may be held now: the budget, less [`Segment::charged`].
+    pub fn pool(&self) -> u64 {
+        self.budget.saturating_sub(self.charged())
     }
 }
 
@@ -226,6 +281,15 @@ impl Shared {
             (*p).magic = MAGIC;
         }
         Ok(Shared { fd, seg })
+    }
+
+    /// Makes the budget bound the stores and the library's tables too
+    /// (`--budget-covers all`): the pool of pages to hold shrinks as they
+    /// grow. Called before the path is handed out.
+    pub fn covering_all(self) -> Shared {
+        // SAFETY: as in `create`: no other process has mapped it yet.
+        unsafe { (*(self.seg as *const Segment as *mut Segment)).covers_all = 1 };
+        self
     }
 
     /// The path another process of this user opens it by, while this one
@@ -539,9 +603,21 @@ impl Member {
         self.held
     }
 
-    /// Pages no process holds.
+    /// Pages no process holds (of the pool: under `--budget-covers all`,
+    /// the budget less what the stores and tables take).
     pub fn free(&self) -> usize {
-        (self.seg.budget as usize).saturating_sub(self.seg.reserved.load(Ordering::Acquire) as usize)
+        (self.seg.pool() as usize).saturating_sub(self.seg.reserved.load(Ordering::Acquire) as usize)
+    }
+
+    /// Pages held past the pool: under `--budget-covers all`, what the
+    /// processes must give back since the stores and tables grew.
+    pub fn overdrawn(&self) -> usize {
+        (self.seg.reserved.load(Ordering::Acquire) as usize).saturating_sub(self.seg.pool() as usize)
+    }
+
+    /// Pages of the budget the stores and tables take now ([`Segment::charged`]).
+    pub fn charged(&self) -> usize {
+        self.seg.charged() as usize
     }
 
     /// Pages all processes hold together.
@@ -596,8 +672,9 @@ impl Member {
         }
         let k = (want - self.held) as u64;
         let r = self.seg.reserved.fetch_add(k, Ordering::AcqRel) + k;
-        self.seg.over.fetch_add(r.saturating_sub(self.seg.budget).min(k), Ordering::Relaxed);
+        self.seg.over.fetch_add(r.saturating_sub(self.seg.pool()).min(k), Ordering::Relaxed);
         self.seg.peak.fetch_max(r, Ordering::Relaxed);
+        self.seg.note_total();
         self.seg.slots[self.slot].held.fetch_add(k, Ordering::AcqRel);
         self.held += k as usize;
     }
@@ -622,6 +699,7 @@ impl Member {
     pub fn leave(&mut self) {
         self.give(self.held);
         self.publish_store(0);
+        self.publish_tables(0);
         let s = &self.seg.slots[self.slot];
         s.start.store(0, Ordering::Release);
         s.life.store(0, Ordering::Release);
@@ -649,6 +727,22 @@ impl Member {
             self.seg.stored.fetch_sub(d, Ordering::AcqRel);
         }
         self.stored = bytes;
+        self.seg.note_total();
+    }
+
+    /// Says that the library's tables take `bytes` in this process now
+    /// (counted in KiB, rounded up).
+    pub fn publish_tables(&mut self, bytes: usize) {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        let was = self.seg.slots[self.slot].tables_kib.swap(kib, Ordering::AcqRel);
+        self.seg.tables.fetch_add(u64::from(kib) << 10, Ordering::AcqRel);
+        self.seg.tables.fetch_sub(u64::from(was) << 10, Ordering::AcqRel);
+        self.seg.note_total();
+    }
+
+    /// KiB of tables this process said it has.
+    pub fn tables_kib(&self) -> u32 {
+        self.seg.slots[self.slot].tables_kib.load(Ordering::Acquire)
     }
 
     /// The bytes this process's store may use now (`None` without a
@@ -692,8 +786,9 @@ impl Member {
     /// (as many as it has, up to `k`); returns how many it took.
     fn take_up_to(&mut self, k: usize, least: usize) -> usize {
         let mut r = self.seg.reserved.load(Ordering::Acquire);
+        let pool = self.seg.pool();
         let k = loop {
-            let n = k.min(self.seg.budget.saturating_sub(r) as usize);
+            let n = k.min(pool.saturating_sub(r) as usize);
             if n == 0 || n < least {
                 return 0;
             }
@@ -710,6 +805,7 @@ impl Member {
         self.seg.peak.fetch_max(r + k as u64, Ordering::Relaxed);
         self.seg.slots[self.slot].held.fetch_add(k as u64, Ordering::AcqRel);
         self.held += k;
+        self.seg.note_total();
         k
     }
 
@@ -728,7 +824,9 @@ impl Member {
             let pid = s.pid.load(Ordering::Acquire);
             if pid <= 0
                 || k == self.slot
-                || (s.held.load(Ordering::Acquire) == 0 && s.stored.load(Ordering::Acquire) == 0)
+                || (s.held.load(Ordering::Acquire) == 0
+                    && s.stored.load(Ordering::Acquire) == 0
+                    && s.tables_kib.load(Ordering::Acquire) == 0)
                 || !gone(s, pid, look)
             {
                 continue;
@@ -1038,5 +1136,43 @@ mod tests {
         ja.join().unwrap();
         assert_eq!(me.reclaim(Look::Signal), 100, "the slot whose thread ended");
         assert_eq!(seg.slots[b].pid.load(Ordering::Acquire), pid, "the slot whose thread lives");
+    }
+
+    #[test]
+    fn covering_all_the_stores_and_tables_take_from_the_pool() {
+        let shared = Shared::create(1000, 2 << 20).unwrap().covering_all();
+        let seg = open(&shared.path()).unwrap();
+        let mut a = Member::join(seg).unwrap();
+        assert!(a.ensure(500));
+        let held = a.held();
+        assert_eq!(a.free(), 1000 - held);
+        // 400 KiB stored and 40 KiB of tables: 110 pages of the budget.
+        a.publish_store(400 << 10);
+        a.publish_tables(40 << 10);
+        assert_eq!(a.charged(), 110);
+        assert_eq!(a.free(), 1000 - 110 - held);
+        // The pool cannot give what the store took: at most 890 pages held.
+        assert!(!a.ensure(1000 - 109));
+        assert!(a.ensure(1000 - 110));
+        assert_eq!(a.free(), 0);
+        // Past it only by force, and that counts as over the budget.
+        a.force(1000 - 100);
+        assert_eq!(seg.over.load(Ordering::Relaxed), 10);
+        // The peak of everything held: pages, stored bytes and tables.
+        assert_eq!(seg.total_peak.load(Ordering::Relaxed), (900 << 12) + (440 << 10));
+        assert!(seg.total_peak.load(Ordering::Relaxed) > 1000 << 12, "over the budget, and said so");
+        a.trim(0);
+        a.publish_store(0);
+        assert_eq!(a.charged(), 10);
+        a.leave();
+        assert_eq!((seg.reserved.load(Ordering::Relaxed), seg.tables.load(Ordering::Relaxed)), (0, 0));
+        // Resident pages only (the old meaning): the store takes nothing.
+        let old = Shared::create(1000, 2 << 20).unwrap();
+        let mut b = Member::join(open(&old.path()).unwrap()).unwrap();
+        b.publish_store(400 << 10);
+        b.publish_tables(40 << 10);
+        assert_eq!(b.charged(), 0);
+        assert!(b.ensure(1000));
+        assert_eq!(old.segment().total_peak.load(Ordering::Relaxed), (1000 << 12) + (440 << 10));
     }
 }

@@ -420,3 +420,116 @@ fn refused_before_anything_runs() {
     refused(&["--kernel", "swap", "--swap-dir", "/dev/shm"], "on tmpfs, which cannot hold a swap file");
     refused(&["--kernel", "swap", "--swap-dir", "/nonexistent-ztier"], "--swap-dir /nonexistent-ztier");
 }
+
+/// Writes a suite file for a test.
+fn suite_file(name: &str, text: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("ztier-suite-{name}-{}.toml", std::process::id()));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// `--suite`: a tiny suite of two programs (one given arguments for its
+/// kernel run only) under one kernel mode and `ztier run`: one table, a
+/// line per program with its ratios and what each run held, the
+/// geometric means, each program's own table under it; every setting
+/// restored. (~15 s.)
+#[test]
+fn a_suite_runs_each_program_and_restores_every_setting() {
+    root();
+    let _one = SYSTEM.lock().unwrap_or_else(|e| e.into_inner());
+    let before = system_state();
+    let job = JOB.replace('\n', "\\n");
+    let suite = suite_file(
+        "tiny",
+        &format!(
+            "timeout = 60\n\n[[program]]\nname = \"py-dict\"\ncmd = [\"python3\", \"-c\", \"{job}\"]\n\
+             budget = \"24M\"\n\n[[program]]\nname = \"sort\"\n\
+             cmd = [\"sh\", \"-c\", \"seq 1 400000 | sort -r | md5sum\"]\nbudget = \"8M\"\n\
+             kernel_args = [\"-e\"]\n"
+        ),
+    );
+    let json = suite.with_extension("json");
+    let o = Command::new(ztier())
+        .args(["bench", "pressure", "--kernel", "zram", "--suite"])
+        .arg(&suite)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.starts_with("ztier bench pressure --suite "), "{text}");
+    for name in ["py-dict", "sort"] {
+        let line = text.lines().find(|l| l.starts_with(&format!("{name} "))).expect(&text);
+        assert!(line.ends_with("same"), "{line}");
+        assert!(text.contains(&format!("\nztier bench pressure: {name}: ")), "its own table: {text}");
+    }
+    assert!(text.contains("geometric mean over the programs with a ratio: ztier run "), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let programs = v["programs"].as_array().unwrap();
+    assert_eq!(programs.len(), 2, "{v}");
+    for p in programs {
+        assert!(p["ztier_vs_native"].as_f64().unwrap() > 0.0, "{p}");
+        // What ztier run held, everything counted, is reported.
+        assert!(p["ztier_held_bytes"].as_u64().unwrap() > 0, "{p}");
+    }
+    let rows = v["rows"].as_array().unwrap();
+    let modes: Vec<(&str, &str)> =
+        rows.iter().map(|r| (r["program"].as_str().unwrap(), r["mode"].as_str().unwrap())).collect();
+    assert_eq!(
+        modes,
+        [
+            ("py-dict", "native"),
+            ("py-dict", "kernel zram"),
+            ("py-dict", "ztier run"),
+            ("sort", "native"),
+            ("sort", "kernel zram"),
+            ("sort", "ztier run")
+        ]
+    );
+    // A kernel run that finished says what it held: its cgroup's peak and
+    // zram's pool.
+    for r in rows.iter().filter(|r| r["mode"] == "kernel zram" && r["exit_code"] == 0) {
+        assert!(r["cgroup_peak_bytes"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["peak_total_bytes"].as_u64() >= r["cgroup_peak_bytes"].as_u64(), "{r}");
+    }
+    let _ = std::fs::remove_file(&suite);
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(system_state(), before, "swap, zswap, cgroups and zram devices are as they were");
+}
+
+/// A bad suite file is refused before anything runs, naming its line.
+#[test]
+fn a_bad_suite_is_refused_naming_the_line() {
+    let refused = |text: &str, why: &str| {
+        let suite = suite_file("bad", text);
+        let o = Command::new(ztier())
+            .args(["bench", "pressure", "--kernel", "none", "--suite"])
+            .arg(&suite)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        let _ = std::fs::remove_file(&suite);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(why), "{why:?}: {err}");
+        assert!(!err.contains("native ..."), "ran a program: {err}");
+    };
+    refused(
+        "[[program]]\nname = \"a\"\ncmd = [\"true\"]\nbudget = \"64X\"\n",
+        "line 4: program \"a\": budget \"64X\"",
+    );
+    refused(
+        "[[program]]\nname = \"a\"\ncmd = [\"true\"]\nbudget = \"64M\"\nheap = 1\n",
+        "line 5: unknown field `heap`",
+    );
+    refused(
+        "[[program]]\nname = \"a\"\ncmd = [\"nope-not-a-program\"]\nbudget = \"64M\"\n",
+        "line 1: program \"a\"",
+    );
+    let o = Command::new(ztier())
+        .args(["bench", "pressure", "--suite", "/nonexistent/suite.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--suite /nonexistent/suite.toml"), "{o:?}");
+}

@@ -838,8 +838,9 @@ fn a_tree_budget_bounds_every_process_of_the_command_together() {
     assert!(together > 48 << 20, "with a budget each, the workers hold more together: {together}");
     assert!(own.get("tree_peak_held_bytes").is_none(), "{own}");
 
-    // The tree scope is the default.
-    let (m, tree) = managed_with("24M", &["--summary"], &cmd, &d);
+    // The tree scope is the default. (Counting resident pages only, as
+    // the budget of each process does: `--budget-covers resident`.)
+    let (m, tree) = managed_with("24M", &["--summary", "--budget-covers", "resident"], &cmd, &d);
     assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
     assert_eq!(tree["budget_scope"], "tree");
     let line = format!(
@@ -877,6 +878,95 @@ fn a_tree_budget_bounds_every_process_of_the_command_together() {
     let over = tree["tree_over_bytes"].as_u64().unwrap();
     assert!(over < 1 << 20, "{tree}");
     assert!(tree["tree_peak_held_bytes"].as_u64().unwrap() <= (24 << 20) + over, "{tree}");
+}
+
+/// `--budget` counts everything ztier holds for the command by default
+/// (`--budget-covers all`): the resident pages of its processes, their
+/// compressed stores and the library's tables together, as a memory
+/// cgroup's limit charges zswap's pool; the stores may take up to 3/4 of
+/// it. Four processes of `workers.py` at 24M (with a spill folder, as the
+/// kernel has its swap file) held less in all than counting resident
+/// pages only (`--budget-covers resident`, the old meaning), whose
+/// resident pages alone filled the budget. (~20 s.)
+#[test]
+fn the_budget_counts_the_stores_and_tables_too() {
+    let d = tmp("covers-all");
+    let spill = d.join("spill");
+    std::fs::create_dir_all(&spill).unwrap();
+    let spill = spill.to_str().unwrap();
+    let w = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/workers.py");
+    let cmd = ["python3", w.to_str().unwrap(), "100000", "3"];
+    let n = native(&cmd, &d);
+    assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+    let (m, all) = managed_with("24M", &["--summary", "--budget-covers", "all", "--spill", spill], &cmd, &d);
+    assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
+    assert_eq!(all["budget_covers"], "all");
+    assert!(all["tree_processes"].as_u64().unwrap() >= 4, "{all}");
+    assert_eq!(all["tree_over_bytes"], 0, "{all}");
+    assert_eq!(all["tree_store_limit_bytes"], 18 << 20, "3/4 of the budget: {all}");
+    let total = all["tree_peak_total_bytes"].as_u64().unwrap();
+    assert!(all["tree_store_peak_bytes"].as_u64().unwrap() > 2 << 20, "the stores took part: {all}");
+    let said = format!(
+        "everything held (resident, stores, tables) at most {:.1} MB of the 25.2 MB budget",
+        total as f64 / 1e6
+    );
+    assert!(String::from_utf8_lossy(&m.stderr).contains(&said), "{said:?}: {m:?}");
+    // The old meaning: the resident pages alone fill the budget, the
+    // stores come on top.
+    let (m, res) = managed_with("24M", &["--budget-covers", "resident", "--spill", spill], &cmd, &d);
+    assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
+    assert_eq!(res["budget_covers"], "resident");
+    let res_total = res["tree_peak_total_bytes"].as_u64().unwrap();
+    assert!(res_total > (24 << 20) + (2 << 20), "resident {res_total}: {res}");
+    assert!(res_total > total, "{res_total} against {total}");
+    // Each process's own budget counts its resident pages only (a sizing
+    // policy splits it between them and the store).
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "24M", "--budget-scope", "process", "--budget-covers", "all", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--budget-covers all needs --budget-scope tree"),
+        "{o:?}"
+    );
+    // A sizing policy counts resident pages and the stores: `resident`
+    // would contradict it.
+    let o = Command::new(ztier())
+        .args(["run", "--budget", "24M", "--budget-covers", "resident", "--policy", "static:0.25"])
+        .args(["--spill", "/tmp", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("--budget-covers resident cannot be used with --policy static:0.25"),
+        "{o:?}"
+    );
+}
+
+/// The bound itself: everything held stays within the budget, but for
+/// what a process has not yet said its store and tables grew by (64 KiB
+/// each) and pages counted as over it. Not met yet: four `workers.py`
+/// processes at 24M held 36.2 MB in all at their most (held pages 24.8
+/// MB, stores 18.9 MB at their peaks): a process's pages held stay
+/// held while the stores grow into the pool, until its evictor catches
+/// up.
+#[test]
+#[ignore = "not met yet: the evictors lag the pool as the stores grow (36.2 MB held at --budget 24M)"]
+fn everything_held_stays_within_the_budget() {
+    let d = tmp("covers-all-bound");
+    let spill = d.join("spill");
+    std::fs::create_dir_all(&spill).unwrap();
+    let w = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/workers.py");
+    let cmd = ["python3", w.to_str().unwrap(), "100000", "3"];
+    let (m, all) =
+        managed_with("24M", &["--budget-covers", "all", "--spill", spill.to_str().unwrap()], &cmd, &d);
+    assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
+    let total = all["tree_peak_total_bytes"].as_u64().unwrap();
+    let over = all["tree_over_bytes"].as_u64().unwrap();
+    let processes = all["tree_processes"].as_u64().unwrap();
+    assert!(total <= (24 << 20) + over + processes * (128 << 10), "held {total} bytes in all: {all}");
 }
 
 /// `--store` with the tree scope bounds the compressed stores of all the
@@ -2259,6 +2349,11 @@ fn a_sizing_policy_splits_each_processs_part_of_a_shared_budget() {
         managed_with("32M", &["--policy", "static:0.25", "--spill", spill.to_str().unwrap()], &cmd, &d);
     assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
     assert_eq!(s["budget_scope"], "tree");
+    // The policy's split is what the budget counts: resident pages and
+    // the stores, held as pages of the shared budget, with no shared
+    // store limit besides.
+    assert_eq!(s["budget_covers"], "all", "{s}");
+    assert_eq!(s["tree_store_limit_bytes"], 0, "{s}");
     let over = s["tree_over_bytes"].as_u64().unwrap();
     assert!(over < 1 << 20, "{s}");
     assert!(s["tree_peak_held_bytes"].as_u64().unwrap() <= (32 << 20) + over, "{s}");

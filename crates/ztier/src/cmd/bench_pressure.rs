@@ -113,6 +113,11 @@ pub struct PressureArgs {
     /// (each process of the command has the budget).
     #[arg(long, default_value = "tree", value_parser = ["process", "tree"])]
     pub budget_scope: String,
+    /// What `ztier run`'s budget counts (its --budget-covers): all (resident
+    /// pages, the compressed stores and the library's tables, as a cgroup limit
+    /// charges zswap's pool; the default with the tree scope) or resident.
+    #[arg(long, value_parser = ["all", "resident"])]
+    pub budget_covers: Option<String>,
     /// Seconds after which a kernel-baseline or `ztier run` run is killed
     /// and reported as timed out (memory-cgroup swapping can stall for
     /// minutes). Native runs have no bound.
@@ -132,15 +137,20 @@ pub struct PressureArgs {
     /// time (from its fault service histogram, log scale).
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Run every program of this suite file instead of one command (TOML; see
+    /// `examples/suites/default.toml` and docs/commands.md): each at its own budget,
+    /// with optional arguments for its kernel runs only; one table for the suite.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["budgets", "pairs"])]
+    pub suite: Option<PathBuf>,
     /// The program and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(required_unless_present = "suite", trailing_var_arg = true, allow_hyphen_values = true)]
     pub cmd: Vec<OsString>,
 }
 
 /// Where a `ztier run`'s fault service time went (seconds, every
 /// process): its `--stats` fields `fault_service_s` and its parts.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-struct FaultTime {
+pub(super) struct FaultTime {
     service: f64,
     lock_wait: f64,
     store_read: f64,
@@ -160,64 +170,77 @@ impl FaultTime {
 
 /// One measured run.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-struct Row {
-    mode: String,
-    budget: Option<u64>,
-    wall_s: f64,
-    vs_native: f64,
+pub(super) struct Row {
+    /// The program's name in a suite.
+    pub program: Option<String>,
+    pub mode: String,
+    pub budget: Option<u64>,
+    pub wall_s: f64,
+    pub vs_native: f64,
     /// User + system time of the program's processes (threads and
     /// waited-for children included; not the kernel's own threads).
-    cpu_s: f64,
-    peak_rss_bytes: u64,
-    major_faults: u64,
-    compressed_orig_bytes: Option<u64>,
-    compressed_bytes: Option<u64>,
-    same_output: bool,
+    pub cpu_s: f64,
+    pub peak_rss_bytes: u64,
+    pub major_faults: u64,
+    pub compressed_orig_bytes: Option<u64>,
+    pub compressed_bytes: Option<u64>,
+    pub same_output: bool,
     /// A finished run whose output is not native's: where the two first
     /// differ ([`first_difference`]).
-    output_difference: Option<String>,
-    exit_code: i32,
-    timed_out: bool,
+    pub output_difference: Option<String>,
+    pub exit_code: i32,
+    pub timed_out: bool,
     /// Kernel baselines in a v1 cgroup: how often a program paused at the
     /// limit was woken (see `wake_oom_waiters`).
-    oom_wakeups: u64,
+    pub oom_wakeups: u64,
     /// ztier run: faults served, and their service time's median, 99th
     /// percentile and mean (µs, decompression included).
-    faults: Option<u64>,
-    fault_p50_us: Option<f64>,
-    fault_p99_us: Option<f64>,
-    fault_mean_us: Option<f64>,
+    pub faults: Option<u64>,
+    pub fault_p50_us: Option<f64>,
+    pub fault_p99_us: Option<f64>,
+    pub fault_mean_us: Option<f64>,
     /// ztier run: faults served from the store, and those of them that
     /// continued no walk (one page each, no prefetch tried).
-    store_faults: Option<u64>,
-    lone_faults: Option<u64>,
+    pub store_faults: Option<u64>,
+    pub lone_faults: Option<u64>,
     /// ztier run: the handler's service time in all and its parts.
-    fault_time_s: Option<FaultTime>,
+    pub fault_time_s: Option<FaultTime>,
     /// ztier run: pages installed beyond the first of each fault (its
     /// `prefetched`), and the seconds its faults and those pages take at
     /// this machine's userfaultfd floor (`ztier bench uffd`), measured
     /// in the same run: fault service that no store or codec can remove.
-    further_pages: Option<u64>,
-    uffd_floor_s: Option<f64>,
+    pub further_pages: Option<u64>,
+    pub uffd_floor_s: Option<f64>,
     /// The floor itself: a fault's round trip and a further page (µs).
-    uffd_fault_us: Option<f64>,
-    uffd_page_us: Option<f64>,
+    pub uffd_fault_us: Option<f64>,
+    pub uffd_page_us: Option<f64>,
     /// ztier run with `--pairs`: the pairs' ratios of its wall time to
     /// native's, taken pair by pair.
-    paired: Option<Paired>,
+    pub paired: Option<Paired>,
+    /// Everything the run held at its most: for a kernel run its cgroup's
+    /// peak (resident pages, page cache, and zswap's pool if the kernel
+    /// charges it) plus the compressed pool's most (zswap's growth in
+    /// `/proc/meminfo`, sampled every 20 ms, or zram's `mem_used_max`,
+    /// which no cgroup is charged); for `ztier run` the most its
+    /// processes held together (resident managed pages, the compressed
+    /// stores and the library's tables: `tree_peak_total_bytes`).
+    pub peak_total_bytes: Option<u64>,
+    /// Kernel runs: the cgroup's peak, and the compressed pool's most.
+    pub cgroup_peak_bytes: Option<u64>,
+    pub pool_peak_bytes: Option<u64>,
     /// ztier run: its `--fault-path` (thread or signal).
-    fault_path: Option<String>,
+    pub fault_path: Option<String>,
     /// ztier run: its `--budget-scope` (tree or process).
-    budget_scope: Option<String>,
+    pub budget_scope: Option<String>,
     /// ztier run: the fault service histogram, `[bucket upper bound in
     /// ns, count]` of the buckets that counted a fault (its `--stats`
     /// `latency_ns`).
-    latency_ns: Option<Vec<(u64, u64)>>,
+    pub latency_ns: Option<Vec<(u64, u64)>>,
 }
 
 /// `--pairs`: native and ztier run timed in turn at one budget.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-struct Paired {
+pub(super) struct Paired {
     pairs: usize,
     /// Median, smallest and largest of the per-pair ratios.
     ratio: f64,
@@ -276,6 +299,19 @@ fn paired_lines(rows: &[Row]) -> Vec<String> {
         .collect()
 }
 
+/// What a row's run came to, as the tables say it.
+pub(super) fn outcome(r: &Row) -> &'static str {
+    if r.timed_out {
+        "TIMEOUT"
+    } else if r.same_output {
+        "same"
+    } else if r.exit_code != 0 {
+        "FAILED"
+    } else {
+        "DIFFERS"
+    }
+}
+
 /// One undo action and what it restores.
 type Undo = (String, Box<dyn FnOnce() -> Result<()>>);
 
@@ -306,6 +342,13 @@ impl Row {
             oom_wakeups,
             ..Default::default()
         }
+    }
+
+    /// A kernel row's memory: its cgroup's peak and its compressed pool's.
+    fn held(&mut self, cgroup_peak: Option<u64>, pool: u64) {
+        self.cgroup_peak_bytes = cgroup_peak;
+        self.pool_peak_bytes = Some(pool);
+        self.peak_total_bytes = cgroup_peak.map(|c| c + pool);
     }
 }
 
@@ -452,11 +495,17 @@ fn scope_line(scope: &str) -> String {
     }
 }
 
-/// The `ztier run` settings of a bench run at `budget`.
-fn ztier_args(a: &PressureArgs, budget: u64) -> RunArgs {
-    let mut ra = RunArgs::defaults(budget, &a.codec, a.cmd.clone());
+/// The `ztier run` settings of a bench run of `cmd` at `budget`.
+fn ztier_args(a: &PressureArgs, cmd: &[OsString], budget: u64) -> RunArgs {
+    let mut ra = RunArgs::defaults(budget, &a.codec, cmd.to_vec());
     ra.fault_path = a.fault_path.clone();
     ra.budget_scope = Some(a.budget_scope.clone());
+    // Everything counted, as the kernel runs' cgroup counts zswap's pool
+    // (with the tree scope; a process's own budget counts resident pages).
+    ra.budget_covers = a.budget_covers.clone().or_else(|| (a.budget_scope == "tree").then(|| "all".into()));
+    // Where the kernel runs' swap file goes, the pages the budget has no
+    // room for go (compressed) too.
+    ra.spill = Some(a.swap_dir.clone());
     ra
 }
 
@@ -703,9 +752,34 @@ fn wake_oom_waiters(cg: &Path, limit: u64, stop: &std::sync::atomic::AtomicBool)
     woken
 }
 
+/// The cgroup's peak memory use (v1 `memory.max_usage_in_bytes`, v2
+/// `memory.peak`), if it says.
+fn cgroup_peak(cg: &Cgroup) -> Option<u64> {
+    let file = if cg.v1 { "memory.max_usage_in_bytes" } else { "memory.peak" };
+    std::fs::read_to_string(cg.dir.join(file)).ok()?.trim().parse().ok()
+}
+
+/// zswap's pool now (`Zswap:` of `/proc/meminfo`, bytes).
+fn zswap_pool() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let l = m.lines().find(|l| l.starts_with("Zswap:"))?;
+            l.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib << 10)
+}
+
 /// Runs `cmd` inside `cg` (moved in by a shell before exec), stdout to
-/// `out`; also returns how often OOM waiters were woken (v1).
-fn run_in_cgroup(cg: &Cgroup, cmd: &[OsString], out: &Path, timeout: u64) -> Result<(Measured, u64)> {
+/// `out`; also returns how often OOM waiters were woken (v1), and the
+/// memory it held: the cgroup's peak, and how far zswap's pool grew
+/// above what it was at the start (sampled every 20 ms).
+fn run_in_cgroup(
+    cg: &Cgroup,
+    cmd: &[OsString],
+    out: &Path,
+    timeout: u64,
+) -> Result<(Measured, u64, (Option<u64>, u64))> {
     let mut c = Command::new("sh");
     c.arg("-c")
         .arg(format!("echo $$ > {}/cgroup.procs && exec \"$@\"", cg.dir.display()))
@@ -717,14 +791,28 @@ fn run_in_cgroup(cg: &Cgroup, cmd: &[OsString], out: &Path, timeout: u64) -> Res
         let (dir, limit, stop) = (cg.dir.clone(), cg.limit, stop.clone());
         std::thread::spawn(move || wake_oom_waiters(&dir, limit, &stop))
     });
+    let pool = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let start = zswap_pool();
+            let mut most = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(zswap_pool().saturating_sub(start));
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            most
+        })
+    };
     let m = super::run::measure_with_timeout(&mut c, Some(std::time::Duration::from_secs(timeout)));
+    let peak = cgroup_peak(cg);
     // What the program left in the cgroup goes before the next run (the
     // OOM waiter still runs: a task paused at the limit must get to exit).
     let emptied = empty_cgroup(&cg.dir);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let woken = waker.map_or(0, |w| w.join().unwrap_or(0));
+    let pool = pool.join().unwrap_or(0);
     emptied?;
-    Ok((m?, woken))
+    Ok((m?, woken, (peak, pool)))
 }
 
 fn swap_file(restore: &mut Restore, dir: &Path, size: u64) -> Result<()> {
@@ -778,10 +866,6 @@ fn zram(restore: &mut Restore, size: u64) -> Result<PathBuf> {
     sh(&["mkswap", "-q", &dev])?;
     sh(&["swapon", "-p", "32767", &dev])?;
     Ok(sys.join("mm_stat"))
-}
-
-fn same(a: &Path, b: &Path) -> bool {
-    matches!((std::fs::read(a), std::fs::read(b)), (Ok(x), Ok(y)) if x == y)
 }
 
 /// Where the output in `other` first differs from native's in `native`
@@ -888,6 +972,9 @@ fn check_swap_dir(dir: &Path) -> Result<()> {
 
 /// `ztier bench pressure`.
 pub fn run(a: PressureArgs) -> Result<i32> {
+    if let Some(suite) = &a.suite {
+        return super::bench_pressure_suite::run(&a, suite);
+    }
     // Caught from here on: a signal sets a flag, the run in progress is
     // passed it, and the benchmark stops at its next step with every
     // setting put back. (Caught only while a program ran, a Ctrl-C during
@@ -903,48 +990,145 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     if a.timeout == 0 {
         bail!("--timeout 0: every run would be killed at once (at least 1 s)");
     }
-    let kernel: Vec<String> =
-        a.kernel.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty() && s != "none").collect();
-    for k in &kernel {
-        if !["swap", "zswap", "zram"].contains(&k.as_str()) {
-            bail!("--kernel {k}: use swap, zswap, zram or none");
+    let mut b = Bench::new(&a)?;
+    let p = Program {
+        name: None,
+        cmd: a.cmd.clone(),
+        kernel_cmd: a.cmd.clone(),
+        budgets: budgets.clone(),
+        timeout: a.timeout,
+        output: OutputRule::Same,
+        dir: b.work.clone(),
+    };
+    let (mut rows, paired_differs) = measure_program(&mut b, &p)?;
+    // Every kernel setting was undone after its run; this removes the
+    // work folder.
+    drop(b);
+    go_on()?;
+    let floor = price_at_floor(&mut rows);
+    let title = a.cmd.iter().map(|s| s.to_string_lossy()).collect::<Vec<_>>().join(" ");
+    report(&mut std::io::stdout().lock(), &title, &rows, floor.as_ref(), &budgets)?;
+    if let Some(p) = &a.json {
+        std::fs::write(p, super::run::pretty(&serde_json::to_value(&rows)?)? + "\n")?;
+    }
+    if let Some(p) = &a.plot {
+        plot(p, &rows)?;
+    }
+    // Kernel runs that timed out or were killed are results, not errors;
+    // a finished run with different output is.
+    let differs = paired_differs || rows.iter().any(|r| !r.same_output && r.exit_code == 0 && !r.timed_out);
+    Ok(if differs || !rows.iter().any(|r| r.mode == "ztier run" && r.same_output) { 1 } else { 0 })
+}
+
+/// How a run's output is checked against native's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum OutputRule {
+    /// Byte for byte the same.
+    Same,
+    /// Not compared (a program whose output differs from run to run):
+    /// the exit status alone says it finished.
+    Status,
+}
+
+/// One program to measure.
+pub(super) struct Program {
+    /// Its name in a suite.
+    pub name: Option<String>,
+    pub cmd: Vec<OsString>,
+    /// The command of its kernel runs (`cmd` with a suite's `kernel_args`).
+    pub kernel_cmd: Vec<OsString>,
+    pub budgets: Vec<u64>,
+    /// Seconds (kernel and `ztier run` runs).
+    pub timeout: u64,
+    pub output: OutputRule,
+    /// Where its outputs go.
+    pub dir: PathBuf,
+}
+
+impl Program {
+    /// Where the output in `other` differs from native's (`None`: the
+    /// same, or not compared).
+    fn difference(&self, native: &Path, other: &Path) -> Option<String> {
+        match self.output {
+            OutputRule::Same => first_difference(native, other),
+            OutputRule::Status => None,
         }
     }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !kernel.is_empty() && !root {
-        eprintln!(
-            "ztier bench pressure: kernel baselines ({}) need root (swapon, cgroups, zram): skipped",
-            kernel.join(",")
-        );
-    }
-    let kernel = if root { kernel } else { Vec::new() };
-    let _lock = if kernel.is_empty() { None } else { Some(exclusive()?) };
-    if kernel.iter().any(|k| k == "swap" || k == "zswap") {
-        check_swap_dir(&a.swap_dir)?;
-    }
-    // What a run leaves running becomes ours when its parent exits, to be
-    // ended before the next run (`end_leftovers`).
-    // SAFETY: a prctl that sets a flag of this process.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        eprintln!(
-            "ztier bench pressure: cannot become a child subreaper ({}): what a run leaves running is not ended",
-            std::io::Error::last_os_error()
-        );
-    }
-    let work = std::env::temp_dir().join(format!("ztier-bench-pressure-{}", std::process::id()));
-    std::fs::create_dir_all(&work)?;
-    let mut restore = Restore::default();
-    let w2 = work.clone();
-    restore.push("work folder", move || Ok(std::fs::remove_dir_all(&w2)?));
+}
 
+/// What every program's runs share: the kernel modes, the lock, the
+/// work folder and the guards that undo what was changed.
+pub(super) struct Bench<'a> {
+    pub a: &'a PressureArgs,
+    pub kernel: Vec<String>,
+    pub work: PathBuf,
+    /// Dropped first: undoes every setting, removes the work folder.
+    restore: Restore,
+    cg_n: usize,
+    _lock: Option<std::fs::File>,
+}
+
+impl<'a> Bench<'a> {
+    /// Checks the kernel modes and the swap folder, takes the lock (with
+    /// kernel modes), becomes a child subreaper and makes the work folder.
+    pub fn new(a: &'a PressureArgs) -> Result<Bench<'a>> {
+        let kernel: Vec<String> = a
+            .kernel
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty() && s != "none")
+            .collect();
+        for k in &kernel {
+            if !["swap", "zswap", "zram"].contains(&k.as_str()) {
+                bail!("--kernel {k}: use swap, zswap, zram or none");
+            }
+        }
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if !kernel.is_empty() && !root {
+            eprintln!(
+                "ztier bench pressure: kernel baselines ({}) need root (swapon, cgroups, zram): skipped",
+                kernel.join(",")
+            );
+        }
+        let kernel = if root { kernel } else { Vec::new() };
+        let _lock = if kernel.is_empty() { None } else { Some(exclusive()?) };
+        if kernel.iter().any(|k| k == "swap" || k == "zswap") {
+            check_swap_dir(&a.swap_dir)?;
+        }
+        // What a run leaves running becomes ours when its parent exits, to be
+        // ended before the next run (`end_leftovers`).
+        // SAFETY: a prctl that sets a flag of this process.
+        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+            eprintln!(
+                "ztier bench pressure: cannot become a child subreaper ({}): what a run leaves running is not ended",
+                std::io::Error::last_os_error()
+            );
+        }
+        let work = std::env::temp_dir().join(format!("ztier-bench-pressure-{}", std::process::id()));
+        std::fs::create_dir_all(&work)?;
+        let mut restore = Restore::default();
+        let w2 = work.clone();
+        restore.push("work folder", move || Ok(std::fs::remove_dir_all(&w2)?));
+
+        Ok(Bench { a, kernel, work, restore, cg_n: 0, _lock })
+    }
+}
+
+/// Measures one program: natively, under each kernel mode and `ztier
+/// run` at each budget, then `--pairs`; the rows, and whether a pair's
+/// output differed.
+pub(super) fn measure_program(b: &mut Bench, p: &Program) -> Result<(Vec<Row>, bool)> {
+    std::fs::create_dir_all(&p.dir)?;
     // Native runs, the yardstick, have no time bound (Ctrl-C ends them).
-    let timeout = std::time::Duration::from_secs(a.timeout);
+    let timeout = std::time::Duration::from_secs(p.timeout);
     let mut rows: Vec<Row> = Vec::new();
-    let native_out = work.join("native.out");
+    let dir = &p.dir;
+    let native_out = dir.join("native.out");
     eprintln!("native ...");
-    let mut c = Command::new(&a.cmd[0]);
-    c.args(&a.cmd[1..]).stdout(std::fs::File::create(&native_out)?);
+    let mut c = Command::new(&p.cmd[0]);
+    c.args(&p.cmd[1..]).stdout(std::fs::File::create(&native_out)?);
     let n = measure(&mut c)?;
     end_leftovers("native run");
     if super::run::interrupted() {
@@ -955,6 +1139,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     }
     rows.push(Row {
         mode: "native".into(),
+        program: p.name.clone(),
         wall_s: n.wall_s,
         vs_native: 1.0,
         cpu_s: n.cpu_s,
@@ -967,25 +1152,24 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         ..Default::default()
     });
     let swap_size = (n.maxrss * 2).max(512 << 20);
-    let mut cg_n = 0;
-    for &budget in &budgets {
+    for &budget in &p.budgets {
         let file_modes: Vec<&str> =
-            ["swap", "zswap"].into_iter().filter(|m| kernel.iter().any(|k| k == m)).collect();
+            ["swap", "zswap"].into_iter().filter(|m| b.kernel.iter().any(|k| k == m)).collect();
         if !file_modes.is_empty() {
-            let mark = restore.0.len();
+            let mark = b.restore.0.len();
             go_on()?;
-            swap_file(&mut restore, &a.swap_dir, swap_size)?;
+            swap_file(&mut b.restore, &b.a.swap_dir, swap_size)?;
             for mode in file_modes {
-                let zmark = restore.0.len();
+                let zmark = b.restore.0.len();
                 go_on()?;
-                zswap(&mut restore, mode == "zswap")?;
-                cg_n += 1;
-                let cg = cgroup(&mut restore, budget, cg_n)?;
+                zswap(&mut b.restore, mode == "zswap")?;
+                b.cg_n += 1;
+                let cg = cgroup(&mut b.restore, budget, b.cg_n)?;
                 go_on()?;
                 eprintln!("{mode} at {} MiB ...", budget >> 20);
-                let out = work.join(format!("{mode}-{budget}.out"));
-                let (m, woken) = run_in_cgroup(&cg, &a.cmd, &out, a.timeout)?;
-                restore.undo_to(zmark);
+                let out = dir.join(format!("{mode}-{budget}.out"));
+                let (m, woken, mem) = run_in_cgroup(&cg, &p.kernel_cmd, &out, p.timeout)?;
+                b.restore.undo_to(zmark);
                 if super::run::interrupted() {
                     bail!("interrupted");
                 }
@@ -995,30 +1179,31 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                     budget,
                     &m,
                     n.wall_s,
-                    first_difference(&native_out, &out),
+                    p.difference(&native_out, &out),
                     None,
                     woken,
                 ));
+                rows.last_mut().expect("pushed").held(mem.0, mem.1);
             }
-            restore.undo_to(mark);
+            b.restore.undo_to(mark);
         }
-        if kernel.iter().any(|k| k == "zram") {
-            let mark = restore.0.len();
+        if b.kernel.iter().any(|k| k == "zram") {
+            let mark = b.restore.0.len();
             go_on()?;
-            let mm = zram(&mut restore, swap_size)?;
-            cg_n += 1;
-            let cg = cgroup(&mut restore, budget, cg_n)?;
+            let mm = zram(&mut b.restore, swap_size)?;
+            b.cg_n += 1;
+            let cg = cgroup(&mut b.restore, budget, b.cg_n)?;
             go_on()?;
             eprintln!("zram at {} MiB ...", budget >> 20);
-            let out = work.join(format!("zram-{budget}.out"));
-            let (m, woken) = run_in_cgroup(&cg, &a.cmd, &out, a.timeout)?;
+            let out = dir.join(format!("zram-{budget}.out"));
+            let (m, woken, mem) = run_in_cgroup(&cg, &p.kernel_cmd, &out, p.timeout)?;
             // mm_stat: orig_data_size compr_data_size mem_used_total mem_limit mem_used_max ...
             let stat: Vec<u64> = std::fs::read_to_string(&mm)
                 .unwrap_or_default()
                 .split_whitespace()
                 .filter_map(|x| x.parse().ok())
                 .collect();
-            restore.undo_to(mark);
+            b.restore.undo_to(mark);
             if super::run::interrupted() {
                 bail!("interrupted");
             }
@@ -1027,15 +1212,18 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                 budget,
                 &m,
                 n.wall_s,
-                first_difference(&native_out, &out),
+                p.difference(&native_out, &out),
                 stat.get(4).copied(),
                 woken,
             ));
+            // zram's pool is not charged to the cgroup: its most used.
+            rows.last_mut().expect("pushed").held(mem.0, stat.get(4).copied().unwrap_or(0));
         }
         go_on()?;
         eprintln!("ztier run at {} MiB ...", budget >> 20);
-        let out = work.join(format!("ztier-{budget}.out"));
-        let r = run_program(&ztier_args(&a, budget), Some(std::fs::File::create(&out)?), Some(timeout))?;
+        let out = dir.join(format!("ztier-{budget}.out"));
+        let r =
+            run_program(&ztier_args(b.a, &p.cmd, budget), Some(std::fs::File::create(&out)?), Some(timeout))?;
         end_leftovers("ztier run");
         if super::run::interrupted() {
             bail!("interrupted");
@@ -1055,9 +1243,9 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             major_faults: s["major_faults"].as_u64().unwrap_or(0),
             compressed_orig_bytes: lib["orig_bytes"].as_u64(),
             compressed_bytes: lib["stored_bytes"].as_u64(),
-            same_output: r.code == 0 && !r.timed_out && same(&native_out, &out),
+            same_output: r.code == 0 && !r.timed_out && p.difference(&native_out, &out).is_none(),
             output_difference: if r.code == 0 && !r.timed_out {
-                first_difference(&native_out, &out)
+                p.difference(&native_out, &out)
             } else {
                 None
             },
@@ -1073,6 +1261,8 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             fault_time_s: FaultTime::from_stats(lib),
             further_pages: lib["prefetched"].as_u64(),
             fault_path: s["fault_path"].as_str().map(Into::into),
+            program: p.name.clone(),
+            peak_total_bytes: s["tree_peak_total_bytes"].as_u64(),
             budget_scope: lib["budget_scope"].as_str().map(Into::into),
             latency_ns: lib["latency_ns"]
                 .as_array()
@@ -1082,26 +1272,33 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     }
     // --pairs: native and ztier run in turn, each output checked.
     let mut paired_differs = false;
-    for &budget in &budgets {
+    for &budget in &p.budgets {
         let mut walls = Vec::new();
-        for i in 1..=a.pairs {
-            eprintln!("pair {i} of {} at {} MiB: native, then ztier run ...", a.pairs, budget >> 20);
-            let out = work.join("pair-native.out");
-            let mut c = Command::new(&a.cmd[0]);
-            c.args(&a.cmd[1..]).stdout(std::fs::File::create(&out)?);
+        for i in 1..=b.a.pairs {
+            eprintln!("pair {i} of {} at {} MiB: native, then ztier run ...", b.a.pairs, budget >> 20);
+            let out = dir.join("pair-native.out");
+            let mut c = Command::new(&p.cmd[0]);
+            c.args(&p.cmd[1..]).stdout(std::fs::File::create(&out)?);
             let m = measure(&mut c)?;
             end_leftovers("native run");
             if super::run::interrupted() {
                 bail!("interrupted");
             }
-            let out_z = work.join("pair-ztier.out");
-            let r =
-                run_program(&ztier_args(&a, budget), Some(std::fs::File::create(&out_z)?), Some(timeout))?;
+            let out_z = dir.join("pair-ztier.out");
+            let r = run_program(
+                &ztier_args(b.a, &p.cmd, budget),
+                Some(std::fs::File::create(&out_z)?),
+                Some(timeout),
+            )?;
             end_leftovers("ztier run");
             if super::run::interrupted() {
                 bail!("interrupted");
             }
-            if m.code != 0 || r.code != 0 || !same(&native_out, &out) || !same(&native_out, &out_z) {
+            if m.code != 0
+                || r.code != 0
+                || p.difference(&native_out, &out).is_some()
+                || p.difference(&native_out, &out_z).is_some()
+            {
                 eprintln!(
                     "ztier bench pressure: pair {i} at {} MiB: native exit {}, ztier run exit {}{}, \
                      outputs {} and {} the first native run's",
@@ -1109,8 +1306,8 @@ pub fn run(a: PressureArgs) -> Result<i32> {
                     m.code,
                     r.code,
                     if r.timed_out { " (killed at the timeout)" } else { "" },
-                    if same(&native_out, &out) { "same as" } else { "differ from" },
-                    if same(&native_out, &out_z) { "same as" } else { "differ from" },
+                    if p.difference(&native_out, &out).is_none() { "same as" } else { "differ from" },
+                    if p.difference(&native_out, &out_z).is_none() { "same as" } else { "differ from" },
                 );
                 paired_differs = true;
                 continue;
@@ -1121,14 +1318,18 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             z.paired = Paired::of(&walls);
         }
     }
-    // Every kernel setting was undone after its run; this removes the
-    // work folder.
-    drop(restore);
-    go_on()?;
-    // The mechanism's own cost here, measured now (the machine's speed
-    // drifts between runs and days): ~1 s.
+    for r in &mut rows {
+        r.program.clone_from(&p.name);
+    }
+    Ok((rows, paired_differs))
+}
+
+/// The mechanism's own cost here, measured now (the machine's speed
+/// drifts between runs and days; ~1 s), and each `ztier run` row served
+/// by a handler thread priced at it.
+pub(super) fn price_at_floor(rows: &mut [Row]) -> Option<ztier_uffd::floor::Floor> {
     eprintln!("userfaultfd floor ...");
-    let floor = match ztier_uffd::floor::measure(16384, 8) {
+    match ztier_uffd::floor::measure(16384, 8) {
         Ok(f) => {
             // The floor is a handler thread's round trip: not the path of
             // faults served in the faulting thread.
@@ -1144,28 +1345,33 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             eprintln!("ztier bench pressure: could not measure userfaultfd's floor: {e}");
             None
         }
-    };
+    }
+}
 
-    let mut o = std::io::stdout().lock();
+/// The table of one program's rows and the lines under it.
+pub(super) fn report(
+    o: &mut impl Write,
+    title: &str,
+    rows: &[Row],
+    floor: Option<&ztier_uffd::floor::Floor>,
+    budgets: &[u64],
+) -> Result<()> {
+    writeln!(o, "ztier bench pressure: {title}")?;
     writeln!(
         o,
-        "ztier bench pressure: {}",
-        a.cmd.iter().map(|s| s.to_string_lossy()).collect::<Vec<_>>().join(" ")
-    )?;
-    writeln!(
-        o,
-        "{:<20} {:>8} {:>9} {:>8} {:>7} {:>10} {:>10} {:>22} {:>7}",
+        "{:<20} {:>8} {:>9} {:>8} {:>7} {:>10} {:>10} {:>10} {:>22} {:>7}",
         "mode",
         "budget",
         "wall s",
         "× native",
         "CPU s",
         "peak RSS",
+        "peak held",
         "maj.flt",
         "compressed (orig→mem)",
         "output"
     )?;
-    for r in &rows {
+    for r in rows {
         let comp = match (r.compressed_orig_bytes, r.compressed_bytes) {
             (Some(a), Some(b)) => format!("{:.0} → {:.0} MB", a as f64 / 1e6, b as f64 / 1e6),
             (None, Some(b)) => format!("peak {:.0} MB", b as f64 / 1e6),
@@ -1173,28 +1379,28 @@ pub fn run(a: PressureArgs) -> Result<i32> {
         };
         writeln!(
             o,
-            "{:<20} {:>8} {:>9.2} {:>8.2} {:>7.2} {:>7.0} MB {:>10} {:>22} {:>7}",
+            "{:<20} {:>8} {:>9.2} {:>8.2} {:>7.2} {:>7.0} MB {:>10} {:>10} {:>22} {:>7}",
             r.mode,
             r.budget.map_or("-".into(), |b| format!("{}M", b >> 20)),
             r.wall_s,
             r.vs_native,
             r.cpu_s,
             r.peak_rss_bytes as f64 / 1e6,
+            r.peak_total_bytes.map_or("-".into(), |b| format!("{:.0} MB", b as f64 / 1e6)),
             r.major_faults,
             comp,
-            if r.timed_out {
-                "TIMEOUT"
-            } else if r.same_output {
-                "same"
-            } else if r.exit_code != 0 {
-                "FAILED"
-            } else {
-                "DIFFERS"
-            }
+            outcome(r)
         )?;
     }
     if let Some(scope) = rows.iter().find_map(|r| r.budget_scope.as_deref()) {
         writeln!(o, "{}", scope_line(scope))?;
+    }
+    if rows.iter().any(|r| r.peak_total_bytes.is_some()) {
+        writeln!(
+            o,
+            "peak held: a kernel run's cgroup peak + its compressed pool's most (zswap's growth, zram's \
+             mem_used_max); ztier run's resident managed pages + stores + tables of all its processes"
+        )?;
     }
     for r in rows.iter().filter(|r| r.oom_wakeups > 0) {
         writeln!(
@@ -1205,40 +1411,31 @@ pub fn run(a: PressureArgs) -> Result<i32> {
             r.oom_wakeups
         )?;
     }
-    for line in failure_lines(&rows).into_iter().chain(cgroup_sizing_lines(&rows)) {
+    for line in failure_lines(rows).into_iter().chain(cgroup_sizing_lines(rows)) {
         writeln!(o, "{line}")?;
     }
-    for r in &rows {
+    for r in rows {
         if let Some(d) = &r.output_difference {
             let at = r.budget.map_or(String::new(), |b| format!(" at {}M", b >> 20));
             writeln!(o, "{}{at}: the output differs from native's: {d}", r.mode)?;
         }
     }
-    for line in fault_lines(&rows) {
+    for line in fault_lines(rows) {
         writeln!(o, "{line}")?;
     }
-    if let Some(f) = &floor {
+    if let Some(f) = floor {
         writeln!(o, "{}", super::bench_uffd::floor_line(f))?;
-        for line in floor_lines(&rows) {
+        for line in floor_lines(rows) {
             writeln!(o, "{line}")?;
         }
     }
-    for line in swap_ratios(&rows, &budgets) {
+    for line in swap_ratios(rows, budgets) {
         writeln!(o, "{line}")?;
     }
-    for line in paired_lines(&rows) {
+    for line in paired_lines(rows) {
         writeln!(o, "{line}")?;
     }
-    if let Some(p) = &a.json {
-        std::fs::write(p, super::run::pretty(&serde_json::to_value(&rows)?)? + "\n")?;
-    }
-    if let Some(p) = &a.plot {
-        plot(p, &rows)?;
-    }
-    // Kernel runs that timed out or were killed are results, not errors;
-    // a finished run with different output is.
-    let differs = paired_differs || rows.iter().any(|r| !r.same_output && r.exit_code == 0 && !r.timed_out);
-    Ok(if differs || !rows.iter().any(|r| r.mode == "ztier run" && r.same_output) { 1 } else { 0 })
+    Ok(())
 }
 
 /// Grouped bars: wall time per mode, one group per budget (native first).

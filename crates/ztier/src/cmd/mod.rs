@@ -5,6 +5,7 @@ pub mod bench_blk;
 pub mod bench_cache;
 pub mod bench_codecs;
 pub mod bench_pressure;
+pub mod bench_pressure_suite;
 pub mod bench_remote;
 pub mod bench_store;
 pub mod bench_uffd;

@@ -68,12 +68,25 @@ without that catching: its system calls on evicted memory fail with EFAULT (said
 ztier's notices when one starts: see --log). glibc's own threads (SIGEV_THREAD timers, POSIX AIO) are\n\
 caught as pthread_create's are.")]
 pub struct RunArgs {
-    /// Most uncompressed memory (managed pages resident), e.g. 256M: for all of the
-    /// command's processes together (--budget-scope tree, the default), or per process
-    /// (--budget-scope process). With a sizing policy in --policy: resident pages and
-    /// the compressed stores together.
+    /// Most memory ztier holds for the command, e.g. 256M: its managed pages resident
+    /// (the default, --budget-covers resident; the store bounded by --store), or with
+    /// --budget-covers all those, its compressed stores and the library's own tables,
+    /// as a memory cgroup's memory.max bounds a program with zswap's pool charged to
+    /// it: for all of the command's processes together (--budget-scope tree, the
+    /// default), or per process (--budget-scope process, resident pages only). With a
+    /// sizing policy in --policy: resident pages and the compressed stores together.
     #[arg(long, value_parser = parse_size)]
     pub budget: u64,
+    /// What --budget counts [default: resident; `bench pressure` passes all; all with
+    /// a sizing policy in --policy]. all: resident managed pages + the compressed
+    /// stores + the library's tables (tree scope; the stores may take up to 3/4 of the
+    /// budget, or --store if smaller, and the pages the budget has no room for stay in
+    /// memory over it without --spill, counted in --stats' tree_over_bytes; with a
+    /// sizing policy, resident pages and the stores as the policy splits them).
+    /// resident: resident managed pages only, the stores bounded apart by --store
+    /// (default half of RAM); not with a sizing policy.
+    #[arg(long, value_parser = ["all", "resident"])]
+    pub budget_covers: Option<String>,
     /// What --budget bounds [default: tree]. tree: the
     /// command's processes share one budget, as a memory cgroup's limit covers every
     /// process in it (a make -j, a pool of forked workers, a pipeline): a process that
@@ -220,6 +233,51 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// What the budget counts: `resident` (the default) or `all`. A
+    /// sizing policy in `--policy` splits the budget between resident
+    /// pages and the stores, so with one it is `all` (and `resident` is
+    /// refused); without one `all` needs the tree scope.
+    pub fn covers(&self) -> anyhow::Result<&str> {
+        let sizing = ztier_policy::Spec::parse(&self.policy, ztier_policy::Frontend::Run)
+            .map_err(|e| anyhow::anyhow!("--policy: {e}"))?
+            .sizing;
+        Ok(match (self.budget_covers.as_deref(), self.scope(), sizing) {
+            (Some("resident"), _, Some(sizing)) => bail!(
+                "--budget-covers resident cannot be used with --policy {}: its sizing policy {sizing} \
+                 splits the budget between resident pages and the store",
+                self.policy
+            ),
+            (_, _, Some(_)) => "all",
+            (Some("all"), "process", None) => bail!(
+                "--budget-covers all needs --budget-scope tree (or a sizing policy in --policy, which \
+                 splits each process's budget between its resident pages and its store)"
+            ),
+            (Some(c), _, None) => c,
+            // Not yet the default: without --spill, pages the budget has no
+            // room for stay resident over it (16 of cli_run's tests at
+            // budgets of 8–48M went over it by up to 7×).
+            (None, _, None) => "resident",
+        })
+    }
+
+    /// With the tree scope: the bytes all the stores may use together
+    /// (`--store`, or half of RAM; under `--budget-covers all` at most 3/4
+    /// of the budget, so that a quarter stays for resident pages). With a
+    /// sizing policy none (0): each process sizes its own store, holding
+    /// pages of the shared budget for it.
+    fn tree_store_limit(&self) -> anyhow::Result<u64> {
+        let sizing = ztier_policy::Spec::parse(&self.policy, ztier_policy::Frontend::Run)
+            .map_err(|e| anyhow::anyhow!("--policy: {e}"))?
+            .sizing
+            .is_some();
+        let asked = self.store.unwrap_or(physical_memory() / 2);
+        Ok(match self.covers()? {
+            _ if sizing => 0,
+            "all" => asked.min(self.budget / 4 * 3),
+            _ => asked,
+        })
+    }
+
     /// What the budget bounds: `tree` (the default) or `process`.
     pub fn scope(&self) -> &str {
         self.budget_scope.as_deref().unwrap_or("tree")
@@ -231,6 +289,7 @@ impl RunArgs {
         RunArgs {
             budget,
             budget_scope: None,
+            budget_covers: None,
             codec: codec.into(),
             allocator: "classes".into(),
             store: None,
@@ -427,13 +486,15 @@ pub fn run_program(
     }
     // Kept open until the command ends: its processes open it by a path
     // into this process's descriptors.
-    // With a sizing policy each process sizes its own store (holding
-    // pages of the shared budget for it): no store limit to share.
-    let store_limit = if policy.sizing.is_some() { 0 } else { a.store.unwrap_or(physical_memory() / 2) };
+    let covers = a.covers()?;
     let tree = match a.scope() {
-        "tree" => Some(
-            ztier_uffd::tree::Shared::create(a.budget >> 12, store_limit).context("--budget-scope tree")?,
-        ),
+        // With a sizing policy the stores are held as pages of the shared
+        // budget already: the segment charges only the pages held.
+        "tree" => {
+            let t = ztier_uffd::tree::Shared::create(a.budget >> 12, a.tree_store_limit()?)
+                .context("--budget-scope tree")?;
+            Some(if covers == "all" && policy.sizing.is_none() { t.covering_all() } else { t })
+        }
         _ => None,
     };
     let mut cmd = std::process::Command::new(&a.cmd[0]);
@@ -542,6 +603,7 @@ pub fn run_program(
     stats["budget_bytes"] = a.budget.into();
     stats["fault_path"] = taken_fault_path(&stats, &a.fault_path).into();
     stats["budget_scope"] = a.scope().into();
+    stats["budget_covers"] = covers.into();
     if let Some((p, from)) = &log {
         stats["notices"] = read_notices(p, *from).into();
     }
@@ -553,6 +615,11 @@ pub fn run_program(
         stats["tree_reclaimed_bytes"] = bytes(&seg.reclaimed).into();
         stats["tree_adopted_bytes"] = bytes(&seg.adopted).into();
         stats["tree_store_peak_bytes"] = seg.store_peak.load(std::sync::atomic::Ordering::Acquire).into();
+        stats["tree_store_limit_bytes"] = seg.store_limit.into();
+        // Everything the library held for the command at its most:
+        // resident pages held, the stores and the tables (what
+        // `--budget-covers all` bounds).
+        stats["tree_peak_total_bytes"] = seg.total_peak.load(std::sync::atomic::Ordering::Acquire).into();
         stats["tree_processes"] = seg.joined.load(std::sync::atomic::Ordering::Acquire).into();
     }
     Ok(RunOutcome { code, stats, timed_out: m.timed_out })
@@ -1192,6 +1259,19 @@ pub fn run(a: RunArgs) -> Result<i32> {
                 limit as f64 / 1e6
             ),
             _ => resident,
+        };
+        // Everything held together, against the budget it counts toward.
+        let resident = match s["tree_peak_total_bytes"].as_u64() {
+            Some(t) => format!(
+                "{resident}, everything held (resident, stores, tables) at most {:.1} MB{}",
+                t as f64 / 1e6,
+                if s["budget_covers"] == "all" {
+                    format!(" of the {budget:.1} MB budget")
+                } else {
+                    String::new()
+                }
+            ),
+            None => resident,
         };
         eprintln!(
             "ztier run: exit {} in {:.2} s; {} faults ({} from the store, {} of them lone pages off any walk; p50 {} µs, p99 {} µs; served in {:.2} s: {}), {} pages compressed ({:.1} MB → {:.1} MB), {resident}, peak RSS {:.1} MB",
