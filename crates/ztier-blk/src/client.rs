@@ -911,6 +911,9 @@ struct Conn {
     dead: Arc<Mutex<Option<String>>>,
     next_cookie: AtomicU64,
     info: ExportInfo,
+    /// The reader thread, joined when the connection is dropped (its
+    /// socket shut down first), so no thread outlives its client.
+    reader: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Conn {
@@ -924,17 +927,11 @@ impl Conn {
         let clone = |s: &Stream| s.try_clone().map_err(|err| ClientError::Connect { to: to.clone(), err });
         let mut reader = clone(&s)?;
         let control = clone(&s)?;
-        let conn = Arc::new(Conn {
-            writer: Mutex::new(s),
-            control,
-            inflight: Arc::new(Mutex::new(HashMap::new())),
-            dead: Arc::new(Mutex::new(None)),
-            next_cookie: AtomicU64::new(1),
-            info,
-        });
-        let (inflight, dead) = (conn.inflight.clone(), conn.dead.clone());
+        let inflight = Arc::new(Mutex::new(HashMap::new()));
+        let dead = Arc::new(Mutex::new(None));
+        let (conn_inflight, conn_dead) = (inflight.clone(), dead.clone());
         let structured = info.structured;
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name("nbd-client-reader".into())
             .spawn(move || {
                 let why = loop {
@@ -963,7 +960,15 @@ impl Conn {
                 }
             })
             .map_err(|err| ClientError::Connect { to, err })?;
-        Ok(conn)
+        Ok(Arc::new(Conn {
+            writer: Mutex::new(s),
+            control,
+            inflight: conn_inflight,
+            dead: conn_dead,
+            next_cookie: AtomicU64::new(1),
+            info,
+            reader: Mutex::new(Some(handle)),
+        }))
     }
 
     fn dead(&self) -> Option<String> {
@@ -1047,6 +1052,13 @@ impl Drop for Conn {
             }
         }
         self.control.shutdown();
+        // The reader holds no reference to this connection (only its table
+        // and its failure cell), so this never runs on the reader thread;
+        // the shutdown above ends its blocking read.
+        let handle = self.reader.get_mut().ok().and_then(Option::take);
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
     }
 }
 
