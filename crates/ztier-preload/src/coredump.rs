@@ -58,7 +58,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use crate::sud::raw;
+use crate::sys::raw;
 
 /// The signals whose default action dumps core (signal(7)).
 const CORE_SIGNALS: [libc::c_int; 10] = [

@@ -244,7 +244,7 @@ pub(crate) fn say_unallocated(args: std::fmt::Arguments) {
     let mut w = std::io::Cursor::new(&mut buf[..]);
     let _ = std::io::Write::write_fmt(&mut w, args);
     let n = w.position();
-    sud::raw(libc::SYS_write, [2, buf.as_ptr() as u64, n, 0, 0, 0]);
+    sys::raw(libc::SYS_write, [2, buf.as_ptr() as u64, n, 0, 0, 0]);
 }
 
 /// The descriptor notices are written to ([`notice`]): the log
@@ -283,7 +283,7 @@ pub(crate) fn notice(args: std::fmt::Arguments) {
     let n = w.position() as usize;
     buf[n] = b'\n';
     let fd = LOG_FD.load(Ordering::Relaxed);
-    sud::raw(libc::SYS_write, [fd as u64, buf.as_ptr() as u64, n as u64 + 1, 0, 0, 0]);
+    sys::raw(libc::SYS_write, [fd as u64, buf.as_ptr() as u64, n as u64 + 1, 0, 0, 0]);
 }
 
 /// Address space of the arena (less under an address-space limit:
@@ -2416,7 +2416,7 @@ fn open_stats() {
     let old = STATS_FD.swap(fd, Ordering::Relaxed);
     if old >= 0 {
         fds::forget(old);
-        sud::raw(libc::SYS_close, [old as u64, 0, 0, 0, 0, 0]);
+        sys::raw(libc::SYS_close, [old as u64, 0, 0, 0, 0, 0]);
     }
 }
 
@@ -2497,13 +2497,13 @@ pub unsafe extern "C" fn _Exit(status: libc::c_int) -> ! {
 }
 
 fn end(status: libc::c_int) -> ! {
-    if ready() && !inside() && sud::raw(libc::SYS_getpid, [0; 6]) == OWN_PID.load(Ordering::Relaxed) as i64 {
+    if ready() && !inside() && sys::raw(libc::SYS_getpid, [0; 6]) == OWN_PID.load(Ordering::Relaxed) as i64 {
         at_exit();
     }
     // As glibc's `_exit`: the whole process, else (never seen) this thread.
     loop {
-        sud::raw(libc::SYS_exit_group, [status as u64, 0, 0, 0, 0, 0]);
-        sud::raw(libc::SYS_exit, [status as u64, 0, 0, 0, 0, 0]);
+        sys::raw(libc::SYS_exit_group, [status as u64, 0, 0, 0, 0, 0]);
+        sys::raw(libc::SYS_exit, [status as u64, 0, 0, 0, 0, 0]);
     }
 }
 
@@ -3017,7 +3017,7 @@ extern "C" fn fork_child() {
     for fd in [EVICTOR_FD.swap(-1, Ordering::Relaxed), CTL_FD.swap(-1, Ordering::Relaxed)] {
         if fd >= 0 {
             fds::forget(fd);
-            sud::raw(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+            sys::raw(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
         }
     }
     // Its own statistics file (the parent's descriptor is closed).
@@ -3291,7 +3291,7 @@ pub(crate) fn fork_unseen(nr: i64, a: [u64; 6]) -> Option<i64> {
     if STATE.load(Ordering::Acquire) != READY || prepared {
         return None;
     }
-    Some(fork_around(|| sud::raw(nr, a)))
+    Some(fork_around(|| sys::raw(nr, a)))
 }
 
 /// The end of [`fork_child`]: the child's threads (if `threads`), back

@@ -144,8 +144,7 @@ use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP}
 use crate::sys;
 use ztier_run_core::faultlog::{FaultLog, Kind, Row};
 
-/// Page size.
-pub const PAGE: usize = 4096;
+pub use crate::sys::PAGE;
 /// No data: the next touch gets zeros.
 pub const ABSENT: u8 = 0;
 /// In memory, uncompressed.
@@ -684,7 +683,7 @@ impl Drop for Pagemap {
     fn drop(&mut self) {
         if self.0 >= 0 {
             crate::fds::forget(self.0);
-            crate::sud::raw(libc::SYS_close, [self.0 as u64, 0, 0, 0, 0, 0]);
+            crate::sys::raw(libc::SYS_close, [self.0 as u64, 0, 0, 0, 0, 0]);
         }
     }
 }
@@ -3156,7 +3155,7 @@ impl Victims {
             let mut inmem = vec![0u8; n];
             // The kernel's `mincore`, not the library's export (which
             // fails on free pages, and victims may be free).
-            let r = crate::sud::raw(
+            let r = crate::sys::raw(
                 libc::SYS_mincore,
                 [addr as u64, (n * PAGE) as u64, inmem.as_mut_ptr() as u64, 0, 0, 0],
             );

@@ -1266,7 +1266,7 @@ fn fresh_arena_as(g: &Global, first: usize, n: usize, prot: c_int) -> c_int {
         if LOCK_FUTURE.load(std::sync::atomic::Ordering::Relaxed) {
             // `mlockall(MCL_FUTURE)` locked the new mapping (on fault):
             // the arena's pages are the library's to keep (see `mlockall`).
-            crate::sud::raw(libc::SYS_munlock, [addr as u64, (n * PAGE) as u64, 0, 0, 0, 0]);
+            crate::sys::raw(libc::SYS_munlock, [addr as u64, (n * PAGE) as u64, 0, 0, 0, 0]);
         }
         m.set_noevict(first, n, prot != RW);
         reprotected(first, n, prot != RW);
@@ -1563,7 +1563,7 @@ fn lock_range(a: *const c_void, len: usize, nr: i64, flags: u64) -> c_int {
             });
         }
     }
-    c_result(crate::sud::raw(nr, [a as u64, len as u64, flags, 0, 0, 0]))
+    c_result(crate::sys::raw(nr, [a as u64, len as u64, flags, 0, 0, 0]))
 }
 
 /// `mlock(2)`: see [`lock_range`].
@@ -1600,7 +1600,7 @@ pub unsafe extern "C" fn munlock(a: *const c_void, len: usize) -> c_int {
             return hole_error(g, a as usize, len, 0);
         }
     }
-    c_result(crate::sud::raw(libc::SYS_munlock, [a as u64, len as u64, 0, 0, 0, 0]))
+    c_result(crate::sys::raw(libc::SYS_munlock, [a as u64, len as u64, 0, 0, 0, 0]))
 }
 
 /// The manager's lock once no eviction is in flight (they release pages
@@ -1631,7 +1631,7 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
     let Some(g) = crate::GLOBAL.get() else {
         // Before the library starts: its arena, reserved later, must not
         // be filled in then (`MCL_FUTURE`), and it starts locked.
-        let r = crate::sud::raw(libc::SYS_mlockall, [(flags | libc::MCL_ONFAULT) as u64, 0, 0, 0, 0, 0]);
+        let r = crate::sys::raw(libc::SYS_mlockall, [(flags | libc::MCL_ONFAULT) as u64, 0, 0, 0, 0, 0]);
         if r == 0 {
             LOCK_FUTURE.store(flags & libc::MCL_FUTURE != 0, std::sync::atomic::Ordering::Relaxed);
             LOCKED_BEFORE_START.store(flags & libc::MCL_FUTURE != 0, std::sync::atomic::Ordering::Relaxed);
@@ -1640,8 +1640,8 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
     };
     crate::as_inside(|| {
         let mut m = lock_quiet(g);
-        let r = crate::sud::raw(libc::SYS_mlockall, [(flags | libc::MCL_ONFAULT) as u64, 0, 0, 0, 0, 0]);
-        crate::sud::raw(libc::SYS_munlock, [g.base as u64, g.arena_bytes as u64, 0, 0, 0, 0]);
+        let r = crate::sys::raw(libc::SYS_mlockall, [(flags | libc::MCL_ONFAULT) as u64, 0, 0, 0, 0, 0]);
+        crate::sys::raw(libc::SYS_munlock, [g.base as u64, g.arena_bytes as u64, 0, 0, 0, 0]);
         if r < 0 {
             return c_result(r);
         }
@@ -1664,7 +1664,7 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn munlockall() -> c_int {
     let _sud = crate::sud::Allow::new();
-    let r = crate::sud::raw(libc::SYS_munlockall, [0; 6]);
+    let r = crate::sys::raw(libc::SYS_munlockall, [0; 6]);
     if let Some(g) = crate::GLOBAL.get() {
         LOCK_FUTURE.store(false, std::sync::atomic::Ordering::Relaxed);
         crate::as_inside(|| {
@@ -1683,7 +1683,7 @@ static LOCKED_BEFORE_START: std::sync::atomic::AtomicBool = std::sync::atomic::A
 /// its memory to be locked before (no eviction then).
 pub(crate) fn locked_at_start(base: usize, len: usize) -> bool {
     if LOCK_FUTURE.load(std::sync::atomic::Ordering::Relaxed) {
-        crate::sud::raw(libc::SYS_munlock, [base as u64, len as u64, 0, 0, 0, 0]);
+        crate::sys::raw(libc::SYS_munlock, [base as u64, len as u64, 0, 0, 0, 0]);
     }
     LOCKED_BEFORE_START.load(std::sync::atomic::Ordering::Relaxed)
 }

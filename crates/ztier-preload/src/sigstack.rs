@@ -85,7 +85,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::sud::raw;
+use crate::sys::raw;
 
 /// Reserved per thread (pages are taken only as touched): the library's
 /// own code at the bottom ([`LIB`]), signal frames above it.

@@ -216,6 +216,8 @@
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+use crate::sys::{raw, ztier_sud_begin, ztier_sud_end, ztier_sud_sigreturn};
+
 const PR_SET_SYSCALL_USER_DISPATCH: libc::c_int = 59;
 const PR_SYS_DISPATCH_ON: libc::c_ulong = 1;
 const ALLOW: u8 = 0;
@@ -496,48 +498,6 @@ pub(crate) fn hook_exit() {
 unsafe fn interrupted_sp(ctx: *mut libc::c_void) -> usize {
     // SAFETY: as the caller promises.
     unsafe { (*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs[libc::REG_RSP as usize] as usize }
-}
-
-// The region system calls are always allowed from: a six-argument
-// system call (the number in rdi, as `syscall(2)`'s C signature), and
-// `rt_sigreturn` (the restorer of our handler, and where a program's
-// signal return is sent).
-std::arch::global_asm!(
-    ".pushsection .text.ztier_sud,\"ax\",@progbits",
-    ".balign 64",
-    ".globl ztier_sud_begin",
-    ".hidden ztier_sud_begin",
-    "ztier_sud_begin:",
-    ".globl ztier_sud_syscall6",
-    ".hidden ztier_sud_syscall6",
-    "ztier_sud_syscall6:",
-    "mov rax, rdi",
-    "mov rdi, rsi",
-    "mov rsi, rdx",
-    "mov rdx, rcx",
-    "mov r10, r8",
-    "mov r8, r9",
-    "mov r9, [rsp + 8]",
-    "syscall",
-    "ret",
-    ".balign 16",
-    ".globl ztier_sud_sigreturn",
-    ".hidden ztier_sud_sigreturn",
-    "ztier_sud_sigreturn:",
-    "mov eax, 15",
-    "syscall",
-    "ud2",
-    ".globl ztier_sud_end",
-    ".hidden ztier_sud_end",
-    "ztier_sud_end:",
-    ".popsection",
-);
-
-extern "C" {
-    fn ztier_sud_begin();
-    fn ztier_sud_end();
-    fn ztier_sud_sigreturn();
-    fn ztier_sud_syscall6(nr: i64, a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64;
 }
 
 // A `clone3` made by the dispatch handler for the program (see
@@ -978,13 +938,6 @@ pub fn sigbus_on() -> bool {
 /// Is dispatch on (this process's userfaultfd is user-mode-only)?
 pub fn active() -> bool {
     ACTIVE.load(Ordering::Relaxed)
-}
-
-/// Runs a system call from inside the region (never dispatched).
-pub(crate) fn raw(nr: i64, a: [u64; 6]) -> i64 {
-    // SAFETY: the arguments are the program's own for this call (or ours,
-    // valid for it); the kernel checks them.
-    unsafe { ztier_sud_syscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5]) }
 }
 
 /// The signals that must never be blocked or taken over by the program:
