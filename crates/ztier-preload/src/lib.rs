@@ -118,6 +118,7 @@ mod sigstack;
 mod small;
 mod spawn;
 mod sud;
+mod sudstate;
 mod sys;
 
 use std::alloc::{GlobalAlloc, Layout};
