@@ -19,8 +19,8 @@
 //!   natively, and leaves it open; its `close_range` and `closefrom`
 //!   close around them; its `dup2`/`dup3` onto one fails with `EBADF`,
 //!   said once in the log ([`guard`]). That holds for glibc's functions
-//!   (exported in [`crate::direct`]), `syscall(2)` with those numbers,
-//!   and, where system calls are caught (`crate::sud`), the raw calls
+//!   (exported in the `direct` module), `syscall(2)` with those numbers,
+//!   and, where system calls are caught (the `sud` module), the raw calls
 //!   too. A raw `close` system call in full mode is not seen;
 //! - the program does not see them, as it would not natively: a probe of
 //!   one (`fstat`, `fstatat` or `statx` on it, `fcntl`, `dup`, `dup2`
@@ -351,7 +351,7 @@ fn lists_own(dir: i32) -> bool {
 /// Is the directory entry named `name` (NUL-terminated), read from the
 /// directory open as `dir` by the program, one of the library's
 /// descriptors in a listing of the process's own (to be skipped: see
-/// `readdir` in [`crate::direct`])?
+/// `readdir` in the `direct` module)?
 ///
 /// # Safety
 /// `name` points to a NUL-terminated string.

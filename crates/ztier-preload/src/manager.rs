@@ -854,7 +854,7 @@ pub enum KeptKind {
     /// thread-local blocks), which every access to a library's
     /// thread-local reads: glibc allocates it with the program's
     /// `calloc`, arena memory where the program has an allocator of its
-    /// own ([`crate::sud::keep_thread_vector`]).
+    /// own (`keep_thread_vector` in the `sud` module).
     Dtv,
 }
 

@@ -2,7 +2,7 @@
 //! frames go under dispatch, and where library code runs when the
 //! program's stack lies in the arena.
 //!
-//! Under a user-mode-only or `SIGBUS` userfaultfd (see [`crate::sud`])
+//! Under a user-mode-only or `SIGBUS` userfaultfd (see the `sud` module)
 //! the kernel's own write to a missing page of the arena fails — and a
 //! signal frame is such a write: the kernel puts it below the
 //! interrupted stack pointer. A thread that runs on a stack *in the
@@ -17,7 +17,7 @@
 //! reserved, a guard page below, pages used only as touched), whose upper
 //! part is its alternate signal stack, armed with `SS_AUTODISARM`, and
 //! every handler the kernel runs under dispatch — `SIGSYS`'s, `SIGBUS`'s,
-//! and the wrapper of each of the program's ([`crate::sud`]'s
+//! and the wrapper of each of the program's (the `sud` module's
 //! `on_program_signal`) — is `SA_ONSTACK`. The kernel writes every frame
 //! there. The program's own handler is then run where the kernel would
 //! have run it ([`run`]):
@@ -57,7 +57,7 @@
 //!   before dispatch began (Rust's runtime sets up the main thread's
 //!   before the library starts) is taken over as the recorded one when
 //!   the library's stack replaces it (`adopt_program_stack`).
-//! - A handler that leaves by a jump (`siglongjmp`, see [`crate::sud`]'s
+//! - A handler that leaves by a jump (`siglongjmp`, see the `sud` module's
 //!   `jump`) leaves its level here too: the stack is armed again as the
 //!   innermost handler still running had it, or whole ([`leave`]).
 //! - **Library code off the arena** ([`on_library_stack`], every

@@ -79,7 +79,7 @@
 //! functions — `read`, `write`, the positioned and vectored ones,
 //! `lseek`, `close`, `open`, the `stat` family, the socket calls,
 //! `poll`, `select`, `epoll_wait`, sleeps, `syscall` itself (see
-//! [`crate::direct`] for the list) — are also exported by the library,
+//! the `direct` module for the list) — are also exported by the library,
 //! so a program (or a library such as CPython, SQLite or the JVM)
 //! calling glibc's function reaches ours first: on a thread whose
 //! selector says BLOCK, [`fast`] does the handler's work — the call's
@@ -1664,7 +1664,7 @@ fn vfork_child(sel: u8) -> bool {
 }
 
 /// Runs `call`, a glibc function that starts a program
-/// ([`crate::spawn`]: `posix_spawn`, `system`, `popen`), with the memory
+/// (the `spawn` module: `posix_spawn`, `system`, `popen`), with the memory
 /// that `named` names pinned around it, as the dispatch handler pins a
 /// system call's memory; the function's own system calls are caught as
 /// usual. `named` reads the program's memory (a cold page there is served
@@ -1720,7 +1720,7 @@ pub(crate) fn bring_back(named: impl FnOnce(&mut Ranges)) -> bool {
 }
 
 /// A system call made through one of the library's own entry points for
-/// glibc's wrappers ([`crate::direct`]): the same work as the dispatch
+/// glibc's wrappers (the `direct` module): the same work as the dispatch
 /// handler — the call's memory pinned resident around it — without the
 /// signal, so such a call costs what it costs natively plus the pin (a
 /// `SIGSYS` round trip is ~3–4 µs a call). `nr` and `a` are the system
