@@ -313,7 +313,7 @@ pub(crate) fn inside() -> bool {
 fn as_inside<R>(f: impl FnOnce() -> R) -> R {
     let was = inside();
     let _ = INSIDE.try_with(|c| c.set(true));
-    let r = sigstack::on_library_stack(|sp| GLOBAL.get().is_some_and(|g| g.in_arena(sp)), f);
+    let r = sigstack::on_library_stack(|sp| GLOBAL.get().is_some_and(|g| g.in_arena(sp)), sud::hook_exit, f);
     let _ = INSIDE.try_with(|c| c.set(was));
     r
 }

@@ -300,8 +300,14 @@ impl Drop for Entry {
 /// and a page of its stack found missing under that lock could not be
 /// served (the service needs the lock). It runs on the bottom part of
 /// this thread's stack instead, below any library code a signal
-/// interrupted there.
-pub fn on_library_stack<R, F: FnOnce() -> R>(in_arena: impl FnOnce(usize) -> bool, f: F) -> R {
+/// interrupted there. A stack made here for a thread that had none is
+/// put aside at the thread's exit: `hook_exit` marks the thread for that
+/// (the dispatch module's exit hook, which calls [`detach`]).
+pub fn on_library_stack<R, F: FnOnce() -> R>(
+    in_arena: impl FnOnce(usize) -> bool,
+    hook_exit: impl FnOnce(),
+    f: F,
+) -> R {
     let Ok(mut base) = BASE.try_with(Cell::get) else { return f() };
     let sp = here();
     let (lo, hi) = KEPT.with(Cell::get);
@@ -314,7 +320,7 @@ pub fn on_library_stack<R, F: FnOnce() -> R>(in_arena: impl FnOnce(usize) -> boo
         if !attach(false) {
             return f();
         }
-        crate::sud::hook_exit();
+        hook_exit();
         base = BASE.with(Cell::get);
     }
     let top = match LIB_LIMIT.with(Cell::get) {
