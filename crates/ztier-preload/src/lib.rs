@@ -120,6 +120,7 @@ mod spawn;
 mod sud;
 mod sudstate;
 mod sys;
+mod threads;
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
