@@ -130,6 +130,7 @@ use std::sync::OnceLock;
 use manager::{Config, Manager, Stats, PAGE};
 use pages::PageAlloc;
 use small::{Class, CLASSES, SPAN};
+use ztier_run_core::names::{control, env};
 
 extern "C" {
     fn __libc_malloc(size: usize) -> *mut libc::c_void;
@@ -261,7 +262,7 @@ static LOG_FD: AtomicI32 = AtomicI32::new(2);
 fn open_log() {
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::IntoRawFd;
-    let Some(path) = std::env::var_os("ZTIER_LOG").filter(|p| !p.is_empty()) else { return };
+    let Some(path) = std::env::var_os(env::LOG).filter(|p| !p.is_empty()) else { return };
     match std::fs::OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(&path) {
         Ok(f) => LOG_FD.store(fds::keep(f.into_raw_fd()), Ordering::Relaxed),
         Err(e) => eprintln!(
@@ -471,7 +472,7 @@ fn start_after() -> usize {
     static AFTER: AtomicUsize = AtomicUsize::new(usize::MAX);
     match AFTER.load(Ordering::Relaxed) {
         usize::MAX => {
-            let v = env_size("ZTIER_START_AFTER").unwrap_or(START_AFTER).min(usize::MAX - 1);
+            let v = env_size(env::START_AFTER).unwrap_or(START_AFTER).min(usize::MAX - 1);
             AFTER.store(v, Ordering::Relaxed);
             v
         }
@@ -641,14 +642,14 @@ fn env_size(name: &str) -> Option<usize> {
 
 /// The `ZTIER_*` settings read after start-up ([`knob`]).
 const KNOBS: [&str; 8] = [
-    "ZTIER_CPUS",
-    "ZTIER_PIN",
-    "ZTIER_SPIN_US",
-    "ZTIER_WATCHDOG_S",
-    "ZTIER_TEST_HANG_AFTER",
-    "ZTIER_TEST_EVICTOR_HANG_AFTER",
-    "ZTIER_UFFD_USER_MODE_ONLY",
-    "ZTIER_TEST_NO_UFFD_DEVICE",
+    env::CPUS,
+    env::PIN,
+    env::SPIN_US,
+    env::WATCHDOG_S,
+    env::TEST_HANG_AFTER,
+    env::TEST_EVICTOR_HANG_AFTER,
+    env::UFFD_USER_MODE_ONLY,
+    env::TEST_NO_UFFD_DEVICE,
 ];
 static KNOB_VALUES: OnceLock<Vec<Option<String>>> = OnceLock::new();
 
@@ -675,25 +676,25 @@ fn knob_size(name: &str) -> Option<usize> {
 /// `ZTIER_BUDGET`; any other failure is fatal: the program was asked to
 /// run under a budget, and silently running without one would lie.
 fn start() -> bool {
-    let Some(budget) = env_size("ZTIER_BUDGET") else { return false };
+    let Some(budget) = env_size(env::BUDGET) else { return false };
     open_log();
     // Every setting read later, read now (see `knob`).
-    let _ = knob("ZTIER_PIN");
+    let _ = knob(env::PIN);
     let codec =
-        std::env::var("ZTIER_CODEC").ok().and_then(|c| c.parse().ok()).unwrap_or(ztier_codec::CodecId::Lz4);
+        std::env::var(env::CODEC).ok().and_then(|c| c.parse().ok()).unwrap_or(ztier_codec::CodecId::Lz4);
     let total = physical_memory();
     let cfg = Config {
         budget_pages: budget / PAGE,
         codec,
-        allocator: std::env::var("ZTIER_ALLOCATOR")
+        allocator: std::env::var(env::ALLOCATOR)
             .ok()
             .and_then(|a| a.parse().ok())
             .unwrap_or(ztier_store::alloc::AllocatorKind::Classes),
-        store_bytes: env_size("ZTIER_STORE").unwrap_or(total / 2),
-        spill_dir: std::env::var_os("ZTIER_SPILL_DIR").map(Into::into),
-        spill_bytes: env_size("ZTIER_SPILL_MAX").unwrap_or(usize::MAX) as u64,
-        stats_dir: std::env::var_os("ZTIER_STATS_DIR").map(Into::into),
-        policy: std::env::var("ZTIER_POLICY").ok().filter(|p| !p.is_empty()),
+        store_bytes: env_size(env::STORE).unwrap_or(total / 2),
+        spill_dir: std::env::var_os(env::SPILL_DIR).map(Into::into),
+        spill_bytes: env_size(env::SPILL_MAX).unwrap_or(usize::MAX) as u64,
+        stats_dir: std::env::var_os(env::STATS_DIR).map(Into::into),
+        policy: std::env::var(env::POLICY).ok().filter(|p| !p.is_empty()),
     };
     match try_start(cfg) {
         Ok(g) => {
@@ -901,7 +902,7 @@ pub(crate) fn filtered(e: &std::io::Error) -> &'static str {
 /// CPUs this process may run on (as inherited: `ztier run`'s own mask
 /// in `ZTIER_CPUS` when a parent pinned us).
 fn allowed_cpus() -> Vec<usize> {
-    if let Some(list) = knob("ZTIER_CPUS") {
+    if let Some(list) = knob(env::CPUS) {
         let v: Vec<usize> = list.split(',').filter_map(|c| c.parse().ok()).collect();
         if !v.is_empty() {
             return v;
@@ -959,7 +960,7 @@ fn spawn_handlers() {
     }
     EVICTOR_FD.store(fds::keep(fd), Ordering::Relaxed);
     let cpus = allowed_cpus();
-    let pin_main = knob("ZTIER_PIN").is_none_or(|v| v != "off") && cpus.len() > 1;
+    let pin_main = knob(env::PIN).is_none_or(|v| v != "off") && cpus.len() > 1;
     if pin_main {
         let cpu = cpus[std::process::id() as usize % cpus.len()];
         pin(&[cpu]);
@@ -1012,7 +1013,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     // its pages wait for its commit), as a stuck evictor would. (Once its
     // release has returned, faults on its pages no longer wait for the
     // commit: `Manager::commit_early`.)
-    let hang_after = knob_size("ZTIER_TEST_EVICTOR_HANG_AFTER");
+    let hang_after = knob_size(env::TEST_EVICTOR_HANG_AFTER);
     loop {
         // In a forked child with the tree scope, every so often: which
         // pages inherited from the parent are no longer shared, planned
@@ -1834,7 +1835,7 @@ fn serve_in_thread(addr: usize) -> bool {
         // For the tests of the watchdog only: stop serving after this
         // many faults, holding the lock, as a deadlocked service would.
         static HANG_AFTER: OnceLock<Option<usize>> = OnceLock::new();
-        if let Some(n) = *HANG_AFTER.get_or_init(|| knob_size("ZTIER_TEST_HANG_AFTER")) {
+        if let Some(n) = *HANG_AFTER.get_or_init(|| knob_size(env::TEST_HANG_AFTER)) {
             while g.stats.faults.load(Ordering::Relaxed) >= n as u64 {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
@@ -1917,7 +1918,7 @@ fn serve_in_thread(addr: usize) -> bool {
 /// ([`more_handlers`]), as soon as asked.
 fn watchdog_loop() -> std::io::Result<()> {
     let signal = manager::signal_path();
-    let limit = knob_size("ZTIER_WATCHDOG_S").unwrap_or(30).max(1);
+    let limit = knob_size(env::WATCHDOG_S).unwrap_or(30).max(1);
     let mut seen = manager::PROGRESS.load(Ordering::Relaxed);
     let mut batches = EVICTOR_BATCHES.load(Ordering::Acquire);
     let (mut still, mut evictor_still) = (0, 0);
@@ -2055,8 +2056,8 @@ fn answer_ctl(ctl: &std::os::unix::net::UnixDatagram, g: &Global) {
         let (uid, euid) = unsafe { (libc::getuid(), libc::geteuid()) };
         let answer = match r.sender {
             Some(c) if c.uid == 0 || c.uid == uid || c.uid == euid => match &req[..r.len.min(req.len())] {
-                b"hold" => hold(g, c.pid),
-                b"release" => release(g, c.pid),
+                control::HOLD => hold(g, c.pid),
+                control::RELEASE => release(g, c.pid),
                 _ => stats_json(g),
             },
             Some(c) => format!(
@@ -2094,11 +2095,11 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
         std::mem::ManuallyDrop::new(unsafe { std::os::unix::net::UnixDatagram::from_raw_fd(ctl_fd) })
     });
     let uffd = lock(&g.mgr).uffd.clone();
-    let spin = std::time::Duration::from_micros(knob_size("ZTIER_SPIN_US").unwrap_or(0) as u64);
+    let spin = std::time::Duration::from_micros(knob_size(env::SPIN_US).unwrap_or(0) as u64);
     let mut last = std::time::Instant::now();
     // For the tests of the watchdog only: stop serving after this many
     // faults, as a stuck handler would.
-    let hang_after = knob_size("ZTIER_TEST_HANG_AFTER");
+    let hang_after = knob_size(env::TEST_HANG_AFTER);
     UFFD_FD.store(uffd.raw_fd(), Ordering::Relaxed);
     // With `--fault-path signal` no fault is read here (the watchdog
     // watches the in-thread service, whose progress this must not fake).
