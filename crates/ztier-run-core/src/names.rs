@@ -65,7 +65,7 @@ pub mod env {
 
 /// The requests a client sends the control socket (`@ztier-PID`, one
 /// datagram each). Any other request is answered with the statistics, as
-/// [`STATS`] is.
+/// [`STATS`](control::STATS) is.
 pub mod control {
     /// The process's statistics, one JSON datagram.
     pub const STATS: &[u8] = b"stats";
