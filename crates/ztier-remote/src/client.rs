@@ -704,6 +704,55 @@ mod tests {
         h.join().unwrap();
     }
 
+    /// Puts are queued: none reaches the proxy until a request that
+    /// waits (here a get) goes out, and then all of them, in order,
+    /// ahead of it; `OUT_MAX` bytes of puts go out without one.
+    #[test]
+    fn puts_are_queued_until_a_get_or_enough_bytes() {
+        let (queued_tx, queued_rx) = std::sync::mpsc::channel::<()>();
+        let (seen_tx, seen_rx) = std::sync::mpsc::channel::<()>();
+        let big = vec![7u8; 4000];
+        let n_big = OUT_MAX / big.len() + 1;
+        let (t, h) = with_proxy(move |s| {
+            let mut body = Vec::new();
+            queued_rx.recv().unwrap();
+            s.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 1];
+            let e = s.read(&mut b).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "a put was sent before a get");
+            s.set_nonblocking(false).unwrap();
+            seen_tx.send(()).unwrap();
+            for i in 0..3 {
+                assert_eq!(wire::read_frame(s, &mut body).unwrap(), Some((op::PUT, 0)));
+                assert_eq!(wire::key_of(op::PUT, &body).unwrap(), key(i));
+                wire::write_frame(s, reply::ACK, 0, &[]).unwrap();
+            }
+            assert_eq!(wire::read_frame(s, &mut body).unwrap().map(|f| f.0), Some(op::GET));
+            wire::write_frame(s, reply::VALUE, 0, &[&wire::meta_bytes(&meta(3)), b"abc"]).unwrap();
+            // Then big puts, with no get: they go out on their own.
+            for i in 0..n_big as u32 {
+                assert_eq!(wire::read_frame(s, &mut body).unwrap(), Some((op::PUT, 0)));
+                assert_eq!(wire::key_of(op::PUT, &body).unwrap(), key(10 + i));
+            }
+            // Until the client goes away.
+            let _ = s.read(&mut [0u8; 1]);
+        });
+        for i in 0..3 {
+            t.put(key(i), meta(3), b"abc").unwrap();
+        }
+        queued_tx.send(()).unwrap();
+        // The proxy has looked (and found nothing) before the get.
+        seen_rx.recv().unwrap();
+        let mut out = Vec::new();
+        assert_eq!(t.get(key(1), &mut out, false).unwrap(), Some(meta(3)));
+        assert_eq!(out, b"abc");
+        for i in 0..n_big as u32 {
+            t.put(key(10 + i), meta(4000), &big).unwrap();
+        }
+        drop(t);
+        h.join().unwrap();
+    }
+
     /// A proxy that sends garbage, a frame too long, or goes away: errors,
     /// not a crash or a hang; a refusal of HELLO is said.
     #[test]
