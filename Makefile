@@ -22,11 +22,17 @@ deps:
 # The codec crate's opt-in features are linted too: `safe` (its tests run
 # in `unit`) and `avx512`, whose kernel no CI machine can run but which
 # must keep compiling cleanly (docs/codec.md says how to test it).
+# Right after formatting (it takes a second): no import cycle among the
+# modules of a crate, nor among those inside a folder module such as
+# crates/ztier/src/cmd; each cycle found is printed with a file:line per
+# edge (scripts/modcycles.py).
 # (The docs with --release: they reuse clippy's checked dependencies and
 # build scripts, the library `ztier` embeds among them; 1m12s against
 # 1m43s after clippy here.)
 lint:
 	$(CARGO) fmt --all -- --check
+	python3 scripts/modcycles.py --self-test
+	python3 scripts/modcycles.py
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	$(CARGO) clippy -p ztier-codec --all-targets --release --features safe -- -D warnings
 	$(CARGO) clippy -p ztier-codec --all-targets --release --features avx512 -- -D warnings

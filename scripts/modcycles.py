@@ -11,7 +11,10 @@ or a folder src/NAME/); the crate root (lib.rs, main.rs) is not one: its
 items are the crate's shared vocabulary. There is an edge A -> B when a
 file of A names `crate::B`, in code or in a doc link (`use crate::{B, ..}`
 included), outside its `#[cfg(test)]` modules (unit tests may use any
-module). Every cycle is printed with one reference per edge, file:line.
+module). The modules inside a folder module (src/F/NAME.rs, src/F/NAME/)
+are checked the same way among themselves, F/mod.rs being their root: an
+edge A -> B when a file of F/A names `super::B` or `crate::F::B`. Every
+cycle is printed with one reference per edge, file:line.
 """
 import os
 import re
@@ -37,9 +40,10 @@ def strip_test_modules(text):
     return "".join(out)
 
 
-def references(text):
-    """(module name, line) of every `crate::NAME` and `crate::{NAME, ..}`."""
-    for m in re.finditer(r"crate::(\{[^}]*\}|\w+)", text):
+def references(text, prefix=r"crate::"):
+    """(module name, line) of every `crate::NAME` and `crate::{NAME, ..}`
+    (`prefix` a regular expression for what comes before NAME)."""
+    for m in re.finditer(r"(?<![\w:])(?:" + prefix + r")(\{[^}]*\}|\w+)", text):
         line = text.count("\n", 0, m.start()) + 1
         target = m.group(1)
         if target.startswith("{"):
@@ -64,12 +68,12 @@ def references(text):
             yield target, line
 
 
-def crate_modules(src):
+def crate_modules(src, roots=("lib.rs", "main.rs")):
     """Module name -> its .rs files."""
     mods = {}
     for entry in sorted(os.listdir(src)):
         path = os.path.join(src, entry)
-        if entry in ("lib.rs", "main.rs"):
+        if entry in roots:
             continue
         if entry.endswith(".rs"):
             mods.setdefault(entry[:-3], []).append(path)
@@ -79,14 +83,15 @@ def crate_modules(src):
     return mods
 
 
-def cycles(mods):
+def cycles(mods, prefix=lambda f: r"crate::"):
     """The strongly connected components of more than one module, each as
-    (sorted names, {(a, b): 'file:line'} for its edges)."""
+    (sorted names, {(a, b): 'file:line'} for its edges); `prefix(file)`:
+    what names a sibling module in that file (a regular expression)."""
     edges, where = {m: set() for m in mods}, {}
     for m, files in mods.items():
         for f in files:
             text = strip_test_modules(open(f, encoding="utf-8", errors="replace").read())
-            for target, line in references(text):
+            for target, line in references(text, prefix(f)):
                 if target in mods and target != m:
                     edges[m].add(target)
                     where.setdefault((m, target), f"{f}:{line}")
@@ -134,17 +139,47 @@ def cycles(mods):
     return comps
 
 
+def folders(src, path=()):
+    """(module path, folder) of every folder module under `src`, nested
+    ones included: `(("cmd",), "src/cmd")`."""
+    for entry in sorted(os.listdir(src)):
+        d = os.path.join(src, entry)
+        if os.path.isdir(d) and os.path.isfile(os.path.join(d, "mod.rs")):
+            yield path + (entry,), d
+            yield from folders(d, path + (entry,))
+
+
+def sibling(path, d):
+    """For the modules inside folder module `path` (at `d`): what names
+    one of them from a file under `d` — `crate::F::` anywhere, and
+    `super::` from a file directly in `d` (`super::super::` one folder
+    down, and so on)."""
+    absolute = "crate::" + "".join(p + "::" for p in path)
+
+    def prefix(f):
+        depth = os.path.relpath(os.path.dirname(f), d).count(os.sep) + (os.path.dirname(f) != d)
+        if os.path.basename(f) == "mod.rs":
+            depth -= 1
+        return re.escape(absolute) + "|" + re.escape("super::" * (depth + 1))
+
+    return prefix
+
+
 def check(crates_dir):
     found = 0
     for crate in sorted(os.listdir(crates_dir)):
         src = os.path.join(crates_dir, crate, "src")
         if not os.path.isdir(src):
             continue
-        for names, inside in cycles(crate_modules(src)):
-            found += 1
-            print(f"{crate}: modules in a cycle: {', '.join(names)}")
-            for (a, b), at in sorted(inside.items()):
-                print(f"  {a} -> {b}  ({at})")
+        scopes = [(crate, cycles(crate_modules(src)))]
+        for path, d in folders(src):
+            scopes.append((f"{crate} ({'::'.join(path)})", cycles(crate_modules(d, ("mod.rs",)), sibling(path, d))))
+        for scope, comps in scopes:
+            for names, inside in comps:
+                found += 1
+                print(f"{scope}: modules in a cycle: {', '.join(names)}")
+                for (a, b), at in sorted(inside.items()):
+                    print(f"  {a} -> {b}  ({at})")
     return found
 
 
@@ -170,6 +205,12 @@ def self_test():
             f.write("fn g() { crate::a::h() }\n")
         comps = cycles(crate_modules(src))
         assert [c[0] for c in comps] == [["a", "b", "c"]], comps
+        # Inside a folder module: `super::` and `crate::c::` name siblings.
+        for name, text in {"c/x.rs": "use super::y;\n", "c/y.rs": "fn f() { crate::c::x::g() }\n", "c/z.rs": "use super::super::a;\n"}.items():
+            with open(os.path.join(src, name), "w") as f:
+                f.write(text)
+        inner = cycles(crate_modules(os.path.join(src, "c"), ("mod.rs",)), sibling(("c",), os.path.join(src, "c")))
+        assert [c[0] for c in inner] == [["x", "y"]], inner
     print("modcycles: self-test passed")
 
 

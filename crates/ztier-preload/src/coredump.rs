@@ -58,7 +58,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use crate::sud::raw;
+use crate::sys::raw;
 
 /// The signals whose default action dumps core (signal(7)).
 const CORE_SIGNALS: [libc::c_int; 10] = [
@@ -148,9 +148,9 @@ pub fn install() {
         return;
     }
     for sig in CORE_SIGNALS {
-        if !crate::sud::taken(sig)
-            && crate::sud::action_of(sig) == Some(libc::SIG_DFL as u64)
-            && crate::sud::set_library_action(sig, on_core_signal, MASK)
+        if !crate::sudstate::taken(sig)
+            && crate::sudstate::action_of(sig) == Some(libc::SIG_DFL as u64)
+            && crate::sudstate::set_library_action(sig, on_core_signal, MASK)
         {
             INSTALLED.fetch_or(1 << sig, Ordering::Relaxed);
         }
@@ -186,7 +186,7 @@ extern "C" fn on_core_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: 
     let sp = unsafe { (*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs[libc::REG_RSP as usize] } as usize;
     let _entry = crate::sigstack::Entry::new(sp);
     before_core(sig);
-    crate::sud::set_default(sig);
+    crate::sudstate::set_default(sig);
     // The same siginfo again, to this thread: delivered when this handler
     // returns and the signal is unblocked, with the default action (a
     // fault's signal would come again anyway when the access is retried).
@@ -202,13 +202,13 @@ pub fn before_core(sig: libc::c_int) {
     if !crate::ready() || !cores_written() {
         return;
     }
-    if crate::sud::in_library() {
+    if crate::sudstate::in_library() {
         // The library's own code (its locks, or glibc's allocator's, may
         // be held by this thread).
         say(sig, "the crash came inside ztier's own code");
         return;
     }
-    let _allow = crate::sud::Allow::new();
+    let _allow = crate::sudstate::Allow::new();
     if let Err(why) = crate::as_inside(bring_back) {
         say(sig, &why);
     }
@@ -279,14 +279,14 @@ static LOOK_UP: extern "C" fn() = look_up;
 /// Does the library's core handler stand for the default of `sig`, with
 /// no one else to show it (no dispatch)?
 fn standing(sig: libc::c_int) -> bool {
-    handler_for(sig).is_some() && !crate::sud::active()
+    handler_for(sig).is_some() && !crate::sudstate::active()
 }
 
 /// `sigaction(2)`: glibc's, except for a signal whose default action the
 /// library's core handler stands for ([`handler_for`], default thread
 /// path): that handler is shown as `SIG_DFL`, and `SIG_DFL` installs it;
 /// and in a `vfork` child, for a signal the library keeps from the
-/// program ([`crate::sud::child_sigaction`]).
+/// program ([`crate::sudstate::child_sigaction`]).
 ///
 /// # Safety
 /// The C contract of `sigaction`.
@@ -299,7 +299,7 @@ pub unsafe extern "C" fn sigaction(
     type F = unsafe extern "C" fn(libc::c_int, *const libc::sigaction, *mut libc::sigaction) -> libc::c_int;
     // SAFETY: glibc's sigaction, which has this signature.
     let f = unsafe { std::mem::transmute::<usize, F>(real(0)) };
-    if let Some(r) = crate::sud::child_sigaction(sig, old) {
+    if let Some(r) = crate::sudstate::child_sigaction(sig, old) {
         return r;
     }
     if !standing(sig) {
@@ -324,7 +324,7 @@ pub unsafe extern "C" fn sigaction(
     // SAFETY: the caller's action.
     if unsafe { (*act).sa_sigaction } == libc::SIG_DFL {
         let (h, mask) = handler_for(sig).expect("standing");
-        return if crate::sud::set_library_action(sig, h, mask) { 0 } else { -1 };
+        return if crate::sudstate::set_library_action(sig, h, mask) { 0 } else { -1 };
     }
     // SAFETY: the caller's action.
     unsafe { f(sig, act, std::ptr::null_mut()) }
@@ -339,7 +339,7 @@ pub unsafe extern "C" fn sigaction(
 pub unsafe extern "C" fn signal(sig: libc::c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     // SAFETY: all zeros is a valid sigaction.
     let mut kept: libc::sigaction = unsafe { std::mem::zeroed() };
-    if crate::sud::child_sigaction(sig, &mut kept).is_some() {
+    if crate::sudstate::child_sigaction(sig, &mut kept).is_some() {
         return kept.sa_sigaction;
     }
     if !standing(sig) {

@@ -19,8 +19,8 @@
 //!   natively, and leaves it open; its `close_range` and `closefrom`
 //!   close around them; its `dup2`/`dup3` onto one fails with `EBADF`,
 //!   said once in the log ([`guard`]). That holds for glibc's functions
-//!   (exported in [`crate::direct`]), `syscall(2)` with those numbers,
-//!   and, where system calls are caught (`crate::sud`), the raw calls
+//!   (exported in the `direct` module), `syscall(2)` with those numbers,
+//!   and, where system calls are caught (the `sud` module), the raw calls
 //!   too. A raw `close` system call in full mode is not seen;
 //! - the program does not see them, as it would not natively: a probe of
 //!   one (`fstat`, `fstatat` or `statx` on it, `fcntl`, `dup`, `dup2`
@@ -72,7 +72,7 @@ pub fn keep(fd: i32) -> i32 {
         // SAFETY: duplicating a descriptor of ours.
         let up = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) };
         if up >= 0 {
-            crate::sud::raw(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+            crate::sys::raw(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
             fd = up;
         }
     }
@@ -194,7 +194,7 @@ fn guard_slow(nr: i64, a: [u64; 6]) -> Option<i64> {
             if flags & libc::CLOSE_RANGE_UNSHARE as u64 != 0 {
                 // Unshare the table first (closing nothing), then close
                 // around the kept ones in the new table.
-                let r = crate::sud::raw(nr, [u32::MAX as u64, u32::MAX as u64, flags, 0, 0, 0]);
+                let r = crate::sys::raw(nr, [u32::MAX as u64, u32::MAX as u64, flags, 0, 0, 0]);
                 if r < 0 {
                     return Some(r);
                 }
@@ -203,7 +203,7 @@ fn guard_slow(nr: i64, a: [u64; 6]) -> Option<i64> {
             let mut from = first;
             for &k in &kept[..n] {
                 if k > from {
-                    let r = crate::sud::raw(nr, [from as u64, (k - 1) as u64, flags, 0, 0, 0]);
+                    let r = crate::sys::raw(nr, [from as u64, (k - 1) as u64, flags, 0, 0, 0]);
                     if r < 0 {
                         return Some(r);
                     }
@@ -211,7 +211,7 @@ fn guard_slow(nr: i64, a: [u64; 6]) -> Option<i64> {
                 from = k + 1;
             }
             if from <= last {
-                let r = crate::sud::raw(nr, [from as u64, last as u64, flags, 0, 0, 0]);
+                let r = crate::sys::raw(nr, [from as u64, last as u64, flags, 0, 0, 0]);
                 if r < 0 {
                     return Some(r);
                 }
@@ -322,7 +322,7 @@ fn lists_own(dir: i32) -> bool {
     let mut target = [0u8; 64];
     let mut me = [0u8; 16];
     let link = |p: *const u8, buf: &mut [u8]| {
-        let n = crate::sud::raw(
+        let n = crate::sys::raw(
             libc::SYS_readlink,
             [p as u64, buf.as_mut_ptr() as u64, buf.len() as u64, 0, 0, 0],
         );
@@ -351,7 +351,7 @@ fn lists_own(dir: i32) -> bool {
 /// Is the directory entry named `name` (NUL-terminated), read from the
 /// directory open as `dir` by the program, one of the library's
 /// descriptors in a listing of the process's own (to be skipped: see
-/// `readdir` in [`crate::direct`])?
+/// `readdir` in the `direct` module)?
 ///
 /// # Safety
 /// `name` points to a NUL-terminated string.

@@ -118,7 +118,9 @@ mod sigstack;
 mod small;
 mod spawn;
 mod sud;
+mod sudstate;
 mod sys;
+mod threads;
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -128,6 +130,7 @@ use std::sync::OnceLock;
 use manager::{Config, Manager, Stats, PAGE};
 use pages::PageAlloc;
 use small::{Class, CLASSES, SPAN};
+use ztier_run_core::names::{control, env};
 
 extern "C" {
     fn __libc_malloc(size: usize) -> *mut libc::c_void;
@@ -244,7 +247,7 @@ pub(crate) fn say_unallocated(args: std::fmt::Arguments) {
     let mut w = std::io::Cursor::new(&mut buf[..]);
     let _ = std::io::Write::write_fmt(&mut w, args);
     let n = w.position();
-    sud::raw(libc::SYS_write, [2, buf.as_ptr() as u64, n, 0, 0, 0]);
+    sys::raw(libc::SYS_write, [2, buf.as_ptr() as u64, n, 0, 0, 0]);
 }
 
 /// The descriptor notices are written to ([`notice`]): the log
@@ -259,7 +262,7 @@ static LOG_FD: AtomicI32 = AtomicI32::new(2);
 fn open_log() {
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::IntoRawFd;
-    let Some(path) = std::env::var_os("ZTIER_LOG").filter(|p| !p.is_empty()) else { return };
+    let Some(path) = std::env::var_os(env::LOG).filter(|p| !p.is_empty()) else { return };
     match std::fs::OpenOptions::new().append(true).create(true).custom_flags(libc::O_CLOEXEC).open(&path) {
         Ok(f) => LOG_FD.store(fds::keep(f.into_raw_fd()), Ordering::Relaxed),
         Err(e) => eprintln!(
@@ -283,7 +286,7 @@ pub(crate) fn notice(args: std::fmt::Arguments) {
     let n = w.position() as usize;
     buf[n] = b'\n';
     let fd = LOG_FD.load(Ordering::Relaxed);
-    sud::raw(libc::SYS_write, [fd as u64, buf.as_ptr() as u64, n as u64 + 1, 0, 0, 0]);
+    sys::raw(libc::SYS_write, [fd as u64, buf.as_ptr() as u64, n as u64 + 1, 0, 0, 0]);
 }
 
 /// Address space of the arena (less under an address-space limit:
@@ -312,7 +315,7 @@ pub(crate) fn inside() -> bool {
 fn as_inside<R>(f: impl FnOnce() -> R) -> R {
     let was = inside();
     let _ = INSIDE.try_with(|c| c.set(true));
-    let r = sigstack::on_library_stack(|sp| GLOBAL.get().is_some_and(|g| g.in_arena(sp)), f);
+    let r = sigstack::on_library_stack(|sp| GLOBAL.get().is_some_and(|g| g.in_arena(sp)), sud::hook_exit, f);
     let _ = INSIDE.try_with(|c| c.set(was));
     r
 }
@@ -469,7 +472,7 @@ fn start_after() -> usize {
     static AFTER: AtomicUsize = AtomicUsize::new(usize::MAX);
     match AFTER.load(Ordering::Relaxed) {
         usize::MAX => {
-            let v = env_size("ZTIER_START_AFTER").unwrap_or(START_AFTER).min(usize::MAX - 1);
+            let v = env_size(env::START_AFTER).unwrap_or(START_AFTER).min(usize::MAX - 1);
             AFTER.store(v, Ordering::Relaxed);
             v
         }
@@ -639,14 +642,14 @@ fn env_size(name: &str) -> Option<usize> {
 
 /// The `ZTIER_*` settings read after start-up ([`knob`]).
 const KNOBS: [&str; 8] = [
-    "ZTIER_CPUS",
-    "ZTIER_PIN",
-    "ZTIER_SPIN_US",
-    "ZTIER_WATCHDOG_S",
-    "ZTIER_TEST_HANG_AFTER",
-    "ZTIER_TEST_EVICTOR_HANG_AFTER",
-    "ZTIER_UFFD_USER_MODE_ONLY",
-    "ZTIER_TEST_NO_UFFD_DEVICE",
+    env::CPUS,
+    env::PIN,
+    env::SPIN_US,
+    env::WATCHDOG_S,
+    env::TEST_HANG_AFTER,
+    env::TEST_EVICTOR_HANG_AFTER,
+    env::UFFD_USER_MODE_ONLY,
+    env::TEST_NO_UFFD_DEVICE,
 ];
 static KNOB_VALUES: OnceLock<Vec<Option<String>>> = OnceLock::new();
 
@@ -673,25 +676,25 @@ fn knob_size(name: &str) -> Option<usize> {
 /// `ZTIER_BUDGET`; any other failure is fatal: the program was asked to
 /// run under a budget, and silently running without one would lie.
 fn start() -> bool {
-    let Some(budget) = env_size("ZTIER_BUDGET") else { return false };
+    let Some(budget) = env_size(env::BUDGET) else { return false };
     open_log();
     // Every setting read later, read now (see `knob`).
-    let _ = knob("ZTIER_PIN");
+    let _ = knob(env::PIN);
     let codec =
-        std::env::var("ZTIER_CODEC").ok().and_then(|c| c.parse().ok()).unwrap_or(ztier_codec::CodecId::Lz4);
+        std::env::var(env::CODEC).ok().and_then(|c| c.parse().ok()).unwrap_or(ztier_codec::CodecId::Lz4);
     let total = physical_memory();
     let cfg = Config {
         budget_pages: budget / PAGE,
         codec,
-        allocator: std::env::var("ZTIER_ALLOCATOR")
+        allocator: std::env::var(env::ALLOCATOR)
             .ok()
             .and_then(|a| a.parse().ok())
             .unwrap_or(ztier_store::alloc::AllocatorKind::Classes),
-        store_bytes: env_size("ZTIER_STORE").unwrap_or(total / 2),
-        spill_dir: std::env::var_os("ZTIER_SPILL_DIR").map(Into::into),
-        spill_bytes: env_size("ZTIER_SPILL_MAX").unwrap_or(usize::MAX) as u64,
-        stats_dir: std::env::var_os("ZTIER_STATS_DIR").map(Into::into),
-        policy: std::env::var("ZTIER_POLICY").ok().filter(|p| !p.is_empty()),
+        store_bytes: env_size(env::STORE).unwrap_or(total / 2),
+        spill_dir: std::env::var_os(env::SPILL_DIR).map(Into::into),
+        spill_bytes: env_size(env::SPILL_MAX).unwrap_or(usize::MAX) as u64,
+        stats_dir: std::env::var_os(env::STATS_DIR).map(Into::into),
+        policy: std::env::var(env::POLICY).ok().filter(|p| !p.is_empty()),
     };
     match try_start(cfg) {
         Ok(g) => {
@@ -899,7 +902,7 @@ pub(crate) fn filtered(e: &std::io::Error) -> &'static str {
 /// CPUs this process may run on (as inherited: `ztier run`'s own mask
 /// in `ZTIER_CPUS` when a parent pinned us).
 fn allowed_cpus() -> Vec<usize> {
-    if let Some(list) = knob("ZTIER_CPUS") {
+    if let Some(list) = knob(env::CPUS) {
         let v: Vec<usize> = list.split(',').filter_map(|c| c.parse().ok()).collect();
         if !v.is_empty() {
             return v;
@@ -957,7 +960,7 @@ fn spawn_handlers() {
     }
     EVICTOR_FD.store(fds::keep(fd), Ordering::Relaxed);
     let cpus = allowed_cpus();
-    let pin_main = knob("ZTIER_PIN").is_none_or(|v| v != "off") && cpus.len() > 1;
+    let pin_main = knob(env::PIN).is_none_or(|v| v != "off") && cpus.len() > 1;
     if pin_main {
         let cpu = cpus[std::process::id() as usize % cpus.len()];
         pin(&[cpu]);
@@ -1010,7 +1013,7 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
     // its pages wait for its commit), as a stuck evictor would. (Once its
     // release has returned, faults on its pages no longer wait for the
     // commit: `Manager::commit_early`.)
-    let hang_after = knob_size("ZTIER_TEST_EVICTOR_HANG_AFTER");
+    let hang_after = knob_size(env::TEST_EVICTOR_HANG_AFTER);
     loop {
         // In a forked child with the tree scope, every so often: which
         // pages inherited from the parent are no longer shared, planned
@@ -1832,7 +1835,7 @@ fn serve_in_thread(addr: usize) -> bool {
         // For the tests of the watchdog only: stop serving after this
         // many faults, holding the lock, as a deadlocked service would.
         static HANG_AFTER: OnceLock<Option<usize>> = OnceLock::new();
-        if let Some(n) = *HANG_AFTER.get_or_init(|| knob_size("ZTIER_TEST_HANG_AFTER")) {
+        if let Some(n) = *HANG_AFTER.get_or_init(|| knob_size(env::TEST_HANG_AFTER)) {
             while g.stats.faults.load(Ordering::Relaxed) >= n as u64 {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
@@ -1915,7 +1918,7 @@ fn serve_in_thread(addr: usize) -> bool {
 /// ([`more_handlers`]), as soon as asked.
 fn watchdog_loop() -> std::io::Result<()> {
     let signal = manager::signal_path();
-    let limit = knob_size("ZTIER_WATCHDOG_S").unwrap_or(30).max(1);
+    let limit = knob_size(env::WATCHDOG_S).unwrap_or(30).max(1);
     let mut seen = manager::PROGRESS.load(Ordering::Relaxed);
     let mut batches = EVICTOR_BATCHES.load(Ordering::Acquire);
     let (mut still, mut evictor_still) = (0, 0);
@@ -2053,8 +2056,8 @@ fn answer_ctl(ctl: &std::os::unix::net::UnixDatagram, g: &Global) {
         let (uid, euid) = unsafe { (libc::getuid(), libc::geteuid()) };
         let answer = match r.sender {
             Some(c) if c.uid == 0 || c.uid == uid || c.uid == euid => match &req[..r.len.min(req.len())] {
-                b"hold" => hold(g, c.pid),
-                b"release" => release(g, c.pid),
+                control::HOLD => hold(g, c.pid),
+                control::RELEASE => release(g, c.pid),
                 _ => stats_json(g),
             },
             Some(c) => format!(
@@ -2092,11 +2095,11 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
         std::mem::ManuallyDrop::new(unsafe { std::os::unix::net::UnixDatagram::from_raw_fd(ctl_fd) })
     });
     let uffd = lock(&g.mgr).uffd.clone();
-    let spin = std::time::Duration::from_micros(knob_size("ZTIER_SPIN_US").unwrap_or(0) as u64);
+    let spin = std::time::Duration::from_micros(knob_size(env::SPIN_US).unwrap_or(0) as u64);
     let mut last = std::time::Instant::now();
     // For the tests of the watchdog only: stop serving after this many
     // faults, as a stuck handler would.
-    let hang_after = knob_size("ZTIER_TEST_HANG_AFTER");
+    let hang_after = knob_size(env::TEST_HANG_AFTER);
     UFFD_FD.store(uffd.raw_fd(), Ordering::Relaxed);
     // With `--fault-path signal` no fault is read here (the watchdog
     // watches the in-thread service, whose progress this must not fake).
@@ -2416,7 +2419,7 @@ fn open_stats() {
     let old = STATS_FD.swap(fd, Ordering::Relaxed);
     if old >= 0 {
         fds::forget(old);
-        sud::raw(libc::SYS_close, [old as u64, 0, 0, 0, 0, 0]);
+        sys::raw(libc::SYS_close, [old as u64, 0, 0, 0, 0, 0]);
     }
 }
 
@@ -2497,13 +2500,13 @@ pub unsafe extern "C" fn _Exit(status: libc::c_int) -> ! {
 }
 
 fn end(status: libc::c_int) -> ! {
-    if ready() && !inside() && sud::raw(libc::SYS_getpid, [0; 6]) == OWN_PID.load(Ordering::Relaxed) as i64 {
+    if ready() && !inside() && sys::raw(libc::SYS_getpid, [0; 6]) == OWN_PID.load(Ordering::Relaxed) as i64 {
         at_exit();
     }
     // As glibc's `_exit`: the whole process, else (never seen) this thread.
     loop {
-        sud::raw(libc::SYS_exit_group, [status as u64, 0, 0, 0, 0, 0]);
-        sud::raw(libc::SYS_exit, [status as u64, 0, 0, 0, 0, 0]);
+        sys::raw(libc::SYS_exit_group, [status as u64, 0, 0, 0, 0, 0]);
+        sys::raw(libc::SYS_exit, [status as u64, 0, 0, 0, 0, 0]);
     }
 }
 
@@ -3017,7 +3020,7 @@ extern "C" fn fork_child() {
     for fd in [EVICTOR_FD.swap(-1, Ordering::Relaxed), CTL_FD.swap(-1, Ordering::Relaxed)] {
         if fd >= 0 {
             fds::forget(fd);
-            sud::raw(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+            sys::raw(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
         }
     }
     // Its own statistics file (the parent's descriptor is closed).
@@ -3291,7 +3294,7 @@ pub(crate) fn fork_unseen(nr: i64, a: [u64; 6]) -> Option<i64> {
     if STATE.load(Ordering::Acquire) != READY || prepared {
         return None;
     }
-    Some(fork_around(|| sud::raw(nr, a)))
+    Some(fork_around(|| sys::raw(nr, a)))
 }
 
 /// The end of [`fork_child`]: the child's threads (if `threads`), back

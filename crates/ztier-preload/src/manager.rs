@@ -143,9 +143,9 @@ use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP}
 
 use crate::sys;
 use ztier_run_core::faultlog::{FaultLog, Kind, Row};
+use ztier_run_core::names::env;
 
-/// Page size.
-pub const PAGE: usize = 4096;
+pub use crate::sys::PAGE;
 /// No data: the next touch gets zeros.
 pub const ABSENT: u8 = 0;
 /// In memory, uncompressed.
@@ -244,7 +244,7 @@ pub enum CleanMode {
 impl CleanMode {
     /// From `ZTIER_CLEAN` (`verify`, `wp` or `off`; unset: `verify`).
     pub fn from_env() -> io::Result<CleanMode> {
-        match std::env::var("ZTIER_CLEAN").as_deref() {
+        match std::env::var(env::CLEAN).as_deref() {
             Err(_) | Ok("verify") => Ok(CleanMode::Verify),
             Ok("wp") => Ok(CleanMode::Wp),
             Ok("off") => Ok(CleanMode::Off),
@@ -684,7 +684,7 @@ impl Drop for Pagemap {
     fn drop(&mut self) {
         if self.0 >= 0 {
             crate::fds::forget(self.0);
-            crate::sud::raw(libc::SYS_close, [self.0 as u64, 0, 0, 0, 0, 0]);
+            crate::sys::raw(libc::SYS_close, [self.0 as u64, 0, 0, 0, 0, 0]);
         }
     }
 }
@@ -855,7 +855,7 @@ pub enum KeptKind {
     /// thread-local blocks), which every access to a library's
     /// thread-local reads: glibc allocates it with the program's
     /// `calloc`, arena memory where the program has an allocator of its
-    /// own ([`crate::sud::keep_thread_vector`]).
+    /// own (`keep_thread_vector` in the `sud` module).
     Dtv,
 }
 
@@ -955,7 +955,7 @@ fn policies(spec: Option<&str>, pages: usize, budget: usize, prefetch: usize) ->
 /// user-mode-only ([`decide_signal_path`]); on the signal path faults
 /// raise `SIGBUS` in the faulting thread (see [`signal_path`]).
 fn open_uffd(base: usize, len: usize) -> io::Result<Arc<Uffd>> {
-    let umo = crate::knob("ZTIER_UFFD_USER_MODE_ONLY").is_some_and(|v| v == "1");
+    let umo = crate::knob(env::UFFD_USER_MODE_ONLY).is_some_and(|v| v == "1");
     let mut u = Uffd::open_via(if umo { None } else { uffd_device() }, umo, decide_signal_path)?;
     // Out of the program's way, kept from its `close` (see `crate::fds`).
     u.move_fd_up(crate::fds::low())?;
@@ -1055,7 +1055,7 @@ fn uffd_device() -> Option<i32> {
     let mut fd = UFFD_DEVICE.load(Ordering::Relaxed);
     if fd == -2 {
         // For the tests only: as on a kernel without the device.
-        let skip = crate::knob("ZTIER_TEST_NO_UFFD_DEVICE").is_some_and(|v| v == "1");
+        let skip = crate::knob(env::TEST_NO_UFFD_DEVICE).is_some_and(|v| v == "1");
         fd = Uffd::open_device().filter(|_| !skip).map_or(-1, |d| crate::fds::keep(d.into_raw_fd()));
         UFFD_DEVICE.store(fd, Ordering::Relaxed);
     }
@@ -1101,7 +1101,7 @@ static SIGNAL_PATH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 /// user-mode-only (`umo`) or not; a decision already made stands.
 fn decide_signal_path(umo: bool) -> bool {
     *SIGNAL_PATH.get_or_init(|| {
-        let asked = std::env::var("ZTIER_FAULT_PATH").unwrap_or_default();
+        let asked = std::env::var(env::FAULT_PATH).unwrap_or_default();
         let signal = match asked.as_str() {
             "signal" => true,
             "thread" => false,
@@ -1189,7 +1189,7 @@ fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
 /// tree` (`ZTIER_TREE` names the segment), if it can take one; if not,
 /// it says why in the log and keeps a budget of its own.
 fn join_tree() -> Option<Member> {
-    let path = std::env::var("ZTIER_TREE").ok().filter(|p| !p.is_empty())?;
+    let path = std::env::var(env::TREE).ok().filter(|p| !p.is_empty())?;
     let why = match ztier_uffd::tree::open(&path) {
         Ok(seg) => match Member::join(seg) {
             Some(m) => return Some(m),
@@ -1224,7 +1224,7 @@ impl Manager {
         let hashes = Table::<u128>::new(pages)?;
         let clean = CleanMode::from_env()?;
         let budget = cfg.budget_pages.max(EVICT_BATCH * 2);
-        let prefetch = std::env::var("ZTIER_PREFETCH")
+        let prefetch = std::env::var(env::PREFETCH)
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(ztier_policy::walk::PREFETCH);
@@ -3156,7 +3156,7 @@ impl Victims {
             let mut inmem = vec![0u8; n];
             // The kernel's `mincore`, not the library's export (which
             // fails on free pages, and victims may be free).
-            let r = crate::sud::raw(
+            let r = crate::sys::raw(
                 libc::SYS_mincore,
                 [addr as u64, (n * PAGE) as u64, inmem.as_mut_ptr() as u64, 0, 0, 0],
             );

@@ -22,10 +22,11 @@ static TIER: OnceLock<ProxyTier> = OnceLock::new();
 /// proxy has taken this process. `keep` moves the socket's descriptor
 /// out of the program's way (`fds::keep`) and returns its number.
 pub fn tier(keep: fn(i32) -> i32) -> io::Result<Option<Box<dyn NextTier>>> {
-    let Some(name) = std::env::var("ZTIER_REMOTE_SOCKET").ok().filter(|s| !s.is_empty()) else {
+    let Some(name) = std::env::var(ztier_run_core::names::env::REMOTE_SOCKET).ok().filter(|s| !s.is_empty())
+    else {
         return Ok(None);
     };
-    let token = std::env::var("ZTIER_REMOTE_TOKEN").unwrap_or_default();
+    let token = std::env::var(ztier_run_core::names::env::REMOTE_TOKEN).unwrap_or_default();
     let t = ProxyTier::connect(Box::new(move || connect(&name, keep)), token.as_bytes())
         .map_err(|e| io::Error::new(e.kind(), format!("the remote tier (ztier run --remote): {e}")))?;
     let _ = TIER.set(t.clone());

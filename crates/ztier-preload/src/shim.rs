@@ -187,11 +187,11 @@ fn alloc(g: &Global, size: usize, zeroed: bool) -> *mut c_void {
 }
 
 /// `f`, counted as library code: the paths of the malloc family that
-/// are not a small block's (see [`crate::sud::Allow::hot`]). Kept out of
+/// are not a small block's (see [`crate::sudstate::Allow::hot`]). Kept out of
 /// line, so that the small blocks' path stays as short as before.
 #[inline(never)]
 fn counted<R>(f: impl FnOnce() -> R) -> R {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     f()
 }
 
@@ -363,7 +363,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 
 /// `malloc`, called from `ret`.
 extern "C" fn malloc_from(size: usize, ret: usize) -> *mut c_void {
-    let _sud = crate::sud::Allow::hot();
+    let _sud = crate::sudstate::Allow::hot();
     // SAFETY: glibc's malloc (its lock taken: counted).
     let glibc = |size| counted(|| unsafe { __libc_malloc(size) });
     if from_ldso(ret) || (size <= GLIBC_GROW_MAX && from_libc(ret)) {
@@ -388,7 +388,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 
 /// `calloc`, called from `ret`.
 extern "C" fn calloc_from(n: usize, size: usize, ret: usize) -> *mut c_void {
-    let _sud = crate::sud::Allow::hot();
+    let _sud = crate::sudstate::Allow::hot();
     // SAFETY: glibc's calloc (its lock taken: counted).
     let glibc = |n, size| counted(|| unsafe { __libc_calloc(n, size) });
     if from_ldso(ret) || (n.saturating_mul(size) <= GLIBC_GROW_MAX && from_libc(ret)) {
@@ -409,7 +409,7 @@ extern "C" fn calloc_from(n: usize, size: usize, ret: usize) -> *mut c_void {
 /// The C contract of `free`.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    let _sud = crate::sud::Allow::hot();
+    let _sud = crate::sudstate::Allow::hot();
     if p.is_null() {
         return;
     }
@@ -440,7 +440,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 
 /// `realloc`, called from `ret`.
 extern "C" fn realloc_from(p: *mut c_void, size: usize, ret: usize) -> *mut c_void {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     let ldso = from_ldso(ret);
     if p.is_null() {
         return malloc_from(size, ret);
@@ -587,7 +587,7 @@ pub unsafe extern "C" fn __strndup(s: *const libc::c_char, n: usize) -> *mut lib
 /// The C contract of `reallocarray`.
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     match n.checked_mul(size) {
         // SAFETY: forwarding.
         Some(t) => unsafe { realloc(p, t) },
@@ -623,7 +623,7 @@ fn aligned(align: usize, size: usize) -> *mut c_void {
 /// The C contract of `memalign`.
 #[no_mangle]
 pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     if !align.is_power_of_two() {
         sys::set_errno(libc::EINVAL);
         return std::ptr::null_mut();
@@ -637,7 +637,7 @@ pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
 /// The C contract of `aligned_alloc`.
 #[no_mangle]
 pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     // SAFETY: forwarding.
     unsafe { memalign(align, size) }
 }
@@ -648,7 +648,7 @@ pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void
 /// `out` must be writable.
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     if !align.is_power_of_two() || align % std::mem::size_of::<usize>() != 0 {
         return libc::EINVAL;
     }
@@ -667,7 +667,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 /// The C contract of `valloc`.
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     aligned(PAGE, size)
 }
 
@@ -677,7 +677,7 @@ pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
 /// The C contract of `pvalloc`.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     aligned(PAGE, size.max(1).next_multiple_of(PAGE))
 }
 
@@ -687,7 +687,7 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 /// `p` is NULL or a live block.
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     if p.is_null() {
         return 0;
     }
@@ -868,7 +868,7 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     // Private anonymous memory is ours, whatever its protection:
     // read-write, inaccessible (a reservation, made usable later with
     // mprotect or a fixed mapping — how the JVM and V8 reserve their
@@ -1090,7 +1090,7 @@ pub unsafe extern "C" fn mmap64(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     // SAFETY: forwarding.
     unsafe { mmap(a, len, prot, flags, fd, off) }
 }
@@ -1266,7 +1266,7 @@ fn fresh_arena_as(g: &Global, first: usize, n: usize, prot: c_int) -> c_int {
         if LOCK_FUTURE.load(std::sync::atomic::Ordering::Relaxed) {
             // `mlockall(MCL_FUTURE)` locked the new mapping (on fault):
             // the arena's pages are the library's to keep (see `mlockall`).
-            crate::sud::raw(libc::SYS_munlock, [addr as u64, (n * PAGE) as u64, 0, 0, 0, 0]);
+            crate::sys::raw(libc::SYS_munlock, [addr as u64, (n * PAGE) as u64, 0, 0, 0, 0]);
         }
         m.set_noevict(first, n, prot != RW);
         reprotected(first, n, prot != RW);
@@ -1280,7 +1280,7 @@ fn fresh_arena_as(g: &Global, first: usize, n: usize, prot: c_int) -> c_int {
 /// The C contract of `munmap`.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(a: *mut c_void, len: usize) -> c_int {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     forget_early(a as usize, len);
     if let Some(g) = crate::GLOBAL.get() {
         if let Some((first, n)) = page_range(g, a as usize, len) {
@@ -1308,7 +1308,7 @@ pub unsafe extern "C" fn mremap(
     flags: c_int,
     new: *mut c_void,
 ) -> *mut c_void {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     // Not arena memory: an early mapping that grows moves to the arena;
     // anything else is the kernel's (and an early mapping it moves or
     // resizes is remembered no more).
@@ -1409,7 +1409,7 @@ pub unsafe extern "C" fn mremap(
 /// The C contract of `madvise`.
 #[no_mangle]
 pub unsafe extern "C" fn madvise(a: *mut c_void, len: usize, advice: c_int) -> c_int {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     if let Some(g) = crate::GLOBAL.get() {
         if g.in_arena(a as usize) {
             if matches!(advice, libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE) {
@@ -1525,7 +1525,7 @@ static LOCK_FUTURE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 /// The arena pages `[first, first + n)` of `[a, a + len)` as `mlock`
 /// rounds it (`a` down, the end up, to pages); `None` if the range is not
 /// all arena memory.
-fn arena_pages(g: &Global, a: usize, len: usize) -> Option<(usize, usize)> {
+pub(crate) fn arena_pages(g: &Global, a: usize, len: usize) -> Option<(usize, usize)> {
     let start = a & !(PAGE - 1);
     let end = a.checked_add(len)?.next_multiple_of(PAGE);
     (len > 0 && g.in_arena(start) && g.in_arena(end - 1)).then(|| (g.page_of(start), (end - start) / PAGE))
@@ -1563,7 +1563,7 @@ fn lock_range(a: *const c_void, len: usize, nr: i64, flags: u64) -> c_int {
             });
         }
     }
-    c_result(crate::sud::raw(nr, [a as u64, len as u64, flags, 0, 0, 0]))
+    c_result(crate::sys::raw(nr, [a as u64, len as u64, flags, 0, 0, 0]))
 }
 
 /// `mlock(2)`: see [`lock_range`].
@@ -1572,7 +1572,7 @@ fn lock_range(a: *const c_void, len: usize, nr: i64, flags: u64) -> c_int {
 /// The C contract of `mlock`.
 #[no_mangle]
 pub unsafe extern "C" fn mlock(a: *const c_void, len: usize) -> c_int {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     lock_range(a, len, libc::SYS_mlock, 0)
 }
 
@@ -1582,7 +1582,7 @@ pub unsafe extern "C" fn mlock(a: *const c_void, len: usize) -> c_int {
 /// The C contract of `mlock2`.
 #[no_mangle]
 pub unsafe extern "C" fn mlock2(a: *const c_void, len: usize, flags: libc::c_uint) -> c_int {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     lock_range(a, len, libc::SYS_mlock2, flags as u64)
 }
 
@@ -1593,14 +1593,14 @@ pub unsafe extern "C" fn mlock2(a: *const c_void, len: usize, flags: libc::c_uin
 /// The C contract of `munlock`.
 #[no_mangle]
 pub unsafe extern "C" fn munlock(a: *const c_void, len: usize) -> c_int {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     if let Some(g) = crate::GLOBAL.get() {
         if let Some((first, n)) = arena_pages(g, a as usize, len) {
             crate::as_inside(|| crate::lock_program(g).unlock_pages(first, n));
             return hole_error(g, a as usize, len, 0);
         }
     }
-    c_result(crate::sud::raw(libc::SYS_munlock, [a as u64, len as u64, 0, 0, 0, 0]))
+    c_result(crate::sys::raw(libc::SYS_munlock, [a as u64, len as u64, 0, 0, 0, 0]))
 }
 
 /// The manager's lock once no eviction is in flight (they release pages
@@ -1627,11 +1627,11 @@ fn lock_quiet(g: &Global) -> crate::Held<'_> {
 /// The C contract of `mlockall`.
 #[no_mangle]
 pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     let Some(g) = crate::GLOBAL.get() else {
         // Before the library starts: its arena, reserved later, must not
         // be filled in then (`MCL_FUTURE`), and it starts locked.
-        let r = crate::sud::raw(libc::SYS_mlockall, [(flags | libc::MCL_ONFAULT) as u64, 0, 0, 0, 0, 0]);
+        let r = crate::sys::raw(libc::SYS_mlockall, [(flags | libc::MCL_ONFAULT) as u64, 0, 0, 0, 0, 0]);
         if r == 0 {
             LOCK_FUTURE.store(flags & libc::MCL_FUTURE != 0, std::sync::atomic::Ordering::Relaxed);
             LOCKED_BEFORE_START.store(flags & libc::MCL_FUTURE != 0, std::sync::atomic::Ordering::Relaxed);
@@ -1640,8 +1640,8 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
     };
     crate::as_inside(|| {
         let mut m = lock_quiet(g);
-        let r = crate::sud::raw(libc::SYS_mlockall, [(flags | libc::MCL_ONFAULT) as u64, 0, 0, 0, 0, 0]);
-        crate::sud::raw(libc::SYS_munlock, [g.base as u64, g.arena_bytes as u64, 0, 0, 0, 0]);
+        let r = crate::sys::raw(libc::SYS_mlockall, [(flags | libc::MCL_ONFAULT) as u64, 0, 0, 0, 0, 0]);
+        crate::sys::raw(libc::SYS_munlock, [g.base as u64, g.arena_bytes as u64, 0, 0, 0, 0]);
         if r < 0 {
             return c_result(r);
         }
@@ -1663,8 +1663,8 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
 /// The C contract of `munlockall`.
 #[no_mangle]
 pub unsafe extern "C" fn munlockall() -> c_int {
-    let _sud = crate::sud::Allow::new();
-    let r = crate::sud::raw(libc::SYS_munlockall, [0; 6]);
+    let _sud = crate::sudstate::Allow::new();
+    let r = crate::sys::raw(libc::SYS_munlockall, [0; 6]);
     if let Some(g) = crate::GLOBAL.get() {
         LOCK_FUTURE.store(false, std::sync::atomic::Ordering::Relaxed);
         crate::as_inside(|| {
@@ -1683,7 +1683,7 @@ static LOCKED_BEFORE_START: std::sync::atomic::AtomicBool = std::sync::atomic::A
 /// its memory to be locked before (no eviction then).
 pub(crate) fn locked_at_start(base: usize, len: usize) -> bool {
     if LOCK_FUTURE.load(std::sync::atomic::Ordering::Relaxed) {
-        crate::sud::raw(libc::SYS_munlock, [base as u64, len as u64, 0, 0, 0, 0]);
+        crate::sys::raw(libc::SYS_munlock, [base as u64, len as u64, 0, 0, 0, 0]);
     }
     LOCKED_BEFORE_START.load(std::sync::atomic::Ordering::Relaxed)
 }
@@ -1792,7 +1792,7 @@ fn is_reprotected(first: usize, n: usize) -> bool {
 /// The C contract of `mprotect`.
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     if let Some(r) = protect_hole(a, len, prot) {
         return r;
     }
@@ -1809,211 +1809,6 @@ fn unreadable(prot: c_int, pkey: c_int) -> bool {
     prot & libc::PROT_READ == 0 || pkey > 0
 }
 
-type StartFn = extern "C" fn(*mut c_void) -> *mut c_void;
-
-/// The pages of the arena in the stack `attr` gives a new thread, if any.
-///
-/// # Safety
-/// `attr` is null or the program's initialised attributes.
-unsafe fn arena_stack(attr: *const libc::pthread_attr_t) -> Option<(usize, usize)> {
-    let g = crate::GLOBAL.get()?;
-    if attr.is_null() {
-        return None;
-    }
-    let mut p: *mut c_void = std::ptr::null_mut();
-    let mut len = 0usize;
-    // SAFETY: as the caller promises; glibc reports a null address when
-    // no stack was set.
-    if unsafe { libc::pthread_attr_getstack(attr, &mut p, &mut len) } != 0 || p.is_null() || len == 0 {
-        return None;
-    }
-    let (p, end) = (p as usize, p as usize + len);
-    if !g.in_arena(p) || !g.in_arena(end - 1) {
-        return None;
-    }
-    let first = g.page_of(p);
-    Some((first, g.page_of(end - 1) + 1 - first))
-}
-type CreateFn =
-    unsafe extern "C" fn(*mut libc::pthread_t, *const libc::pthread_attr_t, StartFn, *mut c_void) -> c_int;
-
-struct Start {
-    f: StartFn,
-    arg: *mut c_void,
-    /// The pages of a stack the program gave it from the arena, pinned
-    /// (`(first, n)`; n = 0: none).
-    stack: (usize, usize),
-    /// Held until the creator has moved its DTV out of the arena.
-    gate: std::sync::Arc<crate::sud::ThreadGate>,
-}
-
-extern "C" fn start_unpinned(a: *mut c_void) -> *mut c_void {
-    // SAFETY: `a` is the Box<Start> leaked by pthread_create below.
-    let s = unsafe { Box::from_raw(a.cast::<Start>()) };
-    // First: nothing before it may read a thread-local of the library.
-    s.gate.enter();
-    if s.stack.1 > 0 {
-        crate::sud::note_thread_stack(s.stack.0, s.stack.1);
-    }
-    if let Some(cpus) = crate::ALLOWED.get() {
-        crate::pin(cpus);
-    }
-    if let Err(e) = crate::sud::enable_thread() {
-        eprintln!("ztier: a new thread cannot protect its system calls: {e}: aborting");
-        std::process::abort();
-    }
-    // In every mode: at its exit, the robust mutexes it holds are brought
-    // back for the kernel (`sud::keep_robust_list`).
-    crate::sud::hook_exit();
-    if s.stack.1 > 0 {
-        crate::as_inside(|| crate::sud::keep_thread_stack(s.stack.0, s.stack.1));
-    }
-    // Before the program's code runs: what faults served in this thread
-    // need per thread (`keep_thread_vector`).
-    crate::sud::keep_thread_vector();
-    s.gate.end_pin();
-    crate::sud::rearm();
-    (s.f)(s.arg)
-}
-
-/// `pthread_create(3)`: while the main thread is pinned next to the fault
-/// handler, new threads start with the whole allowed CPU set instead of
-/// inheriting the pin.
-///
-/// # Safety
-/// The C contract of `pthread_create`.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_create(
-    t: *mut libc::pthread_t,
-    attr: *const libc::pthread_attr_t,
-    f: StartFn,
-    arg: *mut c_void,
-) -> c_int {
-    let _sud = crate::sud::Allow::new();
-    static NEXT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let next = *NEXT.get_or_init(|| {
-        crate::as_inside(|| {
-            // SAFETY: dlsym with a NUL-terminated name.
-            unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) as usize }
-        })
-    });
-    if next == 0 {
-        return libc::EAGAIN;
-    }
-    // SAFETY: the symbol is glibc's pthread_create.
-    let real = unsafe { std::mem::transmute::<usize, CreateFn>(next) };
-    // The library starts before the program's second thread, whatever
-    // the program has allocated so far (a program may create threads
-    // before it allocates anything).
-    let _ = global_for(usize::MAX);
-    // That start may have just turned dispatch on for this thread (the
-    // guard above was taken before it and set no selector): glibc's
-    // clone below is library code too, not the program's own.
-    let _started = crate::sud::Allow::new();
-    // glibc's own allocations for the new thread go to glibc's malloc
-    // (`as_inside`), never to the arena: among them is the thread's DTV,
-    // which every access to the library's thread-locals reads (through
-    // `__tls_get_addr`), also while the manager's lock is held — e.g. our
-    // `malloc` checking its mark, or a contended store lock. In the arena,
-    // the DTV could be evicted, and that read would fault while holding
-    // the lock the handler needs to serve it (seen: `free` of a large
-    // block deadlocked the handler).
-    // A stack the program gives from the arena (`pthread_attr_setstack`
-    // on memory from malloc) holds, besides the frames, the thread's
-    // control block and thread-locals — the library's among them, read
-    // under the manager's lock, and the dispatch selector, which the
-    // kernel reads at each system call. It stays resident while the
-    // thread runs: pinned from before the thread starts, then kept for
-    // it (until the memory is released or the thread is gone).
-    // SAFETY: the program's attributes, as glibc reads them.
-    let stack = unsafe { arena_stack(attr) };
-    if crate::inside() {
-        // SAFETY: forwarding.
-        return crate::as_inside(|| unsafe { real(t, attr, f, arg) });
-    }
-    let stack = stack.unwrap_or((0, 0));
-    if stack.1 > 0 {
-        crate::as_inside(|| crate::sud::pin_thread_stack(stack.0, stack.1));
-    }
-    if crate::sud::sigbus_on() {
-        if let Some(g) = crate::GLOBAL.get() {
-            crate::as_inside(|| keep_locale_resident(g));
-        }
-    }
-    let gate = std::sync::Arc::new(crate::sud::ThreadGate::new());
-    let s = crate::as_inside(|| Box::into_raw(Box::new(Start { f, arg, stack, gate: gate.clone() })));
-    // SAFETY: forwarding with our trampoline, which takes ownership of `s`.
-    let r = crate::as_inside(|| unsafe { real(t, attr, start_unpinned, s.cast()) });
-    if r == 0 {
-        // SAFETY: glibc's `pthread_t` is the new thread's thread pointer.
-        gate.creator(unsafe { *t } as usize);
-    } else {
-        // SAFETY: the thread was not created; `s` is still ours.
-        crate::as_inside(|| drop(unsafe { Box::from_raw(s) }));
-        if stack.1 > 0 {
-            crate::as_inside(|| crate::sud::unpin_thread_stack(stack.0, stack.1));
-        }
-    }
-    r
-}
-
-/// The global locale's `LC_CTYPE` data that [`keep_locale_resident`]
-/// keeps: (process, first page, pages).
-static LOCALE_KEPT: std::sync::Mutex<(u32, usize, usize)> = std::sync::Mutex::new((0, 0, 0));
-
-/// With `--fault-path signal`, keeps the global locale's `LC_CTYPE` data
-/// resident (the library's `mlock`, one locale at a time). glibc's
-/// `start_thread` runs `__ctype_init` in the new thread with every signal
-/// blocked (glibc's `pthread_create` blocks them all around the `clone`;
-/// the thread puts the creator's mask back only after): it reads that
-/// data, which `setlocale` allocated with `malloc`, so arena memory. A
-/// fault there is a blocked `SIGBUS`, and the kernel kills the process
-/// with it. Seen: a JVM at `--budget 32M` died so, without a word, in
-/// 5 runs of 13, once the data had gone cold between two thread
-/// starts. The data read is the start of glibc's `struct __locale_data`
-/// (its header and first values); the tables they point to are in the
-/// locale's file mapping. Threads glibc starts by its internal
-/// `pthread_create` (a `SIGEV_THREAD` timer's) need no keep: their
-/// creator runs under dispatch, whose `rt_sigprocmask` never blocks
-/// `SIGBUS` (`run_progs/locale.c` starts five with the data evicted).
-fn keep_locale_resident(g: &Global) {
-    // SAFETY: a copy of the global locale, whose first field is its
-    // `__locales[LC_CTYPE]` (`LC_CTYPE` is 0); freed at once (the data is
-    // shared and counted, so it lives on in the global locale).
-    let data = unsafe {
-        // glibc's `LC_GLOBAL_LOCALE`.
-        let l = libc::duplocale(-1isize as libc::locale_t);
-        if l.is_null() {
-            return;
-        }
-        let d = *(l as *const usize);
-        libc::freelocale(l);
-        d
-    };
-    let Some((first, n)) = arena_pages(g, data & !(PAGE - 1), data % PAGE + 128) else { return };
-    let pid = std::process::id();
-    // Not waited for: in a child forked while another thread held it, it
-    // stays taken (that child's thread starts go without, as before).
-    let Ok(mut kept) = LOCALE_KEPT.try_lock() else { return };
-    if *kept == (pid, first, n) {
-        return;
-    }
-    loop {
-        let mut m = crate::lock_unowned(g, first, n);
-        match m.lock_pages(first, n, &g.stats) {
-            Ok(true) => break,
-            Ok(false) => continue,
-            // Not kept: a thread start may still find it cold.
-            Err(_) => return,
-        }
-    }
-    let was = std::mem::replace(&mut *kept, (pid, first, n));
-    // The locale before (same process: locks are not inherited by fork).
-    if was.0 == pid && was.2 > 0 {
-        crate::lock_program(g).unlock_pages(was.1, was.2);
-    }
-}
-
 /// `pkey_mprotect(2)`: pages tagged with a protection key other than the
 /// default may be unreadable from the handler thread (keys are checked per
 /// thread), so they are never evicted ([`unreadable`]).
@@ -2022,7 +1817,7 @@ fn keep_locale_resident(g: &Global) {
 /// The C contract of `pkey_mprotect`.
 #[no_mangle]
 pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
-    let _sud = crate::sud::Allow::new();
+    let _sud = crate::sudstate::Allow::new();
     if let Some(r) = protect_hole(a, len, prot) {
         return r;
     }
@@ -2034,28 +1829,3 @@ pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, 
         }
     })
 }
-
-// The `longjmp` family: a jump out of a signal handler that ran while
-// the dispatch handler made a call for the program must not leave that
-// handler's state behind (see `sud::jump`). Elsewhere they are glibc's.
-
-/// Exports glibc's jump `$name` (documented as `$doc`) through
-/// [`crate::sud::jump`].
-macro_rules! jump_export {
-    ($name:ident, $which:ident, $doc:literal) => {
-        #[doc = $doc]
-        ///
-        /// # Safety
-        /// The C contract of `longjmp`.
-        #[no_mangle]
-        pub unsafe extern "C-unwind" fn $name(env: *mut c_void, val: c_int) -> ! {
-            // SAFETY: the caller's contract.
-            unsafe { crate::sud::jump(crate::sud::Jump::$which, env, val) }
-        }
-    };
-}
-
-jump_export!(longjmp, Longjmp, "`longjmp(3)`.");
-jump_export!(_longjmp, UnderscoreLongjmp, "`_longjmp(3)`.");
-jump_export!(siglongjmp, Siglongjmp, "`siglongjmp(3)`.");
-jump_export!(__longjmp_chk, LongjmpChk, "`__longjmp_chk`: `longjmp` under `_FORTIFY_SOURCE`.");

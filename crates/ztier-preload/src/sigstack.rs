@@ -2,7 +2,7 @@
 //! frames go under dispatch, and where library code runs when the
 //! program's stack lies in the arena.
 //!
-//! Under a user-mode-only or `SIGBUS` userfaultfd (see [`crate::sud`])
+//! Under a user-mode-only or `SIGBUS` userfaultfd (see the `sud` module)
 //! the kernel's own write to a missing page of the arena fails — and a
 //! signal frame is such a write: the kernel puts it below the
 //! interrupted stack pointer. A thread that runs on a stack *in the
@@ -17,7 +17,7 @@
 //! reserved, a guard page below, pages used only as touched), whose upper
 //! part is its alternate signal stack, armed with `SS_AUTODISARM`, and
 //! every handler the kernel runs under dispatch — `SIGSYS`'s, `SIGBUS`'s,
-//! and the wrapper of each of the program's ([`crate::sud`]'s
+//! and the wrapper of each of the program's (the `sud` module's
 //! `on_program_signal`) — is `SA_ONSTACK`. The kernel writes every frame
 //! there. The program's own handler is then run where the kernel would
 //! have run it ([`run`]):
@@ -57,7 +57,7 @@
 //!   before dispatch began (Rust's runtime sets up the main thread's
 //!   before the library starts) is taken over as the recorded one when
 //!   the library's stack replaces it (`adopt_program_stack`).
-//! - A handler that leaves by a jump (`siglongjmp`, see [`crate::sud`]'s
+//! - A handler that leaves by a jump (`siglongjmp`, see the `sud` module's
 //!   `jump`) leaves its level here too: the stack is armed again as the
 //!   innermost handler still running had it, or whole ([`leave`]).
 //! - **Library code off the arena** ([`on_library_stack`], every
@@ -85,7 +85,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::sud::raw;
+use crate::sys::raw;
 
 /// Reserved per thread (pages are taken only as touched): the library's
 /// own code at the bottom ([`LIB`]), signal frames above it.
@@ -300,8 +300,14 @@ impl Drop for Entry {
 /// and a page of its stack found missing under that lock could not be
 /// served (the service needs the lock). It runs on the bottom part of
 /// this thread's stack instead, below any library code a signal
-/// interrupted there.
-pub fn on_library_stack<R, F: FnOnce() -> R>(in_arena: impl FnOnce(usize) -> bool, f: F) -> R {
+/// interrupted there. A stack made here for a thread that had none is
+/// put aside at the thread's exit: `hook_exit` marks the thread for that
+/// (the dispatch module's exit hook, which calls [`detach`]).
+pub fn on_library_stack<R, F: FnOnce() -> R>(
+    in_arena: impl FnOnce(usize) -> bool,
+    hook_exit: impl FnOnce(),
+    f: F,
+) -> R {
     let Ok(mut base) = BASE.try_with(Cell::get) else { return f() };
     let sp = here();
     let (lo, hi) = KEPT.with(Cell::get);
@@ -314,7 +320,7 @@ pub fn on_library_stack<R, F: FnOnce() -> R>(in_arena: impl FnOnce(usize) -> boo
         if !attach(false) {
             return f();
         }
-        crate::sud::hook_exit();
+        hook_exit();
         base = BASE.with(Cell::get);
     }
     let top = match LIB_LIMIT.with(Cell::get) {

@@ -133,7 +133,7 @@ pub(crate) fn note_start() {
     for slot in 0..NAMES.len() {
         real(slot);
     }
-    if std::env::var_os("ZTIER_BUDGET").is_none() {
+    if std::env::var_os(ztier_run_core::names::env::BUDGET).is_none() {
         return;
     }
     // SAFETY: a zeroed Dl_info is valid (null pointers); dladdr only

@@ -79,7 +79,7 @@
 //! functions — `read`, `write`, the positioned and vectored ones,
 //! `lseek`, `close`, `open`, the `stat` family, the socket calls,
 //! `poll`, `select`, `epoll_wait`, sleeps, `syscall` itself (see
-//! [`crate::direct`] for the list) — are also exported by the library,
+//! the `direct` module for the list) — are also exported by the library,
 //! so a program (or a library such as CPython, SQLite or the JVM)
 //! calling glibc's function reaches ours first: on a thread whose
 //! selector says BLOCK, [`fast`] does the handler's work — the call's
@@ -216,50 +216,31 @@
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+pub use crate::sudstate::{active, allow, in_library, rearm, sigbus_on, Allow};
+use crate::sudstate::{
+    bit, in_vfork_child, keep, kept, kept_slot, library_action, ours, selector, set_default, set_selector,
+    KSigaction, ACTIVE, ALLOW, BLOCK, DEPTH, ENABLED, GUARDS, OVER_LIBRARY, PROGRAM_SIGBUS, PROGRAM_SIGSYS,
+    SA_RESTORER, SIGBUS_ON, TID,
+};
+use crate::sys::{raw, ztier_sud_begin, ztier_sud_end, ztier_sud_sigreturn};
+
 const PR_SET_SYSCALL_USER_DISPATCH: libc::c_int = 59;
 const PR_SYS_DISPATCH_ON: libc::c_ulong = 1;
-const ALLOW: u8 = 0;
-const BLOCK: u8 = 1;
 /// `si_code` of a dispatch `SIGSYS`.
 const SYS_USER_DISPATCH: libc::c_int = 2;
-const SA_RESTORER: u64 = 0x0400_0000;
 const EFAULT: i64 = -(libc::EFAULT as i64);
 
-/// Dispatch is on for the program's threads (user-mode-only userfaultfd).
-static ACTIVE: AtomicBool = AtomicBool::new(false);
-/// Faults are served by our `SIGBUS` handler (`--fault-path signal`).
-static SIGBUS_ON: AtomicBool = AtomicBool::new(false);
-/// The program's own `SIGSYS` action (kernel layout: handler, flags,
-/// restorer, mask), kept while ours is installed.
-static PROGRAM_SIGSYS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
-/// The program's own `SIGBUS` action, kept while ours is installed.
-static PROGRAM_SIGBUS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 /// `si_code` of a fault on an address the kernel cannot back (what a
 /// userfaultfd with `UFFD_FEATURE_SIGBUS` raises).
 const BUS_ADRERR: libc::c_int = 2;
 
 thread_local! {
-    /// The selector byte the kernel reads at each system call.
-    static SELECTOR: UnsafeCell<u8> = const { UnsafeCell::new(ALLOW) };
-    /// Dispatch is enabled for this thread.
-    static ENABLED: Cell<bool> = const { Cell::new(false) };
-    /// Nesting of the dispatch handler on this thread.
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
-    /// Nesting of [`Allow`] guards on this thread (counted in every
-    /// mode: [`in_library`] reads it without dispatch too).
-    static GUARDS: Cell<u32> = const { Cell::new(0) };
     /// Inside glibc's function in [`fast`] (still set if the thread left
     /// it by `siglongjmp` from a signal handler).
     static FAST: Cell<bool> = const { Cell::new(false) };
     /// Inside the system call the dispatch handler makes for the program
     /// ([`dispatch_via`]), where the thread holds no lock.
     static CALLING: Cell<bool> = const { Cell::new(false) };
-    /// A handler of the program runs on this thread over library code
-    /// that may hold locks ([`ProgramLevel`], [`in_library`]).
-    static OVER_LIBRARY: Cell<bool> = const { Cell::new(false) };
-    /// The thread id this thread enabled dispatch under (a `vfork` child,
-    /// which shares the thread-local state, has another).
-    static TID: Cell<i64> = const { Cell::new(0) };
     /// The stack pointer the program had at each level of the dispatch
     /// handler (`DEPTH` - 1 is the innermost; 0: not recorded).
     static SAVED_SP: Cell<[u64; 8]> = const { Cell::new([0; 8]) };
@@ -496,48 +477,6 @@ pub(crate) fn hook_exit() {
 unsafe fn interrupted_sp(ctx: *mut libc::c_void) -> usize {
     // SAFETY: as the caller promises.
     unsafe { (*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs[libc::REG_RSP as usize] as usize }
-}
-
-// The region system calls are always allowed from: a six-argument
-// system call (the number in rdi, as `syscall(2)`'s C signature), and
-// `rt_sigreturn` (the restorer of our handler, and where a program's
-// signal return is sent).
-std::arch::global_asm!(
-    ".pushsection .text.ztier_sud,\"ax\",@progbits",
-    ".balign 64",
-    ".globl ztier_sud_begin",
-    ".hidden ztier_sud_begin",
-    "ztier_sud_begin:",
-    ".globl ztier_sud_syscall6",
-    ".hidden ztier_sud_syscall6",
-    "ztier_sud_syscall6:",
-    "mov rax, rdi",
-    "mov rdi, rsi",
-    "mov rsi, rdx",
-    "mov rdx, rcx",
-    "mov r10, r8",
-    "mov r8, r9",
-    "mov r9, [rsp + 8]",
-    "syscall",
-    "ret",
-    ".balign 16",
-    ".globl ztier_sud_sigreturn",
-    ".hidden ztier_sud_sigreturn",
-    "ztier_sud_sigreturn:",
-    "mov eax, 15",
-    "syscall",
-    "ud2",
-    ".globl ztier_sud_end",
-    ".hidden ztier_sud_end",
-    "ztier_sud_end:",
-    ".popsection",
-);
-
-extern "C" {
-    fn ztier_sud_begin();
-    fn ztier_sud_end();
-    fn ztier_sud_sigreturn();
-    fn ztier_sud_syscall6(nr: i64, a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64;
 }
 
 // A `clone3` made by the dispatch handler for the program (see
@@ -947,119 +886,10 @@ extern "C" fn ztier_sud_clone_child(frame: *mut libc::ucontext_t) {
     rearm();
 }
 
-/// The kernel's `struct sigaction` (x86-64).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct KSigaction {
-    handler: u64,
-    flags: u64,
-    restorer: u64,
-    mask: u64,
-}
-
-fn bit(sig: libc::c_int) -> u64 {
-    1 << (sig - 1)
-}
-
-fn selector() -> *mut u8 {
-    SELECTOR.with(|s| s.get())
-}
-
-fn set_selector(v: u8) {
-    // SAFETY: this thread's own selector byte.
-    unsafe { selector().write_volatile(v) }
-}
-
-/// Are faults served by the `SIGBUS` handler (`--fault-path signal`)?
-pub fn sigbus_on() -> bool {
-    SIGBUS_ON.load(Ordering::Relaxed)
-}
-
-/// Is dispatch on (this process's userfaultfd is user-mode-only)?
-pub fn active() -> bool {
-    ACTIVE.load(Ordering::Relaxed)
-}
-
-/// Runs a system call from inside the region (never dispatched).
-pub(crate) fn raw(nr: i64, a: [u64; 6]) -> i64 {
-    // SAFETY: the arguments are the program's own for this call (or ours,
-    // valid for it); the kernel checks them.
-    unsafe { ztier_sud_syscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5]) }
-}
-
-/// The signals that must never be blocked or taken over by the program:
-/// `SIGSYS` (dispatch) and, with `--fault-path signal`, `SIGBUS` (a
-/// blocked synchronous `SIGBUS` kills the process).
-fn ours() -> u64 {
-    bit(libc::SIGSYS) | if SIGBUS_ON.load(Ordering::Relaxed) { bit(libc::SIGBUS) } else { 0 }
-}
-
-/// Is `sig` one of the library's own here ([`ours`]: the program's action
-/// for it is kept aside)?
-pub(crate) fn taken(sig: libc::c_int) -> bool {
-    kept_slot(sig).is_some()
-}
-
-/// The kernel's handler for `sig` now (`None` if it cannot be read).
-pub(crate) fn action_of(sig: libc::c_int) -> Option<u64> {
-    let mut a = KSigaction::default();
-    (raw(libc::SYS_rt_sigaction, [sig as u64, 0, &mut a as *mut _ as u64, 8, 0, 0]) == 0).then_some(a.handler)
-}
-
-/// Installs a handler of the library for `sig` (not one of [`ours`]),
-/// with its frames on the library's signal stack and its return through
-/// the region (so under dispatch too), blocking `mask` while it runs
-/// (never ours). The program's later `rt_sigaction` replaces it.
-pub(crate) fn set_library_action(sig: libc::c_int, handler: Handler, mask: u64) -> bool {
-    let act = library_action(handler, mask);
-    raw(libc::SYS_rt_sigaction, [sig as u64, &act as *const _ as u64, 0, 8, 0, 0]) == 0
-}
-
-type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
-
-fn library_action(handler: Handler, mask: u64) -> KSigaction {
-    KSigaction {
-        handler: handler as *const () as usize as u64,
-        flags: libc::SA_SIGINFO as u64 | SA_RESTORER | libc::SA_ONSTACK as u64,
-        restorer: ztier_sud_sigreturn as *const () as usize as u64,
-        mask: mask & !ours(),
-    }
-}
-
 /// What the kernel gets for the default action of `sig`: the library's
 /// core handler where it stands for the default ([`crate::coredump`]).
 fn default_action(sig: libc::c_int) -> Option<KSigaction> {
     crate::coredump::handler_for(sig).map(|(h, mask)| library_action(h, mask))
-}
-
-/// Puts the default action back for `sig`.
-pub(crate) fn set_default(sig: libc::c_int) {
-    let dfl = KSigaction::default();
-    raw(libc::SYS_rt_sigaction, [sig as u64, &dfl as *const _ as u64, 0, 8, 0, 0]);
-}
-
-/// The program's kept action for one of [`ours`].
-fn kept_slot(sig: libc::c_int) -> Option<&'static [AtomicU64; 4]> {
-    match sig {
-        libc::SIGSYS => Some(&PROGRAM_SIGSYS),
-        libc::SIGBUS if SIGBUS_ON.load(Ordering::Relaxed) => Some(&PROGRAM_SIGBUS),
-        _ => None,
-    }
-}
-
-fn kept(slot: &[AtomicU64; 4]) -> KSigaction {
-    KSigaction {
-        handler: slot[0].load(Ordering::Relaxed),
-        flags: slot[1].load(Ordering::Relaxed),
-        restorer: slot[2].load(Ordering::Relaxed),
-        mask: slot[3].load(Ordering::Relaxed),
-    }
-}
-
-fn keep(slot: &[AtomicU64; 4], a: &KSigaction) {
-    for (s, v) in slot.iter().zip([a.handler, a.flags, a.restorer, a.mask]) {
-        s.store(v, Ordering::Relaxed);
-    }
 }
 
 /// The program's handlers for the other signals (handler, flags; 0: none),
@@ -1409,86 +1239,6 @@ pub fn enable_thread() -> std::io::Result<()> {
 pub fn enable_after_fork() -> std::io::Result<()> {
     ENABLED.with(|c| c.set(false));
     enable_thread()
-}
-
-/// Sets the selector back to BLOCK if this thread has dispatch on and is
-/// not in library code or the dispatch handler.
-pub fn rearm() {
-    if ENABLED.with(Cell::get) && DEPTH.with(Cell::get) == 0 && GUARDS.with(Cell::get) == 0 {
-        set_selector(BLOCK);
-    }
-}
-
-/// Sets the selector to ALLOW for library code that runs outside an
-/// [`Allow`] guard (the fork handlers) until [`rearm`].
-pub fn allow() {
-    if ENABLED.with(Cell::get) {
-        set_selector(ALLOW);
-    }
-}
-
-/// Library code: the selector is ALLOW while it lives; the last guard of
-/// a thread sets it back to BLOCK (re-arming after a `clone`). Counted
-/// in `GUARDS` with dispatch or without, for [`in_library`] — except a
-/// [`hot`](Allow::hot) one without dispatch.
-pub struct Allow {
-    counted: bool,
-}
-
-impl Allow {
-    /// Starts a stretch of library code.
-    #[inline]
-    pub fn new() -> Allow {
-        let _ = GUARDS.try_with(|g| g.set(g.get() + 1));
-        if active() && ENABLED.try_with(Cell::get).unwrap_or(false) {
-            set_selector(ALLOW);
-        }
-        Allow { counted: true }
-    }
-
-    /// As [`new`](Allow::new), but counted only under dispatch: for the
-    /// small blocks of `malloc` and `free`, which take a lock of the
-    /// library's and nothing of glibc's (a `_Fork` from a handler over
-    /// them waits for that lock in vain, 100 ms, then forks without the
-    /// library's handlers). Counting there without dispatch cost 8% of a
-    /// `malloc`/`free` loop's time and 2–3% of the corpus builder's
-    /// (`--budget 2G --fault-path thread`). Their other paths take a
-    /// guard of [`new`](Allow::new) too.
-    #[inline]
-    pub fn hot() -> Allow {
-        if active() {
-            Allow::new()
-        } else {
-            Allow { counted: false }
-        }
-    }
-}
-
-impl Drop for Allow {
-    #[inline]
-    fn drop(&mut self) {
-        if self.counted {
-            let _ = GUARDS.try_with(|g| g.set(g.get().saturating_sub(1)));
-        }
-        if active() {
-            rearm();
-        }
-    }
-}
-
-/// Does this thread run library code that may hold a lock — of the
-/// library's, or of glibc's (its allocator's: the library's `free` of a
-/// block glibc made before it started runs glibc's) — or a handler of
-/// the program that interrupted such code ([`ProgramLevel`])? With
-/// dispatch or without (then not in the small blocks of `malloc` and
-/// `free`: see [`Allow::hot`]). A signal handler that forks by `_Fork`
-/// there must not wait for those locks (this thread holds them), nor
-/// give the child work that allocates (glibc's lock stays taken in the
-/// child's copy).
-pub fn in_library() -> bool {
-    GUARDS.try_with(Cell::get).unwrap_or(1) > 0
-        || OVER_LIBRARY.try_with(Cell::get).unwrap_or(true)
-        || crate::inside()
 }
 
 /// Memory ranges a call reads or writes (fixed capacity: the handler
@@ -1913,43 +1663,8 @@ fn vfork_child(sel: u8) -> bool {
     sel == ALLOW && DEPTH.with(Cell::get) == 0 && GUARDS.with(Cell::get) == 0 && in_vfork_child()
 }
 
-/// Is this task a `vfork` child of a thread with dispatch, in any
-/// state of its selector (see [`vfork_child`])?
-fn in_vfork_child() -> bool {
-    active() && ENABLED.with(Cell::get) && raw(libc::SYS_gettid, [0; 6]) != TID.with(Cell::get)
-}
-
-/// glibc's `sigaction` called in a `vfork` child for a signal the
-/// library keeps from the program (`SIGSYS`; `SIGBUS` with `--fault-path
-/// signal`): the child has no dispatch to show it the program's action,
-/// and would see the library's handler. A child that resets every
-/// handler it sees before its `exec` (CPython's `_posixsubprocess`) would
-/// then set `SIGBUS` to its default, and its next read of an evicted
-/// page would kill it. So the program's kept action is shown, and a new
-/// one is not set (the kept actions are shared with the parent, and the
-/// `exec` resets the child's anyway). `None` for any other signal or
-/// task: glibc's function runs.
-pub fn child_sigaction(sig: libc::c_int, old: *mut libc::sigaction) -> Option<libc::c_int> {
-    let slot = kept_slot(sig)?;
-    if !in_vfork_child() {
-        return None;
-    }
-    if !old.is_null() {
-        let k = kept(slot);
-        // SAFETY: all zeros is a valid sigaction.
-        let mut s: libc::sigaction = unsafe { std::mem::zeroed() };
-        s.sa_sigaction = k.handler as usize;
-        s.sa_flags = k.flags as libc::c_int;
-        // SAFETY: the first word of a set of ours (the kernel's 64 signals).
-        unsafe { (&mut s.sa_mask as *mut libc::sigset_t).cast::<u64>().write(k.mask) };
-        // SAFETY: the caller's out-parameter.
-        unsafe { old.write(s) };
-    }
-    Some(0)
-}
-
 /// Runs `call`, a glibc function that starts a program
-/// ([`crate::spawn`]: `posix_spawn`, `system`, `popen`), with the memory
+/// (the `spawn` module: `posix_spawn`, `system`, `popen`), with the memory
 /// that `named` names pinned around it, as the dispatch handler pins a
 /// system call's memory; the function's own system calls are caught as
 /// usual. `named` reads the program's memory (a cold page there is served
@@ -2005,7 +1720,7 @@ pub(crate) fn bring_back(named: impl FnOnce(&mut Ranges)) -> bool {
 }
 
 /// A system call made through one of the library's own entry points for
-/// glibc's wrappers ([`crate::direct`]): the same work as the dispatch
+/// glibc's wrappers (the `direct` module): the same work as the dispatch
 /// handler — the call's memory pinned resident around it — without the
 /// signal, so such a call costs what it costs natively plus the pin (a
 /// `SIGSYS` round trip is ~3–4 µs a call). `nr` and `a` are the system

@@ -3,8 +3,65 @@
 //! itself), so every call that must reach the kernel goes through
 //! `syscall(2)` here. (`syscall` is exported by the library too, see
 //! `direct`; called from library code it goes straight to glibc's.)
+//!
+//! The library's own system-call entry is here too: the code region
+//! Syscall User Dispatch always lets through (`ztier_sud_begin` ..
+//! `ztier_sud_end`: a six-argument `syscall` and `rt_sigreturn`), and
+//! [`raw`], which calls through it. The dispatch itself is `sud`'s.
 
 use libc::{c_int, c_long, c_void};
+
+/// Page size.
+pub const PAGE: usize = 4096;
+
+// The region system calls are always allowed from: a six-argument
+// system call (the number in rdi, as `syscall(2)`'s C signature), and
+// `rt_sigreturn` (the restorer of our handler, and where a program's
+// signal return is sent).
+std::arch::global_asm!(
+    ".pushsection .text.ztier_sud,\"ax\",@progbits",
+    ".balign 64",
+    ".globl ztier_sud_begin",
+    ".hidden ztier_sud_begin",
+    "ztier_sud_begin:",
+    ".globl ztier_sud_syscall6",
+    ".hidden ztier_sud_syscall6",
+    "ztier_sud_syscall6:",
+    "mov rax, rdi",
+    "mov rdi, rsi",
+    "mov rsi, rdx",
+    "mov rdx, rcx",
+    "mov r10, r8",
+    "mov r8, r9",
+    "mov r9, [rsp + 8]",
+    "syscall",
+    "ret",
+    ".balign 16",
+    ".globl ztier_sud_sigreturn",
+    ".hidden ztier_sud_sigreturn",
+    "ztier_sud_sigreturn:",
+    "mov eax, 15",
+    "syscall",
+    "ud2",
+    ".globl ztier_sud_end",
+    ".hidden ztier_sud_end",
+    "ztier_sud_end:",
+    ".popsection",
+);
+
+extern "C" {
+    pub(crate) fn ztier_sud_begin();
+    pub(crate) fn ztier_sud_end();
+    pub(crate) fn ztier_sud_sigreturn();
+    pub(crate) fn ztier_sud_syscall6(nr: i64, a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64;
+}
+
+/// Runs a system call from inside the region (never dispatched).
+pub(crate) fn raw(nr: i64, a: [u64; 6]) -> i64 {
+    // SAFETY: the arguments are the program's own for this call (or ours,
+    // valid for it); the kernel checks them.
+    unsafe { ztier_sud_syscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5]) }
+}
 
 /// `mmap(2)` by syscall; `MAP_FAILED` and errno on failure.
 pub fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
@@ -50,7 +107,7 @@ pub fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
 pub fn present(addr: usize) -> bool {
     let mut v = 0u8;
     // SAFETY: mincore over one page writes one byte into `v`.
-    let r = unsafe { libc::syscall(libc::SYS_mincore, addr, crate::manager::PAGE, &mut v as *mut u8) };
+    let r = unsafe { libc::syscall(libc::SYS_mincore, addr, PAGE, &mut v as *mut u8) };
     r == 0 && v & 1 != 0
 }
 
@@ -173,20 +230,20 @@ pub fn c_ret(r: i64) -> i64 {
 
 /// `FUTEX_WAIT` (process-private) on `word` while it holds `val`, for at
 /// most `timeout` (`None`: until woken). Made through the library's own
-/// system-call entry ([`crate::sud::raw`]): it reads no thread-local and
+/// system-call entry ([`raw`]): it reads no thread-local and
 /// sets no `errno`, so a new thread may wait before it may read any
-/// ([`crate::sud::ThreadGate`]).
+/// (the dispatch module's `ThreadGate`).
 pub fn futex_wait(word: &std::sync::atomic::AtomicU32, val: u32, timeout: Option<&libc::timespec>) {
     let ts = timeout.map_or(0, |t| t as *const libc::timespec as u64);
     let op = (libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG) as u64;
-    crate::sud::raw(libc::SYS_futex, [word.as_ptr() as u64, op, val as u64, ts, 0, 0]);
+    raw(libc::SYS_futex, [word.as_ptr() as u64, op, val as u64, ts, 0, 0]);
 }
 
 /// `FUTEX_WAKE` (process-private): wakes up to `n` waiters on `word`
 /// (as [`futex_wait`], through the library's own entry).
 pub fn futex_wake(word: &std::sync::atomic::AtomicU32, n: u32) {
     let op = (libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG) as u64;
-    crate::sud::raw(libc::SYS_futex, [word.as_ptr() as u64, op, n as u64, 0, 0, 0]);
+    raw(libc::SYS_futex, [word.as_ptr() as u64, op, n as u64, 0, 0, 0]);
 }
 
 /// `rt_sigprocmask(how, set)` for the calling thread; returns the mask

@@ -195,9 +195,12 @@ pub struct FaultLog {
 impl FaultLog {
     /// A log if `ZTIER_FAULT_LOG_DIR` is set.
     pub fn from_env() -> Option<FaultLog> {
-        let dir: PathBuf = std::env::var_os("ZTIER_FAULT_LOG_DIR").filter(|d| !d.is_empty())?.into();
-        let max =
-            std::env::var("ZTIER_TEST_FAULT_LOG_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(MAX_ROWS);
+        let dir: PathBuf =
+            std::env::var_os(crate::names::env::FAULT_LOG_DIR).filter(|d| !d.is_empty())?.into();
+        let max = std::env::var(crate::names::env::TEST_FAULT_LOG_MAX)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(MAX_ROWS);
         Some(FaultLog::new(dir, max))
     }
 

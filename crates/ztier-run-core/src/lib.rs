@@ -8,5 +8,8 @@
 //! * [`faultlog`] — the fault log's rows, its CSV format, its writer and
 //!   its parser (`ztier run --fault-log`, `ztier faults`, `ztier sim
 //!   --fault-log`).
+//! * [`names`] — the `ZTIER_*` environment variables the command sets
+//!   for the library, and the control socket's requests.
 
 pub mod faultlog;
+pub mod names;

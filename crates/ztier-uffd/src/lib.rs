@@ -2,11 +2,7 @@
 //!
 //! The foundation of the issue "`ztier run`: transparent compressed memory
 //! for unmodified programs": a safe wrapper of the userfaultfd API
-//! ([`uffd`]) and a managed anonymous region ([`region`]) whose pages can
-//! be evicted into the compressed page store and come back, on the first
-//! touch, through a fault handler thread that decompresses them and
-//! installs them with `UFFDIO_COPY` (`UFFDIO_ZEROPAGE` for pages that were
-//! never stored). `ztier run`'s library (`crates/ztier-preload`) uses the
+//! ([`uffd`]). `ztier run`'s library (`crates/ztier-preload`) uses the
 //! API with missing + write-protect registration over its own arena.
 //! [`floor`] measures what the mechanism itself costs on the machine (a
 //! fault's round trip, a further page of a run), the floor under any
@@ -16,6 +12,5 @@
 
 pub mod ctl;
 pub mod floor;
-pub mod region;
 pub mod tree;
 pub mod uffd;

@@ -70,7 +70,7 @@ enum Command {
     /// stopped one) is said to be so. Without a PID, a line per process
     /// under `ztier run`: budget, resident, what its store holds now and
     /// at what ratio, spilled, faults, fault p50, whether it is held.
-    Stats(cmd::run::StatsArgs),
+    Stats(cmd::hold::StatsArgs),
     /// Keep a program running under `ztier run` wholly in memory, for a
     /// debugger or profiler.
     ///
@@ -104,7 +104,7 @@ fn main() {
         Command::Blk(b) => cmd::blk::run(b),
         Command::Cache(c) => cmd::cache::run(c),
         Command::Run(a) => cmd::run::run(a),
-        Command::Stats(a) => cmd::run::stats(a),
+        Command::Stats(a) => cmd::hold::stats(a),
         Command::Hold(a) => cmd::hold::hold(a),
         Command::Faults(a) => cmd::faults::run(a),
         Command::Remote(c) => cmd::remote::run(c),

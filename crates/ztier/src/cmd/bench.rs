@@ -3,7 +3,10 @@
 use anyhow::Result;
 use clap::Subcommand;
 
-use super::{bench_blk, bench_cache, bench_codecs, bench_pressure, bench_remote, bench_store, bench_uffd};
+use super::{
+    bench_blk, bench_cache, bench_codecs, bench_pressure, bench_pressure_suite, bench_remote, bench_store,
+    bench_uffd,
+};
 
 /// The benchmarks.
 #[derive(Subcommand, Debug)]
@@ -66,7 +69,10 @@ pub fn run(c: BenchCommand) -> Result<i32> {
         BenchCommand::Store(a) => bench_store::run(a),
         BenchCommand::Blk(a) => bench_blk::run(a),
         BenchCommand::Cache(a) => bench_cache::run(a),
-        BenchCommand::Pressure(a) => bench_pressure::run(a),
+        BenchCommand::Pressure(a) => match &a.suite {
+            Some(suite) => bench_pressure_suite::run(&a, suite),
+            None => bench_pressure::run(a),
+        },
         BenchCommand::Uffd(a) => bench_uffd::run(a),
         BenchCommand::Remote(a) => bench_remote::run(a),
     }

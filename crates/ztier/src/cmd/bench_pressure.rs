@@ -970,11 +970,8 @@ fn check_swap_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `ztier bench pressure`.
+/// `ztier bench pressure` without `--suite` (the suite is `bench_pressure_suite`'s).
 pub fn run(a: PressureArgs) -> Result<i32> {
-    if let Some(suite) = &a.suite {
-        return super::bench_pressure_suite::run(&a, suite);
-    }
     // Caught from here on: a signal sets a flag, the run in progress is
     // passed it, and the benchmark stops at its next step with every
     // setting put back. (Caught only while a program ran, a Ctrl-C during

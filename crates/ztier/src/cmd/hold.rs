@@ -45,6 +45,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::Value;
+use ztier_run_core::names::control;
 
 /// A socket connected to one program's control socket.
 pub struct Control {
@@ -224,7 +225,7 @@ fn managed_processes() -> Result<Vec<u32>> {
 pub fn list(json: bool) -> Result<i32> {
     let mut rows = Vec::new();
     for pid in managed_processes()? {
-        let answer = Control::connect(pid).and_then(|c| c.ask(b"stats", Duration::from_secs(1)));
+        let answer = Control::connect(pid).and_then(|c| c.ask(control::STATS, Duration::from_secs(1)));
         let cmd = command_line(pid);
         // On one line: arguments apart by a space, a newline in one shown as one.
         let cmd: String =
@@ -353,6 +354,38 @@ const FIRST_WAIT: Duration = Duration::from_secs(60);
 /// How often the hold is renewed (the library's lease is 5 s).
 const RENEW_EVERY: Duration = Duration::from_secs(1);
 
+/// Arguments of `ztier stats`.
+#[derive(Args, Debug)]
+#[command(after_long_help = "Examples:\n  \
+    ztier stats 1234            one process's statistics (JSON)\n  \
+    ztier stats                 a line per process under ztier run\n  \
+    ztier stats --json          the same as a JSON array of their statistics\n\n\
+Without PID it lists the processes that answer on a control socket @ztier-PID\n\
+in this network namespace (/proc/net/unix), the program's user and root only:\n\
+others refuse, and are listed as refusing; one that has not answered within 1 s\n\
+(a stopped one) is listed so, and in --json as {\"pid\", \"error\"}.")]
+pub struct StatsArgs {
+    /// Process id of a program running under `ztier run`; without one, every
+    /// process under `ztier run` on this machine, a line each.
+    pub pid: Option<u32>,
+    /// With no PID: a JSON array of each process's statistics instead of
+    /// the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ztier stats PID`: asks the library inside a running program for its
+/// statistics through its control socket (see the module docs), and
+/// prints them.
+pub fn stats(a: StatsArgs) -> Result<i32> {
+    let Some(pid) = a.pid else { return list(a.json) };
+    let v = Control::connect(pid)?.ask(control::STATS, std::time::Duration::from_secs(5))?;
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", super::run::pretty(&v)?)?;
+    Ok(0)
+}
+
 /// `ztier hold PID [-- CMD ...]`: see [`HoldArgs`] and the module docs.
 pub fn hold(a: HoldArgs) -> Result<i32> {
     if let Some(cmd) = a.cmd.first() {
@@ -374,12 +407,12 @@ pub fn hold(a: HoldArgs) -> Result<i32> {
     // Caught from before the hold, so that no Ctrl-C leaves it in force
     // unreleased (it would lapse, but 5 s later).
     let caught = Caught::new();
-    let v = match ctl.ask(b"hold", FIRST_WAIT) {
+    let v = match ctl.ask(control::HOLD, FIRST_WAIT) {
         Ok(v) => v,
         Err(e) => {
             // Should it be read later (the process stopped meanwhile),
             // undone right after.
-            let _ = ctl.send_nowait(b"release");
+            let _ = ctl.send_nowait(control::RELEASE);
             return Err(e);
         }
     };
@@ -425,7 +458,7 @@ pub fn hold(a: HoldArgs) -> Result<i32> {
 /// Ends this hold of `ctl`'s process, and says so.
 fn release(ctl: &Control) {
     // Renewals still unanswered are answered first, in order.
-    let release = ctl.ask(b"release", Duration::from_secs(2)).and_then(|mut v| {
+    let release = ctl.ask(control::RELEASE, Duration::from_secs(2)).and_then(|mut v| {
         while v["request"] != "release" {
             v = ctl.answer(Duration::from_secs(2))?;
         }
@@ -479,7 +512,7 @@ fn hold_kin(root: u32, root_gone: bool, kin: &mut Vec<Kin>, skip: &mut Vec<u32>)
     let Ok(managed) = managed_processes() else { return };
     // Renewed first, so that a process asked below is asked once; one
     // gone (ended, or left `ztier run` by `exec`) is dropped.
-    kin.retain(|k| k.ctl.send_nowait(b"hold").is_ok());
+    kin.retain(|k| k.ctl.send_nowait(control::HOLD).is_ok());
     let tree: Vec<u32> =
         if root_gone { kin.iter().flat_map(|k| descendants(k.ctl.pid)).collect() } else { descendants(root) };
     for pid in tree {
@@ -493,7 +526,7 @@ fn hold_kin(root: u32, root_gone: bool, kin: &mut Vec<Kin>, skip: &mut Vec<u32>)
         // Not answering yet (its library still starting): asked again
         // at the next renewal.
         let Ok(ctl) = Control::connect(pid) else { continue };
-        if ctl.send_nowait(b"hold").is_ok() {
+        if ctl.send_nowait(control::HOLD).is_ok() {
             kin.push(Kin { ctl, shown: false });
         }
     }
@@ -548,7 +581,7 @@ fn renew(ctl: &Control, tree: bool, done: &AtomicBool) -> (bool, Vec<Control>) {
         // The first hold was just answered: renewed from the next round.
         if !gone && !std::mem::take(&mut first) {
             ctl.drain();
-            gone = ctl.send_nowait(b"hold").is_err();
+            gone = ctl.send_nowait(control::HOLD).is_err();
         }
         if gone && kin.is_empty() {
             done.store(true, Ordering::Relaxed);

@@ -1,6 +1,6 @@
 //! `ztier run` — runs an unmodified program with its heap under a memory
 //! budget (`ztier stats PID`, live statistics of a running one, and
-//! `ztier hold PID` are the control socket's client, [`super::hold`]).
+//! `ztier hold PID` are the control socket's client, in `hold`).
 //!
 //! The work happens inside the program, in the preloaded library
 //! (`ztier-preload`, embedded in this binary at build time and written
@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::Value;
+use ztier_run_core::names::env;
 
 use crate::units::parse_size;
 
@@ -196,7 +197,7 @@ pub struct RunArgs {
     /// the allocator's locks, which a new handler thread in the forked
     /// child would need to start. --stats says which path each process
     /// took (overall: thread, signal, or mixed).
-    #[arg(long, env = "ZTIER_FAULT_PATH", default_value = "auto", value_parser = ["auto", "thread", "signal"])]
+    #[arg(long, env = env::FAULT_PATH, default_value = "auto", value_parser = ["auto", "thread", "signal"])]
     pub fault_path: String,
     /// Print a one-line summary to stderr when the program ends (after
     /// ztier's notices, without --log).
@@ -310,26 +311,6 @@ impl RunArgs {
             cmd,
         }
     }
-}
-
-/// Arguments of `ztier stats`.
-#[derive(Args, Debug)]
-#[command(after_long_help = "Examples:\n  \
-    ztier stats 1234            one process's statistics (JSON)\n  \
-    ztier stats                 a line per process under ztier run\n  \
-    ztier stats --json          the same as a JSON array of their statistics\n\n\
-Without PID it lists the processes that answer on a control socket @ztier-PID\n\
-in this network namespace (/proc/net/unix), the program's user and root only:\n\
-others refuse, and are listed as refusing; one that has not answered within 1 s\n\
-(a stopped one) is listed so, and in --json as {\"pid\", \"error\"}.")]
-pub struct StatsArgs {
-    /// Process id of a program running under `ztier run`; without one, every
-    /// process under `ztier run` on this machine, a line each.
-    pub pid: Option<u32>,
-    /// With no PID: a JSON array of each process's statistics instead of
-    /// the table.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// Writes the embedded library to a per-user cache folder (once per
@@ -499,26 +480,26 @@ pub fn run_program(
     };
     let mut cmd = std::process::Command::new(&a.cmd[0]);
     match &tree {
-        Some(t) => cmd.env("ZTIER_TREE", t.path()),
-        None => cmd.env_remove("ZTIER_TREE"),
+        Some(t) => cmd.env(env::TREE, t.path()),
+        None => cmd.env_remove(env::TREE),
     };
     cmd.args(&a.cmd[1..])
         .env("LD_PRELOAD", preload)
-        .env("ZTIER_BUDGET", a.budget.to_string())
-        .env("ZTIER_CODEC", format!("{codec}"))
-        .env("ZTIER_ALLOCATOR", allocator.name())
-        .env("ZTIER_STATS_DIR", &stats_dir)
-        .env("ZTIER_PIN", &a.pin)
-        .env("ZTIER_PREFETCH", a.prefetch.to_string())
-        .env("ZTIER_SPIN_US", a.spin_us.to_string())
-        .env("ZTIER_WATCHDOG_S", a.watchdog.to_string())
-        .env("ZTIER_CLEAN", &a.clean)
-        .env("ZTIER_FAULT_PATH", &a.fault_path)
-        .env("ZTIER_CPUS", allowed_cpus());
+        .env(env::BUDGET, a.budget.to_string())
+        .env(env::CODEC, format!("{codec}"))
+        .env(env::ALLOCATOR, allocator.name())
+        .env(env::STATS_DIR, &stats_dir)
+        .env(env::PIN, &a.pin)
+        .env(env::PREFETCH, a.prefetch.to_string())
+        .env(env::SPIN_US, a.spin_us.to_string())
+        .env(env::WATCHDOG_S, a.watchdog.to_string())
+        .env(env::CLEAN, &a.clean)
+        .env(env::FAULT_PATH, &a.fault_path)
+        .env(env::CPUS, allowed_cpus());
     if let Some(s) = a.store {
-        cmd.env("ZTIER_STORE", s.to_string());
+        cmd.env(env::STORE, s.to_string());
     }
-    cmd.env("ZTIER_POLICY", &a.policy);
+    cmd.env(env::POLICY, &a.policy);
     let mut spill = None;
     if let Some(d) = &a.spill {
         if !d.is_dir() {
@@ -549,12 +530,12 @@ pub fn run_program(
                 cmd.env_remove(k);
             }
             if let Some(d) = spill {
-                cmd.env("ZTIER_SPILL_DIR", d);
+                cmd.env(env::SPILL_DIR, d);
             }
         }
     }
     if let Some(m) = a.spill_max {
-        cmd.env("ZTIER_SPILL_MAX", m.to_string());
+        cmd.env(env::SPILL_MAX, m.to_string());
     }
     if let Some(d) = &a.fault_log {
         if d.exists() && !d.is_dir() {
@@ -563,9 +544,9 @@ pub fn run_program(
         std::fs::create_dir_all(d).with_context(|| format!("--fault-log {}", d.display()))?;
         // Absolute: the program may change its working folder.
         let d = std::fs::canonicalize(d).with_context(|| format!("--fault-log {}", d.display()))?;
-        cmd.env("ZTIER_FAULT_LOG_DIR", d);
+        cmd.env(env::FAULT_LOG_DIR, d);
     } else {
-        cmd.env_remove("ZTIER_FAULT_LOG_DIR");
+        cmd.env_remove(env::FAULT_LOG_DIR);
     }
     // The processes' notices: into --log FILE, or a file of the run's
     // folder read back into the statistics; with `--log -`, stderr.
@@ -583,8 +564,8 @@ pub fn run_program(
         None => Some((stats_dir.join("notices.log"), 0)),
     };
     match &log {
-        Some((p, _)) => cmd.env("ZTIER_LOG", p),
-        None => cmd.env_remove("ZTIER_LOG"),
+        Some((p, _)) => cmd.env(env::LOG, p),
+        None => cmd.env_remove(env::LOG),
     };
     if let Some(f) = stdout {
         cmd.stdout(f);
@@ -1296,17 +1277,6 @@ pub fn run(a: RunArgs) -> Result<i32> {
         );
     }
     Ok(out.code)
-}
-
-/// `ztier stats PID`: asks the library inside a running program for its
-/// statistics through its control socket (see [`super::hold`]), and
-/// prints them.
-pub fn stats(a: StatsArgs) -> Result<i32> {
-    let Some(pid) = a.pid else { return super::hold::list(a.json) };
-    let v = super::hold::Control::connect(pid)?.ask(b"stats", std::time::Duration::from_secs(5))?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", pretty(&v)?)?;
-    Ok(0)
 }
 
 #[cfg(test)]
