@@ -66,10 +66,12 @@ impl<B: Backing + ?Sized> Backing for std::sync::Arc<B> {
 /// A regular file. Reads of data in the page cache go through a read-only
 /// shared mapping of the file ([`Backing::mapped`]): the engine checks and
 /// decodes blocks in place, with no `pread` copy. Only ranges whose pages
-/// `mincore` reports resident are read so (a read never waits for the
-/// device through the mapping, so a device error reaches `pread` and
-/// becomes EIO, not SIGBUS); the rest, and pages past the end of the
-/// file when it was mapped, are read with `pread`.
+/// `mincore` reports resident are read so (so a read through the mapping
+/// does not wait for the device, and a device error reaches `pread` and
+/// becomes EIO, not SIGBUS — but for a page evicted between the check and
+/// the read, which faults back in and would raise SIGBUS on a device
+/// error); the rest, and pages past the end of the file when it was
+/// mapped, are read with `pread`.
 pub struct FileBacking {
     file: File,
     map: std::sync::OnceLock<Option<Map>>,
