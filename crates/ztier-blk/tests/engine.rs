@@ -818,3 +818,52 @@ fn flush_leaves_due_checkpoints_to_the_background() {
     assert_eq!(eng.stats().checkpoints, 2);
     assert!(!eng.checkpoint_due());
 }
+
+/// On a file, warm reads check and decode blocks in place from the
+/// image's mapping (no pread), and damage seen through the mapping is
+/// still an error, never wrong data; a cold span is read with pread.
+#[test]
+fn warm_reads_in_place_still_check_every_block() {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    use ztier_blk::backing::FileBacking;
+    let path = std::env::temp_dir().join(format!("ztier-blk-mapped-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
+    let eng = Engine::create(Box::new(FileBacking::new(f)), &opts(64, 16384, None)).unwrap();
+    let data = fill(0, 7, 32 * BS);
+    eng.write(0, &data, true).unwrap();
+    let mut out = vec![0u8; 32 * BS];
+    eng.read(0, &mut out).unwrap();
+    assert!(out == data);
+    let warm = eng.stats().mapped_reads;
+    assert!(warm > 0, "the pages just written are cached: read in place");
+    // Cold: the pages dropped (unmapped first), the span is read with pread.
+    eng.unmap_pages();
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    file.sync_all().unwrap();
+    // SAFETY: a plain syscall on a descriptor the test owns.
+    assert_eq!(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+    out.fill(0);
+    eng.read(0, &mut out).unwrap();
+    assert!(out == data);
+    let after_cold = eng.stats().mapped_reads;
+    // Damage every extent's data area through the file: the mapping sees it.
+    let data_off = eng.geometry().data_offset();
+    let len = file.metadata().unwrap().len();
+    for e in 0..eng.geometry().extents as u64 {
+        let at = data_off + (e + 1) * 16384 - 100;
+        if at >= len {
+            continue;
+        }
+        let mut b = [0u8; 1];
+        file.read_exact_at(&mut b, at).unwrap();
+        file.write_all_at(&[b[0] ^ 0x55], at).unwrap();
+    }
+    let r = eng.read(0, &mut out);
+    assert!(matches!(r, Err(BlkError::Corrupt { .. })), "{r:?}");
+    assert!(eng.stats().mapped_reads > after_cold, "the damaged span was read in place");
+    assert!(eng.stats().corrupt_reads > 0);
+    drop(eng);
+    std::fs::remove_file(&path).unwrap();
+}

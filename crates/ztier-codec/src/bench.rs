@@ -23,6 +23,10 @@
 //! * **stored_raw_pages** — pages the [`crate::page::PageEncoder`] would keep
 //!   uncompressed under the default 3/4 threshold.
 //!
+//! Codecs run as the page store runs them: [`crate::Codec::compress_tagged`]
+//! and [`crate::Codec::decompress_tagged`], the codec tag kept beside each
+//! page (so hybrid's pages cost their inner codec's bytes, no trailer).
+//!
 //! Zero and same-filled pages are counted and left out of the codec runs:
 //! they never reach a codec ([`crate::samefill`]). Every page is round-tripped
 //! and compared with the original; a mismatch is an error, not a number.
@@ -238,6 +242,7 @@ struct Entry {
     codec: Box<dyn Codec>,
     bound: usize,
     sizes: Vec<usize>,
+    tags: Vec<CodecId>,
     compress: Timed,
     decompress: Timed,
 }
@@ -250,11 +255,15 @@ fn compress_all(
     store: &mut [u8],
     bound: usize,
     sizes: &mut [usize],
+    tags: &mut [CodecId],
 ) -> Result<(), (usize, crate::CompressError)> {
     let mut err = None;
     for (i, (p, slot)) in work.iter().zip(store.chunks_exact_mut(bound)).enumerate() {
-        match codec.compress(p, slot) {
-            Ok(n) => sizes[i] = n,
+        match codec.compress_tagged(p, slot) {
+            Ok((n, tag)) => {
+                sizes[i] = n;
+                tags[i] = tag;
+            }
             Err(e) => {
                 err.get_or_insert((i, e));
             }
@@ -269,11 +278,12 @@ fn decompress_all(
     store: &[u8],
     bound: usize,
     sizes: &[usize],
+    tags: &[CodecId],
     back: &mut [u8],
 ) -> Result<(), (usize, crate::DecompressError)> {
     let mut err = None;
-    for (i, n) in sizes.iter().enumerate() {
-        if let Err(e) = codec.decompress(black_box(&store[i * bound..i * bound + n]), back) {
+    for (i, (n, &tag)) in sizes.iter().zip(tags).enumerate() {
+        if let Err(e) = codec.decompress_tagged(tag, black_box(&store[i * bound..i * bound + n]), back) {
             err.get_or_insert((i, e));
         }
         black_box(&mut *back);
@@ -328,12 +338,13 @@ pub fn run(
         let name = codec.id().name().to_string();
         let bound = codec.max_compressed_len(PAGE_SIZE);
         let mut sizes = vec![0usize; work.len()];
+        let mut tags = vec![codec.id(); work.len()];
         let mut res = Ok(());
-        let c1 = once(|| res = compress_all(codec.as_mut(), &work, &mut store, bound, &mut sizes));
+        let c1 = once(|| res = compress_all(codec.as_mut(), &work, &mut store, bound, &mut sizes, &mut tags));
         res.map_err(|(page, source)| BenchError::Compress { codec: name.clone(), page, source })?;
         for (i, p) in work.iter().enumerate() {
             let src = &store[i * bound..i * bound + sizes[i]];
-            codec.decompress(src, &mut back).map_err(|source| BenchError::Decompress {
+            codec.decompress_tagged(tags[i], src, &mut back).map_err(|source| BenchError::Decompress {
                 codec: name.clone(),
                 page: i,
                 source,
@@ -343,7 +354,7 @@ pub fn run(
             }
         }
         let mut res = Ok(());
-        let d1 = once(|| res = decompress_all(codec.as_mut(), &store, bound, &sizes, &mut back));
+        let d1 = once(|| res = decompress_all(codec.as_mut(), &store, bound, &sizes, &tags, &mut back));
         res.map_err(|(page, source)| BenchError::Decompress { codec: name.clone(), page, source })?;
         progress(&name, ci + 1, steps);
         entries.push(Entry {
@@ -351,6 +362,7 @@ pub fn run(
             codec,
             bound,
             sizes,
+            tags,
             compress: Timed::new(cfg, rounds, c1),
             decompress: Timed::new(cfg, rounds, d1),
         });
@@ -361,10 +373,10 @@ pub fn run(
     for round in 0..rounds {
         memcpy.round(|| copy(&mut out));
         for e in &mut entries {
-            let Entry { codec, bound, sizes, .. } = e;
+            let Entry { codec, bound, sizes, tags, .. } = e;
             let mut cerr = None;
             e.compress.round(|| {
-                if let Err(x) = compress_all(codec.as_mut(), &work, &mut store, *bound, sizes) {
+                if let Err(x) = compress_all(codec.as_mut(), &work, &mut store, *bound, sizes, tags) {
                     cerr.get_or_insert(x);
                 }
             });
@@ -373,7 +385,7 @@ pub fn run(
             }
             let mut derr = None;
             e.decompress.round(|| {
-                if let Err(x) = decompress_all(codec.as_mut(), &store, *bound, sizes, &mut back) {
+                if let Err(x) = decompress_all(codec.as_mut(), &store, *bound, sizes, tags, &mut back) {
                     derr.get_or_insert(x);
                 }
             });

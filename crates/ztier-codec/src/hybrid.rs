@@ -50,6 +50,14 @@
 //!
 //! The decoder accepts any inner tag this codec value can decode (its first
 //! and second codec), so the adaptive choice never needs to be replayed.
+//!
+//! A caller that keeps a codec tag beside each page needs no trailer:
+//! [`Codec::compress_tagged`] returns the inner payload alone with the
+//! inner codec's id as the tag (the page store stores pages so, see
+//! [`crate::page::PageEncoder::inner_tags`]), and
+//! [`Codec::decompress_tagged`] decodes either form: tag `hybrid` is the
+//! trailer form above, tag `wkdm`/`lz4` (this value's first or second
+//! codec) a bare inner payload.
 
 use crate::{check_input_len, check_output_len, new_codec, Codec, CodecId, CompressError, DecompressError};
 
@@ -147,12 +155,6 @@ impl Hybrid {
     fn threshold_for(&self, len: usize) -> usize {
         self.threshold * len / crate::PAGE_SIZE
     }
-
-    /// Compresses with one codec into `dst[..limit]` and appends its tag.
-    fn finish(dst: &mut [u8], n: usize, tag: CodecId) -> usize {
-        dst[n] = tag as u8;
-        n + 1
-    }
 }
 
 impl Default for Hybrid {
@@ -172,7 +174,62 @@ impl Codec for Hybrid {
         if capacity < 2 {
             return Err(CompressError::Overflow { capacity });
         }
-        let room = capacity - 1; // one byte for the trailer
+        // One byte for the trailer.
+        let (n, tag) = self.payload(src, dst, capacity - 1)?;
+        dst[n] = tag as u8;
+        Ok(n + 1)
+    }
+
+    fn compress_tagged(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(usize, CodecId), CompressError> {
+        check_input_len(src.len())?;
+        let room = dst.len();
+        if room < 1 {
+            return Err(CompressError::Overflow { capacity: room });
+        }
+        self.payload(src, dst, room)
+    }
+
+    fn decompress_tagged(&mut self, tag: CodecId, src: &[u8], dst: &mut [u8]) -> Result<(), DecompressError> {
+        check_output_len(dst.len())?;
+        if tag == CodecId::Hybrid {
+            self.decompress(src, dst)
+        } else if tag == self.first.id() {
+            self.first.decompress(src, dst)
+        } else if tag == self.second.id() {
+            self.second.decompress(src, dst)
+        } else {
+            Err(DecompressError::WrongFormat { expected: CodecId::Hybrid as u8, found: tag as u8 })
+        }
+    }
+
+    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), DecompressError> {
+        check_output_len(dst.len())?;
+        let (&tag, payload) = src.split_last().ok_or(DecompressError::Truncated("empty hybrid page"))?;
+        if tag == self.first.id() as u8 {
+            self.first.decompress(payload, dst)
+        } else if tag == self.second.id() as u8 {
+            self.second.decompress(payload, dst)
+        } else {
+            Err(DecompressError::WrongFormat { expected: self.first.id() as u8, found: tag })
+        }
+    }
+
+    fn max_compressed_len(&self, len: usize) -> usize {
+        self.first.max_compressed_len(len).max(self.second.max_compressed_len(len)) + 1
+    }
+}
+
+impl Hybrid {
+    /// Compresses `src` with the codec the page and the run call for into
+    /// `dst[..room]` (`room <= dst.len()`; no trailer): the bytes written
+    /// and the codec that wrote them.
+    fn payload(
+        &mut self,
+        src: &[u8],
+        dst: &mut [u8],
+        room: usize,
+    ) -> Result<(usize, CodecId), CompressError> {
+        let capacity = dst.len();
         let large = src.len() * RUN_RECHECK_NUM / RUN_RECHECK_DEN;
         let (first_id, second_id) = (self.first.id(), self.second.id());
 
@@ -194,7 +251,7 @@ impl Codec for Hybrid {
             let lead_n = match lead.compress(src, &mut dst[..room]) {
                 Ok(n) if n <= large || self.recheck_misses >= RECHECK_GIVE_UP => {
                     self.stats.in_run += 1;
-                    return Ok(Self::finish(dst, n, lead_id));
+                    return Ok((n, lead_id));
                 }
                 Ok(n) => Some(n),
                 Err(CompressError::Overflow { .. }) => None,
@@ -207,12 +264,12 @@ impl Codec for Hybrid {
                 self.stats.run_broken += 1;
                 self.run_left = 0;
                 self.streak = 0;
-                return Ok(Self::finish(dst, m, other_id));
+                return Ok((m, other_id));
             }
             self.recheck_misses += 1;
             self.stats.in_run += 1;
             return match lead_n {
-                Some(n) => Ok(Self::finish(dst, n, lead_id)),
+                Some(n) => Ok((n, lead_id)),
                 None => Err(CompressError::Overflow { capacity }),
             };
         }
@@ -222,7 +279,7 @@ impl Codec for Hybrid {
             Ok(n) if n <= threshold => {
                 self.stats.first_fast += 1;
                 self.streak = 0;
-                return Ok(Self::finish(dst, n, first_id));
+                return Ok((n, first_id));
             }
             Ok(n) => Some(n),
             Err(CompressError::Overflow { .. }) => None,
@@ -234,8 +291,7 @@ impl Codec for Hybrid {
             match self.second.compress(src, &mut self.scratch[..limit]) {
                 Ok(m) => {
                     dst[..m].copy_from_slice(&self.scratch[..m]);
-                    dst[m] = second_id as u8;
-                    self.last_len = m + 1;
+                    self.last_len = m;
                     true
                 }
                 Err(_) => false,
@@ -257,31 +313,15 @@ impl Codec for Hybrid {
         }
         if second_won {
             self.stats.second_after_try += 1;
-            return Ok(self.last_len);
+            return Ok((self.last_len, second_id));
         }
         match first {
             Some(n) => {
                 self.stats.first_after_try += 1;
-                Ok(Self::finish(dst, n, first_id))
+                Ok((n, first_id))
             }
             None => Err(CompressError::Overflow { capacity }),
         }
-    }
-
-    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), DecompressError> {
-        check_output_len(dst.len())?;
-        let (&tag, payload) = src.split_last().ok_or(DecompressError::Truncated("empty hybrid page"))?;
-        if tag == self.first.id() as u8 {
-            self.first.decompress(payload, dst)
-        } else if tag == self.second.id() as u8 {
-            self.second.decompress(payload, dst)
-        } else {
-            Err(DecompressError::WrongFormat { expected: self.first.id() as u8, found: tag })
-        }
-    }
-
-    fn max_compressed_len(&self, len: usize) -> usize {
-        self.first.max_compressed_len(len).max(self.second.max_compressed_len(len)) + 1
     }
 }
 
@@ -351,6 +391,43 @@ mod tests {
                 assert_eq!(back, p);
             }
         }
+    }
+
+    #[test]
+    fn tagged_output_is_the_inner_payload_without_a_trailer() {
+        let mut h = Hybrid::default();
+        let mut t = Hybrid::default();
+        let mut out = vec![0u8; h.max_compressed_len(4096)];
+        let mut tagged = vec![0u8; h.max_compressed_len(4096)];
+        let mut back = vec![0u8; 4096];
+        let mut seen = Vec::new();
+        for (i, kind) in synth::KINDS.into_iter().enumerate() {
+            let p = synth::page(kind, i as u64);
+            let Ok(n) = h.compress(&p, &mut out) else { continue };
+            let (m, tag) = t.compress_tagged(&p, &mut tagged).unwrap();
+            // The same choice, one byte shorter, and the trailer's tag beside it.
+            assert_eq!(m + 1, n, "{kind:?}");
+            assert_eq!(&tagged[..m], &out[..m]);
+            assert_eq!(tag as u8, out[n - 1]);
+            seen.push(tag);
+            t.decompress_tagged(tag, &tagged[..m], &mut back).unwrap();
+            assert_eq!(back, p);
+            // The trailer form stays readable under the hybrid tag.
+            back.fill(0);
+            t.decompress_tagged(CodecId::Hybrid, &out[..n], &mut back).unwrap();
+            assert_eq!(back, p);
+            // A tag naming a codec this value does not hold is refused.
+            assert!(matches!(
+                t.decompress_tagged(CodecId::Zstd, &tagged[..m], &mut back),
+                Err(DecompressError::WrongFormat { .. })
+            ));
+        }
+        assert!(seen.contains(&CodecId::Wkdm) && seen.contains(&CodecId::Lz4), "{seen:?}");
+        // Room for the payload alone is enough without the trailer.
+        let ints = synth::page(synth::Kind::SmallInts, 4);
+        let (m, _) = Hybrid::default().compress_tagged(&ints, &mut tagged).unwrap();
+        assert!(Hybrid::default().compress_tagged(&ints, &mut tagged[..m]).is_ok());
+        assert!(Hybrid::default().compress(&ints, &mut out[..m]).is_err());
     }
 
     #[test]

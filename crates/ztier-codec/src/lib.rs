@@ -162,6 +162,26 @@ pub trait Codec: Send {
 
     /// An output-buffer size that is always enough for `len` input bytes.
     fn max_compressed_len(&self, len: usize) -> usize;
+
+    /// Compresses `src` into `dst` for a caller that stores a codec tag
+    /// beside the data (the page store's entry tag): returns the bytes
+    /// written and the tag to store. Every codec but hybrid returns its
+    /// [`Codec::compress`] output and its own id; hybrid returns the inner
+    /// codec's output with no trailer byte and the inner codec's id.
+    /// [`Codec::decompress_tagged`] with that tag decodes it.
+    fn compress_tagged(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(usize, CodecId), CompressError> {
+        let n = self.compress(src, dst)?;
+        Ok((n, self.id()))
+    }
+
+    /// Decompresses data stored under `tag` (see [`Codec::compress_tagged`]).
+    /// A tag this codec cannot decode is [`DecompressError::WrongFormat`].
+    fn decompress_tagged(&mut self, tag: CodecId, src: &[u8], dst: &mut [u8]) -> Result<(), DecompressError> {
+        if tag != self.id() {
+            return Err(DecompressError::WrongFormat { expected: self.id() as u8, found: tag as u8 });
+        }
+        self.decompress(src, dst)
+    }
 }
 
 /// Checks the input-length contract shared by every codec.

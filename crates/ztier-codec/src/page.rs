@@ -58,6 +58,7 @@ pub struct PageEncoder {
     codec: Box<dyn Codec>,
     raw_num: usize,
     raw_den: usize,
+    inner_tags: bool,
 }
 
 impl PageEncoder {
@@ -68,7 +69,7 @@ impl PageEncoder {
 
     /// An encoder around an already configured codec.
     pub fn with_codec(codec: Box<dyn Codec>) -> Self {
-        PageEncoder { codec, raw_num: 3, raw_den: 4 }
+        PageEncoder { codec, raw_num: 3, raw_den: 4, inner_tags: false }
     }
 
     /// Sets the raw threshold: outputs larger than `num/den` of the input are
@@ -78,6 +79,22 @@ impl PageEncoder {
         self.raw_num = num;
         self.raw_den = den;
         self
+    }
+
+    /// Encodes for a caller that stores the form's codec tag beside each
+    /// page: `Compressed(tag)` then names the codec that wrote the bytes
+    /// ([`Codec::compress_tagged`]: for hybrid, the inner codec, with no
+    /// trailer byte). Without it, `Compressed` names this encoder's codec
+    /// and the bytes describe themselves. [`PageEncoder::decode`] reads
+    /// both.
+    pub fn inner_tags(mut self) -> Self {
+        self.inner_tags = true;
+        self
+    }
+
+    /// Whether [`PageEncoder::inner_tags`] is set.
+    pub fn has_inner_tags(&self) -> bool {
+        self.inner_tags
     }
 
     /// The codec this encoder uses.
@@ -103,8 +120,13 @@ impl PageEncoder {
             None => {}
         }
         let limit = self.limit(src.len());
-        match self.codec.compress(src, &mut dst[..limit]) {
-            Ok(n) => Ok(Encoded { form: Form::Compressed(self.codec.id()), len: n }),
+        let out = if self.inner_tags {
+            self.codec.compress_tagged(src, &mut dst[..limit])
+        } else {
+            self.codec.compress(src, &mut dst[..limit]).map(|n| (n, self.codec.id()))
+        };
+        match out {
+            Ok((n, tag)) => Ok(Encoded { form: Form::Compressed(tag), len: n }),
             Err(CompressError::Overflow { .. }) => {
                 dst[..src.len()].copy_from_slice(src);
                 Ok(Encoded { form: Form::Raw, len: src.len() })
@@ -115,8 +137,9 @@ impl PageEncoder {
 
     /// Decodes a page of form `form` from `src` into all of `dst`.
     ///
-    /// A `Compressed` form naming another codec than this encoder's is an
-    /// error ([`DecompressError::WrongFormat`]).
+    /// A `Compressed` form naming a codec this encoder's codec cannot
+    /// decode ([`Codec::decompress_tagged`]: its own, and for hybrid also
+    /// its two inner codecs) is an error ([`DecompressError::WrongFormat`]).
     pub fn decode(&mut self, form: Form, src: &[u8], dst: &mut [u8]) -> Result<(), DecompressError> {
         crate::check_output_len(dst.len())?;
         match form {
@@ -138,10 +161,7 @@ impl PageEncoder {
                 dst.copy_from_slice(src);
                 Ok(())
             }
-            Form::Compressed(c) if c == self.codec.id() => self.codec.decompress(src, dst),
-            Form::Compressed(c) => {
-                Err(DecompressError::WrongFormat { expected: self.codec.id() as u8, found: c as u8 })
-            }
+            Form::Compressed(c) => self.codec.decompress_tagged(c, src, dst),
         }
     }
 }

@@ -19,6 +19,16 @@ fn round_trip(id: CodecId, data: &[u8]) {
     let mut back = vec![0x11u8; data.len()];
     c.decompress(&out[..n], &mut back).unwrap_or_else(|e| panic!("{id}: decompress: {e}"));
     assert!(back == data, "{id}: round trip differs");
+    // The tagged form (a tag kept beside the data): at most as long, and
+    // it decodes under its tag only.
+    let mut c = new_codec(id);
+    let (m, tag) = c.compress_tagged(data, &mut out).unwrap_or_else(|e| panic!("{id}: compress_tagged: {e}"));
+    assert!(m <= n, "{id}: tagged output {m} longer than {n}");
+    back.fill(0x11);
+    c.decompress_tagged(tag, &out[..m], &mut back).unwrap_or_else(|e| panic!("{id}: decompress_tagged: {e}"));
+    assert!(back == data, "{id}: tagged round trip differs");
+    let other = if tag == CodecId::Zstd { CodecId::Lzo } else { CodecId::Zstd };
+    assert!(c.decompress_tagged(other, &out[..m], &mut back).is_err(), "{id}: decoded under tag {other}");
 }
 
 fn word_data() -> impl Strategy<Value = Vec<u8>> {
@@ -165,8 +175,9 @@ fn every_corpus_page_round_trips_through_the_page_encoder() {
     let corpus = Corpus::load(&files).unwrap();
     let mut out = vec![0u8; PAGE_SIZE];
     let mut back = vec![0u8; PAGE_SIZE];
-    for id in codecs() {
-        let mut enc = PageEncoder::new(id);
+    // Hybrid also as the page store runs it: the inner codec's tag, no trailer.
+    for (id, tagged) in codecs().into_iter().map(|id| (id, false)).chain([(CodecId::Hybrid, true)]) {
+        let mut enc = if tagged { PageEncoder::new(id).inner_tags() } else { PageEncoder::new(id) };
         let (mut compressed, mut raw) = (0, 0);
         for p in corpus.pages() {
             let e = enc.encode(p, &mut out).unwrap();

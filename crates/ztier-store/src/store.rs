@@ -25,7 +25,14 @@
 //! order-list links and an age stamp. The **tag** is the codec id
 //! ([`CodecId`] as u8) of a compressed page, [`TAG_RAW`] for a page stored
 //! uncompressed, [`TAG_ZERO`] / [`TAG_SAME`] for pages kept as metadata
-//! only. The checksum is verified on every get before anything is
+//! only. The codec id is that of the codec that wrote the bytes: a store
+//! configured with `hybrid` tags each page `wkdm` or `lz4` (whichever won
+//! it) and stores the bare inner payload, with no trailer byte
+//! ([`PageEncoder::inner_tags`]). An entry tagged `hybrid` (the
+//! self-describing form with a trailer byte, as written before, and as a
+//! next tier may still hold) is still read: it is decoded by hybrid's
+//! trailer decoder. A tag no codec has is a decode error
+//! ([`StoreError::Decode`]), never a guess. The checksum is verified on every get before anything is
 //! decoded; a mismatch is an error, never wrong data.
 //!
 //! # Budget
@@ -556,7 +563,7 @@ fn with_encoder<R>(codec: CodecId, raw: (usize, usize), f: impl FnOnce(&mut Page
     let mut enc = ENCODERS
         .try_lock()
         .and_then(|mut p| p.iter().position(fits).map(|i| p.swap_remove(i)))
-        .unwrap_or_else(|| PageEncoder::new(codec).raw_fraction(raw.0, raw.1));
+        .unwrap_or_else(|| PageEncoder::new(codec).raw_fraction(raw.0, raw.1).inner_tags());
     let r = f(&mut enc);
     if let Some(mut p) = ENCODERS.try_lock() {
         if p.len() < POOL_KEEP {

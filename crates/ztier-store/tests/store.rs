@@ -844,3 +844,109 @@ fn a_forked_child_reads_its_copy_of_the_store() {
         assert_eq!(out, if i < n / 2 { page(Kind::Text, 1000 + i as u64) } else { data(i) }, "page {i}");
     }
 }
+
+/// A memory tier the test can look into while the store uses it.
+struct Shared(Arc<MemoryTier>);
+
+impl NextTier for Shared {
+    fn name(&self) -> String {
+        self.0.name()
+    }
+    fn put(
+        &self,
+        key: Key,
+        meta: ztier_store::tier::SpillMeta,
+        data: &[u8],
+    ) -> Result<(), ztier_store::tier::TierError> {
+        self.0.put(key, meta, data)
+    }
+    fn get(
+        &self,
+        key: Key,
+        out: &mut Vec<u8>,
+        remove: bool,
+    ) -> Result<Option<ztier_store::tier::SpillMeta>, ztier_store::tier::TierError> {
+        self.0.get(key, out, remove)
+    }
+    fn remove(&self, key: Key) -> bool {
+        self.0.remove(key)
+    }
+    fn remove_object(&self, pool: u32, object: u64) -> usize {
+        self.0.remove_object(pool, object)
+    }
+    fn remove_pool(&self, pool: u32) -> usize {
+        self.0.remove_pool(pool)
+    }
+    fn entries(&self) -> usize {
+        self.0.entries()
+    }
+    fn bytes_used(&self) -> u64 {
+        self.0.bytes_used()
+    }
+}
+
+#[test]
+fn hybrid_pages_are_tagged_with_their_inner_codec_and_trailer_pages_still_read() {
+    use ztier_codec::{new_codec, CodecId};
+    let tier = Arc::new(MemoryTier::new(1 << 30));
+    let store = Store::with_tier(
+        StoreConfig { codec: CodecId::Hybrid, ..cfg(64 << 10, AllocatorKind::Classes, 1) },
+        Some(Box::new(Shared(tier.clone()))),
+    );
+    let pool = store.create_pool(PoolOptions::new(PoolKind::Persistent)).unwrap();
+    let n = 120u32;
+    // Text goes to LZ4, small integers to WKdm.
+    let data = |i: u32| page(if i % 2 == 0 { Kind::Text } else { Kind::SmallInts }, i as u64);
+    for i in 0..n {
+        store.put(Key { pool, object: 0, index: i }, &data(i), PutFlags::default()).unwrap();
+    }
+    // What the store spilled is exactly as it held it: look at the tags.
+    let (mut lz4, mut wkdm) = (0, 0);
+    let mut buf = Vec::new();
+    let mut lz = new_codec(CodecId::Lz4);
+    let mut alone = vec![0u8; 8192];
+    for i in 0..n {
+        let key = Key { pool, object: 0, index: i };
+        let Some(meta) = tier.get(key, &mut buf, false).unwrap() else { continue };
+        assert_ne!(meta.tag, CodecId::Hybrid as u8, "page {i}: stored with a trailer");
+        if meta.tag == CodecId::Lz4 as u8 {
+            lz4 += 1;
+            // The bare LZ4 payload: the size LZ4 alone gives, not one byte more.
+            let m = lz.compress(&data(i), &mut alone).unwrap();
+            assert_eq!(buf.len(), m, "page {i}");
+        } else if meta.tag == CodecId::Wkdm as u8 {
+            wkdm += 1;
+        }
+    }
+    assert!(lz4 > 0 && wkdm > 0, "spilled lz4 {lz4}, wkdm {wkdm}");
+    let mut out = vec![0u8; PAGE];
+    for i in 0..n {
+        assert!(store.get(Key { pool, object: 0, index: i }, &mut out, false).unwrap(), "page {i}");
+        assert_eq!(out, data(i), "page {i}");
+    }
+    // An entry in the older form (tag hybrid, a trailer naming the inner
+    // codec) still reads; a tag no codec has is a decode error.
+    let mut h = new_codec(CodecId::Hybrid);
+    let mut old = vec![0u8; h.max_compressed_len(PAGE)];
+    for (index, kind) in [(1000, Kind::Text), (1001, Kind::SmallInts)] {
+        let p = page(kind, 7);
+        let len = h.compress(&p, &mut old).unwrap();
+        let meta = ztier_store::tier::SpillMeta {
+            tag: CodecId::Hybrid as u8,
+            flags: 0,
+            len: len as u16,
+            crc: crc32c::crc32c(&old[..len]),
+            pattern: 0,
+        };
+        let key = Key { pool, object: 0, index };
+        tier.put(key, meta, &old[..len]).unwrap();
+        assert!(store.get(key, &mut out, false).unwrap());
+        assert_eq!(out, p);
+        let bad = ztier_store::tier::SpillMeta { tag: 200, ..meta };
+        tier.put(key, bad, &old[..len]).unwrap();
+        match store.get(key, &mut out, false) {
+            Err(StoreError::Decode { key: k, .. }) => assert_eq!(k, key),
+            other => panic!("expected a decode error, got {other:?}"),
+        }
+    }
+}

@@ -671,9 +671,10 @@ fn non_images_and_damaged_superblocks_are_refused() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// A short `ztier bench blk --json` run: one JSON object with every fio
-/// job against nbdkit, the space table (random at most 101%, the mixed
-/// row), and the checkpoint-latency run.
+/// A short `ztier bench blk --cold --json` run: one JSON object with every
+/// fio job against nbdkit (the read jobs from a dropped page cache), the
+/// space table (random at most 101%, the mixed row), and the
+/// checkpoint-latency run.
 #[test]
 fn bench_blk_short_run_json() {
     for t in ["fio", "nbdkit", "sqlite3", "gzip"] {
@@ -682,7 +683,7 @@ fn bench_blk_short_run_json() {
     let d = tmpdir("bench");
     let out = run(ztier()
         .args(["bench", "blk", "--size", "32M", "--runtime", "1", "--space-mib", "32", "--ckpt-runtime", "2"])
-        .args(["--rounds", "1"])
+        .args(["--rounds", "1", "--cold"])
         .arg("--dir")
         .arg(&d)
         .arg("--json"));
@@ -697,6 +698,12 @@ fn bench_blk_short_run_json() {
             assert!(j[k].as_f64().unwrap() > 0.0, "{k}: {j}");
         }
         assert_eq!(j["ratios"].as_array().unwrap().len(), 1, "{j}");
+        let read = j["job"].as_str().unwrap().contains("read");
+        assert_eq!(j["cold"], read, "{j}");
+        if read {
+            // The drops worked: (almost) nothing of either image stayed cached.
+            assert!(j["resident_after_drop"].as_f64().unwrap() < 0.05, "{j}");
+        }
     }
     let space = v["space"].as_array().unwrap();
     let row = |name: &str| space.iter().find(|r| r["data"] == name).unwrap_or_else(|| panic!("{name}: {v}"));

@@ -58,6 +58,16 @@ pub struct BlkBenchArgs {
     /// with too (the build before a change).
     #[arg(long, value_name = "PATH")]
     pub before_bin: Option<PathBuf>,
+    /// Read from a cold page cache: before each pass of a read job, each
+    /// server's image is synced and its cached pages dropped
+    /// (`posix_fadvise(DONTNEED)`, that file only).
+    #[arg(long)]
+    pub cold: bool,
+    /// Only the fio jobs whose names contain one of these (comma-separated,
+    /// e.g. `seq-read`); `seq-write-1M` still runs first when a read job is
+    /// chosen, since it writes the data they read.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    pub jobs: Vec<String>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -111,6 +121,11 @@ pub struct FioRow {
     pub ratio: f64,
     /// Each round's ratio.
     pub ratios: Vec<f64>,
+    /// Whether each pass read from a cold page cache (`--cold`, read jobs).
+    pub cold: bool,
+    /// With `cold`: the largest fraction of an image's pages still cached
+    /// right after a drop (0 when the drops work).
+    pub resident_after_drop: Option<f64>,
 }
 
 /// One data type in the space table.
@@ -291,19 +306,36 @@ fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
     let zuri = format!("nbd+unix:///?socket={}", zsock.display());
     let kuri = format!("nbd+unix:///?socket={}", ksock.display());
     let mut rows = Vec::new();
-    for (name, args) in fio_jobs(size, a.runtime, a.compress_percentage) {
+    let jobs = fio_jobs(size, a.runtime, a.compress_percentage);
+    let chosen = |n: &str| a.jobs.is_empty() || a.jobs.iter().any(|j| n.contains(j.as_str()));
+    let reads = jobs.iter().any(|(n, _)| n.contains("read") && chosen(n));
+    for (name, args) in jobs {
+        if !(chosen(&name) || reads && name == "seq-write-1M") {
+            continue;
+        }
         if !a.json {
             eprintln!("bench blk: {name}");
         }
+        let cold = a.cold && name.contains("read");
+        let mut resident: f64 = 0.0;
+        // One pass on one server: with `cold`, its image's cache dropped first.
+        let mut pass = |uri: &str, img: &Path| -> Result<(f64, f64)> {
+            if cold {
+                // ztier reads cached pages through a mapping: unmap them first.
+                engine.unmap_pages();
+                resident = resident.max(drop_cache(img)?);
+            }
+            fio(uri, &args)
+        };
         // Rounds of pairs; which server goes first alternates.
         let (mut zs, mut ks, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..a.rounds as usize {
             let (z, k) = if (rows.len() + round) % 2 == 0 {
-                let z = fio(&zuri, &args)?;
-                (z, fio(&kuri, &args)?)
+                let z = pass(&zuri, &zimg)?;
+                (z, pass(&kuri, &kimg)?)
             } else {
-                let k = fio(&kuri, &args)?;
-                (fio(&zuri, &args)?, k)
+                let k = pass(&kuri, &kimg)?;
+                (pass(&zuri, &zimg)?, k)
             };
             ratios.push(if k.0 > 0.0 { z.0 / k.0 } else { 0.0 });
             zs.push(z);
@@ -318,12 +350,67 @@ fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
             nbdkit_iops: m(&ks, |x| x.1),
             ratio: median(ratios.clone()),
             ratios,
+            cold,
+            resident_after_drop: cold.then_some(resident),
         });
     }
     stop.store(true, std::sync::atomic::Ordering::Release);
     server.join().map_err(|_| anyhow::anyhow!("server thread panicked"))??;
     engine.close()?;
     Ok(rows)
+}
+
+/// Syncs `img` and drops its pages from the page cache (that file only);
+/// returns the fraction of its pages still cached right after. A file
+/// whose pages cannot be dropped (tmpfs) is an error: its reads would not
+/// be cold.
+fn drop_cache(img: &Path) -> Result<f64> {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::open(img).with_context(|| format!("opening {}", img.display()))?;
+    f.sync_all()?;
+    // SAFETY: a plain syscall on a descriptor this function owns.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        bail!("posix_fadvise(DONTNEED) on {}: {}", img.display(), std::io::Error::from_raw_os_error(rc));
+    }
+    let left = resident_fraction(&f)?;
+    if left > 0.5 {
+        bail!(
+            "--cold: {:.0}% of {} stays cached after posix_fadvise(DONTNEED) (a tmpfs folder?); give --dir on a disk",
+            left * 100.0,
+            img.display()
+        );
+    }
+    Ok(left)
+}
+
+/// The fraction of `f`'s pages in the page cache (`mincore` over a
+/// read-only mapping that is never touched).
+fn resident_fraction(f: &std::fs::File) -> Result<f64> {
+    use std::os::unix::io::AsRawFd;
+    let len = f.metadata()?.len() as usize;
+    if len == 0 {
+        return Ok(0.0);
+    }
+    // SAFETY: a fresh shared read-only mapping of an open file; it is only
+    // passed to mincore (never read through) and unmapped below.
+    let map =
+        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+    if map == libc::MAP_FAILED {
+        bail!("mmap for mincore: {}", std::io::Error::last_os_error());
+    }
+    let pages = len.div_ceil(4096);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `map` is a live mapping of `len` bytes and `vec` has one byte
+    // per 4 KiB page of it; the mapping is unmapped once, right after.
+    let rc = unsafe { libc::mincore(map, len, vec.as_mut_ptr()) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: unmaps the mapping made above, of `len` bytes.
+    unsafe { libc::munmap(map, len) };
+    if rc != 0 {
+        bail!("mincore: {err}");
+    }
+    Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as f64 / pages as f64)
 }
 
 /// The median (the mean of the middle two for an even count).
@@ -659,6 +746,9 @@ pub fn run(a: BlkBenchArgs) -> Result<i32> {
             a.size, a.compress_percentage
         );
         println!("(medians of {} rounds; ratio: the median of each round's paired ratio)", a.rounds);
+        if a.cold {
+            println!("(read jobs cold: each image's page cache dropped before each pass)");
+        }
         println!(
             "{:<20} {:>12} {:>12} {:>12} {:>12} {:>8}  rounds",
             "job", "ztier MB/s", "ztier IOPS", "nbdkit MB/s", "nbdkit IOPS", "ratio"
