@@ -23,19 +23,6 @@ pub trait Backing: Send + Sync {
     fn read_at_nowait(&self, _buf: &mut [u8], _off: u64) -> Option<io::Result<()>> {
         None
     }
-    /// The `len` bytes at `off` in place, with no copy, when every page of
-    /// them is in memory now (a file's read-only mapping, its pages in the
-    /// page cache); `None` otherwise (read them with [`Backing::read_at`]).
-    /// The caller reads only bytes that no write changes while it holds
-    /// the slice (the engine: blocks of sealed extents, under its reuse
-    /// lock).
-    fn mapped(&self, _off: u64, _len: usize) -> Option<&[u8]> {
-        None
-    }
-    /// Lets go of the pages [`Backing::mapped`] has mapped (they stay in
-    /// the page cache, which can then drop them: `posix_fadvise(DONTNEED)`
-    /// keeps pages a process maps).
-    fn unmap_pages(&self) {}
 }
 
 /// A shared device (tests keep a handle to crash it while the engine runs).
@@ -55,81 +42,17 @@ impl<B: Backing + ?Sized> Backing for std::sync::Arc<B> {
     fn read_at_nowait(&self, buf: &mut [u8], off: u64) -> Option<io::Result<()>> {
         (**self).read_at_nowait(buf, off)
     }
-    fn mapped(&self, off: u64, len: usize) -> Option<&[u8]> {
-        (**self).mapped(off, len)
-    }
-    fn unmap_pages(&self) {
-        (**self).unmap_pages()
-    }
 }
 
-/// A regular file. Reads of data in the page cache go through a read-only
-/// shared mapping of the file ([`Backing::mapped`]): the engine checks and
-/// decodes blocks in place, with no `pread` copy. Only ranges whose pages
-/// `mincore` reports resident are read so (so a read through the mapping
-/// does not wait for the device, and a device error reaches `pread` and
-/// becomes EIO, not SIGBUS — but for a page evicted between the check and
-/// the read, which faults back in and would raise SIGBUS on a device
-/// error); the rest, and pages past the end of the file when it was
-/// mapped, are read with `pread`.
+/// A regular file.
 pub struct FileBacking {
     file: File,
-    map: std::sync::OnceLock<Option<Map>>,
 }
-
-/// A read-only shared mapping of a file.
-struct Map {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is read-only and lives as long as the Map; sharing
-// its address between threads is as safe as sharing the file.
-unsafe impl Send for Map {}
-// SAFETY: as above: &Map only gives out reads of the mapping.
-unsafe impl Sync for Map {}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: ptr/len are the mapping made in `FileBacking::map`, and
-        // no slice of it outlives the FileBacking (slices borrow it).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-const PAGE: usize = 4096;
 
 impl FileBacking {
     /// Wraps an open read/write file.
     pub fn new(file: File) -> Self {
-        FileBacking { file, map: std::sync::OnceLock::new() }
-    }
-
-    /// The mapping, made on first use over the file's length then (a
-    /// file not yet written, or one that cannot be mapped, has none).
-    fn map(&self) -> Option<&Map> {
-        use std::os::fd::AsRawFd;
-        self.map
-            .get_or_init(|| {
-                let len = self.file.metadata().ok()?.len() as usize / PAGE * PAGE;
-                if len == 0 {
-                    return None;
-                }
-                // SAFETY: a new read-only shared mapping of our file; it is
-                // unmapped only when the Map drops.
-                let p = unsafe {
-                    libc::mmap(
-                        std::ptr::null_mut(),
-                        len,
-                        libc::PROT_READ,
-                        libc::MAP_SHARED,
-                        self.file.as_raw_fd(),
-                        0,
-                    )
-                };
-                (p != libc::MAP_FAILED).then_some(Map { ptr: p.cast(), len })
-            })
-            .as_ref()
+        FileBacking { file }
     }
 }
 
@@ -175,42 +98,6 @@ impl Backing for FileBacking {
             };
         }
         (n as usize == buf.len()).then_some(Ok(()))
-    }
-    fn mapped(&self, off: u64, len: usize) -> Option<&[u8]> {
-        let m = self.map()?;
-        let (off, end) = (usize::try_from(off).ok()?, usize::try_from(off).ok()?.checked_add(len)?);
-        if len == 0 || end > m.len {
-            return None;
-        }
-        let first = off / PAGE * PAGE;
-        let pages = (end - first).div_ceil(PAGE);
-        let mut small = [0u8; 256];
-        let mut large = Vec::new();
-        let vec = if pages <= small.len() {
-            &mut small[..pages]
-        } else {
-            large.resize(pages, 0);
-            &mut large[..]
-        };
-        // SAFETY: [first, first + pages * PAGE) lies in the mapping (`end`
-        // is at most its page-rounded length), and `vec` has one byte per page.
-        let rc = unsafe { libc::mincore(m.ptr.add(first).cast(), pages * PAGE, vec.as_mut_ptr()) };
-        if rc != 0 || vec.iter().any(|&b| b & 1 == 0) {
-            return None;
-        }
-        // SAFETY: in the mapping, which lives as long as `self`; every page
-        // is resident, so reading does not wait for the device. The bytes
-        // may change only through writes the caller promises not to make
-        // meanwhile (see the trait).
-        Some(unsafe { std::slice::from_raw_parts(m.ptr.add(off), len) })
-    }
-    fn unmap_pages(&self) {
-        if let Some(m) = self.map.get().and_then(|m| m.as_ref()) {
-            // SAFETY: drops this process's page-table entries of our own
-            // read-only file mapping; the next access maps the file's page
-            // again (the file's content does not change).
-            unsafe { libc::madvise(m.ptr.cast(), m.len, libc::MADV_DONTNEED) };
-        }
     }
 }
 

@@ -44,10 +44,7 @@
 //! the time, in any order) and reads them in spans of up to 1 MiB, one
 //! `pread` each, with holes of at most 8 KiB inside a span (a neighbouring
 //! extent's header and records, not another extent's blocks); then it
-//! checks and decodes each block from its span. A span whose pages are all
-//! in the page cache is not read at all: its blocks are checked (crc32c)
-//! and decoded in place from a read-only mapping of the image
-//! ([`Backing::mapped`]), which saves the `pread` copy of warm reads.
+//! checks and decodes each block from its span.
 //!
 //! # Checkpoints
 //!
@@ -343,9 +340,6 @@ pub struct Stats {
     pub enospc: u64,
     /// Reads that found damaged data.
     pub corrupt_reads: u64,
-    /// Spans of stored blocks read in place from the image's mapping
-    /// (their pages in the page cache), with no `pread`.
-    pub mapped_reads: u64,
     /// Extents replayed at open.
     pub recovered_extents: u64,
 }
@@ -368,7 +362,6 @@ struct Counters {
     flushes: AtomicU64,
     enospc: AtomicU64,
     corrupt_reads: AtomicU64,
-    mapped_reads: AtomicU64,
     recovered_extents: AtomicU64,
 }
 
@@ -850,20 +843,11 @@ impl Engine {
                 j += 1;
             }
             let len = (hi - lo) as usize;
-            // In place when the span's pages are in memory, else one pread.
-            let span: &[u8] = match self.backing.mapped(lo, len) {
-                Some(m) => {
-                    self.counters.mapped_reads.fetch_add(1, Ordering::Relaxed);
-                    m
-                }
-                None => {
-                    if span.len() < len {
-                        span.resize(len, 0);
-                    }
-                    self.backing.read_at(&mut span[..len], lo)?;
-                    &span[..len]
-                }
-            };
+            if span.len() < len {
+                span.resize(len, 0);
+            }
+            let span = &mut span[..len];
+            self.backing.read_at(span, lo)?;
             for &(p, k) in &stored[i..j] {
                 let l = locs[k];
                 let a = (p - lo) as usize;
@@ -1698,13 +1682,6 @@ impl Engine {
 
     // ---- inspection ----------------------------------------------------
 
-    /// Lets go of the image pages reads have mapped ([`Backing::unmap_pages`]),
-    /// so that `posix_fadvise(DONTNEED)` can drop them from the page cache
-    /// (`ztier bench blk --cold`).
-    pub fn unmap_pages(&self) {
-        self.backing.unmap_pages();
-    }
-
     /// Current statistics.
     pub fn stats(&self) -> Stats {
         let st = self.state.lock();
@@ -1759,7 +1736,6 @@ impl Engine {
             flushes: g(&c.flushes),
             enospc: g(&c.enospc),
             corrupt_reads: g(&c.corrupt_reads),
-            mapped_reads: g(&c.mapped_reads),
             recovered_extents: g(&c.recovered_extents),
         }
     }

@@ -321,8 +321,6 @@ fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
         // One pass on one server: with `cold`, its image's cache dropped first.
         let mut pass = |uri: &str, img: &Path| -> Result<(f64, f64)> {
             if cold {
-                // ztier reads cached pages through a mapping: unmap them first.
-                engine.unmap_pages();
                 resident = resident.max(drop_cache(img)?);
             }
             fio(uri, &args)
