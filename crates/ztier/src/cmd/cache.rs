@@ -47,7 +47,7 @@ pub enum CacheCommand {
     /// they are acknowledged, never only to a cache. After a crash the
     /// cache keeps every line that checks out and that no later write
     /// made stale.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Statistics of a cache: of a served one, the server answers (its
     /// control socket) — hits and misses per level, fills, bypasses,
     /// evictions, compression, metadata bytes, latencies, the RAM
@@ -588,7 +588,7 @@ fn stats(a: StatsArgs) -> Result<i32> {
 pub fn run(c: CacheCommand) -> Result<i32> {
     match c {
         CacheCommand::Create(a) => create(a),
-        CacheCommand::Serve(a) => serve(a),
+        CacheCommand::Serve(a) => serve(*a),
         CacheCommand::Stats(a) => stats(a),
     }
 }
