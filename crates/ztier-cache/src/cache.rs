@@ -276,6 +276,8 @@ pub(crate) struct Inner {
     fills_pending: AtomicU64,
     /// Nanoseconds after `started` until which the remote rests (0: never).
     remote_rest_until: AtomicU64,
+    /// The remote tier's count of lost values at the last failed get.
+    remote_lost: AtomicU64,
     seq: Sequential,
     opts: CacheOptions,
     codec: CodecId,
@@ -667,7 +669,11 @@ impl Inner {
                 // Lost by the servers, or they are down or slow: ephemeral.
                 self.c.remote_errors.fetch_add(1, Ordering::Relaxed);
                 r.remove(key);
-                if t.elapsed() >= REMOTE_SLOW {
+                // A value the server no longer has is no sign of a server
+                // down or slow (the tier counts those as lost).
+                let lost = r.stats().lost;
+                let lost_before = self.remote_lost.swap(lost, Ordering::AcqRel);
+                if t.elapsed() >= REMOTE_SLOW && lost == lost_before {
                     let until = (self.started.elapsed() + REMOTE_REST).as_nanos() as u64;
                     self.remote_rest_until.store(until, Ordering::Release);
                     self.c.remote_rests.fetch_add(1, Ordering::Relaxed);
@@ -675,13 +681,7 @@ impl Inner {
                 Level::Miss
             }
         };
-        if let Some(t) = token {
-            if level == Level::Remote {
-                self.queue_fill(Fill { lba, data: out.to_vec(), token: t, write: false, ram_only: true });
-            } else {
-                self.cancel(lba, t);
-            }
-        }
+        self.promote(lba, token, level == Level::Remote, out);
         level
     }
 
@@ -708,6 +708,9 @@ impl Inner {
                 }
             }
             Ok(ItemRead::WouldBlock) => Level::WouldBlock,
+            // Recycled or dropped since the lookup (the line points
+            // elsewhere now or is gone): a miss, not a failure.
+            Ok(ItemRead::Gone) if self.dir.find_at(lba, f.loc).is_none() => Level::Miss,
             Ok(ItemRead::Gone) => {
                 self.c.verify_failures.fetch_add(1, Ordering::Relaxed);
                 self.drop_line(lba, f.loc);
@@ -719,14 +722,19 @@ impl Inner {
                 Level::Miss
             }
         };
-        if let Some(t) = token {
-            if level == Level::Ssd {
-                self.queue_fill(Fill { lba, data: out.to_vec(), token: t, write: false, ram_only: true });
-            } else {
-                self.cancel(lba, t);
-            }
-        }
+        self.promote(lba, token, level == Level::Ssd, out);
         level
+    }
+
+    /// Ends a lookup's reservation (`token`, taken before the level was
+    /// read): a hit (`data`) is queued to be kept in RAM, else given up.
+    fn promote(&self, lba: u64, token: Option<u64>, hit: bool, data: &[u8]) {
+        let Some(t) = token else { return };
+        if hit {
+            self.queue_fill(Fill { lba, data: data.to_vec(), token: t, write: false, ram_only: true });
+        } else {
+            self.cancel(lba, t);
+        }
     }
 
     /// Drops `lba`'s line if it still points at `loc`.
@@ -1246,6 +1254,7 @@ impl Cache {
             fill_tx: Mutex::new(Some(tx)),
             fills_pending: AtomicU64::new(0),
             remote_rest_until: AtomicU64::new(0),
+            remote_lost: AtomicU64::new(0),
             seq: Sequential::new(opts.sequential_cutoff),
             codec,
             c: Counters::default(),

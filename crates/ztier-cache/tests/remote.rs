@@ -112,6 +112,7 @@ fn remote_ram_cache_hits_loses_and_invalidates() {
     // A dead server: reads are answered from below; after a failed get
     // that waited, the remote rests (a second) instead of every miss
     // waiting for it.
+    assert_eq!(c.stats().remote.unwrap().rests, 0, "lost values do not rest the remote");
     let mut bed = bed;
     bed.servers[0].kill();
     let before = c.stats();

@@ -720,7 +720,7 @@ fn simple_replies_of_hits_and_misses() {
 }
 
 /// `ztier bench cache` end to end, tiny and short: its JSON has every row
-/// and the ratios.
+/// of both rounds, the ratios, the medians, each cell's load and notes.
 #[test]
 fn bench_cache_json() {
     for t in ["fio", "nbdkit"] {
@@ -728,7 +728,18 @@ fn bench_cache_json() {
     }
     let d = tmpdir("bench");
     let out = run(ztier()
-        .args(["bench", "cache", "--cache-size", "4M", "--ws", "1,2", "--data", "compressible"])
+        .args([
+            "bench",
+            "cache",
+            "--cache-size",
+            "4M",
+            "--ws",
+            "1",
+            "--rounds",
+            "2",
+            "--data",
+            "compressible",
+        ])
         .args(["--workloads", "randread", "--rows", "backing,nbdkit-cache,raw,lz4,lz4-ram"])
         .args(["--warmup", "1", "--runtime", "2", "--json", "--dir"])
         .arg(&d));
@@ -740,6 +751,8 @@ fn bench_cache_json() {
             assert!(r[k].is_number(), "{k}: {r}");
         }
         assert!(r["iops"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["load"][0].as_f64().unwrap() >= 0.0, "{r}");
+        assert_eq!(r["notes"], serde_json::json!([]), "a clean run: {r}");
         if r["row"] == "lz4" {
             let z = &r["ztier"];
             assert!(z["ratio"].as_f64().unwrap() > 1.3, "{r}");
@@ -750,6 +763,14 @@ fn bench_cache_json() {
         }
     }
     assert_eq!(v["ratios"].as_array().unwrap().len(), 4, "{v}");
+    let m = v["medians"].as_array().unwrap();
+    assert_eq!(m.len(), 5, "{v}");
+    for x in m {
+        assert_eq!(x["iops"].as_array().unwrap().len(), 2, "{x}");
+    }
+    let mr = v["median_ratios"].as_array().unwrap();
+    assert_eq!(mr.len(), 2, "{v}");
+    assert_eq!(mr[0]["iops_x"].as_array().unwrap().len(), 2, "{v}");
     std::fs::remove_dir_all(&d).unwrap();
 }
 

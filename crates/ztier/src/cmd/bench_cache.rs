@@ -644,7 +644,7 @@ fn run_row(
             let err = std::fs::read_to_string(&stderr_file).unwrap_or_default();
             notes.extend(
                 err.lines()
-                    .filter(|l| !l.is_empty() && !l.contains("serving at"))
+                    .filter(|l| !l.is_empty() && !ROUTINE.iter().any(|r| l.contains(r)))
                     .take(5)
                     .map(|l| format!("server stderr: {l}")),
             );
@@ -687,6 +687,9 @@ fn run_row(
         ztier: figures,
     })
 }
+
+/// What every `ztier cache serve` says on stderr (not notes).
+const ROUTINE: [&str; 4] = [" lines kept, ", "serving at ", ": stopping", "stopped after "];
 
 /// The machine's 1-minute load average.
 fn load_average() -> f64 {
