@@ -9,9 +9,11 @@
 //! page put) and the counts cost no round trip.
 //!
 //! ```text
-//!  store ──put──▶ PUT (not waited for; acknowledged later, at most
+//!  store ──put──▶ PUT (not waited for; queued, sent OUT_MAX bytes at a
+//!                 time or ahead of a GET; acknowledged later, at most
 //!                 WINDOW unacknowledged)       ──▶ proxy: RemoteTier::put
-//!        ◀─get─── GET, waits for its VALUE    ◀──       RemoteTier::get
+//!        ◀─get─── GET (the queue first), waits for its VALUE
+//!                                             ◀──       RemoteTier::get
 //!  a REFUSED put (no room anywhere) gives the page back: kept here
 //!  ("returned"), served from here, and puts fail (Full) for a while
 //! ```
@@ -37,6 +39,11 @@ use crate::wire::{self, op, reply, WireError, KEY, META};
 
 /// Puts sent and not yet acknowledged, at most.
 const WINDOW: usize = 64;
+/// Frames that wait for no answer (puts, removes) are held back until
+/// this many bytes are (or a request that waits for one goes out): one
+/// write, and one wake-up of the proxy, for several pages, rather than a
+/// switch to the proxy and back for each.
+const OUT_MAX: usize = 32 << 10;
 /// After a refused put, puts fail for this long (the store keeps its
 /// pages) before the proxy is tried again.
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
@@ -50,6 +57,8 @@ struct Client {
     /// Bytes read and not yet taken as frames.
     rbuf: Vec<u8>,
     wbuf: Vec<u8>,
+    /// Frames written and not yet sent (see `OUT_MAX`).
+    out: Vec<u8>,
     body: Vec<u8>,
     /// Puts not yet answered.
     unacked: usize,
@@ -76,6 +85,9 @@ pub struct ProxyTier {
     /// Gets from the proxy, as this process waits for them (the round
     /// trip to the proxy and the proxy's get).
     get_ns: Arc<Histogram>,
+    /// Puts as this process spent them (the frame sent, the answers come
+    /// taken, and a wait for them when `WINDOW` are unanswered).
+    put_ns: Arc<Histogram>,
 }
 
 fn io_err(msg: impl Into<String>) -> TierError {
@@ -95,10 +107,12 @@ impl ProxyTier {
             open: Arc::new(open),
             token,
             get_ns: Arc::new(Histogram::default()),
+            put_ns: Arc::new(Histogram::default()),
             st: Arc::new(Mutex::new(Client {
                 sock: None,
                 rbuf: Vec::new(),
                 wbuf: Vec::new(),
+                out: Vec::new(),
                 body: Vec::new(),
                 unacked: 0,
                 held: HashMap::new(),
@@ -126,6 +140,7 @@ impl ProxyTier {
     fn hello(&self, c: &mut Client) -> io::Result<()> {
         c.sock = Some((self.open)()?);
         c.rbuf.clear();
+        c.out.clear();
         c.unacked = 0;
         c.broken = None;
         let mut w = Vec::new();
@@ -153,7 +168,9 @@ impl ProxyTier {
     /// object: the proxy's (its tier's `StatsSnapshot`), and the gets as
     /// this process waited for them (`proxied_gets`,
     /// `proxied_get_p50_us`, `proxied_get_p99_us`: the round trip to the
-    /// proxy included).
+    /// proxy included), and the time a put took this process
+    /// (`proxied_put_p50_us`, `proxied_put_p99_us`: the send, and the
+    /// wait for answers when too many are outstanding).
     pub fn stats_json(&self) -> io::Result<String> {
         let mut c = self.lock();
         c.usable()?;
@@ -170,11 +187,15 @@ impl ProxyTier {
             }
         };
         let h = &self.get_ns;
+        let p = &self.put_ns;
         let mine = format!(
-            "\"proxied_gets\":{},\"proxied_get_p50_us\":{},\"proxied_get_p99_us\":{}",
+            "\"proxied_gets\":{},\"proxied_get_p50_us\":{},\"proxied_get_p99_us\":{},\
+             \"proxied_put_p50_us\":{},\"proxied_put_p99_us\":{}",
             h.count(),
             h.quantile(0.5) as f64 / 1000.0,
-            h.quantile(0.99) as f64 / 1000.0
+            h.quantile(0.99) as f64 / 1000.0,
+            p.quantile(0.5) as f64 / 1000.0,
+            p.quantile(0.99) as f64 / 1000.0
         );
         Ok(match text.trim_end().strip_suffix('}') {
             Some(head) if head.trim_end().ends_with('{') => format!("{head}{mine}}}"),
@@ -204,23 +225,46 @@ impl Client {
     /// The connection failed: closed, and said from now on.
     fn fail(&mut self, e: io::Error) -> io::Error {
         self.sock = None;
+        self.out.clear();
         let why = format!("the connection to the remote tier's proxy (the ztier run process) failed: {e}");
         self.broken = Some(why.clone());
         self.last_error = Some(why.clone());
         io::Error::other(why)
     }
 
+    /// Queues frame `b`; sent once `OUT_MAX` bytes are queued, or before
+    /// this process waits for an answer ([`Client::fill`]).
     fn send(&mut self, b: &[u8]) -> io::Result<()> {
+        if self.sock.is_none() {
+            return Err(self.fail(io::ErrorKind::NotConnected.into()));
+        }
+        self.out.extend_from_slice(b);
+        if self.out.len() >= OUT_MAX {
+            self.write_out().map_err(|e| self.fail(e))?;
+        }
+        Ok(())
+    }
+
+    /// Sends the frames queued.
+    fn write_out(&mut self) -> io::Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
         let r = match self.sock.as_mut() {
-            Some(s) => s.write_all(b),
+            Some(s) => s.write_all(&self.out),
             None => Err(io::ErrorKind::NotConnected.into()),
         };
-        r.map_err(|e| self.fail(e))
+        self.out.clear();
+        r
     }
 
     /// Reads more bytes into `rbuf`; `wait`: blocks until some come.
     /// Returns whether any came.
     fn fill(&mut self, wait: bool) -> io::Result<bool> {
+        if wait {
+            // What is waited for may be an answer to a frame queued.
+            self.write_out()?;
+        }
         let Some(s) = self.sock.as_mut() else { return Err(io::ErrorKind::NotConnected.into()) };
         let at = self.rbuf.len();
         self.rbuf.resize(at + (64 << 10), 0);
@@ -376,6 +420,7 @@ impl NextTier for ProxyTier {
         if c.refusing_until.is_some_and(|t| Instant::now() < t) {
             return Err(TierError::Full);
         }
+        let t = Instant::now();
         let mut w = std::mem::take(&mut c.wbuf);
         w.clear();
         wire::frame(&mut w, op::PUT, 0, &[&wire::key_bytes(key), &wire::meta_bytes(&meta), data]);
@@ -387,7 +432,11 @@ impl NextTier for ProxyTier {
             c.held_bytes -= old as u64;
         }
         c.held_bytes += data.len() as u64;
-        c.drain(WINDOW)?;
+        // Answers are looked for when frames went out (or too many wait).
+        if c.out.is_empty() || c.unacked > WINDOW {
+            c.drain(WINDOW)?;
+        }
+        self.put_ns.record(t.elapsed().as_nanos() as u64);
         Ok(())
     }
 
@@ -558,6 +607,8 @@ impl NextTier for ProxyTier {
         // Dropping the parent's connection closes the child's copy only.
         c.sock = None;
         c.rbuf.clear();
+        // The parent's frames not sent yet are the parent's to send.
+        c.out.clear();
         c.unacked = 0;
         c.held.clear();
         c.held_bytes = 0;
@@ -650,6 +701,55 @@ mod tests {
         // The connection is given up on, and says so.
         let e = t.put(key(4), meta(1), b"q").unwrap_err().to_string();
         assert!(e.contains("proxy") && e.contains("failed"), "{e}");
+        h.join().unwrap();
+    }
+
+    /// Puts are queued: none reaches the proxy until a request that
+    /// waits (here a get) goes out, and then all of them, in order,
+    /// ahead of it; `OUT_MAX` bytes of puts go out without one.
+    #[test]
+    fn puts_are_queued_until_a_get_or_enough_bytes() {
+        let (queued_tx, queued_rx) = std::sync::mpsc::channel::<()>();
+        let (seen_tx, seen_rx) = std::sync::mpsc::channel::<()>();
+        let big = vec![7u8; 4000];
+        let n_big = OUT_MAX / big.len() + 1;
+        let (t, h) = with_proxy(move |s| {
+            let mut body = Vec::new();
+            queued_rx.recv().unwrap();
+            s.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 1];
+            let e = s.read(&mut b).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "a put was sent before a get");
+            s.set_nonblocking(false).unwrap();
+            seen_tx.send(()).unwrap();
+            for i in 0..3 {
+                assert_eq!(wire::read_frame(s, &mut body).unwrap(), Some((op::PUT, 0)));
+                assert_eq!(wire::key_of(op::PUT, &body).unwrap(), key(i));
+                wire::write_frame(s, reply::ACK, 0, &[]).unwrap();
+            }
+            assert_eq!(wire::read_frame(s, &mut body).unwrap().map(|f| f.0), Some(op::GET));
+            wire::write_frame(s, reply::VALUE, 0, &[&wire::meta_bytes(&meta(3)), b"abc"]).unwrap();
+            // Then big puts, with no get: they go out on their own.
+            for i in 0..n_big as u32 {
+                assert_eq!(wire::read_frame(s, &mut body).unwrap(), Some((op::PUT, 0)));
+                assert_eq!(wire::key_of(op::PUT, &body).unwrap(), key(10 + i));
+            }
+            // Until the client goes away.
+            let _ = s.read(&mut [0u8; 1]);
+        });
+        for i in 0..3 {
+            t.put(key(i), meta(3), b"abc").unwrap();
+        }
+        queued_tx.send(()).unwrap();
+        // The proxy has looked (and found nothing) before the get.
+        seen_rx.recv().unwrap();
+        let mut out = Vec::new();
+        assert_eq!(t.get(key(1), &mut out, false).unwrap(), Some(meta(3)));
+        assert_eq!(out, b"abc");
+        for i in 0..n_big as u32 {
+            t.put(key(10 + i), meta(4000), &big).unwrap();
+        }
+        drop(t);
         h.join().unwrap();
     }
 

