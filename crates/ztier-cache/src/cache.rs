@@ -8,7 +8,11 @@
 //!               directory ─hit─► item on the cache device: checked (lba, crc), decoded ─► done
 //!                   │ miss                                    (and kept in RAM)
 //!                   ▼
+//!               remote RAM cache (--remote; Redis) ─hit─► sealed value checked, decoded ─► done
+//!                   │ miss, lost or unreachable                (and kept in RAM)
+//!                   ▼
 //!               backing read ─► done; fill queued ─► filler: compress, append, insert
+//!                                                    (and keep in RAM and the remote)
 //!
 //!  write ─► stripe: in flight += 1, lines dropped (directory, RAM)
 //!        ─► journal record "copies older than G are stale" (pwrite; synced with --journal-sync)
@@ -41,6 +45,23 @@
 //! clean stop seals, checkpoints and records a fingerprint of the backing;
 //! a crash on the same boot loses only the open segment; after a reboot
 //! the cache is kept only if it was served with `--journal-sync`.
+//!
+//! # The remote RAM cache
+//!
+//! With a [`Remote`] (`ztier cache serve --remote redis://...`), blocks
+//! filled into the RAM cache from the backing (read misses, write-through)
+//! are also given to a [`RemoteTier`]: compressed, sealed (MAC or
+//! encryption) and written to Redis by its flusher thread. It is
+//! cleancache's *ephemeral* pool on other machines' RAM (RAMster): the
+//! servers may lose any value (eviction, restart, a dead server), and a
+//! lost or unreachable value is a miss that the backing answers. It is
+//! looked up after the SSD cache (a local SSD hit is cheaper than a round
+//! trip) and never from the connection's thread. A write drops the
+//! block's entry from the tier's index under the stripe lock, as it drops
+//! the block's RAM and SSD lines, and fills put under the same lock with
+//! the same reservation: never stale. Values live only as long as the
+//! server process (the tier's run id is new each start); a clean stop
+//! deletes them.
 
 use std::collections::HashMap;
 use std::io;
@@ -55,6 +76,9 @@ use serde::Serialize;
 use ztier_blk::backing::Backing;
 use ztier_codec::page::{Form as PageForm, PageEncoder};
 use ztier_codec::CodecId;
+use ztier_remote::RemoteTier;
+use ztier_store::tier::{NextTier, SpillMeta};
+use ztier_store::Key;
 
 use crate::backend::Backend;
 use crate::dir::Directory;
@@ -113,6 +137,57 @@ pub struct CacheOptions {
     pub boot_id: Option<[u8; 16]>,
     /// The RAM cache's memory pressure watcher (`None`: fixed size).
     pub pressure: Option<PressureConfig>,
+    /// A remote RAM cache below the RAM cache (needs `ram_cache` > 0).
+    pub remote: Option<Remote>,
+}
+
+/// A remote RAM cache: blocks kept in Redis through a [`RemoteTier`]
+/// (which should not wait long for a get: a miss has the backing).
+#[derive(Clone)]
+pub struct Remote(pub Arc<RemoteTier>);
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.name())
+    }
+}
+
+/// The remote RAM cache's key of a block (its own pool number; the
+/// tier's values are named by run, so no other cache shares them).
+fn remote_key(lba: u64) -> Key {
+    Key { pool: 1, object: lba >> 16, index: (lba & 0xffff) as u32 }
+}
+
+/// A remote get that failed after this long (not a lost value: a server
+/// down or slow) rests the remote for [`REMOTE_REST`].
+const REMOTE_SLOW: Duration = Duration::from_millis(10);
+
+/// While the remote rests, misses go straight to the backing.
+const REMOTE_REST: Duration = Duration::from_secs(1);
+
+/// Queued bytes above which a fill is not given to the remote (a put
+/// would wait for the servers while the filler holds a stripe lock).
+const REMOTE_QUEUE_MAX: usize = 1 << 20;
+
+/// The remote RAM cache's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct RemoteStats {
+    /// The servers.
+    pub name: String,
+    /// Blocks read from it.
+    pub hits: u64,
+    /// Blocks given to it.
+    pub puts: u64,
+    /// Blocks not given to it: its queue to the servers was long.
+    pub skipped: u64,
+    /// Gets that failed (value lost, server down or slow): read from below.
+    pub errors: u64,
+    /// Times a slow failure rested the remote (no gets for a second).
+    pub rests: u64,
+    /// Blocks it holds (by its index; the servers may have lost some).
+    pub entries: usize,
+    /// The tier's own counters and latencies.
+    pub tier: ztier_remote::StatsSnapshot,
 }
 
 impl Default for CacheOptions {
@@ -129,6 +204,7 @@ impl Default for CacheOptions {
             seal_after: Duration::from_secs(5),
             boot_id: None,
             pressure: Some(PressureConfig::default()),
+            remote: None,
         }
     }
 }
@@ -198,6 +274,10 @@ pub(crate) struct Inner {
     watch: Arc<Watch>,
     fill_tx: Mutex<Option<SyncSender<Fill>>>,
     fills_pending: AtomicU64,
+    /// Nanoseconds after `started` until which the remote rests (0: never).
+    remote_rest_until: AtomicU64,
+    /// The remote tier's count of lost values at the last failed get.
+    remote_lost: AtomicU64,
     seq: Sequential,
     opts: CacheOptions,
     codec: CodecId,
@@ -490,6 +570,8 @@ fn decode(h: &format::ItemHeader, data: &[u8], out: &mut [u8]) -> Result<(), Str
 enum Level {
     Ram,
     Ssd,
+    /// The remote RAM cache.
+    Remote,
     Miss,
     /// In the SSD cache, but reading it would wait for the device.
     WouldBlock,
@@ -538,9 +620,73 @@ impl Inner {
                 return Level::Ram;
             }
         }
-        if self.ssd_off.load(Ordering::Acquire) {
-            return Level::Miss;
+        let ssd = if self.ssd_off.load(Ordering::Acquire) {
+            Level::Miss
+        } else {
+            self.ssd_lookup(lba, out, promote, nowait)
+        };
+        match (ssd, &self.opts.remote) {
+            // The remote only from a worker (it may wait for the network).
+            (Level::Miss, Some(r)) if !nowait && !self.remote_resting() => {
+                self.remote_lookup(&r.0, lba, out, promote)
+            }
+            (l, _) => l,
         }
+    }
+
+    /// Whether the remote rests after a slow failure.
+    fn remote_resting(&self) -> bool {
+        let until = self.remote_rest_until.load(Ordering::Acquire);
+        until != 0 && (self.started.elapsed().as_nanos() as u64) < until
+    }
+
+    /// Looks a block up in the remote RAM cache; a hit is kept in RAM
+    /// (`promote`), reserved before the value is read.
+    fn remote_lookup(&self, r: &RemoteTier, lba: u64, out: &mut [u8], promote: bool) -> Level {
+        let key = remote_key(lba);
+        let token = match (&self.ram, promote) {
+            (Some(_), true) => self.reserve(lba),
+            _ => None,
+        };
+        let mut v = Vec::new();
+        let t = Instant::now();
+        let level = match r.get(key, &mut v, false) {
+            Ok(Some(m)) => {
+                let ok = Form::try_from(m.tag).ok().is_some_and(|form| {
+                    let h = format::ItemHeader { lba, len: v.len() as u16, form, codec: self.codec as u8 };
+                    crc32c::crc32c(&v) == m.crc && decode(&h, &v, out).is_ok()
+                });
+                if ok {
+                    Level::Remote
+                } else {
+                    self.c.remote_errors.fetch_add(1, Ordering::Relaxed);
+                    r.remove(key);
+                    Level::Miss
+                }
+            }
+            Ok(None) => Level::Miss,
+            Err(_) => {
+                // Lost by the servers, or they are down or slow: ephemeral.
+                self.c.remote_errors.fetch_add(1, Ordering::Relaxed);
+                r.remove(key);
+                // A value the server no longer has is no sign of a server
+                // down or slow (the tier counts those as lost).
+                let lost = r.stats().lost;
+                let lost_before = self.remote_lost.swap(lost, Ordering::AcqRel);
+                if t.elapsed() >= REMOTE_SLOW && lost == lost_before {
+                    let until = (self.started.elapsed() + REMOTE_REST).as_nanos() as u64;
+                    self.remote_rest_until.store(until, Ordering::Release);
+                    self.c.remote_rests.fetch_add(1, Ordering::Relaxed);
+                }
+                Level::Miss
+            }
+        };
+        self.promote(lba, token, level == Level::Remote, out);
+        level
+    }
+
+    /// Looks a block up in the SSD cache (see [`Inner::lookup`]).
+    fn ssd_lookup(&self, lba: u64, out: &mut [u8], promote: bool, nowait: bool) -> Level {
         let Some(f) = self.dir.lookup(lba) else { return Level::Miss };
         // Reserved before the item is read: kept in RAM only if no write
         // of the block starts meanwhile.
@@ -562,6 +708,9 @@ impl Inner {
                 }
             }
             Ok(ItemRead::WouldBlock) => Level::WouldBlock,
+            // Recycled or dropped since the lookup (the line points
+            // elsewhere now or is gone): a miss, not a failure.
+            Ok(ItemRead::Gone) if self.dir.find_at(lba, f.loc).is_none() => Level::Miss,
             Ok(ItemRead::Gone) => {
                 self.c.verify_failures.fetch_add(1, Ordering::Relaxed);
                 self.drop_line(lba, f.loc);
@@ -573,14 +722,19 @@ impl Inner {
                 Level::Miss
             }
         };
-        if let Some(t) = token {
-            if level == Level::Ssd {
-                self.queue_fill(Fill { lba, data: out.to_vec(), token: t, write: false, ram_only: true });
-            } else {
-                self.cancel(lba, t);
-            }
-        }
+        self.promote(lba, token, level == Level::Ssd, out);
         level
+    }
+
+    /// Ends a lookup's reservation (`token`, taken before the level was
+    /// read): a hit (`data`) is queued to be kept in RAM, else given up.
+    fn promote(&self, lba: u64, token: Option<u64>, hit: bool, data: &[u8]) {
+        let Some(t) = token else { return };
+        if hit {
+            self.queue_fill(Fill { lba, data: data.to_vec(), token: t, write: false, ram_only: true });
+        } else {
+            self.cancel(lba, t);
+        }
     }
 
     /// Drops `lba`'s line if it still points at `loc`.
@@ -615,10 +769,50 @@ impl Inner {
         }
     }
 
+    /// Keeps a filled block in RAM and, unless it came from a cache level
+    /// (`ram_only`), in the remote RAM cache (`enc`: its encoding, if
+    /// made). Called under the block's stripe lock with its reservation.
+    fn keep(&self, f: &Fill, enc: Option<(Form, &[u8])>) {
+        let Some(ram) = &self.ram else { return };
+        if ram.put(f.lba, &f.data) {
+            self.c.ram_fills.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some(r) = &self.opts.remote else { return };
+        if f.ram_only {
+            return;
+        }
+        if r.0.pending().1 > REMOTE_QUEUE_MAX {
+            self.c.remote_skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut own = Vec::new();
+        let (form, data) = match enc {
+            Some(e) => e,
+            None => {
+                let form = encode(self.codec, &f.data, &mut own);
+                (form, &own[..])
+            }
+        };
+        let meta = SpillMeta {
+            tag: form as u8,
+            flags: 0,
+            len: data.len() as u16,
+            crc: crc32c::crc32c(data),
+            pattern: 0,
+        };
+        match r.0.put(remote_key(f.lba), meta, data) {
+            Ok(()) => self.c.remote_puts.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.c.remote_skipped.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
     /// A filler's work on one fill.
     fn fill(&self, f: Fill, buf: &mut Vec<u8>) {
         let ssd = !self.ssd_off.load(Ordering::Acquire) && !f.ram_only;
         let form = if ssd { encode(self.codec, &f.data, buf) } else { Form::Raw };
+        fn enc(ssd: bool, form: Form, buf: &[u8]) -> Option<(Form, &[u8])> {
+            ssd.then_some((form, buf))
+        }
         // Twice at most: with no free segment, recycle one and try again.
         for attempt in 0..2 {
             let mut sealed = None;
@@ -653,11 +847,7 @@ impl Inner {
                     st.fills.remove(&f.lba);
                 }
                 if !no_room || attempt == 1 {
-                    if let Some(ram) = &self.ram {
-                        if ram.put(f.lba, &f.data) {
-                            self.c.ram_fills.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
+                    self.keep(&f, enc(ssd, form, buf));
                 }
             }
             if let Some(s) = sealed {
@@ -672,11 +862,7 @@ impl Inner {
                     let mut st = self.stripe(f.lba).lock();
                     if st.fills.get(&f.lba) == Some(&f.token) {
                         st.fills.remove(&f.lba);
-                        if let Some(ram) = &self.ram {
-                            if ram.put(f.lba, &f.data) {
-                                self.c.ram_fills.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
+                        self.keep(&f, enc(ssd, form, buf));
                     }
                 }
                 return;
@@ -749,6 +935,9 @@ impl Inner {
             }
             if let Some(ram) = &self.ram {
                 ram.remove(b);
+            }
+            if let Some(r) = &self.opts.remote {
+                r.0.remove(remote_key(b));
             }
             drop(st);
             blocks.push(Writing { lba: b, alone, mark });
@@ -940,6 +1129,9 @@ impl Cache {
         backing: Arc<dyn Backend>,
         opts: CacheOptions,
     ) -> Result<Cache, CacheError> {
+        if opts.remote.is_some() && opts.ram_cache == 0 {
+            return Err(CacheError::Options("a remote RAM cache needs a RAM cache (--ram-cache)".into()));
+        }
         let t0 = Instant::now();
         let mut sb = read_superblock(&*dev)?;
         let codec = CodecId::try_from(sb.codec)
@@ -1061,6 +1253,8 @@ impl Cache {
             watch: Arc::new(Watch::default()),
             fill_tx: Mutex::new(Some(tx)),
             fills_pending: AtomicU64::new(0),
+            remote_rest_until: AtomicU64::new(0),
+            remote_lost: AtomicU64::new(0),
             seq: Sequential::new(opts.sequential_cutoff),
             codec,
             c: Counters::default(),
@@ -1172,7 +1366,7 @@ impl Cache {
         let bypass = i.seq.observe(off, len);
         let mut blk = vec![0u8; BLOCK];
         let mut missing: Vec<u64> = Vec::new();
-        let mut used_ssd = false;
+        let (mut used_ssd, mut used_remote) = (false, false);
         // Hits are copied into place; misses are listed.
         for b in first..first + n {
             let cacheable = i.cacheable(b);
@@ -1180,18 +1374,29 @@ impl Cache {
             match lvl {
                 Level::Miss | Level::WouldBlock => missing.push(b),
                 l => {
-                    if l == Level::Ram {
-                        i.c.ram_hits.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        i.c.ssd_hits.fetch_add(1, Ordering::Relaxed);
-                        used_ssd = true;
-                    }
+                    match l {
+                        Level::Ram => i.c.ram_hits.fetch_add(1, Ordering::Relaxed),
+                        Level::Remote => {
+                            used_remote = true;
+                            i.c.remote_hits.fetch_add(1, Ordering::Relaxed)
+                        }
+                        _ => {
+                            used_ssd = true;
+                            i.c.ssd_hits.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
                     copy_block(b, &blk, off, buf);
                 }
             }
         }
         if missing.is_empty() {
-            let h = if used_ssd { &i.lat.ssd_hit } else { &i.lat.ram_hit };
+            let h = if used_remote {
+                &i.lat.remote_hit
+            } else if used_ssd {
+                &i.lat.ssd_hit
+            } else {
+                &i.lat.ram_hit
+            };
             h.record(t.elapsed());
             return Ok(());
         }
@@ -1259,7 +1464,7 @@ impl Cache {
             match i.lookup(b, &mut blk, !bypass, true) {
                 Level::Ram => ram += 1,
                 Level::Ssd => ssd += 1,
-                Level::Miss | Level::WouldBlock => return None,
+                Level::Remote | Level::Miss | Level::WouldBlock => return None,
             }
             copy_block(b, &blk, off, buf);
         }
@@ -1415,6 +1620,11 @@ impl Cache {
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
+        if let Some(r) = &i.opts.remote {
+            // Its values are of this process only: deleted (what cannot be
+            // now stays until `ztier remote gc`).
+            r.0.close();
+        }
         if !clean {
             return Ok(());
         }
@@ -1465,7 +1675,8 @@ impl Cache {
         let ram = i.ram.as_ref().map(|r| r.stats());
         let read_blocks = g(&c.read_blocks);
         let (rh, sh, m) = (g(&c.ram_hits), g(&c.ssd_hits), g(&c.misses));
-        let lookups = (rh + sh + m).max(1) as f64;
+        let remh = g(&c.remote_hits);
+        let lookups = (rh + sh + remh + m).max(1) as f64;
         let ratio = if ls.stored_bytes == 0 { 1.0 } else { ls.logical_bytes as f64 / ls.stored_bytes as f64 };
         let metadata = i.dir.memory_bytes()
             + i.log.memory_bytes()
@@ -1496,7 +1707,7 @@ impl Cache {
             ram_hits: rh,
             ssd_hits: sh,
             misses: m,
-            hit_ratio: (rh + sh) as f64 / lookups,
+            hit_ratio: (rh + sh + remh) as f64 / lookups,
             ram_hit_ratio: rh as f64 / lookups,
             ssd_hit_ratio: sh as f64 / lookups,
             ssd_fills: g(&c.ssd_fills),
@@ -1530,9 +1741,20 @@ impl Cache {
             journal: i.journal.stats(),
             ram,
             pressure: i.ram.as_ref().map(|_| i.watch.stats()),
+            remote: i.opts.remote.as_ref().map(|r| RemoteStats {
+                name: r.0.name(),
+                hits: remh,
+                puts: g(&c.remote_puts),
+                skipped: g(&c.remote_skipped),
+                errors: g(&c.remote_errors),
+                rests: g(&c.remote_rests),
+                entries: r.0.entries(),
+                tier: r.0.stats(),
+            }),
             latency: LatencyStats {
                 ram_hit: summary(&i.lat.ram_hit),
                 ssd_hit: summary(&i.lat.ssd_hit),
+                remote_hit: summary(&i.lat.remote_hit),
                 miss: summary(&i.lat.miss),
                 write: summary(&i.lat.write),
             },
@@ -1567,6 +1789,8 @@ pub struct LatencyStats {
     pub ram_hit: LatencySummary,
     /// Reads served from the caches, the SSD cache among them.
     pub ssd_hit: LatencySummary,
+    /// Reads served from the caches, the remote RAM cache among them.
+    pub remote_hit: LatencySummary,
     /// Reads that went to the backing.
     pub miss: LatencySummary,
     /// Writes.
@@ -1682,6 +1906,8 @@ pub struct CacheStats {
     pub ram: Option<RamStats>,
     /// Its memory pressure watcher.
     pub pressure: Option<PressureStats>,
+    /// The remote RAM cache (`--remote`).
+    pub remote: Option<RemoteStats>,
     /// Latencies.
     pub latency: LatencyStats,
     /// How the cache came up.

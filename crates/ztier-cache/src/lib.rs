@@ -74,6 +74,9 @@ pub enum CacheError {
     /// The cache device failed.
     #[error("cache device: {0}")]
     Io(#[from] io::Error),
+    /// Options that do not go together.
+    #[error("{0}")]
+    Options(String),
 }
 
 fn blk_err(e: io::Error) -> BlkError {

@@ -384,40 +384,51 @@ impl Log {
         if idx >= self.sb.segments {
             return Ok(ItemRead::Gone);
         }
-        let state = self.state[idx as usize].load(Ordering::Acquire);
-        let seq = self.seqs[idx as usize].load(Ordering::Acquire);
         let ss = self.sb.segment_size as usize;
         let len = (ITEM_HEADER + BLOCK).min(ss - off);
         let mut b = vec![0u8; len];
-        match state {
-            OPEN => {
-                let st = self.st.lock();
-                match &st.open {
-                    Some(o) if o.idx == idx => b.copy_from_slice(&o.buf[off..off + len]),
-                    _ => return Ok(ItemRead::Gone),
-                }
-            }
-            WRITING => match self.writing.lock().get(&idx) {
-                Some(buf) => b.copy_from_slice(&buf[off..off + len]),
-                None => return Ok(ItemRead::Gone),
-            },
-            SEALED => {
-                let at = self.sb.segment_offset(idx) + off as u64;
-                let r = if nowait {
-                    match self.dev.read_at_nowait(&mut b, at) {
-                        Some(r) => r,
-                        None => return Ok(ItemRead::WouldBlock),
+        // A segment sealed (open → writing) or written (writing → sealed)
+        // between the state's load and the copy is read again from where
+        // it is now: the item is still there.
+        let mut tries = 0;
+        let seq = loop {
+            tries += 1;
+            let state = self.state[idx as usize].load(Ordering::Acquire);
+            let seq = self.seqs[idx as usize].load(Ordering::Acquire);
+            let moved_on = |now: u8| tries < 3 && self.state[idx as usize].load(Ordering::Acquire) == now;
+            match state {
+                OPEN => {
+                    let st = self.st.lock();
+                    match &st.open {
+                        Some(o) if o.idx == idx => b.copy_from_slice(&o.buf[off..off + len]),
+                        _ if moved_on(WRITING) || moved_on(SEALED) => continue,
+                        _ => return Ok(ItemRead::Gone),
                     }
-                } else {
-                    self.dev.read_at(&mut b, at)
-                };
-                if let Err(e) = r {
-                    self.read_errors.fetch_add(1, Ordering::Relaxed);
-                    return Err(e);
                 }
+                WRITING => match self.writing.lock().get(&idx) {
+                    Some(buf) => b.copy_from_slice(&buf[off..off + len]),
+                    None if moved_on(SEALED) => continue,
+                    None => return Ok(ItemRead::Gone),
+                },
+                SEALED => {
+                    let at = self.sb.segment_offset(idx) + off as u64;
+                    let r = if nowait {
+                        match self.dev.read_at_nowait(&mut b, at) {
+                            Some(r) => r,
+                            None => return Ok(ItemRead::WouldBlock),
+                        }
+                    } else {
+                        self.dev.read_at(&mut b, at)
+                    };
+                    if let Err(e) = r {
+                        self.read_errors.fetch_add(1, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
+                _ => return Ok(ItemRead::Gone),
             }
-            _ => return Ok(ItemRead::Gone),
-        }
+            break seq;
+        };
         match format::get_item(&b, seq) {
             Ok((h, _)) if h.lba == lba => Ok(ItemRead::Found(h, b)),
             _ => Ok(ItemRead::Gone),

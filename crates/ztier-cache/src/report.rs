@@ -40,7 +40,12 @@ impl Report for CacheReport {
         let l = [("cache", self.path.as_str())];
         let with = |k: &'static str, v: &'static str| [l[0], (k, v)];
         self.server.prometheus(w, "cache", &l);
-        for (r, n) in [("ram_hit", s.ram_hits), ("ssd_hit", s.ssd_hits), ("miss", s.misses)] {
+        for (r, n) in [
+            ("ram_hit", s.ram_hits),
+            ("ssd_hit", s.ssd_hits),
+            ("remote_hit", s.remote.as_ref().map_or(0, |r| r.hits)),
+            ("miss", s.misses),
+        ] {
             w.counter(
                 "cache_blocks_read_total",
                 "blocks read, by where they came from",
@@ -139,7 +144,9 @@ impl Report for CacheReport {
             );
         }
         let lat = self.cache.latencies();
-        for (lv, h) in [("ram", &lat.ram_hit), ("ssd", &lat.ssd_hit), ("miss", &lat.miss)] {
+        for (lv, h) in
+            [("ram", &lat.ram_hit), ("ssd", &lat.ssd_hit), ("remote", &lat.remote_hit), ("miss", &lat.miss)]
+        {
             w.histogram(
                 "cache_read_service_seconds",
                 "read served inside the server, by level",

@@ -46,6 +46,16 @@ pub struct Counters {
     pub ram_hits: AtomicU64,
     /// Blocks served from the SSD cache.
     pub ssd_hits: AtomicU64,
+    /// Blocks found in the remote RAM cache (`--remote`).
+    pub remote_hits: AtomicU64,
+    /// Blocks given to the remote RAM cache.
+    pub remote_puts: AtomicU64,
+    /// Blocks not given to it because its queue to the servers was long.
+    pub remote_skipped: AtomicU64,
+    /// Remote gets that failed (server down, value lost): served from below.
+    pub remote_errors: AtomicU64,
+    /// Times a slow failure rested the remote.
+    pub remote_rests: AtomicU64,
     /// Blocks read from the backing.
     pub misses: AtomicU64,
     /// Blocks put into the SSD cache.
@@ -92,6 +102,8 @@ pub struct Latencies {
     pub ram_hit: Histogram,
     /// Read requests served from the caches, some block from the SSD cache.
     pub ssd_hit: Histogram,
+    /// Reads with a block from the remote RAM cache (none from the backing).
+    pub remote_hit: Histogram,
     /// Read requests that went to the backing.
     pub miss: Histogram,
     /// Write requests.

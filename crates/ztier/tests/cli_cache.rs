@@ -720,7 +720,7 @@ fn simple_replies_of_hits_and_misses() {
 }
 
 /// `ztier bench cache` end to end, tiny and short: its JSON has every row
-/// and the ratios.
+/// of both rounds, the ratios, the medians, each cell's load and notes.
 #[test]
 fn bench_cache_json() {
     for t in ["fio", "nbdkit"] {
@@ -728,7 +728,18 @@ fn bench_cache_json() {
     }
     let d = tmpdir("bench");
     let out = run(ztier()
-        .args(["bench", "cache", "--cache-size", "4M", "--ws", "1,2", "--data", "compressible"])
+        .args([
+            "bench",
+            "cache",
+            "--cache-size",
+            "4M",
+            "--ws",
+            "1",
+            "--rounds",
+            "2",
+            "--data",
+            "compressible",
+        ])
         .args(["--workloads", "randread", "--rows", "backing,nbdkit-cache,raw,lz4,lz4-ram"])
         .args(["--warmup", "1", "--runtime", "2", "--json", "--dir"])
         .arg(&d));
@@ -740,6 +751,8 @@ fn bench_cache_json() {
             assert!(r[k].is_number(), "{k}: {r}");
         }
         assert!(r["iops"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["load"][0].as_f64().unwrap() >= 0.0, "{r}");
+        assert_eq!(r["notes"], serde_json::json!([]), "a clean run: {r}");
         if r["row"] == "lz4" {
             let z = &r["ztier"];
             assert!(z["ratio"].as_f64().unwrap() > 1.3, "{r}");
@@ -750,5 +763,72 @@ fn bench_cache_json() {
         }
     }
     assert_eq!(v["ratios"].as_array().unwrap().len(), 4, "{v}");
+    let m = v["medians"].as_array().unwrap();
+    assert_eq!(m.len(), 5, "{v}");
+    for x in m {
+        assert_eq!(x["iops"].as_array().unwrap().len(), 2, "{x}");
+    }
+    let mr = v["median_ratios"].as_array().unwrap();
+    assert_eq!(mr.len(), 2, "{v}");
+    assert_eq!(mr[0]["iops_x"].as_array().unwrap().len(), 2, "{v}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// `serve --remote` with a real redis-server on a loopback port: a
+/// second whole read finds the blocks the small RAM and SSD caches let go
+/// in Redis; `--remote` without `--ram-cache`, or with no server there, is
+/// refused with a clear message.
+#[test]
+fn serve_with_a_remote_ram_cache() {
+    use ztier_remote::testbed::{Options, Testbed};
+    let bed = Testbed::single(&Options::default()).expect("starting redis-server");
+    let d = tmpdir("remote");
+    let img = d.join("backing.img");
+    let want = text(8 << 20, 5);
+    std::fs::write(&img, &want).unwrap();
+    let cache = create_cache(&d, "1M", &[]);
+    let stats = d.join("stats.json");
+    let srv = serve(
+        &d,
+        &cache,
+        img.to_str().unwrap(),
+        &[
+            "--ram-cache",
+            "256K",
+            "--remote",
+            &bed.url(),
+            "--remote-encrypt",
+            "off",
+            "--sequential-cutoff",
+            "0",
+            "--stats",
+            stats.to_str().unwrap(),
+        ],
+    );
+    assert!(read_all(&d, &srv.uri()) == want, "first read");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(read_all(&d, &srv.uri()) == want, "second read");
+    assert_eq!(srv.stop().code(), Some(0));
+    let st = stats_file(&d);
+    let r = &st["remote"];
+    assert!(r["puts"].as_u64().unwrap() > 1000, "{r}");
+    assert!(r["hits"].as_u64().unwrap() > 500, "most of the second read from Redis: {st}");
+    assert!(st["latency"]["remote_hit"]["count"].as_u64().unwrap() > 0, "{st}");
+
+    let refused = |extra: &[&str], says: &str| {
+        let out = ztier()
+            .args(["cache", "serve", "--backing", img.to_str().unwrap(), "--cache"])
+            .arg(&cache)
+            .arg("--socket")
+            .arg(d.join("refused.sock"))
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{extra:?}: {err}");
+    };
+    refused(&["--remote", &bed.url()], "--ram-cache");
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    refused(&["--ram-cache", "1M", "--remote", &format!("redis://127.0.0.1:{free}")], "--remote");
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -16,6 +16,13 @@
 //! The hit ratio of every row is measured the same way: 1 − the 4K
 //! blocks the backing was asked to read after the ramp / the blocks the
 //! client read after the ramp (from the log filter's timestamps).
+//!
+//! With `--rounds N` every point is run N times, the rows interleaved
+//! (round 1 of every row, then round 2, …), and the report adds each
+//! row's medians and the medians of the per-round paired ratios. Each
+//! cell records the machine's load average when it started and ended,
+//! and anything unusual its ztier server reported (errors, a degraded
+//! cache device, its stderr).
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -68,6 +75,9 @@ pub struct CacheBenchArgs {
     /// Folder for images, caches and sockets (default: a new one under TMPDIR).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
+    /// Runs of every point, the rows interleaved; medians reported.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub rounds: u32,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -84,6 +94,13 @@ pub struct Row {
     pub ws: u64,
     /// Row name.
     pub row: String,
+    /// Round (1-based; rows of one round ran back to back).
+    pub round: u32,
+    /// The machine's 1-minute load average when the cell started and ended.
+    pub load: [f64; 2],
+    /// Anything unusual the cell showed (server errors, a degraded
+    /// cache device, the server's stderr); empty when it ran clean.
+    pub notes: Vec<String>,
     /// 1 − backing reads / client reads, after the ramp.
     pub hit_ratio: f64,
     /// Read + write IOPS after the ramp.
@@ -120,6 +137,18 @@ pub struct ZtierFigures {
     pub ssd_hit_p50_us: f64,
     /// Fills dropped for want of a free segment.
     pub fills_dropped_space: u64,
+    /// Fills dropped because the fill queue was full.
+    pub fills_dropped_queue: u64,
+    /// Blocks answered from RAM, from the SSD cache, from the backing.
+    pub ram_hits: u64,
+    /// See `ram_hits`.
+    pub ssd_hits: u64,
+    /// See `ram_hits`.
+    pub misses: u64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// Lines a fill evicted from a full set.
+    pub conflict_evictions: u64,
 }
 
 /// Compressed against uncompressed at one point.
@@ -139,6 +168,58 @@ pub struct Ratio {
     pub hit_ratio_x: f64,
     /// Its IOPS / the peer's.
     pub iops_x: f64,
+    /// The round both ran in.
+    pub round: u32,
+}
+
+/// One row at one point over every round.
+#[derive(Debug, Serialize)]
+pub struct Median {
+    /// Data set.
+    pub data: String,
+    /// Workload.
+    pub workload: String,
+    /// Working set / cache size.
+    pub ws: u64,
+    /// Row name.
+    pub row: String,
+    /// Hit ratio per round.
+    pub hit_ratios: Vec<f64>,
+    /// IOPS per round.
+    pub iops: Vec<f64>,
+    /// Median hit ratio.
+    pub hit_ratio: f64,
+    /// Median IOPS.
+    pub iops_median: f64,
+    /// Median read p50, µs.
+    pub read_p50_us: f64,
+    /// Median read p99, µs.
+    pub read_p99_us: f64,
+    /// Median CPU %.
+    pub cpu_pct: f64,
+}
+
+/// Paired ratios of one row against a peer over every round.
+#[derive(Debug, Serialize)]
+pub struct MedianRatio {
+    /// Data set.
+    pub data: String,
+    /// Workload.
+    pub workload: String,
+    /// Working set / cache size.
+    pub ws: u64,
+    /// Row compared.
+    pub row: String,
+    /// The peer.
+    pub peer: String,
+    /// Hit ratio / the peer's, per round.
+    pub hit_ratio_x: Vec<f64>,
+    /// IOPS / the peer's, per round.
+    pub iops_x: Vec<f64>,
+    /// Median of `hit_ratio_x`.
+    pub hit_ratio_x_median: f64,
+    /// Median of `iops_x`.
+    pub iops_x_median: f64,
 }
 
 /// The report.
@@ -156,8 +237,14 @@ pub struct CacheBenchReport {
     pub runtime_s: u64,
     /// Every row.
     pub rows: Vec<Row>,
-    /// Compressed vs uncompressed.
+    /// Compressed vs uncompressed, per round.
     pub ratios: Vec<Ratio>,
+    /// Rounds per point.
+    pub rounds: u32,
+    /// Each row's medians over the rounds.
+    pub medians: Vec<Median>,
+    /// The paired ratios' medians over the rounds.
+    pub median_ratios: Vec<MedianRatio>,
 }
 
 /// A child process, ended by PID when dropped (SIGTERM, then SIGKILL after 10 s).
@@ -456,9 +543,12 @@ fn run_row(
     workload: &str,
     ws_x: u64,
     row: &str,
+    round: u32,
     cache_size: u64,
     ram: u64,
 ) -> Result<Row> {
+    let load_start = load_average();
+    let mut notes = Vec::new();
     let bsock = dir.join("backing.sock");
     let log = dir.join("backing.log");
     let cow = workload != "randread";
@@ -468,6 +558,8 @@ fn run_row(
     let _ = std::fs::remove_file(&csock);
     let stats_file = dir.join("ztier-stats.json");
     let _ = std::fs::remove_file(&stats_file);
+    let stderr_file = dir.join("ztier-stderr.txt");
+    let _ = std::fs::remove_file(&stderr_file);
     let ztier = std::env::current_exe()?;
     let mut server: Option<Kid> = None;
     match row {
@@ -507,7 +599,7 @@ fn run_row(
             if row == "lz4-ram" {
                 c.arg("--ram-cache").arg(ram.to_string());
             }
-            c.stderr(Stdio::null());
+            c.stderr(std::fs::File::create(&stderr_file)?);
             let mut k = Kid::spawn(c, "ztier cache serve")?;
             wait_for(&csock, &mut k)?;
             server = Some(k);
@@ -536,6 +628,26 @@ fn run_row(
         k.stop()?;
         if row.starts_with("raw") || row.starts_with("lz4") {
             let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats_file)?)?;
+            let n = |k: &str| s[k].as_u64().unwrap_or(0);
+            for k in
+                ["errors", "verify_failures", "cache_read_errors", "cache_write_errors", "backing_errors"]
+            {
+                if n(k) > 0 {
+                    notes.push(format!("server {k}: {}", n(k)));
+                }
+            }
+            for k in ["degraded", "writes_refused"] {
+                if let Some(why) = s[k].as_str() {
+                    notes.push(format!("server {k}: {why}"));
+                }
+            }
+            let err = std::fs::read_to_string(&stderr_file).unwrap_or_default();
+            notes.extend(
+                err.lines()
+                    .filter(|l| !l.is_empty() && !ROUTINE.iter().any(|r| l.contains(r)))
+                    .take(5)
+                    .map(|l| format!("server stderr: {l}")),
+            );
             figures = Some(ZtierFigures {
                 hit_ratio: s["hit_ratio"].as_f64().unwrap_or(0.0),
                 ratio: s["ratio"].as_f64().unwrap_or(0.0),
@@ -543,7 +655,13 @@ fn run_row(
                 metadata_bytes_per_cached_block: s["metadata_bytes_per_cached_block"].as_f64().unwrap_or(0.0),
                 ram_hit_p50_us: s["latency"]["ram_hit"]["p50_us"].as_f64().unwrap_or(0.0),
                 ssd_hit_p50_us: s["latency"]["ssd_hit"]["p50_us"].as_f64().unwrap_or(0.0),
-                fills_dropped_space: s["fills_dropped_space"].as_u64().unwrap_or(0),
+                fills_dropped_space: n("fills_dropped_space"),
+                fills_dropped_queue: n("fills_dropped_queue"),
+                ram_hits: n("ram_hits"),
+                ssd_hits: n("ssd_hits"),
+                misses: n("misses"),
+                checkpoints: n("checkpoints"),
+                conflict_evictions: n("conflict_evictions"),
             });
         }
     }
@@ -556,6 +674,9 @@ fn run_row(
         workload: workload.into(),
         ws: ws_x,
         row: row.into(),
+        round,
+        load: [load_start, load_average()],
+        notes,
         hit_ratio,
         iops: f.iops,
         read_p50_us: f.read_p50,
@@ -565,6 +686,27 @@ fn run_row(
         cpu_pct,
         ztier: figures,
     })
+}
+
+/// What every `ztier cache serve` says on stderr (not notes).
+const ROUTINE: [&str; 4] = [" lines kept, ", "serving at ", ": stopping", "stopped after "];
+
+/// The machine's 1-minute load average.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(0.0)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 fn list(s: &str) -> Vec<String> {
@@ -601,18 +743,24 @@ pub fn run(a: CacheBenchArgs) -> Result<i32> {
             make_image(&data, &img, max_ws * cache_size, &dir)?;
             for workload in list(&a.workloads) {
                 for &w in &ws {
-                    for row in list(&a.rows) {
-                        if !a.json {
-                            eprint!("bench cache: {data} {workload} {w}x {row} … ");
+                    for round in 1..=a.rounds {
+                        for row in list(&a.rows) {
+                            if !a.json {
+                                eprint!("bench cache: {data} {workload} {w}x {row} (round {round}) … ");
+                            }
+                            let r =
+                                run_row(&a, &dir, &img, &data, &workload, w, &row, round, cache_size, ram)?;
+                            if !a.json {
+                                eprintln!(
+                                    "hit {:.3}, {:.0} IOPS, read p50 {:.0} µs, load {:.1}–{:.1}",
+                                    r.hit_ratio, r.iops, r.read_p50_us, r.load[0], r.load[1]
+                                );
+                                for n in &r.notes {
+                                    eprintln!("bench cache:   {n}");
+                                }
+                            }
+                            rows.push(r);
                         }
-                        let r = run_row(&a, &dir, &img, &data, &workload, w, &row, cache_size, ram)?;
-                        if !a.json {
-                            eprintln!(
-                                "hit {:.3}, {:.0} IOPS, read p50 {:.0} µs",
-                                r.hit_ratio, r.iops, r.read_p50_us
-                            );
-                        }
-                        rows.push(r);
                     }
                 }
             }
@@ -621,10 +769,13 @@ pub fn run(a: CacheBenchArgs) -> Result<i32> {
         let mut ratios = Vec::new();
         for peer in ["nbdkit-cache", "raw"] {
             for r in rows.iter().filter(|r| r.row == "lz4" || r.row == "lz4-direct") {
-                if let Some(k) = rows
-                    .iter()
-                    .find(|k| k.row == peer && k.data == r.data && k.workload == r.workload && k.ws == r.ws)
-                {
+                if let Some(k) = rows.iter().find(|k| {
+                    k.row == peer
+                        && k.data == r.data
+                        && k.workload == r.workload
+                        && k.ws == r.ws
+                        && k.round == r.round
+                }) {
                     ratios.push(Ratio {
                         data: r.data.clone(),
                         workload: r.workload.clone(),
@@ -633,11 +784,61 @@ pub fn run(a: CacheBenchArgs) -> Result<i32> {
                         peer: peer.to_string(),
                         hit_ratio_x: if k.hit_ratio > 0.0 { r.hit_ratio / k.hit_ratio } else { 0.0 },
                         iops_x: if k.iops > 0.0 { r.iops / k.iops } else { 0.0 },
+                        round: r.round,
                     });
                 }
             }
         }
+        let same =
+            |x: &Row, y: &Row| x.data == y.data && x.workload == y.workload && x.ws == y.ws && x.row == y.row;
+        let mut medians: Vec<Median> = Vec::new();
+        for r in rows.iter().filter(|r| r.round == 1) {
+            let all: Vec<&Row> = rows.iter().filter(|x| same(x, r)).collect();
+            let m = |f: &dyn Fn(&Row) -> f64| median(&all.iter().map(|x| f(x)).collect::<Vec<_>>());
+            medians.push(Median {
+                data: r.data.clone(),
+                workload: r.workload.clone(),
+                ws: r.ws,
+                row: r.row.clone(),
+                hit_ratios: all.iter().map(|x| x.hit_ratio).collect(),
+                iops: all.iter().map(|x| x.iops).collect(),
+                hit_ratio: m(&|x| x.hit_ratio),
+                iops_median: m(&|x| x.iops),
+                read_p50_us: m(&|x| x.read_p50_us),
+                read_p99_us: m(&|x| x.read_p99_us),
+                cpu_pct: m(&|x| x.cpu_pct),
+            });
+        }
+        let mut median_ratios: Vec<MedianRatio> = Vec::new();
+        for r in ratios.iter().filter(|r| r.round == 1) {
+            let all: Vec<&Ratio> = ratios
+                .iter()
+                .filter(|x| {
+                    x.data == r.data
+                        && x.workload == r.workload
+                        && x.ws == r.ws
+                        && x.row == r.row
+                        && x.peer == r.peer
+                })
+                .collect();
+            let hit_ratio_x: Vec<f64> = all.iter().map(|x| x.hit_ratio_x).collect();
+            let iops_x: Vec<f64> = all.iter().map(|x| x.iops_x).collect();
+            median_ratios.push(MedianRatio {
+                data: r.data.clone(),
+                workload: r.workload.clone(),
+                ws: r.ws,
+                row: r.row.clone(),
+                peer: r.peer.clone(),
+                hit_ratio_x_median: median(&hit_ratio_x),
+                iops_x_median: median(&iops_x),
+                hit_ratio_x,
+                iops_x,
+            });
+        }
         Ok(CacheBenchReport {
+            rounds: a.rounds,
+            medians,
+            median_ratios,
             cache_size,
             zipf: a.zipf,
             delay: a.delay.clone(),
@@ -672,8 +873,8 @@ pub fn run(a: CacheBenchArgs) -> Result<i32> {
             writeln!(out, "\n{} data, {}", x.data, x.workload)?;
             writeln!(
                 out,
-                "{:>3} {:<13} {:>6} {:>9} {:>9} {:>9} {:>6} {:>6} {:>9}",
-                "ws", "row", "hit", "IOPS", "p50 µs", "p99 µs", "CPU%", "ratio", "RAM p50"
+                "{:>3} {:<13} {:>5} {:>6} {:>9} {:>9} {:>9} {:>6} {:>6} {:>9} {:>11}",
+                "ws", "row", "round", "hit", "IOPS", "p50 µs", "p99 µs", "CPU%", "ratio", "RAM p50", "load"
             )?;
             last = (x.data.clone(), x.workload.clone());
         }
@@ -685,17 +886,64 @@ pub fn run(a: CacheBenchArgs) -> Result<i32> {
         });
         writeln!(
             out,
-            "{:>2}x {:<13} {:>6.3} {:>9.0} {:>9.0} {:>9.0} {:>6.1} {:>6} {:>9}",
-            x.ws, x.row, x.hit_ratio, x.iops, x.read_p50_us, x.read_p99_us, x.cpu_pct, ratio, ramp50
+            "{:>2}x {:<13} {:>5} {:>6.3} {:>9.0} {:>9.0} {:>9.0} {:>6.1} {:>6} {:>9} {:>11}",
+            x.ws,
+            x.row,
+            x.round,
+            x.hit_ratio,
+            x.iops,
+            x.read_p50_us,
+            x.read_p99_us,
+            x.cpu_pct,
+            ratio,
+            ramp50,
+            format!("{:.1}–{:.1}", x.load[0], x.load[1])
         )?;
+        for n in &x.notes {
+            writeln!(out, "    note: {n}")?;
+        }
     }
     if !r.ratios.is_empty() {
         writeln!(out, "\ncompressed / uncompressed of the same size, same run")?;
         for x in &r.ratios {
             writeln!(
                 out,
-                "{} {} {}x {:<10} vs {:<12}: hit ratio {:.2}x, IOPS {:.2}x",
-                x.data, x.workload, x.ws, x.row, x.peer, x.hit_ratio_x, x.iops_x
+                "{} {} {}x {:<10} vs {:<12} (round {}): hit ratio {:.2}x, IOPS {:.2}x",
+                x.data, x.workload, x.ws, x.row, x.peer, x.round, x.hit_ratio_x, x.iops_x
+            )?;
+        }
+    }
+    if r.rounds > 1 {
+        writeln!(out, "\nmedians of {} rounds", r.rounds)?;
+        for x in &r.medians {
+            writeln!(
+                out,
+                "{} {} {}x {:<13} hit {:.3}, IOPS {:.0}, read p50 {:.0} µs, p99 {:.0} µs, CPU {:.1}%",
+                x.data,
+                x.workload,
+                x.ws,
+                x.row,
+                x.hit_ratio,
+                x.iops_median,
+                x.read_p50_us,
+                x.read_p99_us,
+                x.cpu_pct
+            )?;
+        }
+        for x in &r.median_ratios {
+            let l = |v: &[f64]| v.iter().map(|y| format!("{y:.2}")).collect::<Vec<_>>().join(" ");
+            writeln!(
+                out,
+                "{} {} {}x {:<10} vs {:<12}: hit ratio {} -> {:.2}x, IOPS {} -> {:.2}x",
+                x.data,
+                x.workload,
+                x.ws,
+                x.row,
+                x.peer,
+                l(&x.hit_ratio_x),
+                x.hit_ratio_x_median,
+                l(&x.iops_x),
+                x.iops_x_median
             )?;
         }
     }

@@ -15,13 +15,15 @@ use ztier_blk::client::ClientOptions;
 use ztier_blk::live;
 use ztier_blk::server::{self, ServeConfig, ServerStats};
 use ztier_cache::backend::open_backing;
-use ztier_cache::cache::{self, CacheOptions, Mode};
+use ztier_cache::cache::{self, CacheOptions, Mode, Remote};
 use ztier_cache::format::{Geometry, Placement, Policy, SbState};
 use ztier_cache::pressure::PressureConfig;
 use ztier_cache::report::CacheReport;
 use ztier_cache::Cache;
 use ztier_codec::CodecId;
+use ztier_remote::RemoteTier;
 
+use super::remote::RemoteArgs;
 use super::serving;
 use crate::units::parse_size;
 
@@ -45,7 +47,7 @@ pub enum CacheCommand {
     /// they are acknowledged, never only to a cache. After a crash the
     /// cache keeps every line that checks out and that no later write
     /// made stale.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Statistics of a cache: of a served one, the server answers (its
     /// control socket) — hits and misses per level, fills, bypasses,
     /// evictions, compression, metadata bytes, latencies, the RAM
@@ -94,6 +96,27 @@ pub struct ServeArgs {
     /// counted; less while the machine needs memory).
     #[arg(long, value_name = "SIZE")]
     pub ram_cache: Option<String>,
+    /// Below the RAM cache, keep clean blocks (compressed, sealed) in Redis
+    /// too: `redis://[USER@]HOST:PORT[,HOST:PORT...]` (rediss:// for TLS), a
+    /// server or any nodes of a cluster. Ephemeral: a value the servers
+    /// lose, or a server that does not answer within --remote-timeout, is
+    /// a miss served by the SSD cache or the backing. The password comes
+    /// from ZTIER_REMOTE_PASSWORD or --remote-auth, never from the URL.
+    #[arg(long, value_name = "URLS", requires = "ram_cache")]
+    pub remote: Option<String>,
+    /// A file (mode 600) whose first line is PASSWORD or USER PASSWORD.
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub remote_auth: Option<PathBuf>,
+    /// on (the default): values encrypted and authenticated (AES-256-GCM);
+    /// off: only authenticated (a keyed BLAKE3 MAC).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"], requires = "remote")]
+    pub remote_encrypt: String,
+    /// A PEM file of the certificate authorities to trust for rediss://.
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub remote_tls_ca: Option<PathBuf>,
+    /// Milliseconds a read waits for the remote before the backing answers it.
+    #[arg(long, default_value_t = 200, value_name = "MS", requires = "remote")]
+    pub remote_timeout: u64,
     /// writethrough: written blocks are cached once the backing has them;
     /// writearound: written blocks are only dropped from the caches.
     #[arg(long, default_value = "writethrough", value_name = "M")]
@@ -288,6 +311,24 @@ fn control(cache: &Path) -> Result<String> {
     live::control_name("cache", cache).with_context(|| format!("opening {}", cache.display()))
 }
 
+/// The remote RAM cache of `--remote`: durability none (ephemeral), no
+/// local fallback, reads waiting at most --remote-timeout.
+fn remote_tier(a: &ServeArgs) -> Result<Option<Remote>> {
+    let r = RemoteArgs {
+        remote: a.remote.clone(),
+        remote_auth: a.remote_auth.clone(),
+        remote_encrypt: a.remote_encrypt.clone(),
+        remote_durability: "none".into(),
+        remote_tls_ca: a.remote_tls_ca.clone(),
+    };
+    let Some(mut cfg) = r.config()? else { return Ok(None) };
+    let wait = Duration::from_millis(a.remote_timeout.max(1));
+    cfg.timeout = wait;
+    cfg.get_deadline = wait;
+    let tier = RemoteTier::connect(cfg, None).context("--remote")?;
+    Ok(Some(Remote(Arc::new(tier))))
+}
+
 fn serve(a: ServeArgs) -> Result<i32> {
     let stop = Arc::new(AtomicBool::new(false));
     serving::stop_on_signals("cache", stop.clone());
@@ -317,6 +358,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
         discard: a.discard,
         fillers: a.fillers.max(1),
         pressure: (ram > 0).then(PressureConfig::default),
+        remote: remote_tier(&a)?,
         ..CacheOptions::default()
     };
     let cache = Arc::new(
@@ -471,6 +513,19 @@ fn print_live(v: &serde_json::Value) {
             g("blocks")
         );
     }
+    if let Some(r) = v["remote"].as_object() {
+        let g = |k: &str| r.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+        println!(
+            "remote cache   {}: {} hits, {} puts ({} skipped), {} errors, {} blocks; hit p50 {:.1} µs",
+            r.get("name").and_then(|x| x.as_str()).unwrap_or("?"),
+            g("hits"),
+            g("puts"),
+            g("skipped"),
+            g("errors"),
+            g("entries"),
+            l("remote_hit", "p50_us")
+        );
+    }
     println!(
         "errors         {} requests, {} verify, {} cache read, {} cache write, {} backing{}",
         n("errors"),
@@ -533,7 +588,7 @@ fn stats(a: StatsArgs) -> Result<i32> {
 pub fn run(c: CacheCommand) -> Result<i32> {
     match c {
         CacheCommand::Create(a) => create(a),
-        CacheCommand::Serve(a) => serve(a),
+        CacheCommand::Serve(a) => serve(*a),
         CacheCommand::Stats(a) => stats(a),
     }
 }
