@@ -335,6 +335,13 @@ pub struct Global {
     /// The span region's, a quarter of it.
     span_bytes: usize,
     classes: Vec<std::sync::Mutex<Class>>,
+    /// Which thread holds each class's lock (its `pthread_self`, 0 for
+    /// none, set just after taking it and cleared just before letting it
+    /// go: [`shim`]'s `ClassGuard`): a `_Fork` from a signal handler
+    /// tells by it whether the thread it interrupted holds the lock
+    /// (small blocks are not counted as library code, see
+    /// [`sud::Allow::hot`]) or another thread does, which will let it go.
+    class_owner: Vec<AtomicUsize>,
     span_next: AtomicUsize,
     granule_class: Vec<AtomicU8>,
     /// How far each region is dumped in a core ([`coredump`]).
@@ -856,6 +863,7 @@ fn try_start(cfg: Config) -> std::io::Result<Global> {
         arena_bytes: arena,
         span_bytes: spans,
         classes: (0..CLASSES).map(|_| std::sync::Mutex::new(Class::default())).collect(),
+        class_owner: (0..CLASSES).map(|_| AtomicUsize::new(0)).collect(),
         span_next: AtomicUsize::new(base),
         dump_spans: coredump::DumpFront::new(base, base + spans),
         dump_pages: coredump::DumpFront::new(base + spans, base + arena),
@@ -2751,15 +2759,22 @@ pub unsafe extern "C" fn __register_atfork(
 }
 
 extern "C" fn fork_prepare() {
-    prepare_fork_by(None);
+    prepare_fork_by(false);
 }
 
 /// [`fork_prepare`]'s work: the library's locks taken and held for the
-/// fork. With `until`, a lock still not free by then is given up on:
-/// `false`, nothing held and the program's signal mask back (but calls
-/// still let through, [`sud::allow`], so that the caller's fork is not
-/// caught as one of the program's own), for [`_Fork`].
-fn prepare_fork_by(until: Option<std::time::Instant>) -> bool {
+/// fork. With `unless_held_here` (for [`_Fork`], which a signal handler
+/// may call over the library's code in the same thread), a small-block
+/// class's lock that this thread holds is given up on (the only lock it
+/// can hold outside what [`sud::in_library`] counts): `false`, nothing
+/// held and the program's signal mask back (but calls still let
+/// through, [`sud::allow`], so that the caller's fork is not caught as
+/// one of the program's own). A lock another thread holds is waited for,
+/// as `fork` waits: that thread lets it go. (Before, `_Fork` gave up on
+/// any lock still taken after 100 ms, and on a loaded machine an
+/// eviction batch in flight took longer: the child, made without the
+/// handlers, read zeros from every evicted page.)
+fn prepare_fork_by(unless_held_here: bool) -> bool {
     if STATE.load(Ordering::Acquire) != READY {
         return true;
     }
@@ -2775,13 +2790,14 @@ fn prepare_fork_by(until: Option<std::time::Instant>) -> bool {
     };
     let g = GLOBAL.get().expect("ready");
     let mut classes = Vec::with_capacity(g.classes.len());
-    for c in &g.classes {
-        match take_by(c, until) {
+    for (c, owner) in g.classes.iter().zip(&g.class_owner) {
+        let held = if unless_held_here { take_class_unless_held_here(c, owner) } else { Some(lock(c)) };
+        match held {
             Some(held) => classes.push(held),
             None => return give_up(),
         }
     }
-    let Some(mut m) = take_by(&g.mgr, until) else { return give_up() };
+    let mut m = lock(&g.mgr);
     // An eviction in flight may have released memory it has not
     // committed: the child would lose those pages. Wait for its commit
     // (the evictor needs only the manager's lock).
@@ -2790,18 +2806,10 @@ fn prepare_fork_by(until: Option<std::time::Instant>) -> bool {
         // The evictor may be waiting for a fault service to protect its
         // victims (see `near`).
         near::take_posted();
-        if until.is_some_and(|t| std::time::Instant::now() >= t) {
-            // The batch may wait for this very thread (interrupted in
-            // the library by the signal handler that forks).
-            return give_up();
-        }
         std::thread::sleep(std::time::Duration::from_micros(50));
-        m = match take_by(&g.mgr, until) {
-            Some(m) => m,
-            None => return give_up(),
-        };
+        m = lock(&g.mgr);
     }
-    let Some(pages) = take_by(&g.pages, until) else { return give_up() };
+    let pages = lock(&g.pages);
     if let Err(e) = m.prepare_fork(&used(g, &pages), &g.stats) {
         eprintln!("ztier: preparing the store for fork failed: {e}: aborting");
         std::process::abort();
@@ -2811,21 +2819,41 @@ fn prepare_fork_by(until: Option<std::time::Instant>) -> bool {
     true
 }
 
-/// `m`'s lock; with `until`, `None` if it is not free by then
-/// ([`lock_until`]).
-fn take_by<T>(
-    m: &std::sync::Mutex<T>,
-    until: Option<std::time::Instant>,
-) -> Option<std::sync::MutexGuard<'_, T>> {
-    match until {
-        None => Some(lock(m)),
-        Some(t) => lock_until(m, t),
+/// A small-block class's lock `c` (its holder recorded in `owner`), or
+/// `None` if this thread holds it: for a `_Fork` from a signal handler
+/// ([`prepare_fork_by`]). Polled every 50 µs while another thread holds
+/// it. A lock taken with no holder recorded yet (the instant between
+/// taking it and recording it) may be this thread's: given up on once
+/// it has stayed so for [`FORK_LOCK_WAIT`].
+fn take_class_unless_held_here<'a>(
+    c: &'a std::sync::Mutex<Class>,
+    owner: &AtomicUsize,
+) -> Option<std::sync::MutexGuard<'a, Class>> {
+    let me = shim::thread_id();
+    let mut unrecorded_since: Option<std::time::Instant> = None;
+    loop {
+        match c.try_lock() {
+            Ok(held) => return Some(held),
+            Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        match owner.load(Ordering::Relaxed) {
+            o if o == me => return None,
+            0 => {
+                let since = *unrecorded_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= FORK_LOCK_WAIT {
+                    return None;
+                }
+            }
+            _ => unrecorded_since = None,
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
     }
 }
 
 /// `m`'s lock if it is free by `until` (polled every 50 µs), else `None`:
 /// for callers that may run where the lock's holder is their own thread,
-/// interrupted (a signal handler: `_Fork`, a crashing thread's core dump).
+/// interrupted (a signal handler: a crashing thread's core dump).
 pub(crate) fn lock_until<T>(
     m: &std::sync::Mutex<T>,
     until: std::time::Instant,
@@ -3089,11 +3117,14 @@ extern "C" fn fork_child_late() {
 /// in glibc's `malloc`, or the child did, on its copy of the lock taken
 /// (one run in about a hundred of `fork_in_handler.c`'s first part,
 /// every run of its second). So from a handler over library code
-/// ([`sud::in_library`]) the fork is made at once without the library's
-/// handlers, as glibc's `_Fork` alone would; elsewhere the library's
-/// locks are waited for [`FORK_LOCK_WAIT`] at most, then the same. Stderr
-/// says once that such a child reads zeros from evicted memory (one that
-/// only calls `exec` or `_exit`, as such a child may, loses nothing).
+/// ([`sud::in_library`], or a small-block class's lock held by this
+/// thread, see [`prepare_fork_by`]) the fork is made at once without the
+/// library's handlers, as glibc's `_Fork` alone would; elsewhere the
+/// library's locks are waited for as `fork` waits (they were waited for
+/// 100 ms at most, and under load a child was made without the handlers
+/// while an eviction was in flight: it read zeros). The log says once
+/// that such a child reads zeros from evicted memory (one that only
+/// calls `exec` or `_exit`, as such a child may, loses nothing).
 /// Left: another thread inside glibc's allocator at the fork (`_Fork`
 /// does not take its locks, as `fork` does) leaves the child's copy of
 /// that lock taken, and the child's handlers allocate.
@@ -3116,12 +3147,12 @@ pub unsafe extern "C" fn _Fork() -> libc::pid_t {
     }
     // SAFETY: glibc's `_Fork`, found above, which takes no arguments.
     let real = || unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::pid_t>(f)() } as i64;
-    if sud::in_library() || !prepare_fork_by(Some(std::time::Instant::now() + FORK_LOCK_WAIT)) {
+    if sud::in_library() || !prepare_fork_by(true) {
         static SAID: AtomicBool = AtomicBool::new(false);
         if !SAID.swap(true, Ordering::Relaxed) {
             let msg: &[u8] = b"ztier: _Fork was called from a signal handler that interrupted ztier's code \
-                in the same thread (or ztier's locks stayed taken for 100 ms): its child was made without \
-                ztier's fork handlers, and reads zeros from evicted memory";
+                in the same thread: its child was made without ztier's fork handlers, and reads zeros from \
+                evicted memory";
             notice(format_args!("{}", std::str::from_utf8(msg).unwrap_or("")));
         }
         // Not caught as a fork of the program's own (`fork_unseen` would
@@ -3134,7 +3165,8 @@ pub unsafe extern "C" fn _Fork() -> libc::pid_t {
     fork_around_prepared(real) as libc::pid_t
 }
 
-/// How long [`_Fork`] waits for the library's locks.
+/// How long [`_Fork`] waits for a small-block class's lock taken with no
+/// holder recorded (see [`take_class_unless_held_here`]).
 const FORK_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A fork that no `pthread_atfork` handler sees, made by `fork` (which

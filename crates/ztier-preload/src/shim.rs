@@ -16,9 +16,51 @@ use crate::{
 
 const RW: c_int = libc::PROT_READ | libc::PROT_WRITE;
 
+/// Class `c`'s lock, held with the holder recorded ([`Global::class_owner`]).
+struct ClassGuard<'a> {
+    cl: std::sync::MutexGuard<'a, crate::small::Class>,
+    owner: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for ClassGuard<'_> {
+    type Target = crate::small::Class;
+    fn deref(&self) -> &crate::small::Class {
+        &self.cl
+    }
+}
+
+impl std::ops::DerefMut for ClassGuard<'_> {
+    fn deref_mut(&mut self) -> &mut crate::small::Class {
+        &mut self.cl
+    }
+}
+
+impl Drop for ClassGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // Cleared before the lock is let go (the field drops after this).
+        self.owner.store(0, Ordering::Relaxed);
+    }
+}
+
+/// This thread's identity for [`ClassGuard`] (nonzero).
+#[inline]
+pub(crate) fn thread_id() -> usize {
+    // SAFETY: pthread_self has no preconditions (it reads the thread's
+    // control block: no system call, async-signal-safe in practice).
+    unsafe { libc::pthread_self() as usize }
+}
+
+fn lock_class(g: &Global, c: usize) -> ClassGuard<'_> {
+    let cl = crate::lock(&g.classes[c]);
+    let owner = &g.class_owner[c];
+    owner.store(thread_id(), Ordering::Relaxed);
+    ClassGuard { cl, owner }
+}
+
 fn small_alloc(g: &Global, c: usize) -> *mut c_void {
     let size = class_size(c);
-    let mut cl = crate::lock(&g.classes[c]);
+    let mut cl = lock_class(g, c);
     if cl.free != 0 {
         let p = cl.free;
         // SAFETY: p is a freed object of this class; its first word holds
@@ -58,7 +100,7 @@ fn small_class(g: &Global, p: usize) -> usize {
 
 fn small_free(g: &Global, p: usize) {
     let c = small_class(g, p);
-    let mut cl = crate::lock(&g.classes[c]);
+    let mut cl = lock_class(g, c);
     // SAFETY: p is a live object of class c being freed; its first word
     // becomes the free-list link.
     unsafe { *(p as *mut usize) = cl.free };

@@ -190,10 +190,11 @@ impl Allow {
     /// As [`new`](Allow::new), but counted only under dispatch: for the
     /// small blocks of `malloc` and `free`, which take a lock of the
     /// library's and nothing of glibc's (a `_Fork` from a handler over
-    /// them waits for that lock in vain, 100 ms, then forks without the
-    /// library's handlers). Counting there without dispatch cost 8% of a
-    /// `malloc`/`free` loop's time and 2–3% of the corpus builder's
-    /// (`--budget 2G --fault-path thread`). Their other paths take a
+    /// them, which would wait for that lock in vain, sees its holder
+    /// recorded and forks without the library's handlers). Counting
+    /// there without dispatch cost 8% of a `malloc`/`free` loop's time
+    /// and 2–3% of the corpus builder's (`--budget 2G --fault-path
+    /// thread`). Their other paths take a
     /// guard of [`new`](Allow::new) too.
     #[inline]
     pub fn hot() -> Allow {

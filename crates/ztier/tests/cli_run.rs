@@ -1657,15 +1657,19 @@ fn live_stats_count_every_fault_in_the_histogram_while_the_program_faults() {
 
 #[test]
 fn live_stats_take_none_of_the_programs_descriptor_numbers() {
-    // `lowfd 3`: its heap swept under a 16M budget, then 3 s of opens of
-    // /dev/null, each owed descriptor 3 (the lowest free), while the
-    // statistics are asked for 40 times. Before, the library accepted
-    // each request as a connection, at the lowest free number for as long
-    // as it wrote the answer: a few of the program's opens got 4 instead.
+    // `lowfd -`: its heap swept under a 16M budget, then opens of
+    // /dev/null, each owed descriptor 3 (the lowest free), until its
+    // stdin is closed, which it is once the statistics have been asked
+    // for 40 times: every request comes while it opens (it ran 3 s by
+    // the clock, and under load it had ended before the requests did).
+    // Before, the library accepted each request as a connection, at the
+    // lowest free number for as long as it wrote the answer: a few of
+    // the program's opens got 4 instead.
     let d = tmp("lowfd-stats");
     let exe = compile(&d, "lowfd");
     let mut child = Command::new(ztier())
-        .args(["run", "--budget", "16M", "--", &exe, "3"])
+        .args(["run", "--budget", "16M", "--", &exe, "-"])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -1688,6 +1692,8 @@ fn live_stats_take_none_of_the_programs_descriptor_numbers() {
         assert!(v["pages_compressed"].as_u64().unwrap() > 5000, "{v}");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // Its stdin closed: it stops opening.
+    drop(child.stdin.take());
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();
     assert!(child.wait().unwrap().success());

@@ -1719,8 +1719,10 @@ fn children_in_new_pid_namespaces_at_once_each_answer_stats() {
 /// the lock, waited for ever in glibc's `malloc` (the first part hung in
 /// about one run in a hundred, in CI once; the second in every run, in
 /// every mode). Now a `_Fork` from a handler over the library's code is
-/// made at once without the library's handlers, and stderr says so; one
-/// elsewhere waits 100 ms at most for the locks, then does the same.
+/// made at once without the library's handlers, and the log says so (a
+/// small-block lock's holder is recorded, so one over `malloc`'s small
+/// blocks, not counted as library code without dispatch, is told too);
+/// one elsewhere waits for the locks, as `fork` does.
 /// Same output as native in every mode, within a minute.
 #[test]
 fn fork_from_a_signal_handler_that_interrupted_malloc() {

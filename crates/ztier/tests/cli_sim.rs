@@ -193,8 +193,10 @@ fn bad_input_gets_clear_errors() {
 /// more: the measurement has the table.) A replay of one run's
 /// fault log, which has no hits, sees at most that run's page-ins.
 #[test]
-#[ignore = "not met on the merged main: predicted 1895 store faults against 1291 live (+47%); first \
-            suspect: the run library now leaves blocks glibc allocates for itself to glibc, the model does not"]
+#[ignore = "not met on the merged main: predicted 1895-1946 store faults against 1151-1619 live (+17-69%). \
+            Not glibc's own blocks (sort's are 203 blocks, 27 KB): the live count moves with the evictor's \
+            timing (victims written while their batch is in flight are taken back, not faulted: 127-1345 \
+            of them a run), which the model, evicting at once, does not have"]
 fn the_simulator_predicts_the_store_faults_of_a_live_run() {
     let d = std::env::temp_dir().join(format!("ztier-cli-sim-live-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
