@@ -1589,7 +1589,7 @@ mod tests {
         std::fs::remove_file(&b).unwrap();
         assert!(first_difference(&a, &b).unwrap().starts_with("its output could not be read: "));
         // A kernel row: kept only for a run that finished.
-        let m = Measured { code: 0, wall_s: 1.0, maxrss: 0, majflt: 0, cpu_s: 0.0, timed_out: false };
+        let m = Measured { code: 0, wall_s: 1.0, maxrss: 0, majflt: 0, cpu_s: 0.0, timed_out: false, pid: 1 };
         let r = Row::kernel("kernel zswap", 48 << 20, &m, 1.0, Some("line 2: …".into()), None, 0);
         assert!(!r.same_output && r.output_difference.is_some());
         let m = Measured { code: 137, ..m };

@@ -572,7 +572,7 @@ pub fn run_program(
     }
     let m = measure_with_timeout(&mut cmd, timeout)?;
     let code = m.code;
-    let mut stats = merge_stats(&stats_dir)?;
+    let mut stats = merge_stats(&stats_dir, m.pid)?;
     if let Some(p) = proxy {
         super::remote::end(p, &mut stats);
     }
@@ -717,6 +717,8 @@ pub struct Measured {
     pub cpu_s: f64,
     /// Killed after the timeout.
     pub timed_out: bool,
+    /// The PID of the process started (the program's first).
+    pub pid: u32,
 }
 
 /// The peak RSS of process `pid` (`"self"` for ztier's own), from
@@ -843,6 +845,7 @@ pub fn measure_with_timeout(
     Ok(Measured {
         code,
         wall_s,
+        pid: pid as u32,
         maxrss: peak_rss(
             hwm.load(Ordering::Relaxed),
             ru.ru_maxrss as u64 * 1024,
@@ -922,7 +925,9 @@ fn quantile(hist: &std::collections::BTreeMap<u64, u64>, q: f64) -> f64 {
 /// Merges the `PID.json` (or `PID-N.json`) files of every process:
 /// counters summed, the
 /// latency histograms merged, peaks as the largest.
-pub fn merge_stats(dir: &Path) -> Result<Value> {
+/// `per_process` lists `first` (the process `ztier run` started) first,
+/// then the others by PID (PIDs wrap: a child's may be lower).
+pub fn merge_stats(dir: &Path, first: u32) -> Result<Value> {
     let mut per = Vec::new();
     let mut hist = std::collections::BTreeMap::<u64, u64>::new();
     let sum_keys = [
@@ -987,7 +992,10 @@ pub fn merge_stats(dir: &Path) -> Result<Value> {
         }
         per.push(v);
     }
-    per.sort_by_key(|v| v["pid"].as_u64());
+    per.sort_by_key(|v| {
+        let pid = v["pid"].as_u64();
+        (pid != Some(u64::from(first)), pid)
+    });
     let mut out = serde_json::Map::new();
     for (k, s) in sum_keys.iter().zip(&sums) {
         match k.strip_suffix("_ns") {
