@@ -447,7 +447,7 @@ fn faults_from_other_cpus_get_a_handler_there() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert!(cpus >= 2, "this test needs two CPUs (the machine has {cpus})");
     let threads = compile(&d, "threads");
-    let pyapp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
+    let pyapp = pyapp_path();
     let runs: [(&[&str], bool); 2] =
         [(&[&threads, "pin"], true), (&["python3", pyapp.to_str().unwrap(), "50000"], false)];
     for (cmd, many) in runs {
@@ -2236,7 +2236,7 @@ fn live_stats_trust_only_the_process_asked() {
 
 /// Runs the bundled pyapp job under `--policy` with a spill folder.
 fn with_policy(policy: &str, d: &Path) -> (Output, serde_json::Value) {
-    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
+    let app = pyapp_path();
     let spill = d.join(format!("spill-{}", policy.replace(':', "_")));
     std::fs::create_dir_all(&spill).unwrap();
     let stats = d.join(format!("stats-{}.json", policy.replace(':', "_")));
@@ -2259,7 +2259,7 @@ fn with_policy(policy: &str, d: &Path) -> (Output, serde_json::Value) {
 fn a_policy_splits_the_budget_between_resident_pages_and_the_store() {
     require("python3");
     let d = tmp("policy");
-    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
+    let app = pyapp_path();
     let n = native(&["python3", app.to_str().unwrap(), "100000"], &d);
     assert!(n.status.success());
     // static:0.25 — a quarter of 32M for the store, the rest resident; the
@@ -2325,7 +2325,7 @@ fn a_policy_splits_the_budget_between_resident_pages_and_the_store() {
 fn any_replacement_and_prefetch_can_be_picked() {
     require("python3");
     let d = tmp("policy-parts");
-    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
+    let app = pyapp_path();
     let cmd = ["python3", app.to_str().unwrap(), "100000"];
     let n = native(&cmd, &d);
     assert!(n.status.success());
@@ -2391,7 +2391,7 @@ fn a_sizing_policy_splits_each_processs_part_of_a_shared_budget() {
 fn a_full_store_keeps_pages_resident_and_says_why() {
     require("python3");
     let d = tmp("fullstore");
-    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
+    let app = pyapp_path();
     let cmd = ["python3", app.to_str().unwrap(), "100000"];
     let n = native(&cmd, &d);
     assert!(n.status.success());
@@ -2446,7 +2446,7 @@ fn spill_and_stats_paths_are_checked_before_the_program_runs() {
         assert!(err.contains(&format!("{} /proc", opts[0])), "{opts:?}: {err}");
         assert!(!ran.exists(), "{opts:?}: the program ran");
     }
-    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
+    let app = pyapp_path();
     let app = app.to_str().unwrap();
     let n = native(&["python3", app, "30000"], &d);
     std::fs::create_dir_all(d.join("spill")).unwrap();
@@ -2470,7 +2470,7 @@ fn spill_and_stats_paths_are_checked_before_the_program_runs() {
 fn an_address_space_limit_shrinks_the_arena() {
     require("python3");
     let d = tmp("ulimit");
-    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py");
+    let app = pyapp_path();
     let under =
         |flag: &str, limit: u32, n: u32| format!("ulimit {flag} {limit}; exec python3 {} {n}", app.display());
     for (flag, limit, n, budget, full) in [
@@ -2706,4 +2706,9 @@ fn the_castro_variants_size_a_live_store() {
     assert_eq!(o.status.code(), Some(1));
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("unknown policy 'castro-lazy'") && e.contains("castro-sluggish"), "{e}");
+}
+
+/// The flagship workload the tests run under `ztier run`.
+fn pyapp_path() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads/pyapp.py")
 }
