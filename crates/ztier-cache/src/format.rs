@@ -85,6 +85,8 @@ use crc32c::crc32c;
 pub const SB_MAGIC: &[u8; 8] = b"ZTCACHE1";
 /// Format version.
 pub const VERSION: u32 = 1;
+/// Most ways of a set (with CLOCK; 8 with LRU).
+pub const MAX_WAYS: u16 = 64;
 /// Superblock slot size.
 pub const SB_SIZE: usize = 4096;
 /// Cache block (line) size.
@@ -349,11 +351,11 @@ impl Superblock {
         if self.segments < 4 {
             return Err(format!("{} segments: at least 4", self.segments));
         }
-        if self.ways == 0 || self.ways > 16 || !self.ways.is_power_of_two() {
-            return Err(format!("{} ways: 1, 2, 4, 8 or 16", self.ways));
+        if self.ways == 0 || self.ways > MAX_WAYS || !self.ways.is_power_of_two() {
+            return Err(format!("{} ways: a power of two up to {MAX_WAYS}", self.ways));
         }
         if self.ways > 8 && self.policy == Policy::Lru {
-            return Err(format!("{} ways with LRU: at most 8 (16 with CLOCK)", self.ways));
+            return Err(format!("{} ways with LRU: at most 8 ({MAX_WAYS} with CLOCK)", self.ways));
         }
         if (self.placement == Placement::Direct) != (self.ways == 1) {
             return Err("direct placement has exactly one way".into());

@@ -592,9 +592,13 @@ fn refusals() {
     // An existing cache is not overwritten without --force.
     let out = ztier().args(["cache", "create"]).arg(&c).args(["--size", "8M"]).output().unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--force"));
-    for (p, why) in
-        [("assoc:3", "WAYS"), ("assoc:16:lru", "WAYS"), ("fully", "direct"), ("assoc:8:mru", "policy")]
-    {
+    for (p, why) in [
+        ("assoc:3", "WAYS"),
+        ("assoc:16:lru", "WAYS"),
+        ("assoc:128", "WAYS"),
+        ("fully", "direct"),
+        ("assoc:8:mru", "policy"),
+    ] {
         let out = ztier()
             .args(["cache", "create"])
             .arg(d.join("x"))
