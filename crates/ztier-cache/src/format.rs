@@ -20,6 +20,8 @@
 //!   0 magic "ZTCACHE1"   8 version u32 (1)   12 block_size u32 (4096)
 //!  16 segment_size u32   20 segments u32     24 lines u64
 //!  32 ways u16           34 placement u8 (0 direct, 1 assoc)   35 policy u8 (0 lru, 1 clock)
+//!     (ways: a power of two, at most 8 with LRU, 64 with CLOCK; builds
+//!     before 64-way sets refuse more than 16 with a clear error)
 //!  36 codec u8 (CodecId) 37 state u8 (0 new, 1 serving, 2 stopped clean)
 //!  38 flags u8 (bit 0: the journal was synced before each backing write)
 //!  40 uuid u64           48 sb_gen u64       56 ckpt_off u64    64 ckpt_size u64
