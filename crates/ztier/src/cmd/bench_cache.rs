@@ -825,12 +825,20 @@ pub fn run(a: CacheBenchArgs) -> Result<i32> {
             let _ = std::fs::remove_file(&img);
         }
         let mut ratios = Vec::new();
-        // Every compressed row against the uncompressed peers, and the
-        // default lz4 row against the 8-way one (the earlier default).
-        for peer in ["nbdkit-cache", "raw", "lz4-8way"] {
-            for r in rows.iter().filter(|r| {
-                r.row.starts_with("lz4") && r.row != peer && (peer != "lz4-8way" || r.row == "lz4")
-            }) {
+        // Every compressed row against the uncompressed peers; lz4 against
+        // lz4-8way (the default before 32-way sets), lz4-remote against
+        // lz4-ram (what the remote adds).
+        let peers = |row: &str| -> Vec<&'static str> {
+            let mut p = vec!["nbdkit-cache", "raw"];
+            match row {
+                "lz4" => p.push("lz4-8way"),
+                "lz4-remote" => p.push("lz4-ram"),
+                _ => {}
+            }
+            p
+        };
+        for peer in ["nbdkit-cache", "raw", "lz4-8way", "lz4-ram"] {
+            for r in rows.iter().filter(|r| r.row.starts_with("lz4") && peers(&r.row).contains(&peer)) {
                 if let Some(k) = rows.iter().find(|k| {
                     k.row == peer
                         && k.data == r.data
