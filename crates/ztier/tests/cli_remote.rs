@@ -280,9 +280,10 @@ fn bench_pressure_gains_a_remote_row() {
     let row = rows.iter().find(|r| r["mode"] == "ztier run --remote").unwrap_or_else(|| panic!("{rows:?}"));
     assert_eq!(row["same_output"], true, "{row}");
     assert_eq!(row["budget"].as_u64(), Some(8 << 20), "{row}");
-    // 16 MiB through a 2 MiB store: most pages went to the remote and back.
-    assert!(row["remote_puts"].as_u64().unwrap() > 2000, "{row}");
-    assert!(row["remote_gets"].as_u64().unwrap() > 2000, "{row}");
+    // 16 MiB (4096 pages) through a 2 MiB store: thousands of pages went
+    // to the remote and back (~3900 and ~2400 here).
+    assert!(row["remote_puts"].as_u64().unwrap() > 1000, "{row}");
+    assert!(row["remote_gets"].as_u64().unwrap() > 1000, "{row}");
     // The spill-file row is still there, without remote counts.
     let local = rows.iter().find(|r| r["mode"] == "ztier run").unwrap();
     assert!(local["remote_puts"].is_null(), "{local}");
