@@ -7,7 +7,11 @@
 //!
 //! The page is compressed with the first codec (WKdm by default). If the
 //! result is at most `threshold` bytes (xnu uses 2048 for a 4 KiB page;
-//! scaled here with the input length) it is kept. Otherwise the second
+//! scaled here with the input length) it is kept, unless a quarter or more
+//! of the page's words are zero (counted from the WK output's header): WK
+//! pays two bits for every zero word, LZ4 next to nothing for a run of
+//! them, so on such pages a small WK output says little about LZ4's, and
+//! LZ4 was smaller on most of them in the corpus files. Otherwise the second
 //! codec (LZ4 by default) is tried with an output limit of one byte less
 //! than the first codec's size, and the smaller output is kept. Both
 //! attempts stop as soon as they exceed their output limit (early abort),
@@ -26,16 +30,21 @@
 //! the other codec wins the run ends (after `RECHECK_GIVE_UP` losing
 //! re-checks a run stops re-checking). After a run the next page is tried
 //! with both; if the same codec wins again a new run starts at once, so a
-//! steady stretch costs one double attempt per `RUN_LENGTH` pages and a
-//! change in the data is noticed within `RUN_LENGTH` pages.
+//! steady stretch costs one double attempt per run and a change in the
+//! data is noticed within a run's length.
 //!
-//! Tried and left out: runs that double each time the same codec wins
-//! again right after one (up to 64, 128 or 256 pages). On CPython's heaps,
-//! where LZ4 wins nearly every page, they brought the compress speed from
-//! 0.96–0.98× LZ4's to 0.95–1.03× (`ztier bench codecs --each --codecs
-//! lz4,hybrid` over the three corpus files, three or four runs each), but
-//! the ratio on python-dict.pages fell from 1.00002× LZ4's to
-//! 0.9993–0.9995×: in a long run the few pages WKdm wins go to LZ4.
+//! Runs of the second codec double, up to `MAX_RUN_LENGTH` pages, while it
+//! keeps winning clearly: when a second-codec run follows one and every
+//! win of the streak that starts it was clear (the first codec's output at
+//! least `CLEAR_NUM / CLEAR_DEN` = 1.1 times the second's). Pages of a
+//! second-codec run cost exactly the second codec's bytes, so long runs
+//! never make hybrid's output larger than LZ4's; they only give up pages
+//! WKdm would have won, and where LZ4 wins nearly every page (CPython's
+//! heaps) they save the double attempts. WKdm runs stay `RUN_LENGTH`
+//! long: their pages are kept without trying LZ4, which can lose bytes.
+//! (Before hybrid's tag moved out of the payload, runs doubling after any
+//! win had cost python-dict.pages its ratio; with the trailer gone and
+//! only clear wins doubling they no longer do: docs/measurements.)
 //!
 //! ## Format
 //!
@@ -67,6 +76,18 @@ pub const DEFAULT_THRESHOLD: usize = 1024;
 pub const RUN_TRIGGER: u32 = 4;
 /// Pages compressed with the second codec alone during a run.
 pub const RUN_LENGTH: u32 = 32;
+/// The longest run of the second codec: its runs double up to this while
+/// it keeps winning clearly (see the module docs).
+pub const MAX_RUN_LENGTH: u32 = 128;
+/// A second-codec win is clear when the first codec's output is at least
+/// `CLEAR_NUM / CLEAR_DEN` (11/10) times the second's.
+pub const CLEAR_NUM: usize = 11;
+/// Denominator of the clear-win fraction.
+pub const CLEAR_DEN: usize = 10;
+/// A first-codec output under the threshold is kept without trying the
+/// second codec only if fewer than `1 / ZERO_HEAVY_DEN` of the page's
+/// words are zero (WK tallies from the output's header).
+pub const ZERO_HEAVY_DEN: usize = 4;
 /// During a run, a second-codec output above this fraction of the input
 /// (3/4) is also tried with the first codec.
 pub const RUN_RECHECK_NUM: usize = 3;
@@ -86,6 +107,11 @@ pub struct Hybrid {
     /// codec won; `streak_second` says which.
     streak: u32,
     streak_second: bool,
+    /// How many of the pages of the current streak were clear wins of the
+    /// second codec.
+    clear_streak: u32,
+    /// The length of the next second-codec run if it follows one.
+    run_len: u32,
     /// Pages left in the current run, and whether it is the second codec's.
     run_left: u32,
     run_second: bool,
@@ -102,6 +128,10 @@ pub struct Hybrid {
 pub struct HybridStats {
     /// Pages kept as the first codec without trying the second.
     pub first_fast: u64,
+    /// Pages whose first output was under the threshold but that were
+    /// tried with the second codec too, as a quarter or more of their
+    /// words are zero.
+    pub zero_heavy: u64,
     /// Pages where both were tried and the first was smaller.
     pub first_after_try: u64,
     /// Pages where both were tried and the second was smaller.
@@ -143,6 +173,8 @@ impl Hybrid {
             threshold,
             streak: 0,
             streak_second: false,
+            clear_streak: 0,
+            run_len: RUN_LENGTH,
             run_left: 0,
             run_second: false,
             recheck_misses: 0,
@@ -264,6 +296,7 @@ impl Hybrid {
                 self.stats.run_broken += 1;
                 self.run_left = 0;
                 self.streak = 0;
+                self.run_len = RUN_LENGTH;
                 return Ok((m, other_id));
             }
             self.recheck_misses += 1;
@@ -277,9 +310,18 @@ impl Hybrid {
         let threshold = self.threshold_for(src.len());
         let first = match self.first.compress(src, &mut dst[..room]) {
             Ok(n) if n <= threshold => {
-                self.stats.first_fast += 1;
-                self.streak = 0;
-                return Ok((n, first_id));
+                // A small WK output says little about LZ4's on a page of
+                // many zero words: WK pays two bits a zero word, LZ4 next
+                // to nothing for a run of them.
+                let zero_heavy = zero_words(&dst[..n]).is_some_and(|z| z * ZERO_HEAVY_DEN >= src.len() / 4);
+                if !zero_heavy {
+                    self.stats.first_fast += 1;
+                    self.streak = 0;
+                    self.clear_streak = 0;
+                    return Ok((n, first_id));
+                }
+                self.stats.zero_heavy += 1;
+                Some(n)
             }
             Ok(n) => Some(n),
             Err(CompressError::Overflow { .. }) => None,
@@ -299,14 +341,21 @@ impl Hybrid {
         };
         // Streak of the same winner after trying both; RUN_TRIGGER in a row
         // starts a run of that codec.
+        let clear = second_won && first.is_none_or(|n| n * CLEAR_DEN >= self.last_len * CLEAR_NUM);
         if self.streak > 0 && self.streak_second == second_won {
             self.streak += 1;
+            self.clear_streak = if clear { self.clear_streak + 1 } else { 0 };
         } else {
             self.streak = 1;
             self.streak_second = second_won;
+            self.clear_streak = u32::from(clear);
         }
         if self.streak >= RUN_TRIGGER {
-            self.run_left = RUN_LENGTH;
+            // A second-codec run right after one, every win of both clear:
+            // twice as long (up to MAX_RUN_LENGTH).
+            let again = second_won && self.run_second && self.clear_streak >= RUN_TRIGGER;
+            self.run_len = if again { (self.run_len * 2).min(MAX_RUN_LENGTH) } else { RUN_LENGTH };
+            self.run_left = if second_won { self.run_len } else { RUN_LENGTH };
             self.recheck_misses = 0;
             self.run_second = second_won;
             self.streak = 0;
@@ -323,6 +372,18 @@ impl Hybrid {
             None => Err(CompressError::Overflow { capacity }),
         }
     }
+}
+
+/// Zero words in a page a WK codec of the WKdm layout (WKdm, WK4x4)
+/// encoded, from its header alone: `n_words - n_index - n_full` (see
+/// [`crate::wkdm`]'s format). `None` for any other output (WK64's).
+fn zero_words(encoded: &[u8]) -> Option<usize> {
+    let h = encoded.get(..crate::wkdm::HEADER)?;
+    if (h[0] != crate::wkdm::VERSION && h[0] != crate::wk4x4::VERSION) || h[1] != 0 {
+        return None;
+    }
+    let at = |i: usize| u16::from_le_bytes([h[i], h[i + 1]]) as usize;
+    at(2).checked_sub(at(6))?.checked_sub(at(4))
 }
 
 #[cfg(test)]
@@ -428,6 +489,106 @@ mod tests {
         let (m, _) = Hybrid::default().compress_tagged(&ints, &mut tagged).unwrap();
         assert!(Hybrid::default().compress_tagged(&ints, &mut tagged[..m]).is_ok());
         assert!(Hybrid::default().compress(&ints, &mut out[..m]).is_err());
+    }
+
+    /// A page whose first `zeros` words are zero and the rest a repeated
+    /// pattern of 8 words (WKdm: exact matches; LZ4: one long match).
+    fn words_with_zeros(zeros: usize, seed: u64) -> Vec<u8> {
+        let mut rng = synth::Rng::new(seed);
+        let pattern: Vec<u32> = (0..8).map(|_| 0x1000_0000 | rng.below(1 << 28) as u32).collect();
+        let mut p = vec![0u8; 4096];
+        for (i, w) in p.chunks_exact_mut(4).enumerate().skip(zeros) {
+            w.copy_from_slice(&pattern[i % 8].to_le_bytes());
+        }
+        p
+    }
+
+    #[test]
+    fn zero_words_reads_the_wk_header() {
+        let mut out = vec![0u8; 8192];
+        for zeros in [0, 100, 256, 700, 1023] {
+            let p = words_with_zeros(zeros, 1);
+            let n = new_codec(CodecId::Wkdm).compress(&p, &mut out).unwrap();
+            assert_eq!(zero_words(&out[..n]), Some(zeros));
+            let n = new_codec(CodecId::Wk4x4).compress(&p, &mut out).unwrap();
+            assert_eq!(zero_words(&out[..n]), Some(zeros));
+        }
+        let n = new_codec(CodecId::Wk64).compress(&words_with_zeros(10, 1), &mut out).unwrap();
+        assert_eq!(zero_words(&out[..n]), None, "WK64's header is not WKdm's");
+        assert_eq!(zero_words(&out[..5]), None);
+        // Counts that do not add up (corrupt or foreign bytes) are no count.
+        let mut bad = [0u8; 10];
+        bad[0] = crate::wkdm::VERSION;
+        bad[2] = 4; // 4 words, 5 full
+        bad[4] = 5;
+        assert_eq!(zero_words(&bad), None);
+    }
+
+    #[test]
+    fn small_wk_output_of_a_page_of_many_zero_words_is_tried_with_lz4() {
+        let mut out = vec![0u8; 8192];
+        let mut lz_out = vec![0u8; 8192];
+        // Few zero words: WKdm's small output is kept without LZ4.
+        let mut h = Hybrid::default();
+        let p = words_with_zeros(8, 2);
+        let (n, tag) = h.compress_tagged(&p, &mut out).unwrap();
+        assert!(n <= DEFAULT_THRESHOLD, "{n}");
+        assert_eq!((tag, h.stats.first_fast, h.stats.zero_heavy), (CodecId::Wkdm, 1, 0));
+        // Half the page zero: WKdm's output is still under the threshold,
+        // but LZ4 is tried, and wins (the zeros are one run for it).
+        let mut h = Hybrid::default();
+        let p = words_with_zeros(512, 2);
+        let wk = new_codec(CodecId::Wkdm).compress(&p, &mut out).unwrap();
+        let lz = new_codec(CodecId::Lz4).compress(&p, &mut lz_out).unwrap();
+        assert!(wk <= DEFAULT_THRESHOLD && lz < wk, "wkdm {wk}, lz4 {lz}");
+        let (n, tag) = h.compress_tagged(&p, &mut out).unwrap();
+        assert_eq!((n, tag), (lz, CodecId::Lz4));
+        assert_eq!((h.stats.first_fast, h.stats.zero_heavy, h.stats.second_after_try), (0, 1, 1));
+    }
+
+    #[test]
+    fn clear_second_codec_runs_double_up_to_the_maximum_and_a_first_codec_win_resets_them() {
+        let mut h = Hybrid::default();
+        let mut out = vec![0u8; h.max_compressed_len(4096)];
+        let text = |i: u64| synth::page(synth::Kind::Text, i);
+        // Text: LZ4 wins every page clearly. Feed pages until each run's
+        // length is seen at its start.
+        let mut lengths = Vec::new();
+        for i in 0..2000 {
+            let before = h.run_left;
+            h.compress_tagged(&text(i), &mut out).unwrap();
+            if before == 0 && h.run_left > 0 {
+                assert!(h.run_second);
+                lengths.push(h.run_left);
+            }
+        }
+        assert_eq!(&lengths[..4], &[RUN_LENGTH, 2 * RUN_LENGTH, 4 * RUN_LENGTH, MAX_RUN_LENGTH]);
+        assert!(lengths[4..].iter().all(|&l| l == MAX_RUN_LENGTH), "{lengths:?}");
+        // During the run every page is LZ4's, byte for byte.
+        let mut lz = new_codec(CodecId::Lz4);
+        let mut lz_out = vec![0u8; 8192];
+        let p = text(5000);
+        let (n, tag) = h.compress_tagged(&p, &mut out).unwrap();
+        let m = lz.compress(&p, &mut lz_out).unwrap();
+        assert_eq!((tag, &out[..n]), (CodecId::Lz4, &lz_out[..m]));
+        // Pages WKdm wins (small integers) end the LZ4 runs; the next LZ4
+        // run starts short again. (Pages left in a run whose re-checks gave
+        // up still go to LZ4.)
+        let mut last = CodecId::Lz4;
+        for i in 0..2 * MAX_RUN_LENGTH as u64 {
+            last = h.compress_tagged(&synth::page(synth::Kind::SmallInts, i), &mut out).unwrap().1;
+        }
+        assert_eq!(last, CodecId::Wkdm);
+        let mut first_after = None;
+        for i in 0..200 {
+            let before = h.run_left;
+            h.compress_tagged(&text(i), &mut out).unwrap();
+            if before == 0 && h.run_left > 0 && h.run_second {
+                first_after = Some(h.run_left);
+                break;
+            }
+        }
+        assert_eq!(first_after, Some(RUN_LENGTH));
     }
 
     #[test]
