@@ -194,10 +194,9 @@ fn bad_input_gets_clear_errors() {
 /// more: the measurement has the table.) A replay of one run's
 /// fault log, which has no hits, sees at most that run's page-ins.
 #[test]
-#[ignore = "not met on the merged main: predicted 1895-1946 store faults against 1151-1619 live (+17-69%). \
-            Not glibc's own blocks (sort's are 203 blocks, 27 KB): the live count moves with the evictor's \
-            timing (victims written while their batch is in flight are taken back, not faulted: 127-1345 \
-            of them a run), which the model, evicting at once, does not have"]
+#[ignore = "not reliably met: in the measurement (its sort input) store faults + taken_back at 2.5M ranged 1403-2050 over five runs \
+            (prediction 1876, +12% of their median; sort at 1M-3M +12-25%): the sum still moves with the \
+            evictor's lag under load, and the lackey recording takes minutes (docs/measurements/2026-12-06-sim-vs-live.md)"]
 fn the_simulator_predicts_the_store_faults_of_a_live_run() {
     let d = std::env::temp_dir().join(format!("ztier-cli-sim-live-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
