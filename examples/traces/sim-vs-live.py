@@ -43,9 +43,12 @@ def main():
         tb = [x[1] for x in live]
         both = [x[0] + x[1] for x in live]
         ms, mb = statistics.median(sf), statistics.median(both)
-        print(f'| {name} | {b} | {p} | {int(ms)} ({min(sf)}–{max(sf)}) | {(p / ms - 1) * 100:+.0f}% '
+
+        def off(live):
+            return f'{(p / live - 1) * 100:+.0f}%' if live else '–'
+        print(f'| {name} | {b} | {p} | {int(ms)} ({min(sf)}–{max(sf)}) | {off(ms)} '
               f'| {int(statistics.median(tb))} ({min(tb)}–{max(tb)}) | {int(mb)} ({min(both)}–{max(both)}) '
-              f'| {(p / mb - 1) * 100:+.0f}% |', flush=True)
+              f'| {off(mb)} |', flush=True)
 
 
 if __name__ == '__main__':
