@@ -342,6 +342,11 @@ pub struct Stats {
     pub corrupt_reads: u64,
     /// Extents replayed at open.
     pub recovered_extents: u64,
+    /// Whether background work is due or running right now: the cleaner
+    /// (free extents under the low mark) or a checkpoint. A server that
+    /// has just taken a burst of writes does this work next; a benchmark
+    /// waits for `false` before it times reads.
+    pub maintenance_pending: bool,
 }
 
 #[derive(Default)]
@@ -1375,9 +1380,22 @@ impl Engine {
     /// Whether enough extents were sealed since the last checkpoint (or
     /// freed extents wait for one while free extents run low).
     pub fn checkpoint_due(&self) -> bool {
-        let st = self.state.lock();
+        self.checkpoint_due_in(&self.state.lock())
+    }
+
+    fn checkpoint_due_in(&self, st: &State) -> bool {
         st.sealed_since_ckpt >= (self.sb.extents / 8).max(1024)
             || (!st.pending_free.is_empty() && st.free.len() < self.low_mark() as usize)
+    }
+
+    /// Whether the cleaner or a checkpoint is due, or either is running
+    /// (`maintenance_pending` in [`Stats`]).
+    pub fn maintenance_pending(&self) -> bool {
+        // A cleaner pass or checkpoint holds `maint` while it runs.
+        let running = self.maint.is_locked();
+        let st = self.state.lock();
+        !self.read_only
+            && (running || (st.free.len() as u32) < self.low_mark() || self.checkpoint_due_in(&st))
     }
 
     fn low_mark(&self) -> u32 {
@@ -1684,6 +1702,7 @@ impl Engine {
 
     /// Current statistics.
     pub fn stats(&self) -> Stats {
+        let maintenance_pending = self.maintenance_pending();
         let st = self.state.lock();
         let bs = self.sb.block_size as u64;
         let (mut data_blocks, mut zero_blocks, mut same_blocks, mut stored) = (0u64, 0u64, 0u64, 0u64);
@@ -1737,6 +1756,7 @@ impl Engine {
             enospc: g(&c.enospc),
             corrupt_reads: g(&c.corrupt_reads),
             recovered_extents: g(&c.recovered_extents),
+            maintenance_pending,
         }
     }
 

@@ -792,6 +792,7 @@ fn flush_leaves_due_checkpoints_to_the_background() {
     let dev = std::sync::Arc::new(CrashBacking::new());
     let eng = engine_on(&dev, Some(&opts(32768, 32768, Some(2400 * 32768))));
     eng.set_background_checkpoints(true);
+    assert!(!eng.stats().maintenance_pending, "a new image has no background work");
     let data = fill(1, 9, 36 << 20);
     for (i, c) in data.chunks(1 << 20).enumerate() {
         eng.write((i as u64) << 20, c, false).unwrap();
@@ -799,6 +800,8 @@ fn flush_leaves_due_checkpoints_to_the_background() {
     }
     assert!(eng.checkpoint_due());
     assert_eq!(eng.stats().checkpoints, 0, "a FLUSH took a checkpoint");
+    // The due checkpoint is background work the stats report.
+    assert!(eng.stats().maintenance_pending);
     // Crash now: flushed data is all in the log.
     let e2 = engine_on(&std::sync::Arc::new(CrashBacking::from_image(dev.crash(|_, _| 0))), None);
     let mut back = vec![0u8; data.len()];
@@ -808,6 +811,7 @@ fn flush_leaves_due_checkpoints_to_the_background() {
     assert!(eng.checkpoint_if_due().unwrap());
     assert_eq!(eng.stats().checkpoints, 1);
     assert!(!eng.checkpoint_due() && !eng.checkpoint_if_due().unwrap());
+    assert!(!eng.stats().maintenance_pending, "nothing left after the checkpoint");
     // Off again: FLUSH takes a due checkpoint itself.
     eng.set_background_checkpoints(false);
     for (i, c) in data.chunks(1 << 20).enumerate() {

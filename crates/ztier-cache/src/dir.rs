@@ -22,7 +22,7 @@
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
-use crate::format::{Placement, Policy};
+use crate::format::{Placement, Policy, MAX_WAYS};
 
 /// An empty line's location.
 pub const EMPTY: u32 = u32::MAX;
@@ -58,10 +58,13 @@ fn mix(mut x: u64) -> u64 {
 
 impl Directory {
     /// A directory of `lines` lines in sets of `ways` (1 for direct
-    /// placement; at most 8 with LRU, 16 with CLOCK).
+    /// placement; at most 8 with LRU, [`MAX_WAYS`] with CLOCK).
     pub fn new(lines: u64, ways: usize, placement: Placement, policy: Policy) -> Directory {
         let ways = if placement == Placement::Direct { 1 } else { ways.max(1) };
-        assert!(ways <= 16 && (policy == Policy::Clock || ways <= 8), "{ways} ways with {policy:?}");
+        assert!(
+            ways <= MAX_WAYS as usize && (policy == Policy::Clock || ways <= 8),
+            "{ways} ways with {policy:?}"
+        );
         let sets = lines / ways as u64;
         let n = (sets * ways as u64) as usize;
         Directory {
@@ -348,6 +351,29 @@ mod tests {
         a.relocate(l, 42);
         assert_eq!(a.lookup(16).unwrap().loc, 42);
         assert_eq!(a.memory_bytes(), 16 * 6 + 4);
+    }
+
+    #[test]
+    fn wide_clock_sets_fill_every_way_before_evicting() {
+        // One 64-way set: 64 blocks fit, the 65th replaces an
+        // unreferenced line, never a referenced one.
+        let a = Directory::new(64, MAX_WAYS as usize, Placement::Assoc, Policy::Clock);
+        assert_eq!((a.sets(), a.ways()), (1, 64));
+        for b in 0..64u64 {
+            let (_, old) = a.insert(b, b as u32);
+            assert_eq!(old, EMPTY, "{b}");
+        }
+        assert_eq!(a.count(), 64);
+        for b in (0..64u64).filter(|b| b % 2 == 0) {
+            a.touch(a.lookup(b).unwrap().line);
+        }
+        let (_, old) = a.insert(1000, 1000);
+        assert!(old != EMPTY && old % 2 == 1, "an unreferenced line goes: {old}");
+        assert_eq!(a.count(), 64);
+        for b in (0..64u64).filter(|b| b % 2 == 0) {
+            assert!(a.lookup(b).is_some(), "{b}");
+        }
+        assert_eq!(a.memory_bytes(), 64 * 6 + 1);
     }
 
     #[test]

@@ -20,6 +20,8 @@
 //!   0 magic "ZTCACHE1"   8 version u32 (1)   12 block_size u32 (4096)
 //!  16 segment_size u32   20 segments u32     24 lines u64
 //!  32 ways u16           34 placement u8 (0 direct, 1 assoc)   35 policy u8 (0 lru, 1 clock)
+//!     (ways: a power of two, at most 8 with LRU, 64 with CLOCK; builds
+//!     before 64-way sets refuse more than 16 with a clear error)
 //!  36 codec u8 (CodecId) 37 state u8 (0 new, 1 serving, 2 stopped clean)
 //!  38 flags u8 (bit 0: the journal was synced before each backing write)
 //!  40 uuid u64           48 sb_gen u64       56 ckpt_off u64    64 ckpt_size u64
@@ -85,6 +87,8 @@ use crc32c::crc32c;
 pub const SB_MAGIC: &[u8; 8] = b"ZTCACHE1";
 /// Format version.
 pub const VERSION: u32 = 1;
+/// Most ways of a set (with CLOCK; 8 with LRU).
+pub const MAX_WAYS: u16 = 64;
 /// Superblock slot size.
 pub const SB_SIZE: usize = 4096;
 /// Cache block (line) size.
@@ -349,11 +353,11 @@ impl Superblock {
         if self.segments < 4 {
             return Err(format!("{} segments: at least 4", self.segments));
         }
-        if self.ways == 0 || self.ways > 16 || !self.ways.is_power_of_two() {
-            return Err(format!("{} ways: 1, 2, 4, 8 or 16", self.ways));
+        if self.ways == 0 || self.ways > MAX_WAYS || !self.ways.is_power_of_two() {
+            return Err(format!("{} ways: a power of two up to {MAX_WAYS}", self.ways));
         }
         if self.ways > 8 && self.policy == Policy::Lru {
-            return Err(format!("{} ways with LRU: at most 8 (16 with CLOCK)", self.ways));
+            return Err(format!("{} ways with LRU: at most 8 ({MAX_WAYS} with CLOCK)", self.ways));
         }
         if (self.placement == Placement::Direct) != (self.ways == 1) {
             return Err("direct placement has exactly one way".into());

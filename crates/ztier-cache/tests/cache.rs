@@ -515,6 +515,45 @@ fn metadata_per_cached_block() {
     }
 }
 
+/// A compressed cache's directory (2 lines per 4 KiB of segment space)
+/// fills ~95% of its lines: 8-way sets overflow long before the
+/// segments are full and evict blocks the segments had room for;
+/// 32-way sets (the default) hold more blocks and hit more.
+#[test]
+fn wide_sets_hold_more_compressed_blocks() {
+    let blocks = 8192u64; // 4x an 8 MiB cache
+    let backing = filled(blocks, 4);
+    let mut seen = Vec::new();
+    for ways in [8u16, 32] {
+        let shape = Shape { size: 8 << 20, segment: 128 << 10, ways, ..Shape::default() };
+        let c = open(shape.device(), backing.clone(), CacheOptions { sequential_cutoff: 0, ..opts() });
+        let mut x = 5;
+        let mut mark = (0, 0);
+        for i in 0..60_000 {
+            if i % 256 == 0 {
+                c.drain();
+            }
+            if i == 40_000 {
+                let s = c.stats();
+                mark = (s.ssd_hits, s.misses);
+            }
+            read_block(&c, rng(&mut x) % blocks);
+        }
+        c.drain();
+        let s = c.stats();
+        assert!(s.ratio > 1.8, "{s:?}");
+        let hit = (s.ssd_hits - mark.0) as f64 / ((s.ssd_hits - mark.0) + (s.misses - mark.1)) as f64;
+        eprintln!(
+            "{ways} ways: hit {hit:.3}, {} of {} lines, {} conflict evictions",
+            s.lines_used, s.lines, s.conflict_evictions
+        );
+        seen.push((hit, s.lines_used, s.conflict_evictions));
+    }
+    let ((h8, l8, c8), (h32, l32, c32)) = (seen[0], seen[1]);
+    assert!(c32 * 3 < c8 * 2, "conflict evictions: 8 ways {c8}, 32 ways {c32}");
+    assert!(l32 > l8 && h32 > h8, "8 ways: {l8} lines, hit {h8:.3}; 32 ways: {l32}, {h32:.3}");
+}
+
 #[test]
 fn write_around_does_not_cache_writes() {
     let backing = filled(64, 0);

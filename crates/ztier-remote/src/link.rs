@@ -291,6 +291,37 @@ impl Link {
         Ok(())
     }
 
+    /// A single server: sends the commands packed in `buf` without
+    /// reading their replies ([`Link::replies`] reads them later; the
+    /// flusher sends its next round first). A cluster's connection
+    /// refuses.
+    pub(crate) fn send_packed(&mut self, buf: &[u8]) -> RedisResult<()> {
+        let Link::Single(c) = self else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "commands packed by hand go to a single server only",
+            )));
+        };
+        c.send_packed_command(buf)
+    }
+
+    /// A single server: reads the replies of `n` commands sent by
+    /// [`Link::send_packed`]; any error reply fails the whole (after
+    /// every reply is read, so the connection stays in step).
+    pub(crate) fn replies(&mut self, n: usize) -> RedisResult<()> {
+        let Link::Single(c) = self else {
+            return Err(redis::RedisError::from((redis::ErrorKind::Client, "no replies wait on a cluster")));
+        };
+        let mut first = Ok(());
+        for _ in 0..n {
+            let r = c.recv_response()?.extract_error();
+            if first.is_ok() {
+                first = r.map(|_| ());
+            }
+        }
+        first
+    }
+
     /// Several values (`None`: no such key), in order: one `MGET` for a
     /// single server, a `GET` each for a cluster (whose client pipelines
     /// no command on several keys), in one pipeline (per node). Any

@@ -431,7 +431,7 @@ fn requests(
     body: &mut Vec<u8>,
 ) -> io::Result<()> {
     let mut out = Vec::with_capacity(4096);
-    let mut on_cpu = u32::MAX;
+    let mut on_cpu = Affinity::new();
     loop {
         // Answers go out when no request waits (puts' answers together).
         if r.buffer().is_empty() {
@@ -440,6 +440,9 @@ fn requests(
         let Some((kind, flags)) = wire::read_frame(r, body)? else { return Ok(()) };
         match kind {
             op::PUT => {
+                // Not on the CPU of the last get: puts come mid-eviction,
+                // whose CPU the faulting thread still needs.
+                on_cpu.let_go();
                 let key = wire::key_of(kind, body)?;
                 let (meta, data) = wire::page_of(kind, &body[KEY..])?;
                 match tier.put(key, meta, data) {
@@ -454,7 +457,7 @@ fn requests(
             op::GET => {
                 let key = wire::key_of(kind, body)?;
                 if let Some(cpu) = body.get(KEY..KEY + 4) {
-                    follow(&mut on_cpu, u32::from_le_bytes(cpu.try_into().expect("4 bytes")));
+                    on_cpu.follow(u32::from_le_bytes(cpu.try_into().expect("4 bytes")));
                 }
                 match tier.get(key, &mut out, flags & 1 != 0) {
                     Ok(Some(meta)) => {
@@ -507,23 +510,57 @@ fn requests(
     }
 }
 
-/// Moves this thread to `cpu` (that of the thread waiting for a get),
-/// if it is not there already and may run there.
-fn follow(on: &mut u32, cpu: u32) {
-    if *on == cpu || cpu as usize >= libc::CPU_SETSIZE as usize {
-        return;
+/// The CPUs a proxy connection's thread runs on: the faulting thread's
+/// while gets come (the value lands in that CPU's cache, and the wake-up
+/// stays on one CPU), any it may use while puts come.
+struct Affinity {
+    /// The CPUs the thread may use (its mask when it started), if known.
+    all: Option<libc::cpu_set_t>,
+    /// The CPU it is held on, or `u32::MAX`.
+    on: u32,
+}
+
+impl Affinity {
+    fn new() -> Self {
+        // SAFETY: a cpu_set_t is plain data, all zeros an empty set; the
+        // calling thread's (0) mask is written into it.
+        let all = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0).then_some(set)
+        };
+        Affinity { all, on: u32::MAX }
     }
-    // SAFETY: a cpu_set_t is plain data, all zeros an empty set; the
-    // affinity of the calling thread (0) is set from it.
-    let ok = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    };
-    // Not allowed there (another cpuset): stays where it may run, and
-    // does not try again for this CPU.
-    *on = cpu;
-    let _ = ok;
+
+    /// Moves this thread to `cpu` (that of the thread waiting for a get),
+    /// if it is not there already and may run there.
+    fn follow(&mut self, cpu: u32) {
+        if self.all.is_none() || self.on == cpu || cpu as usize >= libc::CPU_SETSIZE as usize {
+            return;
+        }
+        // SAFETY: a cpu_set_t is plain data, all zeros an empty set; the
+        // affinity of the calling thread (0) is set from it.
+        let ok = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu as usize, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        };
+        // Not allowed there (another cpuset): stays where it may run, and
+        // does not try again for this CPU.
+        self.on = cpu;
+        let _ = ok;
+    }
+
+    /// Lets the thread run on any of its CPUs again (if it was held on one).
+    fn let_go(&mut self) {
+        let Some(all) = &self.all else { return };
+        if self.on == u32::MAX {
+            return;
+        }
+        // SAFETY: `all` is the mask read at the start; the affinity of the
+        // calling thread (0) is set from it.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), all) };
+        self.on = u32::MAX;
+    }
 }
 
 /// Hands every entry back (and drops it here), then END; ERROR on the

@@ -447,16 +447,26 @@ impl Inner {
         }
     }
 
-    /// The flusher thread's loop.
+    /// The flusher thread's loop. On a single server without WAIT, two
+    /// rounds are in flight: round N+1 is sent before round N's replies
+    /// are read, so the server works on one while the flusher packs and
+    /// seals the next.
     fn flusher(self: Arc<Self>) {
         let mut link: Option<Link> = None;
         let mut last_topology = Instant::now();
         let mut buf = Vec::new();
+        // The round sent whose replies are not read yet.
+        let mut flight: Option<Flight> = None;
         loop {
             let mut s = self.lock();
             loop {
                 if s.stop {
                     return;
+                }
+                // A round in flight: the next goes out now, or, with
+                // nothing to send, its replies are read.
+                if flight.is_some() {
+                    break;
                 }
                 let work = !s.queue.is_empty() || !s.unlinks.is_empty();
                 if work && !s.paused {
@@ -487,22 +497,90 @@ impl Inner {
                     self.look_at_masters(l);
                 }
             }
-            let ok = match (&round, link.as_mut()) {
-                (r, _) if r.is_empty() => Ok(()),
-                (r, Some(l)) => self.write(l, r, &mut buf),
-                (_, None) => Err("cannot connect".to_string()),
-            };
-            if ok.is_err() {
-                // Its replies may be out of step: a new connection next time.
-                link = None;
+            let early = !round.is_empty()
+                && !self.cfg.durability.waits()
+                && link.as_ref().is_some_and(|l| l.is_single());
+            if early {
+                let l = link.as_mut().expect("checked above");
+                let sent_at = Instant::now();
+                let n = self.pack_round(&round, &mut buf);
+                let sent = l.send_packed(&buf).map_err(|e| self.refused(e));
+                let mut step = sent.is_ok();
+                if let Some(f) = flight.take() {
+                    let ok = match &sent {
+                        Ok(()) => self.land(l, &f),
+                        Err(e) => Err(e.clone()),
+                    };
+                    step &= ok.is_ok();
+                    self.finish(f.round, ok);
+                }
+                match sent {
+                    Ok(()) if step => flight = Some(Flight { round, n, sent_at }),
+                    Ok(()) => {
+                        // Its replies are out of step with the requests.
+                        link = None;
+                        self.finish(round, Err("the round before it failed on the same connection".into()));
+                    }
+                    Err(e) => {
+                        link = None;
+                        self.finish(round, Err(e));
+                    }
+                }
+            } else {
+                if let Some(f) = flight.take() {
+                    let ok = match link.as_mut() {
+                        Some(l) => self.land(l, &f),
+                        None => Err("cannot connect".to_string()),
+                    };
+                    if ok.is_err() {
+                        link = None;
+                    }
+                    self.finish(f.round, ok);
+                }
+                let ok = match (&round, link.as_mut()) {
+                    (r, _) if r.is_empty() => Ok(()),
+                    (r, Some(l)) => self.write(l, r, &mut buf),
+                    (_, None) => Err("cannot connect".to_string()),
+                };
+                if ok.is_err() {
+                    // Its replies may be out of step: a new connection next time.
+                    link = None;
+                }
+                self.finish(round, ok);
             }
-            let copied = if ok.is_ok() { self.copy_locally(&round) } else { Vec::new() };
-            let mut s = self.lock();
-            self.settle(&mut s, round, ok, &copied);
-            s.busy = false;
-            drop(s);
-            self.done.notify_all();
+            if flight.is_none() {
+                self.lock().busy = false;
+                self.done.notify_all();
+            }
         }
+    }
+
+    /// A round's pages are settled: local copies written if it went
+    /// well ([`Inner::copy_locally`]), then [`Inner::settle`].
+    fn finish(&self, round: Round, ok: Result<(), String>) {
+        let copied = if ok.is_ok() { self.copy_locally(&round) } else { Vec::new() };
+        let mut s = self.lock();
+        self.settle(&mut s, round, ok, &copied);
+        drop(s);
+        self.done.notify_all();
+    }
+
+    /// Reads the replies of a round in flight (and counts it).
+    fn land(&self, l: &mut Link, f: &Flight) -> Result<(), String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        l.replies(f.n).map_err(|e| self.refused(e))?;
+        if !f.round.pages.is_empty() {
+            self.stats.batch_ns.record(f.sent_at.elapsed().as_nanos() as u64);
+            self.stats.batches.fetch_add(1, Relaxed);
+        }
+        self.stats.unlinks.fetch_add(f.round.unlinks.len() as u64, Relaxed);
+        Ok(())
+    }
+
+    /// A write refused or lost: counted, and said.
+    fn refused(&self, e: redis::RedisError) -> String {
+        self.stats.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("the remote refused or lost a write: {e}")
     }
 
     /// Failovers: a master that was not one before (a replica promoted).
@@ -545,6 +623,14 @@ struct Round {
     pages: Vec<RoundPage>,
     writer: Option<(u16, Arc<Writer>)>,
     unlinks: Vec<Vec<u8>>,
+}
+
+/// A round sent ([`Link::send_packed`]) whose `n` replies are not read
+/// yet.
+struct Flight {
+    round: Round,
+    n: usize,
+    sent_at: Instant,
 }
 
 impl Round {
@@ -598,11 +684,13 @@ impl Inner {
     fn write(&self, l: &mut Link, r: &Round, buf: &mut Vec<u8>) -> Result<(), String> {
         use std::sync::atomic::Ordering::Relaxed;
         let t = Instant::now();
-        let sent = if l.is_single() { self.send_packed(l, r, buf) } else { self.send_cmds(l, r, buf) };
-        sent.map_err(|e| {
-            self.stats.errors.fetch_add(1, Relaxed);
-            format!("the remote refused or lost a write: {e}")
-        })?;
+        let sent = if l.is_single() {
+            let n = self.pack_round(r, buf);
+            l.exec_packed(buf, n)
+        } else {
+            self.send_cmds(l, r, buf)
+        };
+        sent.map_err(|e| self.refused(e))?;
         if !r.pages.is_empty() && self.cfg.durability.waits() {
             let n = l.wait(1, self.cfg.wait_timeout).map_err(|e| {
                 self.stats.errors.fetch_add(1, Relaxed);
@@ -626,8 +714,9 @@ impl Inner {
 
     /// A single server: the round's commands packed straight into `buf`
     /// (names formatted there, each value sealed there: no copy of a
-    /// page but the one into the buffer), sent as one pipeline.
-    fn send_packed(&self, l: &mut Link, r: &Round, buf: &mut Vec<u8>) -> redis::RedisResult<()> {
+    /// page but the one into the buffer), to go as one pipeline. Returns
+    /// how many commands.
+    fn pack_round(&self, r: &Round, buf: &mut Vec<u8>) -> usize {
         use std::io::Write;
         buf.clear();
         let mut n = 0;
@@ -658,8 +747,7 @@ impl Inner {
                 i = j;
             }
         }
-        n += unlinks_by_tag(&r.unlinks, |args| crate::link::pack(buf, &args));
-        l.exec_packed(buf, n)
+        n + unlinks_by_tag(&r.unlinks, |args| crate::link::pack(buf, &args))
     }
 
     /// A cluster: the round's commands through the cluster client.
@@ -860,8 +948,12 @@ impl NextTier for RemoteTier {
         s.pending_bytes += size;
         s.index.insert(key, Entry { meta, seq, at: At::Pending(waiting) });
         s.queue.push_back((key, seq));
-        // (The flusher sleeps only with nothing to do.)
-        if s.queue.len() == 1 {
+        // The flusher sleeps only with nothing to do. Woken after the
+        // lock is let go: woken under it, it would wake only to wait
+        // for the lock (a second switch per round).
+        let first = s.queue.len() == 1;
+        drop(s);
+        if first {
             inner.wake.notify_one();
         }
         Ok(())

@@ -683,7 +683,7 @@ fn bench_blk_short_run_json() {
     let d = tmpdir("bench");
     let out = run(ztier()
         .args(["bench", "blk", "--size", "32M", "--runtime", "1", "--space-mib", "32", "--ckpt-runtime", "2"])
-        .args(["--rounds", "1", "--cold"])
+        .args(["--rounds", "1", "--cold", "--ckpt-size", "256M", "--ckpt-span", "16M"])
         .arg("--dir")
         .arg(&d)
         .arg("--json"));
@@ -700,6 +700,13 @@ fn bench_blk_short_run_json() {
         assert_eq!(j["ratios"].as_array().unwrap().len(), 1, "{j}");
         let read = j["job"].as_str().unwrap().contains("read");
         assert_eq!(j["cold"], read, "{j}");
+        for k in ["ztier_cpu_ms_per_gib", "nbdkit_cpu_ms_per_gib"] {
+            assert!(j[k].as_f64().unwrap() > 0.0, "{k}: {j}");
+        }
+        // Only the first read job waits for the writes to settle; cold
+        // reads get no warm-up pass.
+        assert_eq!(j["settle_ms"].is_f64(), j["job"] == "seq-read-1M-qd4", "{j}");
+        assert_eq!(j["warmed"], false, "{j}");
         if read {
             // The drops worked: (almost) nothing of either image stayed cached.
             assert!(j["resident_after_drop"].as_f64().unwrap() < 0.05, "{j}");
@@ -717,9 +724,13 @@ fn bench_blk_short_run_json() {
         assert!(c[k].as_f64().unwrap() > 0.0, "{k}: {c}");
     }
     assert!(c["checkpoints"].is_u64(), "{c}");
+    // --ckpt-size: a 256 MiB device, whose table (65,536 entries of 12
+    // bytes, 340 to a 4 KiB page) is what a full checkpoint would write.
+    assert_eq!(c["table_bytes"].as_u64().unwrap(), 65536_u64.div_ceil(340) * 4096, "{c}");
     // This build reports its checkpoints' pages from its live stats.
     if c["checkpoints"].as_u64().unwrap() > 0 {
         assert!(c["pages_per_checkpoint"].as_f64().unwrap() > 0.0, "{c}");
+        assert!(c["bytes_per_checkpoint"].as_f64().unwrap() > 0.0, "{c}");
     }
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -257,3 +257,42 @@ fn a_value_changed_in_redis_is_an_error_never_data() {
     assert_eq!(err.matches("next tier I/O").count(), 1, "{err}");
     assert!(o.stdout.is_empty() || o.stdout == want.stdout, "{}", said(&o));
 }
+
+/// `bench pressure --remote` adds a row "ztier run --remote": a
+/// redis-server on loopback started for it takes the pages a store of a
+/// quarter of the budget cannot hold, the output is native's, and the
+/// server is stopped (by its PID) when the row is done.
+#[test]
+fn bench_pressure_gains_a_remote_row() {
+    let d = tmp("remote-pressure");
+    let touch = compile(&d, "touch_times");
+    let json = d.join("p.json");
+    let o = Command::new(ztier())
+        .args(["bench", "pressure", "--kernel", "none", "--remote", "--budgets", "8M", "--json"])
+        .arg(&json)
+        .args(["--", &touch, "4096"])
+        .current_dir(&d)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", said(&o));
+    let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    let row = rows.iter().find(|r| r["mode"] == "ztier run --remote").unwrap_or_else(|| panic!("{rows:?}"));
+    assert_eq!(row["same_output"], true, "{row}");
+    assert_eq!(row["budget"].as_u64(), Some(8 << 20), "{row}");
+    // 16 MiB (4096 pages) through a 2 MiB store: thousands of pages went
+    // to the remote and back (~3900 and ~2400 here).
+    assert!(row["remote_puts"].as_u64().unwrap() > 1000, "{row}");
+    assert!(row["remote_gets"].as_u64().unwrap() > 1000, "{row}");
+    // The spill-file row is still there, without remote counts.
+    let local = rows.iter().find(|r| r["mode"] == "ztier run").unwrap();
+    assert!(local["remote_puts"].is_null(), "{local}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("ztier run --remote at 8M: "), "{text}");
+    // The server is gone: its port refuses connections.
+    let err = String::from_utf8_lossy(&o.stderr);
+    let at = err.find("(redis-server redis://").unwrap_or_else(|| panic!("{err}"));
+    let addr = err[at + "(redis-server redis://".len()..].split(')').next().unwrap();
+    assert!(std::net::TcpStream::connect(addr).is_err(), "the server at {addr} still runs: {err}");
+    assert!(!err.contains("process running ("), "{err}");
+}

@@ -54,6 +54,22 @@ pub struct BlkBenchArgs {
     /// Seconds of each checkpoint-latency run (0: skip them).
     #[arg(long, default_value_t = 20, value_name = "S")]
     pub ckpt_runtime: u64,
+    /// Logical size of the checkpoint-latency runs' device (default:
+    /// `--size`). The table a full checkpoint writes grows with it (3 MiB
+    /// per GiB).
+    #[arg(long, value_name = "SIZE")]
+    pub ckpt_size: Option<String>,
+    /// The checkpoint runs' 4K writes go to the first SIZE bytes of the
+    /// device (default: all of it), so a large device is written in a
+    /// bounded span, as a thin device with a working set is.
+    #[arg(long, value_name = "SIZE")]
+    pub ckpt_span: Option<String>,
+    /// Physical size of the checkpoint runs' image (`blk create
+    /// --physical`: thin; default: provisioned). Checkpoints come after
+    /// every 1/8 of the extents is sealed, so a smaller physical size
+    /// crosses more of them in a run.
+    #[arg(long, value_name = "SIZE")]
+    pub ckpt_physical: Option<String>,
     /// Another build's `ztier` binary to run the checkpoint-latency run
     /// with too (the build before a change).
     #[arg(long, value_name = "PATH")]
@@ -100,6 +116,12 @@ pub struct CkptRow {
     pub pages_per_checkpoint: Option<f64>,
     /// The longest checkpoint, µs (this build only).
     pub checkpoint_max_us: Option<f64>,
+    /// Bytes a checkpoint wrote on average: table pages × 4 KiB (this
+    /// build only, from its live stats).
+    pub bytes_per_checkpoint: Option<f64>,
+    /// The whole table (superblock's table pages × 4 KiB): what a full
+    /// checkpoint writes each time.
+    pub table_bytes: u64,
     /// Each round's write p99, µs (the fields above are medians).
     pub write_p99_us_rounds: Vec<f64>,
 }
@@ -126,6 +148,19 @@ pub struct FioRow {
     /// With `cold`: the largest fraction of an image's pages still cached
     /// right after a drop (0 when the drops work).
     pub resident_after_drop: Option<f64>,
+    /// The ztier server's CPU time (user + system, every thread) per GiB
+    /// moved, ms (median of the rounds). Less sensitive to other load on
+    /// the machine than throughput.
+    pub ztier_cpu_ms_per_gib: f64,
+    /// The same for the nbdkit process.
+    pub nbdkit_cpu_ms_per_gib: f64,
+    /// Before this job's rounds: ms spent syncing both images and waiting
+    /// for the ztier server's background work (the first read job after
+    /// the write job; `null` for the others).
+    pub settle_ms: Option<f64>,
+    /// Whether an untimed pass on each server warmed the page cache
+    /// before the rounds (the first warm read job).
+    pub warmed: bool,
 }
 
 /// One data type in the space table.
@@ -186,8 +221,18 @@ fn wait_for(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs one fio job; returns (MB/s, IOPS).
-fn fio(uri: &str, args: &[String]) -> Result<(f64, f64)> {
+/// One fio pass: MB/s, IOPS, bytes moved.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pass {
+    mb_s: f64,
+    iops: f64,
+    bytes: f64,
+    /// The server's CPU time during the pass, ms.
+    cpu_ms: f64,
+}
+
+/// Runs one fio job.
+fn fio(uri: &str, args: &[String]) -> Result<Pass> {
     let out = Command::new("fio")
         .args(["--ioengine=nbd", "--output-format=json", "--group_reporting"])
         .arg(format!("--uri={uri}"))
@@ -202,15 +247,51 @@ fn fio(uri: &str, args: &[String]) -> Result<(f64, f64)> {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout[start..])
         .with_context(|| format!("fio JSON: {}", String::from_utf8_lossy(&out.stdout[..start.min(500)])))?;
     let j = &v["jobs"][0];
-    let (mut bw, mut iops) = (0.0, 0.0);
+    let (mut bw, mut iops, mut bytes) = (0.0, 0.0, 0.0);
     for d in ["read", "write"] {
         bw += j[d]["bw_bytes"].as_f64().unwrap_or(0.0);
         iops += j[d]["iops"].as_f64().unwrap_or(0.0);
+        bytes += j[d]["io_bytes"].as_f64().unwrap_or(0.0);
     }
     if j["error"].as_i64().unwrap_or(0) != 0 {
         bail!("fio job reported error {}", j["error"]);
     }
-    Ok((bw / 1e6, iops))
+    Ok(Pass { mb_s: bw / 1e6, iops, bytes, cpu_ms: 0.0 })
+}
+
+/// CPU time (user + system) of process `pid`, ms (`/proc/PID/stat`).
+fn cpu_ms(pid: u32) -> Result<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses.
+    let rest = s.rsplit_once(')').map(|x| x.1).context("/proc/PID/stat")?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|x| x.parse::<f64>().ok()).context("utime")?
+        + f.get(12).and_then(|x| x.parse::<f64>().ok()).context("stime")?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks * 1000.0 / hz)
+}
+
+/// Before the read jobs time anything: both images synced to disk (so
+/// the kernel's writeback of the write job does not run during one
+/// side's reads), then the ztier server's background work after the
+/// write job (cleaner, checkpoint: `maintenance_pending` in its stats)
+/// waited for. Returns the ms this took.
+fn settle(engine: &Engine, imgs: &[&Path]) -> Result<f64> {
+    let t = Instant::now();
+    engine.flush()?;
+    for img in imgs {
+        std::fs::File::open(img)?.sync_all()?;
+    }
+    while engine.maintenance_pending() {
+        if t.elapsed() > Duration::from_secs(300) {
+            bail!("the ztier server's cleaner or checkpoint still runs after 300 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // What the cleaner and checkpoint wrote, synced too.
+    std::fs::File::open(imgs[0])?.sync_all()?;
+    Ok(t.elapsed().as_secs_f64() * 1000.0)
 }
 
 fn fio_jobs(size: u64, runtime: u64, pct: u32) -> Vec<(String, Vec<String>)> {
@@ -260,6 +341,10 @@ fn fio_jobs(size: u64, runtime: u64, pct: u32) -> Vec<(String, Vec<String>)> {
 }
 
 fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
+    let chosen = |n: &str| a.jobs.is_empty() || a.jobs.iter().any(|j| n.contains(j.as_str()));
+    if !fio_jobs(0, 0, 0).iter().any(|(n, _)| chosen(n)) {
+        return Ok(Vec::new()); // e.g. `--jobs ckpt`: checkpoint runs only
+    }
     need("fio", "fio")?;
     need("nbdkit", "nbdkit")?;
     let size = parse_size(&a.size)?;
@@ -293,7 +378,7 @@ fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
     let kimg = dir.join("nbdkit.img");
     std::fs::File::create(&kimg)?.set_len(size)?;
     let ksock = dir.join("k.sock");
-    let _kit = Kid(Command::new("nbdkit")
+    let kit = Kid(Command::new("nbdkit")
         .args(["-f", "-U"])
         .arg(&ksock)
         .arg("file")
@@ -303,11 +388,13 @@ fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
         .spawn()
         .context("starting nbdkit")?);
     wait_for(&ksock)?;
+    // The ztier server runs in this process (its CPU time is this
+    // process's: the main thread only waits for fio meanwhile).
+    let (me, kit_pid) = (std::process::id(), kit.0.id());
     let zuri = format!("nbd+unix:///?socket={}", zsock.display());
     let kuri = format!("nbd+unix:///?socket={}", ksock.display());
     let mut rows = Vec::new();
     let jobs = fio_jobs(size, a.runtime, a.compress_percentage);
-    let chosen = |n: &str| a.jobs.is_empty() || a.jobs.iter().any(|j| n.contains(j.as_str()));
     let reads = jobs.iter().any(|(n, _)| n.contains("read") && chosen(n));
     for (name, args) in jobs {
         if !(chosen(&name) || reads && name == "seq-write-1M") {
@@ -317,39 +404,58 @@ fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
             eprintln!("bench blk: {name}");
         }
         let cold = a.cold && name.contains("read");
+        let read = name.contains("read");
+        // The first read job after the write job: let both sides' writes
+        // settle, then (warm reads) one untimed pass on each server.
+        let first_read = read && !rows.iter().any(|r: &FioRow| r.job.contains("read"));
+        let settle_ms = if first_read { Some(settle(&engine, &[&zimg, &kimg])?) } else { None };
+        let warmed = first_read && !cold;
+        if warmed {
+            fio(&zuri, &args)?;
+            fio(&kuri, &args)?;
+        }
         let mut resident: f64 = 0.0;
-        // One pass on one server: with `cold`, its image's cache dropped first.
-        let mut pass = |uri: &str, img: &Path| -> Result<(f64, f64)> {
+        // One pass on one server (its CPU time measured around it): with
+        // `cold`, its image's cache dropped first.
+        let mut pass = |uri: &str, img: &Path, pid: u32| -> Result<Pass> {
             if cold {
                 resident = resident.max(drop_cache(img)?);
             }
-            fio(uri, &args)
+            let c0 = cpu_ms(pid)?;
+            let mut p = fio(uri, &args)?;
+            p.cpu_ms = cpu_ms(pid)? - c0;
+            Ok(p)
         };
         // Rounds of pairs; which server goes first alternates.
         let (mut zs, mut ks, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..a.rounds as usize {
             let (z, k) = if (rows.len() + round) % 2 == 0 {
-                let z = pass(&zuri, &zimg)?;
-                (z, pass(&kuri, &kimg)?)
+                let z = pass(&zuri, &zimg, me)?;
+                (z, pass(&kuri, &kimg, kit_pid)?)
             } else {
-                let k = pass(&kuri, &kimg)?;
-                (pass(&zuri, &zimg)?, k)
+                let k = pass(&kuri, &kimg, kit_pid)?;
+                (pass(&zuri, &zimg, me)?, k)
             };
-            ratios.push(if k.0 > 0.0 { z.0 / k.0 } else { 0.0 });
+            ratios.push(if k.mb_s > 0.0 { z.mb_s / k.mb_s } else { 0.0 });
             zs.push(z);
             ks.push(k);
         }
-        let m = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| median(v.iter().map(f).collect());
+        let m = |v: &[Pass], f: fn(&Pass) -> f64| median(v.iter().map(f).collect());
+        let per_gib = |p: &Pass| if p.bytes > 0.0 { p.cpu_ms * (1u64 << 30) as f64 / p.bytes } else { 0.0 };
         rows.push(FioRow {
             job: name,
-            ztier_mb_s: m(&zs, |x| x.0),
-            ztier_iops: m(&zs, |x| x.1),
-            nbdkit_mb_s: m(&ks, |x| x.0),
-            nbdkit_iops: m(&ks, |x| x.1),
+            ztier_mb_s: m(&zs, |x| x.mb_s),
+            ztier_iops: m(&zs, |x| x.iops),
+            nbdkit_mb_s: m(&ks, |x| x.mb_s),
+            nbdkit_iops: m(&ks, |x| x.iops),
             ratio: median(ratios.clone()),
             ratios,
             cold,
             resident_after_drop: cold.then_some(resident),
+            ztier_cpu_ms_per_gib: median(zs.iter().map(per_gib).collect()),
+            nbdkit_cpu_ms_per_gib: median(ks.iter().map(per_gib).collect()),
+            settle_ms,
+            warmed,
         });
     }
     stop.store(true, std::sync::atomic::Ordering::Release);
@@ -426,17 +532,21 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The highest generation of the two superblock slots of `img` (offset 40
-/// of each 4 KiB slot in every format version so far).
-fn generation(img: &Path) -> Result<u64> {
-    let b = std::fs::read(img).map(|mut b| {
-        b.truncate(8192);
-        b
-    })?;
+/// of each 4 KiB slot in every format version so far) and the table's
+/// size in bytes (its 4 KiB pages at offset 36 of that slot). Reads the two slots only
+/// (an image is as large as its physical size).
+fn generation(img: &Path) -> Result<(u64, u64)> {
+    use std::io::Read;
+    let mut b = Vec::with_capacity(8192);
+    std::fs::File::open(img)?.take(8192).read_to_end(&mut b)?;
     if b.len() < 8192 {
         bail!("{}: too short for an image", img.display());
     }
     let g = |o: usize| u64::from_le_bytes(b[o + 40..o + 48].try_into().expect("8 bytes"));
-    Ok(g(0).max(g(4096)))
+    // The slot in use (a new image has written only one).
+    let o = if g(4096) > g(0) { 4096 } else { 0 };
+    let pages = u32::from_le_bytes(b[o + 36..o + 40].try_into().expect("4 bytes"));
+    Ok((g(o), u64::from(pages) * 4096))
 }
 
 /// One checkpoint-latency run on the server of `bin`.
@@ -445,17 +555,17 @@ fn ckpt_run(a: &BlkBenchArgs, dir: &Path, build: &str, bin: &Path) -> Result<Ckp
     let sock = dir.join("c.sock");
     let _ = std::fs::remove_file(&img);
     let _ = std::fs::remove_file(&sock);
-    let st = Command::new(bin)
-        .args(["blk", "create"])
-        .arg(&img)
-        .args(["--size", &a.size])
-        .stderr(Stdio::null())
-        .status()
-        .with_context(|| format!("running {}", bin.display()))?;
+    let size = a.ckpt_size.as_deref().unwrap_or(&a.size);
+    let mut create = Command::new(bin);
+    create.args(["blk", "create"]).arg(&img).args(["--size", size]);
+    if let Some(p) = &a.ckpt_physical {
+        create.args(["--physical", p]);
+    }
+    let st = create.stderr(Stdio::null()).status().with_context(|| format!("running {}", bin.display()))?;
     if !st.success() {
         bail!("{} blk create failed", bin.display());
     }
-    let g0 = generation(&img)?;
+    let (g0, table_bytes) = generation(&img)?;
     let srv = Kid(Command::new(bin)
         .args(["blk", "serve"])
         .arg(&img)
@@ -470,7 +580,7 @@ fn ckpt_run(a: &BlkBenchArgs, dir: &Path, build: &str, bin: &Path) -> Result<Ckp
         .args(["--ioengine=nbd", "--output-format=json", "--name=ckpt", "--rw=randwrite", "--bs=4k"])
         .args(["--iodepth=8", "--fsync=64", "--time_based", "--percentile_list=50:99:99.9"])
         .arg(format!("--runtime={}", a.ckpt_runtime))
-        .arg(format!("--size={}", a.size))
+        .arg(format!("--size={}", a.ckpt_span.as_deref().unwrap_or(size)))
         .arg(format!("--buffer_compress_percentage={}", a.compress_percentage))
         .arg("--refill_buffers")
         .arg(format!("--uri=nbd+unix:///?socket={}", sock.display()))
@@ -484,7 +594,7 @@ fn ckpt_run(a: &BlkBenchArgs, dir: &Path, build: &str, bin: &Path) -> Result<Ckp
     if !out.status.success() {
         bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let checkpoints = generation(&img)?.saturating_sub(g0 + 1);
+    let checkpoints = generation(&img)?.0.saturating_sub(g0 + 1);
     let start = out.stdout.iter().position(|&b| b == b'{').unwrap_or(0);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout[start..]).context("fio JSON")?;
     let w = &v["jobs"][0]["write"];
@@ -504,6 +614,11 @@ fn ckpt_run(a: &BlkBenchArgs, dir: &Path, build: &str, bin: &Path) -> Result<Ckp
             (c > 0.0).then(|| l["checkpoint_pages_written"].as_f64().unwrap_or(0.0) / c)
         }),
         checkpoint_max_us: live.as_ref().and_then(|l| l["checkpoint_max_us"].as_f64()),
+        bytes_per_checkpoint: live.as_ref().and_then(|l| {
+            let c = l["checkpoints"].as_f64()?;
+            (c > 0.0).then(|| l["checkpoint_pages_written"].as_f64().unwrap_or(0.0) * 4096.0 / c)
+        }),
+        table_bytes,
         write_p99_us_rounds: Vec::new(),
     })
 }
@@ -554,6 +669,8 @@ fn bench_checkpoints(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<CkptRow>> {
                 checkpoints: median(rs.iter().map(|r| r.checkpoints as f64).collect()).round() as u64,
                 pages_per_checkpoint: opt(|r| r.pages_per_checkpoint),
                 checkpoint_max_us: opt(|r| r.checkpoint_max_us),
+                bytes_per_checkpoint: opt(|r| r.bytes_per_checkpoint),
+                table_bytes: rs[0].table_bytes,
                 write_p99_us_rounds: rs.iter().map(|r| r.write_p99_us).collect(),
             }
         })
@@ -748,36 +865,63 @@ pub fn run(a: BlkBenchArgs) -> Result<i32> {
             println!("(read jobs cold: each image's page cache dropped before each pass)");
         }
         println!(
-            "{:<20} {:>12} {:>12} {:>12} {:>12} {:>8}  rounds",
-            "job", "ztier MB/s", "ztier IOPS", "nbdkit MB/s", "nbdkit IOPS", "ratio"
+            "(CPU ms/GiB: each server's CPU time per GiB moved; before the read jobs both images are synced, the ztier server's cleaner/checkpoint waited for, and warm reads get one untimed pass on each)"
+        );
+        println!(
+            "{:<20} {:>11} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9}  rounds",
+            "job",
+            "ztier MB/s",
+            "ztier IOPS",
+            "nbdkit MB/s",
+            "nbdkit IOPS",
+            "ratio",
+            "z CPU/GiB",
+            "k CPU/GiB"
         );
         for x in &r.fio {
             let rs: Vec<String> = x.ratios.iter().map(|r| format!("{r:.2}")).collect();
             println!(
-                "{:<20} {:>12.1} {:>12.0} {:>12.1} {:>12.0} {:>8.2}  {}",
+                "{:<20} {:>11.1} {:>11.0} {:>11.1} {:>11.0} {:>7.2} {:>9.0} {:>9.0}  {}",
                 x.job,
                 x.ztier_mb_s,
                 x.ztier_iops,
                 x.nbdkit_mb_s,
                 x.nbdkit_iops,
                 x.ratio,
+                x.ztier_cpu_ms_per_gib,
+                x.nbdkit_cpu_ms_per_gib,
                 rs.join(" ")
             );
         }
         println!();
     }
     if !r.checkpoint.is_empty() {
+        let size = a.ckpt_size.as_deref().unwrap_or(&a.size);
         println!(
-            "4K random writes, QD8, a FLUSH every 64 writes, {} s across checkpoints, {} size, {}% compressible (medians of {} rounds)",
-            a.ckpt_runtime, a.size, a.compress_percentage, a.rounds
+            "4K random writes, QD8, a FLUSH every 64 writes, {} s across checkpoints, {} device{}{}, {}% compressible (medians of {} rounds)",
+            a.ckpt_runtime,
+            size,
+            a.ckpt_physical.as_ref().map_or(String::new(), |p| format!(" ({p} physical)")),
+            a.ckpt_span.as_ref().map_or(String::new(), |s| format!(", writes in its first {s}")),
+            a.compress_percentage,
+            a.rounds
         );
         println!(
-            "{:<8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>6} {:>10}",
-            "build", "IOPS", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "flush p99", "ckpts", "pages/ckpt"
+            "{:<8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>6} {:>12} {:>12}",
+            "build",
+            "IOPS",
+            "p50 µs",
+            "p99 µs",
+            "p99.9 µs",
+            "max µs",
+            "flush p99",
+            "ckpts",
+            "bytes/ckpt",
+            "table bytes"
         );
         for x in &r.checkpoint {
             println!(
-                "{:<8} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>10.0} {:>11.0} {:>6} {:>10}",
+                "{:<8} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>10.0} {:>11.0} {:>6} {:>12} {:>12}",
                 x.build,
                 x.iops,
                 x.write_p50_us,
@@ -786,7 +930,8 @@ pub fn run(a: BlkBenchArgs) -> Result<i32> {
                 x.write_max_us,
                 x.flush_p99_us,
                 x.checkpoints,
-                x.pages_per_checkpoint.map_or("-".to_string(), |p| format!("{p:.0}"))
+                x.bytes_per_checkpoint.map_or("-".to_string(), |p| format!("{p:.0}")),
+                x.table_bytes
             );
         }
         println!();

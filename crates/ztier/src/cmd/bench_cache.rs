@@ -7,7 +7,9 @@
 //! backing). Rows: the backing alone; `nbdkit --filter=cache` over it (an
 //! uncompressed cache of the same size, cache-on-read, write-through, 4K
 //! blocks); `ztier cache serve` with codec raw, compressed (set
-//! associative, and direct-mapped), and compressed with a RAM cache. Each
+//! associative, and direct-mapped), compressed with a RAM cache, and with
+//! a RAM cache over a remote one (`lz4-remote`: a `redis-server` on a
+//! loopback port, started for the cell and stopped by PID). Each
 //! row runs fio's nbd engine (4K, QD32, zipf) over a working set of 1×,
 //! 2×, 4×, 8× the cache size, random reads and a 70/30 read/write mix,
 //! on 50%-compressible data and on an ext4 image of system files. fio's
@@ -33,7 +35,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
+use crate::cmd::cache::DEFAULT_PLACEMENT;
 use crate::units::{parse_size, parse_size_list};
+use ztier_remote::testbed::{Options as RedisOptions, Testbed};
 
 /// Arguments of `ztier bench cache`.
 #[derive(Args, Debug)]
@@ -51,7 +55,9 @@ pub struct CacheBenchArgs {
     /// Workloads: `randread`, `randrw` (70% reads).
     #[arg(long, default_value = "randread,randrw", value_name = "LIST")]
     pub workloads: String,
-    /// Rows: backing, nbdkit-cache, raw, lz4, lz4-direct, lz4-ram.
+    /// Rows: backing, nbdkit-cache, raw, lz4, lz4-direct, lz4-ram,
+    /// lz4-remote (lz4-ram over a local redis-server), and raw-NWAY or
+    /// lz4-NWAY (N-way CLOCK sets; raw and lz4 use `cache create`'s default).
     #[arg(long, default_value = "backing,nbdkit-cache,raw,lz4,lz4-direct,lz4-ram", value_name = "LIST")]
     pub rows: String,
     /// fio's zipf theta.
@@ -149,6 +155,10 @@ pub struct ZtierFigures {
     pub checkpoints: u64,
     /// Lines a fill evicted from a full set.
     pub conflict_evictions: u64,
+    /// Blocks answered by the remote RAM cache (lz4-remote).
+    pub remote_hits: u64,
+    /// Remote hits: p50 inside the server, µs.
+    pub remote_hit_p50_us: f64,
 }
 
 /// Compressed against uncompressed at one point.
@@ -160,9 +170,9 @@ pub struct Ratio {
     pub workload: String,
     /// Working set / cache size.
     pub ws: u64,
-    /// Row compared (lz4 or lz4-direct).
+    /// Row compared (a compressed row).
     pub row: String,
-    /// The uncompressed peer: nbdkit-cache, or ztier's own raw row.
+    /// The peer: nbdkit-cache, ztier's own raw row, or lz4-8way (for lz4).
     pub peer: String,
     /// Its hit ratio / the peer's.
     pub hit_ratio_x: f64,
@@ -562,6 +572,9 @@ fn run_row(
     let _ = std::fs::remove_file(&stderr_file);
     let ztier = std::env::current_exe()?;
     let mut server: Option<Kid> = None;
+    // The lz4-remote row's redis-server: stopped by PID when dropped,
+    // after the cache server.
+    let mut redis: Option<Testbed> = None;
     match row {
         "backing" => {}
         "nbdkit-cache" => {
@@ -574,13 +587,13 @@ fn run_row(
             wait_for(&csock, &mut k)?;
             server = Some(k);
         }
-        "raw" | "lz4" | "lz4-direct" | "lz4-ram" => {
+        _ if ZtierRow::parse(row).is_some() => {
+            let z = ZtierRow::parse(row).expect("a ztier row");
             let cf = dir.join("cache.ztc");
             let _ = std::fs::remove_file(&cf);
             let mut c = Command::new(&ztier);
             c.args(["cache", "create"]).arg(&cf).arg("--size").arg(cache_size.to_string());
-            c.args(["--codec", if row == "raw" { "raw" } else { "lz4" }]);
-            c.args(["--placement", if row == "lz4-direct" { "direct" } else { "assoc:8:clock" }]);
+            c.args(["--codec", z.codec, "--placement", &z.placement]);
             let out = c.output()?;
             if !out.status.success() {
                 bail!("ztier cache create: {}", String::from_utf8_lossy(&out.stderr));
@@ -596,8 +609,14 @@ fn run_row(
             if !cow {
                 c.arg("--readonly"); // the backing is read-only for read-only workloads
             }
-            if row == "lz4-ram" {
+            if z.ram {
                 c.arg("--ram-cache").arg(ram.to_string());
+            }
+            if z.remote {
+                let bed =
+                    Testbed::single(&RedisOptions::default()).context("starting a local redis-server")?;
+                c.arg("--remote").arg(format!("redis://127.0.0.1:{}", bed.servers[0].port));
+                redis = Some(bed);
             }
             c.stderr(std::fs::File::create(&stderr_file)?);
             let mut k = Kid::spawn(c, "ztier cache serve")?;
@@ -626,7 +645,7 @@ fn run_row(
     let mut figures = None;
     if let Some(k) = server {
         k.stop()?;
-        if row.starts_with("raw") || row.starts_with("lz4") {
+        if ZtierRow::parse(row).is_some() {
             let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats_file)?)?;
             let n = |k: &str| s[k].as_u64().unwrap_or(0);
             for k in
@@ -662,9 +681,12 @@ fn run_row(
                 misses: n("misses"),
                 checkpoints: n("checkpoints"),
                 conflict_evictions: n("conflict_evictions"),
+                remote_hits: s["remote"]["hits"].as_u64().unwrap_or(0),
+                remote_hit_p50_us: s["latency"]["remote_hit"]["p50_us"].as_f64().unwrap_or(0.0),
             });
         }
     }
+    drop(redis);
     backing.stop()?;
     let backing_reads = backing_reads_since(&log, started + a.warmup as f64)?;
     let hit_ratio =
@@ -686,6 +708,42 @@ fn run_row(
         cpu_pct,
         ztier: figures,
     })
+}
+
+/// How a ztier row's cache is made and served.
+struct ZtierRow {
+    codec: &'static str,
+    placement: String,
+    ram: bool,
+    remote: bool,
+}
+
+impl ZtierRow {
+    /// `raw`, `lz4`, `lz4-direct`, `lz4-ram`, `lz4-remote`, `raw-NWAY`,
+    /// `lz4-NWAY`; `None` for another row.
+    fn parse(row: &str) -> Option<ZtierRow> {
+        let (codec, rest) = match row.split_once('-') {
+            None => (row, ""),
+            Some((c, r)) => (c, r),
+        };
+        let codec = match codec {
+            "raw" => "raw",
+            "lz4" => "lz4",
+            _ => return None,
+        };
+        let mut z = ZtierRow { codec, placement: DEFAULT_PLACEMENT.into(), ram: false, remote: false };
+        match rest {
+            "" => {}
+            "direct" if codec == "lz4" => z.placement = "direct".into(),
+            "ram" if codec == "lz4" => z.ram = true,
+            "remote" if codec == "lz4" => (z.ram, z.remote) = (true, true),
+            w => {
+                let n: u16 = w.strip_suffix("way")?.parse().ok()?;
+                z.placement = format!("assoc:{n}:clock");
+            }
+        }
+        Some(z)
+    }
 }
 
 /// What every `ztier cache serve` says on stderr (not notes).
@@ -767,8 +825,20 @@ pub fn run(a: CacheBenchArgs) -> Result<i32> {
             let _ = std::fs::remove_file(&img);
         }
         let mut ratios = Vec::new();
-        for peer in ["nbdkit-cache", "raw"] {
-            for r in rows.iter().filter(|r| r.row == "lz4" || r.row == "lz4-direct") {
+        // Every compressed row against the uncompressed peers; lz4 against
+        // lz4-8way (the default before 32-way sets), lz4-remote against
+        // lz4-ram (what the remote adds).
+        let peers = |row: &str| -> Vec<&'static str> {
+            let mut p = vec!["nbdkit-cache", "raw"];
+            match row {
+                "lz4" => p.push("lz4-8way"),
+                "lz4-remote" => p.push("lz4-ram"),
+                _ => {}
+            }
+            p
+        };
+        for peer in ["nbdkit-cache", "raw", "lz4-8way", "lz4-ram"] {
+            for r in rows.iter().filter(|r| r.row.starts_with("lz4") && peers(&r.row).contains(&peer)) {
                 if let Some(k) = rows.iter().find(|k| {
                     k.row == peer
                         && k.data == r.data

@@ -130,6 +130,13 @@ pub struct PressureArgs {
     /// whose speed drifts, the table's single ratio can be off by a third.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub pairs: u32,
+    /// Also run the program under `ztier run --remote` at each budget (the
+    /// row "ztier run --remote"): a redis-server on loopback, started for
+    /// the row and stopped after it by PID, takes the compressed pages that
+    /// do not fit a local store of a quarter of the budget (the spill file
+    /// as its fallback).
+    #[arg(long)]
+    pub remote: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -237,6 +244,11 @@ pub(super) struct Row {
     /// ns, count]` of the buckets that counted a fault (its `--stats`
     /// `latency_ns`).
     pub latency_ns: Option<Vec<(u64, u64)>>,
+    /// `ztier run --remote`: pages written to and read from the remote
+    /// tier, and those that went to its fallback (the spill file).
+    pub remote_puts: Option<u64>,
+    pub remote_gets: Option<u64>,
+    pub remote_fallback_puts: Option<u64>,
 }
 
 /// `--pairs`: native and ztier run timed in turn at one budget.
@@ -362,9 +374,9 @@ impl Row {
 /// not do it.
 fn swap_ratios(rows: &[Row], budgets: &[u64]) -> Vec<String> {
     let mut lines = Vec::new();
-    for &b in budgets {
+    for (&b, zmode) in budgets.iter().flat_map(|b| [(b, "ztier run"), (b, "ztier run --remote")]) {
         let find = |m: &str| rows.iter().find(|r| r.mode == m && r.budget == Some(b));
-        let (Some(z), Some(s)) = (find("ztier run"), find("kernel swap (file)")) else { continue };
+        let (Some(z), Some(s)) = (find(zmode), find("kernel swap (file)")) else { continue };
         let mb = b >> 20;
         if !z.same_output {
             let why = if z.timed_out {
@@ -374,7 +386,7 @@ fn swap_ratios(rows: &[Row], budgets: &[u64]) -> Vec<String> {
             } else {
                 "gave another output than native"
             };
-            lines.push(format!("at {mb}M: no ratio to kernel swap to a file: ztier run {why}"));
+            lines.push(format!("at {mb}M: no ratio to kernel swap to a file: {zmode} {why}"));
             continue;
         }
         if !s.same_output && !s.timed_out {
@@ -387,7 +399,7 @@ fn swap_ratios(rows: &[Row], budgets: &[u64]) -> Vec<String> {
         }
         let bound = if s.timed_out { "at most " } else { "" };
         lines.push(format!(
-            "at {mb}M: ztier run takes {bound}{:.3} × the time of kernel swap to a file",
+            "at {mb}M: {zmode} takes {bound}{:.3} × the time of kernel swap to a file",
             z.wall_s / s.wall_s
         ));
     }
@@ -691,11 +703,17 @@ fn children() -> Vec<libc::pid_t> {
 /// children come to `bench pressure` in turn and go the same way. Gives
 /// up after 10 s (a process can take long to die), naming who is left.
 fn end_leftovers(run: &str) {
+    end_leftovers_but(run, &[])
+}
+
+/// [`end_leftovers`], but for the processes `keep` (a server the bench
+/// started for the runs, stopped by its owner).
+fn end_leftovers_but(run: &str, keep: &[libc::pid_t]) {
     let t = std::time::Instant::now();
     let mut ended = std::collections::BTreeSet::new();
     loop {
         reap_zombies();
-        let pids = children();
+        let pids: Vec<_> = children().into_iter().filter(|p| !keep.contains(p)).collect();
         if pids.is_empty() {
             break;
         }
@@ -1226,47 +1244,10 @@ pub(super) fn measure_program(b: &mut Bench, p: &Program) -> Result<(Vec<Row>, b
         if crate::launch::interrupted() {
             bail!("interrupted");
         }
-        let s = &r.stats;
-        // What the library's processes wrote at exit: nothing to trust
-        // from a run killed at the timeout.
-        let lib = if r.timed_out { &serde_json::Value::Null } else { s };
-        let wall = s["wall_s"].as_f64().unwrap_or(0.0);
-        rows.push(Row {
-            mode: "ztier run".into(),
-            budget: Some(budget),
-            wall_s: wall,
-            vs_native: wall / n.wall_s,
-            cpu_s: s["cpu_s"].as_f64().unwrap_or(0.0),
-            peak_rss_bytes: s["peak_rss_bytes"].as_u64().unwrap_or(0),
-            major_faults: s["major_faults"].as_u64().unwrap_or(0),
-            compressed_orig_bytes: lib[stats::ORIG_BYTES].as_u64(),
-            compressed_bytes: lib[stats::STORED_BYTES].as_u64(),
-            same_output: r.code == 0 && !r.timed_out && p.difference(&native_out, &out).is_none(),
-            output_difference: if r.code == 0 && !r.timed_out {
-                p.difference(&native_out, &out)
-            } else {
-                None
-            },
-            exit_code: r.code,
-            timed_out: r.timed_out,
-            oom_wakeups: 0,
-            faults: lib[stats::FAULTS].as_u64(),
-            fault_p50_us: lib[stats::FAULT_P50_US].as_f64(),
-            fault_p99_us: lib[stats::FAULT_P99_US].as_f64(),
-            fault_mean_us: lib["fault_mean_us"].as_f64(),
-            store_faults: lib[stats::STORE_FAULTS].as_u64(),
-            lone_faults: lib[stats::LONE_FAULTS].as_u64(),
-            fault_time_s: FaultTime::from_stats(lib),
-            further_pages: lib[stats::PREFETCHED].as_u64(),
-            fault_path: s[stats::FAULT_PATH].as_str().map(Into::into),
-            program: p.name.clone(),
-            peak_total_bytes: s["tree_peak_total_bytes"].as_u64(),
-            budget_scope: lib["budget_scope"].as_str().map(Into::into),
-            latency_ns: lib[stats::LATENCY_NS]
-                .as_array()
-                .map(|h| h.iter().filter_map(|p| Some((p[0].as_u64()?, p[1].as_u64()?))).collect()),
-            ..Default::default()
-        });
+        rows.push(ztier_row("ztier run", p, budget, &r, n.wall_s, &native_out, &out));
+        if b.a.remote {
+            rows.push(remote_row(b, p, budget, n.wall_s, &native_out)?);
+        }
     }
     // --pairs: native and ztier run in turn, each output checked.
     let mut paired_differs = false;
@@ -1320,6 +1301,90 @@ pub(super) fn measure_program(b: &mut Bench, p: &Program) -> Result<(Vec<Row>, b
         r.program.clone_from(&p.name);
     }
     Ok((rows, paired_differs))
+}
+
+/// The row of a `ztier run` (`mode`) at `budget`, from its result and
+/// stats.
+fn ztier_row(
+    mode: &str,
+    p: &Program,
+    budget: u64,
+    r: &crate::launch::RunOutcome,
+    native_wall: f64,
+    native_out: &Path,
+    out: &Path,
+) -> Row {
+    let s = &r.stats;
+    // What the library's processes wrote at exit: nothing to trust
+    // from a run killed at the timeout.
+    let lib = if r.timed_out { &serde_json::Value::Null } else { s };
+    let wall = s["wall_s"].as_f64().unwrap_or(0.0);
+    Row {
+        mode: mode.into(),
+        budget: Some(budget),
+        wall_s: wall,
+        vs_native: wall / native_wall,
+        cpu_s: s["cpu_s"].as_f64().unwrap_or(0.0),
+        peak_rss_bytes: s["peak_rss_bytes"].as_u64().unwrap_or(0),
+        major_faults: s["major_faults"].as_u64().unwrap_or(0),
+        compressed_orig_bytes: lib[stats::ORIG_BYTES].as_u64(),
+        compressed_bytes: lib[stats::STORED_BYTES].as_u64(),
+        same_output: r.code == 0 && !r.timed_out && p.difference(native_out, out).is_none(),
+        output_difference: if r.code == 0 && !r.timed_out { p.difference(native_out, out) } else { None },
+        exit_code: r.code,
+        timed_out: r.timed_out,
+        oom_wakeups: 0,
+        faults: lib[stats::FAULTS].as_u64(),
+        fault_p50_us: lib[stats::FAULT_P50_US].as_f64(),
+        fault_p99_us: lib[stats::FAULT_P99_US].as_f64(),
+        fault_mean_us: lib["fault_mean_us"].as_f64(),
+        store_faults: lib[stats::STORE_FAULTS].as_u64(),
+        lone_faults: lib[stats::LONE_FAULTS].as_u64(),
+        fault_time_s: FaultTime::from_stats(lib),
+        further_pages: lib[stats::PREFETCHED].as_u64(),
+        fault_path: s[stats::FAULT_PATH].as_str().map(Into::into),
+        program: p.name.clone(),
+        peak_total_bytes: s["tree_peak_total_bytes"].as_u64(),
+        budget_scope: lib["budget_scope"].as_str().map(Into::into),
+        latency_ns: lib[stats::LATENCY_NS]
+            .as_array()
+            .map(|h| h.iter().filter_map(|p| Some((p[0].as_u64()?, p[1].as_u64()?))).collect()),
+        ..Default::default()
+    }
+}
+
+/// The row "ztier run --remote" at `budget` (`--remote`): a redis-server
+/// on loopback started for it (by [`Testbed`](ztier_remote::testbed::Testbed),
+/// stopped by its PID when the row is done), a local store of a quarter
+/// of the budget, the spill file as the remote's fallback.
+fn remote_row(b: &Bench, p: &Program, budget: u64, native_wall: f64, native_out: &Path) -> Result<Row> {
+    go_on()?;
+    let bed = ztier_remote::testbed::Testbed::single(&Default::default())
+        .context("starting a redis-server on loopback for the --remote row")?;
+    let keep: Vec<libc::pid_t> =
+        bed.servers.iter().filter_map(|s| s.pid()).map(|p| p as libc::pid_t).collect();
+    eprintln!("ztier run --remote at {} MiB (redis-server {}) ...", budget >> 20, bed.url());
+    let mut ra = ztier_args(b.a, &p.cmd, budget);
+    ra.store = Some(budget / 4);
+    ra.remote.remote = Some(bed.url());
+    let out = p.dir.join(format!("remote-{budget}.out"));
+    let r = run_program(
+        &ra,
+        Some(std::fs::File::create(&out)?),
+        Some(std::time::Duration::from_secs(p.timeout)),
+    )?;
+    end_leftovers_but("ztier run --remote", &keep);
+    drop(bed);
+    end_leftovers("ztier run --remote");
+    if crate::launch::interrupted() {
+        bail!("interrupted");
+    }
+    let mut row = ztier_row("ztier run --remote", p, budget, &r, native_wall, native_out, &out);
+    let remote = if r.timed_out { &serde_json::Value::Null } else { &r.stats["remote"] };
+    row.remote_puts = remote["remote_puts"].as_u64();
+    row.remote_gets = remote["remote_gets"].as_u64();
+    row.remote_fallback_puts = remote["fallback_puts"].as_u64();
+    Ok(row)
 }
 
 /// The mechanism's own cost here, measured now (the machine's speed
@@ -1429,6 +1494,16 @@ pub(super) fn report(
     }
     for line in swap_ratios(rows, budgets) {
         writeln!(o, "{line}")?;
+    }
+    for r in rows {
+        if let (Some(p), Some(g), Some(f)) = (r.remote_puts, r.remote_gets, r.remote_fallback_puts) {
+            let at = r.budget.map_or(0, |b| b >> 20);
+            writeln!(
+                o,
+                "{} at {at}M: {p} pages written to the remote tier, {g} read back, {f} to its fallback",
+                r.mode
+            )?;
+        }
     }
     for line in paired_lines(rows) {
         writeln!(o, "{line}")?;
@@ -1754,5 +1829,21 @@ mod tests {
         );
         let z_failed = swap_ratios(&[swap, row("ztier run", 2.0, false, 1, false)], &b);
         assert_eq!(z_failed, ["at 256M: no ratio to kernel swap to a file: ztier run failed"]);
+        // The remote row gets its own line, after the spill file's.
+        let both = swap_ratios(
+            &[
+                row("kernel swap (file)", 80.0, true, 0, false),
+                row("ztier run --remote", 40.0, true, 0, false),
+                row("ztier run", 20.0, true, 0, false),
+            ],
+            &b,
+        );
+        assert_eq!(
+            both,
+            [
+                "at 256M: ztier run takes 0.250 × the time of kernel swap to a file",
+                "at 256M: ztier run --remote takes 0.500 × the time of kernel swap to a file"
+            ]
+        );
     }
 }

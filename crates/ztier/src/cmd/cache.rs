@@ -16,7 +16,7 @@ use ztier_blk::live;
 use ztier_blk::server::{self, ServeConfig, ServerStats};
 use ztier_cache::backend::open_backing;
 use ztier_cache::cache::{self, CacheOptions, Mode, Remote};
-use ztier_cache::format::{Geometry, Placement, Policy, SbState};
+use ztier_cache::format::{Geometry, Placement, Policy, SbState, MAX_WAYS};
 use ztier_cache::pressure::PressureConfig;
 use ztier_cache::report::CacheReport;
 use ztier_cache::Cache;
@@ -65,8 +65,9 @@ pub struct CreateArgs {
     #[arg(long, value_name = "SIZE")]
     pub size: Option<String>,
     /// Placement: `direct` (FlaZ: one line per block) or
-    /// `assoc[:WAYS[:lru|clock]]` (sets of WAYS lines: 2, 4, 8, or 16 with clock).
-    #[arg(long, default_value = "assoc:8:clock", value_name = "P")]
+    /// `assoc[:WAYS[:lru|clock]]` (sets of WAYS lines: 2, 4, 8, or 16, 32,
+    /// 64 with clock). Wide sets let a compressed cache fill its lines.
+    #[arg(long, default_value = DEFAULT_PLACEMENT, value_name = "P")]
     pub placement: String,
     /// Codec of the cached blocks (`raw`: none, the uncompressed peer).
     #[arg(long, default_value = "lz4", value_name = "C")]
@@ -170,6 +171,12 @@ pub struct StatsArgs {
     pub json: bool,
 }
 
+/// `ztier cache create`'s placement: 32-way sets. A compressed cache's
+/// directory is sized for 2x compression and fills ~95% of its lines;
+/// in 8-way sets that many lines overflow sets long before the segments
+/// are full (docs/measurements/2026-12-06-cache-ways.md).
+pub const DEFAULT_PLACEMENT: &str = "assoc:32:clock";
+
 /// Parses `direct` or `assoc[:WAYS[:lru|clock]]`.
 pub fn parse_placement(s: &str) -> Result<(Placement, u16, Policy)> {
     let mut it = s.split(':');
@@ -187,9 +194,12 @@ pub fn parse_placement(s: &str) -> Result<(Placement, u16, Policy)> {
                 Some("lru") => Policy::Lru,
                 Some(p) => bail!("--placement {s}: policy '{p}' (lru or clock)"),
             };
-            if it.next().is_some() || !matches!(ways, 2 | 4 | 8 | 16) || (ways == 16 && policy == Policy::Lru)
+            if it.next().is_some()
+                || !(2..=MAX_WAYS).contains(&ways)
+                || !ways.is_power_of_two()
+                || (ways > 8 && policy == Policy::Lru)
             {
-                bail!("--placement {s}: assoc:WAYS[:lru|clock] with WAYS 2, 4, 8 (or 16 with clock)");
+                bail!("--placement {s}: assoc:WAYS[:lru|clock] with WAYS 2, 4, 8 (or 16, 32, 64 with clock)");
             }
             Ok((Placement::Assoc, ways, policy))
         }
