@@ -130,7 +130,7 @@ use std::sync::OnceLock;
 use manager::{Config, Manager, Stats, PAGE};
 use pages::PageAlloc;
 use small::{Class, CLASSES, SPAN};
-use ztier_run_core::names::{control, env};
+use ztier_run_core::names::{control, env, stats};
 
 extern "C" {
     fn __libc_malloc(size: usize) -> *mut libc::c_void;
@@ -2069,10 +2069,14 @@ fn answer_ctl(ctl: &std::os::unix::net::UnixDatagram, g: &Global) {
                 _ => stats_json(g),
             },
             Some(c) => format!(
-                "{{\"denied\": \"user {} asked; only the program's user ({euid}) and root may read its statistics or hold it\"}}",
+                "{{\"{}\": \"user {} asked; only the program's user ({euid}) and root may read its statistics or hold it\"}}",
+                control::reply::DENIED,
                 c.uid
             ),
-            None => "{\"denied\": \"the request came without its sender's credentials\"}".to_string(),
+            None => format!(
+                "{{\"{}\": \"the request came without its sender's credentials\"}}",
+                control::reply::DENIED
+            ),
         };
         // SAFETY: the answer's bytes and the sender's address as recvmsg
         // filled it in (name_len bytes of `from`).
@@ -2304,75 +2308,88 @@ fn stats_json(g: &Global) -> String {
         .filter(|(_, &c)| c > 0)
         .map(|(i, c)| format!("[{},{c}]", manager::lat_upper_ns(i)))
         .collect();
-    let ld = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-    remote::add_stats(format!(
-        "{{\"pid\":{},\"budget_bytes\":{},\"faults\":{},\"fault_p50_us\":{},\"fault_p99_us\":{},\
-         \"pages_compressed\":{},\"orig_bytes\":{},\"stored_bytes\":{},\"store_orig_bytes_now\":{},\"store_bytes_now\":{},\"spilled_bytes\":{},\
-         \"peak_resident_bytes\":{},\"resident_bytes\":{},\"pinned_bytes\":{},\"zero_faults\":{},\"store_faults\":{},\"lone_faults\":{},\
-         \"user_mode_only\":{},\"fault_path\":\"{}\",\"pinned_calls\":{},\"pinned_in\":{},\"dispatched_calls\":{},\"direct_calls\":{},\"prefetched\":{},\"evicted_zero\":{},\"refused\":{},\"wp_faults\":{},\"wp_calls\":{},\"wp_batches_near\":{},\"wp_batches_far\":{},\"deferred\":{},\"taken_back\":{},\"committed_early\":{},\"promoted\":{},\"demoted\":{},\"regretted\":{},\"evicted_inline\":{},\"age_every\":{},\"hot_distance\":{},\"clean_evicted\":{},\"dirtied\":{},\"resident_budget_bytes\":{},\"policy\":{},\"replacement\":\"{}\",\"prefetch\":\"{}\",\"allocator\":\"{}\",\"store_budget_bytes\":{},\"forks\":{},\"forked_child\":{},\"handlers\":{},\"held_by\":{:?},\
-         \"tree_held_bytes\":{},\"tree_reserved_bytes\":{},\"tree_inherited_bytes\":{},\
-         \"fault_service_ns\":{},\"fault_lock_wait_ns\":{},\"fault_store_read_ns\":{},\"fault_install_ns\":{},\"deferred_wait_ns\":{},\"latency_ns\":[{}]}}\n",
-        std::process::id(),
-        g.cfg.budget_pages * PAGE,
-        faults,
-        q(0.5),
-        q(0.99),
-        ld(&s.pages_compressed),
-        orig,
-        stored,
-        now_orig,
-        now_stored,
-        spilled,
-        s.peak_resident.load(Ordering::Relaxed) * PAGE,
-        s.resident.load(Ordering::Relaxed) * PAGE,
-        manager::PINNED_PAGES.load(Ordering::Relaxed) * PAGE,
-        ld(&s.zero_faults),
-        ld(&s.store_faults),
-        ld(&s.lone_faults),
-        user_mode_only,
-        if manager::signal_path() { "signal" } else { "thread" },
-        ld(&s.pinned_calls),
-        ld(&s.pinned_in),
-        ld(&s.dispatched_calls),
-        ld(&s.direct_calls),
-        ld(&s.prefetched),
-        ld(&s.evicted_zero),
-        ld(&s.refused),
-        ld(&s.wp_faults),
-        ld(&s.wp_calls),
-        ld(&s.wp_batches_near),
-        ld(&s.wp_batches_far),
-        ld(&s.deferred),
-        ld(&s.taken_back),
-        ld(&s.committed_early),
-        ld(&s.promoted),
-        ld(&s.demoted),
-        ld(&s.regretted),
-        ld(&s.evicted_inline),
-        s.age_every.load(Ordering::Relaxed),
-        s.hot_distance.load(Ordering::Relaxed),
-        ld(&s.clean_evicted),
-        ld(&s.dirtied),
-        resident_budget,
-        policy.as_ref().map_or("null".to_string(), |(n, _)| format!("\"{n}\"")),
-        names.0,
-        names.1,
-        g.cfg.allocator.name(),
-        policy.as_ref().map(|(_, b)| *b).or(store_share).map_or("null".to_string(), |b| b.to_string()),
-        ld(&s.forks),
-        ld(&s.forked_child),
-        HANDLER_THREADS.load(Ordering::Relaxed),
-        holders,
-        tree(|t| t.0),
-        tree(|t| t.1),
-        tree(|t| t.2),
-        timing[0],
-        timing[1],
-        timing[2],
-        timing[3],
-        ld(&s.deferred_wait_ns),
-        hist.join(",")
-    ))
+    let ld = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed).to_string();
+    let quoted = |v: &str| format!("\"{v}\"");
+    // In the order of `stats::ALL` (what the names test checks).
+    let fields: [(&str, String); stats::ALL.len()] = [
+        (stats::PID, std::process::id().to_string()),
+        (stats::BUDGET_BYTES, (g.cfg.budget_pages * PAGE).to_string()),
+        (stats::FAULTS, faults.to_string()),
+        (stats::FAULT_P50_US, q(0.5).to_string()),
+        (stats::FAULT_P99_US, q(0.99).to_string()),
+        (stats::PAGES_COMPRESSED, ld(&s.pages_compressed)),
+        (stats::ORIG_BYTES, orig.to_string()),
+        (stats::STORED_BYTES, stored.to_string()),
+        (stats::STORE_ORIG_BYTES_NOW, now_orig.to_string()),
+        (stats::STORE_BYTES_NOW, now_stored.to_string()),
+        (stats::SPILLED_BYTES, spilled.to_string()),
+        (stats::PEAK_RESIDENT_BYTES, (s.peak_resident.load(Ordering::Relaxed) * PAGE).to_string()),
+        (stats::RESIDENT_BYTES, (s.resident.load(Ordering::Relaxed) * PAGE).to_string()),
+        (stats::PINNED_BYTES, (manager::PINNED_PAGES.load(Ordering::Relaxed) * PAGE).to_string()),
+        (stats::ZERO_FAULTS, ld(&s.zero_faults)),
+        (stats::STORE_FAULTS, ld(&s.store_faults)),
+        (stats::LONE_FAULTS, ld(&s.lone_faults)),
+        (stats::USER_MODE_ONLY, user_mode_only.to_string()),
+        (stats::FAULT_PATH, quoted(if manager::signal_path() { "signal" } else { "thread" })),
+        (stats::PINNED_CALLS, ld(&s.pinned_calls)),
+        (stats::PINNED_IN, ld(&s.pinned_in)),
+        (stats::DISPATCHED_CALLS, ld(&s.dispatched_calls)),
+        (stats::DIRECT_CALLS, ld(&s.direct_calls)),
+        (stats::PREFETCHED, ld(&s.prefetched)),
+        (stats::EVICTED_ZERO, ld(&s.evicted_zero)),
+        (stats::REFUSED, ld(&s.refused)),
+        (stats::WP_FAULTS, ld(&s.wp_faults)),
+        (stats::WP_CALLS, ld(&s.wp_calls)),
+        (stats::WP_BATCHES_NEAR, ld(&s.wp_batches_near)),
+        (stats::WP_BATCHES_FAR, ld(&s.wp_batches_far)),
+        (stats::DEFERRED, ld(&s.deferred)),
+        (stats::TAKEN_BACK, ld(&s.taken_back)),
+        (stats::COMMITTED_EARLY, ld(&s.committed_early)),
+        (stats::PROMOTED, ld(&s.promoted)),
+        (stats::DEMOTED, ld(&s.demoted)),
+        (stats::REGRETTED, ld(&s.regretted)),
+        (stats::EVICTED_INLINE, ld(&s.evicted_inline)),
+        (stats::AGE_EVERY, s.age_every.load(Ordering::Relaxed).to_string()),
+        (stats::HOT_DISTANCE, s.hot_distance.load(Ordering::Relaxed).to_string()),
+        (stats::CLEAN_EVICTED, ld(&s.clean_evicted)),
+        (stats::DIRTIED, ld(&s.dirtied)),
+        (stats::RESIDENT_BUDGET_BYTES, resident_budget.to_string()),
+        (stats::POLICY, policy.as_ref().map_or("null".to_string(), |(n, _)| quoted(n))),
+        (stats::REPLACEMENT, quoted(names.0)),
+        (stats::PREFETCH, quoted(names.1)),
+        (stats::ALLOCATOR, quoted(&g.cfg.allocator.name())),
+        (
+            stats::STORE_BUDGET_BYTES,
+            policy.as_ref().map(|(_, b)| *b).or(store_share).map_or("null".to_string(), |b| b.to_string()),
+        ),
+        (stats::FORKS, ld(&s.forks)),
+        (stats::FORKED_CHILD, ld(&s.forked_child)),
+        (stats::HANDLERS, HANDLER_THREADS.load(Ordering::Relaxed).to_string()),
+        (stats::HELD_BY, format!("{holders:?}")),
+        (stats::TREE_HELD_BYTES, tree(|t| t.0)),
+        (stats::TREE_RESERVED_BYTES, tree(|t| t.1)),
+        (stats::TREE_INHERITED_BYTES, tree(|t| t.2)),
+        (stats::FAULT_SERVICE_NS, timing[0].to_string()),
+        (stats::FAULT_LOCK_WAIT_NS, timing[1].to_string()),
+        (stats::FAULT_STORE_READ_NS, timing[2].to_string()),
+        (stats::FAULT_INSTALL_NS, timing[3].to_string()),
+        (stats::DEFERRED_WAIT_NS, ld(&s.deferred_wait_ns)),
+        (stats::LATENCY_NS, format!("[{}]", hist.join(","))),
+    ];
+    debug_assert!(fields.iter().zip(stats::ALL).all(|((k, _), want)| *k == want));
+    let mut json = String::with_capacity(4096);
+    json.push('{');
+    for (n, (k, v)) in fields.iter().enumerate() {
+        if n > 0 {
+            json.push(',');
+        }
+        json.push('"');
+        json.push_str(k);
+        json.push_str("\":");
+        json.push_str(v);
+    }
+    json.push_str("}\n");
+    remote::add_stats(json)
 }
 
 /// This process's `--stats` file, opened when the library starts and
@@ -2948,30 +2965,42 @@ fn hold(g: &Global, by: i32) -> String {
             Ok(bytes) => bytes,
             Err(why) => {
                 lock(&g.mgr).release_holds(Some(by), std::time::Instant::now());
-                return format!("{{\"error\":\"{}\"}}\n", why.replace('\\', "\\\\").replace('"', "\\\""));
+                return format!(
+                    "{{\"{}\":\"{}\"}}\n",
+                    control::reply::ERROR,
+                    why.replace('\\', "\\\\").replace('"', "\\\"")
+                );
             }
         }
     } else {
         0
     };
-    held_json(g, "hold", brought)
+    held_json(g, control::HOLD, brought)
 }
 
 /// A `"release"` request from process `by`: its hold ends (eviction
 /// resumes once no other is in force).
 fn release(g: &Global, by: i32) -> String {
     lock(&g.mgr).release_holds(Some(by), std::time::Instant::now());
-    held_json(g, "release", 0)
+    held_json(g, control::RELEASE, 0)
 }
 
 /// The answer to a hold or release (`request`).
-fn held_json(g: &Global, request: &str, brought: u64) -> String {
+fn held_json(g: &Global, request: &[u8], brought: u64) -> String {
     let holders = lock(&g.mgr).holders();
+    let request = String::from_utf8_lossy(request);
     format!(
-        "{{\"request\":\"{request}\",\"pid\":{},\"held\":{},\"held_by\":{holders:?},\"brought_back_bytes\":{brought},\"resident_bytes\":{},\"budget_bytes\":{}}}\n",
+        "{{\"{}\":\"{request}\",\"{}\":{},\"{}\":{},\"{}\":{holders:?},\"{}\":{brought},\"{}\":{},\"{}\":{}}}\n",
+        control::reply::REQUEST,
+        stats::PID,
         std::process::id(),
+        control::reply::HELD,
         !holders.is_empty(),
+        stats::HELD_BY,
+        control::reply::BROUGHT_BACK_BYTES,
+        stats::RESIDENT_BYTES,
         g.stats.resident.load(Ordering::Relaxed) * PAGE,
+        stats::BUDGET_BYTES,
         g.cfg.budget_pages * PAGE,
     )
 }

@@ -36,6 +36,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ztier_run_core::names::env;
 use ztier_store::tier::{FileTier, NextTier, TierError};
 
 use crate::config::RemoteConfig;
@@ -43,11 +44,6 @@ use crate::stats::{Stats, StatsSnapshot};
 use crate::tier::{mark_run, remove_run, RemoteTier, ALIVE_FOR};
 use crate::wire::{self, op, reply, KEY, META};
 use crate::RemoteError;
-
-/// The environment variable naming the proxy's socket (abstract).
-pub const ENV_SOCKET: &str = "ZTIER_REMOTE_SOCKET";
-/// The environment variable holding the run's token (hex).
-pub const ENV_TOKEN: &str = "ZTIER_REMOTE_TOKEN";
 
 /// Entries handed back per `get_many` before a fork.
 const TAKE_CHUNK: usize = 64;
@@ -233,11 +229,13 @@ impl Proxy {
         Ok(Proxy { shared, name, accept: Some(accept), heartbeat: Some(heartbeat) })
     }
 
-    /// The environment a process of the run needs to reach the proxy.
+    /// The environment a process of the run needs to reach the proxy:
+    /// [`env::REMOTE_SOCKET`] names the proxy's socket (abstract),
+    /// [`env::REMOTE_TOKEN`] holds the run's token (hex).
     pub fn env(&self) -> [(&'static str, String); 2] {
         [
-            (ENV_SOCKET, self.name.clone()),
-            (ENV_TOKEN, String::from_utf8(self.shared.token.to_vec()).expect("hex")),
+            (env::REMOTE_SOCKET, self.name.clone()),
+            (env::REMOTE_TOKEN, String::from_utf8(self.shared.token.to_vec()).expect("hex")),
         ]
     }
 

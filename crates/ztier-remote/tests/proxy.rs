@@ -8,9 +8,9 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use ztier_remote::client::{Opener, ProxyTier};
-use ztier_remote::proxy::{ENV_SOCKET, ENV_TOKEN};
 use ztier_remote::testbed::{Options, Testbed};
 use ztier_remote::{Proxy, RemoteConfig, Spill};
+use ztier_run_core::names::env::{REMOTE_SOCKET as ENV_SOCKET, REMOTE_TOKEN as ENV_TOKEN};
 use ztier_store::alloc::AllocatorKind;
 use ztier_store::tier::NextTier;
 use ztier_store::{Key, PoolKind, PoolOptions, PutFlags, Store, StoreConfig};

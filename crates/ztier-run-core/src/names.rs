@@ -1,7 +1,8 @@
 //! The names `ztier run` and the library it preloads agree on: the
 //! environment variables the command sets for the library (and that the
 //! library reads at start-up), and the requests of the library's control
-//! socket (`ztier stats`, `ztier hold`). Both sides use these constants,
+//! socket (`ztier stats`, `ztier hold`), and the keys of each process's
+//! statistics. Both sides use these constants,
 //! so that a name changed on one side cannot silently stop matching the
 //! other.
 
@@ -73,11 +74,257 @@ pub mod control {
     pub const HOLD: &[u8] = b"hold";
     /// Ends a hold before its lease runs out.
     pub const RELEASE: &[u8] = b"release";
+
+    /// Keys of the answer to [`HOLD`] and [`RELEASE`] (with
+    /// [`stats::PID`](super::stats::PID), [`stats::HELD_BY`](super::stats::HELD_BY),
+    /// [`stats::RESIDENT_BYTES`](super::stats::RESIDENT_BYTES) and
+    /// [`stats::BUDGET_BYTES`](super::stats::BUDGET_BYTES)).
+    pub mod reply {
+        /// The request answered: `hold` or `release`.
+        pub const REQUEST: &str = "request";
+        /// Whether any hold is in force after it.
+        pub const HELD: &str = "held";
+        /// Bytes brought back from the store for the hold.
+        pub const BROUGHT_BACK_BYTES: &str = "brought_back_bytes";
+        /// A request refused (its sender may not ask), with the reason.
+        pub const DENIED: &str = "denied";
+        /// A request that failed, with the reason.
+        pub const ERROR: &str = "error";
+    }
+}
+
+/// The keys of the statistics each process of `ztier run` writes (one
+/// JSON object per process: `--stats`' `per_process` entries, and the
+/// control socket's answer to [`control::STATS`]). The library writes
+/// them, `ztier run` merges them ([`SUMMED`](stats::SUMMED)) and the
+/// commands read them by these names. What each means: docs/json.md.
+pub mod stats {
+    /// The process's PID.
+    pub const PID: &str = "pid";
+    /// Its budget, in bytes.
+    pub const BUDGET_BYTES: &str = "budget_bytes";
+    /// Faults served.
+    pub const FAULTS: &str = "faults";
+    /// The median fault's service time, µs (from the histogram).
+    pub const FAULT_P50_US: &str = "fault_p50_us";
+    /// The 99th percentile's, µs.
+    pub const FAULT_P99_US: &str = "fault_p99_us";
+    /// Pages compressed into the store.
+    pub const PAGES_COMPRESSED: &str = "pages_compressed";
+    /// The store's peak, uncompressed bytes.
+    pub const ORIG_BYTES: &str = "orig_bytes";
+    /// The store's peak, compressed bytes.
+    pub const STORED_BYTES: &str = "stored_bytes";
+    /// The store now, uncompressed bytes.
+    pub const STORE_ORIG_BYTES_NOW: &str = "store_orig_bytes_now";
+    /// The store now, compressed bytes.
+    pub const STORE_BYTES_NOW: &str = "store_bytes_now";
+    /// Bytes in the next tier (spill file or remote).
+    pub const SPILLED_BYTES: &str = "spilled_bytes";
+    /// Peak resident managed bytes.
+    pub const PEAK_RESIDENT_BYTES: &str = "peak_resident_bytes";
+    /// Resident managed bytes now.
+    pub const RESIDENT_BYTES: &str = "resident_bytes";
+    /// Bytes pinned (no eviction) now.
+    pub const PINNED_BYTES: &str = "pinned_bytes";
+    /// Faults on pages never written (zero-filled).
+    pub const ZERO_FAULTS: &str = "zero_faults";
+    /// Faults that read a page back from the store.
+    pub const STORE_FAULTS: &str = "store_faults";
+    /// Store faults that continued no walk (served one page alone).
+    pub const LONE_FAULTS: &str = "lone_faults";
+    /// Whether the userfaultfd is user-mode-only.
+    pub const USER_MODE_ONLY: &str = "user_mode_only";
+    /// Which thread served faults: `thread` or `signal`.
+    pub const FAULT_PATH: &str = "fault_path";
+    /// System calls whose memory was brought back and pinned first.
+    pub const PINNED_CALLS: &str = "pinned_calls";
+    /// Stored pages brought back for them.
+    pub const PINNED_IN: &str = "pinned_in";
+    /// System calls the dispatch handler ran.
+    pub const DISPATCHED_CALLS: &str = "dispatched_calls";
+    /// Calls entered through the library's wrappers, with no signal.
+    pub const DIRECT_CALLS: &str = "direct_calls";
+    /// Pages installed beyond the first of a store fault.
+    pub const PREFETCHED: &str = "prefetched";
+    /// Evicted pages that were all zero (not stored).
+    pub const EVICTED_ZERO: &str = "evicted_zero";
+    /// Pages the store refused (they stayed resident).
+    pub const REFUSED: &str = "refused";
+    /// Write-protect faults.
+    pub const WP_FAULTS: &str = "wp_faults";
+    /// Write-protect calls made to evict, one per run of victims.
+    pub const WP_CALLS: &str = "wp_calls";
+    /// The background evictor's batches write-protected by a fault service on the program's CPU.
+    pub const WP_BATCHES_NEAR: &str = "wp_batches_near";
+    /// Those the evictor write-protected itself.
+    pub const WP_BATCHES_FAR: &str = "wp_batches_far";
+    /// Faults left waiting for an eviction's commit.
+    pub const DEFERRED: &str = "deferred";
+    /// Writes to a victim of the background evictor's batch in flight that took it back instead of waiting.
+    pub const TAKEN_BACK: &str = "taken_back";
+    /// Faults on a victim the evictor had already released, served from the store before the batch's commit.
+    pub const COMMITTED_EARLY: &str = "committed_early";
+    /// Pages promoted to the protected segment.
+    pub const PROMOTED: &str = "promoted";
+    /// Pages aged out of the protected segment.
+    pub const DEMOTED: &str = "demoted";
+    /// Demoted pages that came back from the store.
+    pub const REGRETTED: &str = "regretted";
+    /// Victims the fault handler evicted itself to make room.
+    pub const EVICTED_INLINE: &str = "evicted_inline";
+    /// Victims per demotion.
+    pub const AGE_EVERY: &str = "age_every";
+    /// The refault distance under which a page came back hot.
+    pub const HOT_DISTANCE: &str = "hot_distance";
+    /// Victims released without compression (the store held their content).
+    pub const CLEAN_EVICTED: &str = "clean_evicted";
+    /// Pages that came back with their copy kept and were written.
+    pub const DIRTIED: &str = "dirtied";
+    /// The resident part of the budget, in bytes.
+    pub const RESIDENT_BUDGET_BYTES: &str = "resident_budget_bytes";
+    /// The sizing policy's name (`null`: none).
+    pub const POLICY: &str = "policy";
+    /// The replacement policy's name.
+    pub const REPLACEMENT: &str = "replacement";
+    /// The prefetch policy's name.
+    pub const PREFETCH: &str = "prefetch";
+    /// The store's allocator.
+    pub const ALLOCATOR: &str = "allocator";
+    /// The store's part of the budget (`null`: none).
+    pub const STORE_BUDGET_BYTES: &str = "store_budget_bytes";
+    /// Forks this process made.
+    pub const FORKS: &str = "forks";
+    /// Whether this process is a forked child.
+    pub const FORKED_CHILD: &str = "forked_child";
+    /// Fault handler threads started.
+    pub const HANDLERS: &str = "handlers";
+    /// PIDs of the `ztier hold`s in force.
+    pub const HELD_BY: &str = "held_by";
+    /// Bytes of the tree budget this process holds (`null`: process scope).
+    pub const TREE_HELD_BYTES: &str = "tree_held_bytes";
+    /// What every process holds of the tree budget together.
+    pub const TREE_RESERVED_BYTES: &str = "tree_reserved_bytes";
+    /// Its resident pages still shared with its parent, held by the parent.
+    pub const TREE_INHERITED_BYTES: &str = "tree_inherited_bytes";
+    /// Time serving faults, ns (`fault_service_s` merged).
+    pub const FAULT_SERVICE_NS: &str = "fault_service_ns";
+    /// Of it, waiting for the lock.
+    pub const FAULT_LOCK_WAIT_NS: &str = "fault_lock_wait_ns";
+    /// Of it, reading the store.
+    pub const FAULT_STORE_READ_NS: &str = "fault_store_read_ns";
+    /// Of it, installing pages.
+    pub const FAULT_INSTALL_NS: &str = "fault_install_ns";
+    /// Time deferred faults waited, ns.
+    pub const DEFERRED_WAIT_NS: &str = "deferred_wait_ns";
+    /// The fault latency histogram: `[bucket upper bound in ns, count]` pairs.
+    pub const LATENCY_NS: &str = "latency_ns";
+    /// Every key of a process's record, in the order the library writes them.
+    pub const ALL: [&str; 60] = [
+        PID,
+        BUDGET_BYTES,
+        FAULTS,
+        FAULT_P50_US,
+        FAULT_P99_US,
+        PAGES_COMPRESSED,
+        ORIG_BYTES,
+        STORED_BYTES,
+        STORE_ORIG_BYTES_NOW,
+        STORE_BYTES_NOW,
+        SPILLED_BYTES,
+        PEAK_RESIDENT_BYTES,
+        RESIDENT_BYTES,
+        PINNED_BYTES,
+        ZERO_FAULTS,
+        STORE_FAULTS,
+        LONE_FAULTS,
+        USER_MODE_ONLY,
+        FAULT_PATH,
+        PINNED_CALLS,
+        PINNED_IN,
+        DISPATCHED_CALLS,
+        DIRECT_CALLS,
+        PREFETCHED,
+        EVICTED_ZERO,
+        REFUSED,
+        WP_FAULTS,
+        WP_CALLS,
+        WP_BATCHES_NEAR,
+        WP_BATCHES_FAR,
+        DEFERRED,
+        TAKEN_BACK,
+        COMMITTED_EARLY,
+        PROMOTED,
+        DEMOTED,
+        REGRETTED,
+        EVICTED_INLINE,
+        AGE_EVERY,
+        HOT_DISTANCE,
+        CLEAN_EVICTED,
+        DIRTIED,
+        RESIDENT_BUDGET_BYTES,
+        POLICY,
+        REPLACEMENT,
+        PREFETCH,
+        ALLOCATOR,
+        STORE_BUDGET_BYTES,
+        FORKS,
+        FORKED_CHILD,
+        HANDLERS,
+        HELD_BY,
+        TREE_HELD_BYTES,
+        TREE_RESERVED_BYTES,
+        TREE_INHERITED_BYTES,
+        FAULT_SERVICE_NS,
+        FAULT_LOCK_WAIT_NS,
+        FAULT_STORE_READ_NS,
+        FAULT_INSTALL_NS,
+        DEFERRED_WAIT_NS,
+        LATENCY_NS,
+    ];
+    /// The counters `ztier run` adds up over the processes (a key ending
+    /// in `_ns` becomes one ending in `_s`, in seconds).
+    pub const SUMMED: [&str; 32] = [
+        FAULTS,
+        PAGES_COMPRESSED,
+        ORIG_BYTES,
+        STORED_BYTES,
+        ZERO_FAULTS,
+        STORE_FAULTS,
+        LONE_FAULTS,
+        PINNED_CALLS,
+        PINNED_IN,
+        DISPATCHED_CALLS,
+        DIRECT_CALLS,
+        PREFETCHED,
+        EVICTED_ZERO,
+        REFUSED,
+        WP_FAULTS,
+        WP_CALLS,
+        WP_BATCHES_NEAR,
+        WP_BATCHES_FAR,
+        DEFERRED,
+        TAKEN_BACK,
+        COMMITTED_EARLY,
+        PROMOTED,
+        DEMOTED,
+        REGRETTED,
+        EVICTED_INLINE,
+        CLEAN_EVICTED,
+        DIRTIED,
+        FAULT_SERVICE_NS,
+        FAULT_LOCK_WAIT_NS,
+        FAULT_STORE_READ_NS,
+        FAULT_INSTALL_NS,
+        DEFERRED_WAIT_NS,
+    ];
+    /// The list of processes' records in the merged statistics.
+    pub const PER_PROCESS: &str = "per_process";
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{control, env};
+    use super::{control, env, stats};
 
     #[test]
     fn the_verbs_differ_and_fit_the_librarys_request_buffer() {
@@ -126,5 +373,20 @@ mod tests {
             );
             assert!(!names[..i].contains(n), "{n} twice");
         }
+    }
+
+    #[test]
+    fn the_stats_keys_differ_and_the_summed_ones_are_written() {
+        for (i, k) in stats::ALL.iter().enumerate() {
+            assert!(
+                !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "{k}"
+            );
+            assert!(!stats::ALL[..i].contains(k), "{k} twice");
+        }
+        for k in stats::SUMMED {
+            assert!(stats::ALL.contains(&k), "{k} summed but not written");
+        }
+        assert!(!stats::ALL.contains(&stats::PER_PROCESS));
     }
 }

@@ -5,6 +5,8 @@
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
+mod launch;
+mod remote_args;
 mod scratch;
 mod units;
 
@@ -59,7 +61,7 @@ enum Command {
     Cache(cmd::cache::CacheCommand),
     /// Run an unmodified program with its heap under a memory budget: colder
     /// pages are kept compressed and served back on touch by userfaultfd.
-    Run(cmd::run::RunArgs),
+    Run(launch::RunArgs),
     /// Live statistics of a program running under `ztier run`, or of all.
     ///
     /// Asks the program's library, through its control socket, for the

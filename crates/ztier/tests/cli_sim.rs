@@ -187,16 +187,16 @@ fn bad_input_gets_clear_errors() {
 /// (`ZTIER_START_AFTER=0`): by default the library leaves a process's
 /// first MiB of requests to glibc, which a trace cannot tell apart (see
 /// docs/measurements/2026-12-06-policy.md for both). The live count is
-/// the median of five runs (the background evictor's timing moves it by
-/// ±10%); the prediction must be within 20% of it. (Here the model
+/// store faults + `taken_back` (what the model, whose evictor runs at
+/// once, counts as store faults: docs/policy.md), the median of five
+/// runs; the prediction must be within 20% of it. (Here the model
 /// predicted 13–15% more than the median; at 1M to 3M it predicts 13–26%
 /// more: the measurement has the table.) A replay of one run's
 /// fault log, which has no hits, sees at most that run's page-ins.
 #[test]
-#[ignore = "not met on the merged main: predicted 1895-1946 store faults against 1151-1619 live (+17-69%). \
-            Not glibc's own blocks (sort's are 203 blocks, 27 KB): the live count moves with the evictor's \
-            timing (victims written while their batch is in flight are taken back, not faulted: 127-1345 \
-            of them a run), which the model, evicting at once, does not have"]
+#[ignore = "not reliably met: in the measurement (its sort input) store faults + taken_back at 2.5M ranged 1403-2050 over five runs \
+            (prediction 1876, +12% of their median; sort at 1M-3M +12-25%): the sum still moves with the \
+            evictor's lag under load, and the lackey recording takes minutes (docs/measurements/2026-12-06-sim-vs-live.md)"]
 fn the_simulator_predicts_the_store_faults_of_a_live_run() {
     let d = std::env::temp_dir().join(format!("ztier-cli-sim-live-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -232,7 +232,10 @@ fn the_simulator_predicts_the_store_faults_of_a_live_run() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
         let p = &s["per_process"][0];
-        live.push(p["store_faults"].as_u64().unwrap());
+        // A victim of the background evictor's batch in flight that the
+        // program writes is taken back, not faulted; the model, evicting at
+        // once, counts that write as a store fault (docs/policy.md).
+        live.push(p["store_faults"].as_u64().unwrap() + p["taken_back"].as_u64().unwrap());
         last = (p["faults"].as_u64().unwrap(), log.join(format!("{}.csv", p["pid"])));
     }
     live.sort_unstable();
@@ -254,7 +257,7 @@ fn the_simulator_predicts_the_store_faults_of_a_live_run() {
     let off = predicted as f64 / live as f64 - 1.0;
     assert!(
         off.abs() <= 0.2,
-        "predicted {predicted} store faults, ztier run had {live} ({:+.0}%)",
+        "predicted {predicted} store faults, ztier run had {live} store faults + taken back ({:+.0}%)",
         off * 100.0
     );
     let (faults, csv) = last;

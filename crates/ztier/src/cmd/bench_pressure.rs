@@ -76,8 +76,9 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use ztier_run_core::names::stats;
 
-use super::run::{measure, run_program, Measured, RunArgs};
+use crate::launch::{measure, run_program, Measured, RunArgs};
 
 /// Arguments of `ztier bench pressure`.
 #[derive(Args, Debug)]
@@ -474,7 +475,7 @@ fn fault_lines(rows: &[Row]) -> Vec<String> {
                 format!(
                     "; {:.2} s in all: {}",
                     t.service,
-                    super::run::service_parts(t.service, t.lock_wait, t.store_read, t.install)
+                    crate::launch::service_parts(t.service, t.lock_wait, t.store_read, t.install)
                 )
             });
             let lone = match (r.store_faults, r.lone_faults) {
@@ -821,7 +822,7 @@ fn run_in_cgroup(
             most
         })
     };
-    let m = super::run::measure_with_timeout(&mut c, Some(std::time::Duration::from_secs(timeout)));
+    let m = crate::launch::measure_with_timeout(&mut c, Some(std::time::Duration::from_secs(timeout)));
     let peak = cgroup_peak(cg);
     // What the program left in the cgroup goes before the next run (the
     // OOM waiter still runs: a task paused at the limit must get to exit).
@@ -930,7 +931,7 @@ fn first_difference(native: &Path, other: &Path) -> Option<String> {
 /// Stops the benchmark (its guards undo what it changed) if a SIGINT,
 /// SIGTERM or SIGHUP has come.
 fn go_on() -> Result<()> {
-    if super::run::interrupted() {
+    if crate::launch::interrupted() {
         bail!("interrupted");
     }
     Ok(())
@@ -982,7 +983,7 @@ fn check_swap_dir(dir: &Path) -> Result<()> {
     if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
         bail!("--swap-dir {}: cannot write there: {}", dir.display(), std::io::Error::last_os_error());
     }
-    if super::run::fs_type(dir) == Some(libc::TMPFS_MAGIC) {
+    if crate::launch::fs_type(dir) == Some(libc::TMPFS_MAGIC) {
         bail!("--swap-dir {}: on tmpfs, which cannot hold a swap file (use a disk's folder)", dir.display());
     }
     Ok(())
@@ -996,11 +997,11 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     // a setting's change or undoing killed the benchmark, and left swap
     // on, zswap enabled, a cgroup and a zram device behind.) Made first,
     // so dropped last: after the guards have run.
-    let _signals = super::run::CatchSignals::new();
+    let _signals = crate::launch::CatchSignals::new();
     let budgets = crate::units::parse_size_list(&a.budgets)
         .map_err(|e| anyhow::anyhow!("--budgets {}: {e}", a.budgets))?;
-    if let Some(b) = budgets.iter().find(|&&b| b < super::run::MIN_BUDGET) {
-        bail!("--budgets: {b} bytes is too small (at least {} MiB)", super::run::MIN_BUDGET >> 20);
+    if let Some(b) = budgets.iter().find(|&&b| b < crate::launch::MIN_BUDGET) {
+        bail!("--budgets: {b} bytes is too small (at least {} MiB)", crate::launch::MIN_BUDGET >> 20);
     }
     if a.timeout == 0 {
         bail!("--timeout 0: every run would be killed at once (at least 1 s)");
@@ -1024,7 +1025,7 @@ pub fn run(a: PressureArgs) -> Result<i32> {
     let title = a.cmd.iter().map(|s| s.to_string_lossy()).collect::<Vec<_>>().join(" ");
     report(&mut std::io::stdout().lock(), &title, &rows, floor.as_ref(), &budgets)?;
     if let Some(p) = &a.json {
-        std::fs::write(p, super::run::pretty(&serde_json::to_value(&rows)?)? + "\n")?;
+        std::fs::write(p, crate::launch::pretty(&serde_json::to_value(&rows)?)? + "\n")?;
     }
     if let Some(p) = &a.plot {
         plot(p, &rows)?;
@@ -1146,7 +1147,7 @@ pub(super) fn measure_program(b: &mut Bench, p: &Program) -> Result<(Vec<Row>, b
     c.args(&p.cmd[1..]).stdout(std::fs::File::create(&native_out)?);
     let n = measure(&mut c)?;
     end_leftovers("native run");
-    if super::run::interrupted() {
+    if crate::launch::interrupted() {
         bail!("interrupted");
     }
     if n.code != 0 {
@@ -1185,7 +1186,7 @@ pub(super) fn measure_program(b: &mut Bench, p: &Program) -> Result<(Vec<Row>, b
                 let out = dir.join(format!("{mode}-{budget}.out"));
                 let (m, woken, mem) = run_in_cgroup(&cg, &p.kernel_cmd, &out, p.timeout)?;
                 b.restore.undo_to(zmark);
-                if super::run::interrupted() {
+                if crate::launch::interrupted() {
                     bail!("interrupted");
                 }
                 let name = if mode == "swap" { "kernel swap (file)" } else { "kernel zswap" };
@@ -1219,7 +1220,7 @@ pub(super) fn measure_program(b: &mut Bench, p: &Program) -> Result<(Vec<Row>, b
                 .filter_map(|x| x.parse().ok())
                 .collect();
             b.restore.undo_to(mark);
-            if super::run::interrupted() {
+            if crate::launch::interrupted() {
                 bail!("interrupted");
             }
             rows.push(Row::kernel(
@@ -1240,7 +1241,7 @@ pub(super) fn measure_program(b: &mut Bench, p: &Program) -> Result<(Vec<Row>, b
         let r =
             run_program(&ztier_args(b.a, &p.cmd, budget), Some(std::fs::File::create(&out)?), Some(timeout))?;
         end_leftovers("ztier run");
-        if super::run::interrupted() {
+        if crate::launch::interrupted() {
             bail!("interrupted");
         }
         rows.push(ztier_row("ztier run", p, budget, &r, n.wall_s, &native_out, &out));
@@ -1259,7 +1260,7 @@ pub(super) fn measure_program(b: &mut Bench, p: &Program) -> Result<(Vec<Row>, b
             c.args(&p.cmd[1..]).stdout(std::fs::File::create(&out)?);
             let m = measure(&mut c)?;
             end_leftovers("native run");
-            if super::run::interrupted() {
+            if crate::launch::interrupted() {
                 bail!("interrupted");
             }
             let out_z = dir.join("pair-ztier.out");
@@ -1269,7 +1270,7 @@ pub(super) fn measure_program(b: &mut Bench, p: &Program) -> Result<(Vec<Row>, b
                 Some(timeout),
             )?;
             end_leftovers("ztier run");
-            if super::run::interrupted() {
+            if crate::launch::interrupted() {
                 bail!("interrupted");
             }
             if m.code != 0
@@ -1308,7 +1309,7 @@ fn ztier_row(
     mode: &str,
     p: &Program,
     budget: u64,
-    r: &super::run::RunOutcome,
+    r: &crate::launch::RunOutcome,
     native_wall: f64,
     native_out: &Path,
     out: &Path,
@@ -1326,26 +1327,26 @@ fn ztier_row(
         cpu_s: s["cpu_s"].as_f64().unwrap_or(0.0),
         peak_rss_bytes: s["peak_rss_bytes"].as_u64().unwrap_or(0),
         major_faults: s["major_faults"].as_u64().unwrap_or(0),
-        compressed_orig_bytes: lib["orig_bytes"].as_u64(),
-        compressed_bytes: lib["stored_bytes"].as_u64(),
+        compressed_orig_bytes: lib[stats::ORIG_BYTES].as_u64(),
+        compressed_bytes: lib[stats::STORED_BYTES].as_u64(),
         same_output: r.code == 0 && !r.timed_out && p.difference(native_out, out).is_none(),
         output_difference: if r.code == 0 && !r.timed_out { p.difference(native_out, out) } else { None },
         exit_code: r.code,
         timed_out: r.timed_out,
         oom_wakeups: 0,
-        faults: lib["faults"].as_u64(),
-        fault_p50_us: lib["fault_p50_us"].as_f64(),
-        fault_p99_us: lib["fault_p99_us"].as_f64(),
+        faults: lib[stats::FAULTS].as_u64(),
+        fault_p50_us: lib[stats::FAULT_P50_US].as_f64(),
+        fault_p99_us: lib[stats::FAULT_P99_US].as_f64(),
         fault_mean_us: lib["fault_mean_us"].as_f64(),
-        store_faults: lib["store_faults"].as_u64(),
-        lone_faults: lib["lone_faults"].as_u64(),
+        store_faults: lib[stats::STORE_FAULTS].as_u64(),
+        lone_faults: lib[stats::LONE_FAULTS].as_u64(),
         fault_time_s: FaultTime::from_stats(lib),
-        further_pages: lib["prefetched"].as_u64(),
-        fault_path: s["fault_path"].as_str().map(Into::into),
+        further_pages: lib[stats::PREFETCHED].as_u64(),
+        fault_path: s[stats::FAULT_PATH].as_str().map(Into::into),
         program: p.name.clone(),
         peak_total_bytes: s["tree_peak_total_bytes"].as_u64(),
         budget_scope: lib["budget_scope"].as_str().map(Into::into),
-        latency_ns: lib["latency_ns"]
+        latency_ns: lib[stats::LATENCY_NS]
             .as_array()
             .map(|h| h.iter().filter_map(|p| Some((p[0].as_u64()?, p[1].as_u64()?))).collect()),
         ..Default::default()
@@ -1375,7 +1376,7 @@ fn remote_row(b: &Bench, p: &Program, budget: u64, native_wall: f64, native_out:
     end_leftovers_but("ztier run --remote", &keep);
     drop(bed);
     end_leftovers("ztier run --remote");
-    if super::run::interrupted() {
+    if crate::launch::interrupted() {
         bail!("interrupted");
     }
     let mut row = ztier_row("ztier run --remote", p, budget, &r, native_wall, native_out, &out);

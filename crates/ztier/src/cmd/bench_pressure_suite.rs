@@ -113,7 +113,7 @@ pub(super) fn parse(path: &Path, text: &str, timeout: u64) -> Result<Vec<SuitePr
                 e.budget.get_ref()
             )
         })?;
-        if budget < super::run::MIN_BUDGET {
+        if budget < crate::launch::MIN_BUDGET {
             return Err(at(format!("budget {:?} is too small (at least 1M)", e.budget.get_ref())));
         }
         let timeout = e.timeout.or(f.timeout).unwrap_or(timeout);
@@ -293,7 +293,7 @@ pub(super) fn suite_table(o: &mut impl Write, s: &[Summary]) -> Result<()> {
 /// `ztier bench pressure --suite FILE`.
 pub fn run(a: &PressureArgs, suite: &Path) -> Result<i32> {
     // First, so dropped last (see `bench_pressure::run`).
-    let _signals = super::run::CatchSignals::new();
+    let _signals = crate::launch::CatchSignals::new();
     if !a.cmd.is_empty() {
         bail!("--suite FILE runs the suite's programs: give no command after it");
     }
@@ -318,7 +318,7 @@ pub fn run(a: &PressureArgs, suite: &Path) -> Result<i32> {
         };
         match measure_program(&mut b, &p) {
             Ok((rows, _)) => all.push((sp.name.clone(), sp.budget, sp.cmd.clone(), rows)),
-            Err(e) if !super::run::interrupted() => {
+            Err(e) if !crate::launch::interrupted() => {
                 eprintln!("ztier bench pressure: {} (line {}): {e:#}", sp.name, sp.line);
                 failed_natively.push(format!("{} (line {}): {e:#}", sp.name, sp.line));
             }
@@ -354,7 +354,7 @@ pub fn run(a: &PressureArgs, suite: &Path) -> Result<i32> {
     }
     if let Some(p) = &a.json {
         let v = serde_json::json!({ "programs": summaries, "rows": rows, "not_measured": failed_natively });
-        std::fs::write(p, super::run::pretty(&v)? + "\n")?;
+        std::fs::write(p, crate::launch::pretty(&v)? + "\n")?;
     }
     if let Some(p) = &a.plot {
         plot(p, &summaries)?;

@@ -23,8 +23,8 @@ use ztier_cache::Cache;
 use ztier_codec::CodecId;
 use ztier_remote::RemoteTier;
 
-use super::remote::RemoteArgs;
 use super::serving;
+use crate::remote_args::RemoteArgs;
 use crate::units::parse_size;
 
 /// `ztier cache` subcommands.

@@ -26,6 +26,7 @@ use anyhow::Result;
 use clap::Args;
 use ztier_codec::bench::BenchConfig;
 use ztier_codec::corpus::{synth, Corpus};
+use ztier_run_core::names::stats;
 
 use ztier_store::alloc::AllocatorKind;
 use ztier_store::bench::StoreBenchConfig;
@@ -142,23 +143,23 @@ fn run_demo() -> Result<()> {
     let native_out = dir.join("native.out");
     let mut c = std::process::Command::new(&python);
     c.arg(&job).arg(N).stdout(std::fs::File::create(&native_out)?);
-    let n = super::run::measure(&mut c)?;
+    let n = crate::launch::measure(&mut c)?;
     if n.code != 0 {
         bail!("the job failed natively (exit {})", n.code);
     }
-    let mut ra = super::run::RunArgs::defaults(
+    let mut ra = crate::launch::RunArgs::defaults(
         BUDGET,
         "lz4",
         vec![python.clone().into(), job.clone().into(), N.into()],
     );
     let managed_out = dir.join("managed.out");
-    let r = super::run::run_program(&ra, Some(std::fs::File::create(&managed_out)?), None)?;
+    let r = crate::launch::run_program(&ra, Some(std::fs::File::create(&managed_out)?), None)?;
     let s = &r.stats;
     let same = std::fs::read(&native_out)? == std::fs::read(&managed_out)?;
     // The same with faults served in the faulting thread.
     ra.fault_path = "signal".into();
     let signal_out = dir.join("signal.out");
-    let rs = super::run::run_program(&ra, Some(std::fs::File::create(&signal_out)?), None)?;
+    let rs = crate::launch::run_program(&ra, Some(std::fs::File::create(&signal_out)?), None)?;
     let same_signal = rs.code == 0 && std::fs::read(&native_out)? == std::fs::read(&signal_out)?;
     let mb = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / 1e6;
     let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);
@@ -169,29 +170,29 @@ fn run_demo() -> Result<()> {
         format!("ztier run --budget {}M", BUDGET >> 20),
         s["wall_s"].as_f64().unwrap_or(0.0),
         mb(&s["peak_rss_bytes"]),
-        mb(&s["peak_resident_bytes"])
+        mb(&s[stats::PEAK_RESIDENT_BYTES])
     );
     println!(
         "{:<22} {:>9.2} {:>9.0} MB {:>10.0} MB max   (faults served in the faulting thread; output {})",
         "  --fault-path signal",
         rs.stats["wall_s"].as_f64().unwrap_or(0.0),
         mb(&rs.stats["peak_rss_bytes"]),
-        mb(&rs.stats["peak_resident_bytes"]),
+        mb(&rs.stats[stats::PEAK_RESIDENT_BYTES]),
         if same_signal { "identical" } else { "DIFFERENT" }
     );
     println!(
         "\nUnder ztier run: {} pages compressed and {} more evicted unchanged, without compression \
          ({:.0} MB held in {:.0} MB at the store's fullest), {} faults served \
          (p50 {} µs, p99 {} µs handler time; {:.2} s in all: {}), output {}.",
-        s["pages_compressed"],
-        s["clean_evicted"],
-        mb(&s["orig_bytes"]),
-        mb(&s["stored_bytes"]),
-        s["faults"],
-        s["fault_p50_us"],
-        s["fault_p99_us"],
+        s[stats::PAGES_COMPRESSED],
+        s[stats::CLEAN_EVICTED],
+        mb(&s[stats::ORIG_BYTES]),
+        mb(&s[stats::STORED_BYTES]),
+        s[stats::FAULTS],
+        s[stats::FAULT_P50_US],
+        s[stats::FAULT_P99_US],
         sec("fault_service_s"),
-        super::run::service_parts(
+        crate::launch::service_parts(
             sec("fault_service_s"),
             sec("fault_lock_wait_s"),
             sec("fault_store_read_s"),
@@ -229,21 +230,21 @@ fn workers_demo(python: &Path, dir: &Path) -> Result<()> {
     let native_out = dir.join("workers-native.out");
     let mut c = std::process::Command::new(python);
     c.arg(&job).args([N, "3"]).stdout(std::fs::File::create(&native_out)?);
-    let n = super::run::measure(&mut c)?;
+    let n = crate::launch::measure(&mut c)?;
     if n.code != 0 {
         bail!("the workers failed natively (exit {})", n.code);
     }
     println!("{:<26} {:>7} {:>30} {:>17}", "", "wall s", "resident at most, MB", "pages compressed");
     println!("{:<26} {:>7.2} {:>30} {:>17}", "native", n.wall_s, "all of it", 0);
     for scope in ["tree", "process"] {
-        let mut ra = super::run::RunArgs::defaults(
+        let mut ra = crate::launch::RunArgs::defaults(
             BUDGET,
             "lz4",
             vec![python.to_path_buf().into(), job.clone().into(), N.into(), "3".into()],
         );
         ra.budget_scope = Some(scope.into());
         let out = dir.join(format!("workers-{scope}.out"));
-        let r = super::run::run_program(&ra, Some(std::fs::File::create(&out)?), None)?;
+        let r = crate::launch::run_program(&ra, Some(std::fs::File::create(&out)?), None)?;
         let s = &r.stats;
         if r.code != 0 || std::fs::read(&native_out)? != std::fs::read(&out)? {
             bail!(
@@ -251,9 +252,9 @@ fn workers_demo(python: &Path, dir: &Path) -> Result<()> {
                 r.code
             );
         }
-        let per: Vec<u64> = s["per_process"]
+        let per: Vec<u64> = s[stats::PER_PROCESS]
             .as_array()
-            .map(|p| p.iter().filter_map(|p| p["peak_resident_bytes"].as_u64()).collect())
+            .map(|p| p.iter().filter_map(|p| p[stats::PEAK_RESIDENT_BYTES].as_u64()).collect())
             .unwrap_or_default();
         let (label, resident) = match scope {
             "tree" => (
@@ -272,7 +273,7 @@ fn workers_demo(python: &Path, dir: &Path) -> Result<()> {
         println!(
             "{label:<26} {:>7.2} {resident:>30} {:>17}",
             s["wall_s"].as_f64().unwrap_or(0.0),
-            s["pages_compressed"].as_u64().unwrap_or(0)
+            s[stats::PAGES_COMPRESSED].as_u64().unwrap_or(0)
         );
     }
     println!(

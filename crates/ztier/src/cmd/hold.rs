@@ -45,7 +45,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::Value;
-use ztier_run_core::names::control;
+use ztier_run_core::names::{control, stats};
 
 /// A socket connected to one program's control socket.
 pub struct Control {
@@ -95,7 +95,7 @@ impl Control {
         };
         self.trust(r.sender)?;
         let v: Value = serde_json::from_slice(&buf[..r.len]).context("the answer is not JSON")?;
-        if let Some(why) = v.get("denied") {
+        if let Some(why) = v.get(control::reply::DENIED) {
             bail!("process {} refused: {}", self.pid, why.as_str().unwrap_or("no reason given"));
         }
         Ok(v)
@@ -270,18 +270,18 @@ fn table(rows: &[(u32, String, Result<Value>)]) -> String {
         let cmd: String = cmd.chars().take(60).collect();
         let _ = match v {
             Ok(v) => {
-                let (orig, mem) = (mib(v, "store_orig_bytes_now"), mib(v, "store_bytes_now"));
-                let held = v["held_by"].as_array().is_some_and(|h| !h.is_empty());
+                let (orig, mem) = (mib(v, stats::STORE_ORIG_BYTES_NOW), mib(v, stats::STORE_BYTES_NOW));
+                let held = v[stats::HELD_BY].as_array().is_some_and(|h| !h.is_empty());
                 writeln!(
                     out,
                     "{pid:>8} {:>6.1} MiB {:>6.1} MiB {:>22} {:>6} {:>6.1} MiB {:>10} {:>7} {:>4}  {cmd}",
-                    mib(v, "budget_bytes"),
-                    mib(v, "resident_bytes"),
+                    mib(v, stats::BUDGET_BYTES),
+                    mib(v, stats::RESIDENT_BYTES),
                     format!("{orig:.1} → {mem:.1} MiB"),
                     if mem > 0.0 { format!("{:.2}", orig / mem) } else { "-".into() },
-                    mib(v, "spilled_bytes"),
-                    v["faults"].as_u64().unwrap_or(0),
-                    v["fault_p50_us"].as_f64().unwrap_or(0.0),
+                    mib(v, stats::SPILLED_BYTES),
+                    v[stats::FAULTS].as_u64().unwrap_or(0),
+                    v[stats::FAULT_P50_US].as_f64().unwrap_or(0.0),
                     if held { "yes" } else { "-" },
                 )
             }
@@ -382,7 +382,7 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     let v = Control::connect(pid)?.ask(control::STATS, std::time::Duration::from_secs(5))?;
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", super::run::pretty(&v)?)?;
+    writeln!(out, "{}", crate::launch::pretty(&v)?)?;
     Ok(0)
 }
 
@@ -390,7 +390,7 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
 pub fn hold(a: HoldArgs) -> Result<i32> {
     if let Some(cmd) = a.cmd.first() {
         // Before the hold: nothing to undo then.
-        if let Err(code) = super::run::runnable(cmd) {
+        if let Err(code) = crate::launch::runnable(cmd) {
             return Ok(code);
         }
     }
@@ -406,7 +406,7 @@ pub fn hold(a: HoldArgs) -> Result<i32> {
     }
     // Caught from before the hold, so that no Ctrl-C leaves it in force
     // unreleased (it would lapse, but 5 s later).
-    let caught = Caught::new();
+    let caught = crate::launch::CatchSignals::new();
     let v = match ctl.ask(control::HOLD, FIRST_WAIT) {
         Ok(v) => v,
         Err(e) => {
@@ -416,23 +416,23 @@ pub fn hold(a: HoldArgs) -> Result<i32> {
             return Err(e);
         }
     };
-    if let Some(why) = v.get("error") {
+    if let Some(why) = v.get(control::reply::ERROR) {
         bail!("process {} cannot be held: {}", a.pid, why.as_str().unwrap_or("no reason given"));
     }
     let mib = |k: &str| v[k].as_u64().unwrap_or(0) as f64 / f64::from(1 << 20);
     eprintln!(
         "ztier hold: process {} held: {:.1} MiB brought back, {:.1} MiB resident (budget {:.1} MiB); {}",
         a.pid,
-        mib("brought_back_bytes"),
-        mib("resident_bytes"),
-        mib("budget_bytes"),
+        mib(control::reply::BROUGHT_BACK_BYTES),
+        mib(stats::RESIDENT_BYTES),
+        mib(stats::BUDGET_BYTES),
         if a.cmd.is_empty() { "Ctrl-C releases it" } else { "released when the command ends" }
     );
     let done = AtomicBool::new(false);
     let (code, (gone, others)) = std::thread::scope(|s| {
         let renewer = s.spawn(|| renew(&ctl, a.tree, &done));
         let code = if a.cmd.is_empty() {
-            while PENDING.load(Ordering::Relaxed) == 0 && !done.load(Ordering::Relaxed) {
+            while !crate::launch::signal_pending() && !done.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(50));
             }
             Ok(0)
@@ -459,14 +459,18 @@ pub fn hold(a: HoldArgs) -> Result<i32> {
 fn release(ctl: &Control) {
     // Renewals still unanswered are answered first, in order.
     let release = ctl.ask(control::RELEASE, Duration::from_secs(2)).and_then(|mut v| {
-        while v["request"] != "release" {
+        while v[control::reply::REQUEST].as_str().map(str::as_bytes) != Some(control::RELEASE) {
             v = ctl.answer(Duration::from_secs(2))?;
         }
         Ok(v)
     });
     match release {
-        Ok(v) if v["held"] == Value::Bool(true) => {
-            eprintln!("ztier hold: process {} released by this hold; still held by {}", ctl.pid, v["held_by"])
+        Ok(v) if v[control::reply::HELD] == Value::Bool(true) => {
+            eprintln!(
+                "ztier hold: process {} released by this hold; still held by {}",
+                ctl.pid,
+                v[stats::HELD_BY]
+            )
         }
         Ok(_) => eprintln!("ztier hold: process {} released", ctl.pid),
         Err(e) => eprintln!(
@@ -532,7 +536,7 @@ fn hold_kin(root: u32, root_gone: bool, kin: &mut Vec<Kin>, skip: &mut Vec<u32>)
     }
     kin.retain_mut(|k| {
         while let Some(v) = k.ctl.poll_answer() {
-            if let Some(why) = v.get("denied").or(v.get("error")) {
+            if let Some(why) = v.get(control::reply::DENIED).or(v.get(control::reply::ERROR)) {
                 eprintln!(
                     "ztier hold: process {} (of {root}'s tree) cannot be held: {}",
                     k.ctl.pid,
@@ -541,16 +545,16 @@ fn hold_kin(root: u32, root_gone: bool, kin: &mut Vec<Kin>, skip: &mut Vec<u32>)
                 skip.push(k.ctl.pid);
                 return false;
             }
-            if !k.shown && v["held"] == Value::Bool(true) {
+            if !k.shown && v[control::reply::HELD] == Value::Bool(true) {
                 k.shown = true;
                 let mib = |f: &str| v[f].as_u64().unwrap_or(0) as f64 / f64::from(1 << 20);
                 eprintln!(
                     "ztier hold: process {} (of {root}'s tree) held: {:.1} MiB brought back, {:.1} MiB \
                      resident (budget {:.1} MiB)",
                     k.ctl.pid,
-                    mib("brought_back_bytes"),
-                    mib("resident_bytes"),
-                    mib("budget_bytes"),
+                    mib(control::reply::BROUGHT_BACK_BYTES),
+                    mib(stats::RESIDENT_BYTES),
+                    mib(stats::BUDGET_BYTES),
                 );
             }
         }
@@ -605,7 +609,7 @@ fn run_command(cmd: &[std::ffi::OsString]) -> Result<i32> {
         if let Some(st) = child.try_wait().context("waiting for the command")? {
             break st;
         }
-        match PENDING.swap(0, Ordering::Relaxed) {
+        match crate::launch::take_signal() {
             sig @ (libc::SIGTERM | libc::SIGHUP) => {
                 // SAFETY: signalling our own child, not yet reaped.
                 unsafe { libc::kill(child.id() as i32, sig) };
@@ -614,37 +618,6 @@ fn run_command(cmd: &[std::ffi::OsString]) -> Result<i32> {
         }
     };
     Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
-}
-
-/// The last of `SIGINT`, `SIGTERM`, `SIGHUP` that reached ztier hold and
-/// is not dealt with yet (0: none).
-static PENDING: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-const CAUGHT: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
-
-extern "C" fn note_signal(sig: libc::c_int) {
-    PENDING.store(sig, Ordering::Relaxed);
-}
-
-/// Those signals noted in [`PENDING`] while it lives (the dispositions
-/// before put back when it is dropped). A command started meanwhile gets
-/// the default actions back at its `exec`.
-struct Caught([libc::sighandler_t; 3]);
-
-impl Caught {
-    fn new() -> Caught {
-        // SAFETY: installing an async-signal-safe handler.
-        Caught(CAUGHT.map(|sig| unsafe { libc::signal(sig, note_signal as *const () as libc::sighandler_t) }))
-    }
-}
-
-impl Drop for Caught {
-    fn drop(&mut self) {
-        for (sig, old) in CAUGHT.into_iter().zip(self.0) {
-            // SAFETY: putting back the disposition `new` found.
-            unsafe { libc::signal(sig, old) };
-        }
-    }
 }
 
 #[cfg(test)]
