@@ -28,7 +28,14 @@
 //! `RUN_LENGTH` pages go to that codec alone. A page whose output is still
 //! large (above 3/4 of the page) is also tried with the other codec, and if
 //! the other codec wins the run ends (after `RECHECK_GIVE_UP` losing
-//! re-checks a run stops re-checking). After a run the next page is tried
+//! re-checks a run stops re-checking). Losing re-checks add up over a chain
+//! of second-codec runs that follow each other while the first codec wins
+//! no page (kept without trying, tried with both, or re-checked): on
+//! CPython's heaps LZ4 wins nearly every page and half its outputs are
+//! large, so re-checking `RECHECK_GIVE_UP` of them per run cost a WKdm pass
+//! every 64 pages and found nothing; now a chain re-checks that many in
+//! all. A first-codec win, or a run of the first codec, starts the count
+//! again. After a run the next page is tried
 //! with both; if the same codec wins again a new run starts at once, so a
 //! steady stretch costs one double attempt per run and a change in the
 //! data is noticed within a run's length.
@@ -93,8 +100,9 @@ pub const ZERO_HEAVY_DEN: usize = 4;
 pub const RUN_RECHECK_NUM: usize = 3;
 /// Denominator of the run re-check fraction.
 pub const RUN_RECHECK_DEN: usize = 4;
-/// Re-checks that may lose during one run before the run stops re-checking
-/// (pages the run's codec leaves large are often large for both).
+/// Re-checks that may lose during one run, or one chain of second-codec
+/// runs the first codec wins no page in, before re-checking stops (pages
+/// the run's codec leaves large are often large for both).
 pub const RECHECK_GIVE_UP: u32 = 2;
 
 /// A WK codec with a fallback codec and adaptive runs.
