@@ -83,13 +83,20 @@ fn main() {
             per_pass.push(tl as f64 / th as f64);
         }
         per_pass.sort_by(f64::total_cmp);
-        let HybridStats { first_fast, zero_heavy, first_after_try, second_after_try, in_run, run_broken } =
-            hybrid.stats;
+        let HybridStats {
+            first_fast,
+            zero_heavy,
+            first_after_try,
+            second_after_try,
+            in_run,
+            rechecks,
+            run_broken,
+        } = hybrid.stats;
         println!(
             "{}: {} pages; hybrid ratio x LZ4 {:.6} ({} bytes against {} in the last pass); \
              compress x LZ4 {:.3} over {passes} passes, median pass {:.3} (range {:.3}-{:.3}); \
              first_fast {first_fast} zero_heavy {zero_heavy} first_after_try {first_after_try} \
-             second_after_try {second_after_try} in_run {in_run} run_broken {run_broken}",
+             second_after_try {second_after_try} in_run {in_run} rechecks {rechecks} run_broken {run_broken}",
             file.display(),
             work.len(),
             bytes_l as f64 / bytes_h as f64,

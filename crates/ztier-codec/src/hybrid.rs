@@ -28,7 +28,14 @@
 //! `RUN_LENGTH` pages go to that codec alone. A page whose output is still
 //! large (above 3/4 of the page) is also tried with the other codec, and if
 //! the other codec wins the run ends (after `RECHECK_GIVE_UP` losing
-//! re-checks a run stops re-checking). After a run the next page is tried
+//! re-checks a run stops re-checking). Losing re-checks add up over a chain
+//! of second-codec runs that follow each other while the first codec wins
+//! no page (kept without trying, tried with both, or re-checked): on
+//! CPython's heaps LZ4 wins nearly every page and half its outputs are
+//! large, so re-checking `RECHECK_GIVE_UP` of them per run cost a WKdm pass
+//! every 64 pages and found nothing; now a chain re-checks that many in
+//! all. A first-codec win, or a run of the first codec, starts the count
+//! again. After a run the next page is tried
 //! with both; if the same codec wins again a new run starts at once, so a
 //! steady stretch costs one double attempt per run and a change in the
 //! data is noticed within a run's length.
@@ -93,8 +100,9 @@ pub const ZERO_HEAVY_DEN: usize = 4;
 pub const RUN_RECHECK_NUM: usize = 3;
 /// Denominator of the run re-check fraction.
 pub const RUN_RECHECK_DEN: usize = 4;
-/// Re-checks that may lose during one run before the run stops re-checking
-/// (pages the run's codec leaves large are often large for both).
+/// Re-checks that may lose during one run, or one chain of second-codec
+/// runs the first codec wins no page in, before re-checking stops (pages
+/// the run's codec leaves large are often large for both).
 pub const RECHECK_GIVE_UP: u32 = 2;
 
 /// A WK codec with a fallback codec and adaptive runs.
@@ -115,8 +123,13 @@ pub struct Hybrid {
     /// Pages left in the current run, and whether it is the second codec's.
     run_left: u32,
     run_second: bool,
-    /// Re-checks with the other codec that lost during the current run.
+    /// Re-checks with the other codec that lost during the current run,
+    /// or during the current chain of second-codec runs (see the module
+    /// docs).
     recheck_misses: u32,
+    /// Whether the first codec won a page since the current run started
+    /// (kept without trying the second, tried with both, or a re-check).
+    first_won: bool,
     last_len: usize,
     scratch: Vec<u8>,
     /// Counters of which inner codec won (for diagnostics and benchmarks).
@@ -138,6 +151,9 @@ pub struct HybridStats {
     pub second_after_try: u64,
     /// Pages compressed by the leading codec of a run alone.
     pub in_run: u64,
+    /// Pages during a run whose output was large and that were also tried
+    /// with the other codec.
+    pub rechecks: u64,
     /// Pages during a run where the other codec won (ending the run).
     pub run_broken: u64,
 }
@@ -178,6 +194,7 @@ impl Hybrid {
             run_left: 0,
             run_second: false,
             recheck_misses: 0,
+            first_won: false,
             last_len: 0,
             scratch: vec![0; crate::MAX_INPUT + 1024],
             stats: HybridStats::default(),
@@ -290,10 +307,12 @@ impl Hybrid {
                 Err(e) => return Err(e),
             };
             let limit = lead_n.map_or(room, |n| n.saturating_sub(1)).min(self.scratch.len());
+            self.stats.rechecks += 1;
             if let Ok(m) = other.compress(src, &mut self.scratch[..limit]) {
                 // The data changed: end the run.
                 dst[..m].copy_from_slice(&self.scratch[..m]);
                 self.stats.run_broken += 1;
+                self.first_won |= !self.run_second;
                 self.run_left = 0;
                 self.streak = 0;
                 self.run_len = RUN_LENGTH;
@@ -316,6 +335,7 @@ impl Hybrid {
                 let zero_heavy = zero_words(&dst[..n]).is_some_and(|z| z * ZERO_HEAVY_DEN >= src.len() / 4);
                 if !zero_heavy {
                     self.stats.first_fast += 1;
+                    self.first_won = true;
                     self.streak = 0;
                     self.clear_streak = 0;
                     return Ok((n, first_id));
@@ -342,6 +362,7 @@ impl Hybrid {
         // Streak of the same winner after trying both; RUN_TRIGGER in a row
         // starts a run of that codec.
         let clear = second_won && first.is_none_or(|n| n * CLEAR_DEN >= self.last_len * CLEAR_NUM);
+        self.first_won |= !second_won;
         if self.streak > 0 && self.streak_second == second_won {
             self.streak += 1;
             self.clear_streak = if clear { self.clear_streak + 1 } else { 0 };
@@ -356,7 +377,14 @@ impl Hybrid {
             let again = second_won && self.run_second && self.clear_streak >= RUN_TRIGGER;
             self.run_len = if again { (self.run_len * 2).min(MAX_RUN_LENGTH) } else { RUN_LENGTH };
             self.run_left = if second_won { self.run_len } else { RUN_LENGTH };
-            self.recheck_misses = 0;
+            // Re-checks that lost stay counted while second-codec runs
+            // follow each other and the first codec wins no page: where the
+            // second codec wins every page tried (CPython's heaps), most
+            // pages of its runs are large and re-checking them only costs.
+            if !(second_won && self.run_second && !self.first_won) {
+                self.recheck_misses = 0;
+            }
+            self.first_won = false;
             self.run_second = second_won;
             self.streak = 0;
         }
@@ -589,6 +617,50 @@ mod tests {
             }
         }
         assert_eq!(first_after, Some(RUN_LENGTH));
+    }
+
+    /// A page both codecs leave large, LZ4 a little smaller: random bytes
+    /// up to `3328` then zeros (fewer than a quarter of the words).
+    fn large_for_both(seed: u64) -> Vec<u8> {
+        let mut rng = synth::Rng::new(seed);
+        let mut p = vec![0u8; 4096];
+        for b in &mut p[..3328] {
+            *b = rng.below(256) as u8;
+        }
+        p
+    }
+
+    #[test]
+    fn losing_rechecks_stay_counted_across_second_codec_runs_until_the_first_codec_wins() {
+        let mut out = vec![0u8; 8192];
+        let p = large_for_both(0);
+        let wk = new_codec(CodecId::Wkdm).compress(&p, &mut out).unwrap();
+        let lz = new_codec(CodecId::Lz4).compress(&p, &mut out).unwrap();
+        assert!(lz > 4096 * RUN_RECHECK_NUM / RUN_RECHECK_DEN && wk > lz, "wkdm {wk}, lz4 {lz}");
+        let mut h = Hybrid::default();
+        // Whole LZ4 runs of such pages, one after another: every page of
+        // a run is large, but only the first RECHECK_GIVE_UP of the chain
+        // are re-checked with WKdm (all lose), not that many per run.
+        let mut seed = 0;
+        let mut buf = vec![0u8; 8192];
+        let mut feed = |h: &mut Hybrid, pages: usize| {
+            for _ in 0..pages {
+                seed += 1;
+                assert_eq!(h.compress_tagged(&large_for_both(seed), &mut buf).unwrap().1, CodecId::Lz4);
+            }
+        };
+        feed(&mut h, RUN_TRIGGER as usize + 5 * MAX_RUN_LENGTH as usize);
+        assert!(h.stats.second_after_try > RUN_TRIGGER as u64 + 2, "several runs: {:?}", h.stats);
+        assert_eq!((h.stats.rechecks, h.stats.run_broken), (u64::from(RECHECK_GIVE_UP), 0), "{:?}", h.stats);
+        // A page the first codec wins (tried after a run) gives the next
+        // chain its re-checks again.
+        while h.run_left > 0 {
+            feed(&mut h, 1);
+        }
+        let ints = synth::page(synth::Kind::SmallInts, 1);
+        assert_eq!(h.compress_tagged(&ints, &mut out).unwrap().1, CodecId::Wkdm);
+        feed(&mut h, RUN_TRIGGER as usize + 2 * MAX_RUN_LENGTH as usize);
+        assert_eq!(h.stats.rechecks, 2 * u64::from(RECHECK_GIVE_UP), "{:?}", h.stats);
     }
 
     #[test]
