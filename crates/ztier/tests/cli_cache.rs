@@ -619,6 +619,18 @@ fn refusals() {
     let out =
         ztier().args(["cache", "serve", "--backing"]).arg(&b).arg("--cache").arg(&junk).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a ztier cache"), "{out:?}");
+    // --recycle-keep outside 50-95.
+    for bad in ["40", "96"] {
+        let out = ztier()
+            .args(["cache", "serve", "--recycle-keep", bad, "--backing"])
+            .arg(&b)
+            .arg("--cache")
+            .arg(&c)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("--recycle-keep") && err.contains("50..=95"), "{err}");
+    }
     // Bound to one backing: another size is refused, --discard rebinds.
     let srv = serve(&d, &c, b.to_str().unwrap(), &[]);
     assert_eq!(srv.stop().code(), Some(0));

@@ -56,8 +56,9 @@ pub struct CacheBenchArgs {
     #[arg(long, default_value = "randread,randrw", value_name = "LIST")]
     pub workloads: String,
     /// Rows: backing, nbdkit-cache, raw, lz4, lz4-direct, lz4-ram,
-    /// lz4-remote (lz4-ram over a local redis-server), and raw-NWAY or
-    /// lz4-NWAY (N-way CLOCK sets; raw and lz4 use `cache create`'s default).
+    /// lz4-remote (lz4-ram over a local redis-server), raw-NWAY or
+    /// lz4-NWAY (N-way CLOCK sets; raw and lz4 use `cache create`'s
+    /// default), raw-keepPCT or lz4-keepPCT (`serve --recycle-keep PCT`).
     #[arg(long, default_value = "backing,nbdkit-cache,raw,lz4,lz4-direct,lz4-ram", value_name = "LIST")]
     pub rows: String,
     /// fio's zipf theta.
@@ -159,6 +160,17 @@ pub struct ZtierFigures {
     pub remote_hits: u64,
     /// Remote hits: p50 inside the server, µs.
     pub remote_hit_p50_us: f64,
+    /// Writes: p50 inside the server, µs (the backing's write included:
+    /// what is above the backing's delay is the cache's own cost).
+    pub write_p50_us: f64,
+    /// Lines dropped by writes.
+    pub invalidated_lines: u64,
+    /// Blocks cached by write-through.
+    pub write_through_fills: u64,
+    /// Fills dropped because a write of the block overlapped them.
+    pub fills_dropped_race: u64,
+    /// Lines dropped when their segment was recycled (not referenced).
+    pub capacity_evictions: u64,
 }
 
 /// Compressed against uncompressed at one point.
@@ -172,7 +184,8 @@ pub struct Ratio {
     pub ws: u64,
     /// Row compared (a compressed row).
     pub row: String,
-    /// The peer: nbdkit-cache, ztier's own raw row, or lz4-8way (for lz4).
+    /// The peer: nbdkit-cache, ztier's own raw row, or lz4-8way or
+    /// lz4-keep50 (for lz4).
     pub peer: String,
     /// Its hit ratio / the peer's.
     pub hit_ratio_x: f64,
@@ -612,6 +625,9 @@ fn run_row(
             if z.ram {
                 c.arg("--ram-cache").arg(ram.to_string());
             }
+            if let Some(k) = z.keep {
+                c.arg("--recycle-keep").arg(k.to_string());
+            }
             if z.remote {
                 let bed =
                     Testbed::single(&RedisOptions::default()).context("starting a local redis-server")?;
@@ -683,6 +699,11 @@ fn run_row(
                 conflict_evictions: n("conflict_evictions"),
                 remote_hits: s["remote"]["hits"].as_u64().unwrap_or(0),
                 remote_hit_p50_us: s["latency"]["remote_hit"]["p50_us"].as_f64().unwrap_or(0.0),
+                write_p50_us: s["latency"]["write"]["p50_us"].as_f64().unwrap_or(0.0),
+                invalidated_lines: n("invalidated_lines"),
+                write_through_fills: n("write_through_fills"),
+                fills_dropped_race: n("fills_dropped_race"),
+                capacity_evictions: n("capacity_evictions"),
             });
         }
     }
@@ -716,11 +737,13 @@ struct ZtierRow {
     placement: String,
     ram: bool,
     remote: bool,
+    /// `serve --recycle-keep` (the server's default if `None`).
+    keep: Option<u8>,
 }
 
 impl ZtierRow {
     /// `raw`, `lz4`, `lz4-direct`, `lz4-ram`, `lz4-remote`, `raw-NWAY`,
-    /// `lz4-NWAY`; `None` for another row.
+    /// `lz4-NWAY`, `raw-keepPCT`, `lz4-keepPCT`; `None` for another row.
     fn parse(row: &str) -> Option<ZtierRow> {
         let (codec, rest) = match row.split_once('-') {
             None => (row, ""),
@@ -731,12 +754,17 @@ impl ZtierRow {
             "lz4" => "lz4",
             _ => return None,
         };
-        let mut z = ZtierRow { codec, placement: DEFAULT_PLACEMENT.into(), ram: false, remote: false };
+        let mut z =
+            ZtierRow { codec, placement: DEFAULT_PLACEMENT.into(), ram: false, remote: false, keep: None };
         match rest {
             "" => {}
             "direct" if codec == "lz4" => z.placement = "direct".into(),
             "ram" if codec == "lz4" => z.ram = true,
             "remote" if codec == "lz4" => (z.ram, z.remote) = (true, true),
+            w if w.starts_with("keep") => {
+                let n: u8 = w["keep".len()..].parse().ok()?;
+                z.keep = Some(n);
+            }
             w => {
                 let n: u16 = w.strip_suffix("way")?.parse().ok()?;
                 z.placement = format!("assoc:{n}:clock");
@@ -831,13 +859,13 @@ pub fn run(a: CacheBenchArgs) -> Result<i32> {
         let peers = |row: &str| -> Vec<&'static str> {
             let mut p = vec!["nbdkit-cache", "raw"];
             match row {
-                "lz4" => p.push("lz4-8way"),
+                "lz4" => p.extend(["lz4-8way", "lz4-keep50"]),
                 "lz4-remote" => p.push("lz4-ram"),
                 _ => {}
             }
             p
         };
-        for peer in ["nbdkit-cache", "raw", "lz4-8way", "lz4-ram"] {
+        for peer in ["nbdkit-cache", "raw", "lz4-8way", "lz4-keep50", "lz4-ram"] {
             for r in rows.iter().filter(|r| r.row.starts_with("lz4") && peers(&r.row).contains(&peer)) {
                 if let Some(k) = rows.iter().find(|k| {
                     k.row == peer

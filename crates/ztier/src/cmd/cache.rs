@@ -154,6 +154,12 @@ pub struct ServeArgs {
     /// Threads that compress and insert lines.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub fillers: usize,
+    /// Recycling the oldest segment keeps all its lines when they fill at
+    /// most PCT% of it (50–95; 50 copies only referenced lines): higher
+    /// keeps more blocks under writes, for more copies per fill.
+    #[arg(long, default_value_t = ztier_cache::cache::RECYCLE_KEEP, value_name = "PCT",
+          value_parser = clap::value_parser!(u8).range(50..=95))]
+    pub recycle_keep: u8,
     /// Write the final statistics (as `cache stats --json` of a served
     /// cache gives them) to FILE at exit.
     #[arg(long, value_name = "FILE")]
@@ -367,6 +373,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
         read_only: a.readonly,
         discard: a.discard,
         fillers: a.fillers.max(1),
+        recycle_keep: a.recycle_keep,
         pressure: (ram > 0).then(PressureConfig::default),
         remote: remote_tier(&a)?,
         ..CacheOptions::default()
