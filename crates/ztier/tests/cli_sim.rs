@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -217,29 +218,13 @@ fn the_simulator_predicts_the_store_faults_of_a_live_run() {
     let out = ztier().args(["trace", "record", "-o"]).arg(&t).arg("--").args(sort).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let log = d.join("log");
-    let mut live = Vec::new();
-    let mut last = (0, PathBuf::new());
-    for k in 0..5 {
-        let stats = d.join(format!("run{k}.json"));
-        let out = ztier()
-            .env("ZTIER_START_AFTER", "0")
-            .args(["run", "--budget", "2560K", "--fault-log"])
-            .arg(&log)
-            .arg("--stats")
-            .arg(&stats)
-            .arg("--")
-            .args(sort)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
-        let p = &s["per_process"][0];
-        // A victim of the background evictor's batch in flight that the
-        // program writes is taken back, not faulted; the model, evicting at
-        // once, counts that write as a store fault (docs/policy.md).
-        live.push(p["store_faults"].as_u64().unwrap() + p["taken_back"].as_u64().unwrap());
-        last = (p["faults"].as_u64().unwrap(), log.join(format!("{}.csv", p["pid"])));
-    }
+    let runs = live_runs(&d, "2560K", &[OsStr::new("--fault-log"), log.as_os_str()], &sort.map(OsStr::new));
+    let p = &runs[4];
+    let last = (p["faults"].as_u64().unwrap(), log.join(format!("{}.csv", p["pid"])));
+    // A victim of the background evictor's batch in flight that the
+    // program writes is taken back, not faulted; the model, evicting at
+    // once, counts that write as a store fault (docs/policy.md).
+    let mut live: Vec<u64> = runs.iter().map(sum).collect();
     live.sort_unstable();
     let live = live[2];
     assert!(live > 300, "sort under 2.5M faults on stored pages: {live}");
@@ -294,22 +279,7 @@ fn the_simulator_predicts_a_live_run_of_a_program_with_one_heap_block() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut live = Vec::new();
-    for k in 0..5 {
-        let stats = d.join(format!("run{k}.json"));
-        let out = ztier()
-            .env("ZTIER_START_AFTER", "0")
-            .args(["run", "--budget", "4M", "--stats"])
-            .arg(&stats)
-            .arg("--")
-            .arg(&exe)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
-        let p = &s["per_process"][0];
-        live.push(p["store_faults"].as_u64().unwrap() + p["taken_back"].as_u64().unwrap());
-    }
+    let mut live: Vec<u64> = live_runs(&d, "4M", &[], &[OsStr::new(&exe)]).iter().map(sum).collect();
     live.sort_unstable();
     let median = live[2];
     assert!(median > 2000, "hotset under 4M faults on stored pages: {live:?}");
@@ -327,4 +297,33 @@ fn the_simulator_predicts_a_live_run_of_a_program_with_one_heap_block() {
         "predicted {predicted} store faults, ztier run had {live:?} store faults + taken back ({:+.0}% of the median)",
         off * 100.0
     );
+}
+
+/// Five runs of `cmd` under `ztier run --budget BUDGET` (and `extra`),
+/// managed from the first byte: each run's first process's statistics.
+fn live_runs(d: &Path, budget: &str, extra: &[&OsStr], cmd: &[&OsStr]) -> Vec<serde_json::Value> {
+    (0..5)
+        .map(|k| {
+            let stats = d.join(format!("run{k}.json"));
+            let out = ztier()
+                .env("ZTIER_START_AFTER", "0")
+                .args(["run", "--budget", budget])
+                .args(extra)
+                .arg("--stats")
+                .arg(&stats)
+                .arg("--")
+                .args(cmd)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+            s["per_process"][0].clone()
+        })
+        .collect()
+}
+
+/// A run's store faults + `taken_back`: what the model counts as store
+/// faults (docs/policy.md).
+fn sum(p: &serde_json::Value) -> u64 {
+    p["store_faults"].as_u64().unwrap() + p["taken_back"].as_u64().unwrap()
 }
