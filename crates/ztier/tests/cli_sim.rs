@@ -1,5 +1,8 @@
 //! `ztier sim` on a trace recorded from a real program.
 
+mod common;
+
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -189,14 +192,14 @@ fn bad_input_gets_clear_errors() {
 /// docs/measurements/2026-12-06-policy.md for both). The live count is
 /// store faults + `taken_back` (what the model, whose evictor runs at
 /// once, counts as store faults: docs/policy.md), the median of five
-/// runs; the prediction must be within 20% of it. (Here the model
-/// predicted 13–15% more than the median; at 1M to 3M it predicts 13–26%
-/// more: the measurement has the table.) A replay of one run's
-/// fault log, which has no hits, sees at most that run's page-ins.
+/// runs; the prediction must be within 20% of it. (At 1M to 3M the
+/// model predicts 19–21% more than the median: the measurement has the
+/// table and why.) A replay of one run's fault log, which has no hits,
+/// sees at most that run's page-ins.
 #[test]
-#[ignore = "not reliably met: in the measurement (its sort input) store faults + taken_back at 2.5M ranged 1403-2050 over five runs \
-            (prediction 1876, +12% of their median; sort at 1M-3M +12-25%): the sum still moves with the \
-            evictor's lag under load, and the lackey recording takes minutes (docs/measurements/2026-12-06-sim-vs-live.md)"]
+#[ignore = "not met: sort's small objects lie on other pages live (ztier's size classes) than under lackey (glibc): \
+            the model predicted +19..+21% of the median sum at 1M-3M, +20% at 2M, and the lackey recording takes minutes \
+            (docs/measurements/2026-12-06-sim-vs-live-2.md); the hotset test below is the case CI keeps"]
 fn the_simulator_predicts_the_store_faults_of_a_live_run() {
     let d = std::env::temp_dir().join(format!("ztier-cli-sim-live-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -215,29 +218,13 @@ fn the_simulator_predicts_the_store_faults_of_a_live_run() {
     let out = ztier().args(["trace", "record", "-o"]).arg(&t).arg("--").args(sort).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let log = d.join("log");
-    let mut live = Vec::new();
-    let mut last = (0, PathBuf::new());
-    for k in 0..5 {
-        let stats = d.join(format!("run{k}.json"));
-        let out = ztier()
-            .env("ZTIER_START_AFTER", "0")
-            .args(["run", "--budget", "2560K", "--fault-log"])
-            .arg(&log)
-            .arg("--stats")
-            .arg(&stats)
-            .arg("--")
-            .args(sort)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
-        let p = &s["per_process"][0];
-        // A victim of the background evictor's batch in flight that the
-        // program writes is taken back, not faulted; the model, evicting at
-        // once, counts that write as a store fault (docs/policy.md).
-        live.push(p["store_faults"].as_u64().unwrap() + p["taken_back"].as_u64().unwrap());
-        last = (p["faults"].as_u64().unwrap(), log.join(format!("{}.csv", p["pid"])));
-    }
+    let runs = live_runs(&d, "2560K", &[OsStr::new("--fault-log"), log.as_os_str()], &sort.map(OsStr::new));
+    let p = &runs[4];
+    let last = (p["faults"].as_u64().unwrap(), log.join(format!("{}.csv", p["pid"])));
+    // A victim of the background evictor's batch in flight that the
+    // program writes is taken back, not faulted; the model, evicting at
+    // once, counts that write as a store fault (docs/policy.md).
+    let mut live: Vec<u64> = runs.iter().map(sum).collect();
     live.sort_unstable();
     let live = live[2];
     assert!(live > 300, "sort under 2.5M faults on stored pages: {live}");
@@ -264,4 +251,79 @@ fn the_simulator_predicts_the_store_faults_of_a_live_run() {
     let r = sim("--fault-log", &csv);
     let replayed = r["faults"].as_u64().unwrap();
     assert!(r["store_faults"].as_u64().unwrap() > 0 && replayed <= faults, "{r} against {faults} faults");
+}
+
+/// `ztier sim` with the shipped policy predicts the store faults of
+/// `ztier run` on a program whose pages are where lackey saw them:
+/// `run_progs/hotset.c`, one `malloc` of 6 MiB (a mapping of its own,
+/// under glibc as under ztier's allocator), a hot sixth of it and random
+/// touches, one write each (~5 s to record under lackey). Budget 4M, the
+/// run managed from its first byte (`ZTIER_START_AFTER=0`); the live count
+/// is store faults + `taken_back` (docs/policy.md), the median of five
+/// runs, and the prediction must be within 20% of it. Measured on a
+/// loaded 2-core machine (docs/measurements/2026-12-06-sim-vs-live-2.md):
+/// prediction 5002; two sets of five runs, sums 4763-5522, medians 5140
+/// and 5019 (-3%, 0%); the worst single run was 9% off. Programs with many small objects (sort,
+/// python3) are placed differently by glibc under lackey and by ztier's
+/// size classes live; that is the 20-30% the sort test above misses.
+#[test]
+fn the_simulator_predicts_a_live_run_of_a_program_with_one_heap_block() {
+    let d = common::tmp("sim-hotset");
+    let exe = common::compile(&d, "hotset");
+    let t = d.join("hotset.trace");
+    let out = ztier()
+        .args(["trace", "record", "--snapshot-every", "20000", "--codecs", "lz4", "-o"])
+        .arg(&t)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut live: Vec<u64> = live_runs(&d, "4M", &[], &[OsStr::new(&exe)]).iter().map(sum).collect();
+    live.sort_unstable();
+    let median = live[2];
+    assert!(median > 2000, "hotset under 4M faults on stored pages: {live:?}");
+    let out = ztier()
+        .args(["sim", "--json", "--memory", "4M", "--policy", "shipped", "--disk-ms", "5", "--trace"])
+        .arg(&t)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let predicted = v["results"][0]["store_faults"].as_u64().unwrap();
+    let off = predicted as f64 / median as f64 - 1.0;
+    assert!(
+        off.abs() <= 0.2,
+        "predicted {predicted} store faults, ztier run had {live:?} store faults + taken back ({:+.0}% of the median)",
+        off * 100.0
+    );
+}
+
+/// Five runs of `cmd` under `ztier run --budget BUDGET` (and `extra`),
+/// managed from the first byte: each run's first process's statistics.
+fn live_runs(d: &Path, budget: &str, extra: &[&OsStr], cmd: &[&OsStr]) -> Vec<serde_json::Value> {
+    (0..5)
+        .map(|k| {
+            let stats = d.join(format!("run{k}.json"));
+            let out = ztier()
+                .env("ZTIER_START_AFTER", "0")
+                .args(["run", "--budget", budget])
+                .args(extra)
+                .arg("--stats")
+                .arg(&stats)
+                .arg("--")
+                .args(cmd)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+            s["per_process"][0].clone()
+        })
+        .collect()
+}
+
+/// A run's store faults + `taken_back`: what the model counts as store
+/// faults (docs/policy.md).
+fn sum(p: &serde_json::Value) -> u64 {
+    p["store_faults"].as_u64().unwrap() + p["taken_back"].as_u64().unwrap()
 }
