@@ -74,6 +74,7 @@ pub mod corpus;
 pub mod deflate;
 pub mod hybrid;
 pub mod lz4;
+pub mod lz4page;
 pub mod lzo;
 pub mod page;
 pub mod raw;
