@@ -1,7 +1,7 @@
 //! An LZ4 block compressor for inputs of at most one page, whose output is
 //! byte for byte liblz4's.
 //!
-//! Hybrid's LZ4 attempts ([`crate::hybrid`]) go through it: a port of
+//! Hybrid's LZ4 attempts go through it: a port of
 //! liblz4 1.10's `LZ4_compress_generic` for the case liblz4's
 //! `LZ4_compress_fast_extState` (the [`crate::lz4::Lz4`] codec) takes on a
 //! page (a `byU16` hash table of 2^13 entries zeroed on every call, no
@@ -154,6 +154,32 @@ unsafe fn find(
     }
 }
 
+/// Writes a literal length `lit` into the token at `d + token` and, from
+/// 15 on, the extra bytes from `d + op`: the position after them.
+///
+/// # Safety
+///
+/// `d + token` and `d + op .. d + op + lit / 255 + 1` are writable.
+#[inline(always)]
+unsafe fn literal_length(d: *mut u8, token: usize, mut op: usize, lit: usize) -> usize {
+    // SAFETY: as the caller vouches.
+    unsafe {
+        if lit < RUN_MASK {
+            *d.add(token) = (lit << ML_BITS) as u8;
+            return op;
+        }
+        *d.add(token) = (RUN_MASK << ML_BITS) as u8;
+        let mut len = lit - RUN_MASK;
+        while len >= 255 {
+            *d.add(op) = 255;
+            op += 1;
+            len -= 255;
+        }
+        *d.add(op) = len as u8;
+        op + 1
+    }
+}
+
 #[inline(always)]
 fn hash(seq: u32) -> usize {
     (seq.wrapping_mul(2_654_435_761) >> (32 - HASH_LOG)) as usize
@@ -281,19 +307,7 @@ impl Lz4Page {
                     if LIMITED && op + lit + (2 + 1 + LASTLITERALS) + lit / 255 > olimit {
                         return None;
                     }
-                    if lit >= RUN_MASK {
-                        *d.add(token) = (RUN_MASK << ML_BITS) as u8;
-                        let mut len = lit - RUN_MASK;
-                        while len >= 255 {
-                            *d.add(op) = 255;
-                            op += 1;
-                            len -= 255;
-                        }
-                        *d.add(op) = len as u8;
-                        op += 1;
-                    } else {
-                        *d.add(token) = (lit << ML_BITS) as u8;
-                    }
+                    op = literal_length(d, token, op, lit);
                     copy_literals(s.wrapping_add(anchor), d.add(op), lit, olimit - op);
                     op += lit;
                     // Matches, as long as the next position starts one.
@@ -348,21 +362,7 @@ impl Lz4Page {
             if LIMITED && op + last + 1 + (last + 255 - RUN_MASK) / 255 > olimit {
                 return None;
             }
-            if last >= RUN_MASK {
-                *d.add(op) = (RUN_MASK << ML_BITS) as u8;
-                op += 1;
-                let mut acc = last - RUN_MASK;
-                while acc >= 255 {
-                    *d.add(op) = 255;
-                    op += 1;
-                    acc -= 255;
-                }
-                *d.add(op) = acc as u8;
-                op += 1;
-            } else {
-                *d.add(op) = (last << ML_BITS) as u8;
-                op += 1;
-            }
+            op = literal_length(d, op, op + 1, last);
             std::ptr::copy_nonoverlapping(s.wrapping_add(anchor), d.add(op), last);
             op + last
         };
