@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use ztier_codec::corpus::{synth, Corpus};
 use ztier_codec::page::{Form, PageEncoder};
-use ztier_codec::{new_codec, CodecId, CompressError, PAGE_SIZE};
+use ztier_codec::{new_codec, Codec, CodecId, CompressError, PAGE_SIZE};
 
 /// The codecs these generic tests cover: every one.
 fn codecs() -> Vec<CodecId> {
@@ -198,6 +198,28 @@ fn every_corpus_page_round_trips_through_the_page_encoder() {
             );
         } else {
             assert_eq!(raw, corpus.len());
+        }
+    }
+}
+
+#[test]
+fn hybrids_lz4_writes_liblz4s_bytes_on_every_corpus_page() {
+    let dir = corpus_dir();
+    let files: Vec<_> =
+        ["python-dict.pages", "python-sqlite.pages", "gcc-cc1.pages"].iter().map(|f| dir.join(f)).collect();
+    let corpus = Corpus::load(&files).expect("the corpus files (CI provides ../shared/corpus)");
+    let mut ours = ztier_codec::lz4page::Lz4Page::new();
+    let mut lib = new_codec(CodecId::Lz4);
+    let bound = lib.max_compressed_len(PAGE_SIZE);
+    let (mut a, mut b) = (vec![0u8; bound], vec![0u8; bound]);
+    for (i, p) in corpus.pages().enumerate() {
+        // Room for any output, the page encoder's 3/4 limit, and one byte
+        // short of liblz4's output (both must refuse).
+        let full = lib.compress(p, &mut b).unwrap();
+        for cap in [bound, PAGE_SIZE * 3 / 4, full - 1] {
+            let x = ours.compress(p, &mut a[..cap]).ok().map(|n| a[..n].to_vec());
+            let y = lib.compress(p, &mut b[..cap]).ok().map(|n| b[..n].to_vec());
+            assert!(x == y, "page {i}, room {cap}: lz4page and liblz4 differ");
         }
     }
 }
