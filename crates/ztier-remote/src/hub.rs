@@ -29,8 +29,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ztier_store::tier::NextTier;
+
+use crate::config::RemoteConfig;
 use crate::link::Link;
-use crate::tier::{Bell, Found, Inner, Round};
+use crate::tier::{Bell, Found, Inner, RemoteTier, Round};
 use crate::RemoteError;
 
 /// Pages one pipeline carries, at most (of all tiers together; each
@@ -99,6 +102,24 @@ impl Hub {
     /// Tiers served now.
     pub fn tiers(&self) -> usize {
         self.shared.tiers.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl RemoteTier {
+    /// [`RemoteTier::connect`], its writes made by `hub`'s flusher
+    /// together with those of the hub's other tiers (one pipeline, one
+    /// connection, one thread for all). A cluster, or servers other than
+    /// the hub's, get a flusher of their own.
+    pub fn connect_shared(
+        cfg: RemoteConfig,
+        fallback: Option<Box<dyn NextTier>>,
+        hub: &Hub,
+    ) -> Result<Self, RemoteError> {
+        let t = Self::new(cfg, fallback)?;
+        if t.inner().conn.is_cluster() || !hub.join(t.inner()) {
+            t.start_flusher()?;
+        }
+        Ok(t)
     }
 }
 

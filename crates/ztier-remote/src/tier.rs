@@ -136,7 +136,7 @@ impl Bell {
     }
 }
 
-/// What a shared flusher ([`crate::hub::Hub`]) finds at a tier.
+/// What a shared flusher finds at a tier.
 pub(crate) enum Found {
     /// The tier is gone (dropped).
     Gone,
@@ -191,28 +191,16 @@ impl RemoteTier {
         Ok(t)
     }
 
-    /// [`RemoteTier::connect`], its writes made by `hub`'s flusher
-    /// together with those of the hub's other tiers (one pipeline, one
-    /// connection, one thread for all). A cluster, or servers other than
-    /// the hub's, get a flusher of their own.
-    pub fn connect_shared(
-        cfg: RemoteConfig,
-        fallback: Option<Box<dyn NextTier>>,
-        hub: &crate::hub::Hub,
-    ) -> Result<Self, RemoteError> {
-        let t = Self::new(cfg, fallback)?;
-        if t.inner.conn.is_cluster() || !hub.join(&t.inner) {
-            t.start_flusher()?;
-        }
-        Ok(t)
-    }
-
     /// Whether the tier's writes go through a shared flusher.
     pub fn shares_flusher(&self) -> bool {
         self.inner.bell.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
-    fn new(mut cfg: RemoteConfig, fallback: Option<Box<dyn NextTier>>) -> Result<Self, RemoteError> {
+    /// The tier, without a flusher yet.
+    pub(crate) fn new(
+        mut cfg: RemoteConfig,
+        fallback: Option<Box<dyn NextTier>>,
+    ) -> Result<Self, RemoteError> {
         let (conn, topo) = Connector::new(&cfg)?;
         cfg.durability = match (cfg.durability, topo.min_replicas > 0, fallback.is_some()) {
             (Durability::Auto, true, true) => Durability::ReplicaLocal,
@@ -264,7 +252,13 @@ impl RemoteTier {
         Ok(RemoteTier { inner, flusher: Mutex::new(None) })
     }
 
-    fn start_flusher(&self) -> Result<(), RemoteError> {
+    /// Its shared part (what a shared flusher holds).
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// Starts the tier's own flusher thread.
+    pub(crate) fn start_flusher(&self) -> Result<(), RemoteError> {
         let inner = self.inner.clone();
         let h = std::thread::Builder::new()
             .name("ztier-remote".into())
