@@ -10,6 +10,8 @@
 //!   (AES-256-GCM), and names that reveal nothing.
 //! * [`tier`] — [`RemoteTier`]: the index, the pending queue and the
 //!   flusher thread that writes batches per hash tag, pipelined.
+//! * [`hub`] — [`hub::Hub`]: one flusher (a thread, a connection, one
+//!   pipeline) for the tiers of a process that write to one server.
 //! * [`stats`] — counters and latency histograms.
 //! * [`testbed`] — local `redis-server` processes (a server, a cluster)
 //!   for tests and benchmarks.
@@ -30,6 +32,8 @@ pub mod client;
 pub mod config;
 pub mod hist;
 #[cfg(feature = "server")]
+pub mod hub;
+#[cfg(feature = "server")]
 pub mod link;
 #[cfg(feature = "server")]
 pub mod proxy;
@@ -46,6 +50,8 @@ pub mod wire;
 pub use client::ProxyTier;
 #[cfg(feature = "server")]
 pub use config::{Credentials, Durability, RemoteConfig};
+#[cfg(feature = "server")]
+pub use hub::Hub;
 #[cfg(feature = "server")]
 pub use proxy::{Proxy, Spill};
 #[cfg(feature = "server")]

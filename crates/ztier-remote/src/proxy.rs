@@ -1,8 +1,10 @@
 //! The remote tier's proxy: lives in the `ztier run` process and keeps,
-//! for each process of the run, a [`RemoteTier`] (its Redis connections,
-//! its flusher thread, its keys, its index, and its fallback: a spill
-//! file of its own), which the process's library reaches through one
-//! unix socket ([`crate::client::ProxyTier`], [`crate::wire`]).
+//! for each process of the run, a [`RemoteTier`] (its keys, its index,
+//! its Redis connections for gets, and its fallback: a spill file of its
+//! own), which the process's library reaches through one unix socket
+//! ([`crate::client::ProxyTier`], [`crate::wire`]). The tiers' writes go
+//! out through one flusher shared by all ([`crate::hub::Hub`]) on a
+//! single server; on a cluster each tier has its own.
 //!
 //! ```text
 //!  process ─┐ @ztier-remote-PID-R (abstract unix socket; HELLO with the
@@ -40,6 +42,7 @@ use ztier_run_core::names::env;
 use ztier_store::tier::{FileTier, NextTier, TierError};
 
 use crate::config::RemoteConfig;
+use crate::hub::Hub;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::tier::{mark_run, remove_run, RemoteTier, ALIVE_FOR};
 use crate::wire::{self, op, reply, KEY, META};
@@ -61,6 +64,9 @@ struct Shared {
     cfg: RemoteConfig,
     token: [u8; wire::TOKEN],
     spill: Option<Spill>,
+    /// The flusher the processes' tiers share (one thread, one
+    /// connection, one pipeline for all; a cluster's tiers have their own).
+    hub: Hub,
     live: Mutex<Vec<(u64, Arc<RemoteTier>)>>,
     /// Counts of the tiers that ended.
     ended: Stats,
@@ -194,6 +200,7 @@ impl Proxy {
             cfg,
             token,
             spill,
+            hub: Hub::new()?,
             live: Mutex::new(Vec::new()),
             ended: Stats::default(),
             conns: Mutex::new(0),
@@ -393,10 +400,9 @@ fn serve(shared: &Shared, s: UnixStream) -> Result<(), String> {
         let _ = w.flush();
         return Err(format!("process {pid}: refused (wrong token or protocol version)"));
     }
-    let tier = shared
-        .fallback()
-        .map_err(|e| e.to_string())
-        .and_then(|f| RemoteTier::connect(shared.cfg.clone(), f).map_err(|e| e.to_string()));
+    let tier = shared.fallback().map_err(|e| e.to_string()).and_then(|f| {
+        RemoteTier::connect_shared(shared.cfg.clone(), f, &shared.hub).map_err(|e| e.to_string())
+    });
     let tier = match tier {
         Ok(t) => Arc::new(t),
         Err(e) => {

@@ -103,9 +103,54 @@ struct State {
     last_error: Option<String>,
 }
 
-struct Inner {
+/// How a flusher is woken: rung by a tier with work for it. A ring
+/// while the flusher is not waiting costs no system call.
+#[derive(Default)]
+pub(crate) struct Bell {
+    /// Rung, and whether the flusher waits.
+    state: Mutex<(bool, bool)>,
+    cv: Condvar,
+}
+
+impl Bell {
+    pub(crate) fn ring(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.0 = true;
+        if s.1 {
+            self.cv.notify_one();
+        }
+    }
+
+    /// Clears the bell (before looking for work: a ring after this is
+    /// not lost).
+    pub(crate) fn clear(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).0 = false;
+    }
+
+    /// Waits until rung or `d` has passed.
+    pub(crate) fn wait(&self, d: Duration) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.1 = true;
+        let mut s = self.cv.wait_timeout_while(s, d, |s| !s.0).unwrap_or_else(|p| p.into_inner()).0;
+        s.1 = false;
+    }
+}
+
+/// What a shared flusher finds at a tier.
+pub(crate) enum Found {
+    /// The tier is gone (dropped).
+    Gone,
+    /// Nothing to write (paused, or no work).
+    Idle,
+    /// Backing off until then.
+    Down(Instant),
+    /// A round to write (the tier is busy until it is settled).
+    Round(Round),
+}
+
+pub(crate) struct Inner {
     cfg: RemoteConfig,
-    conn: Connector,
+    pub(crate) conn: Connector,
     tags: Vec<String>,
     run: String,
     state: Mutex<State>,
@@ -121,6 +166,8 @@ struct Inner {
     fallback: Option<Box<dyn NextTier>>,
     stats: Stats,
     masters_seen: Mutex<BTreeSet<String>>,
+    /// A shared flusher's bell (`None`: the tier's own flusher thread).
+    bell: Mutex<Option<Arc<Bell>>>,
 }
 
 /// A next tier on Redis (see the module docs).
@@ -138,7 +185,22 @@ impl RemoteTier {
     /// settles the durability, and starts the flusher thread. `fallback`
     /// takes pages when the remote is down, full or slow, and the local
     /// copies of durability `local`.
-    pub fn connect(mut cfg: RemoteConfig, fallback: Option<Box<dyn NextTier>>) -> Result<Self, RemoteError> {
+    pub fn connect(cfg: RemoteConfig, fallback: Option<Box<dyn NextTier>>) -> Result<Self, RemoteError> {
+        let t = Self::new(cfg, fallback)?;
+        t.start_flusher()?;
+        Ok(t)
+    }
+
+    /// Whether the tier's writes go through a shared flusher.
+    pub fn shares_flusher(&self) -> bool {
+        self.inner.bell.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// The tier, without a flusher yet.
+    pub(crate) fn new(
+        mut cfg: RemoteConfig,
+        fallback: Option<Box<dyn NextTier>>,
+    ) -> Result<Self, RemoteError> {
         let (conn, topo) = Connector::new(&cfg)?;
         cfg.durability = match (cfg.durability, topo.min_replicas > 0, fallback.is_some()) {
             (Durability::Auto, true, true) => Durability::ReplicaLocal,
@@ -185,13 +247,18 @@ impl RemoteTier {
             fallback,
             stats: Stats::default(),
             masters_seen: Mutex::new(topo.masters.clone()),
+            bell: Mutex::new(None),
         });
-        let t = RemoteTier { inner, flusher: Mutex::new(None) };
-        t.start_flusher()?;
-        Ok(t)
+        Ok(RemoteTier { inner, flusher: Mutex::new(None) })
     }
 
-    fn start_flusher(&self) -> Result<(), RemoteError> {
+    /// Its shared part (what a shared flusher holds).
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// Starts the tier's own flusher thread.
+    pub(crate) fn start_flusher(&self) -> Result<(), RemoteError> {
         let inner = self.inner.clone();
         let h = std::thread::Builder::new()
             .name("ztier-remote".into())
@@ -260,7 +327,7 @@ impl RemoteTier {
             && Instant::now() < until
             && (s.busy || !s.queue.is_empty() || (!s.unlinks.is_empty() && s.down_until.is_none()))
         {
-            self.inner.wake.notify_one();
+            self.inner.kick();
             s = self
                 .inner
                 .done
@@ -298,6 +365,7 @@ impl Drop for RemoteTier {
     fn drop(&mut self) {
         self.inner.lock().stop = true;
         self.inner.wake.notify_all();
+        self.inner.kick();
         if let Some(h) = self.flusher.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = h.join();
         }
@@ -307,6 +375,88 @@ impl Drop for RemoteTier {
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes the tier's flusher (its own, or the shared one).
+    fn kick(&self) {
+        match &*self.bell.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(b) => b.ring(),
+            None => self.wake.notify_one(),
+        }
+    }
+
+    /// The servers a shared flusher may write this tier's pages to
+    /// together with another's: the same servers, user and TLS.
+    pub(crate) fn servers(&self) -> String {
+        let c = &self.cfg;
+        format!("{}|{:?}|{}|{:?}", c.url_list(), c.credentials.user, c.tls, c.tls_ca)
+    }
+
+    /// Served by a shared flusher from now on, woken by `bell`.
+    pub(crate) fn share(&self, bell: Arc<Bell>) {
+        *self.bell.lock().unwrap_or_else(|p| p.into_inner()) = Some(bell);
+    }
+
+    /// Whether this tier's rounds wait for a replica.
+    pub(crate) fn waits(&self) -> bool {
+        self.cfg.durability.waits()
+    }
+
+    /// A shared flusher's look at the tier: a round (of the tier's size,
+    /// at most `most` pages) if it has work (the tier busy until
+    /// [`Inner::settled`]).
+    pub(crate) fn take_round(&self, most: usize) -> Found {
+        let mut s = self.lock();
+        if s.stop {
+            return Found::Gone;
+        }
+        if s.paused || (s.queue.is_empty() && s.unlinks.is_empty()) {
+            return Found::Idle;
+        }
+        if let Some(t) = s.down_until.filter(|t| Instant::now() < *t) {
+            return Found::Down(t);
+        }
+        let most = most.min(self.cfg.batch_pages.max(1) * self.cfg.batches_per_round.max(1));
+        let r = self.collect_at_most(&mut s, most);
+        if r.is_empty() {
+            return Found::Idle;
+        }
+        s.busy = true;
+        Found::Round(r)
+    }
+
+    /// The tier has no round in flight any more.
+    pub(crate) fn settled(&self) {
+        self.lock().busy = false;
+        self.done.notify_all();
+    }
+
+    /// WAIT for a replica after a round's writes on `l`.
+    pub(crate) fn wait_replica(&self, l: &mut Link) -> Result<(), String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = l.wait(1, self.cfg.wait_timeout).map_err(|e| {
+            self.stats.errors.fetch_add(1, Relaxed);
+            format!("waiting for a replica failed: {e}")
+        })?;
+        if n < 1 {
+            self.stats.wait_timeouts.fetch_add(1, Relaxed);
+            return Err(format!(
+                "no replica acknowledged the writes within {} ms",
+                self.cfg.wait_timeout.as_millis()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Counts a round written (its replies read `sent_at` after it was
+    /// sent).
+    pub(crate) fn landed(&self, r: &Round, sent_at: Instant) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !r.pages.is_empty() {
+            self.stats.batch_ns.record(sent_at.elapsed().as_nanos() as u64);
+            self.stats.batches.fetch_add(1, Relaxed);
+        }
+        self.stats.unlinks.fetch_add(r.unlinks.len() as u64, Relaxed);
     }
 
     /// `zt:RUN:PROC:{TAG}:ID`.
@@ -503,6 +653,7 @@ impl Inner {
             if early {
                 let l = link.as_mut().expect("checked above");
                 let sent_at = Instant::now();
+                buf.clear();
                 let n = self.pack_round(&round, &mut buf);
                 let sent = l.send_packed(&buf).map_err(|e| self.refused(e));
                 let mut step = sent.is_ok();
@@ -557,7 +708,7 @@ impl Inner {
 
     /// A round's pages are settled: local copies written if it went
     /// well ([`Inner::copy_locally`]), then [`Inner::settle`].
-    fn finish(&self, round: Round, ok: Result<(), String>) {
+    pub(crate) fn finish(&self, round: Round, ok: Result<(), String>) {
         let copied = if ok.is_ok() { self.copy_locally(&round) } else { Vec::new() };
         let mut s = self.lock();
         self.settle(&mut s, round, ok, &copied);
@@ -567,18 +718,18 @@ impl Inner {
 
     /// Reads the replies of a round in flight (and counts it).
     fn land(&self, l: &mut Link, f: &Flight) -> Result<(), String> {
-        use std::sync::atomic::Ordering::Relaxed;
         l.replies(f.n).map_err(|e| self.refused(e))?;
-        if !f.round.pages.is_empty() {
-            self.stats.batch_ns.record(f.sent_at.elapsed().as_nanos() as u64);
-            self.stats.batches.fetch_add(1, Relaxed);
-        }
-        self.stats.unlinks.fetch_add(f.round.unlinks.len() as u64, Relaxed);
+        self.landed(&f.round, f.sent_at);
         Ok(())
     }
 
+    /// An error counted.
+    pub(crate) fn count_error(&self) {
+        self.stats.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// A write refused or lost: counted, and said.
-    fn refused(&self, e: redis::RedisError) -> String {
+    pub(crate) fn refused(&self, e: redis::RedisError) -> String {
         self.stats.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         format!("the remote refused or lost a write: {e}")
     }
@@ -619,7 +770,7 @@ type RoundPage = (Key, SpillMeta, u64, u16, Waiting);
 
 /// One flusher round: the pages to write and the deletes to send.
 #[derive(Default)]
-struct Round {
+pub(crate) struct Round {
     pages: Vec<RoundPage>,
     writer: Option<(u16, Arc<Writer>)>,
     unlinks: Vec<Vec<u8>>,
@@ -634,8 +785,13 @@ struct Flight {
 }
 
 impl Round {
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.pages.is_empty() && self.unlinks.is_empty()
+    }
+
+    /// Pages it writes.
+    pub(crate) fn pages(&self) -> usize {
+        self.pages.len()
     }
 }
 
@@ -643,12 +799,17 @@ impl Inner {
     /// Takes a round's work from the queue (the pages stay in the index,
     /// pending, until the round is settled).
     fn collect(&self, s: &mut State) -> Round {
+        let most = self.cfg.batch_pages.max(1) * self.cfg.batches_per_round.max(1);
+        self.collect_at_most(s, most)
+    }
+
+    /// [`Inner::collect`], at most `most` pages.
+    fn collect_at_most(&self, s: &mut State, most: usize) -> Round {
         let mut r = Round::default();
         if s.paused {
             return r;
         }
         let per = self.cfg.batch_pages.max(1);
-        let most = per * self.cfg.batches_per_round.max(1);
         let mut in_batch = 0;
         let mut tag = s.next_tag;
         while r.pages.len() < most {
@@ -685,6 +846,7 @@ impl Inner {
         use std::sync::atomic::Ordering::Relaxed;
         let t = Instant::now();
         let sent = if l.is_single() {
+            buf.clear();
             let n = self.pack_round(r, buf);
             l.exec_packed(buf, n)
         } else {
@@ -692,17 +854,7 @@ impl Inner {
         };
         sent.map_err(|e| self.refused(e))?;
         if !r.pages.is_empty() && self.cfg.durability.waits() {
-            let n = l.wait(1, self.cfg.wait_timeout).map_err(|e| {
-                self.stats.errors.fetch_add(1, Relaxed);
-                format!("waiting for a replica failed: {e}")
-            })?;
-            if n < 1 {
-                self.stats.wait_timeouts.fetch_add(1, Relaxed);
-                return Err(format!(
-                    "no replica acknowledged the writes within {} ms",
-                    self.cfg.wait_timeout.as_millis()
-                ));
-            }
+            self.wait_replica(l)?;
         }
         if !r.pages.is_empty() {
             self.stats.batch_ns.record(t.elapsed().as_nanos() as u64);
@@ -715,10 +867,10 @@ impl Inner {
     /// A single server: the round's commands packed straight into `buf`
     /// (names formatted there, each value sealed there: no copy of a
     /// page but the one into the buffer), to go as one pipeline. Returns
-    /// how many commands.
-    fn pack_round(&self, r: &Round, buf: &mut Vec<u8>) -> usize {
+    /// how many commands. (Appended: a shared flusher packs several
+    /// tiers' rounds into one buffer.)
+    pub(crate) fn pack_round(&self, r: &Round, buf: &mut Vec<u8>) -> usize {
         use std::io::Write;
-        buf.clear();
         let mut n = 0;
         if let Some((_, w)) = &r.writer {
             let mut i = 0;
@@ -932,7 +1084,7 @@ impl NextTier for RemoteTier {
             // to the remote's pace), as long as a get would wait.
             let until = Instant::now() + inner.cfg.get_deadline;
             while s.pending_bytes + size > inner.cfg.pending_bytes && Instant::now() < until {
-                inner.wake.notify_one();
+                inner.kick();
                 s = inner
                     .done
                     .wait_timeout(s, Duration::from_millis(10))
@@ -954,7 +1106,7 @@ impl NextTier for RemoteTier {
         let first = s.queue.len() == 1;
         drop(s);
         if first {
-            inner.wake.notify_one();
+            inner.kick();
         }
         Ok(())
     }
@@ -1122,6 +1274,7 @@ impl NextTier for RemoteTier {
     fn parent_after_fork(&self) {
         self.inner.lock().paused = false;
         self.inner.wake.notify_all();
+        self.inner.kick();
     }
 
     /// The child's own: new keys and names, new connections, its own
@@ -1156,6 +1309,8 @@ impl NextTier for RemoteTier {
         if let Some(h) = self.flusher.lock().unwrap_or_else(|p| p.into_inner()).take() {
             std::mem::forget(h);
         }
+        // Nor does a shared one: the child's tier has its own.
+        *self.inner.bell.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.start_flusher().map_err(|e| io_err(e.to_string()))
     }
 }

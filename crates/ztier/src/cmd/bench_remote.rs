@@ -26,7 +26,11 @@ and the CPU time a request costs each client (all its threads) and the server (m
 loaded machine disturbs less than the rates.\n\
 ztier's put is the tier's put of a 4 KiB page (sealed with its MAC, written behind in\n\
 batches of DEPTH pages, one batch per pipeline, until all are written); its get at depth 1\n\
-is the get a fault makes (one GET, MAC checked), at a greater depth get_many (pipelined).")]
+is the get a fault makes (one GET, MAC checked), at a greater depth get_many (pipelined).\n\
+Each client is a tier of its own (its keys, index, MAC key), as each process of a ztier run\n\
+is; with --flusher shared (the default, what ztier run does) the tiers' writes go through\n\
+one flusher thread and connection, one pipeline for all; with --flusher own each tier has\n\
+its own flusher thread and connection.")]
 pub struct RemoteBenchArgs {
     /// A server to use (redis://HOST:PORT, no password: ZTIER_REMOTE_PASSWORD); default: one started here.
     #[arg(long)]
@@ -37,6 +41,9 @@ pub struct RemoteBenchArgs {
     /// Pipeline depths (redis-benchmark -P; ztier's batch size).
     #[arg(long, value_delimiter = ',', default_value = "1,16,32")]
     pub pipelines: Vec<usize>,
+    /// Who writes the clients' tiers' pages: one flusher for all (`shared`) or one each (`own`).
+    #[arg(long, value_enum, default_value_t = Flusher::Shared)]
+    pub flusher: Flusher,
     /// Pages per measurement.
     #[arg(long, default_value_t = 40000)]
     pub requests: usize,
@@ -46,6 +53,15 @@ pub struct RemoteBenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Who writes the tiers' pages.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flusher {
+    /// One flusher for all the tiers ([`ztier_remote::Hub`]).
+    Shared,
+    /// A flusher thread and connection per tier.
+    Own,
 }
 
 /// Requests per second, and CPU seconds per request of the client (its
@@ -153,6 +169,7 @@ fn page(i: usize) -> Vec<u8> {
 /// `c` threads and depth `p`, with the get latencies at depth 1 (ns).
 fn ztier(
     cfg: &RemoteConfig,
+    flusher: Flusher,
     c: usize,
     p: usize,
     n: usize,
@@ -161,11 +178,15 @@ fn ztier(
 ) -> Result<Rates> {
     let per = n / c;
     let mut tiers = Vec::new();
+    let hub = ztier_remote::Hub::new()?;
     for _ in 0..c {
         let mut cfg = cfg.clone();
         cfg.batch_pages = p;
         cfg.batches_per_round = 1;
-        tiers.push(Arc::new(RemoteTier::connect(cfg, None)?));
+        tiers.push(Arc::new(match flusher {
+            Flusher::Shared => RemoteTier::connect_shared(cfg, None, &hub)?,
+            Flusher::Own => RemoteTier::connect(cfg, None)?,
+        }));
     }
     let pages: Arc<Vec<Vec<u8>>> = Arc::new((0..per).map(page).collect());
     // The metadata comes with a page from the store (its checksum
@@ -290,7 +311,7 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
             for round in 0..a.rounds {
                 eprintln!("round {}/{}: {c} clients, depth {p}", round + 1, a.rounds);
                 let r = redis_benchmark(node.port, &node.host, c, p, a.requests, server)?;
-                let z = ztier(&cfg, c, p, a.requests, &mut lat, server)?;
+                let z = ztier(&cfg, a.flusher, c, p, a.requests, &mut lat, server)?;
                 for (v, x) in sides.iter_mut().zip([r.set, r.get, z.set, z.get]) {
                     v.push(x);
                 }
@@ -331,6 +352,7 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
             serde_json::to_string_pretty(&serde_json::json!({
                 "server": node.to_string(), "page_bytes": 4096, "requests": a.requests,
                 "rounds": a.rounds, "rows": rows,
+                "flusher": if a.flusher == Flusher::Shared { "shared" } else { "own" },
             }))?
         );
         return Ok(0);
