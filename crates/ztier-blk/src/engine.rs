@@ -1003,13 +1003,15 @@ impl Engine {
         self.check_writable()?;
         self.check_range(off, data.len() as u64)?;
         let bs = self.block_size() as u64;
-        // Large aligned requests are compressed on two threads.
+        // Large aligned requests are compressed on two threads: one split,
+        // not a split of each half again (a thread is started for it and
+        // builds its own encoder).
         if data.len() >= SPLIT_WRITE && off % bs == 0 && data.len() as u64 % bs == 0 {
             let half = (data.len() / 2) / bs as usize * bs as usize;
             let (a, b) = data.split_at(half);
             let (ra, rb) = std::thread::scope(|sc| {
-                let h = sc.spawn(|| self.write(off, a, false));
-                let rb = self.write(off + half as u64, b, false);
+                let h = sc.spawn(|| self.write_blocks(off, a));
+                let rb = self.write_blocks(off + half as u64, b);
                 (h.join().expect("write thread"), rb)
             });
             ra.and(rb)?;
@@ -1018,6 +1020,16 @@ impl Engine {
             }
             return Ok(());
         }
+        self.write_blocks(off, data)?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// [`Engine::write`] of a checked range on this thread, without FUA.
+    fn write_blocks(&self, off: u64, data: &[u8]) -> Result<(), BlkError> {
+        let bs = self.block_size() as u64;
         let mut done = 0usize;
         // A run of blocks filled alike (zero or one pattern), written as
         // one range record when it ends.
@@ -1069,9 +1081,6 @@ impl Engine {
         }
         if let Some((a, c, k, p)) = run.take() {
             self.put_range(a, c, k, p)?;
-        }
-        if fua {
-            self.flush()?;
         }
         Ok(())
     }
