@@ -252,7 +252,7 @@ fn kill_9_during_fio_writes_keeps_flushed_data() {
     let srv = Server::start(&img, &d.join("s.sock"));
     let keep = text(16 << 20, 3);
     std::fs::write(d.join("keep"), &keep).unwrap();
-    run(Command::new("nbdcopy").arg(d.join("keep")).arg(srv.uri())); // flushes at the end
+    run(Command::new("nbdcopy").arg("--flush").arg(d.join("keep")).arg(srv.uri()));
     let uri = srv.uri();
     let job = |size: u64| {
         let mut c = Command::new("fio");
@@ -307,7 +307,7 @@ fn kill_9_during_fio_writes_keeps_flushed_data() {
     // the first 4 MiB survives, and so does the rest.
     let more = text(4 << 20, 5);
     std::fs::write(d.join("more"), &more).unwrap();
-    run(Command::new("nbdcopy").arg(d.join("more")).arg(srv.uri()));
+    run(Command::new("nbdcopy").arg("--flush").arg(d.join("more")).arg(srv.uri()));
     srv.kill9_keep_socket();
     check_clean(&img);
     let srv = Server::start(&img, &sock);
