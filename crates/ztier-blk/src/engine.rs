@@ -50,7 +50,11 @@
 //!
 //! A checkpoint is incremental: each checkpoint area remembers which of
 //! its 4 KiB table pages changed since it was last written, and only those
-//! are written. It runs beside writes: under the state lock it closes the
+//! are written. The first one after an open too: the open reads the area
+//! not in use once and marks the pages that differ from the table as
+//! opened (or do not load as the next generation's: torn, never written);
+//! `create` writes both areas, so a new image's first checkpoint is
+//! incremental as well. It runs beside writes: under the state lock it closes the
 //! log buffers (the cut: extents opened later have seq ≥ the checkpoint's
 //! `next_seq` and are replayed on top of it), then copies the changed
 //! pages a few at a time, each copy under the lock for a moment. A page
@@ -228,6 +232,9 @@ struct State {
 
 fn set_bit(v: &mut [u64], i: usize) {
     v[i / 64] |= 1 << (i % 64);
+}
+fn get_bit(v: &[u64], i: usize) -> bool {
+    v[i / 64] & (1 << (i % 64)) != 0
 }
 fn take_bit(v: &mut [u64], i: usize) -> bool {
     let was = v[i / 64] & (1 << (i % 64)) != 0;
@@ -486,21 +493,26 @@ impl Engine {
                 CLEANER_RESERVE + OPEN_EXTENTS as u32 + 5
             )));
         }
-        // Area 1 holds generation 1: every block unmapped.
+        // Area 1 holds generation 1: every block unmapped. Area 0 gets the
+        // same pages as generation 2 (the first checkpoint's, which writes
+        // that area), so that checkpoint writes only the pages changed by
+        // then; until a superblock of generation 2 exists area 0 is not read.
         let none = vec![Loc::NONE; ENTRIES_PER_PAGE];
         let chunk = 256usize;
         let mut buf = vec![0u8; chunk * CKPT_PAGE];
-        let mut p = 0u32;
-        while p < table_pages {
-            let k = (table_pages - p).min(chunk as u32);
-            for i in 0..k {
-                let first = (p + i) as u64 * ENTRIES_PER_PAGE as u64;
-                let n = (blocks - first).min(ENTRIES_PER_PAGE as u64) as usize;
-                let at = i as usize * CKPT_PAGE;
-                format::encode_page(&none[..n], p + i, 1, &mut buf[at..at + CKPT_PAGE]);
+        for (area, generation) in [(1u64, 1u64), (0, 2)] {
+            let mut p = 0u32;
+            while p < table_pages {
+                let k = (table_pages - p).min(chunk as u32);
+                for i in 0..k {
+                    let first = (p + i) as u64 * ENTRIES_PER_PAGE as u64;
+                    let n = (blocks - first).min(ENTRIES_PER_PAGE as u64) as usize;
+                    let at = i as usize * CKPT_PAGE;
+                    format::encode_page(&none[..n], p + i, generation, &mut buf[at..at + CKPT_PAGE]);
+                }
+                backing.write_at(&buf[..k as usize * CKPT_PAGE], sb.page_offset(area, p))?;
+                p += k;
             }
-            backing.write_at(&buf[..k as usize * CKPT_PAGE], sb.page_offset(1, p))?;
-            p += k;
         }
         // Generation g lives in slot g % 2: generation 1 in slot 1, so the
         // first checkpoint (2, slot 0) leaves it whole.
@@ -555,10 +567,6 @@ impl Engine {
         let bs = sb.block_size as usize;
         let pages = Superblock::table_pages_for(blocks) as usize; // the ones in use
         let mut dirty = [vec![0u64; pages.div_ceil(64)], vec![0u64; pages.div_ceil(64)]];
-        // The other area is stale: its first checkpoint writes it whole.
-        for p in 0..pages {
-            set_bit(&mut dirty[1 - area as usize], p);
-        }
         // Replay the log extents opened after the checkpoint.
         let mut wseq = vec![0u64; table.len()];
         let mut max_seq = sb.next_seq.saturating_sub(1);
@@ -641,6 +649,11 @@ impl Engine {
             }
         }
         drop(wseq);
+        // What the next checkpoint must write to the other area (read
+        // only: no checkpoint follows).
+        if !read_only {
+            Self::dirty_in_other_area(&*backing, &sb, &table, &mut dirty[1 - area as usize])?;
+        }
         // Extent states from the table.
         let mut ext = vec![ExtInfo::FREE; n as usize];
         for l in &table {
@@ -702,6 +715,50 @@ impl Engine {
             eng.checkpoint()?;
         }
         Ok(eng)
+    }
+
+    /// Marks in `dirty` the pages the next checkpoint must write to the
+    /// area not in use: those that differ from `table` (the table as
+    /// opened, replay included) or that would not load as that
+    /// checkpoint's (generation `sb.generation + 1`: never written, torn,
+    /// written by a later checkpoint that did not finish and differing).
+    /// The area is read once; a page already marked is not compared.
+    fn dirty_in_other_area(
+        backing: &dyn Backing,
+        sb: &Superblock,
+        table: &[Loc],
+        dirty: &mut [u64],
+    ) -> Result<(), BlkError> {
+        let area = 1 - sb.generation % 2;
+        let next = sb.generation + 1;
+        let blocks = sb.blocks();
+        let needed = Superblock::table_pages_for(blocks);
+        let chunk = 256u32;
+        let mut buf = vec![0u8; chunk as usize * CKPT_PAGE];
+        let mut page = Vec::with_capacity(ENTRIES_PER_PAGE);
+        let mut p = 0u32;
+        while p < needed {
+            let k = (needed - p).min(chunk);
+            let b = &mut buf[..k as usize * CKPT_PAGE];
+            backing.read_at(b, sb.page_offset(area, p))?;
+            for i in 0..k {
+                let q = (p + i) as usize;
+                if get_bit(dirty, q) {
+                    continue;
+                }
+                let first = q * ENTRIES_PER_PAGE;
+                let n = (blocks as usize - first).min(ENTRIES_PER_PAGE);
+                let at = i as usize * CKPT_PAGE;
+                page.clear();
+                let same = format::decode_page(&b[at..at + CKPT_PAGE], p + i, next, n, &mut page).is_ok()
+                    && page[..] == table[first..first + n];
+                if !same {
+                    set_bit(dirty, q);
+                }
+            }
+            p += k;
+        }
+        Ok(())
     }
 
     /// The superblock as opened.
@@ -946,13 +1003,15 @@ impl Engine {
         self.check_writable()?;
         self.check_range(off, data.len() as u64)?;
         let bs = self.block_size() as u64;
-        // Large aligned requests are compressed on two threads.
+        // Large aligned requests are compressed on two threads: one split,
+        // not a split of each half again (a thread is started for it and
+        // builds its own encoder).
         if data.len() >= SPLIT_WRITE && off % bs == 0 && data.len() as u64 % bs == 0 {
             let half = (data.len() / 2) / bs as usize * bs as usize;
             let (a, b) = data.split_at(half);
             let (ra, rb) = std::thread::scope(|sc| {
-                let h = sc.spawn(|| self.write(off, a, false));
-                let rb = self.write(off + half as u64, b, false);
+                let h = sc.spawn(|| self.write_blocks(off, a));
+                let rb = self.write_blocks(off + half as u64, b);
                 (h.join().expect("write thread"), rb)
             });
             ra.and(rb)?;
@@ -961,6 +1020,16 @@ impl Engine {
             }
             return Ok(());
         }
+        self.write_blocks(off, data)?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// [`Engine::write`] of a checked range on this thread, without FUA.
+    fn write_blocks(&self, off: u64, data: &[u8]) -> Result<(), BlkError> {
+        let bs = self.block_size() as u64;
         let mut done = 0usize;
         // A run of blocks filled alike (zero or one pattern), written as
         // one range record when it ends.
@@ -1012,9 +1081,6 @@ impl Engine {
         }
         if let Some((a, c, k, p)) = run.take() {
             self.put_range(a, c, k, p)?;
-        }
-        if fua {
-            self.flush()?;
         }
         Ok(())
     }

@@ -27,7 +27,10 @@
 //!
 //! Checkpoint area: `table_pages` pages of 4 KiB, each on its own, so a
 //! checkpoint rewrites only the pages whose entries changed since that
-//! area was last written (incremental checkpoints). A page:
+//! area was last written (incremental checkpoints). `create` writes area 1
+//! as generation 1 and area 0 as generation 2 (the first checkpoint's),
+//! both with every block unmapped; a page of an area is compared with the
+//! table, not trusted, before a checkpoint leaves it as it is. A page:
 //!
 //! ```text
 //!   0 generation u64 (of the checkpoint that wrote it; ≤ the superblock's,

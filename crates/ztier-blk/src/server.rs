@@ -599,6 +599,11 @@ fn negotiate<D: Device + ?Sized>(c: &mut Conn, engine: &D, cfg: &ServeConfig) ->
     Err(protocol_error("too many options"))
 }
 
+/// Write payload buffers a connection keeps for reuse.
+const SPARE_PAYLOADS: usize = 8;
+/// The largest payload buffer kept (bigger ones are freed).
+const SPARE_MAX: usize = 4 << 20;
+
 struct Job {
     req: Request,
     payload: Vec<u8>,
@@ -633,10 +638,13 @@ fn transmission<D: Device + ?Sized>(
     let writer = Arc::new(Mutex::new(c.try_clone()?));
     let queue = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
     let failed = Arc::new(AtomicBool::new(false));
+    // Write payload buffers, back from the workers: a large write then
+    // does not allocate, zero and fault in a new buffer each time.
+    let spare: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
     let workers: Vec<_> = (0..cfg.threads.max(1))
         .map(|_| {
-            let (engine, writer, queue, failed, stats) =
-                (engine.clone(), writer.clone(), queue.clone(), failed.clone(), stats.clone());
+            let (engine, writer, queue, failed, stats, spare) =
+                (engine.clone(), writer.clone(), queue.clone(), failed.clone(), stats.clone(), spare.clone());
             let mut buf = Vec::new();
             std::thread::spawn(move || loop {
                 let job = {
@@ -660,6 +668,12 @@ fn transmission<D: Device + ?Sized>(
                 }
                 drop(w);
                 stats.record(&job.req, job.at.elapsed(), err);
+                if job.payload.capacity() > 0 && job.payload.capacity() <= SPARE_MAX {
+                    let mut sp = spare.lock().expect("spare lock");
+                    if sp.len() < SPARE_PAYLOADS {
+                        sp.push(job.payload);
+                    }
+                }
             })
         })
         .collect();
@@ -694,6 +708,10 @@ fn transmission<D: Device + ?Sized>(
                 if req.length > nbd::MAX_PAYLOAD {
                     return Err(protocol_error("write payload above 32 MiB"));
                 }
+                if let Some(b) = spare.lock().expect("spare lock").pop() {
+                    payload = b;
+                }
+                // Zeroes only bytes a recycled buffer never held.
                 payload.resize(req.length as usize, 0);
                 c.read_exact(&mut payload)?;
             }

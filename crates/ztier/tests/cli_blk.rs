@@ -252,7 +252,7 @@ fn kill_9_during_fio_writes_keeps_flushed_data() {
     let srv = Server::start(&img, &d.join("s.sock"));
     let keep = text(16 << 20, 3);
     std::fs::write(d.join("keep"), &keep).unwrap();
-    run(Command::new("nbdcopy").arg(d.join("keep")).arg(srv.uri())); // flushes at the end
+    run(Command::new("nbdcopy").arg("--flush").arg(d.join("keep")).arg(srv.uri()));
     let uri = srv.uri();
     let job = |size: u64| {
         let mut c = Command::new("fio");
@@ -302,6 +302,25 @@ fn kill_9_during_fio_writes_keeps_flushed_data() {
     assert!(ok.status.success(), "flushed fio blocks do not verify: {}", String::from_utf8_lossy(&ok.stderr));
     let beyond = job(flushed + (8 << 20)).args(["--verify_only", "--do_verify=1"]).output().unwrap();
     assert!(!beyond.status.success(), "verifying blocks fio never wrote must fail");
+    // kill -9 again right after the restart (whose open replayed the log
+    // and took its first checkpoint, incremental): new data flushed over
+    // the first 4 MiB survives, and so does the rest.
+    let more = text(4 << 20, 5);
+    std::fs::write(d.join("more"), &more).unwrap();
+    run(Command::new("nbdcopy").arg("--flush").arg(d.join("more")).arg(srv.uri()));
+    srv.kill9_keep_socket();
+    check_clean(&img);
+    let srv = Server::start(&img, &sock);
+    run(Command::new("nbdcopy").arg(srv.uri()).arg(&back));
+    let got = std::fs::read(&back).unwrap();
+    assert!(got[..more.len()] == more[..], "data flushed right after a restart lost after kill -9");
+    assert!(got[more.len()..keep.len()] == keep[more.len()..], "older data lost after a second kill -9");
+    let ok = job(flushed).args(["--verify_only", "--do_verify=1"]).output().unwrap();
+    assert!(
+        ok.status.success(),
+        "flushed fio blocks after a second kill -9: {}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     srv.stop();
     check_clean(&img);
     std::fs::remove_dir_all(&d).unwrap();
