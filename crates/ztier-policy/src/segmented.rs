@@ -24,10 +24,12 @@
 //! the segment, such a page would stay resident until the whole segment
 //! had aged past it — at the slowest aging, [`AGE_SLOWEST`] × 11/12 of
 //! the budget victims, 235 budgets' worth. A program writing three times
-//! a 16M budget over and over kept a command it had built between two
-//! rounds of writes resident through 51 more passes so, whenever the
+//! a 16M budget over and over (`run_progs/spawn.c`) kept a command it
+//! had built between two rounds of writes resident so (through 51 more
+//! passes, in a variant that went on while it was resident) whenever the
 //! evictor, lagging on a loaded machine, had just aged a page out when
-//! the command's first fault came (`run_progs/spawn.c`, `cli_run_modes::programs_started_from_cold_memory`).
+//! the command's first fault came: 7 of 12 rounds cold in CI
+//! (`cli_run_modes::programs_started_from_cold_memory`).
 //!
 //! The refault distance is the number of evictions between a page's
 //! eviction and its fault back (per-page eviction clock, as the kernel's
