@@ -189,14 +189,6 @@ impl<C: Slots<u32>> Clock<C> {
         self.now.wrapping_sub(self.at[page]) as usize
     }
 
-    /// Has `page` gone out (been evicted) since the clock started? (Its
-    /// stamp is the clock's at that eviction, never 0 but at the one
-    /// eviction in 2^32 that wraps it.)
-    #[inline]
-    pub fn went_out(&self, page: usize) -> bool {
-        self.at[page] != 0
-    }
-
     /// Evictions so far.
     pub fn now(&self) -> u32 {
         self.now

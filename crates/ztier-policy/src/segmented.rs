@@ -11,25 +11,11 @@
 //!
 //! ```text
 //!   fault / new page ──► protected (11/12 of the budget) while it has room
-//!                    │   (a new page: only until the first eviction)
 //!                    └─► probation (1/12) otherwise ──► victims, oldest first
 //!   protected ──1 page per 8..256 victims (aging), or over its share──► probation
 //!   refault distance < hot distance (budget/4 .. budget/64) ──► protected
 //!                                     (a hot page evicted too soon)
 //! ```
-//!
-//! Once evictions have begun, a place the protected segment frees (by
-//! aging, a release, a grown budget) goes to a page that comes back from
-//! the store, never to one touched for the first time: at the back of
-//! the segment, such a page would stay resident until the whole segment
-//! had aged past it — at the slowest aging, [`AGE_SLOWEST`] × 11/12 of
-//! the budget victims, 235 budgets' worth. A program writing three times
-//! a 16M budget over and over (`run_progs/spawn.c`) kept a command it
-//! had built between two rounds of writes resident so (through 51 more
-//! passes, in a variant that went on while it was resident) whenever the
-//! evictor, lagging on a loaded machine, had just aged a page out when
-//! the command's first fault came: 7 of 12 rounds cold in CI
-//! (`cli_run_modes::programs_started_from_cold_memory`).
 //!
 //! The refault distance is the number of evictions between a page's
 //! eviction and its fault back (per-page eviction clock, as the kernel's
@@ -344,14 +330,6 @@ impl<B: Slots<u8>, C: Slots<u32>> Segmented<B, C> {
         (&self.fifo, &self.prot)
     }
 
-    /// Does page `i`, becoming resident, join the protected segment? If
-    /// it refaulted hot ([`Replacement::refault`]), or if the segment has
-    /// room and either nothing has been evicted yet (it fills first) or
-    /// the page has been out before (see the module docs).
-    fn admits(&self, i: usize) -> bool {
-        i == self.hot || (self.prot_res < self.prot_max && (self.clock.now() == 0 || self.clock.went_out(i)))
-    }
-
     /// Moves the oldest resident page of the protected segment to the back
     /// of probation (stale entries on the way are dropped).
     fn demote_one(&mut self, resident: &dyn Fn(usize) -> bool) {
@@ -401,7 +379,7 @@ impl<B: Slots<u8> + 'static, C: Slots<u32> + 'static> Replacement for Segmented<
     }
 
     fn stays_long(&self, page: usize) -> bool {
-        self.admits(page)
+        self.prot_res < self.prot_max || page == self.hot
     }
 
     fn resident(&mut self, i: usize) -> Admitted {
@@ -415,10 +393,9 @@ impl<B: Slots<u8> + 'static, C: Slots<u32> + 'static> Replacement for Segmented<
         }
         let mut n = b & !DEMOTED;
         if b & QUEUED == 0 {
-            // The protected segment fills first; after that pages
-            // faulted back soon after their eviction join it, and pages
-            // back from the store take the places it frees.
-            if self.admits(i) {
+            // The protected segment fills first; after that only pages
+            // faulted back soon after their eviction join it.
+            if self.prot_res < self.prot_max || i == self.hot {
                 self.prot.push_back(i as u32);
                 n |= QUEUED | PROTECTED;
                 a.promoted = i == self.hot;
@@ -631,45 +608,6 @@ mod tests {
         assert!(s.resident(d).regretted);
         s.released(e, true);
         assert!(!s.resident(e).regretted);
-    }
-
-    #[test]
-    fn places_the_protected_segment_frees_go_to_pages_coming_back_not_to_new_ones() {
-        let budget = 1200;
-        let mut s = seg(budget, 8192);
-        let mut resident = vec![false; 8192];
-        for (i, r) in resident.iter_mut().enumerate().take(budget) {
-            s.resident(i);
-            *r = true;
-        }
-        // Evictions until the aging demotes a protected page: a place is
-        // free in the segment.
-        let mut out = Vec::new();
-        while s.gauges().demoted == 0 {
-            for i in victims(&mut s, &resident, 1) {
-                s.evicted(i);
-                resident[i] = false;
-                out.push(i);
-            }
-        }
-        // A page touched for the first time goes to probation (it would
-        // stand behind the whole segment, resident as long as it ages).
-        assert!(!s.stays_long(5000));
-        assert!(!s.resident(5000).promoted);
-        assert!(!s.protected(5000));
-        // A page back from the store takes the place, hot or not.
-        s.clock_mut().advance(budget as u32);
-        let r = s.refault(out[0]);
-        assert!(!r.hot);
-        assert!(s.stays_long(out[0]));
-        assert!(!s.resident(out[0]).promoted);
-        assert!(s.protected(out[0]));
-        assert!(!s.refault_done());
-        // Full again: the next one goes to probation.
-        assert!(!s.refault(out[1]).hot);
-        assert!(!s.stays_long(out[1]));
-        s.resident(out[1]);
-        assert!(!s.protected(out[1]));
     }
 
     #[test]

@@ -4405,65 +4405,6 @@ mod tests {
         }
     }
 
-    /// Faults pages `[first, end)` in (as a program writing them does)
-    /// and writes `v` to each, with the budget kept by inline eviction.
-    fn sweep(m: &mut Manager, base: usize, first: usize, end: usize, v: u8, stats: &Stats) {
-        for i in first..end {
-            if m.st(i) & STATE != RESIDENT {
-                let _ = m.serve(base + i * PAGE, stats).unwrap();
-            }
-            // SAFETY: page i is resident (just installed if it was not),
-            // a writable page of our mapping.
-            unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, v, PAGE) };
-        }
-    }
-
-    /// A program that loops over three times its budget ages its
-    /// protected segment slowly (each page aged out comes back). A page
-    /// touched once between two passes, at a moment the aging had just
-    /// freed a place in that segment, took the place (the segment
-    /// "fills first"), then stood behind the whole segment at the
-    /// slowest aging: resident through 16 more passes, as spawn.c's
-    /// command built between its writes sometimes was.
-    #[test]
-    fn a_page_touched_once_while_a_loop_ages_the_protected_segment_goes_cold() {
-        let (mut m, base) = test_manager(4096);
-        let stats = Stats::new();
-        m.budget = 512;
-        m.repl.set_budget(m.budget);
-        let (lo, hi) = (0, 3 * 512);
-        // Passes until the aging has slowed down to its slowest (each
-        // page it ages out comes back on the next pass).
-        let mut pass = 0;
-        while seg(&mut m).aging().every() < ztier_policy::segmented::AGE_SLOWEST {
-            assert!(pass < 64, "aging at {} after {pass} passes", seg(&mut m).aging().every());
-            sweep(&mut m, base, lo, hi, 1 + pass, &stats);
-            pass += 1;
-        }
-        // Evict one page at a time until the aging frees a place.
-        let demoted = m.repl.gauges().demoted;
-        while m.repl.gauges().demoted == demoted {
-            let v = m.take_victims(1, 0, 0).unwrap().expect("a victim");
-            let outcome = v.compress(&stats).unwrap();
-            v.release(&outcome).unwrap();
-            v.unprotect_kept(&outcome).unwrap();
-            m.commit(&v, &outcome, &stats);
-            v.wake_released(&outcome).unwrap();
-        }
-        // The command: a page never touched before, faulted in now.
-        let cmd = 3000;
-        sweep(&mut m, base, cmd, cmd + 1, 9, &stats);
-        assert!(!m.repl.protected(cmd), "a new page took the place the aging freed");
-        // One pass over the loop's pages takes it out (probation is a
-        // twelfth of the budget).
-        sweep(&mut m, base, lo, hi, 10, &stats);
-        assert_ne!(m.st(cmd) & STATE, RESIDENT, "the page touched once is still resident");
-        // The loop keeps its protected part: pages coming back take the
-        // places the aging frees.
-        let protected = (lo..hi).filter(|&i| m.st(i) & STATE == RESIDENT && m.repl.protected(i)).count();
-        assert!(protected >= 512 - ztier_policy::segmented::probation(512) - 1, "{protected} protected");
-    }
-
     #[test]
     fn pinned_pages_come_back_and_stay_until_unpinned() {
         let (mut m, base) = test_manager(1024);
