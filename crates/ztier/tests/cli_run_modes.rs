@@ -663,7 +663,10 @@ fn threads_started_after_the_locale_went_cold() {
 /// started (10 or 11 of 12, by `mincore`; on a loaded machine, where the
 /// evictor lags, CI once saw 7 in full thread mode, so each round now
 /// writes its 48 MiB again, up to four times, while the command is not
-/// yet out).
+/// yet out; and CI then saw 7 in (signal, user-mode-only): a command
+/// page that took a place the protected segment freed while the evictor
+/// lagged stays resident through any number of passes, so such a
+/// command is built again on a new page, up to twice: 12 of 12 since).
 #[test]
 fn programs_started_from_cold_memory() {
     let lines = ["programs started from cold memory: 0 failed", "round 3: system", "round 11: 11 /bin/sh"];
