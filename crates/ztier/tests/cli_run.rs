@@ -902,10 +902,7 @@ fn the_budget_counts_the_stores_and_tables_too() {
     assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
     assert_eq!(all["budget_covers"], "all");
     assert!(all["tree_processes"].as_u64().unwrap() >= 4, "{all}");
-    // Past it only by pages taken after a bounded wait (100 ms) by a
-    // process with nothing it could evict (docs/run.md): counted, and a
-    // few at most (one page once with `--fault-path signal`).
-    assert!(all["tree_over_bytes"].as_u64().unwrap() < 1 << 20, "{all}");
+    assert_eq!(all["tree_over_bytes"], 0, "{all}");
     assert_eq!(all["tree_store_limit_bytes"], 18 << 20, "3/4 of the budget: {all}");
     let total = all["tree_peak_total_bytes"].as_u64().unwrap();
     assert!(all["tree_store_peak_bytes"].as_u64().unwrap() > 2 << 20, "the stores took part: {all}");
