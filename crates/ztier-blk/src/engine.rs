@@ -50,11 +50,14 @@
 //!
 //! A checkpoint is incremental: each checkpoint area remembers which of
 //! its 4 KiB table pages changed since it was last written, and only those
-//! are written. The first one after an open too: the open reads the area
-//! not in use once and marks the pages that differ from the table as
-//! opened (or do not load as the next generation's: torn, never written);
-//! `create` writes both areas, so a new image's first checkpoint is
-//! incremental as well. It runs beside writes: under the state lock it closes the
+//! are written. The first one after an open too: the area not in use at
+//! open may miss pages the other has, so the first checkpoint that writes
+//! it reads it a stretch at a time (outside the lock) and also writes the
+//! unmarked pages that differ from the table or do not load as its
+//! generation's (torn, never written) — the open itself reads only the
+//! area in use, and a close with nothing changed writes nothing. `create`
+//! writes both areas, so a new image's first checkpoint is incremental as
+//! well. It runs beside writes: under the state lock it closes the
 //! log buffers (the cut: extents opened later have seq ≥ the checkpoint's
 //! `next_seq` and are replayed on top of it), then copies the changed
 //! pages a few at a time, each copy under the lock for a moment. A page
@@ -117,6 +120,9 @@ pub const SPLIT_WRITE: usize = 256 << 10;
 pub const CLEAN_WINDOW: u64 = 2 << 20;
 /// Checkpoint pages copied per hold of the state lock.
 const PAGES_PER_HOLD: usize = 32;
+/// Checkpoint pages a checkpoint that compares an area with the table
+/// reads at a time (1 MiB).
+const VERIFY_PAGES: usize = 256;
 /// The most bytes a read of whole blocks reads from the image at once
 /// (blocks of neighbouring extents are read together, up to this).
 const READ_SPAN: usize = 1 << 20;
@@ -215,6 +221,10 @@ struct State {
     table: Vec<Loc>,
     /// Per checkpoint area, the table pages changed since it was written.
     dirty: [Vec<u64>; 2],
+    /// Per checkpoint area, whether its pages not marked in `dirty` are
+    /// still to be compared with the table (the area not in use at open,
+    /// until the first checkpoint that writes it has gone through it).
+    unverified: [bool; 2],
     ext: Vec<ExtInfo>,
     free: BTreeSet<u32>,
     pending_free: Vec<u32>,
@@ -232,9 +242,6 @@ struct State {
 
 fn set_bit(v: &mut [u64], i: usize) {
     v[i / 64] |= 1 << (i % 64);
-}
-fn get_bit(v: &[u64], i: usize) -> bool {
-    v[i / 64] & (1 << (i % 64)) != 0
 }
 fn take_bit(v: &mut [u64], i: usize) -> bool {
     let was = v[i / 64] & (1 << (i % 64)) != 0;
@@ -521,7 +528,10 @@ impl Engine {
         // Zero the first bytes of the last extent so the file has its full size.
         backing.write_at(&[0u8; 8], sb.extent_offset(sb.extents - 1))?;
         backing.sync()?;
-        Engine::open(backing, false)
+        let eng = Engine::open(backing, false)?;
+        // Both areas hold the table just written: nothing to compare.
+        eng.state.lock().unverified = [false; 2];
+        Ok(eng)
     }
 
     /// Opens an image, recovering from a crash if it was not closed.
@@ -649,11 +659,13 @@ impl Engine {
             }
         }
         drop(wseq);
-        // What the next checkpoint must write to the other area (read
-        // only: no checkpoint follows).
-        if !read_only {
-            Self::dirty_in_other_area(&*backing, &sb, &table, &mut dirty[1 - area as usize])?;
-        }
+        // The area not in use may miss pages the one in use has (the
+        // checkpoints before the last wrote only what changed since it was
+        // written): the first checkpoint that writes it compares its
+        // unmarked pages with the table as it goes (`checkpoint`), so the
+        // open does not read it.
+        let mut unverified = [false; 2];
+        unverified[1 - area as usize] = !read_only;
         // Extent states from the table.
         let mut ext = vec![ExtInfo::FREE; n as usize];
         for l in &table {
@@ -681,6 +693,7 @@ impl Engine {
         let st = State {
             table,
             dirty,
+            unverified,
             ext,
             free,
             pending_free: Vec::new(),
@@ -715,50 +728,6 @@ impl Engine {
             eng.checkpoint()?;
         }
         Ok(eng)
-    }
-
-    /// Marks in `dirty` the pages the next checkpoint must write to the
-    /// area not in use: those that differ from `table` (the table as
-    /// opened, replay included) or that would not load as that
-    /// checkpoint's (generation `sb.generation + 1`: never written, torn,
-    /// written by a later checkpoint that did not finish and differing).
-    /// The area is read once; a page already marked is not compared.
-    fn dirty_in_other_area(
-        backing: &dyn Backing,
-        sb: &Superblock,
-        table: &[Loc],
-        dirty: &mut [u64],
-    ) -> Result<(), BlkError> {
-        let area = 1 - sb.generation % 2;
-        let next = sb.generation + 1;
-        let blocks = sb.blocks();
-        let needed = Superblock::table_pages_for(blocks);
-        let chunk = 256u32;
-        let mut buf = vec![0u8; chunk as usize * CKPT_PAGE];
-        let mut page = Vec::with_capacity(ENTRIES_PER_PAGE);
-        let mut p = 0u32;
-        while p < needed {
-            let k = (needed - p).min(chunk);
-            let b = &mut buf[..k as usize * CKPT_PAGE];
-            backing.read_at(b, sb.page_offset(area, p))?;
-            for i in 0..k {
-                let q = (p + i) as usize;
-                if get_bit(dirty, q) {
-                    continue;
-                }
-                let first = q * ENTRIES_PER_PAGE;
-                let n = (blocks as usize - first).min(ENTRIES_PER_PAGE);
-                let at = i as usize * CKPT_PAGE;
-                page.clear();
-                let same = format::decode_page(&b[at..at + CKPT_PAGE], p + i, next, n, &mut page).is_ok()
-                    && page[..] == table[first..first + n];
-                if !same {
-                    set_bit(dirty, q);
-                }
-            }
-            p += k;
-        }
-        Ok(())
     }
 
     /// The superblock as opened.
@@ -1499,20 +1468,48 @@ impl Engine {
         let area = generation % 2;
         let pages = Superblock::table_pages_for(self.sb.blocks()) as usize; // the ones in use
         let blocks = self.sb.blocks() as usize;
+        // The first checkpoint to write the area not in use at open also
+        // compares that area's unmarked pages with the table: it reads
+        // the area a stretch at a time outside the lock.
+        let verify = self.state.lock().unverified[area as usize];
+        let mut disk: Vec<Loc> = Vec::new();
+        let mut loads = Vec::new();
+        let mut raw = vec![0u8; if verify { VERIFY_PAGES * CKPT_PAGE } else { 0 }];
         // The changed pages, a few at a time under the lock.
         let mut copied: Vec<(u32, Vec<Loc>)> = Vec::new();
         let mut p = 0;
         while p < pages {
-            let st = &mut *self.state.lock();
-            let end = (p + PAGES_PER_HOLD).min(pages);
-            for q in p..end {
-                if take_bit(&mut st.dirty[area as usize], q) {
-                    let a = q * ENTRIES_PER_PAGE;
-                    let b = (a + ENTRIES_PER_PAGE).min(blocks);
-                    copied.push((q as u32, st.table[a..b].to_vec()));
+            let stretch = (p + if verify { VERIFY_PAGES } else { pages }).min(pages);
+            if verify {
+                let r = self.read_area(area, p, stretch, generation, &mut raw, &mut disk, &mut loads);
+                if let Err(e) = r {
+                    // Nothing written: the pages taken so far stay to write.
+                    let mut st = self.state.lock();
+                    for (q, _) in &copied {
+                        set_bit(&mut st.dirty[area as usize], *q as usize);
+                    }
+                    st.pending_free.extend(freed);
+                    return Err(e);
                 }
             }
-            p = end;
+            while p < stretch {
+                let st = &mut *self.state.lock();
+                let end = (p + PAGES_PER_HOLD).min(stretch);
+                for q in p..end {
+                    let a = q * ENTRIES_PER_PAGE;
+                    let b = (a + ENTRIES_PER_PAGE).min(blocks);
+                    let changed = take_bit(&mut st.dirty[area as usize], q)
+                        || verify && {
+                            // Pages of a stretch are full but its last.
+                            let at = (q % VERIFY_PAGES) * ENTRIES_PER_PAGE;
+                            !loads[q % VERIFY_PAGES] || disk[at..at + (b - a)] != st.table[a..b]
+                        };
+                    if changed {
+                        copied.push((q as u32, st.table[a..b].to_vec()));
+                    }
+                }
+                p = end;
+            }
         }
         // What the copies point to must be durable before they are.
         let next_wseq = {
@@ -1558,6 +1555,7 @@ impl Engine {
             let mut st = self.state.lock();
             st.generation = generation;
             st.ckpt_next_seq = next_seq;
+            st.unverified[area as usize] = false;
             st.sealed_since_ckpt =
                 st.ext.iter().filter(|x| x.state == ExtState::Sealed && x.seq >= next_seq).count() as u32;
             for e in freed {
@@ -1571,6 +1569,38 @@ impl Engine {
         let us = micros(t0);
         c.checkpoint_us.fetch_add(us, Ordering::Relaxed);
         c.checkpoint_max_us.fetch_max(us, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads pages `from..to` (at most [`VERIFY_PAGES`], `from` a
+    /// multiple of it) of checkpoint area `area` and decodes them as
+    /// pages of `generation` into `disk` (`ENTRIES_PER_PAGE` entries per
+    /// page) and `loads` (whether each loaded: one that does not — torn,
+    /// never written — differs from any table).
+    #[allow(clippy::too_many_arguments)]
+    fn read_area(
+        &self,
+        area: u64,
+        from: usize,
+        to: usize,
+        generation: u64,
+        raw: &mut [u8],
+        disk: &mut Vec<Loc>,
+        loads: &mut Vec<bool>,
+    ) -> Result<(), BlkError> {
+        let blocks = self.sb.blocks() as usize;
+        let raw = &mut raw[..(to - from) * CKPT_PAGE];
+        self.backing.read_at(raw, self.sb.page_offset(area, from as u32))?;
+        disk.clear();
+        loads.clear();
+        for q in from..to {
+            let n = (blocks - q * ENTRIES_PER_PAGE).min(ENTRIES_PER_PAGE);
+            let at = (q - from) * CKPT_PAGE;
+            let start = disk.len();
+            let ok = format::decode_page(&raw[at..at + CKPT_PAGE], q as u32, generation, n, disk).is_ok();
+            disk.resize(start + ENTRIES_PER_PAGE, Loc::NONE);
+            loads.push(ok);
+        }
         Ok(())
     }
 
@@ -1758,10 +1788,23 @@ impl Engine {
 
     /// Checkpoints (the clean shutdown): the next open replays nothing.
     pub fn close(&self) -> Result<(), BlkError> {
-        if self.read_only {
+        if self.read_only || self.unchanged_since_checkpoint() {
             return Ok(());
         }
         self.checkpoint()
+    }
+
+    /// Whether the image on disk is the last checkpoint's, with nothing
+    /// written, trimmed, cleaned or sealed since (so a checkpoint would
+    /// change nothing but the generation).
+    fn unchanged_since_checkpoint(&self) -> bool {
+        let st = self.state.lock();
+        let area = (st.generation % 2) as usize;
+        st.poisoned.is_none()
+            && st.sealed_since_ckpt == 0
+            && st.pending_free.is_empty()
+            && st.open.iter().all(|o| o.count == 0)
+            && st.dirty[area].iter().all(|&w| w == 0)
     }
 
     // ---- inspection ----------------------------------------------------

@@ -560,10 +560,15 @@ fn incompressible_data_costs_its_size_and_cleans() {
     assert!(e2.check().unwrap().is_empty());
 }
 
-/// A device that counts the bytes written to it.
-struct Counting(std::sync::Arc<CrashBacking>, std::sync::atomic::AtomicU64);
+/// A device that counts the bytes written to it and keeps the ranges read.
+struct Counting(
+    std::sync::Arc<CrashBacking>,
+    std::sync::atomic::AtomicU64,
+    std::sync::Mutex<Vec<std::ops::Range<u64>>>,
+);
 impl ztier_blk::backing::Backing for Counting {
     fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.2.lock().unwrap().push(off..off + buf.len() as u64);
         self.0.read_at(buf, off)
     }
     fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
@@ -584,10 +589,12 @@ impl ztier_blk::backing::Backing for Counting {
 #[test]
 fn checkpoints_write_only_changed_pages() {
     let dev = std::sync::Arc::new(CrashBacking::new());
-    let counting = std::sync::Arc::new(Counting(dev.clone(), Default::default()));
+    let counting = std::sync::Arc::new(Counting(dev.clone(), Default::default(), Default::default()));
     // Thin (64 extents), so the in-memory device stays small.
     let eng = Engine::create(Box::new(counting.clone()), &opts(1 << 18, 32768, Some(64 * 32768))).unwrap();
-    // From the first checkpoint after create on (create writes both areas).
+    // From the first checkpoint after create on (create writes both
+    // areas, so no checkpoint reads one).
+    counting.2.lock().unwrap().clear();
     for round in 0..4u64 {
         let lba = 1000 + round * 5000;
         eng.write(lba * BS as u64, &fill(0, round + 2, BS), false).unwrap();
@@ -598,16 +605,34 @@ fn checkpoints_write_only_changed_pages() {
         // since each area was written), a superblock.
         assert!(wrote <= 32768 + 2 * 4096 + 4096, "round {round}: a checkpoint wrote {wrote} bytes");
     }
+    let areas = eng.geometry().area_offset(0)..eng.geometry().area_offset(2);
+    let reads = std::mem::take(&mut *counting.2.lock().unwrap());
+    assert!(reads.iter().all(|r| r.end <= areas.start || r.start >= areas.end), "{reads:?}");
     eng.close().unwrap();
-    // The first checkpoint after an open too (the other area is read at open).
+    // The first checkpoint after an open too: the open reads only the
+    // area in use, the checkpoint reads the one it writes.
     let dev = std::sync::Arc::new(CrashBacking::from_image(dev.crash(|_, _| 0)));
-    let counting = std::sync::Arc::new(Counting(dev.clone(), Default::default()));
+    let counting = std::sync::Arc::new(Counting(dev.clone(), Default::default(), Default::default()));
     let e2 = Engine::open(Box::new(counting.clone()), false).unwrap();
+    let g = e2.geometry();
+    let area_bytes = ztier_blk::format::Superblock::table_pages_for(1 << 18) as u64 * 4096;
+    let other = g.area_offset(1 - g.generation % 2)..g.area_offset(1 - g.generation % 2) + area_bytes;
+    let in_other = |reads: &[std::ops::Range<u64>]| {
+        reads.iter().map(|r| r.end.min(other.end).saturating_sub(r.start.max(other.start))).sum::<u64>()
+    };
+    assert_eq!(
+        in_other(&std::mem::take(&mut *counting.2.lock().unwrap())),
+        0,
+        "the open read the other area"
+    );
     e2.write(77 * BS as u64, &fill(0, 99, BS), false).unwrap();
     e2.checkpoint().unwrap();
+    assert_eq!(in_other(&counting.2.lock().unwrap()), area_bytes, "the first checkpoint reads its area once");
+    // The extent, a superblock, two pages: block 77's and round 3's (the
+    // close had nothing to checkpoint, so this area still misses it).
     let wrote = counting.1.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(wrote <= 32768 + 2 * 4096, "the first checkpoint after an open wrote {wrote} bytes");
-    assert_eq!(e2.stats().checkpoint_pages_written, 1);
+    assert!(wrote <= 32768 + 3 * 4096, "the first checkpoint after an open wrote {wrote} bytes");
+    assert_eq!(e2.stats().checkpoint_pages_written, 2);
     let mut b = vec![0u8; BS];
     for round in 0..4u64 {
         e2.read((1000 + round * 5000) * BS as u64, &mut b).unwrap();
@@ -616,6 +641,16 @@ fn checkpoints_write_only_changed_pages() {
     e2.read(77 * BS as u64, &mut b).unwrap();
     assert!(b == fill(0, 99, BS));
     assert!(e2.check().unwrap().is_empty());
+    e2.close().unwrap();
+    // A restart that changes nothing reads one area and writes nothing.
+    let counting = std::sync::Arc::new(Counting(dev.clone(), Default::default(), Default::default()));
+    let e3 = Engine::open(Box::new(counting.clone()), false).unwrap();
+    e3.read(77 * BS as u64, &mut b).unwrap();
+    e3.close().unwrap();
+    assert_eq!(counting.1.load(std::sync::atomic::Ordering::Relaxed), 0, "an idle restart wrote");
+    let e4 = reopened(&dev);
+    e4.read(77 * BS as u64, &mut b).unwrap();
+    assert!(b == fill(0, 99, BS));
 }
 
 /// A device that keeps, before every write and sync (and when asked),
