@@ -719,8 +719,14 @@ fn bench_blk_short_run_json() {
         assert_eq!(j["ratios"].as_array().unwrap().len(), 1, "{j}");
         let read = j["job"].as_str().unwrap().contains("read");
         assert_eq!(j["cold"], read, "{j}");
-        for k in ["ztier_cpu_ms_per_gib", "nbdkit_cpu_ms_per_gib"] {
-            assert!(j[k].as_f64().unwrap() > 0.0, "{k}: {j}");
+        // ztier's CPU is read in microseconds; nbdkit's in 10 ms clock
+        // ticks, which a 1-s job of 4 KiB writes (a few MB) may not reach.
+        assert!(j["ztier_cpu_ms_per_gib"].as_f64().unwrap() > 0.0, "{j}");
+        let kit = j["nbdkit_cpu_ms_per_gib"].as_f64().unwrap();
+        if j["job"].as_str().unwrap().starts_with("seq") {
+            assert!(kit > 0.0, "{j}");
+        } else {
+            assert!(kit >= 0.0, "{j}");
         }
         // Only the first read job waits for the writes to settle; cold
         // reads get no warm-up pass.
