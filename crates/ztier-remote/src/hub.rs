@@ -271,8 +271,11 @@ fn write(l: &mut Link, rounds: &[(Arc<Inner>, Round)], buf: &mut Vec<u8>) -> Res
     let n: usize = rounds.iter().map(|(t, r)| t.pack_round(r, buf)).sum();
     let sent_at = Instant::now();
     l.exec_packed(buf, n).map_err(|e| refused(rounds, e))?;
-    if let Some((t, _)) = rounds.iter().find(|(t, r)| r.pages() > 0 && t.waits()) {
-        t.wait_replica(l)?;
+    // Each tier whose round waited counts a failed WAIT.
+    let waited: Vec<&Inner> =
+        rounds.iter().filter(|(t, r)| r.pages() > 0 && t.waits()).map(|(t, _)| &**t).collect();
+    if let Some((t, also)) = waited.split_first() {
+        t.wait_replica(l, also)?;
     }
     for (t, r) in rounds {
         t.landed(r, sent_at);

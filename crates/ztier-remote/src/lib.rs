@@ -36,6 +36,8 @@ pub mod hub;
 #[cfg(feature = "server")]
 pub mod link;
 #[cfg(feature = "server")]
+pub mod pool;
+#[cfg(feature = "server")]
 pub mod proxy;
 #[cfg(feature = "server")]
 pub mod seal;

@@ -43,8 +43,6 @@ const UNLINKS_PER_ROUND: usize = 512;
 /// Deletes kept for later while the remote is down, at most (beyond,
 /// the values stay until the run's end removes them).
 const UNLINKS_KEPT: usize = 1 << 20;
-/// Buffers of written pages kept for new ones, at most.
-const BUFFERS_KEPT: usize = 256;
 /// Idle flusher's look at the cluster's masters (failovers), this often.
 const TOPOLOGY_EVERY: Duration = Duration::from_secs(1);
 
@@ -101,6 +99,13 @@ struct State {
     /// lock): a put of it waits until that is done.
     copying: Option<Key>,
     last_error: Option<String>,
+    /// Puts (and forks) waiting on `Inner::done` for a settled round:
+    /// woken after every round.
+    waiters: usize,
+    /// `flush` calls waiting on `Inner::done`: woken only once the
+    /// queue is empty (a wake-up per round was a switch per round for
+    /// each flushing thread, most of them for nothing).
+    flushers: usize,
 }
 
 /// How a flusher is woken: rung by a tier with work for it. A ring
@@ -158,8 +163,6 @@ pub(crate) struct Inner {
     writer: Mutex<Arc<Writer>>,
     /// The last sequence number given to a put.
     seq: std::sync::atomic::AtomicU64,
-    /// Buffers of pages written, for new ones.
-    buffers: Mutex<Vec<Vec<u8>>>,
     wake: Condvar,
     done: Condvar,
     links: Mutex<Vec<Link>>,
@@ -235,10 +238,11 @@ impl RemoteTier {
                 busy: false,
                 copying: None,
                 last_error: None,
+                waiters: 0,
+                flushers: 0,
             }),
             writer: Mutex::new(writer),
             seq: std::sync::atomic::AtomicU64::new(0),
-            buffers: Mutex::new(Vec::new()),
             cfg,
             conn,
             wake: Condvar::new(),
@@ -328,12 +332,14 @@ impl RemoteTier {
             && (s.busy || !s.queue.is_empty() || (!s.unlinks.is_empty() && s.down_until.is_none()))
         {
             self.inner.kick();
+            s.flushers += 1;
             s = self
                 .inner
                 .done
                 .wait_timeout(s, Duration::from_millis(50))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            s.flushers -= 1;
         }
     }
 
@@ -427,19 +433,37 @@ impl Inner {
 
     /// The tier has no round in flight any more.
     pub(crate) fn settled(&self) {
-        self.lock().busy = false;
-        self.done.notify_all();
+        let mut s = self.lock();
+        s.busy = false;
+        self.wake_waiters(s);
     }
 
-    /// WAIT for a replica after a round's writes on `l`.
-    pub(crate) fn wait_replica(&self, l: &mut Link) -> Result<(), String> {
+    /// After a round: wakes the threads waiting on `done` that may go
+    /// on now (see [`State::waiters`], [`State::flushers`]).
+    fn wake_waiters(&self, s: MutexGuard<'_, State>) {
+        let wake = s.waiters > 0 || (s.flushers > 0 && s.queue.is_empty()) || s.stop;
+        drop(s);
+        if wake {
+            self.done.notify_all();
+        }
+    }
+
+    /// WAIT for a replica after a round's writes on `l`; a failure is
+    /// counted by this tier and by each of `also` (the other tiers whose
+    /// rounds waited in the same pipeline).
+    pub(crate) fn wait_replica(&self, l: &mut Link, also: &[&Inner]) -> Result<(), String> {
         use std::sync::atomic::Ordering::Relaxed;
+        let all = || std::iter::once(self).chain(also.iter().copied());
         let n = l.wait(1, self.cfg.wait_timeout).map_err(|e| {
-            self.stats.errors.fetch_add(1, Relaxed);
+            all().for_each(|t| {
+                t.stats.errors.fetch_add(1, Relaxed);
+            });
             format!("waiting for a replica failed: {e}")
         })?;
         if n < 1 {
-            self.stats.wait_timeouts.fetch_add(1, Relaxed);
+            all().for_each(|t| {
+                t.stats.wait_timeouts.fetch_add(1, Relaxed);
+            });
             return Err(format!(
                 "no replica acknowledged the writes within {} ms",
                 self.cfg.wait_timeout.as_millis()
@@ -503,23 +527,17 @@ impl Inner {
         }
     }
 
-    /// A buffer for a sealed page: one written before, or a new one.
-    /// (Reused: a new one for each page cost a page fault every 4 KiB
-    /// whenever the allocator had given the memory back.)
+    /// A buffer for a sealed page: one written before (by any tier of
+    /// the process, [`crate::pool`]), or a new one.
     fn buffer(&self) -> Vec<u8> {
-        let mut v = self.buffers.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
-        v.clear();
-        v.reserve(4096 + OVERHEAD);
-        v
+        crate::pool::take()
     }
 
-    /// Keeps a written page's buffer for [`Inner::buffer`].
-    fn recycle(&self, w: Waiting) {
+    /// Keeps a written page's buffer in `spare`, for
+    /// [`crate::pool::give_all`] (one lock of the pool for a round).
+    fn recycle(&self, w: Waiting, spare: &mut Vec<Vec<u8>>) {
         if let Ok(v) = Arc::try_unwrap(w.bytes) {
-            let mut b = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
-            if b.len() < BUFFERS_KEPT && v.capacity() >= 4096 + OVERHEAD {
-                b.push(v);
-            }
+            spare.push(v);
         }
     }
 
@@ -700,8 +718,9 @@ impl Inner {
                 self.finish(round, ok);
             }
             if flight.is_none() {
-                self.lock().busy = false;
-                self.done.notify_all();
+                let mut s = self.lock();
+                s.busy = false;
+                self.wake_waiters(s);
             }
         }
     }
@@ -712,8 +731,7 @@ impl Inner {
         let copied = if ok.is_ok() { self.copy_locally(&round) } else { Vec::new() };
         let mut s = self.lock();
         self.settle(&mut s, round, ok, &copied);
-        drop(s);
-        self.done.notify_all();
+        self.wake_waiters(s);
     }
 
     /// Reads the replies of a round in flight (and counts it).
@@ -854,7 +872,7 @@ impl Inner {
         };
         sent.map_err(|e| self.refused(e))?;
         if !r.pages.is_empty() && self.cfg.durability.waits() {
-            self.wait_replica(l)?;
+            self.wait_replica(l, &[])?;
         }
         if !r.pages.is_empty() {
             self.stats.batch_ns.record(t.elapsed().as_nanos() as u64);
@@ -980,6 +998,7 @@ impl Inner {
             Ok(()) => {
                 s.down_until = None;
                 s.backoff = self.cfg.retry_after;
+                let mut spare = Vec::with_capacity(r.pages.len());
                 for (i, (key, _, seq, tag, data)) in r.pages.into_iter().enumerate() {
                     let vlen = (data.plain().len() + OVERHEAD) as u32;
                     let local = copied.get(i).copied().unwrap_or(false);
@@ -994,7 +1013,7 @@ impl Inner {
                                 f.remove(key);
                             }
                         }
-                        self.recycle(data);
+                        self.recycle(data, &mut spare);
                         continue;
                     }
                     self.stats.puts.fetch_add(1, Relaxed);
@@ -1006,8 +1025,9 @@ impl Inner {
                     s.remote_bytes += vlen as u64;
                     let e = s.index.get_mut(&key).expect("checked above");
                     e.at = At::Remote { tag, gen, local, vlen };
-                    self.recycle(data);
+                    self.recycle(data, &mut spare);
                 }
+                crate::pool::give_all(spare);
             }
             Err(why) => {
                 // The names written may exist: deleted later.
@@ -1067,7 +1087,9 @@ impl NextTier for RemoteTier {
         let mut s = inner.lock();
         // Its last page's local copy lands first (see `copy_locally`).
         while s.copying == Some(key) {
+            s.waiters += 1;
             s = inner.done.wait(s).unwrap_or_else(|p| p.into_inner());
+            s.waiters -= 1;
         }
         if let Some(old) = s.index.remove(&key) {
             inner.discard(&mut s, key, old);
@@ -1085,11 +1107,13 @@ impl NextTier for RemoteTier {
             let until = Instant::now() + inner.cfg.get_deadline;
             while s.pending_bytes + size > inner.cfg.pending_bytes && Instant::now() < until {
                 inner.kick();
+                s.waiters += 1;
                 s = inner
                     .done
                     .wait_timeout(s, Duration::from_millis(10))
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
+                s.waiters -= 1;
             }
             if s.pending_bytes + size > inner.cfg.pending_bytes {
                 s.last_error =
@@ -1266,7 +1290,9 @@ impl NextTier for RemoteTier {
         let mut s = self.inner.lock();
         s.paused = true;
         while s.busy {
+            s.waiters += 1;
             s = self.inner.done.wait(s).unwrap_or_else(|p| p.into_inner());
+            s.waiters -= 1;
         }
         Ok(false)
     }

@@ -71,6 +71,8 @@ struct Rate {
     per_s: f64,
     client_cpu: f64,
     server_cpu: f64,
+    /// Minor page faults of the client per request (ztier's only).
+    client_faults: f64,
 }
 
 struct Rates {
@@ -81,14 +83,23 @@ struct Rates {
 /// User + system CPU seconds of `who` (`RUSAGE_SELF`: this process;
 /// `RUSAGE_CHILDREN`: its children waited for).
 fn rusage(who: i32) -> f64 {
+    let u = rusage_of(who);
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// Minor page faults of this process so far.
+fn minor_faults() -> f64 {
+    rusage_of(libc::RUSAGE_SELF).ru_minflt as f64
+}
+
+fn rusage_of(who: i32) -> libc::rusage {
     // SAFETY: getrusage fills the plain struct it is given.
-    let u = unsafe {
+    unsafe {
         let mut u: libc::rusage = std::mem::zeroed();
         libc::getrusage(who, &mut u);
         u
-    };
-    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
-    t(u.ru_utime) + t(u.ru_stime)
+    }
 }
 
 /// User + system CPU seconds of process `pid` so far (`None`: none to
@@ -147,7 +158,7 @@ fn redis_benchmark(
             .and_then(|l| l.split(',').nth(1))
             .and_then(|v| v.trim_matches('"').parse().ok())
             .with_context(|| format!("no {name} rate in redis-benchmark's output:\n{text}"))?;
-        Ok(Rate { per_s, client_cpu: client / n as f64, server_cpu: srv / n as f64 })
+        Ok(Rate { per_s, client_cpu: client / n as f64, server_cpu: srv / n as f64, client_faults: 0.0 })
     };
     Ok(Rates { set: one("set")?, get: one("get")? })
 }
@@ -194,28 +205,35 @@ fn ztier(
     let metas: Arc<Vec<SpillMeta>> = Arc::new(
         pages.iter().map(|d| SpillMeta { tag: 0, flags: 0, len: 4096, crc: crc32c(d), pattern: 0 }).collect(),
     );
-    let (c0, s0) = (rusage(libc::RUSAGE_SELF), proc_cpu(server));
+    let (c0, s0, f0) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults());
     let t = Instant::now();
     let hs: Vec<_> = tiers
         .iter()
         .map(|tier| {
             let (tier, pages, metas) = (tier.clone(), pages.clone(), metas.clone());
-            std::thread::spawn(move || {
+            // Named, so that a profile tells puts from gets.
+            std::thread::Builder::new().name("bench-put".into()).spawn(move || {
                 for (i, (d, m)) in pages.iter().zip(metas.iter()).enumerate() {
                     tier.put(Key { pool: 0, object: 0, index: i as u32 }, *m, d).expect("put");
                 }
                 tier.flush();
             })
         })
-        .collect();
+        .collect::<std::io::Result<_>>()
+        .context("starting the put threads")?;
     for h in hs {
         h.join().map_err(|_| anyhow::anyhow!("a put thread panicked"))?;
     }
     let set = (per * c) as f64 / t.elapsed().as_secs_f64();
     let total = (per * c) as f64;
-    let (c1, s1) = (rusage(libc::RUSAGE_SELF), proc_cpu(server));
+    let (c1, s1, f1) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults());
     let srv = |a: Option<f64>, b: Option<f64>| a.zip(b).map_or(0.0, |(a, b)| (b - a) / total);
-    let set = Rate { per_s: set, client_cpu: (c1 - c0) / total, server_cpu: srv(s0, s1) };
+    let set = Rate {
+        per_s: set,
+        client_cpu: (c1 - c0) / total,
+        server_cpu: srv(s0, s1),
+        client_faults: (f1 - f0) / total,
+    };
     for tier in &tiers {
         let s = tier.stats();
         if s.remote_puts != per as u64 {
@@ -227,7 +245,7 @@ fn ztier(
         .iter()
         .map(|tier| {
             let (tier, pages) = (tier.clone(), pages.clone());
-            std::thread::spawn(move || -> Result<Vec<u64>, String> {
+            std::thread::Builder::new().name("bench-get".into()).spawn(move || -> Result<Vec<u64>, String> {
                 let mut lat = Vec::new();
                 let mut outs = vec![Vec::with_capacity(4096); p];
                 for first in (0..per).step_by(p) {
@@ -250,15 +268,21 @@ fn ztier(
                 Ok(lat)
             })
         })
-        .collect();
+        .collect::<std::io::Result<_>>()
+        .context("starting the get threads")?;
     for h in hs {
         lat.extend(
             h.join().map_err(|_| anyhow::anyhow!("a get thread panicked"))?.map_err(anyhow::Error::msg)?,
         );
     }
     let get = (per * c) as f64 / t.elapsed().as_secs_f64();
-    let (c2, s2) = (rusage(libc::RUSAGE_SELF), proc_cpu(server));
-    let get = Rate { per_s: get, client_cpu: (c2 - c1) / total, server_cpu: srv(s1, s2) };
+    let (c2, s2, f2) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults());
+    let get = Rate {
+        per_s: get,
+        client_cpu: (c2 - c1) / total,
+        server_cpu: srv(s1, s2),
+        client_faults: (f2 - f1) / total,
+    };
     for tier in &tiers {
         for i in 0..per {
             tier.remove(Key { pool: 0, object: 0, index: i as u32 });
@@ -342,6 +366,7 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
                 "ztier_put_cpu_us": client(zs), "ztier_get_cpu_us": client(zg),
                 "server_set_cpu_us": srv(rs), "server_get_cpu_us": srv(rg),
                 "server_put_cpu_us": srv(zs), "server_ztier_get_cpu_us": srv(zg),
+                "ztier_put_faults": med(zs, |r| r.client_faults), "ztier_get_faults": med(zg, |r| r.client_faults),
                 "get_p50_us": quantile(&mut lat, 0.5), "get_p99_us": quantile(&mut lat, 0.99),
             }));
         }
