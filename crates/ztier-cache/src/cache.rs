@@ -841,11 +841,13 @@ impl Inner {
                 if ssd {
                     let gen = self.next_gen();
                     let it = Item { lba: f.lba, gen, form, codec: self.codec as u8, data: buf };
-                    let (loc, s) = self.log.append(&self.dir, it, false);
+                    // The line is inserted under the log's lock, with the
+                    // item: a seal never finds the item without its line.
+                    let (placed, s) =
+                        self.log.append(&self.dir, it, false, |loc| self.dir.insert(f.lba, loc));
                     sealed = s;
-                    match loc {
-                        Some(loc) => {
-                            let (_, old) = self.dir.insert(f.lba, loc);
+                    match placed {
+                        Some((_, old)) => {
                             if old != crate::dir::EMPTY {
                                 self.c.conflict_evictions.fetch_add(1, Ordering::Relaxed);
                             }
@@ -1104,7 +1106,7 @@ impl Inner {
             // its lock below.)
             let live: usize = entries
                 .iter()
-                .filter(|e| !e.dead && self.dir.find_at(e.lba, self.log.entry_loc(idx, e)).is_some())
+                .filter(|e| self.dir.find_at(e.lba, self.log.entry_loc(idx, e)).is_some())
                 .map(|e| format::item_span(e.len as usize, self.geo.loc_unit))
                 .sum();
             let keep = self.opts.recycle_keep.clamp(50, 95) as usize;
@@ -1113,8 +1115,13 @@ impl Inner {
                 budget = budget.max(live);
             }
             let mut sealed = Vec::new();
-            for e in entries.iter().filter(|e| !e.dead) {
+            for e in &entries {
                 let loc = self.log.entry_loc(idx, e);
+                // A line still pointing at an item its seal marked dead is
+                // dropped or moved all the same: the segment is reused next.
+                if e.dead && self.dir.find_at(e.lba, loc).is_none() {
+                    continue;
+                }
                 let st = self.stripe(e.lba).lock();
                 let Some(line) = self.dir.find_at(e.lba, loc) else { continue };
                 let span = format::item_span(e.len as usize, self.geo.loc_unit);
@@ -1123,10 +1130,10 @@ impl Inner {
                     if let Ok((h, data)) = format::get_item(&buf[e.off as usize..], seq) {
                         if h.lba == e.lba {
                             let it = Item { lba: e.lba, gen: e.gen, form: h.form, codec: h.codec, data };
-                            let (nl, s) = self.log.append(&self.dir, it, true);
+                            let (placed, s) =
+                                self.log.append(&self.dir, it, true, |nl| self.dir.relocate(line, nl));
                             sealed.extend(s);
-                            if let Some(nl) = nl {
-                                self.dir.relocate(line, nl);
+                            if placed.is_some() {
                                 budget -= span;
                                 moved = true;
                             }
@@ -1532,7 +1539,9 @@ impl Cache {
         let (first, n) = range_blocks(off, len);
         let bypass = data.is_some() && i.seq.observe(off, len);
         let (_gen, blocks) = i.begin_write(first, n)?;
+        let at_backing = Instant::now();
         let r = op();
+        let backing = at_backing.elapsed();
         if r.is_err() {
             i.c.backing_errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -1559,7 +1568,9 @@ impl Cache {
                 });
             }
         }
-        i.lat.write.record(t.elapsed());
+        let all = t.elapsed();
+        i.lat.write.record(all);
+        i.lat.write_cache.record(all.saturating_sub(backing));
         if r.is_err() {
             i.c.errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -1790,6 +1801,7 @@ impl Cache {
                 remote_hit: summary(&i.lat.remote_hit),
                 miss: summary(&i.lat.miss),
                 write: summary(&i.lat.write),
+                write_cache: summary(&i.lat.write_cache),
             },
             recovery: i.recovery.clone(),
             degraded: i.degraded.lock().clone(),
@@ -1828,6 +1840,8 @@ pub struct LatencyStats {
     pub miss: LatencySummary,
     /// Writes.
     pub write: LatencySummary,
+    /// Writes, the backing's part left out (the cache's own cost).
+    pub write_cache: LatencySummary,
 }
 
 /// What `ztier cache stats` prints (live, from the server).

@@ -261,11 +261,20 @@ impl Log {
         (loc / ups, (loc % ups) as usize * self.sb.loc_unit as usize)
     }
 
-    /// Appends an item for `lba`. Returns its location, and a sealed
-    /// segment the caller must [`Log::write`] (after releasing its locks),
-    /// or `None` when no segment is free (`reserve`: may take the last
-    /// ones, for copies made while recycling).
-    pub fn append(&self, dir: &Directory, it: Item<'_>, reserve: bool) -> (Option<u32>, Option<Sealed>) {
+    /// Appends an item for `lba` and calls `place` with its location
+    /// under the log's lock, where the caller points the item's line at
+    /// it: a seal (which marks dead every item no line points to) never
+    /// runs between the two. Returns what `place` returned, or `None`
+    /// when no segment is free (`reserve`: may take the last ones, for
+    /// copies made while recycling); and a sealed segment the caller
+    /// must [`Log::write`] (after releasing its locks).
+    pub fn append<R>(
+        &self,
+        dir: &Directory,
+        it: Item<'_>,
+        reserve: bool,
+        place: impl FnOnce(u32) -> R,
+    ) -> (Option<R>, Option<Sealed>) {
         let Item { lba, gen, form, codec, data } = it;
         let span = format::item_span(data.len(), self.sb.loc_unit);
         let mut st = self.st.lock();
@@ -309,7 +318,7 @@ impl Log {
         o.entries.push(Entry { lba, gen, off: off as u32, len: data.len() as u16, form, dead: false });
         o.logical += BLOCK as u64;
         let loc = self.loc_of(o.idx, off);
-        (Some(loc), sealed)
+        (Some(place(loc)), sealed)
     }
 
     /// Seals `o`: marks dead the lines the directory no longer points to,
@@ -544,4 +553,54 @@ pub fn scan(dev: &dyn Backing, sb: &Superblock) -> io::Result<Vec<Found>> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Geometry, Placement, Policy};
+    use ztier_blk::backing::CrashBacking;
+
+    /// A seal racing an append waits until the item's line points at it:
+    /// the item is live in the summary. (Inserting the line after
+    /// `append` returned let a seal in between mark the item dead; the
+    /// segment's recycling then skipped its line, which was left pointing
+    /// into the segment's next contents.)
+    #[test]
+    fn a_seal_racing_an_append_sees_the_items_line() {
+        let sb = Geometry {
+            size: 2 << 20,
+            segment_size: 16 << 10,
+            lines_per_block: 2.0,
+            placement: Placement::Assoc,
+            ways: 4,
+            policy: Policy::Clock,
+            codec: 0,
+            journal_size: Some(64 << 10),
+        }
+        .superblock(7, 0)
+        .unwrap();
+        let log = Arc::new(Log::new(Arc::new(CrashBacking::new()), &sb, &[]));
+        let dir = Arc::new(Directory::new(sb.lines, 4, Placement::Assoc, Policy::Clock));
+        let data = vec![9u8; BLOCK];
+        let it = |lba| Item { lba, gen: lba, form: Form::Raw, codec: 0, data: &data };
+        // Block 1's line was dropped before the seal: dead.
+        let (l1, _) = log.append(&dir, it(1), false, |loc| loc);
+        assert!(l1.is_some());
+        let (placed, _) = log.append(&dir, it(2), false, |loc| {
+            let sealer = {
+                let (log, dir) = (log.clone(), dir.clone());
+                std::thread::spawn(move || log.seal_open(&dir, None))
+            };
+            // The sealer waits for the log's lock until the line is in.
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(!sealer.is_finished(), "a seal ran while an item had no line yet");
+            dir.insert(2, loc);
+            sealer
+        });
+        let s = placed.unwrap().join().unwrap().expect("the open segment sealed");
+        let (_, _, entries) = format::parse_summary(&s.buf, sb.segment_size).unwrap();
+        let dead: Vec<(u64, bool)> = entries.iter().map(|e| (e.lba, e.dead)).collect();
+        assert_eq!(dead, [(1, true), (2, false)]);
+    }
 }

@@ -108,4 +108,7 @@ pub struct Latencies {
     pub miss: Histogram,
     /// Write requests.
     pub write: Histogram,
+    /// Write requests, the backing's part left out: the cache's own cost
+    /// (invalidation and its journal record, queueing the write-through).
+    pub write_cache: Histogram,
 }

@@ -163,6 +163,11 @@ pub struct ZtierFigures {
     /// Writes: p50 inside the server, µs (the backing's write included:
     /// what is above the backing's delay is the cache's own cost).
     pub write_p50_us: f64,
+    /// Writes: p50 of the server's own part (the backing's write left
+    /// out), µs.
+    pub write_cache_p50_us: f64,
+    /// The same, p99.
+    pub write_cache_p99_us: f64,
     /// Lines dropped by writes.
     pub invalidated_lines: u64,
     /// Blocks cached by write-through.
@@ -700,6 +705,8 @@ fn run_row(
                 remote_hits: s["remote"]["hits"].as_u64().unwrap_or(0),
                 remote_hit_p50_us: s["latency"]["remote_hit"]["p50_us"].as_f64().unwrap_or(0.0),
                 write_p50_us: s["latency"]["write"]["p50_us"].as_f64().unwrap_or(0.0),
+                write_cache_p50_us: s["latency"]["write_cache"]["p50_us"].as_f64().unwrap_or(0.0),
+                write_cache_p99_us: s["latency"]["write_cache"]["p99_us"].as_f64().unwrap_or(0.0),
                 invalidated_lines: n("invalidated_lines"),
                 write_through_fills: n("write_through_fills"),
                 fills_dropped_race: n("fills_dropped_race"),
