@@ -189,6 +189,21 @@ impl<C: Slots<u32>> Clock<C> {
         self.now.wrapping_sub(self.at[page]) as usize
     }
 
+    /// Has `page` gone out (been evicted) since the clock started or it
+    /// was [`Clock::forget`]ten? (Its stamp is the clock's at that
+    /// eviction, never 0 but at the one eviction in 2^32 that wraps it.)
+    #[inline]
+    pub fn went_out(&self, page: usize) -> bool {
+        self.at[page] != 0
+    }
+
+    /// `page` was released: what it holds next is new
+    /// ([`Clock::went_out`] is false until it is evicted again).
+    #[inline]
+    pub fn forget(&mut self, page: usize) {
+        self.at[page] = 0;
+    }
+
     /// Evictions so far.
     pub fn now(&self) -> u32 {
         self.now

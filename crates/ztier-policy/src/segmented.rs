@@ -11,11 +11,30 @@
 //!
 //! ```text
 //!   fault / new page ──► protected (11/12 of the budget) while it has room
+//!                    │   (a page never out of memory: on trial there)
 //!                    └─► probation (1/12) otherwise ──► victims, oldest first
-//!   protected ──1 page per 8..256 victims (aging), or over its share──► probation
+//!   protected ──1 page per 8..256 victims (aging; pages on trial first),
+//!               or over its share, or in it too long (below) ──► probation
 //!   refault distance < hot distance (budget/4 .. budget/64) ──► protected
 //!                                     (a hot page evicted too soon)
 //! ```
+//!
+//! No page stays in the protected segment indefinitely while others are
+//! evicted. A page that takes a place there without having been out of
+//! memory (the first fill, or any page meeting a free place) is *on
+//! trial* ([`TRIAL`]): it has not shown that it comes back. It is aged
+//! out before the others and leaves after a protected segment's worth of
+//! evictions at the latest ([`trial_limit`]); if it is still in use it
+//! comes back from the store once and takes a place for good. Any page
+//! leaves after 64 budgets of evictions ([`protected_limit`]). Without
+//! this, a page at the back of the segment waited 256 victims per page
+//! ahead of it at the slowest aging (235 budgets' worth): a program
+//! writing three times a 16M budget over and over (`run_progs/spawn.c`)
+//! kept a command it built between two rounds of writes resident so
+//! whenever the evictor, lagging on a loaded machine, had just aged a
+//! page out when the command's first fault came. Keeping new pages out
+//! of freed places instead kept the first fill in for good when nothing
+//! came back to take its places (`run_progs/remap_fixed.c`).
 //!
 //! The refault distance is the number of evictions between a page's
 //! eviction and its fault back (per-page eviction clock, as the kernel's
@@ -65,7 +84,8 @@
 //! ```text
 //!  flags  bit 7 QUEUED     an entry in one of the two queues (it may be stale:
 //!                          the page left memory some other way since)
-//!         bit 5 PROTECTED  the entry is in the protected queue
+//!         bit 5 PROTECTED  the entry is in a protected queue
+//!         bit 4 TRIAL      ... the queue of pages on trial
 //!         bit 3 DEMOTED    aged out of the protected segment, not back since
 //! ```
 //!
@@ -76,13 +96,18 @@
 
 use std::collections::VecDeque;
 
-use crate::pacing::EVICT_BATCH;
+use crate::pacing::{CLUSTER, EVICT_BATCH};
 use crate::replacement::{Admitted, Clock, Gauges, Refault, Replacement, Slots, Verdict};
 
 /// Has an entry in one of the two queues of resident pages.
 pub const QUEUED: u8 = 0x80;
 /// In the protected segment (with QUEUED: its entry is in that queue).
 pub const PROTECTED: u8 = 0x20;
+/// In the protected segment on trial: it took a place there without
+/// having been out of memory (the first fill, or a place freed once
+/// evictions had begun); its entry is in the trial queue, and it leaves
+/// the segment after [`trial_limit`] evictions at the latest.
+pub const TRIAL: u8 = 0x10;
 /// Aged out of the protected segment and not back from the store since
 /// (see [`Aging`]).
 pub const DEMOTED: u8 = 0x08;
@@ -250,6 +275,22 @@ pub const HOT_SHIFT_LAST: u32 = 6;
 /// segment for good.
 pub const HOT_STREAK: u32 = 4;
 
+/// Evictions after which a page on trial in the protected segment (see
+/// [`TRIAL`]) leaves it, whatever the aging rate: one protected segment's
+/// worth (`prot_max`).
+pub fn trial_limit(prot_max: usize) -> usize {
+    prot_max.max(1)
+}
+
+/// Evictions after which any page leaves the protected segment, whatever
+/// the aging rate: 64 budgets. At the slowest aging a page at the back
+/// waits 256 victims per page ahead of it (235 budgets' worth at least);
+/// this bounds that wait at a cost of at most one demotion per 64·12/11
+/// evictions (1.4%) to a loop that keeps the aging slow.
+pub fn protected_limit(budget: usize) -> usize {
+    budget.saturating_mul(64).max(1)
+}
+
 /// Probation: the part of a budget of `budget` pages that cycles (a
 /// twelfth); the rest is the protected segment.
 pub fn probation(budget: usize) -> usize {
@@ -261,8 +302,12 @@ pub fn probation(budget: usize) -> usize {
 pub struct Segmented<B = Vec<u8>, C = Vec<u32>> {
     /// Probation: resident pages, oldest first; victims come from here.
     fifo: VecDeque<u32>,
-    /// Protected segment, oldest first.
-    prot: VecDeque<u32>,
+    /// Protected segment, pages that came back from the store (or hot),
+    /// oldest first, with the eviction clock when each joined it.
+    prot: VecDeque<(u32, u32)>,
+    /// Protected segment, pages on trial ([`TRIAL`]), oldest first, with
+    /// the eviction clock when each joined it.
+    trial: VecDeque<(u32, u32)>,
     /// Resident (or evicting) pages with PROTECTED set.
     prot_res: usize,
     /// Largest protected segment (budget − probation).
@@ -279,8 +324,16 @@ pub struct Segmented<B = Vec<u8>, C = Vec<u32>> {
     hot: usize,
     /// Pages demoted so far.
     demoted: u64,
-    /// The last candidate came from the protected queue.
-    from_prot: bool,
+    /// Where the last candidate came from (to put it back on `Requeue`).
+    from: From,
+}
+
+/// The queue a candidate came from, with its entry's stamp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum From {
+    Probation,
+    Protected(u32),
+    Trial(u32),
 }
 
 impl<B: Slots<u8>, C: Slots<u32>> Segmented<B, C> {
@@ -290,6 +343,7 @@ impl<B: Slots<u8>, C: Slots<u32>> Segmented<B, C> {
         Segmented {
             fifo: VecDeque::new(),
             prot: VecDeque::new(),
+            trial: VecDeque::new(),
             prot_res: 0,
             prot_max: budget - probation(budget),
             budget,
@@ -298,7 +352,7 @@ impl<B: Slots<u8>, C: Slots<u32>> Segmented<B, C> {
             bits,
             hot: usize::MAX,
             demoted: 0,
-            from_prot: false,
+            from: From::Probation,
         }
     }
 
@@ -324,27 +378,64 @@ impl<B: Slots<u8>, C: Slots<u32>> Segmented<B, C> {
         &self.aging
     }
 
-    /// Probation's queue, then the protected segment's, oldest first
-    /// (stale entries included).
-    pub fn queues(&self) -> (&VecDeque<u32>, &VecDeque<u32>) {
-        (&self.fifo, &self.prot)
+    /// Probation's queue, the protected segment's, and its pages on
+    /// trial, oldest first (stale entries included; the protected ones
+    /// with the eviction clock when each joined).
+    #[allow(clippy::type_complexity)]
+    pub fn queues(&self) -> (&VecDeque<u32>, &VecDeque<(u32, u32)>, &VecDeque<(u32, u32)>) {
+        (&self.fifo, &self.prot, &self.trial)
     }
 
-    /// Moves the oldest resident page of the protected segment to the back
-    /// of probation (stale entries on the way are dropped).
+    /// Moves the oldest resident page of the protected segment to the
+    /// back of probation: from the pages on trial first (they have not
+    /// shown they come back), then the others. Stale entries on the way
+    /// are dropped.
     fn demote_one(&mut self, resident: &dyn Fn(usize) -> bool) {
-        while let Some(i) = self.prot.pop_front() {
+        if !self.demote_front(true, 0, resident) {
+            self.demote_front(false, 0, resident);
+        }
+    }
+
+    /// Demotes the front page of the trial queue (`trial`) or of the
+    /// others, if it joined the segment `limit` evictions ago or more
+    /// (stale entries in front are dropped). Returns whether it demoted.
+    fn demote_front(&mut self, trial: bool, limit: usize, resident: &dyn Fn(usize) -> bool) -> bool {
+        let now = self.clock.now();
+        loop {
+            let q = if trial { &mut self.trial } else { &mut self.prot };
+            let Some(&(i, at)) = q.front() else { return false };
             let i = i as usize;
-            let b = self.bits[i] & !(QUEUED | PROTECTED);
+            if resident(i) && (now.wrapping_sub(at) as usize) < limit {
+                return false;
+            }
+            q.pop_front();
+            let b = self.bits[i] & !(QUEUED | PROTECTED | TRIAL);
             if resident(i) {
                 self.prot_res -= 1;
                 self.fifo.push_back(i as u32);
                 self.bits[i] = b | QUEUED | DEMOTED;
                 self.demoted += 1;
                 self.aging.demoted();
-                return;
+                return true;
             }
             self.bits[i] = b;
+        }
+    }
+
+    /// Demotes the pages that have been in the protected segment too
+    /// long, whatever the aging rate: on trial, [`trial_limit`]
+    /// evictions; any, [`protected_limit`]. At most
+    /// [`crate::pacing::CLUSTER`] per call (about the pages a victim
+    /// takes along), so that a first fill that comes due at once leaves
+    /// over many victims rather than in one long call.
+    fn demote_overdue(&mut self, resident: &dyn Fn(usize) -> bool) {
+        let (trial, any) = (trial_limit(self.prot_max), protected_limit(self.budget));
+        let mut n = 0;
+        while n < CLUSTER && self.demote_front(true, trial, resident) {
+            n += 1;
+        }
+        while n < CLUSTER && self.demote_front(false, any, resident) {
+            n += 1;
         }
     }
 }
@@ -394,10 +485,18 @@ impl<B: Slots<u8> + 'static, C: Slots<u32> + 'static> Replacement for Segmented<
         let mut n = b & !DEMOTED;
         if b & QUEUED == 0 {
             // The protected segment fills first; after that only pages
-            // faulted back soon after their eviction join it.
+            // faulted back soon after their eviction join it, and any
+            // page takes a place it frees. A page that has not been out
+            // of memory before is on trial there (see [`TRIAL`]).
             if self.prot_res < self.prot_max || i == self.hot {
-                self.prot.push_back(i as u32);
-                n |= QUEUED | PROTECTED;
+                let now = self.clock.now();
+                if i == self.hot || self.clock.went_out(i) {
+                    self.prot.push_back((i as u32, now));
+                    n |= QUEUED | PROTECTED;
+                } else {
+                    self.trial.push_back((i as u32, now));
+                    n |= QUEUED | PROTECTED | TRIAL;
+                }
                 a.promoted = i == self.hot;
             } else {
                 self.fifo.push_back(i as u32);
@@ -427,32 +526,44 @@ impl<B: Slots<u8> + 'static, C: Slots<u32> + 'static> Replacement for Segmented<
             self.prot_res -= 1;
         }
         self.bits[i] &= !DEMOTED;
+        // What the program puts there next is new: on trial if it takes
+        // a protected place.
+        self.clock.forget(i);
     }
 
     fn queued(&self) -> usize {
-        self.fifo.len() + self.prot.len()
+        self.fifo.len() + self.prot.len() + self.trial.len()
     }
 
     fn candidate(&mut self, resident: &dyn Fn(usize) -> bool) -> Option<usize> {
         // The protected segment ages (one page to probation every
         // `Aging::every` victims), so it follows a changing working set;
         // and it never holds more than its share.
+        // Pages in it too long leave whatever the rate (see
+        // [`trial_limit`], [`protected_limit`]).
         if self.prot_res > self.prot_max || self.aging.due() {
             self.demote_one(resident);
         }
-        let (i, from_prot) = match self.fifo.pop_front() {
-            Some(i) => (i as usize, false),
-            None => (self.prot.pop_front()? as usize, true),
+        self.demote_overdue(resident);
+        let (i, from) = match self.fifo.pop_front() {
+            Some(i) => (i as usize, From::Probation),
+            None => match self.trial.pop_front() {
+                Some((i, at)) => (i as usize, From::Trial(at)),
+                None => {
+                    let (i, at) = self.prot.pop_front()?;
+                    (i as usize, From::Protected(at))
+                }
+            },
         };
-        self.bits[i] &= !(QUEUED | PROTECTED);
-        self.from_prot = from_prot;
+        self.bits[i] &= !(QUEUED | PROTECTED | TRIAL);
+        self.from = from;
         Some(i)
     }
 
     fn judge(&mut self, i: usize, verdict: Verdict) {
         match verdict {
             Verdict::Take => {
-                if self.from_prot {
+                if self.from != From::Probation {
                     self.prot_res -= 1;
                 }
                 self.aging.victim(aging_period(self.budget));
@@ -461,22 +572,27 @@ impl<B: Slots<u8> + 'static, C: Slots<u32> + 'static> Replacement for Segmented<
             // through probation, pinned pages would keep the victims
             // behind them from being looked at).
             Verdict::Hold => {
-                if self.from_prot {
+                if self.from != From::Probation {
                     self.prot_res -= 1;
                 }
             }
             // Taken back from an eviction in flight: out of the queues
             // until its commit puts it back.
             Verdict::Owned | Verdict::Stale => {}
-            Verdict::Requeue => {
-                if self.from_prot {
-                    self.prot.push_back(i as u32);
+            Verdict::Requeue => match self.from {
+                From::Protected(at) => {
+                    self.prot.push_back((i as u32, at));
                     self.bits[i] |= QUEUED | PROTECTED;
-                } else {
+                }
+                From::Trial(at) => {
+                    self.trial.push_back((i as u32, at));
+                    self.bits[i] |= QUEUED | PROTECTED | TRIAL;
+                }
+                From::Probation => {
                     self.fifo.push_back(i as u32);
                     self.bits[i] |= QUEUED;
                 }
-            }
+            },
         }
     }
 
@@ -513,6 +629,7 @@ impl<B: Slots<u8> + 'static, C: Slots<u32> + 'static> Replacement for Segmented<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pacing::CLUSTER;
 
     fn seg(budget: usize, pages: usize) -> Segmented {
         Segmented::new(budget, vec![0; pages], vec![0; pages])
@@ -608,6 +725,156 @@ mod tests {
         assert!(s.resident(d).regretted);
         s.released(e, true);
         assert!(!s.resident(e).regretted);
+    }
+
+    /// A pager's view of a page touched by the program: faulted in if it
+    /// is not resident (from the store if it went out), after evicting
+    /// one victim at a time while the budget is full. Returns the
+    /// evictions it made.
+    fn touch(s: &mut Segmented, resident: &mut [bool], i: usize) -> usize {
+        if resident[i] {
+            return 0;
+        }
+        let mut evictions = 0;
+        while resident.iter().filter(|&&r| r).count() >= s.budget {
+            let v = victims(s, resident, 1);
+            assert_eq!(v.len(), 1, "no victim");
+            s.evicted(v[0]);
+            resident[v[0]] = false;
+            evictions += 1;
+        }
+        let back = s.clock.went_out(i);
+        if back {
+            s.refault(i);
+        }
+        s.resident(i);
+        if back {
+            s.refault_done();
+        }
+        resident[i] = true;
+        evictions
+    }
+
+    /// Passes of a loop over `pages` until the aging is at its slowest
+    /// (each page it ages out comes back on the next pass).
+    fn loop_until_the_aging_is_slowest(
+        s: &mut Segmented,
+        resident: &mut [bool],
+        pages: std::ops::Range<usize>,
+    ) {
+        let mut pass = 0;
+        while s.aging().every() < AGE_SLOWEST {
+            assert!(pass < 64, "aging at {} after {pass} passes", s.aging().every());
+            for i in pages.clone() {
+                touch(s, resident, i);
+            }
+            pass += 1;
+        }
+    }
+
+    #[test]
+    fn a_new_page_taking_a_place_the_slow_aging_frees_leaves_within_a_protected_segments_worth() {
+        // A loop over three times the budget ages the protected segment
+        // at its slowest rate. A page touched once (a command built
+        // between two rounds of writes) takes a place the aging frees.
+        // Before, it stood at the back of the segment: 256 victims per
+        // page ahead of it (over 280,000 here) before it could leave.
+        let budget = 1200;
+        let (lo, hi, new) = (0, 3 * budget, 10_000);
+        let mut s = seg(budget, 16_384);
+        let mut resident = vec![false; 16_384];
+        loop_until_the_aging_is_slowest(&mut s, &mut resident, lo..hi);
+        let demoted = s.gauges().demoted;
+        while s.gauges().demoted == demoted {
+            let v = victims(&mut s, &resident, 1);
+            s.evicted(v[0]);
+            resident[v[0]] = false;
+        }
+        touch(&mut s, &mut resident, new);
+        assert!(s.protected(new), "it takes the free place, as any page does");
+        // The loop goes on: the page leaves the segment within a
+        // protected segment's worth of evictions, and memory within a
+        // budget's.
+        let pmax = budget - probation(budget);
+        let (mut evictions, mut left_at) = (0, None);
+        'run: for _ in 0..2 {
+            for i in lo..hi {
+                evictions += touch(&mut s, &mut resident, i);
+                if left_at.is_none() && !s.protected(new) {
+                    left_at = Some(evictions);
+                }
+                if !resident[new] {
+                    break 'run;
+                }
+            }
+        }
+        let left_at = left_at.expect("it never left the protected segment");
+        assert!(left_at <= pmax + CLUSTER, "left the segment after {left_at} evictions");
+        assert!(!resident[new], "still resident after {evictions} evictions");
+        assert!(evictions <= budget + CLUSTER, "resident for {evictions} evictions");
+        // The loop keeps its protected part, at the slowest aging still.
+        let protected = (lo..hi).filter(|&i| resident[i] && s.protected(i)).count();
+        assert!(protected >= pmax - 2, "{protected} of {pmax} protected");
+        assert_eq!(s.aging().every(), AGE_SLOWEST);
+    }
+
+    #[test]
+    fn pages_of_the_first_fill_nothing_touches_again_leave_within_a_protected_segments_worth() {
+        // The first fill takes the protected segment; then the program
+        // writes new memory only (a mapping filled and then pushed out by
+        // churn). Each page of the fill must leave the segment within a
+        // protected segment's worth of evictions: aging alone, at its
+        // fastest, takes eight victims per page (8,800 here), at its
+        // slowest 256.
+        let budget = 1200;
+        let pmax = budget - probation(budget);
+        let mut s = seg(budget, 16_384);
+        let mut resident = vec![false; 16_384];
+        for i in 0..budget {
+            touch(&mut s, &mut resident, i);
+        }
+        assert!((0..pmax).all(|i| s.protected(i)));
+        let mut evictions = 0;
+        for i in budget..budget + 2 * pmax + 2 * CLUSTER {
+            evictions += touch(&mut s, &mut resident, i);
+            // Due after `pmax` evictions, they leave with the victims,
+            // CLUSTER per victim (a pager's victims take up to CLUSTER
+            // pages along; these, one).
+            if evictions == pmax + pmax / CLUSTER + 1 {
+                let left = (0..pmax).filter(|&i| s.protected(i)).count();
+                assert_eq!(left, 0, "{left} pages of the first fill protected after {evictions} evictions");
+            }
+        }
+        let left = (0..budget).filter(|&i| resident[i]).count();
+        assert_eq!(left, 0, "{left} pages of the first fill resident after {evictions} evictions");
+        // The pages that took their places are protected in turn.
+        assert!((budget..budget + 2 * pmax).filter(|&i| s.protected(i)).count() >= pmax - 2 * CLUSTER);
+    }
+
+    #[test]
+    fn a_loop_whose_pages_were_the_first_fill_keeps_a_protected_part() {
+        // The first fill of a loop over twice the budget goes out once
+        // (on trial, it leaves after a segment's worth of evictions); the
+        // pages coming back take its places for good: after a few passes
+        // nearly all of the segment is resident and protected, and a pass
+        // faults about the loop minus the segment.
+        let budget = 1200;
+        let pmax = budget - probation(budget);
+        let (lo, hi) = (0, 2 * budget);
+        let mut s = seg(budget, 16_384);
+        let mut resident = vec![false; 16_384];
+        for _ in 0..6 {
+            for i in lo..hi {
+                touch(&mut s, &mut resident, i);
+            }
+        }
+        let mut evictions = 0;
+        for i in lo..hi {
+            evictions += touch(&mut s, &mut resident, i);
+        }
+        let protected = (lo..hi).filter(|&i| resident[i] && s.protected(i)).count();
+        assert!(protected >= pmax - pmax / 16, "{protected} of {pmax} protected");
+        assert!(evictions <= hi - lo - pmax + pmax / 8, "{evictions} evictions in a pass");
     }
 
     #[test]
