@@ -1803,33 +1803,51 @@ impl Manager {
     /// which none gave any back (they may have none they can give: all
     /// pinned, say, or their stores full).
     ///
-    /// Under `--budget-covers all`, while the others keep giving pages
-    /// back (slowly on a loaded machine, where their evictors wait for a
-    /// CPU) it waits on, up to [`TREE_WAIT_MOST`] in all, rather than take
-    /// pages past the budget.
+    /// Under `--budget-covers all`, where taking pages past the budget is
+    /// the last resort, it waits up to [`TREE_WAIT_MOST`] in all (waking
+    /// the others again every [`TREE_WAIT`]), and a wait counts as failed
+    /// only if what all hold together with the stores and tables did not
+    /// shrink in it: their evictions shrink the pages they hold and grow
+    /// their stores. A forked child whose resident pages are all shared
+    /// with its parent has nothing of its own to evict: with the wait cut
+    /// short after [`TREE_WAIT`] without a page given back (on a loaded
+    /// machine, where the others' evictors wait for a CPU), each of its
+    /// faults for the next `20 × TREE_WAIT` took its page past the budget
+    /// (`workers.py` at 24M: up to 186 pages, one a fault, with
+    /// `--fault-path signal`).
     fn wait_tree(&mut self, want: usize) -> bool {
         let now = std::time::Instant::now();
         let backoff = self.tree_wait_failed.is_some_and(|f| now.duration_since(f) < TREE_WAIT * 20);
         let Some(t) = &mut self.tree else { return true };
-        let before = t.reserved();
-        if backoff || before <= t.held() {
+        let all = t.covers_all();
+        let taken = |t: &Member| t.reserved() + if all { t.charged() } else { 0 };
+        let before = taken(t);
+        if backoff || t.reserved() <= t.held() {
             return false;
         }
         t.wake_others();
         let (mut least, mut deadline) = (before, now + self.tree_wait);
-        // (Only under `--budget-covers all`, where taking pages past the
-        // budget is the last resort; counting resident pages only, the
-        // wait is `tree_wait` as before.)
-        let most = now + if t.covers_all() { self.tree_wait.max(TREE_WAIT_MOST) } else { self.tree_wait };
+        // Counting resident pages only, the wait is `tree_wait` as before.
+        let most = now + if all { self.tree_wait.max(TREE_WAIT_MOST) } else { self.tree_wait };
+        if all {
+            deadline = most;
+        }
+        let mut woken = now;
         while std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_micros(50));
             if t.ensure(want) {
                 return true;
             }
-            let r = t.reserved();
+            if all && woken.elapsed() >= TREE_WAIT {
+                woken = std::time::Instant::now();
+                t.wake_others();
+            }
+            let r = taken(t);
             if r < least {
                 least = r;
-                deadline = (std::time::Instant::now() + self.tree_wait).min(most);
+                if !all {
+                    deadline = (std::time::Instant::now() + self.tree_wait).min(most);
+                }
             }
         }
         if least >= before {
@@ -3798,6 +3816,34 @@ mod tests {
         assert_eq!(m.st(10) & STATE, RESIDENT);
         assert_eq!(seg.over.load(Ordering::Acquire), 0);
         assert!(seg.reserved.load(Ordering::Acquire) <= 256);
+        m.leave_tree();
+    }
+
+    /// Under `--budget-covers all`, a process with nothing to evict waits
+    /// for the others past [`TREE_WAIT`] without a page given back (their
+    /// evictors, on a loaded machine, wait for a CPU): the page they give
+    /// back 30 ms later is its, none is taken past the budget. (Before,
+    /// the wait ended after 5 ms and the page went past the budget.)
+    #[test]
+    fn under_covers_all_a_process_with_nothing_to_evict_waits_for_slow_givers() {
+        let (mut m, _shared, seg) = test_manager_in_tree_all(256, 0);
+        let stats = Stats::new();
+        let other = seg.slots.len() - 1;
+        seg.fake_member(other, 1, 0, 256);
+        let seen = seg.slots[other].wake.load(Ordering::Acquire);
+        let giver = std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            while seg.slots[other].wake.load(Ordering::Acquire) == seen && t.elapsed().as_secs() < 10 {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(TREE_WAIT * 6);
+            seg.slots[other].held.fetch_sub(64, Ordering::AcqRel);
+            seg.reserved.fetch_sub(64, Ordering::AcqRel);
+        });
+        let _ = m.serve(m.base + 10 * PAGE, &stats).unwrap();
+        giver.join().unwrap();
+        assert_eq!(m.st(10) & STATE, RESIDENT);
+        assert_eq!(seg.over.load(Ordering::Acquire), 0);
         m.leave_tree();
     }
 
