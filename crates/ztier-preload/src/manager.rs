@@ -3802,21 +3802,32 @@ mod tests {
         // can give the page.
         m.tree_wait = std::time::Duration::from_secs(10);
         // The other process's evictor: once woken, it gives back 64 pages.
-        let seen = seg.slots[other].wake.load(Ordering::Acquire);
-        let giver = std::thread::spawn(move || {
-            let t = std::time::Instant::now();
-            while seg.slots[other].wake.load(Ordering::Acquire) == seen && t.elapsed().as_secs() < 10 {
-                std::thread::yield_now();
-            }
-            seg.slots[other].held.fetch_sub(64, Ordering::AcqRel);
-            seg.reserved.fetch_sub(64, Ordering::AcqRel);
-        });
+        let giver = give_back_when_woken(seg, other, std::time::Duration::ZERO);
         let _ = m.serve(m.base + 10 * PAGE, &stats).unwrap();
         giver.join().unwrap();
         assert_eq!(m.st(10) & STATE, RESIDENT);
         assert_eq!(seg.over.load(Ordering::Acquire), 0);
         assert!(seg.reserved.load(Ordering::Acquire) <= 256);
         m.leave_tree();
+    }
+
+    /// The evictor of the fake member in `slot`: once woken, after
+    /// `delay`, it gives back 64 pages.
+    fn give_back_when_woken(
+        seg: &'static ztier_uffd::tree::Segment,
+        slot: usize,
+        delay: std::time::Duration,
+    ) -> std::thread::JoinHandle<()> {
+        let seen = seg.slots[slot].wake.load(Ordering::Acquire);
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            while seg.slots[slot].wake.load(Ordering::Acquire) == seen && t.elapsed().as_secs() < 10 {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(delay);
+            seg.slots[slot].held.fetch_sub(64, Ordering::AcqRel);
+            seg.reserved.fetch_sub(64, Ordering::AcqRel);
+        })
     }
 
     /// Under `--budget-covers all`, a process with nothing to evict waits
@@ -3830,16 +3841,7 @@ mod tests {
         let stats = Stats::new();
         let other = seg.slots.len() - 1;
         seg.fake_member(other, 1, 0, 256);
-        let seen = seg.slots[other].wake.load(Ordering::Acquire);
-        let giver = std::thread::spawn(move || {
-            let t = std::time::Instant::now();
-            while seg.slots[other].wake.load(Ordering::Acquire) == seen && t.elapsed().as_secs() < 10 {
-                std::thread::yield_now();
-            }
-            std::thread::sleep(TREE_WAIT * 6);
-            seg.slots[other].held.fetch_sub(64, Ordering::AcqRel);
-            seg.reserved.fetch_sub(64, Ordering::AcqRel);
-        });
+        let giver = give_back_when_woken(seg, other, TREE_WAIT * 6);
         let _ = m.serve(m.base + 10 * PAGE, &stats).unwrap();
         giver.join().unwrap();
         assert_eq!(m.st(10) & STATE, RESIDENT);
