@@ -1885,13 +1885,21 @@ fn serve_in_thread(addr: usize) -> bool {
                 std::process::abort();
             }
             let wanted = m.evict_wanted();
+            // No room, this process's batch in flight: the access is
+            // retried after its commit (`Manager::take_room_wait`).
+            let room = m.take_room_wait().then(|| COMMITS.load(Ordering::Acquire));
             // Timed under the lock that counted the fault, so that the
             // statistics, read under it, count each fault in the
             // histogram too.
-            g.stats.record(t.elapsed().as_nanos() as u64);
+            if room.is_none() {
+                g.stats.record(t.elapsed().as_nanos() as u64);
+            }
             drop(m);
-            if wanted {
+            if wanted || room.is_some() {
                 wake_evictor();
+            }
+            if let Some(seen) = room {
+                wait_for_commit(seen);
             }
         }
         near::take_posted();
@@ -2204,10 +2212,15 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
             continue;
         }
         let wake = m.serve(addr, &g.stats)?;
+        // Under `--budget-covers all`, a fault with no room that waits for
+        // this process's batch in flight (`Manager::take_room_wait`): its
+        // thread is woken after the next commit, and its retry faults
+        // again.
+        let room = m.take_room_wait().then(|| COMMITS.load(Ordering::Acquire));
         // A page an eviction in flight still owns was not served (its
         // fault waits for the commit, and its retry is counted), so it is
         // not timed either.
-        let deferred = m.owned_in(g.page_of(addr), 1);
+        let deferred = room.is_some() || m.owned_in(g.page_of(addr), 1);
         let wanted = m.evict_wanted();
         // Service time: from reading the fault to the page in place,
         // taken under the lock that counted the fault (the statistics,
@@ -2221,6 +2234,10 @@ fn handler_loop(g: &Global, serve_ctl: bool) -> std::io::Result<()> {
             g.stats.record(t.elapsed().as_nanos() as u64);
         }
         drop(m);
+        if let Some(seen) = room {
+            wake_evictor();
+            wait_for_commit(seen);
+        }
         if let Some((at, len)) = wake {
             uffd.wake(at, len)?;
         }

@@ -601,6 +601,21 @@ pub struct Manager {
     inherited: Option<Inherited>,
     /// When its last wait for them ([`TREE_WAIT`]) ended with nothing.
     tree_wait_failed: Option<std::time::Instant>,
+    /// When a fault last woke the others' evictors for an overdrawn
+    /// pool ([`TREE_WAKE_EVERY`]).
+    tree_woken: Option<std::time::Instant>,
+    /// Pages this process took past the budget ([`Member::force`]), and
+    /// whether it said so ([`Manager::forced_notice`]).
+    tree_forced: usize,
+    tree_forced_said: bool,
+    /// Under `--budget-covers all`, in a forked child: pages shared with
+    /// its parent taken out of the victims' queues while the pool was
+    /// overdrawn ([`Manager::take_victims`]), to requeue once it is not.
+    set_aside: Vec<usize>,
+    /// A fault left to wait for the eviction in flight
+    /// ([`Manager::wait_for_room`]), and since when faults have waited so.
+    room_wait: bool,
+    room_since: Option<std::time::Instant>,
     /// How long it waits ([`TREE_WAIT`]; longer in a test whose other
     /// process is a thread that may start late).
     tree_wait: std::time::Duration,
@@ -764,6 +779,11 @@ impl AdoptLook {
 }
 
 impl Inherited {
+    /// Is page `i` still shared with the parent?
+    fn has(&self, i: usize) -> bool {
+        self.bits.get(i / 64).is_some_and(|x| x & (1u64 << (i % 64)) != 0)
+    }
+
     /// Clears page `i`'s bit; `true` if it was set.
     fn take(&mut self, i: usize) -> bool {
         let (w, b) = (i / 64, 1u64 << (i % 64));
@@ -795,6 +815,15 @@ pub static TREE_LIFE: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU32>
 /// processes' evictors, woken, to give pages back, before it evicts its
 /// own.
 pub const TREE_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Longest a wait for the other processes to give back pages
+/// ([`Manager::wait_tree`]) lasts while they keep giving some back.
+pub const TREE_WAIT_MOST: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Under `--budget-covers all`, least time between two wakes of the
+/// other processes' evictors by a fault that found the pool overdrawn
+/// ([`Manager::hold_tree`]).
+pub const TREE_WAKE_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// With the tree scope, how often the budget a process's protected
 /// segment follows may grow (by a 64th; [`Manager::follow_tree`]).
@@ -1284,6 +1313,12 @@ impl Manager {
             tree: join_tree(),
             inherited: None,
             tree_wait_failed: None,
+            tree_woken: None,
+            tree_forced: 0,
+            tree_forced_said: false,
+            set_aside: Vec::new(),
+            room_wait: false,
+            room_since: None,
             tree_wait: TREE_WAIT,
             tree_grown: std::time::Instant::now(),
             store_share: usize::MAX,
@@ -1502,6 +1537,13 @@ impl Manager {
             self.log_row(t0, Kind::Deferred, i, 0, None, false);
             return Ok(None);
         }
+        if self.wait_for_room() {
+            // Not served: the caller wakes the thread after the batch's
+            // commit, and the retry faults again.
+            stats.deferred.fetch_add(1, Ordering::Relaxed);
+            self.log_row(t0, Kind::Deferred, i, 0, None, false);
+            return Ok(Some((self.addr(i), PAGE)));
+        }
         let wake = match self.st(i) & STATE {
             STORED => {
                 // Refault distance (evictions since this page went out),
@@ -1709,12 +1751,25 @@ impl Manager {
     /// (none resident, or all in an eviction in flight, pinned or not
     /// evictable, or the store refusing), it waits for them too, and only
     /// then takes the pages past the budget (counted in `over`).
+    ///
+    /// Under `--budget-covers all`, while the pool is overdrawn (the
+    /// stores and tables grew into it), it first gives back what it holds
+    /// beyond `n` more than it needs ([`Member::settle`]) and wakes the
+    /// others' evictors (at most every [`TREE_WAKE_EVERY`]), so that each
+    /// gives back its share.
     fn hold_tree(&mut self, n: usize, stats: &Stats) -> io::Result<()> {
         let mut waited = false;
         loop {
             let want = self.tree_need() + n;
             let shared = self.inherited.as_ref().map_or(0, |h| h.count);
             let Some(t) = &mut self.tree else { return Ok(()) };
+            if t.settle(want) > 0 {
+                let now = std::time::Instant::now();
+                if self.tree_woken.is_none_or(|w| now.duration_since(w) >= TREE_WAKE_EVERY) {
+                    self.tree_woken = Some(now);
+                    t.wake_others();
+                }
+            }
             if t.ensure(want) {
                 return Ok(());
             }
@@ -1732,8 +1787,9 @@ impl Manager {
             let want = self.tree_need() + n;
             if !self.wait_tree(want) {
                 if let Some(t) = &mut self.tree {
-                    t.force(want);
+                    self.tree_forced += t.force(want);
                 }
+                self.forced_notice();
             }
             return Ok(());
         }
@@ -1746,27 +1802,112 @@ impl Manager {
     /// no other process holds any page, nor for a while after a wait in
     /// which none gave any back (they may have none they can give: all
     /// pinned, say, or their stores full).
+    ///
+    /// Under `--budget-covers all`, where taking pages past the budget is
+    /// the last resort, it waits up to [`TREE_WAIT_MOST`] in all (waking
+    /// the others again every [`TREE_WAIT`]), and a wait counts as failed
+    /// only if what all hold together with the stores and tables did not
+    /// shrink in it: their evictions shrink the pages they hold and grow
+    /// their stores. A forked child whose resident pages are all shared
+    /// with its parent has nothing of its own to evict: with the wait cut
+    /// short after [`TREE_WAIT`] without a page given back (on a loaded
+    /// machine, where the others' evictors wait for a CPU), each of its
+    /// faults for the next `20 × TREE_WAIT` took its page past the budget
+    /// (`workers.py` at 24M: up to 186 pages, one a fault, with
+    /// `--fault-path signal`).
     fn wait_tree(&mut self, want: usize) -> bool {
         let now = std::time::Instant::now();
         let backoff = self.tree_wait_failed.is_some_and(|f| now.duration_since(f) < TREE_WAIT * 20);
         let Some(t) = &mut self.tree else { return true };
-        let before = t.reserved();
-        if backoff || before <= t.held() {
+        let all = t.covers_all();
+        let taken = |t: &Member| t.reserved() + if all { t.charged() } else { 0 };
+        let before = taken(t);
+        if backoff || t.reserved() <= t.held() {
             return false;
         }
         t.wake_others();
-        let mut least = before;
-        while now.elapsed() < self.tree_wait {
+        let (mut least, mut deadline) = (before, now + self.tree_wait);
+        // Counting resident pages only, the wait is `tree_wait` as before.
+        let most = now + if all { self.tree_wait.max(TREE_WAIT_MOST) } else { self.tree_wait };
+        if all {
+            deadline = most;
+        }
+        let mut woken = now;
+        while std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_micros(50));
             if t.ensure(want) {
                 return true;
             }
-            least = least.min(t.reserved());
+            if all && woken.elapsed() >= TREE_WAIT {
+                woken = std::time::Instant::now();
+                t.wake_others();
+            }
+            let r = taken(t);
+            if r < least {
+                least = r;
+                if !all {
+                    deadline = (std::time::Instant::now() + self.tree_wait).min(most);
+                }
+            }
         }
         if least >= before {
             self.tree_wait_failed = Some(std::time::Instant::now());
         }
         false
+    }
+
+    /// Under `--budget-covers all`: should a fault wait for this
+    /// process's eviction in flight instead of being served now? So when
+    /// the pool has no page to give, this process holds none beyond its
+    /// resident pages, and all of those it could evict are in the
+    /// background evictor's batch in flight (the pages it shares with its
+    /// parent give nothing back): taking one past the budget would be the
+    /// only way. Its commit gives room (the pages go back to the pool),
+    /// and it needs the lock the fault's service holds: so the fault is
+    /// not served, and the caller waits for the commit after letting go
+    /// of the lock ([`Manager::take_room_wait`]). Waiting stops after
+    /// [`TREE_WAIT_MOST`] in a row (a batch stuck: the fault is then served
+    /// as before, past the budget if need be).
+    fn wait_for_room(&mut self) -> bool {
+        let Some(t) = &self.tree else { return false };
+        let own_left = self.evicting == 0 || self.tree_resident() > self.evicting;
+        if !t.covers_all() || own_left || t.free() > 0 || t.held() > self.tree_need() {
+            self.room_since = None;
+            return false;
+        }
+        let now = std::time::Instant::now();
+        let since = *self.room_since.get_or_insert(now);
+        if now.duration_since(since) >= TREE_WAIT_MOST {
+            return false;
+        }
+        self.room_wait = true;
+        true
+    }
+
+    /// Did the last [`Manager::serve`] leave its fault to wait for this
+    /// process's eviction in flight ([`Manager::wait_for_room`])? Clears it.
+    pub fn take_room_wait(&mut self) -> bool {
+        std::mem::take(&mut self.room_wait)
+    }
+
+    /// With the tree scope, after this process took pages past the
+    /// budget ([`Member::force`]): once they reach a 64th of the budget
+    /// (64 pages at least), says so once. A page or a run now and then
+    /// goes past it while the process's own batch is in flight (its
+    /// commit gives them back); this many means nothing of the command's
+    /// could be evicted for long (pages pinned or locked, the stores
+    /// refusing).
+    fn forced_notice(&mut self) {
+        if self.tree_forced < (self.cap / 64).max(64) || self.tree_forced_said {
+            return;
+        }
+        self.tree_forced_said = true;
+        crate::notice(format_args!(
+            "ztier: process {}: the command's --budget is taken and none of its pages could be evicted \
+             (pinned, locked, or refused by a full store): {} KiB of pages went past it so far",
+            std::process::id(),
+            self.tree_forced * PAGE / 1024,
+        ));
     }
 
     /// With the tree scope, when the pages no process holds are fewer
@@ -1786,10 +1927,17 @@ impl Manager {
     }
 
     /// Gives back to the shared budget what this process holds beyond its
-    /// resident pages (and a chunk).
+    /// resident pages (and a chunk); under `--budget-covers all`, while
+    /// the pool is overdrawn, all it holds beyond them, up to the
+    /// overdraft ([`Member::settle`]): pages it evicted then go back to
+    /// the pool instead of staying its slack, which its next faults
+    /// would install into while the stores grow (a trace of
+    /// `workers.py` showed the workers' held pages never moving while
+    /// their stores grew from 0 to 6 MB).
     fn trim_tree(&mut self) {
         let need = self.tree_need();
         if let Some(t) = &mut self.tree {
+            t.settle(need);
             t.trim(need);
         }
     }
@@ -1888,6 +2036,10 @@ impl Manager {
         let adopted = gone.iter().filter(|&&i| !in_flight(i) && h.take(i)).count();
         if h.count == 0 {
             self.inherited = None;
+        }
+        // Pages set aside as shared may be its own now.
+        if adopted > 0 && !self.set_aside.is_empty() {
+            self.requeue_set_aside();
         }
         if adopted > 0 {
             if let Some(t) = &self.tree {
@@ -2010,6 +2162,7 @@ impl Manager {
     /// refuse pages until the faults take some out.
     fn follow_tree_store(&mut self, used: usize, inherited: usize) {
         // (A sizing policy sizes the store itself: `set_share`.)
+        let need = self.tree_need();
         let Some(t) = self.tree.as_mut().filter(|_| self.sizing.is_none()) else { return };
         let limit = t.store_limit();
         if limit == 0 {
@@ -2017,7 +2170,7 @@ impl Manager {
         }
         // Said when it moved by 64 KiB (a cache line the processes share).
         if used.abs_diff(t.stored()) >= 64 << 10 || used == 0 {
-            t.publish_store(used);
+            t.publish_store_keeping(used, need);
         }
         // The tables too, which `--budget-covers all` counts (KiB).
         let tables = tables_bytes(self.table_chunks_used);
@@ -2276,6 +2429,17 @@ impl Manager {
             return Ok(None);
         }
         let mut pages = Vec::with_capacity(max);
+        // Under `--budget-covers all`, while the pool is overdrawn, a
+        // forked child leaves the pages it shares with its parent: they
+        // stay in memory (its parent's) and their compressed copy would
+        // only add to what the command holds.
+        let overdrawn = self.tree.as_ref().is_some_and(|t| t.covers_all() && t.overdrawn() > 0);
+        if !overdrawn {
+            self.requeue_set_aside();
+        }
+        // (Out of `self` during the loop, which changes the states.)
+        let shared = if overdrawn { self.inherited.take() } else { None };
+        let inherited = |i: usize| shared.as_ref().is_some_and(|h| h.has(i));
         // Each queue entry is looked at most once per call (pages that
         // cannot be evicted go to the back).
         let mut looks = self.repl.queued();
@@ -2288,8 +2452,16 @@ impl Manager {
                 // Taken back from an eviction in flight: out of the queues
                 // until its commit puts it back.
                 Verdict::Owned
-            } else if s & STATE == RESIDENT && s & NOEVICT == 0 && !self.pinned(i) {
+            } else if s & STATE == RESIDENT && s & NOEVICT == 0 && !self.pinned(i) && !inherited(i) {
                 Verdict::Take
+            } else if s & STATE == RESIDENT && s & NOEVICT == 0 && !self.pinned(i) {
+                // Shared with the parent while the pool is overdrawn: out
+                // of the queues until it is not (`set_aside`); requeued,
+                // they would keep the victims behind them (the process's
+                // own pages, in the protected segment) from being looked
+                // at.
+                self.set_aside.push(i);
+                Verdict::Hold
             } else if s & STATE == RESIDENT && s & NOEVICT == 0 {
                 // Pinned by a system call: out of the queues until it is
                 // unpinned.
@@ -2317,13 +2489,20 @@ impl Manager {
                 && self.resident > target + in_flight + pages.len()
             {
                 let t = self.st(j);
-                if t & (STATE | NOEVICT | OWNED) != RESIDENT || !self.repl.clusters(j) || self.pinned(j) {
+                if t & (STATE | NOEVICT | OWNED) != RESIDENT
+                    || !self.repl.clusters(j)
+                    || self.pinned(j)
+                    || inherited(j)
+                {
                     break;
                 }
                 self.set(j, (t & !STATE) | EVICTING | OWNED);
                 pages.push(j);
                 j += 1;
             }
+        }
+        if shared.is_some() {
+            self.inherited = shared;
         }
         if pages.is_empty() {
             return Ok(None);
@@ -2345,6 +2524,18 @@ impl Manager {
             pool: self.pool,
             base: self.base,
         }))
+    }
+
+    /// Puts the pages set aside while the pool was overdrawn (a forked
+    /// child's pages shared with its parent, [`Manager::take_victims`])
+    /// back in line for eviction, those still resident and evictable.
+    fn requeue_set_aside(&mut self) {
+        for i in std::mem::take(&mut self.set_aside) {
+            let s = self.st(i);
+            if s & (STATE | OWNED | NOEVICT) == RESIDENT && !self.pinned(i) {
+                self.repl.requeue(i);
+            }
+        }
     }
 
     /// Finishes an eviction whose memory [`Victims::release`] gave back:
@@ -2401,9 +2592,12 @@ impl Manager {
         stats.demoted.store(g.demoted, Ordering::Relaxed);
         stats.age_every.store(g.age_every, Ordering::Relaxed);
         stats.hot_distance.store(g.hot_distance, Ordering::Relaxed);
+        // The store's growth is said first: under `--budget-covers all`
+        // the pages this batch evicted then go back to the pool at once
+        // while it is overdrawn (`trim_tree`), in the same commit.
+        self.sample_store(stats);
         self.trim_tree();
         self.follow_tree();
-        self.sample_store(stats);
         if outcome.contains(&Outcome::Kept) {
             self.store_refused();
         }
@@ -3415,6 +3609,89 @@ mod tests {
         (m, shared, seg)
     }
 
+    /// [`test_manager_in_tree`] under `--budget-covers all`.
+    fn test_manager_in_tree_all(
+        pages: usize,
+        store_limit: u64,
+    ) -> (Manager, ztier_uffd::tree::Shared, &'static ztier_uffd::tree::Segment) {
+        let (mut m, _) = test_manager(pages);
+        let shared = ztier_uffd::tree::Shared::create(pages as u64, store_limit).unwrap().covering_all();
+        let seg = ztier_uffd::tree::open(&shared.path()).unwrap();
+        m.tree = Some(Member::join(seg).unwrap());
+        (m, shared, seg)
+    }
+
+    /// Faults pages `0..n` in (fault by fault) and writes each.
+    fn fault_in(m: &mut Manager, n: usize, stats: &Stats) {
+        for k in 0..n {
+            if m.st(k) & STATE != RESIDENT {
+                let _ = m.serve(m.base + k * PAGE, stats).unwrap();
+            }
+            // SAFETY: page k is resident now.
+            unsafe { std::ptr::write_bytes((m.base + k * PAGE) as *mut u8, k as u8 | 1, 64) };
+        }
+    }
+
+    /// Under `--budget-covers all`, once the stores have grown into the
+    /// pool, the pages an eviction takes out of memory go back to the
+    /// pool at its commit instead of staying the process's slack (which
+    /// its next faults would install into while the stores grow on).
+    #[test]
+    fn evicted_pages_go_back_to_an_overdrawn_pool() {
+        let (mut m, _shared, seg) = test_manager_in_tree_all(256, 1 << 20);
+        let stats = Stats::new();
+        fault_in(&mut m, 64, &stats);
+        assert_eq!(m.resident(), 64);
+        let held = m.tree.as_ref().unwrap().held();
+        assert!(held >= 64);
+        // Another process's store grows: the pool is 256 - 224 = 32
+        // pages, fewer than this one holds.
+        let other = seg.slots.len() - 1;
+        seg.fake_member(other, 1, 0, 0);
+        seg.fake_stored(other, 224 << 12);
+        assert_eq!(m.tree.as_ref().unwrap().overdrawn(), held - 32);
+        assert!(m.evict_batch(32, &stats).unwrap());
+        let t = m.tree.as_ref().unwrap();
+        assert_eq!(m.resident(), 32);
+        // All it evicted went back (the overdraft was more).
+        assert_eq!((t.held(), m.tree_need()), (32, 32));
+        assert_eq!(t.overdrawn(), 0, "it held {held}, now {}", t.held());
+        m.leave_tree();
+    }
+
+    /// Under `--budget-covers all`, a fault that finds no room while all
+    /// the pages its process could evict are in the batch in flight is
+    /// not served past the budget: it is left to wait for that batch's
+    /// commit (the caller retries it then), for [`TREE_WAIT_MOST`] at
+    /// most; then it is served as before (waiting for the others, then
+    /// past the budget).
+    #[test]
+    fn a_fault_with_its_own_pages_in_flight_waits_for_their_commit() {
+        let (mut m, _shared, seg) = test_manager_in_tree_all(256, 1 << 20);
+        let stats = Stats::new();
+        // Another process holds all but 32 pages; this one takes those.
+        let other = seg.slots.len() - 1;
+        seg.fake_member(other, 1, 0, 224);
+        fault_in(&mut m, 32, &stats);
+        assert_eq!((m.resident(), m.tree.as_ref().unwrap().held()), (32, 32));
+        assert_eq!(seg.over.load(Ordering::Acquire), 0);
+        // Its batch in flight takes all of them.
+        let v = m.take_victims(64, 0, 0).unwrap().unwrap();
+        assert_eq!(v.pages.len(), 32);
+        let _ = m.serve(m.base + 100 * PAGE, &stats).unwrap();
+        assert!(m.take_room_wait(), "left to wait for the commit");
+        assert!(!m.take_room_wait(), "said once");
+        assert_eq!(m.st(100) & STATE, ABSENT, "not served");
+        assert_eq!(seg.over.load(Ordering::Acquire), 0);
+        // A batch that does not commit for TREE_WAIT_MOST: served.
+        m.room_since = Some(std::time::Instant::now() - TREE_WAIT_MOST);
+        let _ = m.serve(m.base + 100 * PAGE, &stats).unwrap();
+        assert!(!m.take_room_wait());
+        assert_eq!(m.st(100) & STATE, RESIDENT);
+        assert_eq!(seg.over.load(Ordering::Acquire), 1);
+        m.leave_tree();
+    }
+
     /// With the tree scope, the budget the protected segment follows
     /// drops at once to what the process can have, and grows back by a
     /// 64th (a batch at least) per [`TREE_GROW_EVERY`].
@@ -3525,20 +3802,50 @@ mod tests {
         // can give the page.
         m.tree_wait = std::time::Duration::from_secs(10);
         // The other process's evictor: once woken, it gives back 64 pages.
-        let seen = seg.slots[other].wake.load(Ordering::Acquire);
-        let giver = std::thread::spawn(move || {
-            let t = std::time::Instant::now();
-            while seg.slots[other].wake.load(Ordering::Acquire) == seen && t.elapsed().as_secs() < 10 {
-                std::thread::yield_now();
-            }
-            seg.slots[other].held.fetch_sub(64, Ordering::AcqRel);
-            seg.reserved.fetch_sub(64, Ordering::AcqRel);
-        });
+        let giver = give_back_when_woken(seg, other, std::time::Duration::ZERO);
         let _ = m.serve(m.base + 10 * PAGE, &stats).unwrap();
         giver.join().unwrap();
         assert_eq!(m.st(10) & STATE, RESIDENT);
         assert_eq!(seg.over.load(Ordering::Acquire), 0);
         assert!(seg.reserved.load(Ordering::Acquire) <= 256);
+        m.leave_tree();
+    }
+
+    /// The evictor of the fake member in `slot`: once woken, after
+    /// `delay`, it gives back 64 pages.
+    fn give_back_when_woken(
+        seg: &'static ztier_uffd::tree::Segment,
+        slot: usize,
+        delay: std::time::Duration,
+    ) -> std::thread::JoinHandle<()> {
+        let seen = seg.slots[slot].wake.load(Ordering::Acquire);
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            while seg.slots[slot].wake.load(Ordering::Acquire) == seen && t.elapsed().as_secs() < 10 {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(delay);
+            seg.slots[slot].held.fetch_sub(64, Ordering::AcqRel);
+            seg.reserved.fetch_sub(64, Ordering::AcqRel);
+        })
+    }
+
+    /// Under `--budget-covers all`, a process with nothing to evict waits
+    /// for the others past [`TREE_WAIT`] without a page given back (their
+    /// evictors, on a loaded machine, wait for a CPU): the page they give
+    /// back 30 ms later is its, none is taken past the budget. (Before,
+    /// the wait ended after 5 ms and the page went past the budget.)
+    #[test]
+    fn under_covers_all_a_process_with_nothing_to_evict_waits_for_slow_givers() {
+        let (mut m, _shared, seg) = test_manager_in_tree_all(256, 0);
+        let stats = Stats::new();
+        let other = seg.slots.len() - 1;
+        seg.fake_member(other, 1, 0, 256);
+        let giver = give_back_when_woken(seg, other, TREE_WAIT * 6);
+        let _ = m.serve(m.base + 10 * PAGE, &stats).unwrap();
+        giver.join().unwrap();
+        assert_eq!(m.st(10) & STATE, RESIDENT);
+        assert_eq!(seg.over.load(Ordering::Acquire), 0);
         m.leave_tree();
     }
 

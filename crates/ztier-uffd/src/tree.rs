@@ -615,6 +615,28 @@ impl Member {
         (self.seg.reserved.load(Ordering::Acquire) as usize).saturating_sub(self.seg.pool() as usize)
     }
 
+    /// Under `--budget-covers all`, while the processes hold more pages
+    /// than the pool has (the stores or tables grew into it): gives back
+    /// what this process holds beyond `keep`, up to what is overdrawn, so
+    /// that the pages it evicted go back to the pool instead of staying
+    /// its slack. Returns the pages still overdrawn (0 without `all`).
+    pub fn settle(&mut self, keep: usize) -> usize {
+        if self.seg.covers_all == 0 {
+            return 0;
+        }
+        let over = self.overdrawn();
+        if over > 0 && self.held > keep {
+            self.give((self.held - keep).min(over));
+            return self.overdrawn();
+        }
+        over
+    }
+
+    /// Does the budget bound the stores and tables too (`--budget-covers all`)?
+    pub fn covers_all(&self) -> bool {
+        self.seg.covers_all != 0
+    }
+
     /// Pages of the budget the stores and tables take now ([`Segment::charged`]).
     pub fn charged(&self) -> usize {
         self.seg.charged() as usize
@@ -665,18 +687,20 @@ impl Member {
     }
 
     /// Holds at least `want` pages, past the budget if need be (the pages
-    /// past it counted in `over`).
-    pub fn force(&mut self, want: usize) {
+    /// past it counted in `over`); returns how many went past it.
+    pub fn force(&mut self, want: usize) -> usize {
         if self.ensure(want) {
-            return;
+            return 0;
         }
         let k = (want - self.held) as u64;
         let r = self.seg.reserved.fetch_add(k, Ordering::AcqRel) + k;
-        self.seg.over.fetch_add(r.saturating_sub(self.seg.pool()).min(k), Ordering::Relaxed);
+        let over = r.saturating_sub(self.seg.pool()).min(k);
+        self.seg.over.fetch_add(over, Ordering::Relaxed);
         self.seg.peak.fetch_max(r, Ordering::Relaxed);
         self.seg.note_total();
         self.seg.slots[self.slot].held.fetch_add(k, Ordering::AcqRel);
         self.held += k as usize;
+        over as usize
     }
 
     /// Counts `k` pages a forked child takes over from its parent: pages
@@ -715,6 +739,15 @@ impl Member {
 
     /// Says that this process's store uses `bytes` now.
     pub fn publish_store(&mut self, bytes: usize) {
+        self.publish_store_keeping(bytes, usize::MAX);
+    }
+
+    /// [`Member::publish_store`], and under `--budget-covers all` gives
+    /// back at once what this process holds beyond `keep` while the pool
+    /// is overdrawn ([`Member::settle`]), before the total is noted: the
+    /// pages an eviction took out of memory go back to the pool as its
+    /// compressed copies come in.
+    pub fn publish_store_keeping(&mut self, bytes: usize, keep: usize) {
         let slot = &self.seg.slots[self.slot].stored;
         if bytes >= self.stored {
             let d = (bytes - self.stored) as u64;
@@ -727,6 +760,9 @@ impl Member {
             self.seg.stored.fetch_sub(d, Ordering::AcqRel);
         }
         self.stored = bytes;
+        if keep != usize::MAX {
+            self.settle(keep);
+        }
         self.seg.note_total();
     }
 
@@ -1174,5 +1210,46 @@ mod tests {
         assert_eq!(b.charged(), 0);
         assert!(b.ensure(1000));
         assert_eq!(old.segment().total_peak.load(Ordering::Relaxed), (1000 << 12) + (440 << 10));
+    }
+
+    /// A store that grows into the pool overdraws it; `settle` gives back
+    /// what a process holds beyond what it keeps, up to the overdraft,
+    /// and says what is still overdrawn (what it must evict).
+    #[test]
+    fn settling_gives_back_what_is_held_past_the_pool() {
+        let shared = Shared::create(1000, 2 << 20).unwrap().covering_all();
+        let seg = open(&shared.path()).unwrap();
+        let (mut a, mut b) = (Member::join(seg).unwrap(), Member::join(seg).unwrap());
+        assert!(a.ensure(600) && b.ensure(300));
+        assert_eq!(a.settle(0), 0, "nothing overdrawn, nothing given");
+        // (b got no chunk more: the pool had 336 left.)
+        assert_eq!((a.held(), b.held()), (600 + CHUNK, 300));
+        // b's store grows by 400 pages: the pool is 600, 964 held.
+        b.publish_store(400 << 12);
+        assert_eq!(a.overdrawn(), 364);
+        // a keeps its 500 resident: gives back 164, 200 still overdrawn.
+        assert_eq!(a.settle(500), 200);
+        assert_eq!(a.held(), 500);
+        // b keeps 100: gives back the 200.
+        assert_eq!(b.settle(100), 0);
+        assert_eq!((a.held(), b.held(), a.free()), (500, 100, 0));
+        assert!(!a.ensure(501), "nothing left in the pool");
+        a.leave();
+        b.leave();
+        assert_eq!(seg.reserved.load(Ordering::Relaxed), 0);
+    }
+
+    /// Without `--budget-covers all` nothing is ever overdrawn: `settle`
+    /// gives nothing back.
+    #[test]
+    fn settling_without_covers_all_gives_nothing() {
+        let shared = Shared::create(1000, 2 << 20).unwrap();
+        let seg = open(&shared.path()).unwrap();
+        let mut a = Member::join(seg).unwrap();
+        assert!(a.ensure(600));
+        a.publish_store(900 << 12);
+        assert_eq!(a.settle(0), 0);
+        assert_eq!(a.held(), 600 + CHUNK);
+        a.leave();
     }
 }
