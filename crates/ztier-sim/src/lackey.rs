@@ -47,6 +47,17 @@
 //! program's first MiB of requests — and the stacks of threads cannot be
 //! told apart here, and count as managed.)
 //!
+//! # Whose heap layout
+//!
+//! With [`RecordOptions::preload`] the program runs with `ztier run`'s
+//! library preloaded in its allocation-only mode (`ZTIER_ALLOC_ONLY=1`:
+//! the library's allocator, no userfaultfd or store, nothing valgrind
+//! cannot run), so its `malloc` blocks lie on the pages a run would put
+//! them on (size classes in 256 KiB spans, page ranges above 32 KiB);
+//! without it, on glibc's. The two differ enough to move the simulator's
+//! prediction of a run by 20–100% on programs with many small objects
+//! (docs/measurements/2026-12-06-sim-vs-live-2.md).
+//!
 //! One address space is traced: valgrind follows `exec` (a launcher script
 //! that execs the real program is traced as the program, with the memory
 //! file reopened after the exec), while forked children run untraced. To
@@ -190,6 +201,11 @@ pub struct RecordOptions {
     /// Removed if the recorder is interrupted (SIGINT, SIGTERM, SIGHUP):
     /// the partial trace.
     pub output_path: Option<std::path::PathBuf>,
+    /// `ztier run`'s preload library, loaded into the program in its
+    /// allocation-only mode (`ZTIER_ALLOC_ONLY=1`): the program's blocks
+    /// then lie where a run puts them (its size classes), not where
+    /// glibc's `malloc` does. `None`: glibc's layout.
+    pub preload: Option<std::path::PathBuf>,
 }
 
 impl Default for RecordOptions {
@@ -198,6 +214,7 @@ impl Default for RecordOptions {
             codecs: vec![CodecId::Wkdm, CodecId::Lz4, CodecId::Zstd],
             snapshot_every: 1_000_000,
             output_path: None,
+            preload: None,
         }
     }
 }
@@ -436,6 +453,19 @@ fn record_in(
         .arg("--vgdb=no") // no gdbserver pipes left in TMPDIR if valgrind is killed
         .arg(log)
         .args(cmd);
+    if let Some(lib) = &opts.preload {
+        // Valgrind puts its own preloads before the client's LD_PRELOAD
+        // and none of lackey's replaces malloc, so the library's serves.
+        let mut preload = lib.as_os_str().to_owned();
+        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+            preload.push(":");
+            preload.push(old);
+        }
+        command
+            .env("LD_PRELOAD", preload)
+            .env(ztier_run_core::names::env::ALLOC_ONLY, "1")
+            .env_remove(ztier_run_core::names::env::BUDGET);
+    }
     let unmask = guard.old_mask;
     // SAFETY: the closure runs in the forked child before exec and calls
     // only async-signal-safe functions (prctl, getppid, pthread_sigmask).
