@@ -227,7 +227,9 @@ pub const CLIENT_STACK: std::ops::Range<u64> = 0x1f_f000_0000..0x20_0000_0000;
 /// The pages of `pages` (page numbers) that `maps` (the text of
 /// `/proc/PID/maps`) shows mapped from a file, as a special mapping
 /// (`[stack]`, `[vdso]`, ...), or in the client's stack ([`CLIENT_STACK`]):
-/// memory `ztier run` would not manage. Pages in no mapping (gone since
+/// memory `ztier run` would not manage. `[heap]` is the kernel's name for
+/// what lies at valgrind's own break, where a client's anonymous mapping
+/// (the preload library's heap) can land and merge: anonymous memory. Pages in no mapping (gone since
 /// they were referenced) are not among them.
 pub fn unmanaged_pages(maps: &str, pages: &[u64]) -> Vec<u64> {
     let mut ranges: Vec<(u64, u64, bool)> = maps
@@ -237,9 +239,9 @@ pub fn unmanaged_pages(maps: &str, pages: &[u64]) -> Vec<u64> {
             let (range, _perms, _off, _dev, _inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
             let (lo, hi) = range.split_once('-')?;
             let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
-            let named = f
-                .next()
-                .is_some_and(|p| p.starts_with('/') || (p.starts_with('[') && !p.starts_with("[anon")));
+            let named = f.next().is_some_and(|p| {
+                p.starts_with('/') || (p.starts_with('[') && !p.starts_with("[anon") && p != "[heap]")
+            });
             Some((lo, hi, named || (CLIENT_STACK.contains(&lo) && hi <= CLIENT_STACK.end)))
         })
         .collect();
@@ -604,10 +606,20 @@ mod tests {
 7efd902fb000-7efd90731000 rw-p 00000000 00:00 0 \n\
 7efd90df1000-7efd90df3000 rw-p 001d3000 fe:00 326279                     /usr/lib/x86_64-linux-gnu/libc.so.6\n\
 7efd90df3000-7efd90e00000 rw-p 00000000 00:00 0                          [anon:glibc]\n\
+58c25000-258c65000 rw-p 00000000 00:00 0                                 [heap]\n\
 1ffeffd000-1fff001000 rw-p 00000000 00:00 0 \n\
 7ffe336f0000-7ffe33711000 rw-p 00000000 00:00 0                          [stack]\n";
-        let pages =
-            [0x4040, 0x55a9cc5f3, 0x7efd90300, 0x7efd90df1, 0x7efd90df5, 0x1fff000, 0x7ffe336f1, 0x5000];
+        let pages = [
+            0x4040,
+            0x55a9cc5f3,
+            0x7efd90300,
+            0x7efd90df1,
+            0x7efd90df5,
+            0x58c40,
+            0x1fff000,
+            0x7ffe336f1,
+            0x5000,
+        ];
         assert_eq!(unmanaged_pages(maps, &pages), vec![0x55a9cc5f3, 0x7efd90df1, 0x1fff000, 0x7ffe336f1]);
     }
 }
