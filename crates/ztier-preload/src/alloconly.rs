@@ -30,7 +30,7 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::manager::PAGE;
 use crate::pages::PageAlloc;
-use crate::small::{class_of, class_size, Class, CLASSES, MAX_SMALL, SPAN};
+use crate::small::{bad_pointer, class_of, class_size, Class, CLASSES, MAX_SMALL, SPAN};
 use crate::sys;
 
 /// The heap's address space: far more than a traced program uses (valgrind
@@ -127,7 +127,7 @@ impl Heap {
     fn class(&self, p: usize) -> usize {
         let c = self.granule_class[(p - self.base) / SPAN].load(Ordering::Acquire);
         if c as usize >= CLASSES {
-            crate::shim::bad_pointer("free", p);
+            bad_pointer("free", p);
         }
         c as usize
     }
@@ -175,7 +175,7 @@ impl Heap {
         }
         match crate::lock(&self.pages).large.get(&((p - self.base) / PAGE)) {
             Some(&n) => n * PAGE,
-            None => crate::shim::bad_pointer("malloc_usable_size", p),
+            None => bad_pointer("malloc_usable_size", p),
         }
     }
 
@@ -188,9 +188,9 @@ impl Heap {
         }
         let first = (p - self.base) / PAGE;
         let mut pa = crate::lock(&self.pages);
-        let Some(n) = pa.large.remove(&first) else { crate::shim::bad_pointer("free", p) };
+        let Some(n) = pa.large.remove(&first) else { bad_pointer("free", p) };
         if p % PAGE != 0 {
-            crate::shim::bad_pointer("free", p);
+            bad_pointer("free", p);
         }
         if !pa.cache_push(first, n) {
             // Released, as the run releases a freed range's pages.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::manager::PAGE;
-use crate::small::{class_of, class_size, MAX_SMALL, SPAN};
+use crate::small::{bad_pointer, class_of, class_size, MAX_SMALL, SPAN};
 use crate::{
     __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_realloc, global_for, sys, Global,
 };
@@ -93,11 +93,6 @@ fn small_free(g: &Global, p: usize) {
     let c = small_class(g, p);
     // SAFETY: p is a live object of class c being freed.
     unsafe { lock_class(g, c).give(p) };
-}
-
-pub(crate) fn bad_pointer(what: &str, p: usize) -> ! {
-    eprintln!("ztier: {what}(): invalid pointer {p:#x}: aborting");
-    std::process::abort();
 }
 
 /// Large block of `n` pages aligned to `align` pages; `zeroed` says

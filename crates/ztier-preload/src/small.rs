@@ -38,6 +38,13 @@ pub fn class_size(c: usize) -> usize {
     (1 << k) + (sub + 1) * (1 << (k - 2))
 }
 
+/// A pointer the allocator never handed out, given to `what`: the
+/// program's bug, said on stderr before the process aborts.
+pub fn bad_pointer(what: &str, p: usize) -> ! {
+    eprintln!("ztier: {what}(): invalid pointer {p:#x}: aborting");
+    std::process::abort();
+}
+
 /// One class: its free list and the unused tail of its current span.
 #[derive(Default)]
 pub struct Class {
