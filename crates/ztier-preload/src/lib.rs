@@ -2,7 +2,8 @@
 //!
 //! Loaded with `LD_PRELOAD` (by `ztier run`, which sets `ZTIER_BUDGET` and
 //! the other `ZTIER_*` variables; without `ZTIER_BUDGET` the library only
-//! forwards to glibc), it gives the program's heap to a **managed arena**:
+//! forwards to glibc, or with `ZTIER_ALLOC_ONLY=1` runs its allocator
+//! alone: [`alloconly`]), it gives the program's heap to a **managed arena**:
 //!
 //! - `malloc` and friends are replaced ([`small`] size classes up to
 //!   32 KiB, page ranges above — glibc's own malloc gets its memory with
