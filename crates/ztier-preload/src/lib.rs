@@ -2,7 +2,8 @@
 //!
 //! Loaded with `LD_PRELOAD` (by `ztier run`, which sets `ZTIER_BUDGET` and
 //! the other `ZTIER_*` variables; without `ZTIER_BUDGET` the library only
-//! forwards to glibc), it gives the program's heap to a **managed arena**:
+//! forwards to glibc, or with `ZTIER_ALLOC_ONLY=1` runs its allocator
+//! alone: [`alloconly`]), it gives the program's heap to a **managed arena**:
 //!
 //! - `malloc` and friends are replaced ([`small`] size classes up to
 //!   32 KiB, page ranges above — glibc's own malloc gets its memory with
@@ -106,6 +107,7 @@
 // `cargo doc --document-private-items`, so they link its private modules.
 #![allow(rustdoc::private_intra_doc_links)]
 
+mod alloconly;
 mod coredump;
 mod direct;
 mod dl;
@@ -534,6 +536,12 @@ fn global_for(bytes: usize) -> Option<&'static Global> {
     }
 }
 
+/// The library stays off for this process: the program's requests reached
+/// the start threshold without `ZTIER_BUDGET` (see [`alloconly`]).
+pub(crate) fn started_off() -> bool {
+    STATE.load(Ordering::Acquire) == OFF
+}
+
 /// The library's constructor has run ([`library_loaded`]).
 static LOADED: AtomicBool = AtomicBool::new(false);
 
@@ -577,6 +585,7 @@ extern "C" fn library_loaded() {
     look_up_glibc_threads();
     let own_malloc = program_has_own_malloc();
     OWN_MALLOC.store(own_malloc, Ordering::Release);
+    alloconly::note_start();
     LOADED.store(true, Ordering::Release);
     if STATE.load(Ordering::Acquire) == UNINIT
         && (own_malloc || BEFORE_START.load(Ordering::Relaxed) >= start_after())

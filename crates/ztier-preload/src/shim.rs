@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::manager::PAGE;
-use crate::small::{class_of, class_size, MAX_SMALL, SPAN};
+use crate::small::{bad_pointer, class_of, class_size, MAX_SMALL, SPAN};
 use crate::{
     __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_realloc, global_for, sys, Global,
 };
@@ -59,30 +59,21 @@ fn lock_class(g: &Global, c: usize) -> ClassGuard<'_> {
 }
 
 fn small_alloc(g: &Global, c: usize) -> *mut c_void {
-    let size = class_size(c);
     let mut cl = lock_class(g, c);
-    if cl.free != 0 {
-        let p = cl.free;
-        // SAFETY: p is a freed object of this class; its first word holds
-        // the next free object (written by small_free). Reading it may
-        // fault; the handler never takes class locks.
-        cl.free = unsafe { *(p as *const usize) };
-        return p as *mut c_void;
-    }
-    if cl.bump + size > cl.end {
+    let new_span = || {
         let span = g.span_next.fetch_add(SPAN, std::sync::atomic::Ordering::Relaxed);
         if span + SPAN > g.base + g.span_bytes {
             g.span_next.fetch_sub(SPAN, std::sync::atomic::Ordering::Relaxed);
-            return std::ptr::null_mut();
+            return None;
         }
         g.granule_class[(span - g.base) / SPAN].store(c as u8, std::sync::atomic::Ordering::Release);
         g.dump_spans.reach(span + SPAN);
-        cl.bump = span;
-        cl.end = span + SPAN;
-    }
-    let p = cl.bump;
-    cl.bump += size;
-    p as *mut c_void
+        Some(span)
+    };
+    // SAFETY: the class's free list holds its objects freed by
+    // small_free. Reading a link may fault; the handler never takes
+    // class locks.
+    unsafe { cl.take(class_size(c), new_span) }.map_or(std::ptr::null_mut(), |p| p as *mut c_void)
 }
 
 /// The page region is used up to `pa.high`: dumped in a core that far.
@@ -100,16 +91,8 @@ fn small_class(g: &Global, p: usize) -> usize {
 
 fn small_free(g: &Global, p: usize) {
     let c = small_class(g, p);
-    let mut cl = lock_class(g, c);
-    // SAFETY: p is a live object of class c being freed; its first word
-    // becomes the free-list link.
-    unsafe { *(p as *mut usize) = cl.free };
-    cl.free = p;
-}
-
-fn bad_pointer(what: &str, p: usize) -> ! {
-    eprintln!("ztier: {what}(): invalid pointer {p:#x}: aborting");
-    std::process::abort();
+    // SAFETY: p is a live object of class c being freed.
+    unsafe { lock_class(g, c).give(p) };
 }
 
 /// Large block of `n` pages aligned to `align` pages; `zeroed` says
@@ -412,7 +395,7 @@ extern "C" fn malloc_from(size: usize, ret: usize) -> *mut c_void {
         return glibc(size);
     }
     match global_for(size) {
-        None => glibc(size),
+        None => crate::alloconly::alloc(size, false).unwrap_or_else(|| glibc(size)),
         Some(g) => nomem(alloc(g, size, false)),
     }
 }
@@ -437,7 +420,10 @@ extern "C" fn calloc_from(n: usize, size: usize, ret: usize) -> *mut c_void {
         return glibc(n, size);
     }
     match global_for(n.saturating_mul(size)) {
-        None => glibc(n, size),
+        None => match n.checked_mul(size).and_then(|t| crate::alloconly::alloc(t, true)) {
+            Some(p) => p,
+            None => glibc(n, size),
+        },
         Some(g) => match n.checked_mul(size) {
             Some(t) => nomem(alloc(g, t, true)),
             None => nomem(std::ptr::null_mut()),
@@ -463,6 +449,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
                 counted(|| large_free(g, p as usize))
             }
         }
+        _ if crate::alloconly::owns(p) => crate::alloconly::free(p),
         // SAFETY: not arena memory: it came from glibc's malloc (its
         // lock taken: counted).
         _ => counted(|| unsafe { __libc_free(p) }),
@@ -491,6 +478,11 @@ extern "C" fn realloc_from(p: *mut c_void, size: usize, ret: usize) -> *mut c_vo
         Some(g) if g.in_arena(p as usize) => g,
         // SAFETY: the dynamic linker's blocks stay glibc's (a DTV that grows).
         _ if ldso => return unsafe { __libc_realloc(p, size) },
+        _ if crate::alloconly::owns(p) && size == 0 => {
+            crate::alloconly::free(p);
+            return std::ptr::null_mut();
+        }
+        _ if crate::alloconly::owns(p) => return nomem(crate::alloconly::realloc(p, size)),
         _ => return realloc_glibc(p, size),
     };
     if size == 0 {
@@ -548,6 +540,14 @@ fn realloc_glibc(p: *mut c_void, size: usize) -> *mut c_void {
             // new one of at least `size`.
             unsafe {
                 std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), old.min(size));
+                __libc_free(p);
+            }
+            return q;
+        }
+        if let Some(q) = crate::alloconly::alloc(size, false) {
+            // SAFETY: as above, q from the allocation-only heap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), glibc_usable_size(p).min(size));
                 __libc_free(p);
             }
             return q;
@@ -640,7 +640,8 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 fn aligned(align: usize, size: usize) -> *mut c_void {
     let Some(g) = global_for(size) else {
         // SAFETY: glibc's memalign.
-        return unsafe { __libc_memalign(align, size) };
+        return crate::alloconly::aligned(align, size)
+            .unwrap_or_else(|| unsafe { __libc_memalign(align, size) });
     };
     if align <= 16 {
         return nomem(alloc(g, size, false));
@@ -735,6 +736,7 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     }
     match crate::GLOBAL.get() {
         Some(g) if g.in_arena(p as usize) => usable(g, p as usize),
+        _ if crate::alloconly::owns(p) => crate::alloconly::usable(p),
         _ => glibc_usable_size(p),
     }
 }

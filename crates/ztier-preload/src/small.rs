@@ -38,6 +38,13 @@ pub fn class_size(c: usize) -> usize {
     (1 << k) + (sub + 1) * (1 << (k - 2))
 }
 
+/// A pointer the allocator never handed out, given to `what`: the
+/// program's bug, said on stderr before the process aborts.
+pub fn bad_pointer(what: &str, p: usize) -> ! {
+    eprintln!("ztier: {what}(): invalid pointer {p:#x}: aborting");
+    std::process::abort();
+}
+
 /// One class: its free list and the unused tail of its current span.
 #[derive(Default)]
 pub struct Class {
@@ -47,6 +54,44 @@ pub struct Class {
     pub bump: usize,
     /// End of the current span.
     pub end: usize,
+}
+
+impl Class {
+    /// An object of `size` bytes (the class's): the head of the free list,
+    /// else the next object of the current span; when that span is used
+    /// up, `new_span` gives the start of a fresh one (`None`: no room).
+    ///
+    /// # Safety
+    /// The free list holds only objects of this class freed by
+    /// [`Class::give`] (their first word is the link), readable.
+    pub unsafe fn take(&mut self, size: usize, new_span: impl FnOnce() -> Option<usize>) -> Option<usize> {
+        if self.free != 0 {
+            let p = self.free;
+            // SAFETY: p is a freed object of this class (the caller's
+            // contract); its first word holds the next free object.
+            self.free = unsafe { *(p as *const usize) };
+            return Some(p);
+        }
+        if self.bump + size > self.end {
+            let span = new_span()?;
+            self.bump = span;
+            self.end = span + SPAN;
+        }
+        let p = self.bump;
+        self.bump += size;
+        Some(p)
+    }
+
+    /// Puts the freed object `p` on the free list.
+    ///
+    /// # Safety
+    /// `p` is a live object of this class, writable, no longer used by
+    /// the program: its first word becomes the link.
+    pub unsafe fn give(&mut self, p: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { *(p as *mut usize) = self.free };
+        self.free = p;
+    }
 }
 
 #[cfg(test)]

@@ -60,6 +60,9 @@ pub mod env {
     pub const TEST_EVICTOR_HANG_AFTER: &str = "ZTIER_TEST_EVICTOR_HANG_AFTER";
     /// See [`TEST_HANG_AFTER`].
     pub const TEST_NO_UFFD_DEVICE: &str = "ZTIER_TEST_NO_UFFD_DEVICE";
+    /// `1` (without [`BUDGET`]): allocation-only mode, the library's
+    /// allocator and nothing else (`ztier trace record` under valgrind).
+    pub const ALLOC_ONLY: &str = "ZTIER_ALLOC_ONLY";
     /// Tests only: the fault log's row limit.
     pub const TEST_FAULT_LOG_MAX: &str = "ZTIER_TEST_FAULT_LOG_MAX";
 }

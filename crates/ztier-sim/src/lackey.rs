@@ -47,6 +47,17 @@
 //! program's first MiB of requests — and the stacks of threads cannot be
 //! told apart here, and count as managed.)
 //!
+//! # Whose heap layout
+//!
+//! With [`RecordOptions::preload`] the program runs with `ztier run`'s
+//! library preloaded in its allocation-only mode (`ZTIER_ALLOC_ONLY=1`:
+//! the library's allocator, no userfaultfd or store, nothing valgrind
+//! cannot run), so its `malloc` blocks lie on the pages a run would put
+//! them on (size classes in 256 KiB spans, page ranges above 32 KiB);
+//! without it, on glibc's. The two differ enough to move the simulator's
+//! prediction of a run by 20–100% on programs with many small objects
+//! (docs/measurements/2026-12-06-sim-vs-live-2.md).
+//!
 //! One address space is traced: valgrind follows `exec` (a launcher script
 //! that execs the real program is traced as the program, with the memory
 //! file reopened after the exec), while forked children run untraced. To
@@ -190,6 +201,11 @@ pub struct RecordOptions {
     /// Removed if the recorder is interrupted (SIGINT, SIGTERM, SIGHUP):
     /// the partial trace.
     pub output_path: Option<std::path::PathBuf>,
+    /// `ztier run`'s preload library, loaded into the program in its
+    /// allocation-only mode (`ZTIER_ALLOC_ONLY=1`): the program's blocks
+    /// then lie where a run puts them (its size classes), not where
+    /// glibc's `malloc` does. `None`: glibc's layout.
+    pub preload: Option<std::path::PathBuf>,
 }
 
 impl Default for RecordOptions {
@@ -198,6 +214,7 @@ impl Default for RecordOptions {
             codecs: vec![CodecId::Wkdm, CodecId::Lz4, CodecId::Zstd],
             snapshot_every: 1_000_000,
             output_path: None,
+            preload: None,
         }
     }
 }
@@ -210,7 +227,9 @@ pub const CLIENT_STACK: std::ops::Range<u64> = 0x1f_f000_0000..0x20_0000_0000;
 /// The pages of `pages` (page numbers) that `maps` (the text of
 /// `/proc/PID/maps`) shows mapped from a file, as a special mapping
 /// (`[stack]`, `[vdso]`, ...), or in the client's stack ([`CLIENT_STACK`]):
-/// memory `ztier run` would not manage. Pages in no mapping (gone since
+/// memory `ztier run` would not manage. `[heap]` is the kernel's name for
+/// what lies at valgrind's own break, where a client's anonymous mapping
+/// (the preload library's heap) can land and merge: anonymous memory. Pages in no mapping (gone since
 /// they were referenced) are not among them.
 pub fn unmanaged_pages(maps: &str, pages: &[u64]) -> Vec<u64> {
     let mut ranges: Vec<(u64, u64, bool)> = maps
@@ -220,9 +239,9 @@ pub fn unmanaged_pages(maps: &str, pages: &[u64]) -> Vec<u64> {
             let (range, _perms, _off, _dev, _inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
             let (lo, hi) = range.split_once('-')?;
             let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
-            let named = f
-                .next()
-                .is_some_and(|p| p.starts_with('/') || (p.starts_with('[') && !p.starts_with("[anon")));
+            let named = f.next().is_some_and(|p| {
+                p.starts_with('/') || (p.starts_with('[') && !p.starts_with("[anon") && p != "[heap]")
+            });
             Some((lo, hi, named || (CLIENT_STACK.contains(&lo) && hi <= CLIENT_STACK.end)))
         })
         .collect();
@@ -436,6 +455,19 @@ fn record_in(
         .arg("--vgdb=no") // no gdbserver pipes left in TMPDIR if valgrind is killed
         .arg(log)
         .args(cmd);
+    if let Some(lib) = &opts.preload {
+        // Valgrind puts its own preloads before the client's LD_PRELOAD
+        // and none of lackey's replaces malloc, so the library's serves.
+        let mut preload = lib.as_os_str().to_owned();
+        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+            preload.push(":");
+            preload.push(old);
+        }
+        command
+            .env("LD_PRELOAD", preload)
+            .env(ztier_run_core::names::env::ALLOC_ONLY, "1")
+            .env_remove(ztier_run_core::names::env::BUDGET);
+    }
     let unmask = guard.old_mask;
     // SAFETY: the closure runs in the forked child before exec and calls
     // only async-signal-safe functions (prctl, getppid, pthread_sigmask).
@@ -574,10 +606,20 @@ mod tests {
 7efd902fb000-7efd90731000 rw-p 00000000 00:00 0 \n\
 7efd90df1000-7efd90df3000 rw-p 001d3000 fe:00 326279                     /usr/lib/x86_64-linux-gnu/libc.so.6\n\
 7efd90df3000-7efd90e00000 rw-p 00000000 00:00 0                          [anon:glibc]\n\
+58c25000-258c65000 rw-p 00000000 00:00 0                                 [heap]\n\
 1ffeffd000-1fff001000 rw-p 00000000 00:00 0 \n\
 7ffe336f0000-7ffe33711000 rw-p 00000000 00:00 0                          [stack]\n";
-        let pages =
-            [0x4040, 0x55a9cc5f3, 0x7efd90300, 0x7efd90df1, 0x7efd90df5, 0x1fff000, 0x7ffe336f1, 0x5000];
+        let pages = [
+            0x4040,
+            0x55a9cc5f3,
+            0x7efd90300,
+            0x7efd90df1,
+            0x7efd90df5,
+            0x58c40,
+            0x1fff000,
+            0x7ffe336f1,
+            0x5000,
+        ];
         assert_eq!(unmanaged_pages(maps, &pages), vec![0x55a9cc5f3, 0x7efd90df1, 0x1fff000, 0x7ffe336f1]);
     }
 }

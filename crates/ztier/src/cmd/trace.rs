@@ -76,9 +76,25 @@ pub struct RecordArgs {
     /// References between memory snapshots.
     #[arg(long, default_value_t = 1_000_000, value_name = "N")]
     pub snapshot_every: u64,
+    /// Where the program's heap blocks lie in the trace: `run` puts them
+    /// where `ztier run` does (its preload library's size classes,
+    /// loaded in an allocation-only mode), `glibc` where glibc's malloc
+    /// does. The library starts as in a run, after ZTIER_START_AFTER
+    /// bytes (default 1 MiB; set 0 to compare with runs that set 0).
+    #[arg(long, value_enum, default_value_t = Layout::Run)]
+    pub layout: Layout,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
+}
+
+/// The heap layout `ztier trace record` traces.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// `ztier run`'s (the preload library's allocator).
+    Run,
+    /// glibc's malloc.
+    Glibc,
 }
 
 /// Arguments of `ztier trace import-lackey`.
@@ -115,6 +131,10 @@ pub fn run(c: TraceCommand) -> Result<i32> {
                 codecs: a.codecs,
                 snapshot_every: a.snapshot_every,
                 output_path: Some(a.output.clone()),
+                preload: match a.layout {
+                    Layout::Run => Some(crate::launch::preload_path()?),
+                    Layout::Glibc => None,
+                },
             };
             let st = lackey::record(&a.cmd, out, &opts)?;
             eprintln!(
