@@ -43,9 +43,12 @@
 //! client's main stack (valgrind puts it just below `0x1fff001000` on
 //! x86-64: [`CLIENT_STACK`]). `ztier run`'s library manages the program's
 //! heap and private anonymous mappings only, so the simulator's model of
-//! it leaves those pages out. (What the library leaves to glibc — the
-//! program's first MiB of requests — and the stacks of threads cannot be
-//! told apart here, and count as managed.)
+//! it leaves those pages out. In the run's layout (below) also glibc's own
+//! heap (the client's break) and the `.bss` of each mapped ELF file, which
+//! a run leaves outside its arena ([`unmanaged_pages`]). (With glibc's
+//! layout the program's first MiB of requests, which a run leaves to
+//! glibc, and in both layouts the stacks of threads, cannot be told apart
+//! here, and count as managed.)
 //!
 //! # Whose heap layout
 //!
