@@ -352,17 +352,28 @@ fn cpython_regression_modules_give_native_results_under_a_budget() {
     let mut uncompressed = Vec::new();
     for (i, module) in MODULES.iter().enumerate() {
         let (mut n, mut m) = results[i].clone().unwrap();
-        let mut again = "";
+        let mut again = String::new();
         if !n.same_as(&m) {
             // Once more, one run at a time: load, or ztier run?
             (n, m) = run_pair(&d, module, "-again");
-            again = if n.same_as(&m) { " (differed at first; alike run alone)" } else { " (differed twice)" };
+            again = if n.same_as(&m) { " (differed at first; alike run alone)" } else { " (differed twice)" }
+                .to_string();
             if !n.same_as(&m) {
                 differ.push(format!("{module}: {}", first_difference(&n, &m)));
             }
         }
         if m.compressed.unwrap_or(0) == 0 {
-            uncompressed.push(*module);
+            // A native peak far above the usual one (test_decimal: 26 MB
+            // most runs, once 125 MB) gives a budget the managed run never
+            // reaches. Once more: a second such peak fails.
+            let (n2, m2) = run_pair(&d, module, "-budget-again");
+            if m2.compressed.unwrap_or(0) == 0 || !n2.same_as(&m2) {
+                uncompressed.push(*module);
+            } else {
+                again =
+                    format!(" (nothing compressed at first, native peak {} MB; run again)", n.peak_rss >> 20);
+                (n, m) = (n2, m2);
+            }
         }
         let _ = writeln!(
             table,
