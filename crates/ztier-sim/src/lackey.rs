@@ -43,9 +43,12 @@
 //! client's main stack (valgrind puts it just below `0x1fff001000` on
 //! x86-64: [`CLIENT_STACK`]). `ztier run`'s library manages the program's
 //! heap and private anonymous mappings only, so the simulator's model of
-//! it leaves those pages out. (What the library leaves to glibc — the
-//! program's first MiB of requests — and the stacks of threads cannot be
-//! told apart here, and count as managed.)
+//! it leaves those pages out. In the run's layout (below) also glibc's own
+//! heap (the client's break) and the `.bss` of each mapped ELF file, which
+//! a run leaves outside its arena ([`unmanaged_pages`]). (With glibc's
+//! layout the program's first MiB of requests, which a run leaves to
+//! glibc, and in both layouts the stacks of threads, cannot be told apart
+//! here, and count as managed.)
 //!
 //! # Whose heap layout
 //!
@@ -231,34 +234,102 @@ pub const CLIENT_STACK: std::ops::Range<u64> = 0x1f_f000_0000..0x20_0000_0000;
 /// what lies at valgrind's own break, where a client's anonymous mapping
 /// (the preload library's heap) can land and merge: anonymous memory. Pages in no mapping (gone since
 /// they were referenced) are not among them.
-pub fn unmanaged_pages(maps: &str, pages: &[u64]) -> Vec<u64> {
-    let mut ranges: Vec<(u64, u64, bool)> = maps
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (range, _perms, _off, _dev, _inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
-            let (lo, hi) = range.split_once('-')?;
-            let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
-            let named = f.next().is_some_and(|p| {
-                p.starts_with('/') || (p.starts_with('[') && !p.starts_with("[anon") && p != "[heap]")
-            });
-            Some((lo, hi, named || (CLIENT_STACK.contains(&lo) && hi <= CLIENT_STACK.end)))
+///
+/// With `run_layout` (the program ran with the allocation-only library,
+/// [`RecordOptions::preload`]) also the anonymous memory a run leaves to
+/// glibc and the kernel: the client's break (valgrind maps it `rwx`, and
+/// it holds glibc's heap: the blocks glibc and the dynamic linker allocate
+/// for themselves), and the zero-filled tail (`.bss`) of each mapped ELF
+/// file, up to the end of its last `PT_LOAD` segment (read from the
+/// file's program headers). With glibc's layout the break is the
+/// program's heap: managed.
+pub fn unmanaged_pages(maps: &str, pages: &[u64], run_layout: bool) -> Vec<u64> {
+    let mut ranges: Vec<(u64, u64, bool)> = Vec::new();
+    // Per mapped file: where its first page lies (offset 0), where its
+    // last mapping ends.
+    let mut images: Vec<(&str, u64, u64)> = Vec::new();
+    for l in maps.lines() {
+        let mut f = l.split_whitespace();
+        let (Some(range), Some(perms), Some(off), Some(_dev), Some(_inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else { continue };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else { continue };
+        let name = f.next();
+        let named = name.is_some_and(|p| {
+            p.starts_with('/') || (p.starts_with('[') && !p.starts_with("[anon") && p != "[heap]")
+        });
+        let brk = run_layout && name.is_none() && perms == "rwxp";
+        if let Some(path) = name.filter(|p| run_layout && p.starts_with('/')) {
+            match images.iter_mut().find(|i| i.0 == path) {
+                Some(i) => i.2 = i.2.max(hi),
+                None if off.trim_start_matches('0').is_empty() => images.push((path, lo, hi)),
+                None => {}
+            }
+        }
+        ranges.push((lo, hi, named || brk || (CLIENT_STACK.contains(&lo) && hi <= CLIENT_STACK.end)));
+    }
+    // The images' zero-filled tails: from a file's last mapping to its
+    // image's end.
+    let mut tails: Vec<(u64, u64)> = images
+        .iter()
+        .filter_map(|&(path, first, last)| {
+            elf_image_end(first, path).filter(|&end| end > last).map(|end| (last, end))
         })
         .collect();
+    tails.sort_unstable();
     ranges.sort_unstable();
     pages
         .iter()
         .copied()
         .filter(|&p| {
             let a = p << 12;
+            let k = tails.partition_point(|&(lo, _)| lo <= a);
+            if k > 0 && a < tails[k - 1].1 {
+                return true;
+            }
             let k = ranges.partition_point(|&(lo, _, _)| lo <= a);
             k > 0 && a < ranges[k - 1].1 && ranges[k - 1].2
         })
         .collect()
 }
 
+/// Where the image of the 64-bit ELF file `path`, its first page mapped at
+/// `first`, ends in memory: the page after its last `PT_LOAD` segment's
+/// end (`p_vaddr + p_memsz`, so its `.bss` included). `None` if the file
+/// is not a 64-bit ELF file or cannot be read.
+fn elf_image_end(first: u64, path: &str) -> Option<u64> {
+    let f = File::open(path).ok()?;
+    let mut h = [0u8; 64];
+    f.read_exact_at(&mut h, 0).ok()?;
+    if &h[..4] != b"\x7fELF" || h[4] != 2 {
+        return None;
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+    let (phoff, phentsize, phnum) = (u64_at(&h, 0x20), u16_at(&h, 0x36) as u64, u16_at(&h, 0x38) as u64);
+    if phentsize < 56 || phnum > 256 {
+        return None;
+    }
+    let mut ph = vec![0u8; (phentsize * phnum) as usize];
+    f.read_exact_at(&mut ph, phoff).ok()?;
+    let (mut lowest, mut end) = (u64::MAX, 0u64);
+    for e in ph.chunks_exact(phentsize as usize) {
+        if u32::from_le_bytes(e[..4].try_into().expect("4 bytes")) == 1 {
+            let (vaddr, memsz) = (u64_at(e, 0x10), u64_at(e, 0x28));
+            lowest = lowest.min(vaddr & !0xfff);
+            end = end.max(vaddr.checked_add(memsz)?);
+        }
+    }
+    (end > 0).then(|| first.wrapping_sub(lowest).wrapping_add(end).next_multiple_of(4096))
+}
+
 struct Snapshotter {
     pid: u32,
+    /// The program runs with the allocation-only library ([`unmanaged_pages`]).
+    run_layout: bool,
     mem: Option<File>,
     /// Pages already looked up in the maps.
     classified: HashSet<u64>,
@@ -281,7 +352,7 @@ impl Snapshotter {
         let new: Vec<u64> = pages.iter().copied().filter(|&p| self.classified.insert(p)).collect();
         if !new.is_empty() {
             if let Ok(maps) = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)) {
-                for p in unmanaged_pages(&maps, &new) {
+                for p in unmanaged_pages(&maps, &new, self.run_layout) {
                     w.unmanaged(p)?;
                 }
             }
@@ -518,6 +589,7 @@ fn record_in(
     let mut w = TraceWriter::new(io::BufWriter::new(&mut out), &columns)?;
     let mut snap = Snapshotter {
         pid,
+        run_layout: opts.preload.is_some(),
         mem,
         classified: HashSet::new(),
         encoders: opts.codecs.iter().map(|&c| PageEncoder::new(c)).collect(),
@@ -620,6 +692,48 @@ mod tests {
             0x7ffe336f1,
             0x5000,
         ];
-        assert_eq!(unmanaged_pages(maps, &pages), vec![0x55a9cc5f3, 0x7efd90df1, 0x1fff000, 0x7ffe336f1]);
+        assert_eq!(
+            unmanaged_pages(maps, &pages, false),
+            vec![0x55a9cc5f3, 0x7efd90df1, 0x1fff000, 0x7ffe336f1]
+        );
+    }
+
+    /// In the run's layout the client's break (glibc's heap, `rwx` under
+    /// valgrind) and an ELF file's zero-filled tail are unmanaged too; an
+    /// anonymous mapping merged past the tail is managed beyond it.
+    #[test]
+    fn in_the_runs_layout_glibcs_heap_and_bss_are_unmanaged() {
+        // A 64-bit ELF header and two PT_LOADs: [0, 0x1800) and
+        // [0x2000, 0x7000) of which 0x100 bytes from the file.
+        let mut elf = vec![0u8; 64 + 2 * 56];
+        elf[..5].copy_from_slice(b"\x7fELF\x02");
+        elf[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&2u16.to_le_bytes());
+        for (i, (vaddr, filesz, memsz)) in
+            [(0u64, 0x1800u64, 0x1800u64), (0x2000, 0x100, 0x5000)].into_iter().enumerate()
+        {
+            let e = &mut elf[64 + 56 * i..64 + 56 * (i + 1)];
+            e[..4].copy_from_slice(&1u32.to_le_bytes());
+            e[0x10..0x18].copy_from_slice(&vaddr.to_le_bytes());
+            e[0x20..0x28].copy_from_slice(&filesz.to_le_bytes());
+            e[0x28..0x30].copy_from_slice(&memsz.to_le_bytes());
+        }
+        let path = std::env::temp_dir().join(format!("ztier-lackey-elf-{}", std::process::id()));
+        std::fs::write(&path, &elf).unwrap();
+        let p = path.display();
+        let maps = format!(
+            "00400000-00402000 r--p 00000000 fe:00 1 {p}\n\
+             00402000-00403000 rw-p 00002000 fe:00 1 {p}\n\
+             00403000-00409000 rw-p 00000000 00:00 0 \n\
+             04035000-04056000 rwxp 00000000 00:00 0 \n\
+             05371000-05675000 rw-p 00000000 00:00 0 \n"
+        );
+        let pages = [0x400, 0x402, 0x403, 0x406, 0x407, 0x408, 0x4040, 0x5400];
+        let run = unmanaged_pages(&maps, &pages, true);
+        let glibc = unmanaged_pages(&maps, &pages, false);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(run, vec![0x400, 0x402, 0x403, 0x406, 0x4040]);
+        assert_eq!(glibc, vec![0x400, 0x402]);
     }
 }
