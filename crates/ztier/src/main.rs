@@ -96,8 +96,21 @@ enum Command {
     Completions(cmd::docs::CompletionsArgs),
 }
 
+/// Commands that only print to stdout end quietly when its reader goes
+/// away (`ztier trace info T | head`), as other filters do, instead of
+/// panicking in `println!`. The serving and launching commands keep
+/// SIGPIPE ignored: a client that hangs up must not kill a server.
+fn default_sigpipe_for_filters(command: &Command) {
+    if matches!(command, Command::Sim(_) | Command::Trace(_) | Command::Faults(_) | Command::Completions(_)) {
+        // SAFETY: restoring the default disposition of SIGPIPE before any
+        // thread is started; no handler function is installed.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
+    default_sigpipe_for_filters(&cli.command);
     let result = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Bench(b) => cmd::bench::run(b),

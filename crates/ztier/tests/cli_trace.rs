@@ -148,8 +148,27 @@ fn import_of_real_lackey_output_counts_every_data_reference() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // ... and loses nothing: the trace imported before is whole, no part left.
+    assert_eq!(info(&t)["references"].as_u64().unwrap(), expected);
+    assert!(!d.join("ls.trace.partial").exists());
     let out = ztier().args(["trace", "info"]).arg(&log).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a ztier trace"));
+
+    // A reader that goes away (`ztier trace info T | head -0`): the
+    // printer ends as filters do (SIGPIPE, or done first), never a panic.
+    let mut child = ztier()
+        .args(["trace", "info"])
+        .arg(&t)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(out.status.success() || out.status.signal() == Some(libc::SIGPIPE), "{:?}: {stderr}", out.status);
     std::fs::remove_dir_all(&d).unwrap();
 }
 

@@ -60,8 +60,28 @@ pub fn import_faults(
 ) -> Result<ztier_sim::faults::FaultImport> {
     let text = std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
     let rows = ztier_run_core::faultlog::parse(&text).with_context(|| format!("{}", log.display()))?;
-    let w = BufWriter::new(File::create(out).with_context(|| format!("creating {}", out.display()))?);
-    Ok(ztier_sim::faults::import(&rows, w, opts)?)
+    write_whole(out, |w| Ok(ztier_sim::faults::import(&rows, w, opts)?))
+}
+
+/// Writes a trace to `out` through `write`, all or nothing: into
+/// `OUT.partial` first, renamed over `out` only when `write` succeeded, so
+/// a failed import neither leaves half a trace nor clobbers a good one.
+fn write_whole<T>(out: &std::path::Path, write: impl FnOnce(BufWriter<File>) -> Result<T>) -> Result<T> {
+    let mut partial = out.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let f = File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    match write(BufWriter::new(f)) {
+        Ok(v) => {
+            std::fs::rename(&partial, out)
+                .with_context(|| format!("renaming {} to {}", partial.display(), out.display()))?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            Err(e)
+        }
+    }
 }
 
 /// Arguments of `ztier trace record`.
@@ -146,15 +166,13 @@ pub fn run(c: TraceCommand) -> Result<i32> {
             Ok(st.exit_code.unwrap_or(1))
         }
         TraceCommand::ImportLackey(a) => {
-            let out = BufWriter::new(
-                File::create(&a.output).with_context(|| format!("creating {}", a.output.display()))?,
-            );
-            let st = if a.input.as_os_str() == "-" {
-                lackey::import(std::io::stdin().lock(), out)?
+            let input: Box<dyn std::io::BufRead> = if a.input.as_os_str() == "-" {
+                Box::new(std::io::stdin().lock())
             } else {
                 let f = File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
-                lackey::import(BufReader::with_capacity(1 << 20, f), out)?
+                Box::new(BufReader::with_capacity(1 << 20, f))
             };
+            let st = write_whole(&a.output, |out| Ok(lackey::import(input, out)?))?;
             eprintln!(
                 "ztier trace: {} lines, {} references -> {}",
                 st.lines,
