@@ -4542,6 +4542,12 @@ mod tests {
         m.budget = 64;
         assert!(!m.refusing() && m.evict_wanted());
         m.evict(&stats).unwrap();
+        // The pause's clock runs out after REFUSED_PAUSE: this test is
+        // about what ends it, so it lasts an hour here (a loaded machine
+        // took more than 50 ms between two asserts); time ends it below.
+        m.refusing = m
+            .refusing
+            .map(|(_, out)| (std::time::Instant::now() + std::time::Duration::from_secs(3600), out));
         let refused = stats.refused.load(Ordering::Relaxed);
         assert!(refused > 0, "the store refused victims");
         assert!(m.refusing(), "a refusal pauses evictions");
