@@ -400,18 +400,20 @@ fn admission_seen_keeps_one_touch_blocks_out() {
         let mut b = 1000u64;
         while c.stats().log.recycled < 4 {
             for _ in 0..2 {
-                assert_eq!(read_block(&c, b), block(b, 0));
+                for k in b..b + 64 {
+                    assert_eq!(read_block(&c, k), block(k, 0));
+                }
                 c.drain();
             }
-            b += 1;
+            b += 64;
         }
         // A reused set, then a scan of 4000 blocks never read before
         // (the cache holds ~1000).
-        for _ in 0..3 {
+        for _ in 0..4 {
             for h in 0..100 {
                 read_block(&c, h);
-                c.drain();
             }
+            c.drain();
         }
         let fills = c.stats().ssd_fills;
         let mut x = 5;
