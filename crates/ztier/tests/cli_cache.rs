@@ -631,6 +631,16 @@ fn refusals() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains("--recycle-keep") && err.contains("50..=95"), "{err}");
     }
+    // An unknown admission.
+    let out = ztier()
+        .args(["cache", "serve", "--admission", "twice", "--backing"])
+        .arg(&b)
+        .arg("--cache")
+        .arg(&c)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("unknown admission 'twice' (all, seen)"), "{err}");
     // Bound to one backing: another size is refused, --discard rebinds.
     let srv = serve(&d, &c, b.to_str().unwrap(), &[]);
     assert_eq!(srv.stop().code(), Some(0));
