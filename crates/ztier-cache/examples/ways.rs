@@ -8,10 +8,17 @@
 //! after two thirds warm the cache. KEEP: `CacheOptions::recycle_keep`
 //! (% of a recycled segment still cached up to which all its lines are
 //! copied); copies/fill is what recycling copied per block filled.
+//! ZIPF: requests drawn from a zipf distribution of that theta (fio's
+//! `--random_distribution=zipf:THETA`, the bench's 0.5) over the blocks
+//! in a random order, instead of uniformly (0). LINES: the directory's
+//! lines per 4 KiB of segment space (`create --lines-per-block`, 2.0).
+//! ADMIT: `all` or `seen` (`serve --admission`); not admitted: fills kept
+//! out of the full cache.
 //!
 //! ```text
-//! cargo run --release -p ztier-cache --example ways [-- CODECS WS WAYS WRITES KEEP]
+//! cargo run --release -p ztier-cache --example ways [-- CODECS WS WAYS WRITES KEEP ZIPF LINES ADMIT]
 //! cargo run --release -p ztier-cache --example ways -- lz4,raw 1,2,4 8,16,32,64 0,30 50,80
+//! cargo run --release -p ztier-cache --example ways -- lz4,raw 4 32 30 80 0.5
 //! ```
 
 use std::sync::Arc;
@@ -20,7 +27,7 @@ use ztier_blk::backing::CrashBacking;
 use ztier_cache::backend::MemBackend;
 use ztier_cache::cache::{self, CacheOptions};
 use ztier_cache::format::{Geometry, Placement, Policy, BLOCK};
-use ztier_cache::Cache;
+use ztier_cache::{Admission, Cache};
 use ztier_codec::CodecId;
 
 fn rng(x: &mut u64) -> u64 {
@@ -28,6 +35,45 @@ fn rng(x: &mut u64) -> u64 {
     *x ^= *x >> 7;
     *x ^= *x << 17;
     *x
+}
+
+/// Block numbers drawn uniformly (theta 0) or from a zipf distribution
+/// whose ranks are the blocks in a random order.
+struct Draw {
+    blocks: u64,
+    /// Cumulative weights of the ranks (empty: uniform).
+    cdf: Vec<f64>,
+    order: Vec<u64>,
+}
+
+impl Draw {
+    fn new(blocks: u64, theta: f64, x: &mut u64) -> Draw {
+        if theta == 0.0 {
+            return Draw { blocks, cdf: Vec::new(), order: Vec::new() };
+        }
+        let mut sum = 0.0;
+        let cdf = (1..=blocks)
+            .map(|r| {
+                sum += 1.0 / (r as f64).powf(theta);
+                sum
+            })
+            .collect();
+        let mut order: Vec<u64> = (0..blocks).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, (rng(x) % (i as u64 + 1)) as usize);
+        }
+        Draw { blocks, cdf, order }
+    }
+
+    fn block(&self, x: &mut u64) -> u64 {
+        if self.cdf.is_empty() {
+            return rng(x) % self.blocks;
+        }
+        let total = self.cdf[self.cdf.len() - 1];
+        let u = (rng(x) >> 11) as f64 / (1u64 << 53) as f64 * total;
+        let r = self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1);
+        self.order[r]
+    }
 }
 
 fn list(arg: Option<String>, default: &str) -> Vec<String> {
@@ -41,9 +87,12 @@ fn main() {
     let wayss = list(args.next(), "8,16,32,64");
     let writess = list(args.next(), "0");
     let keeps = list(args.next(), &cache::RECYCLE_KEEP.to_string());
+    let theta: f64 = args.next().map_or(0.0, |z| z.parse().expect("a zipf theta"));
+    let lines_per_block: f64 = args.next().map_or(2.0, |z| z.parse().expect("lines per block"));
+    let admission: Admission = args.next().map_or(Admission::All, |a| a.parse().expect("all or seen"));
     let size = 32u64 << 20;
     println!(
-        "codec  ws  ways  writes  keep  hit    lines used  conflict evictions  capacity evictions  ratio  metadata B/block  copies/fill"
+        "codec  ws  ways  writes  keep  hit    lines used  conflict evictions  capacity evictions  ratio  metadata B/block  copies/fill  not admitted"
     );
     for codec in &codecs {
         let codec = match codec.as_str() {
@@ -64,7 +113,7 @@ fn main() {
                 let sb = Geometry {
                     size,
                     segment_size: 128 << 10,
-                    lines_per_block: 2.0,
+                    lines_per_block,
                     placement: Placement::Assoc,
                     ways,
                     policy: Policy::Clock,
@@ -91,9 +140,11 @@ fn main() {
                     sequential_cutoff: 0,
                     seal_after: std::time::Duration::from_millis(50),
                     recycle_keep: keep,
+                    admission,
                     ..CacheOptions::default()
                 };
                 let c = Cache::open(dev, backing, opts).expect("opening the cache");
+                let draw = Draw::new(blocks, theta, &mut x);
                 let mut buf = vec![0u8; BLOCK];
                 let n = 60_000 * ws;
                 let mut mark = (0, 0);
@@ -105,7 +156,7 @@ fn main() {
                         let s = c.stats();
                         mark = (s.ssd_hits, s.misses);
                     }
-                    let off = rng(&mut x) % blocks * BLOCK as u64;
+                    let off = draw.block(&mut x) * BLOCK as u64;
                     if rng(&mut x) % 100 < writes {
                         c.write(off, &block(&mut x), false).expect("a write");
                     } else {
@@ -116,7 +167,7 @@ fn main() {
                 let s = c.stats();
                 let (h, m) = (s.ssd_hits - mark.0, s.misses - mark.1);
                 println!(
-                    "{:<6} {ws}x {ways:>5}  {writes:>5}%  {keep:>3}%  {:.3}  {:>5} of {:<5}  {:>18}  {:>18}  {:.2}   {:.2}   {:.2}",
+                    "{:<6} {ws}x {ways:>5}  {writes:>5}%  {keep:>3}%  {:.3}  {:>5} of {:<5}  {:>18}  {:>18}  {:.2}   {:.2}   {:.2}   {}",
                     format!("{codec:?}").to_lowercase(),
                     h as f64 / (h + m) as f64,
                     s.lines_used,
@@ -125,7 +176,8 @@ fn main() {
                     s.capacity_evictions,
                     s.ratio,
                     s.metadata_bytes_per_cached_block,
-                    s.reinserted as f64 / s.ssd_fills.max(1) as f64
+                    s.reinserted as f64 / s.ssd_fills.max(1) as f64,
+                    s.fills_not_admitted
                 );
             }
         }

@@ -80,6 +80,7 @@ use ztier_remote::RemoteTier;
 use ztier_store::tier::{NextTier, SpillMeta};
 use ztier_store::Key;
 
+use crate::admit::Doorkeeper;
 use crate::backend::Backend;
 use crate::dir::Directory;
 use crate::format::{self, Checkpoint, Form, Invalidation, Placement, Policy, SbState, Superblock, BLOCK};
@@ -108,6 +109,29 @@ impl std::str::FromStr for Mode {
             "writethrough" => Ok(Mode::Writethrough),
             "writearound" => Ok(Mode::Writearound),
             _ => Err(format!("unknown mode '{s}' (writethrough, writearound)")),
+        }
+    }
+}
+
+/// Which blocks a full SSD cache takes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Admission {
+    /// Every block read from the backing or written through.
+    All,
+    /// Only a block asked for before, within about the directory's
+    /// line count of other blocks ([`crate::admit::Doorkeeper`]); every
+    /// block while no segment was recycled yet.
+    Seen,
+}
+
+impl std::str::FromStr for Admission {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Admission, String> {
+        match s {
+            "all" => Ok(Admission::All),
+            "seen" => Ok(Admission::Seen),
+            _ => Err(format!("unknown admission '{s}' (all, seen)")),
         }
     }
 }
@@ -141,6 +165,8 @@ pub struct CacheOptions {
     /// segment). Higher keeps more blocks under writes at the price of
     /// more copies per fill (see docs/cache.md).
     pub recycle_keep: u8,
+    /// Which blocks the SSD cache takes in once full.
+    pub admission: Admission,
     /// The machine's boot id (read from the kernel if `None`).
     pub boot_id: Option<[u8; 16]>,
     /// The RAM cache's memory pressure watcher (`None`: fixed size).
@@ -217,6 +243,7 @@ impl Default for CacheOptions {
             fill_queue: 8192,
             seal_after: Duration::from_secs(5),
             recycle_keep: RECYCLE_KEEP,
+            admission: Admission::All,
             boot_id: None,
             pressure: Some(PressureConfig::default()),
             remote: None,
@@ -281,6 +308,10 @@ pub(crate) struct Inner {
     size: u64,
     dir: Directory,
     log: Log,
+    /// `Admission::Seen`'s filter.
+    door: Option<Doorkeeper>,
+    /// A segment with lines in it was recycled: the cache is full.
+    full: AtomicBool,
     journal: Journal,
     stripes: Box<[Mutex<Stripe>]>,
     tokens: AtomicU64,
@@ -821,9 +852,19 @@ impl Inner {
         };
     }
 
+    /// Whether a full SSD cache takes `lba` in (and records it).
+    fn admit(&self, lba: u64) -> bool {
+        let Some(d) = &self.door else { return true };
+        if d.seen(lba) || !self.full.load(Ordering::Relaxed) {
+            return true;
+        }
+        self.c.fills_not_admitted.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
     /// A filler's work on one fill.
     fn fill(&self, f: Fill, buf: &mut Vec<u8>) {
-        let ssd = !self.ssd_off.load(Ordering::Acquire) && !f.ram_only;
+        let ssd = !self.ssd_off.load(Ordering::Acquire) && !f.ram_only && self.admit(f.lba);
         let form = if ssd { encode(self.codec, &f.data, buf) } else { Form::Raw };
         fn enc(ssd: bool, form: Form, buf: &[u8]) -> Option<(Form, &[u8])> {
             ssd.then_some((form, buf))
@@ -949,6 +990,11 @@ impl Inner {
             st.fills.remove(&b);
             if ssd && self.dir.remove(b).is_some() {
                 self.c.invalidated_lines.fetch_add(1, Ordering::Relaxed);
+                // A cached block written is taken in again by its
+                // write-through fill.
+                if let Some(d) = &self.door {
+                    d.seen(b);
+                }
             }
             if let Some(ram) = &self.ram {
                 ram.remove(b);
@@ -1095,6 +1141,9 @@ impl Inner {
         let _m = self.maint.lock();
         let Some((idx, contents)) = self.log.take_tail() else { return false };
         if let Some(Tail { seq, entries, buf }) = contents {
+            if !entries.is_empty() {
+                self.full.store(true, Ordering::Relaxed);
+            }
             let seg = self.geo.segment_size as usize;
             let mut budget = seg / 2;
             // A tail at most `recycle_keep`% of which is still cached
@@ -1283,6 +1332,8 @@ impl Cache {
             dev,
             backing,
             size,
+            door: (opts.admission == Admission::Seen).then(|| Doorkeeper::new(dir.lines() as u64)),
+            full: AtomicBool::new(false),
             dir,
             log,
             journal,
@@ -1723,6 +1774,7 @@ impl Cache {
         let lookups = (rh + sh + remh + m).max(1) as f64;
         let ratio = if ls.stored_bytes == 0 { 1.0 } else { ls.logical_bytes as f64 / ls.stored_bytes as f64 };
         let metadata = i.dir.memory_bytes()
+            + i.door.as_ref().map_or(0, |d| d.memory_bytes())
             + i.log.memory_bytes()
             + (i.stripes.len() * std::mem::size_of::<Mutex<Stripe>>()) as u64
             + (crate::seq::STREAMS * 24) as u64;
@@ -1760,6 +1812,7 @@ impl Cache {
             fills_dropped_race: g(&c.fills_dropped_race),
             fills_dropped_queue: g(&c.fills_dropped_queue),
             fills_dropped_space: g(&c.fills_dropped_space),
+            fills_not_admitted: g(&c.fills_not_admitted),
             bypassed_read_blocks: g(&c.bypassed_read_blocks),
             bypassed_write_blocks: g(&c.bypassed_write_blocks),
             invalidated_lines: g(&c.invalidated_lines),
@@ -1911,6 +1964,9 @@ pub struct CacheStats {
     pub fills_dropped_queue: u64,
     /// Fills dropped: no free segment.
     pub fills_dropped_space: u64,
+    /// Fills kept out of the full SSD cache: their blocks were not asked
+    /// for before (`serve --admission seen`).
+    pub fills_not_admitted: u64,
     /// Blocks of sequential reads around the cache.
     pub bypassed_read_blocks: u64,
     /// Blocks of sequential writes around the cache.

@@ -19,6 +19,7 @@
 //! * [`dir`] — the directory: 6 bytes of RAM per line.
 //! * [`log`] — the line store: compressed lines in segments written whole,
 //!   recycled as a ring with second chances.
+//! * [`admit`] — which blocks a full cache takes in (`--admission seen`).
 //! * [`journal`] — invalidations recorded before writes reach the backing.
 //! * [`cache`] — reads, writes, fills, the never-stale rule, recovery.
 //! * [`ram`] and [`pressure`] — the RAM cache and how it notices pressure.
@@ -30,6 +31,7 @@
 //! The cache is served over NBD by `ztier_blk::server` through the
 //! [`ztier_blk::device::Device`] implementation at the end of this file.
 
+pub mod admit;
 pub mod backend;
 pub mod cache;
 pub mod dir;
@@ -46,7 +48,7 @@ use std::io;
 
 use ztier_blk::engine::{BlkError, BlockState};
 
-pub use cache::{Cache, CacheOptions, CacheStats, Mode};
+pub use cache::{Admission, Cache, CacheOptions, CacheStats, Mode};
 
 /// Errors opening or creating a cache.
 #[derive(Debug, thiserror::Error)]

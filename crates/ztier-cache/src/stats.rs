@@ -68,6 +68,8 @@ pub struct Counters {
     pub fills_dropped_queue: AtomicU64,
     /// Fills dropped: no free segment.
     pub fills_dropped_space: AtomicU64,
+    /// Fills kept out of the full SSD cache (not asked for before).
+    pub fills_not_admitted: AtomicU64,
     /// Of the fills, the write-through ones.
     pub write_through_fills: AtomicU64,
     /// Blocks of sequential streams read around the cache.

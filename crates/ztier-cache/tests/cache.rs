@@ -14,7 +14,7 @@ use ztier_blk::backing::CrashBacking;
 use ztier_cache::backend::{Backend, MemBackend};
 use ztier_cache::format::Placement;
 use ztier_cache::pressure::PressureConfig;
-use ztier_cache::{Cache, CacheError, CacheOptions, Mode};
+use ztier_cache::{Admission, Cache, CacheError, CacheOptions, Mode};
 
 fn filled(blocks: u64, kind: u8) -> Arc<MemBackend> {
     let m = Arc::new(MemBackend::new(blocks * B as u64));
@@ -383,6 +383,70 @@ fn hot_lines_get_a_second_chance() {
     }
     let hot_hits = c.stats().ssd_hits - before;
     assert!(hot_hits >= 90, "hot blocks kept: {hot_hits} of 100 ({s:?})");
+}
+
+/// `--admission seen`: once the cache is full, a block read once is
+/// not cached (a scan of one-touch blocks leaves the reused ones alone),
+/// a block read twice is; with `all` the same scan pushes the reused
+/// blocks out. Every read returns the backing's data either way.
+#[test]
+fn admission_seen_keeps_one_touch_blocks_out() {
+    let mut hot_hits = Vec::new();
+    for admission in [Admission::All, Admission::Seen] {
+        let backing = filled(20_000, 0);
+        let o = CacheOptions { sequential_cutoff: 0, admission, ..opts() };
+        let c = open(shape_dev(), backing.clone(), o);
+        // Full: blocks read twice until segments were recycled.
+        let mut b = 1000u64;
+        while c.stats().log.recycled < 4 {
+            for _ in 0..2 {
+                for k in b..b + 64 {
+                    assert_eq!(read_block(&c, k), block(k, 0));
+                }
+                c.drain();
+            }
+            b += 64;
+        }
+        // A reused set, then a scan of 4000 blocks never read before
+        // (the cache holds ~1000).
+        for _ in 0..4 {
+            for h in 0..100 {
+                read_block(&c, h);
+            }
+            c.drain();
+        }
+        let fills = c.stats().ssd_fills;
+        let mut x = 5;
+        for _ in 0..4000 {
+            let s = 10_000 + rng(&mut x) % 10_000;
+            assert_eq!(read_block(&c, s), block(s, 0));
+        }
+        c.drain();
+        let s = c.stats();
+        if admission == Admission::Seen {
+            assert!(s.ssd_fills - fills < 400, "the scan was cached: {s:?}");
+            assert!(s.fills_not_admitted >= 3000, "{s:?}");
+            // A block read twice is taken in.
+            read_block(&c, 9000);
+            c.drain();
+            read_block(&c, 9000);
+            c.drain();
+            let h = c.stats().ssd_hits;
+            assert_eq!(read_block(&c, 9000), block(9000, 0));
+            assert_eq!(c.stats().ssd_hits, h + 1, "read twice, then a hit");
+        } else {
+            assert_eq!(s.fills_not_admitted, 0, "{s:?}");
+        }
+        let before = c.stats().ssd_hits;
+        for h in 0..100 {
+            assert_eq!(read_block(&c, h), block(h, 0));
+        }
+        hot_hits.push(c.stats().ssd_hits - before);
+    }
+    assert!(
+        hot_hits[1] >= 95 && hot_hits[0] < 50,
+        "reused blocks hit after the scan (all, seen): {hot_hits:?}"
+    );
 }
 
 /// The RAM cache: hits in a few microseconds, and it gives memory back

@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use ztier_blk::backing::CrashBacking;
 use ztier_cache::backend::MemBackend;
 use ztier_cache::format::{Placement, Policy};
-use ztier_cache::{Cache, Mode};
+use ztier_cache::{Admission, Cache, Mode};
 use ztier_codec::CodecId;
 
 /// Blocks of the backing (4 MiB); the cache holds ~1 MiB of them raw.
@@ -83,12 +83,21 @@ struct Config {
     ram: bool,
     around: bool,
     sync: bool,
+    /// `Admission::Seen`.
+    seen: bool,
 }
 
 fn config() -> impl Strategy<Value = Config> {
-    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
-        |(direct, policy_lru, raw, ram, around, sync)| Config { direct, policy_lru, raw, ram, around, sync },
-    )
+    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>())
+        .prop_map(|(direct, policy_lru, raw, ram, around, sync, seen)| Config {
+            direct,
+            policy_lru,
+            raw,
+            ram,
+            around,
+            sync,
+            seen,
+        })
 }
 
 fn check(cache: &Cache, model: &[u8], off: u64, len: usize, what: &str) {
@@ -146,6 +155,7 @@ fn run(cfg: Config, ops: Vec<Op>) -> Seen {
         mode: if cfg.around { Mode::Writearound } else { Mode::Writethrough },
         journal_sync: cfg.sync,
         sequential_cutoff: 64 << 10,
+        admission: if cfg.seen { Admission::Seen } else { Admission::All },
         ..opts()
     };
     let mut dev = shape.device();
@@ -269,6 +279,7 @@ fn long_runs_of_each_configuration() {
             ram: bits & 1 == 0,
             around: bits & 2 == 0,
             sync: bits & 4 == 0,
+            seen: bits % 3 == 1,
         };
         let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ bits as u64;
         let mut ops = Vec::new();

@@ -619,18 +619,26 @@ fn refusals() {
     let out =
         ztier().args(["cache", "serve", "--backing"]).arg(&b).arg("--cache").arg(&junk).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a ztier cache"), "{out:?}");
-    // --recycle-keep outside 50-95.
-    for bad in ["40", "96"] {
+    // Options out of range: refused before anything is opened.
+    let refused = |opt: &str, val: &str| {
         let out = ztier()
-            .args(["cache", "serve", "--recycle-keep", bad, "--backing"])
+            .args(["cache", "serve", opt, val, "--backing"])
             .arg(&b)
             .arg("--cache")
             .arg(&c)
             .output()
             .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains("--recycle-keep") && err.contains("50..=95"), "{err}");
+        assert!(!out.status.success(), "{opt} {val}: {out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // --recycle-keep outside 50-95.
+    for bad in ["40", "96"] {
+        let err = refused("--recycle-keep", bad);
+        assert!(err.contains("--recycle-keep") && err.contains("50..=95"), "{err}");
     }
+    // An unknown admission.
+    let err = refused("--admission", "twice");
+    assert!(err.contains("unknown admission 'twice' (all, seen)"), "{err}");
     // Bound to one backing: another size is refused, --discard rebinds.
     let srv = serve(&d, &c, b.to_str().unwrap(), &[]);
     assert_eq!(srv.stop().code(), Some(0));

@@ -58,7 +58,8 @@ pub struct CacheBenchArgs {
     /// Rows: backing, nbdkit-cache, raw, lz4, lz4-direct, lz4-ram,
     /// lz4-remote (lz4-ram over a local redis-server), raw-NWAY or
     /// lz4-NWAY (N-way CLOCK sets; raw and lz4 use `cache create`'s
-    /// default), raw-keepPCT or lz4-keepPCT (`serve --recycle-keep PCT`).
+    /// default), raw-keepPCT or lz4-keepPCT (`serve --recycle-keep PCT`),
+    /// raw-seen or lz4-seen (`serve --admission seen`).
     #[arg(long, default_value = "backing,nbdkit-cache,raw,lz4,lz4-direct,lz4-ram", value_name = "LIST")]
     pub rows: String,
     /// fio's zipf theta.
@@ -633,6 +634,9 @@ fn run_row(
             if let Some(k) = z.keep {
                 c.arg("--recycle-keep").arg(k.to_string());
             }
+            if z.seen {
+                c.args(["--admission", "seen"]);
+            }
             if z.remote {
                 let bed =
                     Testbed::single(&RedisOptions::default()).context("starting a local redis-server")?;
@@ -746,11 +750,14 @@ struct ZtierRow {
     remote: bool,
     /// `serve --recycle-keep` (the server's default if `None`).
     keep: Option<u8>,
+    /// `serve --admission seen`.
+    seen: bool,
 }
 
 impl ZtierRow {
     /// `raw`, `lz4`, `lz4-direct`, `lz4-ram`, `lz4-remote`, `raw-NWAY`,
-    /// `lz4-NWAY`, `raw-keepPCT`, `lz4-keepPCT`; `None` for another row.
+    /// `lz4-NWAY`, `raw-keepPCT`, `lz4-keepPCT`, `raw-seen`, `lz4-seen`;
+    /// `None` for another row.
     fn parse(row: &str) -> Option<ZtierRow> {
         let (codec, rest) = match row.split_once('-') {
             None => (row, ""),
@@ -761,13 +768,20 @@ impl ZtierRow {
             "lz4" => "lz4",
             _ => return None,
         };
-        let mut z =
-            ZtierRow { codec, placement: DEFAULT_PLACEMENT.into(), ram: false, remote: false, keep: None };
+        let mut z = ZtierRow {
+            codec,
+            placement: DEFAULT_PLACEMENT.into(),
+            ram: false,
+            remote: false,
+            keep: None,
+            seen: false,
+        };
         match rest {
             "" => {}
             "direct" if codec == "lz4" => z.placement = "direct".into(),
             "ram" if codec == "lz4" => z.ram = true,
             "remote" if codec == "lz4" => (z.ram, z.remote) = (true, true),
+            "seen" => z.seen = true,
             w if w.starts_with("keep") => {
                 let n: u8 = w["keep".len()..].parse().ok()?;
                 z.keep = Some(n);
@@ -862,17 +876,19 @@ pub fn run(a: CacheBenchArgs) -> Result<i32> {
         let mut ratios = Vec::new();
         // Every compressed row against the uncompressed peers; lz4 against
         // lz4-8way (the default before 32-way sets), lz4-remote against
-        // lz4-ram (what the remote adds).
+        // lz4-ram (what the remote adds), lz4-seen against raw-seen (the
+        // same admission) and lz4 (what admission adds).
         let peers = |row: &str| -> Vec<&'static str> {
             let mut p = vec!["nbdkit-cache", "raw"];
             match row {
                 "lz4" => p.extend(["lz4-8way", "lz4-keep50"]),
                 "lz4-remote" => p.push("lz4-ram"),
+                "lz4-seen" => p.extend(["raw-seen", "lz4"]),
                 _ => {}
             }
             p
         };
-        for peer in ["nbdkit-cache", "raw", "lz4-8way", "lz4-keep50", "lz4-ram"] {
+        for peer in ["nbdkit-cache", "raw", "lz4-8way", "lz4-keep50", "lz4-ram", "raw-seen", "lz4"] {
             for r in rows.iter().filter(|r| r.row.starts_with("lz4") && peers(&r.row).contains(&peer)) {
                 if let Some(k) = rows.iter().find(|k| {
                     k.row == peer

@@ -15,7 +15,7 @@ use ztier_blk::client::ClientOptions;
 use ztier_blk::live;
 use ztier_blk::server::{self, ServeConfig, ServerStats};
 use ztier_cache::backend::open_backing;
-use ztier_cache::cache::{self, CacheOptions, Mode, Remote};
+use ztier_cache::cache::{self, Admission, CacheOptions, Mode, Remote};
 use ztier_cache::format::{Geometry, Placement, Policy, SbState, MAX_WAYS};
 use ztier_cache::pressure::PressureConfig;
 use ztier_cache::report::CacheReport;
@@ -160,6 +160,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = ztier_cache::cache::RECYCLE_KEEP, value_name = "PCT",
           value_parser = clap::value_parser!(u8).range(50..=95))]
     pub recycle_keep: u8,
+    /// Which blocks the full SSD cache takes in: all, or only those asked
+    /// for before, recently (seen; 4 bits of RAM per line).
+    #[arg(long, default_value = "all", value_name = "A")]
+    pub admission: Admission,
     /// Write the final statistics (as `cache stats --json` of a served
     /// cache gives them) to FILE at exit.
     #[arg(long, value_name = "FILE")]
@@ -374,6 +378,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
         discard: a.discard,
         fillers: a.fillers.max(1),
         recycle_keep: a.recycle_keep,
+        admission: a.admission,
         pressure: (ram > 0).then(PressureConfig::default),
         remote: remote_tier(&a)?,
         ..CacheOptions::default()
