@@ -864,19 +864,21 @@ mod tests {
 
     /// The background evictor's batch in flight: its victims are still
     /// in memory, so a write takes one back (no fault: `taken_back`) and
-    /// a read hits, where victims that left at once would fault; once the
-    /// batch is compressed and committed (3 ms of the program's clock
-    /// later, past the protection's longest wait), they fault as before.
+    /// a read hits, where victims that left at once fault; once the batch
+    /// is compressed and committed (3 ms of the program's clock later,
+    /// past the protection's longest wait) they fault as before.
     #[test]
     fn victims_in_flight_are_taken_back_by_writes_and_hit_by_reads() {
         let d = dir("flight");
         let path = d.join("flight.trace");
-        // Fill 1200 adjacent pages (written) under 1000 pages, then touch
-        // the oldest 20 again: `pause` references to a resident page between.
+        // 992 adjacent pages written under 1000 (62 zero runs of 16): the
+        // evictor wakes above 968 and takes 40 victims (down to budget −
+        // reserve, 936), nothing else is evicted; then every page is
+        // touched again, `pause` references to a resident page later.
         let case = |pause: usize, write: bool| -> (Counts, Counts) {
-            let mut refs: Vec<(u64, bool)> = (0..1200u64).map(|p| (p, true)).collect();
-            refs.extend(std::iter::repeat_n((1199, false), pause));
-            refs.extend((0..20u64).map(|p| (p, write)));
+            let mut refs: Vec<(u64, bool)> = (0..992u64).map(|p| (p, true)).collect();
+            refs.extend(std::iter::repeat_n((991, false), pause));
+            refs.extend((0..992u64).map(|p| (p, write)));
             write_trace(&path, &refs, Some(1024));
             let s = summarize(&path, CodecId::Lz4).unwrap();
             let spec = Spec::parse("shipped", ztier_policy::Frontend::Sim).unwrap();
@@ -888,16 +890,14 @@ mod tests {
         };
         let (on, off) = case(0, true);
         assert_eq!(off.taken_back, 0, "{off:?}");
-        assert!(off.store_faults >= 1, "the oldest pages left at once: {off:?}");
-        assert!(on.taken_back >= 10, "{on:?}");
-        assert!(on.store_faults + 10 <= off.store_faults, "on {on:?} off {off:?}");
-        let (on_read, _) = case(0, false);
-        assert_eq!(on_read.taken_back, 0, "{on_read:?}");
-        assert!(on_read.store_faults + 10 <= off.store_faults, "reads of victims in flight hit: {on_read:?}");
-        let (later, off_later) = case(3_000_000, true);
-        assert_eq!(later.taken_back, 0, "committed before the writes: {later:?}");
-        assert!(later.store_faults >= 1, "{later:?}");
-        assert_eq!(off_later.store_faults, off.store_faults);
+        assert!(off.store_faults >= 3, "40 victims gone at once, faulted back by walks: {off:?}");
+        assert_eq!((on.taken_back, on.store_faults), (40, 0), "{on:?}");
+        let (on, _) = case(0, false);
+        assert_eq!((on.taken_back, on.store_faults), (0, 0), "reads of victims in flight hit: {on:?}");
+        let (on, _) = case(3_000_000, true);
+        assert_eq!(on.taken_back, 0, "committed before the writes: {on:?}");
+        assert_eq!(on.compressions, 40, "{on:?}");
+        assert!(on.store_faults >= 2, "the 40 come back from the store, by walks: {on:?}");
         std::fs::remove_dir_all(&d).unwrap();
     }
 
