@@ -565,7 +565,7 @@ impl Pager<'_> {
     fn compresses(&self, i: usize) -> bool {
         let s = self.state[i];
         let zero = if self.sized[i] { self.size[i] == 0 } else { s & DATA == 0 };
-        !zero && !(s & CLEAN != 0 && self.store.contains(i))
+        !(zero || (s & CLEAN != 0 && self.store.contains(i)))
     }
 
     /// One batch of up to `max` victims while more than `target` pages
