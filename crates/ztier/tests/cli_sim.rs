@@ -72,6 +72,7 @@ fn json_rows_for_every_memory_policy_and_disk_cost() {
             "compressed_hits",
             "paging_time_s",
             "normalized",
+            "taken_back",
         ] {
             assert!(!r[k].is_null(), "{k} missing in {r}");
         }
