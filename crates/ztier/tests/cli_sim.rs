@@ -332,4 +332,3 @@ fn live_runs(d: &Path, budget: &str, extra: &[&OsStr], cmd: &[&OsStr]) -> Vec<se
         })
         .collect()
 }
-
