@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`ztier sim` (shipped policy) against `ztier run` on one program: a
-Markdown row per budget with the simulator's store faults, the run's
-store faults, `taken_back`, and their sum (medians of RUNS runs, each
-managed from the first byte: ZTIER_START_AFTER=0). See docs/policy.md,
+Markdown row per budget with the simulator's store faults and
+`taken_back` next to the run's (medians of RUNS runs, each managed from
+the first byte: ZTIER_START_AFTER=0, with their ranges), and their sums;
+each simulated count's offset from the run's median. See docs/policy.md,
 "Does the simulator predict `ztier run`?".
 
 usage: sim-vs-live.py NAME TRACE BUDGETS RUNS -- CMD...
@@ -10,7 +11,8 @@ usage: sim-vs-live.py NAME TRACE BUDGETS RUNS -- CMD...
 
 Runs in the current folder (the command's files are found there) and
 leaves NAME-sim.json and NAME-live-BUDGET.json there; ZTIER names the
-binary (default: ztier on PATH)."""
+binary (default: ztier on PATH); SIM_ARGS adds arguments to `ztier sim`
+(e.g. --no-pipeline)."""
 import json
 import os
 import statistics
@@ -26,29 +28,28 @@ def main():
     cmd = sys.argv[sys.argv.index('--') + 1:]
     sim = json.loads(subprocess.run(
         [z, 'sim', '--trace', trace, '--memory', ','.join(budgets), '--policy', 'shipped', '--disk-ms', '5',
-         '--json', '--threads', '2'], capture_output=True, check=True).stdout)
+         '--json', '--threads', '2'] + os.environ.get('SIM_ARGS', '').split(), capture_output=True,
+        check=True).stdout)
     json.dump(sim, open(f'{name}-sim.json', 'w'))
     env = dict(os.environ, ZTIER_START_AFTER='0')
     for b, m in zip(budgets, sorted({r['memory_pages'] for r in sim['results']})):
-        p = next(r['store_faults'] for r in sim['results'] if r['memory_pages'] == m and r['policy'] == 'shipped')
+        row = next(r for r in sim['results'] if r['memory_pages'] == m and r['policy'] == 'shipped')
+        p, q = row['store_faults'], row['taken_back']
         live = []
         for _ in range(runs):
             f = f'{name}-stats.json'
             subprocess.run([z, 'run', '--budget', b, '--stats', f, '--'] + cmd, env=env,
                            stdout=subprocess.DEVNULL, check=True)
             s = json.load(open(f))
-            live.append(tuple(sum(q[k] for q in s['per_process']) for k in ('store_faults', 'taken_back')))
+            live.append(tuple(sum(x[k] for x in s['per_process']) for k in ('store_faults', 'taken_back')))
         json.dump(live, open(f'{name}-live-{b}.json', 'w'))
-        sf = [x[0] for x in live]
-        tb = [x[1] for x in live]
-        both = [x[0] + x[1] for x in live]
-        ms, mb = statistics.median(sf), statistics.median(both)
 
-        def off(live):
-            return f'{(p / live - 1) * 100:+.0f}%' if live else '–'
-        print(f'| {name} | {b} | {p} | {int(ms)} ({min(sf)}–{max(sf)}) | {off(ms)} '
-              f'| {int(statistics.median(tb))} ({min(tb)}–{max(tb)}) | {int(mb)} ({min(both)}–{max(both)}) '
-              f'| {off(mb)} |', flush=True)
+        def cell(sim, xs):
+            m = statistics.median(xs)
+            off = f'{(sim / m - 1) * 100:+.0f}%' if m else '–'
+            return f'{sim} | {int(m)} ({min(xs)}–{max(xs)}) | {off}'
+        print(f'| {name} | {b} | {cell(p, [x[0] for x in live])} | {cell(q, [x[1] for x in live])} '
+              f'| {cell(p + q, [x[0] + x[1] for x in live])} |', flush=True)
 
 
 if __name__ == '__main__':

@@ -19,6 +19,26 @@
 //!  budget − reserve ([`ztier_policy::pacing`])
 //! ```
 //!
+//! The background evictor's pipeline ([`PagerOptions::pipeline`], on by
+//! default) is modelled as the run library runs it: one batch in flight
+//! at a time, its victims still in memory until the batch is committed.
+//!
+//! ```text
+//!  take (up to BACKGROUND_BATCH victims, EVICTING, still resident)
+//!   ─► protected: by the next fault service, or NEAR_WAIT after the take
+//!   ─► compressed: victims × compress time later ─► sealed and committed
+//!  reads of a victim in flight hit; a write after the protection takes it
+//!  back (`taken_back`, no fault; queued again at the commit); a write
+//!  before it lands in the page (the evictor compresses what it reads)
+//! ```
+//!
+//! The clock for that is the program's: `ref_ns` per reference, a
+//! fault's service, an inline eviction's compressions; the evictor
+//! compresses beside it on a CPU of its own. After a commit the evictor
+//! takes its next batch at once if there is one to take (the run
+//! library's `evictor_loop`), else it sleeps until a fault finds the
+//! resident count above budget − reserve/2.
+//!
 //! Victims are asked of the replacement one by one, each taking its
 //! resident neighbours along (up to [`CLUSTER`]); an evicted page whose
 //! content is zero (its latest compression record says size 0, or it has
@@ -31,10 +51,12 @@
 //! of RAM); with one, it holds its share of the memory and the oldest
 //! copies beyond it go to the backing store (the spill file).
 //!
-//! What the model leaves out: the background evictor runs at once after
-//! each fault (live it runs beside the program, a little behind), so
-//! no fault waits for an eviction in flight, and no victim is taken back
-//! by a write; pages the program releases (`free`, `munmap`) stay as
+//! What the model leaves out: with the pipeline off, the background
+//! evictor runs at once after each fault (live it runs beside the
+//! program, a little behind), and no victim is taken back by a write;
+//! with it on, the time between the seal and the commit (the release,
+//! during which reads of a victim still hit live), faults that wait for
+//! a commit, and the evictor's 100 ms naps; pages the program releases (`free`, `munmap`) stay as
 //! they are (a trace holds references only); system calls' pins and the
 //! library's own pages are not there; a page's content is taken from
 //! its compression records.
@@ -59,7 +81,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use hashbrown::HashMap;
-use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, CLUSTER, EVICT_BATCH};
+use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, CLUSTER, EVICT_BATCH};
 use ztier_policy::prefetch::{Prefetch, MAX_STORE_RUN, MAX_ZERO_RUN};
 use ztier_policy::recency::PageHasher;
 use ztier_policy::replacement::{Replacement, Verdict};
@@ -78,6 +100,11 @@ pub const ZERO_RUN: usize = MAX_ZERO_RUN;
 /// reach (16 pages), so none crosses.
 const GAP: usize = 32;
 
+/// How long the background evictor waits for a fault service to make
+/// its batch's write protections before it makes them itself: the run
+/// library's `near::NEAR_WAIT` (crates/ztier-preload/src/lib.rs), 2 ms.
+pub const NEAR_WAIT_NS: f64 = 2e6;
+
 /// Settings of the model that `ztier run` takes from its options.
 #[derive(Clone, Copy, Debug)]
 pub struct PagerOptions {
@@ -86,11 +113,40 @@ pub struct PagerOptions {
     /// Pages bound for probation keep their stored copies (`--clean
     /// verify`, the default): evicted unwritten, they cost no compression.
     pub verify: bool,
+    /// The background evictor's pipeline (see the module docs); `None`:
+    /// its victims leave memory the moment they are chosen.
+    pub pipeline: Option<Pipeline>,
+}
+
+/// The clock of the evictor's pipeline: the program's time and the
+/// evictor's, in nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pipeline {
+    /// The program's own time per traced reference (`ztier sim
+    /// --ref-ns`, default 1 ns: sort of 50k lines made 74.6 M references
+    /// in 78 ms outside fault service at 3M, sqlite3 70.8 M in 88 ms).
+    pub ref_ns: f64,
+    /// A fault's service, the program stopped meanwhile (5 µs: `ztier
+    /// run --stats`' `fault_p50_us` on those runs, 5.1).
+    pub fault_ns: f64,
+    /// The evictor's compression of one page (3 µs: lz4 of a 4 KiB
+    /// page, as the run library's manager docs put it).
+    pub compress_ns: f64,
+}
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        Pipeline { ref_ns: 1.0, fault_ns: 5_000.0, compress_ns: 3_000.0 }
+    }
 }
 
 impl Default for PagerOptions {
     fn default() -> Self {
-        PagerOptions { prefetch: ztier_policy::walk::SHIPPED_PREFETCH, verify: true }
+        PagerOptions {
+            prefetch: ztier_policy::walk::SHIPPED_PREFETCH,
+            verify: true,
+            pipeline: Some(Pipeline::default()),
+        }
     }
 }
 
@@ -173,13 +229,20 @@ impl Layout {
     }
 }
 
-/// Slot states (bits 0..1) and flags.
+/// Slot states (bits 0..2) and flags.
 const ABSENT: u8 = 0;
 const RESIDENT: u8 = 1;
 const STORED: u8 = 2;
+/// A victim of the background batch in flight: still in memory (and
+/// counted resident) until the batch is committed.
+const EVICTING: u8 = 3;
 /// A gap between stretches: never installed.
-const GAP_SLOT: u8 = 3;
-const STATE: u8 = 3;
+const GAP_SLOT: u8 = 4;
+const STATE: u8 = 7;
+/// Resident, taken back by a write from the batch in flight: out of the
+/// replacement's queues until the batch's commit queues it again (the
+/// run library's RESIDENT | OWNED).
+const TAKEN: u8 = 0x08;
 /// Written since it was installed as zeros: its content is not zero.
 const DATA: u8 = 0x10;
 /// Resident, and the store kept its copy: unwritten since, so evicting
@@ -242,6 +305,17 @@ impl StoreModel {
     }
 }
 
+/// The background evictor's batch in flight.
+struct Flight {
+    /// Its victims (EVICTING, or RESIDENT | TAKEN once taken back).
+    pages: Vec<usize>,
+    /// When it was taken.
+    taken_at: f64,
+    /// When its protections were made (from then on a write takes a
+    /// victim back) and when it is sealed and committed.
+    protected_at: Option<(f64, f64)>,
+}
+
 /// The model of one pager over a layout.
 struct Pager<'a> {
     state: Vec<u8>,
@@ -264,6 +338,10 @@ struct Pager<'a> {
     spilled: Vec<usize>,
     target_sum: f64,
     misses: u64,
+    pipeline: Option<Pipeline>,
+    /// The program's clock, ns (with the pipeline).
+    clock: f64,
+    flight: Option<Flight>,
 }
 
 impl Pager<'_> {
@@ -273,6 +351,13 @@ impl Pager<'_> {
 
     /// A reference to slot `i` that is not resident.
     fn fault(&mut self, i: usize) {
+        // The fault service makes the protections of a batch waiting for
+        // them (after serving this fault).
+        if let Some(pl) = self.pipeline {
+            let at = self.clock + pl.fault_ns;
+            self.protect(at);
+            self.clock = at;
+        }
         let walk = self.prefetch.fault(i);
         self.counts.faults += 1;
         match self.state[i] & STATE {
@@ -374,41 +459,175 @@ impl Pager<'_> {
     fn background(&mut self) {
         let reserve = reserve_of(self.limit());
         if self.resident > self.limit() - reserve / 2 {
+            if self.pipeline.is_some() {
+                self.take_batch();
+                return;
+            }
             let target = self.limit() - reserve;
             while self.evict(BACKGROUND_BATCH, target) {}
         }
     }
 
+    /// The run library's `take_background_victims`: a batch of up to
+    /// [`BACKGROUND_BATCH`] victims towards budget − reserve, none while
+    /// one is in flight (one evictor), and none of fewer than
+    /// [`BACKGROUND_LEAST`] (at most half the reserve) while eviction is
+    /// not wanted yet. Its victims stay in memory until the commit.
+    fn take_batch(&mut self) {
+        if self.flight.is_some() {
+            return;
+        }
+        let limit = self.limit();
+        let reserve = reserve_of(limit);
+        let target = limit - reserve;
+        let least = BACKGROUND_LEAST.min(reserve / 2);
+        let wanted = self.resident > limit - reserve / 2;
+        if !wanted && self.resident < target + least {
+            return;
+        }
+        let mut pages = Vec::new();
+        self.pick(BACKGROUND_BATCH, target, &mut pages);
+        if pages.is_empty() {
+            return;
+        }
+        self.flight = Some(Flight { pages, taken_at: self.clock, protected_at: None });
+    }
+
+    /// The batch in flight is write-protected at `at` (if it is not yet):
+    /// from then on it is compressed, a victim after another.
+    fn protect(&mut self, at: f64) {
+        let Some(pl) = self.pipeline else { return };
+        let Some(f) = &self.flight else { return };
+        if f.protected_at.is_some() {
+            return;
+        }
+        let at = at.max(f.taken_at);
+        let n = f.pages.iter().filter(|&&i| self.state[i] & STATE == EVICTING && self.compresses(i)).count();
+        if let Some(f) = &mut self.flight {
+            f.protected_at = Some((at, at + n as f64 * pl.compress_ns));
+        }
+    }
+
+    /// The program's clock moves `ns` on: a batch not protected within
+    /// [`NEAR_WAIT_NS`] is protected by the evictor itself; a batch
+    /// compressed is sealed and committed, and the evictor takes its next.
+    fn advance(&mut self, ns: f64) {
+        self.clock += ns;
+        while let Some(f) = &self.flight {
+            let taken_at = f.taken_at;
+            match f.protected_at {
+                None if self.clock >= taken_at + NEAR_WAIT_NS => self.protect(taken_at + NEAR_WAIT_NS),
+                Some((_, sealed)) if self.clock >= sealed => {
+                    self.commit();
+                    self.take_batch();
+                    if let Some(f) = &mut self.flight {
+                        f.taken_at = sealed;
+                    }
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// The batch in flight is committed: its victims leave memory, those
+    /// taken back are queued again.
+    fn commit(&mut self) {
+        let Some(f) = self.flight.take() else { return };
+        for &i in &f.pages {
+            let s = self.state[i];
+            if s & TAKEN != 0 {
+                self.state[i] = s & !TAKEN;
+                self.repl.requeue(i);
+            } else {
+                self.out(i);
+            }
+        }
+        self.spill();
+    }
+
+    /// A reference to victim `i` of the batch in flight: a write after
+    /// its protection takes it back (the run library's `take_back`).
+    fn touch_evicting(&mut self, i: usize, write: bool) {
+        let protected = self.flight.as_ref().is_some_and(|f| f.protected_at.is_some());
+        if !write || !protected {
+            return;
+        }
+        let s = self.state[i];
+        if s & CLEAN != 0 {
+            self.store.take(i);
+        }
+        self.state[i] = (s & !(STATE | CLEAN)) | RESIDENT | TAKEN;
+        self.counts.taken_back += 1;
+    }
+
+    /// Would evicting `i` compress it (not all zero, not an unwritten
+    /// page whose stored copy was kept)?
+    fn compresses(&self, i: usize) -> bool {
+        let s = self.state[i];
+        let zero = if self.sized[i] { self.size[i] == 0 } else { s & DATA == 0 };
+        !(zero || (s & CLEAN != 0 && self.store.contains(i)))
+    }
+
     /// One batch of up to `max` victims while more than `target` pages
     /// are resident; whether any was taken.
     fn evict(&mut self, max: usize, target: usize) -> bool {
-        let mut taken = 0;
+        let mut pages = Vec::new();
+        self.pick(max, target, &mut pages);
+        let pipeline = self.pipeline;
+        for &i in &pages {
+            // Compressed inline: the program waits.
+            if let Some(pl) = pipeline.filter(|_| self.compresses(i)) {
+                self.clock += pl.compress_ns;
+            }
+            self.out(i);
+        }
+        if !pages.is_empty() {
+            self.spill();
+        }
+        !pages.is_empty()
+    }
+
+    /// The run library's `take_victims`: up to `max` victims into
+    /// `pages`, oldest first, each with the resident neighbours the
+    /// replacement lets go along, while more than `target` pages (and
+    /// those taken) are resident. The victims are marked EVICTING (still
+    /// counted resident): the caller evicts them or puts them in flight.
+    fn pick(&mut self, max: usize, target: usize, pages: &mut Vec<usize>) {
+        let first = pages.len();
         let mut looks = self.repl.queued();
-        while taken < max && self.resident > target && looks > 0 {
+        while pages.len() - first < max && self.resident > target + pages.len() - first && looks > 0 {
             looks -= 1;
             let state = &self.state;
             let Some(i) = self.repl.candidate(&|i| state[i] & STATE == RESIDENT) else { break };
-            let verdict = if self.state[i] & STATE == RESIDENT { Verdict::Take } else { Verdict::Stale };
+            let s = self.state[i];
+            let verdict = if s & (STATE | TAKEN) == RESIDENT | TAKEN {
+                Verdict::Owned
+            } else if s & STATE == RESIDENT {
+                Verdict::Take
+            } else {
+                Verdict::Stale
+            };
             self.repl.judge(i, verdict);
             if verdict != Verdict::Take {
                 continue;
             }
-            self.out(i);
-            taken += 1;
+            self.state[i] = (s & !STATE) | EVICTING;
+            pages.push(i);
             let mut j = i + 1;
-            while j < self.state.len() && j < i + CLUSTER && taken < max && self.resident > target {
-                if self.state[j] & STATE != RESIDENT || !self.repl.clusters(j) {
+            while j < self.state.len()
+                && j < i + CLUSTER
+                && pages.len() - first < max
+                && self.resident > target + pages.len() - first
+            {
+                let t = self.state[j];
+                if t & (STATE | TAKEN) != RESIDENT || !self.repl.clusters(j) {
                     break;
                 }
-                self.out(j);
-                taken += 1;
+                self.state[j] = (t & !STATE) | EVICTING;
+                pages.push(j);
                 j += 1;
             }
         }
-        if taken > 0 {
-            self.spill();
-        }
-        taken > 0
     }
 
     /// Victim `i` leaves memory.
@@ -485,6 +704,9 @@ pub fn replay(
         spilled: Vec::new(),
         target_sum: 0.0,
         misses: 0,
+        pipeline: opts.pipeline,
+        clock: 0.0,
+        flight: None,
     };
     if let Some(t) = p.sizing.as_mut().and_then(|s| s.apply(true)) {
         p.resized(t);
@@ -505,6 +727,9 @@ pub fn replay(
             Event::Ref { page, write } => (page, write),
         };
         p.counts.references += 1;
+        if let Some(pl) = p.pipeline {
+            p.advance(pl.ref_ns);
+        }
         // Memory the library does not manage is not the pager's: its
         // references are neither hits nor faults here.
         let Some(&i) = layout.slot.get(&page) else { continue };
@@ -515,7 +740,11 @@ pub fn replay(
             seen[i] = true;
             p.counts.disk_faults += 1;
         }
-        if p.state[i] & STATE != RESIDENT {
+        let st = p.state[i] & STATE;
+        if st == EVICTING {
+            // Still in memory: a hit, but a write may take it back.
+            p.touch_evicting(i, write);
+        } else if st != RESIDENT {
             p.fault(i);
             p.misses += 1;
             p.target_sum += p.sizing.as_ref().map_or(0, Split::store_pages) as f64;
@@ -524,6 +753,7 @@ pub fn replay(
             p.state[i] = (p.state[i] | DATA) & !CLEAN;
         }
     }
+    // What is in flight at the end is not counted: the program is gone.
     let secs = start.elapsed().as_secs_f64();
     let (misses, target_sum) = (p.misses, p.target_sum);
     drop(p);
@@ -629,6 +859,45 @@ mod tests {
         // (What is still resident of a pass when the next begins is hit.)
         assert!(z.zero_faults * 16 >= 3 * 4096 - 2 * 1024, "{z:?}");
         assert!(z.zero_faults * 16 < 3 * 4096, "{z:?}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The background evictor's batch in flight: its victims are still
+    /// in memory, so a write takes one back (no fault: `taken_back`) and
+    /// a read hits, where victims that left at once fault; once the batch
+    /// is compressed and committed (3 ms of the program's clock later,
+    /// past the protection's longest wait) they fault as before.
+    #[test]
+    fn victims_in_flight_are_taken_back_by_writes_and_hit_by_reads() {
+        let d = dir("flight");
+        let path = d.join("flight.trace");
+        // 992 adjacent pages written under 1000 (62 zero runs of 16): the
+        // evictor wakes above 968 and takes 40 victims (down to budget −
+        // reserve, 936), nothing else is evicted; then every page is
+        // touched again, `pause` references to a resident page later.
+        let case = |pause: usize, write: bool| -> (Counts, Counts) {
+            let mut refs: Vec<(u64, bool)> = (0..992u64).map(|p| (p, true)).collect();
+            refs.extend(std::iter::repeat_n((991, false), pause));
+            refs.extend((0..992u64).map(|p| (p, write)));
+            write_trace(&path, &refs, Some(1024));
+            let s = summarize(&path, CodecId::Lz4).unwrap();
+            let spec = Spec::parse("shipped", ztier_policy::Frontend::Sim).unwrap();
+            let layout = Layout::of_trace(&path).unwrap();
+            let on = PagerOptions::default();
+            let off = PagerOptions { pipeline: None, ..on };
+            let run = |o| replay(&path, &s, &layout, 1000, &spec, costs(), o).unwrap().0;
+            (run(on), run(off))
+        };
+        let (on, off) = case(0, true);
+        assert_eq!(off.taken_back, 0, "{off:?}");
+        assert!(off.store_faults >= 3, "40 victims gone at once, faulted back by walks: {off:?}");
+        assert_eq!((on.taken_back, on.store_faults), (40, 0), "{on:?}");
+        let (on, _) = case(0, false);
+        assert_eq!((on.taken_back, on.store_faults), (0, 0), "reads of victims in flight hit: {on:?}");
+        let (on, _) = case(3_000_000, true);
+        assert_eq!(on.taken_back, 0, "committed before the writes: {on:?}");
+        assert_eq!(on.compressions, 40, "{on:?}");
+        assert!(on.store_faults >= 2, "the 40 come back from the store, by walks: {on:?}");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -110,4 +110,8 @@ pub struct Counts {
     pub prefetched: u64,
     /// Store faults that continued no walk (one page, no prefetch).
     pub lone_faults: u64,
+    /// Victims of the background evictor's batch in flight that a write
+    /// took back before they left memory (`ztier run --stats`'
+    /// `taken_back`; fault-driven policies with the pipeline modelled).
+    pub taken_back: u64,
 }

@@ -265,6 +265,10 @@ pub struct SimRow {
     /// `ztier run --stats` reports as `store_faults`, for a fault-driven
     /// policy.
     pub store_faults: u64,
+    /// Victims of the background evictor taken back by a write before
+    /// they left memory (fault-driven policies; `ztier run --stats`'
+    /// `taken_back`): `ztier run` counts no fault for those.
+    pub taken_back: u64,
     /// Page-ins of a fault-driven pager (0 for `lru`).
     pub faults: u64,
     /// Zero faults of a fault-driven pager (0 for `lru`).
@@ -624,6 +628,7 @@ pub fn sweep(
                     unsized_compressions: c.unsized_compressions,
                     mean_target_pages: c.mean_target_pages,
                     store_faults: c.store_faults,
+                    taken_back: c.taken_back,
                     faults: c.faults,
                     zero_faults: c.zero_faults,
                     prefetched: c.prefetched,

@@ -70,10 +70,17 @@ pub struct SimArgs {
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Estimated run time per traced data reference without paging, in
-    /// nanoseconds: only used to mark the interesting range (memory sizes
-    /// where no compression spends 1%..90% of its time paging).
+    /// nanoseconds: marks the interesting range (memory sizes where no
+    /// compression spends 1%..90% of its time paging) and is the program's
+    /// clock for the background evictor's pipeline (fault-driven policies).
     #[arg(long, default_value_t = 1.0, value_name = "NS")]
     pub ref_ns: f64,
+    /// Fault-driven policies: evict the background evictor's victims the
+    /// moment they are chosen, instead of modelling its pipeline (victims
+    /// stay in memory until their batch is compressed; a write takes one
+    /// back, counted as `taken_back`).
+    #[arg(long)]
+    pub no_pipeline: bool,
     /// Stored pages a sequential walk brings in, as `ztier run --prefetch`
     /// (fault-driven policies).
     #[arg(long, default_value_t = ztier_policy::walk::SHIPPED_PREFETCH as u32,
@@ -140,7 +147,14 @@ pub fn run(a: SimArgs) -> Result<i32> {
         codec: a.codec,
         threads: a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         ref_ns: a.ref_ns,
-        pager: ztier_sim::pager::PagerOptions { prefetch: a.prefetch as usize, verify: a.clean != "off" },
+        pager: ztier_sim::pager::PagerOptions {
+            prefetch: a.prefetch as usize,
+            verify: a.clean != "off",
+            pipeline: (!a.no_pipeline).then(|| ztier_sim::pager::Pipeline {
+                ref_ns: a.ref_ns,
+                ..ztier_sim::pager::Pipeline::default()
+            }),
+        },
     };
     let pb = std::io::stderr().is_terminal().then(|| {
         let pb = ProgressBar::new(0);
