@@ -10,6 +10,12 @@
 //!   --fault-log`).
 //! * [`names`] — the `ZTIER_*` environment variables the command sets
 //!   for the library, and the control socket's requests.
+//! * [`state`] — the page-state byte of the arena and its transitions
+//!   (the page-state machine).
+//! * [`pins`] — the books of what keeps pages resident (pins, memory
+//!   locks, threads' kept pins, holds) and of what a forked child gets.
 
 pub mod faultlog;
 pub mod names;
+pub mod pins;
+pub mod state;
