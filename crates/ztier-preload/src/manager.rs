@@ -144,29 +144,13 @@ use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP}
 use crate::sys;
 use ztier_run_core::faultlog::{FaultLog, Kind, Row};
 use ztier_run_core::names::env;
+use ztier_run_core::pins::{Kept, Pins};
+pub use ztier_run_core::pins::{KeptKind, OnFork};
+use ztier_run_core::state;
 
 pub use crate::sys::PAGE;
-/// No data: the next touch gets zeros.
-pub const ABSENT: u8 = 0;
-/// In memory, uncompressed.
-pub const RESIDENT: u8 = 1;
-/// Compressed in the store (or its spill file).
-pub const STORED: u8 = 2;
-/// Being evicted by the background evictor (still in memory,
-/// write-protected).
-pub const EVICTING: u8 = 3;
-/// Mask of the state bits.
-pub const STATE: u8 = 3;
-/// Resident, installed write-protected from the store, which still holds
-/// its copy: not written since, so evicting it needs no compression.
-pub const CLEAN: u8 = 0x10;
-/// Picked by an eviction that has not committed yet: its memory may be
-/// released without the lock, so faults on it wait for the commit (but
-/// see [`Manager::commit_early`]).
-pub const OWNED: u8 = 0x04;
-/// Not readable (mprotect'ed): never evicted.
-pub const NOEVICT: u8 = 0x40;
 pub use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, CLUSTER, EVICT_BATCH};
+pub use ztier_run_core::state::{ABSENT, CLEAN, EVICTING, NOEVICT, OWNED, RESIDENT, STATE, STORED};
 /// Zero pages installed per fault on a never-touched page, at most (the
 /// prefetch says how many; pins fill this many at a time).
 pub const ZERO_RUN: usize = MAX_ZERO_RUN;
@@ -563,24 +547,13 @@ pub struct Manager {
     buf: Vec<u8>,
     zero: Vec<u8>,
     cfg: Config,
-    /// Page ranges `[first, end)` pinned resident for system calls in
-    /// flight (see [`Manager::pin`]); never victims.
-    pins: Vec<(usize, usize)>,
-    /// Page ranges `[first, end)` the program locked (`mlock`), disjoint;
-    /// each is also a pin ([`Manager::lock_pages`]).
-    locked: Vec<(usize, usize)>,
-    /// `mlockall`: no page is evicted ([`Manager::lock_all`]).
-    locked_all: bool,
-    /// Holds asked through the control socket (`ztier hold`), by the
-    /// asking process's ID, each until its lease runs out: while any
-    /// is in force no page is evicted ([`Manager::hold`]).
-    holds: Vec<(i32, std::time::Instant)>,
-    /// Page ranges `[first, end)` a forked child gets as zeros
-    /// (`MADV_WIPEONFORK`) or not at all (`MADV_DONTFORK`), with how
-    /// (see [`Manager::wipe_on_fork`]).
-    wipe: Vec<(usize, usize, OnFork)>,
-    /// Pins that outlive a system call (see [`Manager::keep_pinned`]).
-    kept: Vec<Kept>,
+    /// What keeps pages resident — pins for system calls in flight
+    /// ([`Manager::pin`]), the program's memory locks
+    /// ([`Manager::lock_pages`], [`Manager::lock_all`]), threads' kept
+    /// pins ([`Manager::keep_pinned`]), holds ([`Manager::hold`]) — and
+    /// the ranges a forked child gets as zeros or not at all
+    /// ([`Manager::wipe_on_fork`]).
+    pins: Pins,
     /// One row per page-in (`--fault-log`), if asked for.
     log: Option<FaultLog>,
     /// The store refused a victim (it is full and nothing can go to a
@@ -852,50 +825,9 @@ pub static LOCKED_RANGES: AtomicUsize = AtomicUsize::new(0);
 /// a `free` checks this before it takes the manager's lock to unmark.
 pub static WIPE_RANGES: AtomicUsize = AtomicUsize::new(0);
 
-/// What a forked child gets of a range ([`Manager::wipe_on_fork`]).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum OnFork {
-    /// The parent's pages (`MADV_KEEPONFORK`, `MADV_DOFORK`: the default).
-    Keep,
-    /// Zeros (`MADV_WIPEONFORK`).
-    Wipe,
-    /// Nothing: a touch is a `SIGSEGV` (`MADV_DONTFORK`).
-    Drop,
-}
-
 /// Pages pinned now (the sum of [`Manager::pin`]s not yet ended): at
 /// exit, pins that nothing ended.
 pub static PINNED_PAGES: AtomicUsize = AtomicUsize::new(0);
-
-/// Memory a thread needs resident outside any system call, kept pinned
-/// while the thread has it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeptKind {
-    /// A stack the program gave a thread (`pthread_attr_setstack`): its
-    /// frames, control block and thread-locals.
-    Stack,
-    /// An `rseq` area: the CPU number, on every return to user space.
-    Rseq,
-    /// A robust mutex the thread holds as it exits (one entry each): the
-    /// kernel's walk of the thread's robust list reads and marks it
-    /// after the thread's last code has run.
-    Robust,
-    /// The thread's dynamic thread vector (glibc's table of its
-    /// thread-local blocks), which every access to a library's
-    /// thread-local reads: glibc allocates it with the program's
-    /// `calloc`, arena memory where the program has an allocator of its
-    /// own (`keep_thread_vector` in the `sud` module).
-    Dtv,
-}
-
-/// One kept pin: thread `tid`'s `kind` of memory, pages `[first, end)`.
-#[derive(Clone, Copy, Debug)]
-struct Kept {
-    tid: i32,
-    kind: KeptKind,
-    first: usize,
-    end: usize,
-}
 
 /// A per-page table: a private anonymous mapping of `len` zeroed `T`s,
 /// backed only where touched (the arena is 64 GiB of address space), and
@@ -1301,12 +1233,7 @@ impl Manager {
             buf: vec![0; MAX_STORE_RUN * PAGE],
             zero: vec![0; ZERO_RUN * PAGE],
             cfg,
-            pins: Vec::new(),
-            wipe: Vec::new(),
-            locked: Vec::new(),
-            locked_all: false,
-            holds: Vec::new(),
-            kept: Vec::new(),
+            pins: Pins::new(),
             log: FaultLog::from_env(),
             refusing: None,
             taken_out: 0,
@@ -1425,7 +1352,7 @@ impl Manager {
         if a.promoted {
             stats.promoted.fetch_add(1, Ordering::Relaxed);
         }
-        self.set(i, (s & !STATE) | RESIDENT);
+        self.set(i, state::resident(s));
         let (w, b) = (i >> 14, 1u64 << ((i >> 8) & 63));
         if let Some(word) = self.table_chunks.get_mut(w).filter(|x| **x & b == 0) {
             *word |= b;
@@ -1479,7 +1406,7 @@ impl Manager {
             for k in 0..n {
                 self.became_resident(i + k, stats);
                 if clean {
-                    self.set(i + k, self.st(i + k) | CLEAN);
+                    self.set(i + k, state::clean(self.st(i + k)));
                 }
             }
             return Ok(Some((addr, n * PAGE)));
@@ -1505,7 +1432,7 @@ impl Manager {
             if r == Installed::Done && s & STATE != RESIDENT {
                 self.became_resident(i + k, stats);
                 if clean {
-                    self.set(i + k, self.st(i + k) | CLEAN);
+                    self.set(i + k, state::clean(self.st(i + k)));
                 }
             } else if matches!(s & STATE, STORED | ABSENT) && s & (OWNED | NOEVICT) == 0 {
                 // Present already though our books say otherwise: the
@@ -2270,7 +2197,7 @@ impl Manager {
     /// `mlockall` had the evictor spin a CPU: it was woken for victims it
     /// could not take.)
     pub fn frozen(&self) -> bool {
-        self.locked_all || !self.holds.is_empty()
+        self.pins.frozen()
     }
 
     /// Takes up to `max` victims for the background evictor, oldest first,
@@ -2318,17 +2245,13 @@ impl Manager {
     /// it nor keeps what it made of it. Returns whether it was taken back.
     pub fn take_back(&mut self, i: usize, present: bool, stats: &Stats) -> io::Result<bool> {
         let s = self.st(i);
-        if !self.background_open
-            || !self.background_protected
-            || !present
-            || s & (STATE | OWNED) != EVICTING | OWNED
-        {
+        if !self.background_open || !self.background_protected || !present || !state::in_flight(s) {
             return Ok(false);
         }
         if s & CLEAN != 0 {
             let _ = self.store.flush_page(self.key(i));
         }
-        self.set(i, (s & !(STATE | CLEAN)) | RESIDENT);
+        self.set(i, state::taken_back(s));
         self.taken_back.push(i);
         stats.taken_back.fetch_add(1, Ordering::Relaxed);
         self.uffd.writeprotect(self.addr(i), PAGE, false)?;
@@ -2399,14 +2322,14 @@ impl Manager {
     /// (the program's own releases wait for OWNED pages,
     /// `lock_unowned`), and a released page is not released again.
     pub fn commit_early(&mut self, i: usize, stats: &Stats) -> bool {
-        if !self.background_released || self.st(i) & (STATE | OWNED) != EVICTING | OWNED {
+        if !self.background_released || !state::in_flight(self.st(i)) {
             return false;
         }
         let Ok(k) = self.sealed.binary_search_by_key(&i, |e| e.0) else { return false };
         let Sealed::Released(o) = self.sealed[k].1 else { return false };
         self.sealed[k].1 = Sealed::Early;
         self.evicting -= 1;
-        let s = self.st(i) & !OWNED;
+        let s = state::disowned(self.st(i));
         self.set(i, s);
         self.commit_one(i, s, o);
         stats.committed_early.fetch_add(1, Ordering::Relaxed);
@@ -2476,7 +2399,7 @@ impl Manager {
             if verdict != Verdict::Take {
                 continue;
             }
-            self.set(i, (s & !STATE) | EVICTING | OWNED);
+            self.set(i, state::picked(s));
             pages.push(i);
             // Its resident neighbours that the policy lets go along (in
             // probation) go with it: a run is write-protected and released
@@ -2489,14 +2412,10 @@ impl Manager {
                 && self.resident > target + in_flight + pages.len()
             {
                 let t = self.st(j);
-                if t & (STATE | NOEVICT | OWNED) != RESIDENT
-                    || !self.repl.clusters(j)
-                    || self.pinned(j)
-                    || inherited(j)
-                {
+                if !state::evictable(t) || !self.repl.clusters(j) || self.pinned(j) || inherited(j) {
                     break;
                 }
-                self.set(j, (t & !STATE) | EVICTING | OWNED);
+                self.set(j, state::picked(t));
                 pages.push(j);
                 j += 1;
             }
@@ -2572,7 +2491,7 @@ impl Manager {
                 continue;
             }
             self.evicting -= 1;
-            let s = self.st(i) & !OWNED;
+            let s = state::disowned(self.st(i));
             self.set(i, s);
             if s & STATE != EVICTING {
                 // Released (munmap, MADV_DONTNEED) while we compressed it,
@@ -2611,13 +2530,13 @@ impl Manager {
                 if o != Outcome::Stored && s & CLEAN != 0 {
                     let _ = self.store.flush_page(self.key(i));
                 }
-                self.set(i, (s & !(STATE | CLEAN)) | if o == Outcome::Stored { STORED } else { ABSENT });
+                self.set(i, state::evicted(s, o == Outcome::Stored));
                 self.repl.evicted(i);
                 self.resident -= 1;
                 self.uninherit(i);
             }
             Outcome::Kept => {
-                self.set(i, (s & !STATE) | RESIDENT);
+                self.set(i, state::resident(s));
                 self.repl.requeue(i);
             }
         }
@@ -2646,7 +2565,7 @@ impl Manager {
         }
         if s & STATE == RESIDENT && s & CLEAN != 0 {
             let _ = self.store.flush_page(self.key(i));
-            self.set(i, s & !CLEAN);
+            self.set(i, state::written(s));
             stats.dirtied.fetch_add(1, Ordering::Relaxed);
         }
         let page = self.addr(i);
@@ -2662,15 +2581,8 @@ impl Manager {
     /// compressed copies dropped; the pages read as zeros afterwards.
     pub fn release(&mut self, first: usize, n: usize, stats: &Stats) {
         // Kept pins there end: the memory is no longer what was registered.
-        let mut k = 0;
-        while k < self.kept.len() {
-            let e = self.kept[k];
-            if e.first < first + n && first < e.end {
-                self.kept.swap_remove(k);
-                self.unpin(e.first, e.end - e.first);
-            } else {
-                k += 1;
-            }
+        for e in self.pins.take_kept(|e| e.first < first + n && first < e.end) {
+            self.unpin(e.first, e.end - e.first);
         }
         for i in first..first + n {
             let s = self.st(i);
@@ -2693,7 +2605,7 @@ impl Manager {
             // unreadable page (a guard page V8 gives back) must not make
             // it a candidate for the zero runs that fault in neighbours.
             // An OWNED page stays so until its eviction commits.
-            self.set(i, s & (NOEVICT | OWNED));
+            self.set(i, state::released(s));
         }
         sys::madvise(self.addr(first) as *mut libc::c_void, n * PAGE, libc::MADV_DONTNEED);
         stats.resident.store(self.resident, Ordering::Relaxed);
@@ -2704,13 +2616,13 @@ impl Manager {
     pub fn set_noevict(&mut self, first: usize, n: usize, on: bool) {
         for i in first..first + n {
             let s = self.st(i);
-            self.set(i, if on { s | NOEVICT } else { s & !NOEVICT });
+            self.set(i, state::noevict(s, on));
         }
     }
 
     /// Is page `i` pinned by a system call in flight?
     fn pinned(&self, i: usize) -> bool {
-        !self.pins.is_empty() && self.pins.iter().any(|&(a, b)| (a..b).contains(&i))
+        self.pins.pinned(i)
     }
 
     /// Makes pages `[first, first + n)` resident and keeps them from
@@ -2734,8 +2646,7 @@ impl Manager {
         if self.owned_in(first, end - first) {
             return Ok(false);
         }
-        self.pins.push((first, end));
-        PINNED_PAGES.fetch_add(end - first, Ordering::Relaxed);
+        PINNED_PAGES.fetch_add(self.pins.pin(first, end), Ordering::Relaxed);
         let mut i = first;
         while i < end {
             let s = self.st(i);
@@ -2787,10 +2698,7 @@ impl Manager {
     /// Ends one [`Manager::pin`] of the same range.
     pub fn unpin(&mut self, first: usize, n: usize) {
         let end = (first + n).min(self.pages);
-        if let Some(k) = self.pins.iter().position(|&p| p == (first, end)) {
-            self.pins.swap_remove(k);
-            PINNED_PAGES.fetch_sub(end - first, Ordering::Relaxed);
-        }
+        PINNED_PAGES.fetch_sub(self.pins.unpin(first, end), Ordering::Relaxed);
         // Pages that left the queues while pinned go back to probation.
         for i in first..end {
             let s = self.st(i);
@@ -2827,9 +2735,9 @@ impl Manager {
         if first < end && !self.pin(first, end - first, stats)? {
             return Ok(false);
         }
-        self.drop_kept(|e| e.tid == tid && e.kind == kind && (kind != KeptKind::Robust || n == 0));
+        self.drop_kept(|e| Pins::replaced(e, tid, kind, n));
         if first < end {
-            self.kept.push(Kept { tid, kind, first, end });
+            self.pins.keep(Kept { tid, kind, first, end });
         }
         Ok(true)
     }
@@ -2845,20 +2753,13 @@ impl Manager {
     fn drop_kept(&mut self, drop: impl Fn(&Kept) -> bool) {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
-        let mut k = 0;
-        while k < self.kept.len() {
-            let e = self.kept[k];
-            let gone = || {
-                // SAFETY: signal 0 only checks that the thread exists.
-                let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, e.tid, 0) };
-                (r != 0 && sys::errno() == libc::ESRCH) || (e.tid == pid && leader_is_zombie(pid))
-            };
-            if drop(&e) || gone() {
-                self.kept.swap_remove(k);
-                self.unpin(e.first, e.end - e.first);
-            } else {
-                k += 1;
-            }
+        let gone = |e: &Kept| {
+            // SAFETY: signal 0 only checks that the thread exists.
+            let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, e.tid, 0) };
+            (r != 0 && sys::errno() == libc::ESRCH) || (e.tid == pid && leader_is_zombie(pid))
+        };
+        for e in self.pins.take_kept(|e| drop(e) || gone(e)) {
+            self.unpin(e.first, e.end - e.first);
         }
     }
 
@@ -2878,26 +2779,8 @@ impl Manager {
     /// child got the parent's bytes: a random generator's state kept in
     /// such a page (its way to notice a fork) was the parent's.
     pub fn wipe_on_fork(&mut self, first: usize, n: usize, how: OnFork) {
-        let end = first + n;
-        let mut kept = Vec::with_capacity(self.wipe.len() + 2);
-        for &(f, e, h) in &self.wipe {
-            if e <= first || f >= end {
-                kept.push((f, e, h));
-                continue;
-            }
-            if f < first {
-                kept.push((f, first, h));
-            }
-            if e > end {
-                kept.push((end, e, h));
-            }
-        }
-        if how != OnFork::Keep {
-            kept.push((first, end, how));
-        }
-        kept.sort_unstable_by_key(|&(f, _, _)| f);
-        self.wipe = kept;
-        WIPE_RANGES.store(self.wipe.len(), Ordering::Relaxed);
+        self.pins.mark_fork(first, first + n, how);
+        WIPE_RANGES.store(self.pins.fork_marks().len(), Ordering::Relaxed);
     }
 
     /// `mlock` of pages `[first, first + n)`: stored ones are brought back
@@ -2915,54 +2798,29 @@ impl Manager {
             return Ok(false);
         }
         // The parts of the range not locked yet.
-        let mut parts = Vec::new();
-        let mut at = first;
-        for &(f, e) in &self.locked {
-            if e <= at || f >= end {
-                continue;
-            }
-            if f > at {
-                parts.push((at, f));
-            }
-            at = at.max(e);
-        }
-        if at < end {
-            parts.push((at, end));
-        }
-        for &(f, e) in &parts {
+        for (f, e) in self.pins.not_locked(first, end) {
             if !self.pin(f, e - f, stats)? {
+                LOCKED_RANGES.store(self.pins.locked().len(), Ordering::Relaxed);
                 return Ok(false);
             }
-            self.locked.push((f, e));
+            self.pins.lock(f, e);
         }
-        self.locked.sort_unstable();
-        LOCKED_RANGES.store(self.locked.len(), Ordering::Relaxed);
+        LOCKED_RANGES.store(self.pins.locked().len(), Ordering::Relaxed);
         Ok(true)
     }
 
     /// `munlock` of pages `[first, first + n)` (any part of a locked range:
     /// the rest stays locked). Also when the pages are unmapped or freed.
     pub fn unlock_pages(&mut self, first: usize, n: usize) {
-        let end = first + n;
-        let mut keep = Vec::new();
-        for (f, e) in std::mem::take(&mut self.locked) {
-            if e <= first || f >= end {
-                keep.push((f, e));
-                continue;
-            }
+        for cut in self.pins.unlock(first, first + n) {
+            let (f, e) = cut.range;
             self.unpin(f, e - f);
-            for (a, b) in [(f, first.max(f)), (end.min(e), e)] {
-                if a < b {
-                    // Resident and pinned until now: nothing to bring back.
-                    self.pins.push((a, b));
-                    PINNED_PAGES.fetch_add(b - a, Ordering::Relaxed);
-                    keep.push((a, b));
-                }
+            for (a, b) in cut.left {
+                // Resident and pinned until now: nothing to bring back.
+                PINNED_PAGES.fetch_add(self.pins.pin(a, b), Ordering::Relaxed);
             }
         }
-        keep.sort_unstable();
-        self.locked = keep;
-        LOCKED_RANGES.store(self.locked.len(), Ordering::Relaxed);
+        LOCKED_RANGES.store(self.pins.locked().len(), Ordering::Relaxed);
     }
 
     /// `mlockall` (`on`) or `munlockall`: while on, no page is evicted and
@@ -2970,7 +2828,7 @@ impl Manager {
     /// `on` brings stored pages back first (`MCL_CURRENT`: what is mapped
     /// now is resident). `munlockall` also ends every `mlock`.
     pub fn lock_all(&mut self, on: bool, used: &[std::ops::Range<usize>], stats: &Stats) -> io::Result<()> {
-        self.locked_all = on;
+        self.pins.set_locked_all(on);
         if on {
             for r in used {
                 let (f, e) = (r.start.min(self.pages), r.end.min(self.pages));
@@ -3016,32 +2874,25 @@ impl Manager {
     /// pages back ([`Manager::bring_back`]) once nothing is in flight.
     /// `true` if it is a new hold (none was in force).
     pub fn hold(&mut self, by: i32, until: std::time::Instant) -> bool {
-        let new = self.holds.is_empty();
-        match self.holds.iter_mut().find(|h| h.0 == by) {
-            Some(h) => h.1 = until,
-            None => self.holds.push((by, until)),
-        }
-        new
+        self.pins.hold(by, until)
     }
 
     /// Ends process `by`'s hold, and every hold whose lease ran out by
     /// `now`; `true` if none is left in force of those there were.
     pub fn release_holds(&mut self, by: Option<i32>, now: std::time::Instant) -> bool {
-        let had = !self.holds.is_empty();
-        self.holds.retain(|&(p, until)| Some(p) != by && until > now);
-        had && self.holds.is_empty()
+        self.pins.release_holds(by, now)
     }
 
     /// The processes whose holds are in force.
     pub fn holders(&self) -> Vec<i32> {
-        self.holds.iter().map(|h| h.0).collect()
+        self.pins.holders()
     }
 
     /// In a forked child: memory locks are not inherited, nor holds (they
     /// were asked of the parent).
     pub fn unlock_after_fork(&mut self) {
-        self.locked_all = false;
-        self.holds.clear();
+        self.pins.set_locked_all(false);
+        self.pins.clear_holds();
         self.unlock_pages(0, self.pages);
     }
 
@@ -3057,7 +2908,7 @@ impl Manager {
     /// ([`Manager::wipe_on_fork`]), which then read as zeros, and makes
     /// those kept from the child inaccessible (never evicted).
     pub fn wipe_after_fork(&mut self, stats: &Stats) {
-        for (f, e, how) in self.wipe.clone() {
+        for (f, e, how) in self.pins.fork_marks().to_vec() {
             self.release(f, e - f, stats);
             if how == OnFork::Drop {
                 sys::mprotect(self.addr(f) as *mut libc::c_void, (e - f) * PAGE, libc::PROT_NONE);
@@ -3067,16 +2918,13 @@ impl Manager {
     }
 
     pub fn kept_after_fork(&mut self, parent: i32, child: i32) {
-        let mine: Vec<Kept> =
-            self.kept.iter().filter(|k| k.tid == parent).map(|&k| Kept { tid: child, ..k }).collect();
-        self.kept.clear();
-        while let Some(&(first, end)) = self.pins.last() {
+        let mine = self.pins.kept_after_fork(parent, child);
+        while let Some((first, end)) = self.pins.last_pin() {
             self.unpin(first, end - first);
         }
         for k in mine {
-            self.pins.push((k.first, k.end));
-            PINNED_PAGES.fetch_add(k.end - k.first, Ordering::Relaxed);
-            self.kept.push(k);
+            PINNED_PAGES.fetch_add(self.pins.pin(k.first, k.end), Ordering::Relaxed);
+            self.pins.keep(k);
         }
     }
 
@@ -3117,7 +2965,7 @@ impl Manager {
                     // page is here, the copy is dropped (it is written
                     // again when the page goes out).
                     let _ = self.store.flush_page(self.key(i));
-                    self.set(i, s & !CLEAN);
+                    self.set(i, state::written(s));
                 } else if s & STATE == STORED && !self.store.contains(self.key(i)) {
                     let key = self.key(i);
                     let found = self.store.get(key, &mut self.buf[..PAGE], true).map_err(store_err)?;
@@ -3166,7 +3014,7 @@ impl Manager {
             // the copies and hashes are the child's as well.
             if s & CLEAN != 0 && self.clean == CleanMode::Wp {
                 let _ = self.store.flush_page(self.key(i));
-                self.set(i, s & !CLEAN);
+                self.set(i, state::written(s));
             }
             // Pages the parent's evictor was working on are plain
             // resident pages here (the child's copies lost the write
@@ -3174,7 +3022,7 @@ impl Manager {
             let s = self.st(i);
             if s & STATE == EVICTING {
                 let _ = self.store.flush_page(self.key(i));
-                self.set(i, (s & !(STATE | CLEAN)) | RESIDENT);
+                self.set(i, state::taken_back(s));
                 self.repl.requeue(i);
             }
         }
@@ -4627,7 +4475,7 @@ mod tests {
         assert!(m.keep_pinned(me, KeptKind::Rseq, 0, 0, &stats).unwrap());
         evict_all(&mut m, &stats);
         assert_eq!(m.resident(), 0);
-        assert!(m.kept.is_empty());
+        assert!(m.pins.kept().is_empty());
         // After fork: the forking thread's kept pins only, as the child's.
         assert!(m.keep_pinned(me, KeptKind::Rseq, 40, 1, &stats).unwrap());
         assert!(m.keep_pinned(gone - 1, KeptKind::Rseq, 50, 1, &stats).unwrap());
@@ -4636,8 +4484,8 @@ mod tests {
         evict_all(&mut m, &stats);
         assert_eq!(m.resident(), 1);
         assert_eq!(m.st(40) & STATE, RESIDENT);
-        assert_eq!(m.kept.len(), 1);
-        assert_eq!(m.kept[0].tid, 4242);
+        assert_eq!(m.pins.kept().len(), 1);
+        assert_eq!(m.pins.kept()[0].tid, 4242);
     }
 
     #[test]

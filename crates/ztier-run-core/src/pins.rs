@@ -53,16 +53,20 @@ pub enum KeptKind {
     /// thread-local blocks), which every access to a library's
     /// thread-local reads: glibc allocates it with the program's
     /// `calloc`, arena memory where the program has an allocator of its
-    /// own.
+    /// own (`keep_thread_vector` in the preload library's `sud` module).
     Dtv,
 }
 
 /// One kept pin: thread `tid`'s `kind` of memory, pages `[first, end)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kept {
+    /// The thread (its ID).
     pub tid: i32,
+    /// What memory of it.
     pub kind: KeptKind,
+    /// The first page.
     pub first: usize,
+    /// The page after the last.
     pub end: usize,
 }
 
@@ -94,6 +98,7 @@ pub struct Pins {
 }
 
 impl Pins {
+    /// Empty books: nothing pinned, locked, held or marked.
     pub fn new() -> Pins {
         Pins::default()
     }

@@ -31,23 +31,25 @@
 //! The transitions are functions of the old byte, so that each keeps or
 //! drops each flag in one place; the manager writes their results.
 
-/// Never touched, or given back: reads as zeros.
+/// No data: the next touch gets zeros.
 pub const ABSENT: u8 = 0;
-/// In memory.
+/// In memory, uncompressed.
 pub const RESIDENT: u8 = 1;
-/// Out of memory, its content in the store.
+/// Compressed in the store (or its spill file).
 pub const STORED: u8 = 2;
-/// Picked by an eviction in flight: write-protected, being compressed
-/// and released.
+/// Being evicted by the background evictor (still in memory,
+/// write-protected).
 pub const EVICTING: u8 = 3;
-/// The state's bits.
+/// Mask of the state bits.
 pub const STATE: u8 = 3;
 /// Resident with its stored copy still in the store, unwritten since
 /// (or, in verify mode, possibly written: its hash tells).
 pub const CLEAN: u8 = 0x10;
-/// Owned by the evictor from its pick to its commit.
+/// Picked by an eviction that has not committed yet: its memory may be
+/// released without the manager's lock, so faults on it wait for the
+/// commit (or the victim's early commit).
 pub const OWNED: u8 = 0x04;
-/// Not readable (`mprotect` without `PROT_READ`): never a victim.
+/// Not readable (mprotect'ed): never evicted.
 pub const NOEVICT: u8 = 0x40;
 
 /// The bits a page-state byte may have set.
