@@ -143,6 +143,7 @@ use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP}
 
 use crate::sys;
 use ztier_run_core::faultlog::{FaultLog, Kind, Row};
+use ztier_run_core::inherit::{self, PageMap, Shared};
 use ztier_run_core::names::env;
 use ztier_run_core::pins::{Kept, Pins};
 pub use ztier_run_core::pins::{KeptKind, OnFork};
@@ -608,13 +609,8 @@ pub struct Manager {
 /// A forked child's resident pages shared with its parent: a bit per
 /// arena page (up to the last page in use at the fork).
 struct Inherited {
-    bits: Vec<u64>,
-    /// Bits set.
-    count: usize,
-    /// The page the next look at `/proc/self/pagemap` starts from.
-    cursor: usize,
-    /// When the last look was made.
-    looked: Option<std::time::Instant>,
+    /// The pages, and where the next look at `/proc/self/pagemap` starts.
+    pages: Shared,
     /// `/proc/self/pagemap`, opened at the fork (before the program runs
     /// on); shared with a look in progress ([`AdoptLook`]), which reads
     /// it without the manager's lock.
@@ -655,9 +651,9 @@ impl Pagemap {
         let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
         Pagemap(if fd >= 0 { crate::fds::keep(fd) } else { -1 })
     }
+}
 
-    /// Reads the entries of `bytes / 8` pages from page number `first`
-    /// into `map`; whether all of them were read.
+impl PageMap for Pagemap {
     fn read(&self, map: &mut [u64], first: usize, bytes: usize) -> bool {
         if self.0 < 0 || bytes > map.len() * 8 {
             return false;
@@ -682,8 +678,8 @@ impl Drop for Pagemap {
 pub struct AdoptLook {
     /// The arena's first page, as a page number.
     base: usize,
-    /// Words of [`Inherited::bits`] with a bit set, (index, bits), in
-    /// ascending runs.
+    /// Words of the shared pages' bits with a bit set, (index, bits), in
+    /// ascending runs ([`Shared::look`]).
     words: Vec<(usize, u64)>,
     pagemap: std::sync::Arc<Pagemap>,
     /// The parent's page map ([`Inherited::parent`]).
@@ -691,83 +687,12 @@ pub struct AdoptLook {
 }
 
 impl AdoptLook {
-    /// The pages of the look that are no longer shared with the parent:
-    /// mapped here alone, or not at all, or shared only with other
-    /// processes (the parent maps no page there, or a page of its own);
-    /// all of them if this process's page map cannot be read, and those
-    /// mapped here if the parent's cannot (the parent is gone). Words
-    /// near each other are read together, up to [`ADOPT_SPAN`] pages per
+    /// The pages of the look that are no longer shared with the parent
+    /// ([`inherit::not_shared`], which says which those are), from this
+    /// process's page map and its parent's, up to [`ADOPT_SPAN`] pages per
     /// `pread`.
-    ///
-    /// A page that several children share after the parent dropped it
-    /// counts in each of them (so more than once, where a memory cgroup
-    /// charges it once), as none of them can tell which of the others
-    /// still maps it (a page map shows the frame number only to
-    /// `CAP_SYS_ADMIN`; where it shows it, a frame the parent does not
-    /// map there is not the parent's either). Counting it nowhere let the
-    /// command's processes keep that much more than the budget resident.
     pub fn read(&self) -> Vec<usize> {
-        const PRESENT: u64 = 1 << 63;
-        const EXCLUSIVE: u64 = 1 << 56;
-        const PFN: u64 = (1 << 55) - 1;
-        let mut map = vec![0u64; ADOPT_SPAN];
-        let mut theirs = vec![0u64; ADOPT_SPAN];
-        let mut gone = Vec::new();
-        let mut k = 0;
-        while k < self.words.len() {
-            // A span: the words from this one on, up to ADOPT_SPAN pages
-            // (within an ascending run).
-            let first = self.words[k].0;
-            let mut end = k + 1;
-            while end < self.words.len()
-                && self.words[end].0 > self.words[end - 1].0
-                && (self.words[end].0 - first + 1) * 64 <= ADOPT_SPAN
-            {
-                end += 1;
-            }
-            let bytes = (self.words[end - 1].0 - first + 1) * 64 * 8;
-            let ok = self.pagemap.read(&mut map, self.base + first * 64, bytes);
-            // Only where a page still looks shared is the parent's entry
-            // needed.
-            let shared = |e: u64| e & PRESENT != 0 && e & EXCLUSIVE == 0;
-            let asked = ok && map[..bytes / 8].iter().any(|&e| shared(e));
-            let parent_ok = asked && self.parent.read(&mut theirs, self.base + first * 64, bytes);
-            for &(w, x) in &self.words[k..end] {
-                let mut y = x;
-                while y != 0 {
-                    let b = y.trailing_zeros() as usize;
-                    y &= y - 1;
-                    let (e, p) = (map[(w - first) * 64 + b], theirs[(w - first) * 64 + b]);
-                    let not_parents =
-                        !parent_ok || !shared(p) || (e & PFN != 0 && p & PFN != 0 && e & PFN != p & PFN);
-                    if !ok || !shared(e) || not_parents {
-                        gone.push(w * 64 + b);
-                    }
-                }
-            }
-            k = end;
-        }
-        gone
-    }
-}
-
-impl Inherited {
-    /// Is page `i` still shared with the parent?
-    fn has(&self, i: usize) -> bool {
-        self.bits.get(i / 64).is_some_and(|x| x & (1u64 << (i % 64)) != 0)
-    }
-
-    /// Clears page `i`'s bit; `true` if it was set.
-    fn take(&mut self, i: usize) -> bool {
-        let (w, b) = (i / 64, 1u64 << (i % 64));
-        match self.bits.get_mut(w) {
-            Some(x) if *x & b != 0 => {
-                *x &= !b;
-                self.count -= 1;
-                true
-            }
-            _ => false,
-        }
+        inherit::not_shared(&self.words, self.base, ADOPT_SPAN, &*self.pagemap, &*self.parent)
     }
 }
 
@@ -1688,7 +1613,7 @@ impl Manager {
         let mut waited = false;
         loop {
             let want = self.tree_need() + n;
-            let shared = self.inherited.as_ref().map_or(0, |h| h.count);
+            let shared = self.inherited.as_ref().map_or(0, |h| h.pages.count());
             let Some(t) = &mut self.tree else { return Ok(()) };
             if t.settle(want) > 0 {
                 let now = std::time::Instant::now();
@@ -1893,7 +1818,7 @@ impl Manager {
     /// Resident pages this process must hold a page of the shared budget
     /// for: all but those it shares with its parent.
     fn tree_resident(&self) -> usize {
-        self.resident - self.inherited.as_ref().map_or(0, |h| h.count)
+        self.resident - self.inherited.as_ref().map_or(0, |h| h.pages.count())
     }
 
     /// Pages of the shared budget this process must hold: its resident
@@ -1907,7 +1832,7 @@ impl Manager {
     /// it is not any more (and was not held).
     fn uninherit(&mut self, i: usize) {
         if let Some(h) = &mut self.inherited {
-            h.take(i);
+            h.pages.take(i);
         }
     }
 
@@ -1918,23 +1843,7 @@ impl Manager {
     /// lock ([`AdoptLook::read`]), then [`Manager::adopt_unshared`].
     pub fn adopt_look(&mut self) -> Option<AdoptLook> {
         let h = self.inherited.as_mut()?;
-        let now = std::time::Instant::now();
-        if h.looked.is_some_and(|t| now.duration_since(t) < ADOPT_EVERY) {
-            return None;
-        }
-        h.looked = Some(now);
-        let n = h.bits.len();
-        let (mut w, mut words) = (h.cursor / 64 % n.max(1), Vec::new());
-        for _ in 0..n {
-            if words.len() * 64 >= ADOPT_LOOK {
-                break;
-            }
-            if h.bits[w] != 0 {
-                words.push((w, h.bits[w]));
-            }
-            w = (w + 1) % n;
-        }
-        h.cursor = w * 64;
+        let words = h.pages.look(std::time::Instant::now(), ADOPT_EVERY, ADOPT_LOOK)?;
         Some(AdoptLook {
             base: self.base / PAGE,
             words,
@@ -1960,8 +1869,8 @@ impl Manager {
         let states = &self.states;
         let in_flight = |i: usize| states.get(i).is_some_and(|&s| s & STATE == EVICTING);
         let Some(h) = &mut self.inherited else { return Ok(()) };
-        let adopted = gone.iter().filter(|&&i| !in_flight(i) && h.take(i)).count();
-        if h.count == 0 {
+        let adopted = gone.iter().filter(|&&i| !in_flight(i) && h.pages.take(i)).count();
+        if h.pages.count() == 0 {
             self.inherited = None;
         }
         // Pages set aside as shared may be its own now.
@@ -1982,7 +1891,7 @@ impl Manager {
     /// resident pages still shared with its parent (not held).
     pub fn tree_now(&self) -> Option<(usize, usize, usize)> {
         let t = self.tree.as_ref()?;
-        Some((t.held(), t.reserved(), self.inherited.as_ref().map_or(0, |h| h.count)))
+        Some((t.held(), t.reserved(), self.inherited.as_ref().map_or(0, |h| h.pages.count())))
     }
 
     /// With the tree scope and the command's `--store` shared: the size
@@ -2155,7 +2064,7 @@ impl Manager {
     /// surplus goes to probation.
     fn follow_tree(&mut self) {
         let Some(t) = &self.tree else { return };
-        let shared = self.inherited.as_ref().map_or(0, |h| h.count);
+        let shared = self.inherited.as_ref().map_or(0, |h| h.pages.count());
         let b = (t.held() + t.free() + shared).min(self.cap).max(EVICT_BATCH * 4);
         if b.abs_diff(self.share) < EVICT_BATCH {
             return;
@@ -2362,7 +2271,7 @@ impl Manager {
         }
         // (Out of `self` during the loop, which changes the states.)
         let shared = if overdrawn { self.inherited.take() } else { None };
-        let inherited = |i: usize| shared.as_ref().is_some_and(|h| h.has(i));
+        let inherited = |i: usize| shared.as_ref().is_some_and(|h| h.pages.has(i));
         // Each queue entry is looked at most once per call (pages that
         // cannot be evicted go to the back).
         let mut looks = self.repl.queued();
@@ -3052,21 +2961,13 @@ impl Manager {
             let end = used.iter().map(|r| r.end.min(self.pages)).max().unwrap_or(0);
             let pagemap = std::sync::Arc::new(Pagemap::open());
             let parent = std::sync::Arc::new(Pagemap::open_parent());
-            let mut h = Inherited {
-                bits: vec![0; end.div_ceil(64)],
-                count: 0,
-                cursor: 0,
-                looked: None,
-                pagemap,
-                parent,
-            };
+            let mut h = Inherited { pages: Shared::new(end), pagemap, parent };
             for i in pages_in(self.pages, used) {
                 if self.st(i) & STATE == RESIDENT {
-                    h.bits[i / 64] |= 1 << (i % 64);
-                    h.count += 1;
+                    h.pages.insert(i);
                 }
             }
-            self.inherited = (h.count > 0).then_some(h);
+            self.inherited = (h.pages.count() > 0).then_some(h);
         }
         Ok(())
     }
@@ -3714,27 +3615,23 @@ mod tests {
             unsafe { std::ptr::write_bytes((m.base + i * PAGE) as *mut u8, 1 + i as u8, PAGE) };
         }
         // All 64 inherited from a parent (the page maps are not read here).
-        m.inherited = Some(Inherited {
-            bits: vec![u64::MAX],
-            count: 64,
-            cursor: 0,
-            looked: None,
-            pagemap: Arc::new(Pagemap(-1)),
-            parent: Arc::new(Pagemap(-1)),
-        });
+        let mut pages = Shared::new(64);
+        (0..64).for_each(|i| pages.insert(i));
+        m.inherited =
+            Some(Inherited { pages, pagemap: Arc::new(Pagemap(-1)), parent: Arc::new(Pagemap(-1)) });
         let v = m.take_victims(16, 0, 0).unwrap().expect("victims");
         assert_eq!(v.pages.len(), 16);
         // A look finds all 64 no longer shared.
         let all: Vec<usize> = (0..64).collect();
         m.adopt_unshared(&all, &stats).unwrap();
         assert_eq!(seg.adopted.load(Ordering::Acquire), 48, "the 16 in flight stay the parent's");
-        assert_eq!(m.inherited.as_ref().map(|h| h.count), Some(16));
+        assert_eq!(m.inherited.as_ref().map(|h| h.pages.count()), Some(16));
         let outcome = v.compress(&stats).unwrap();
         v.release(&outcome).unwrap();
         v.unprotect_kept(&outcome).unwrap();
         m.commit(&v, &outcome, &stats);
         v.wake_released(&outcome).unwrap();
-        assert_eq!(m.inherited.as_ref().map_or(0, |h| h.count), 0, "gone with the commit");
+        assert_eq!(m.inherited.as_ref().map_or(0, |h| h.pages.count()), 0, "gone with the commit");
         assert_eq!(seg.over.load(Ordering::Acquire), 0);
         m.leave_tree();
     }
