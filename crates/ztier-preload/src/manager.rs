@@ -142,6 +142,7 @@ use ztier_uffd::tree::Member;
 use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP};
 
 use crate::sys;
+use ztier_run_core::budget::{self, Follow};
 use ztier_run_core::faultlog::{FaultLog, Kind, Row};
 use ztier_run_core::inherit::{self, PageMap, Shared};
 use ztier_run_core::names::env;
@@ -1768,14 +1769,9 @@ impl Manager {
     /// gives back.
     fn tree_excess(&self) -> usize {
         let Some(t) = &self.tree else { return 0 };
-        let (free, reserve) = (t.free(), self.reserve());
         // Under `--budget-covers all` the pool shrinks as the stores grow:
         // what is held past it is short too.
-        let short = (reserve + t.overdrawn()).saturating_sub(free);
-        if short == 0 {
-            return 0;
-        }
-        (short * t.held()).div_ceil(t.reserved().max(1)).min(self.resident)
+        budget::excess(t.free(), self.reserve(), t.overdrawn(), t.held(), t.reserved(), self.resident)
     }
 
     /// Gives back to the shared budget what this process holds beyond its
@@ -1812,7 +1808,7 @@ impl Manager {
             return lim;
         }
         let held = t.ensure_some(need + lim);
-        (held + own.saturating_sub(self.evicting)).saturating_sub(need).clamp(1, lim)
+        budget::run_room(held, own, self.evicting, need, lim)
     }
 
     /// Resident pages this process must hold a page of the shared budget
@@ -2065,25 +2061,18 @@ impl Manager {
     fn follow_tree(&mut self) {
         let Some(t) = &self.tree else { return };
         let shared = self.inherited.as_ref().map_or(0, |h| h.pages.count());
-        let b = (t.held() + t.free() + shared).min(self.cap).max(EVICT_BATCH * 4);
-        if b.abs_diff(self.share) < EVICT_BATCH {
-            return;
-        }
-        let b = if b > self.share {
-            let now = std::time::Instant::now();
-            if now.duration_since(self.tree_grown) < TREE_GROW_EVERY {
-                return;
-            }
-            self.tree_grown = now;
-            // (All the way once less than a batch would be left.)
-            let grown = self.share + (self.share / 64).max(EVICT_BATCH);
-            if grown + EVICT_BATCH > b {
+        let target = budget::share_target(t.held(), t.free(), shared, self.cap, EVICT_BATCH);
+        let b = match budget::follow(self.share, target, EVICT_BATCH) {
+            Follow::Stay => return,
+            Follow::Shrink(b) => b,
+            Follow::Grow(b) => {
+                let now = std::time::Instant::now();
+                if now.duration_since(self.tree_grown) < TREE_GROW_EVERY {
+                    return;
+                }
+                self.tree_grown = now;
                 b
-            } else {
-                grown
             }
-        } else {
-            b
         };
         self.set_share(b, false);
     }
