@@ -142,31 +142,17 @@ use ztier_uffd::tree::Member;
 use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP};
 
 use crate::sys;
+use ztier_run_core::budget::{self, Follow};
 use ztier_run_core::faultlog::{FaultLog, Kind, Row};
+use ztier_run_core::inherit::{self, PageMap, Shared};
 use ztier_run_core::names::env;
+use ztier_run_core::pins::{Kept, Pins};
+pub use ztier_run_core::pins::{KeptKind, OnFork};
+use ztier_run_core::state;
 
 pub use crate::sys::PAGE;
-/// No data: the next touch gets zeros.
-pub const ABSENT: u8 = 0;
-/// In memory, uncompressed.
-pub const RESIDENT: u8 = 1;
-/// Compressed in the store (or its spill file).
-pub const STORED: u8 = 2;
-/// Being evicted by the background evictor (still in memory,
-/// write-protected).
-pub const EVICTING: u8 = 3;
-/// Mask of the state bits.
-pub const STATE: u8 = 3;
-/// Resident, installed write-protected from the store, which still holds
-/// its copy: not written since, so evicting it needs no compression.
-pub const CLEAN: u8 = 0x10;
-/// Picked by an eviction that has not committed yet: its memory may be
-/// released without the lock, so faults on it wait for the commit (but
-/// see [`Manager::commit_early`]).
-pub const OWNED: u8 = 0x04;
-/// Not readable (mprotect'ed): never evicted.
-pub const NOEVICT: u8 = 0x40;
 pub use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, CLUSTER, EVICT_BATCH};
+pub use ztier_run_core::state::{ABSENT, CLEAN, EVICTING, NOEVICT, OWNED, RESIDENT, STATE, STORED};
 /// Zero pages installed per fault on a never-touched page, at most (the
 /// prefetch says how many; pins fill this many at a time).
 pub const ZERO_RUN: usize = MAX_ZERO_RUN;
@@ -563,24 +549,13 @@ pub struct Manager {
     buf: Vec<u8>,
     zero: Vec<u8>,
     cfg: Config,
-    /// Page ranges `[first, end)` pinned resident for system calls in
-    /// flight (see [`Manager::pin`]); never victims.
-    pins: Vec<(usize, usize)>,
-    /// Page ranges `[first, end)` the program locked (`mlock`), disjoint;
-    /// each is also a pin ([`Manager::lock_pages`]).
-    locked: Vec<(usize, usize)>,
-    /// `mlockall`: no page is evicted ([`Manager::lock_all`]).
-    locked_all: bool,
-    /// Holds asked through the control socket (`ztier hold`), by the
-    /// asking process's ID, each until its lease runs out: while any
-    /// is in force no page is evicted ([`Manager::hold`]).
-    holds: Vec<(i32, std::time::Instant)>,
-    /// Page ranges `[first, end)` a forked child gets as zeros
-    /// (`MADV_WIPEONFORK`) or not at all (`MADV_DONTFORK`), with how
-    /// (see [`Manager::wipe_on_fork`]).
-    wipe: Vec<(usize, usize, OnFork)>,
-    /// Pins that outlive a system call (see [`Manager::keep_pinned`]).
-    kept: Vec<Kept>,
+    /// What keeps pages resident — pins for system calls in flight
+    /// ([`Manager::pin`]), the program's memory locks
+    /// ([`Manager::lock_pages`], [`Manager::lock_all`]), threads' kept
+    /// pins ([`Manager::keep_pinned`]), holds ([`Manager::hold`]) — and
+    /// the ranges a forked child gets as zeros or not at all
+    /// ([`Manager::wipe_on_fork`]).
+    pins: Pins,
     /// One row per page-in (`--fault-log`), if asked for.
     log: Option<FaultLog>,
     /// The store refused a victim (it is full and nothing can go to a
@@ -635,13 +610,8 @@ pub struct Manager {
 /// A forked child's resident pages shared with its parent: a bit per
 /// arena page (up to the last page in use at the fork).
 struct Inherited {
-    bits: Vec<u64>,
-    /// Bits set.
-    count: usize,
-    /// The page the next look at `/proc/self/pagemap` starts from.
-    cursor: usize,
-    /// When the last look was made.
-    looked: Option<std::time::Instant>,
+    /// The pages, and where the next look at `/proc/self/pagemap` starts.
+    pages: Shared,
     /// `/proc/self/pagemap`, opened at the fork (before the program runs
     /// on); shared with a look in progress ([`AdoptLook`]), which reads
     /// it without the manager's lock.
@@ -682,9 +652,9 @@ impl Pagemap {
         let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
         Pagemap(if fd >= 0 { crate::fds::keep(fd) } else { -1 })
     }
+}
 
-    /// Reads the entries of `bytes / 8` pages from page number `first`
-    /// into `map`; whether all of them were read.
+impl PageMap for Pagemap {
     fn read(&self, map: &mut [u64], first: usize, bytes: usize) -> bool {
         if self.0 < 0 || bytes > map.len() * 8 {
             return false;
@@ -709,8 +679,8 @@ impl Drop for Pagemap {
 pub struct AdoptLook {
     /// The arena's first page, as a page number.
     base: usize,
-    /// Words of [`Inherited::bits`] with a bit set, (index, bits), in
-    /// ascending runs.
+    /// Words of the shared pages' bits with a bit set, (index, bits), in
+    /// ascending runs ([`Shared::look`]).
     words: Vec<(usize, u64)>,
     pagemap: std::sync::Arc<Pagemap>,
     /// The parent's page map ([`Inherited::parent`]).
@@ -718,83 +688,12 @@ pub struct AdoptLook {
 }
 
 impl AdoptLook {
-    /// The pages of the look that are no longer shared with the parent:
-    /// mapped here alone, or not at all, or shared only with other
-    /// processes (the parent maps no page there, or a page of its own);
-    /// all of them if this process's page map cannot be read, and those
-    /// mapped here if the parent's cannot (the parent is gone). Words
-    /// near each other are read together, up to [`ADOPT_SPAN`] pages per
+    /// The pages of the look that are no longer shared with the parent
+    /// ([`inherit::not_shared`], which says which those are), from this
+    /// process's page map and its parent's, up to [`ADOPT_SPAN`] pages per
     /// `pread`.
-    ///
-    /// A page that several children share after the parent dropped it
-    /// counts in each of them (so more than once, where a memory cgroup
-    /// charges it once), as none of them can tell which of the others
-    /// still maps it (a page map shows the frame number only to
-    /// `CAP_SYS_ADMIN`; where it shows it, a frame the parent does not
-    /// map there is not the parent's either). Counting it nowhere let the
-    /// command's processes keep that much more than the budget resident.
     pub fn read(&self) -> Vec<usize> {
-        const PRESENT: u64 = 1 << 63;
-        const EXCLUSIVE: u64 = 1 << 56;
-        const PFN: u64 = (1 << 55) - 1;
-        let mut map = vec![0u64; ADOPT_SPAN];
-        let mut theirs = vec![0u64; ADOPT_SPAN];
-        let mut gone = Vec::new();
-        let mut k = 0;
-        while k < self.words.len() {
-            // A span: the words from this one on, up to ADOPT_SPAN pages
-            // (within an ascending run).
-            let first = self.words[k].0;
-            let mut end = k + 1;
-            while end < self.words.len()
-                && self.words[end].0 > self.words[end - 1].0
-                && (self.words[end].0 - first + 1) * 64 <= ADOPT_SPAN
-            {
-                end += 1;
-            }
-            let bytes = (self.words[end - 1].0 - first + 1) * 64 * 8;
-            let ok = self.pagemap.read(&mut map, self.base + first * 64, bytes);
-            // Only where a page still looks shared is the parent's entry
-            // needed.
-            let shared = |e: u64| e & PRESENT != 0 && e & EXCLUSIVE == 0;
-            let asked = ok && map[..bytes / 8].iter().any(|&e| shared(e));
-            let parent_ok = asked && self.parent.read(&mut theirs, self.base + first * 64, bytes);
-            for &(w, x) in &self.words[k..end] {
-                let mut y = x;
-                while y != 0 {
-                    let b = y.trailing_zeros() as usize;
-                    y &= y - 1;
-                    let (e, p) = (map[(w - first) * 64 + b], theirs[(w - first) * 64 + b]);
-                    let not_parents =
-                        !parent_ok || !shared(p) || (e & PFN != 0 && p & PFN != 0 && e & PFN != p & PFN);
-                    if !ok || !shared(e) || not_parents {
-                        gone.push(w * 64 + b);
-                    }
-                }
-            }
-            k = end;
-        }
-        gone
-    }
-}
-
-impl Inherited {
-    /// Is page `i` still shared with the parent?
-    fn has(&self, i: usize) -> bool {
-        self.bits.get(i / 64).is_some_and(|x| x & (1u64 << (i % 64)) != 0)
-    }
-
-    /// Clears page `i`'s bit; `true` if it was set.
-    fn take(&mut self, i: usize) -> bool {
-        let (w, b) = (i / 64, 1u64 << (i % 64));
-        match self.bits.get_mut(w) {
-            Some(x) if *x & b != 0 => {
-                *x &= !b;
-                self.count -= 1;
-                true
-            }
-            _ => false,
-        }
+        inherit::not_shared(&self.words, self.base, ADOPT_SPAN, &*self.pagemap, &*self.parent)
     }
 }
 
@@ -852,50 +751,9 @@ pub static LOCKED_RANGES: AtomicUsize = AtomicUsize::new(0);
 /// a `free` checks this before it takes the manager's lock to unmark.
 pub static WIPE_RANGES: AtomicUsize = AtomicUsize::new(0);
 
-/// What a forked child gets of a range ([`Manager::wipe_on_fork`]).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum OnFork {
-    /// The parent's pages (`MADV_KEEPONFORK`, `MADV_DOFORK`: the default).
-    Keep,
-    /// Zeros (`MADV_WIPEONFORK`).
-    Wipe,
-    /// Nothing: a touch is a `SIGSEGV` (`MADV_DONTFORK`).
-    Drop,
-}
-
 /// Pages pinned now (the sum of [`Manager::pin`]s not yet ended): at
 /// exit, pins that nothing ended.
 pub static PINNED_PAGES: AtomicUsize = AtomicUsize::new(0);
-
-/// Memory a thread needs resident outside any system call, kept pinned
-/// while the thread has it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeptKind {
-    /// A stack the program gave a thread (`pthread_attr_setstack`): its
-    /// frames, control block and thread-locals.
-    Stack,
-    /// An `rseq` area: the CPU number, on every return to user space.
-    Rseq,
-    /// A robust mutex the thread holds as it exits (one entry each): the
-    /// kernel's walk of the thread's robust list reads and marks it
-    /// after the thread's last code has run.
-    Robust,
-    /// The thread's dynamic thread vector (glibc's table of its
-    /// thread-local blocks), which every access to a library's
-    /// thread-local reads: glibc allocates it with the program's
-    /// `calloc`, arena memory where the program has an allocator of its
-    /// own (`keep_thread_vector` in the `sud` module).
-    Dtv,
-}
-
-/// One kept pin: thread `tid`'s `kind` of memory, pages `[first, end)`.
-#[derive(Clone, Copy, Debug)]
-struct Kept {
-    tid: i32,
-    kind: KeptKind,
-    first: usize,
-    end: usize,
-}
 
 /// A per-page table: a private anonymous mapping of `len` zeroed `T`s,
 /// backed only where touched (the arena is 64 GiB of address space), and
@@ -1301,12 +1159,7 @@ impl Manager {
             buf: vec![0; MAX_STORE_RUN * PAGE],
             zero: vec![0; ZERO_RUN * PAGE],
             cfg,
-            pins: Vec::new(),
-            wipe: Vec::new(),
-            locked: Vec::new(),
-            locked_all: false,
-            holds: Vec::new(),
-            kept: Vec::new(),
+            pins: Pins::new(),
             log: FaultLog::from_env(),
             refusing: None,
             taken_out: 0,
@@ -1425,7 +1278,7 @@ impl Manager {
         if a.promoted {
             stats.promoted.fetch_add(1, Ordering::Relaxed);
         }
-        self.set(i, (s & !STATE) | RESIDENT);
+        self.set(i, state::resident(s));
         let (w, b) = (i >> 14, 1u64 << ((i >> 8) & 63));
         if let Some(word) = self.table_chunks.get_mut(w).filter(|x| **x & b == 0) {
             *word |= b;
@@ -1479,7 +1332,7 @@ impl Manager {
             for k in 0..n {
                 self.became_resident(i + k, stats);
                 if clean {
-                    self.set(i + k, self.st(i + k) | CLEAN);
+                    self.set(i + k, state::clean(self.st(i + k)));
                 }
             }
             return Ok(Some((addr, n * PAGE)));
@@ -1505,7 +1358,7 @@ impl Manager {
             if r == Installed::Done && s & STATE != RESIDENT {
                 self.became_resident(i + k, stats);
                 if clean {
-                    self.set(i + k, self.st(i + k) | CLEAN);
+                    self.set(i + k, state::clean(self.st(i + k)));
                 }
             } else if matches!(s & STATE, STORED | ABSENT) && s & (OWNED | NOEVICT) == 0 {
                 // Present already though our books say otherwise: the
@@ -1761,7 +1614,7 @@ impl Manager {
         let mut waited = false;
         loop {
             let want = self.tree_need() + n;
-            let shared = self.inherited.as_ref().map_or(0, |h| h.count);
+            let shared = self.inherited.as_ref().map_or(0, |h| h.pages.count());
             let Some(t) = &mut self.tree else { return Ok(()) };
             if t.settle(want) > 0 {
                 let now = std::time::Instant::now();
@@ -1916,14 +1769,9 @@ impl Manager {
     /// gives back.
     fn tree_excess(&self) -> usize {
         let Some(t) = &self.tree else { return 0 };
-        let (free, reserve) = (t.free(), self.reserve());
         // Under `--budget-covers all` the pool shrinks as the stores grow:
         // what is held past it is short too.
-        let short = (reserve + t.overdrawn()).saturating_sub(free);
-        if short == 0 {
-            return 0;
-        }
-        (short * t.held()).div_ceil(t.reserved().max(1)).min(self.resident)
+        budget::excess(t.free(), self.reserve(), t.overdrawn(), t.held(), t.reserved(), self.resident)
     }
 
     /// Gives back to the shared budget what this process holds beyond its
@@ -1960,13 +1808,13 @@ impl Manager {
             return lim;
         }
         let held = t.ensure_some(need + lim);
-        (held + own.saturating_sub(self.evicting)).saturating_sub(need).clamp(1, lim)
+        budget::run_room(held, own, self.evicting, need, lim)
     }
 
     /// Resident pages this process must hold a page of the shared budget
     /// for: all but those it shares with its parent.
     fn tree_resident(&self) -> usize {
-        self.resident - self.inherited.as_ref().map_or(0, |h| h.count)
+        self.resident - self.inherited.as_ref().map_or(0, |h| h.pages.count())
     }
 
     /// Pages of the shared budget this process must hold: its resident
@@ -1980,7 +1828,7 @@ impl Manager {
     /// it is not any more (and was not held).
     fn uninherit(&mut self, i: usize) {
         if let Some(h) = &mut self.inherited {
-            h.take(i);
+            h.pages.take(i);
         }
     }
 
@@ -1991,23 +1839,7 @@ impl Manager {
     /// lock ([`AdoptLook::read`]), then [`Manager::adopt_unshared`].
     pub fn adopt_look(&mut self) -> Option<AdoptLook> {
         let h = self.inherited.as_mut()?;
-        let now = std::time::Instant::now();
-        if h.looked.is_some_and(|t| now.duration_since(t) < ADOPT_EVERY) {
-            return None;
-        }
-        h.looked = Some(now);
-        let n = h.bits.len();
-        let (mut w, mut words) = (h.cursor / 64 % n.max(1), Vec::new());
-        for _ in 0..n {
-            if words.len() * 64 >= ADOPT_LOOK {
-                break;
-            }
-            if h.bits[w] != 0 {
-                words.push((w, h.bits[w]));
-            }
-            w = (w + 1) % n;
-        }
-        h.cursor = w * 64;
+        let words = h.pages.look(std::time::Instant::now(), ADOPT_EVERY, ADOPT_LOOK)?;
         Some(AdoptLook {
             base: self.base / PAGE,
             words,
@@ -2033,8 +1865,8 @@ impl Manager {
         let states = &self.states;
         let in_flight = |i: usize| states.get(i).is_some_and(|&s| s & STATE == EVICTING);
         let Some(h) = &mut self.inherited else { return Ok(()) };
-        let adopted = gone.iter().filter(|&&i| !in_flight(i) && h.take(i)).count();
-        if h.count == 0 {
+        let adopted = gone.iter().filter(|&&i| !in_flight(i) && h.pages.take(i)).count();
+        if h.pages.count() == 0 {
             self.inherited = None;
         }
         // Pages set aside as shared may be its own now.
@@ -2055,7 +1887,7 @@ impl Manager {
     /// resident pages still shared with its parent (not held).
     pub fn tree_now(&self) -> Option<(usize, usize, usize)> {
         let t = self.tree.as_ref()?;
-        Some((t.held(), t.reserved(), self.inherited.as_ref().map_or(0, |h| h.count)))
+        Some((t.held(), t.reserved(), self.inherited.as_ref().map_or(0, |h| h.pages.count())))
     }
 
     /// With the tree scope and the command's `--store` shared: the size
@@ -2228,26 +2060,19 @@ impl Manager {
     /// surplus goes to probation.
     fn follow_tree(&mut self) {
         let Some(t) = &self.tree else { return };
-        let shared = self.inherited.as_ref().map_or(0, |h| h.count);
-        let b = (t.held() + t.free() + shared).min(self.cap).max(EVICT_BATCH * 4);
-        if b.abs_diff(self.share) < EVICT_BATCH {
-            return;
-        }
-        let b = if b > self.share {
-            let now = std::time::Instant::now();
-            if now.duration_since(self.tree_grown) < TREE_GROW_EVERY {
-                return;
-            }
-            self.tree_grown = now;
-            // (All the way once less than a batch would be left.)
-            let grown = self.share + (self.share / 64).max(EVICT_BATCH);
-            if grown + EVICT_BATCH > b {
+        let shared = self.inherited.as_ref().map_or(0, |h| h.pages.count());
+        let target = budget::share_target(t.held(), t.free(), shared, self.cap, EVICT_BATCH);
+        let b = match budget::follow(self.share, target, EVICT_BATCH) {
+            Follow::Stay => return,
+            Follow::Shrink(b) => b,
+            Follow::Grow(b) => {
+                let now = std::time::Instant::now();
+                if now.duration_since(self.tree_grown) < TREE_GROW_EVERY {
+                    return;
+                }
+                self.tree_grown = now;
                 b
-            } else {
-                grown
             }
-        } else {
-            b
         };
         self.set_share(b, false);
     }
@@ -2270,7 +2095,7 @@ impl Manager {
     /// `mlockall` had the evictor spin a CPU: it was woken for victims it
     /// could not take.)
     pub fn frozen(&self) -> bool {
-        self.locked_all || !self.holds.is_empty()
+        self.pins.frozen()
     }
 
     /// Takes up to `max` victims for the background evictor, oldest first,
@@ -2318,17 +2143,13 @@ impl Manager {
     /// it nor keeps what it made of it. Returns whether it was taken back.
     pub fn take_back(&mut self, i: usize, present: bool, stats: &Stats) -> io::Result<bool> {
         let s = self.st(i);
-        if !self.background_open
-            || !self.background_protected
-            || !present
-            || s & (STATE | OWNED) != EVICTING | OWNED
-        {
+        if !self.background_open || !self.background_protected || !present || !state::in_flight(s) {
             return Ok(false);
         }
         if s & CLEAN != 0 {
             let _ = self.store.flush_page(self.key(i));
         }
-        self.set(i, (s & !(STATE | CLEAN)) | RESIDENT);
+        self.set(i, state::taken_back(s));
         self.taken_back.push(i);
         stats.taken_back.fetch_add(1, Ordering::Relaxed);
         self.uffd.writeprotect(self.addr(i), PAGE, false)?;
@@ -2399,14 +2220,14 @@ impl Manager {
     /// (the program's own releases wait for OWNED pages,
     /// `lock_unowned`), and a released page is not released again.
     pub fn commit_early(&mut self, i: usize, stats: &Stats) -> bool {
-        if !self.background_released || self.st(i) & (STATE | OWNED) != EVICTING | OWNED {
+        if !self.background_released || !state::in_flight(self.st(i)) {
             return false;
         }
         let Ok(k) = self.sealed.binary_search_by_key(&i, |e| e.0) else { return false };
         let Sealed::Released(o) = self.sealed[k].1 else { return false };
         self.sealed[k].1 = Sealed::Early;
         self.evicting -= 1;
-        let s = self.st(i) & !OWNED;
+        let s = state::disowned(self.st(i));
         self.set(i, s);
         self.commit_one(i, s, o);
         stats.committed_early.fetch_add(1, Ordering::Relaxed);
@@ -2439,7 +2260,7 @@ impl Manager {
         }
         // (Out of `self` during the loop, which changes the states.)
         let shared = if overdrawn { self.inherited.take() } else { None };
-        let inherited = |i: usize| shared.as_ref().is_some_and(|h| h.has(i));
+        let inherited = |i: usize| shared.as_ref().is_some_and(|h| h.pages.has(i));
         // Each queue entry is looked at most once per call (pages that
         // cannot be evicted go to the back).
         let mut looks = self.repl.queued();
@@ -2476,7 +2297,7 @@ impl Manager {
             if verdict != Verdict::Take {
                 continue;
             }
-            self.set(i, (s & !STATE) | EVICTING | OWNED);
+            self.set(i, state::picked(s));
             pages.push(i);
             // Its resident neighbours that the policy lets go along (in
             // probation) go with it: a run is write-protected and released
@@ -2489,14 +2310,10 @@ impl Manager {
                 && self.resident > target + in_flight + pages.len()
             {
                 let t = self.st(j);
-                if t & (STATE | NOEVICT | OWNED) != RESIDENT
-                    || !self.repl.clusters(j)
-                    || self.pinned(j)
-                    || inherited(j)
-                {
+                if !state::evictable(t) || !self.repl.clusters(j) || self.pinned(j) || inherited(j) {
                     break;
                 }
-                self.set(j, (t & !STATE) | EVICTING | OWNED);
+                self.set(j, state::picked(t));
                 pages.push(j);
                 j += 1;
             }
@@ -2572,7 +2389,7 @@ impl Manager {
                 continue;
             }
             self.evicting -= 1;
-            let s = self.st(i) & !OWNED;
+            let s = state::disowned(self.st(i));
             self.set(i, s);
             if s & STATE != EVICTING {
                 // Released (munmap, MADV_DONTNEED) while we compressed it,
@@ -2611,13 +2428,13 @@ impl Manager {
                 if o != Outcome::Stored && s & CLEAN != 0 {
                     let _ = self.store.flush_page(self.key(i));
                 }
-                self.set(i, (s & !(STATE | CLEAN)) | if o == Outcome::Stored { STORED } else { ABSENT });
+                self.set(i, state::evicted(s, o == Outcome::Stored));
                 self.repl.evicted(i);
                 self.resident -= 1;
                 self.uninherit(i);
             }
             Outcome::Kept => {
-                self.set(i, (s & !STATE) | RESIDENT);
+                self.set(i, state::resident(s));
                 self.repl.requeue(i);
             }
         }
@@ -2646,7 +2463,7 @@ impl Manager {
         }
         if s & STATE == RESIDENT && s & CLEAN != 0 {
             let _ = self.store.flush_page(self.key(i));
-            self.set(i, s & !CLEAN);
+            self.set(i, state::written(s));
             stats.dirtied.fetch_add(1, Ordering::Relaxed);
         }
         let page = self.addr(i);
@@ -2662,15 +2479,8 @@ impl Manager {
     /// compressed copies dropped; the pages read as zeros afterwards.
     pub fn release(&mut self, first: usize, n: usize, stats: &Stats) {
         // Kept pins there end: the memory is no longer what was registered.
-        let mut k = 0;
-        while k < self.kept.len() {
-            let e = self.kept[k];
-            if e.first < first + n && first < e.end {
-                self.kept.swap_remove(k);
-                self.unpin(e.first, e.end - e.first);
-            } else {
-                k += 1;
-            }
+        for e in self.pins.take_kept(|e| e.first < first + n && first < e.end) {
+            self.unpin(e.first, e.end - e.first);
         }
         for i in first..first + n {
             let s = self.st(i);
@@ -2693,7 +2503,7 @@ impl Manager {
             // unreadable page (a guard page V8 gives back) must not make
             // it a candidate for the zero runs that fault in neighbours.
             // An OWNED page stays so until its eviction commits.
-            self.set(i, s & (NOEVICT | OWNED));
+            self.set(i, state::released(s));
         }
         sys::madvise(self.addr(first) as *mut libc::c_void, n * PAGE, libc::MADV_DONTNEED);
         stats.resident.store(self.resident, Ordering::Relaxed);
@@ -2704,13 +2514,13 @@ impl Manager {
     pub fn set_noevict(&mut self, first: usize, n: usize, on: bool) {
         for i in first..first + n {
             let s = self.st(i);
-            self.set(i, if on { s | NOEVICT } else { s & !NOEVICT });
+            self.set(i, state::noevict(s, on));
         }
     }
 
     /// Is page `i` pinned by a system call in flight?
     fn pinned(&self, i: usize) -> bool {
-        !self.pins.is_empty() && self.pins.iter().any(|&(a, b)| (a..b).contains(&i))
+        self.pins.pinned(i)
     }
 
     /// Makes pages `[first, first + n)` resident and keeps them from
@@ -2734,8 +2544,7 @@ impl Manager {
         if self.owned_in(first, end - first) {
             return Ok(false);
         }
-        self.pins.push((first, end));
-        PINNED_PAGES.fetch_add(end - first, Ordering::Relaxed);
+        PINNED_PAGES.fetch_add(self.pins.pin(first, end), Ordering::Relaxed);
         let mut i = first;
         while i < end {
             let s = self.st(i);
@@ -2787,10 +2596,7 @@ impl Manager {
     /// Ends one [`Manager::pin`] of the same range.
     pub fn unpin(&mut self, first: usize, n: usize) {
         let end = (first + n).min(self.pages);
-        if let Some(k) = self.pins.iter().position(|&p| p == (first, end)) {
-            self.pins.swap_remove(k);
-            PINNED_PAGES.fetch_sub(end - first, Ordering::Relaxed);
-        }
+        PINNED_PAGES.fetch_sub(self.pins.unpin(first, end), Ordering::Relaxed);
         // Pages that left the queues while pinned go back to probation.
         for i in first..end {
             let s = self.st(i);
@@ -2827,9 +2633,9 @@ impl Manager {
         if first < end && !self.pin(first, end - first, stats)? {
             return Ok(false);
         }
-        self.drop_kept(|e| e.tid == tid && e.kind == kind && (kind != KeptKind::Robust || n == 0));
+        self.drop_kept(|e| Pins::replaced(e, tid, kind, n));
         if first < end {
-            self.kept.push(Kept { tid, kind, first, end });
+            self.pins.keep(Kept { tid, kind, first, end });
         }
         Ok(true)
     }
@@ -2845,20 +2651,13 @@ impl Manager {
     fn drop_kept(&mut self, drop: impl Fn(&Kept) -> bool) {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
-        let mut k = 0;
-        while k < self.kept.len() {
-            let e = self.kept[k];
-            let gone = || {
-                // SAFETY: signal 0 only checks that the thread exists.
-                let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, e.tid, 0) };
-                (r != 0 && sys::errno() == libc::ESRCH) || (e.tid == pid && leader_is_zombie(pid))
-            };
-            if drop(&e) || gone() {
-                self.kept.swap_remove(k);
-                self.unpin(e.first, e.end - e.first);
-            } else {
-                k += 1;
-            }
+        let gone = |e: &Kept| {
+            // SAFETY: signal 0 only checks that the thread exists.
+            let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, e.tid, 0) };
+            (r != 0 && sys::errno() == libc::ESRCH) || (e.tid == pid && leader_is_zombie(pid))
+        };
+        for e in self.pins.take_kept(|e| drop(e) || gone(e)) {
+            self.unpin(e.first, e.end - e.first);
         }
     }
 
@@ -2878,26 +2677,8 @@ impl Manager {
     /// child got the parent's bytes: a random generator's state kept in
     /// such a page (its way to notice a fork) was the parent's.
     pub fn wipe_on_fork(&mut self, first: usize, n: usize, how: OnFork) {
-        let end = first + n;
-        let mut kept = Vec::with_capacity(self.wipe.len() + 2);
-        for &(f, e, h) in &self.wipe {
-            if e <= first || f >= end {
-                kept.push((f, e, h));
-                continue;
-            }
-            if f < first {
-                kept.push((f, first, h));
-            }
-            if e > end {
-                kept.push((end, e, h));
-            }
-        }
-        if how != OnFork::Keep {
-            kept.push((first, end, how));
-        }
-        kept.sort_unstable_by_key(|&(f, _, _)| f);
-        self.wipe = kept;
-        WIPE_RANGES.store(self.wipe.len(), Ordering::Relaxed);
+        self.pins.mark_fork(first, first + n, how);
+        WIPE_RANGES.store(self.pins.fork_marks().len(), Ordering::Relaxed);
     }
 
     /// `mlock` of pages `[first, first + n)`: stored ones are brought back
@@ -2915,54 +2696,29 @@ impl Manager {
             return Ok(false);
         }
         // The parts of the range not locked yet.
-        let mut parts = Vec::new();
-        let mut at = first;
-        for &(f, e) in &self.locked {
-            if e <= at || f >= end {
-                continue;
-            }
-            if f > at {
-                parts.push((at, f));
-            }
-            at = at.max(e);
-        }
-        if at < end {
-            parts.push((at, end));
-        }
-        for &(f, e) in &parts {
+        for (f, e) in self.pins.not_locked(first, end) {
             if !self.pin(f, e - f, stats)? {
+                LOCKED_RANGES.store(self.pins.locked().len(), Ordering::Relaxed);
                 return Ok(false);
             }
-            self.locked.push((f, e));
+            self.pins.lock(f, e);
         }
-        self.locked.sort_unstable();
-        LOCKED_RANGES.store(self.locked.len(), Ordering::Relaxed);
+        LOCKED_RANGES.store(self.pins.locked().len(), Ordering::Relaxed);
         Ok(true)
     }
 
     /// `munlock` of pages `[first, first + n)` (any part of a locked range:
     /// the rest stays locked). Also when the pages are unmapped or freed.
     pub fn unlock_pages(&mut self, first: usize, n: usize) {
-        let end = first + n;
-        let mut keep = Vec::new();
-        for (f, e) in std::mem::take(&mut self.locked) {
-            if e <= first || f >= end {
-                keep.push((f, e));
-                continue;
-            }
+        for cut in self.pins.unlock(first, first + n) {
+            let (f, e) = cut.range;
             self.unpin(f, e - f);
-            for (a, b) in [(f, first.max(f)), (end.min(e), e)] {
-                if a < b {
-                    // Resident and pinned until now: nothing to bring back.
-                    self.pins.push((a, b));
-                    PINNED_PAGES.fetch_add(b - a, Ordering::Relaxed);
-                    keep.push((a, b));
-                }
+            for (a, b) in cut.left {
+                // Resident and pinned until now: nothing to bring back.
+                PINNED_PAGES.fetch_add(self.pins.pin(a, b), Ordering::Relaxed);
             }
         }
-        keep.sort_unstable();
-        self.locked = keep;
-        LOCKED_RANGES.store(self.locked.len(), Ordering::Relaxed);
+        LOCKED_RANGES.store(self.pins.locked().len(), Ordering::Relaxed);
     }
 
     /// `mlockall` (`on`) or `munlockall`: while on, no page is evicted and
@@ -2970,7 +2726,7 @@ impl Manager {
     /// `on` brings stored pages back first (`MCL_CURRENT`: what is mapped
     /// now is resident). `munlockall` also ends every `mlock`.
     pub fn lock_all(&mut self, on: bool, used: &[std::ops::Range<usize>], stats: &Stats) -> io::Result<()> {
-        self.locked_all = on;
+        self.pins.set_locked_all(on);
         if on {
             for r in used {
                 let (f, e) = (r.start.min(self.pages), r.end.min(self.pages));
@@ -3016,32 +2772,25 @@ impl Manager {
     /// pages back ([`Manager::bring_back`]) once nothing is in flight.
     /// `true` if it is a new hold (none was in force).
     pub fn hold(&mut self, by: i32, until: std::time::Instant) -> bool {
-        let new = self.holds.is_empty();
-        match self.holds.iter_mut().find(|h| h.0 == by) {
-            Some(h) => h.1 = until,
-            None => self.holds.push((by, until)),
-        }
-        new
+        self.pins.hold(by, until)
     }
 
     /// Ends process `by`'s hold, and every hold whose lease ran out by
     /// `now`; `true` if none is left in force of those there were.
     pub fn release_holds(&mut self, by: Option<i32>, now: std::time::Instant) -> bool {
-        let had = !self.holds.is_empty();
-        self.holds.retain(|&(p, until)| Some(p) != by && until > now);
-        had && self.holds.is_empty()
+        self.pins.release_holds(by, now)
     }
 
     /// The processes whose holds are in force.
     pub fn holders(&self) -> Vec<i32> {
-        self.holds.iter().map(|h| h.0).collect()
+        self.pins.holders()
     }
 
     /// In a forked child: memory locks are not inherited, nor holds (they
     /// were asked of the parent).
     pub fn unlock_after_fork(&mut self) {
-        self.locked_all = false;
-        self.holds.clear();
+        self.pins.set_locked_all(false);
+        self.pins.clear_holds();
         self.unlock_pages(0, self.pages);
     }
 
@@ -3057,7 +2806,7 @@ impl Manager {
     /// ([`Manager::wipe_on_fork`]), which then read as zeros, and makes
     /// those kept from the child inaccessible (never evicted).
     pub fn wipe_after_fork(&mut self, stats: &Stats) {
-        for (f, e, how) in self.wipe.clone() {
+        for (f, e, how) in self.pins.fork_marks().to_vec() {
             self.release(f, e - f, stats);
             if how == OnFork::Drop {
                 sys::mprotect(self.addr(f) as *mut libc::c_void, (e - f) * PAGE, libc::PROT_NONE);
@@ -3067,16 +2816,13 @@ impl Manager {
     }
 
     pub fn kept_after_fork(&mut self, parent: i32, child: i32) {
-        let mine: Vec<Kept> =
-            self.kept.iter().filter(|k| k.tid == parent).map(|&k| Kept { tid: child, ..k }).collect();
-        self.kept.clear();
-        while let Some(&(first, end)) = self.pins.last() {
+        let mine = self.pins.kept_after_fork(parent, child);
+        while let Some((first, end)) = self.pins.last_pin() {
             self.unpin(first, end - first);
         }
         for k in mine {
-            self.pins.push((k.first, k.end));
-            PINNED_PAGES.fetch_add(k.end - k.first, Ordering::Relaxed);
-            self.kept.push(k);
+            PINNED_PAGES.fetch_add(self.pins.pin(k.first, k.end), Ordering::Relaxed);
+            self.pins.keep(k);
         }
     }
 
@@ -3117,7 +2863,7 @@ impl Manager {
                     // page is here, the copy is dropped (it is written
                     // again when the page goes out).
                     let _ = self.store.flush_page(self.key(i));
-                    self.set(i, s & !CLEAN);
+                    self.set(i, state::written(s));
                 } else if s & STATE == STORED && !self.store.contains(self.key(i)) {
                     let key = self.key(i);
                     let found = self.store.get(key, &mut self.buf[..PAGE], true).map_err(store_err)?;
@@ -3166,7 +2912,7 @@ impl Manager {
             // the copies and hashes are the child's as well.
             if s & CLEAN != 0 && self.clean == CleanMode::Wp {
                 let _ = self.store.flush_page(self.key(i));
-                self.set(i, s & !CLEAN);
+                self.set(i, state::written(s));
             }
             // Pages the parent's evictor was working on are plain
             // resident pages here (the child's copies lost the write
@@ -3174,7 +2920,7 @@ impl Manager {
             let s = self.st(i);
             if s & STATE == EVICTING {
                 let _ = self.store.flush_page(self.key(i));
-                self.set(i, (s & !(STATE | CLEAN)) | RESIDENT);
+                self.set(i, state::taken_back(s));
                 self.repl.requeue(i);
             }
         }
@@ -3204,21 +2950,13 @@ impl Manager {
             let end = used.iter().map(|r| r.end.min(self.pages)).max().unwrap_or(0);
             let pagemap = std::sync::Arc::new(Pagemap::open());
             let parent = std::sync::Arc::new(Pagemap::open_parent());
-            let mut h = Inherited {
-                bits: vec![0; end.div_ceil(64)],
-                count: 0,
-                cursor: 0,
-                looked: None,
-                pagemap,
-                parent,
-            };
+            let mut h = Inherited { pages: Shared::new(end), pagemap, parent };
             for i in pages_in(self.pages, used) {
                 if self.st(i) & STATE == RESIDENT {
-                    h.bits[i / 64] |= 1 << (i % 64);
-                    h.count += 1;
+                    h.pages.insert(i);
                 }
             }
-            self.inherited = (h.count > 0).then_some(h);
+            self.inherited = (h.pages.count() > 0).then_some(h);
         }
         Ok(())
     }
@@ -3866,27 +3604,23 @@ mod tests {
             unsafe { std::ptr::write_bytes((m.base + i * PAGE) as *mut u8, 1 + i as u8, PAGE) };
         }
         // All 64 inherited from a parent (the page maps are not read here).
-        m.inherited = Some(Inherited {
-            bits: vec![u64::MAX],
-            count: 64,
-            cursor: 0,
-            looked: None,
-            pagemap: Arc::new(Pagemap(-1)),
-            parent: Arc::new(Pagemap(-1)),
-        });
+        let mut pages = Shared::new(64);
+        (0..64).for_each(|i| pages.insert(i));
+        m.inherited =
+            Some(Inherited { pages, pagemap: Arc::new(Pagemap(-1)), parent: Arc::new(Pagemap(-1)) });
         let v = m.take_victims(16, 0, 0).unwrap().expect("victims");
         assert_eq!(v.pages.len(), 16);
         // A look finds all 64 no longer shared.
         let all: Vec<usize> = (0..64).collect();
         m.adopt_unshared(&all, &stats).unwrap();
         assert_eq!(seg.adopted.load(Ordering::Acquire), 48, "the 16 in flight stay the parent's");
-        assert_eq!(m.inherited.as_ref().map(|h| h.count), Some(16));
+        assert_eq!(m.inherited.as_ref().map(|h| h.pages.count()), Some(16));
         let outcome = v.compress(&stats).unwrap();
         v.release(&outcome).unwrap();
         v.unprotect_kept(&outcome).unwrap();
         m.commit(&v, &outcome, &stats);
         v.wake_released(&outcome).unwrap();
-        assert_eq!(m.inherited.as_ref().map_or(0, |h| h.count), 0, "gone with the commit");
+        assert_eq!(m.inherited.as_ref().map_or(0, |h| h.pages.count()), 0, "gone with the commit");
         assert_eq!(seg.over.load(Ordering::Acquire), 0);
         m.leave_tree();
     }
@@ -4633,7 +4367,7 @@ mod tests {
         assert!(m.keep_pinned(me, KeptKind::Rseq, 0, 0, &stats).unwrap());
         evict_all(&mut m, &stats);
         assert_eq!(m.resident(), 0);
-        assert!(m.kept.is_empty());
+        assert!(m.pins.kept().is_empty());
         // After fork: the forking thread's kept pins only, as the child's.
         assert!(m.keep_pinned(me, KeptKind::Rseq, 40, 1, &stats).unwrap());
         assert!(m.keep_pinned(gone - 1, KeptKind::Rseq, 50, 1, &stats).unwrap());
@@ -4642,8 +4376,8 @@ mod tests {
         evict_all(&mut m, &stats);
         assert_eq!(m.resident(), 1);
         assert_eq!(m.st(40) & STATE, RESIDENT);
-        assert_eq!(m.kept.len(), 1);
-        assert_eq!(m.kept[0].tid, 4242);
+        assert_eq!(m.pins.kept().len(), 1);
+        assert_eq!(m.pins.kept()[0].tid, 4242);
     }
 
     #[test]

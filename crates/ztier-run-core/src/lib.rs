@@ -10,6 +10,20 @@
 //!   --fault-log`).
 //! * [`names`] — the `ZTIER_*` environment variables the command sets
 //!   for the library, and the control socket's requests.
+//! * [`state`] — the page-state byte of the arena and its transitions
+//!   (the page-state machine).
+//! * [`budget`] — the arithmetic of a process's part of the tree budget
+//!   (what it owes the pool, how long a run a fault installs, the budget
+//!   its replacement policy follows).
+//! * [`inherit`] — a forked child's pages shared with its parent (the
+//!   tree budget's fork bookkeeping) and the page-map look that finds
+//!   those no longer shared.
+//! * [`pins`] — the books of what keeps pages resident (pins, memory
+//!   locks, threads' kept pins, holds) and of what a forked child gets.
 
+pub mod budget;
 pub mod faultlog;
+pub mod inherit;
 pub mod names;
+pub mod pins;
+pub mod state;
