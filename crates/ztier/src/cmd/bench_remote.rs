@@ -30,7 +30,10 @@ is the get a fault makes (one GET, MAC checked), at a greater depth get_many (pi
 Each client is a tier of its own (its keys, index, MAC key), as each process of a ztier run\n\
 is; with --flusher shared (the default, what ztier run does) the tiers' writes go through\n\
 one flusher thread and connection, one pipeline for all; with --flusher own each tier has\n\
-its own flusher thread and connection.")]
+its own flusher thread and connection. With --pending-pages N (default: the page buffers a\n\
+process keeps, 1024) the clients' tiers hold at most N pages waiting to be written together (each\n\
+at least two batches): a put waits for room, so the puts go at the writes' pace and the\n\
+measurement is of a steady state, not of a burst queued in memory; 0 leaves each tier its default.")]
 pub struct RemoteBenchArgs {
     /// A server to use (redis://HOST:PORT, no password: ZTIER_REMOTE_PASSWORD); default: one started here.
     #[arg(long)]
@@ -47,6 +50,9 @@ pub struct RemoteBenchArgs {
     /// Pages per measurement.
     #[arg(long, default_value_t = 40000)]
     pub requests: usize,
+    /// Pages waiting to be written, all clients together, at most (a put waits for room, as evictions do; 0: each tier's default).
+    #[arg(long, default_value_t = ztier_remote::pool::KEPT)]
+    pub pending_pages: usize,
     /// Rounds (medians are reported).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
@@ -178,9 +184,11 @@ fn page(i: usize) -> Vec<u8> {
 
 /// ztier's put and get rates (and CPU: this process's, the server's) at
 /// `c` threads and depth `p`, with the get latencies at depth 1 (ns).
+#[allow(clippy::too_many_arguments)]
 fn ztier(
     cfg: &RemoteConfig,
     flusher: Flusher,
+    pending_pages: usize,
     c: usize,
     p: usize,
     n: usize,
@@ -194,6 +202,9 @@ fn ztier(
         let mut cfg = cfg.clone();
         cfg.batch_pages = p;
         cfg.batches_per_round = 1;
+        if pending_pages > 0 {
+            cfg.pending_bytes = (pending_pages / c).max(2 * p) * ztier_remote::pool::CAPACITY;
+        }
         tiers.push(Arc::new(match flusher {
             Flusher::Shared => RemoteTier::connect_shared(cfg, None, &hub)?,
             Flusher::Own => RemoteTier::connect(cfg, None)?,
@@ -335,7 +346,7 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
             for round in 0..a.rounds {
                 eprintln!("round {}/{}: {c} clients, depth {p}", round + 1, a.rounds);
                 let r = redis_benchmark(node.port, &node.host, c, p, a.requests, server)?;
-                let z = ztier(&cfg, a.flusher, c, p, a.requests, &mut lat, server)?;
+                let z = ztier(&cfg, a.flusher, a.pending_pages, c, p, a.requests, &mut lat, server)?;
                 for (v, x) in sides.iter_mut().zip([r.set, r.get, z.set, z.get]) {
                     v.push(x);
                 }
@@ -376,7 +387,7 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "server": node.to_string(), "page_bytes": 4096, "requests": a.requests,
-                "rounds": a.rounds, "rows": rows,
+                "rounds": a.rounds, "rows": rows, "pending_pages": a.pending_pages,
                 "flusher": if a.flusher == Flusher::Shared { "shared" } else { "own" },
             }))?
         );
