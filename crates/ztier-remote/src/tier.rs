@@ -837,7 +837,8 @@ impl Inner {
 /// command's arguments. Returns how many commands.
 fn unlinks_by_tag<'a>(unlinks: &'a [Vec<u8>], mut emit: impl FnMut(Vec<&'a [u8]>)) -> usize {
     let mut by_tag: Vec<&[u8]> = unlinks.iter().map(|n| &n[..]).collect();
-    by_tag.sort_unstable_by_key(|n| hash_tag(n));
+    // Each name's tag found once (not at every comparison).
+    by_tag.sort_by_cached_key(|n| hash_tag(n));
     let (mut n, mut i) = (0, 0);
     while i < by_tag.len() {
         let t = hash_tag(by_tag[i]);
@@ -850,6 +851,22 @@ fn unlinks_by_tag<'a>(unlinks: &'a [Vec<u8>], mut emit: impl FnMut(Vec<&'a [u8]>
         i = j;
     }
     n
+}
+
+/// `n` in decimal, appended to `buf` (the protocol's lengths, for
+/// every page of a round: no formatting machinery).
+fn push_decimal(buf: &mut Vec<u8>, n: usize) {
+    let mut d = [0u8; 20];
+    let (mut i, mut n) = (d.len(), n);
+    loop {
+        i -= 1;
+        d[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&d[i..]);
 }
 
 /// A page in a round: key, metadata, sequence number, hash tag, bytes.
@@ -958,14 +975,15 @@ impl Inner {
     /// how many commands. (Appended: a shared flusher packs several
     /// tiers' rounds into one buffer.)
     pub(crate) fn pack_round(&self, r: &Round, buf: &mut Vec<u8>) -> usize {
-        use std::io::Write;
         let mut n = 0;
         if let Some((_, w)) = &r.writer {
             let mut i = 0;
             while i < r.pages.len() {
                 let tag = r.pages[i].3;
                 let j = i + r.pages[i..].iter().take_while(|p| p.3 == tag).count();
-                let _ = write!(buf, "*{}\r\n$4\r\nMSET\r\n", 1 + 2 * (j - i));
+                buf.push(b'*');
+                push_decimal(buf, 1 + 2 * (j - i));
+                buf.extend_from_slice(b"\r\n$4\r\nMSET\r\n");
                 for (key, meta, seq, tag, d) in &r.pages[i..j] {
                     debug_assert!(Arc::ptr_eq(w, &d.writer), "a round's pages are its writer's");
                     let at = buf.len();
@@ -976,7 +994,9 @@ impl Inner {
                     assert!((10..100).contains(&len), "a value's name is two digits long");
                     buf[at + 1] = b'0' + (len / 10) as u8;
                     buf[at + 2] = b'0' + (len % 10) as u8;
-                    let _ = write!(buf, "\r\n${}\r\n", d.plain_len() + OVERHEAD);
+                    buf.extend_from_slice(b"\r\n$");
+                    push_decimal(buf, d.plain_len() + OVERHEAD);
+                    buf.extend_from_slice(b"\r\n");
                     if d.form == Form::Plain {
                         w.seal(*key, meta, *seq, &d.bytes, buf);
                     } else {
@@ -1613,4 +1633,18 @@ pub fn remove_dead_runs(cfg: &RemoteConfig) -> Result<Vec<(String, u64)>, Remote
         out.push((run, removed));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_decimal;
+
+    #[test]
+    fn lengths_are_written_in_decimal() {
+        for n in [0usize, 7, 10, 99, 4124, 1 << 20, usize::MAX] {
+            let mut b = b"x".to_vec();
+            push_decimal(&mut b, n);
+            assert_eq!(b, format!("x{n}").into_bytes());
+        }
+    }
 }
