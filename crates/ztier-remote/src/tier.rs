@@ -146,9 +146,13 @@ struct State {
     writers: Vec<Arc<Writer>>,
     index: HashMap<Key, Entry>,
     queue: VecDeque<Queued>,
-    /// Bytes of the pages waiting: those in the queue or a round,
-    /// replaced ones too until the flusher has let them go.
+    /// Bytes of the pages waiting to be written (the room a put
+    /// needs; a page replaced or removed gives its room back at once).
     pending_bytes: usize,
+    /// Bytes of pages replaced or removed while waiting that the queue
+    /// or a round still holds (until the flusher passes them; the queue
+    /// is swept of them when they pass `pending_bytes`' limit).
+    stale_bytes: usize,
     unlinks: Vec<Vec<u8>>,
     next_tag: usize,
     remote_bytes: u64,
@@ -290,6 +294,7 @@ impl RemoteTier {
                 index: HashMap::new(),
                 queue: VecDeque::new(),
                 pending_bytes: 0,
+                stale_bytes: 0,
                 unlinks: Vec::new(),
                 next_tag: 0,
                 remote_bytes: 0,
@@ -574,8 +579,18 @@ impl Inner {
     fn discard(&self, s: &mut State, key: Key, e: Entry) {
         match e.at {
             // Its bytes are held by the queue or a round too, which
-            // lets them go, and counts them off, when it comes to them.
-            At::Pending(d) => debug_assert!(d.current(), "a waiting page is in the queue or a round"),
+            // lets them go when it comes to them.
+            At::Pending(d) => {
+                s.pending_bytes -= d.bytes.len();
+                s.stale_bytes += d.bytes.len();
+                drop(d);
+                if s.stale_bytes > self.cfg.pending_bytes {
+                    // The queue is not passed (the remote down, or
+                    // slow): swept now, so that they stay bounded.
+                    s.queue.retain(|q| q.3.current());
+                    s.stale_bytes = 0;
+                }
+            }
             At::Remote { tag, gen, local, vlen } => {
                 s.remote_bytes -= vlen as u64;
                 if s.unlinks.len() < UNLINKS_KEPT {
@@ -921,7 +936,7 @@ impl Inner {
             // Replaced or removed since: nothing to write (no look in
             // the index: its entry is far away in memory by now).
             if !d.current() {
-                s.pending_bytes -= d.bytes.len();
+                s.stale_bytes = s.stale_bytes.saturating_sub(d.bytes.len());
                 continue;
             }
             if in_batch == per {
@@ -1099,7 +1114,7 @@ impl Inner {
                     let entry =
                         if data.current() { s.index.get_mut(&key).filter(|e| e.seq == seq) } else { None };
                     let Some(e) = entry else {
-                        s.pending_bytes -= data.bytes.len();
+                        s.stale_bytes = s.stale_bytes.saturating_sub(data.bytes.len());
                         s.unlinks.push(self.name(&w, tag, key, seq));
                         // Its copy is stale, unless a newer page went to
                         // the fallback since (written after the copy).
@@ -1130,8 +1145,10 @@ impl Inner {
                 }
                 s.unlinks.extend(r.unlinks);
                 for (key, meta, seq, _, data) in r.pages {
-                    s.pending_bytes -= data.bytes.len();
-                    if data.current() && s.index.get(&key).is_some_and(|e| e.seq == seq) {
+                    if !(data.current() && s.index.get(&key).is_some_and(|e| e.seq == seq)) {
+                        s.stale_bytes = s.stale_bytes.saturating_sub(data.bytes.len());
+                    } else {
+                        s.pending_bytes -= data.bytes.len();
                         s.index.remove(&key);
                         let fell_back = match data.plain(key, &meta, seq) {
                             Ok(d) => self.to_fallback(s, key, meta, &d, &why).is_ok(),
@@ -1379,7 +1396,9 @@ impl NextTier for RemoteTier {
 
     fn bytes_used(&self) -> u64 {
         let s = self.inner.lock();
-        s.remote_bytes + s.pending_bytes as u64 + self.inner.fallback.as_ref().map_or(0, |f| f.bytes_used())
+        s.remote_bytes
+            + (s.pending_bytes + s.stale_bytes) as u64
+            + self.inner.fallback.as_ref().map_or(0, |f| f.bytes_used())
     }
 
     fn last_error(&self) -> Option<String> {
@@ -1423,6 +1442,7 @@ impl NextTier for RemoteTier {
         s.queue.clear();
         s.unlinks.clear();
         s.pending_bytes = 0;
+        s.stale_bytes = 0;
         s.remote_bytes = 0;
         s.paused = false;
         s.busy = false;
