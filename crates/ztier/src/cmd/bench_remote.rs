@@ -137,11 +137,11 @@ fn flushers_cpu() -> f64 {
 /// id glibc's `pthread_getcpuclockid` makes from a thread id (the
 /// kernel's per-thread scheduler clock, `(~tid << 3) | 6`).
 fn thread_cpu(tid: i32) -> Option<f64> {
-    let clock = ((!tid) << 3) | 6;
+    let clock: libc::clockid_t = ((!tid) << 3) | 6;
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes the timespec it is given; a clock of
     // a thread gone since is an error (EINVAL), not undefined behaviour.
-    let r = unsafe { libc::clock_gettime(clock as libc::clockid_t, &mut ts) };
+    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
     (r == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9)
 }
 
