@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!  store (evicts, under a shard's lock)
-//!    │ put: sealed later; here only copied into the pending queue (µs)
+//!    │ put: sealed here (MAC, or AES-GCM), in the caller's thread,
+//!    │      and queued (µs); the flusher only copies it out
 //!    ▼
 //!  pending queue ──flusher thread──▶ SET × batch_pages under one hash tag,
 //!    │  (full: the remote is      │    batches of several tags in one pipeline
@@ -46,25 +47,84 @@ const UNLINKS_KEPT: usize = 1 << 20;
 /// Idle flusher's look at the cluster's masters (failovers), this often.
 const TOPOLOGY_EVERY: Duration = Duration::from_secs(1);
 
-/// A page waiting to be written: sealed already (its value, whose
-/// first `len - OVERHEAD` bytes are the entry's), or, for a writer that
-/// encrypts, the entry's bytes (sealed when written).
+/// A page waiting to be written, sealed in the putting thread (so that
+/// a flusher only copies it into a pipeline): its value and the id of
+/// its name ([`Writer::name_id`]), both made by `writer`. Only a writer
+/// that encrypts and keeps local copies (durability `local`,
+/// `replica+local`) keeps the entry's bytes instead, sealed when
+/// written: the local copy needs them, and opening each page again
+/// would cost a second AES pass.
+///
+/// The index entry and the queue (then the round) hold the same bytes:
+/// while the page is neither in a round nor replaced, two holders; a
+/// page replaced or removed meanwhile has lost the index's
+/// ([`Waiting::current`]).
 #[derive(Clone)]
 struct Waiting {
     bytes: Arc<Vec<u8>>,
-    sealed: bool,
+    form: Form,
+    writer: Arc<Writer>,
+    id: [u8; 24],
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// The entry's bytes (sealed when written).
+    Plain,
+    /// Sealed with the MAC: its first `len - OVERHEAD` bytes are the
+    /// entry's.
+    Mac,
+    /// Sealed and encrypted: the entry's bytes come back by opening it.
+    Encrypted,
 }
 
 impl Waiting {
-    /// The entry's bytes.
-    fn plain(&self) -> &[u8] {
-        if self.sealed {
-            &self.bytes[..self.bytes.len() - OVERHEAD]
-        } else {
-            &self.bytes
+    /// The entry's length.
+    fn plain_len(&self) -> usize {
+        match self.form {
+            Form::Plain => self.bytes.len(),
+            Form::Mac | Form::Encrypted => self.bytes.len() - OVERHEAD,
         }
     }
+
+    /// The entry's bytes, into `out` (emptied first). Opening a page
+    /// sealed here fails only if its memory was changed.
+    fn plain_into(&self, key: Key, meta: &SpillMeta, seq: u64, out: &mut Vec<u8>) -> Result<(), TierError> {
+        out.clear();
+        match self.form {
+            Form::Plain => out.extend_from_slice(&self.bytes),
+            Form::Mac => out.extend_from_slice(&self.bytes[..self.plain_len()]),
+            Form::Encrypted => self
+                .writer
+                .open(key, meta, seq, &self.bytes, out)
+                .map_err(|e| io_err(format!("a page waiting to be written: {e}")))?,
+        }
+        Ok(())
+    }
+
+    /// The entry's bytes, borrowed where they are kept plain.
+    fn plain(&self, key: Key, meta: &SpillMeta, seq: u64) -> Result<std::borrow::Cow<'_, [u8]>, TierError> {
+        match self.form {
+            Form::Plain => Ok(std::borrow::Cow::Borrowed(&self.bytes)),
+            Form::Mac => Ok(std::borrow::Cow::Borrowed(&self.bytes[..self.plain_len()])),
+            Form::Encrypted => {
+                let mut v = Vec::with_capacity(self.bytes.len());
+                self.plain_into(key, meta, seq, &mut v)?;
+                Ok(std::borrow::Cow::Owned(v))
+            }
+        }
+    }
+
+    /// Whether the page is still the one its index entry waits with
+    /// (asked, under the tier's lock, by the queue's or the round's
+    /// holder: the index holds the other).
+    fn current(&self) -> bool {
+        Arc::strong_count(&self.bytes) >= 2
+    }
 }
+
+/// A page in the queue: key, metadata, sequence number, bytes.
+type Queued = (Key, SpillMeta, u64, Waiting);
 
 enum At {
     /// Waiting to be written.
@@ -85,8 +145,14 @@ struct Entry {
 struct State {
     writers: Vec<Arc<Writer>>,
     index: HashMap<Key, Entry>,
-    queue: VecDeque<(Key, u64)>,
+    queue: VecDeque<Queued>,
+    /// Bytes of the pages waiting to be written (the room a put
+    /// needs; a page replaced or removed gives its room back at once).
     pending_bytes: usize,
+    /// Bytes of pages replaced or removed while waiting that the queue
+    /// or a round still holds (until the flusher passes them; the queue
+    /// is swept of them when they pass `pending_bytes`' limit).
+    stale_bytes: usize,
     unlinks: Vec<Vec<u8>>,
     next_tag: usize,
     remote_bytes: u64,
@@ -228,6 +294,7 @@ impl RemoteTier {
                 index: HashMap::new(),
                 queue: VecDeque::new(),
                 pending_bytes: 0,
+                stale_bytes: 0,
                 unlinks: Vec::new(),
                 next_tag: 0,
                 remote_bytes: 0,
@@ -492,6 +559,11 @@ impl Inner {
 
     /// [`Inner::name`], appended to `n`.
     fn name_into(&self, w: &Writer, tag: u16, key: Key, seq: u64, n: &mut Vec<u8>) {
+        self.name_with_id(w, tag, &w.name_id(key, seq), n);
+    }
+
+    /// [`Inner::name_into`] with the id made already ([`Writer::name_id`]).
+    fn name_with_id(&self, w: &Writer, tag: u16, id: &[u8; 24], n: &mut Vec<u8>) {
         n.extend_from_slice(b"zt:");
         n.extend_from_slice(self.run.as_bytes());
         n.push(b':');
@@ -499,14 +571,26 @@ impl Inner {
         n.extend_from_slice(b":{");
         n.extend_from_slice(self.tags[tag as usize].as_bytes());
         n.extend_from_slice(b"}:");
-        n.extend_from_slice(&w.name_id(key, seq));
+        n.extend_from_slice(id);
     }
 
     /// Lets go of an entry replaced or removed: its value is deleted (in
     /// the next round), its copy in the fallback now.
     fn discard(&self, s: &mut State, key: Key, e: Entry) {
         match e.at {
-            At::Pending(d) => s.pending_bytes -= d.bytes.len(),
+            // Its bytes are held by the queue or a round too, which
+            // lets them go when it comes to them.
+            At::Pending(d) => {
+                s.pending_bytes -= d.bytes.len();
+                s.stale_bytes += d.bytes.len();
+                drop(d);
+                if s.stale_bytes > self.cfg.pending_bytes {
+                    // The queue is not passed (the remote down, or
+                    // slow): swept now, so that they stay bounded.
+                    s.queue.retain(|q| q.3.current());
+                    s.stale_bytes = 0;
+                }
+            }
             At::Remote { tag, gen, local, vlen } => {
                 s.remote_bytes -= vlen as u64;
                 if s.unlinks.len() < UNLINKS_KEPT {
@@ -768,7 +852,8 @@ impl Inner {
 /// command's arguments. Returns how many commands.
 fn unlinks_by_tag<'a>(unlinks: &'a [Vec<u8>], mut emit: impl FnMut(Vec<&'a [u8]>)) -> usize {
     let mut by_tag: Vec<&[u8]> = unlinks.iter().map(|n| &n[..]).collect();
-    by_tag.sort_unstable_by_key(|n| hash_tag(n));
+    // Each name's tag found once (not at every comparison).
+    by_tag.sort_by_cached_key(|n| hash_tag(n));
     let (mut n, mut i) = (0, 0);
     while i < by_tag.len() {
         let t = hash_tag(by_tag[i]);
@@ -781,6 +866,22 @@ fn unlinks_by_tag<'a>(unlinks: &'a [Vec<u8>], mut emit: impl FnMut(Vec<&'a [u8]>
         i = j;
     }
     n
+}
+
+/// `n` in decimal, appended to `buf` (the protocol's lengths, for
+/// every page of a round: no formatting machinery).
+fn push_decimal(buf: &mut Vec<u8>, n: usize) {
+    let mut d = [0u8; 20];
+    let (mut i, mut n) = (d.len(), n);
+    loop {
+        i -= 1;
+        d[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&d[i..]);
 }
 
 /// A page in a round: key, metadata, sequence number, hash tag, bytes.
@@ -831,17 +932,18 @@ impl Inner {
         let mut in_batch = 0;
         let mut tag = s.next_tag;
         while r.pages.len() < most {
-            let Some((key, seq)) = s.queue.pop_front() else { break };
-            let Some(e) = s.index.get(&key) else { continue };
-            let At::Pending(d) = &e.at else { continue };
-            if e.seq != seq {
+            let Some((key, meta, seq, d)) = s.queue.pop_front() else { break };
+            // Replaced or removed since: nothing to write (no look in
+            // the index: its entry is far away in memory by now).
+            if !d.current() {
+                s.stale_bytes = s.stale_bytes.saturating_sub(d.bytes.len());
                 continue;
             }
             if in_batch == per {
                 in_batch = 0;
                 tag = (tag + 1) % self.tags.len();
             }
-            r.pages.push((key, e.meta, seq, tag as u16, d.clone()));
+            r.pages.push((key, meta, seq, tag as u16, d));
             in_batch += 1;
         }
         s.next_tag = (tag + 1) % self.tags.len();
@@ -888,28 +990,32 @@ impl Inner {
     /// how many commands. (Appended: a shared flusher packs several
     /// tiers' rounds into one buffer.)
     pub(crate) fn pack_round(&self, r: &Round, buf: &mut Vec<u8>) -> usize {
-        use std::io::Write;
         let mut n = 0;
         if let Some((_, w)) = &r.writer {
             let mut i = 0;
             while i < r.pages.len() {
                 let tag = r.pages[i].3;
                 let j = i + r.pages[i..].iter().take_while(|p| p.3 == tag).count();
-                let _ = write!(buf, "*{}\r\n$4\r\nMSET\r\n", 1 + 2 * (j - i));
+                buf.push(b'*');
+                push_decimal(buf, 1 + 2 * (j - i));
+                buf.extend_from_slice(b"\r\n$4\r\nMSET\r\n");
                 for (key, meta, seq, tag, d) in &r.pages[i..j] {
+                    debug_assert!(Arc::ptr_eq(w, &d.writer), "a round's pages are its writer's");
                     let at = buf.len();
                     // The name's length is a fixed width's: written after.
                     buf.extend_from_slice(b"$00\r\n");
-                    self.name_into(w, *tag, *key, *seq, buf);
+                    self.name_with_id(w, *tag, &d.id, buf);
                     let len = buf.len() - at - 5;
                     assert!((10..100).contains(&len), "a value's name is two digits long");
                     buf[at + 1] = b'0' + (len / 10) as u8;
                     buf[at + 2] = b'0' + (len % 10) as u8;
-                    let _ = write!(buf, "\r\n${}\r\n", d.plain().len() + OVERHEAD);
-                    if d.sealed {
-                        buf.extend_from_slice(&d.bytes);
-                    } else {
+                    buf.extend_from_slice(b"\r\n$");
+                    push_decimal(buf, d.plain_len() + OVERHEAD);
+                    buf.extend_from_slice(b"\r\n");
+                    if d.form == Form::Plain {
                         w.seal(*key, meta, *seq, &d.bytes, buf);
+                    } else {
+                        buf.extend_from_slice(&d.bytes);
                     }
                     buf.extend_from_slice(b"\r\n");
                 }
@@ -927,8 +1033,10 @@ impl Inner {
         let mut sealed: Vec<Vec<u8>> = Vec::new();
         if let Some((_, w)) = &r.writer {
             for (key, meta, seq, tag, d) in &r.pages {
-                names.push(self.name(w, *tag, *key, *seq));
-                if !d.sealed {
+                let mut n = Vec::with_capacity(64);
+                self.name_with_id(w, *tag, &d.id, &mut n);
+                names.push(n);
+                if d.form == Form::Plain {
                     let mut v = Vec::with_capacity(d.bytes.len() + OVERHEAD);
                     w.seal(*key, meta, *seq, &d.bytes, &mut v);
                     sealed.push(v);
@@ -941,7 +1049,8 @@ impl Inner {
             if i == 0 || r.pages[i - 1].3 != *tag {
                 cmds.push(vec![b"MSET"]);
             }
-            let value: &[u8] = if d.sealed { &d.bytes } else { unsealed.next().expect("sealed above") };
+            let value: &[u8] =
+                if d.form != Form::Plain { &d.bytes } else { unsealed.next().expect("sealed above") };
             let c = cmds.last_mut().expect("pushed");
             c.push(&names[i]);
             c.push(value);
@@ -965,14 +1074,12 @@ impl Inner {
             .map(|(key, meta, seq, _, data)| {
                 {
                     let mut s = self.lock();
-                    let current =
-                        s.index.get(key).is_some_and(|e| e.seq == *seq && matches!(e.at, At::Pending(_)));
-                    if !current {
+                    if !data.current() {
                         return false;
                     }
                     s.copying = Some(*key);
                 }
-                let ok = f.put(*key, *meta, data.plain()).is_ok();
+                let ok = data.plain(*key, meta, *seq).is_ok_and(|d| f.put(*key, *meta, &d).is_ok());
                 self.lock().copying = None;
                 self.done.notify_all();
                 ok
@@ -1000,11 +1107,14 @@ impl Inner {
                 s.backoff = self.cfg.retry_after;
                 let mut spare = Vec::with_capacity(r.pages.len());
                 for (i, (key, _, seq, tag, data)) in r.pages.into_iter().enumerate() {
-                    let vlen = (data.plain().len() + OVERHEAD) as u32;
+                    let vlen = (data.plain_len() + OVERHEAD) as u32;
                     let local = copied.get(i).copied().unwrap_or(false);
-                    let current =
-                        s.index.get(&key).is_some_and(|e| e.seq == seq && matches!(e.at, At::Pending(_)));
-                    if !current {
+                    // Still current: its entry is looked up once, to say
+                    // it is remote now.
+                    let entry =
+                        if data.current() { s.index.get_mut(&key).filter(|e| e.seq == seq) } else { None };
+                    let Some(e) = entry else {
+                        s.stale_bytes = s.stale_bytes.saturating_sub(data.bytes.len());
                         s.unlinks.push(self.name(&w, tag, key, seq));
                         // Its copy is stale, unless a newer page went to
                         // the fallback since (written after the copy).
@@ -1015,16 +1125,15 @@ impl Inner {
                         }
                         self.recycle(data, &mut spare);
                         continue;
-                    }
+                    };
+                    e.at = At::Remote { tag, gen, local, vlen };
                     self.stats.puts.fetch_add(1, Relaxed);
-                    self.stats.put_bytes.fetch_add(data.plain().len() as u64, Relaxed);
+                    self.stats.put_bytes.fetch_add(data.plain_len() as u64, Relaxed);
                     if local {
                         self.stats.local_copies.fetch_add(1, Relaxed);
                     }
                     s.pending_bytes -= data.bytes.len();
                     s.remote_bytes += vlen as u64;
-                    let e = s.index.get_mut(&key).expect("checked above");
-                    e.at = At::Remote { tag, gen, local, vlen };
                     self.recycle(data, &mut spare);
                 }
                 crate::pool::give_all(spare);
@@ -1036,16 +1145,23 @@ impl Inner {
                 }
                 s.unlinks.extend(r.unlinks);
                 for (key, meta, seq, _, data) in r.pages {
-                    let current =
-                        s.index.get(&key).is_some_and(|e| e.seq == seq && matches!(e.at, At::Pending(_)));
-                    if current {
+                    if !(data.current() && s.index.get(&key).is_some_and(|e| e.seq == seq)) {
+                        s.stale_bytes = s.stale_bytes.saturating_sub(data.bytes.len());
+                    } else {
                         s.pending_bytes -= data.bytes.len();
                         s.index.remove(&key);
-                        if self.to_fallback(s, key, meta, data.plain(), &why).is_err() {
+                        let fell_back = match data.plain(key, &meta, seq) {
+                            Ok(d) => self.to_fallback(s, key, meta, &d, &why).is_ok(),
+                            Err(e) => {
+                                s.last_error = Some(e.to_string());
+                                false
+                            }
+                        };
+                        if !fell_back {
                             // No room anywhere: it waits for the remote again.
                             s.pending_bytes += data.bytes.len();
-                            s.index.insert(key, Entry { meta, seq, at: At::Pending(data) });
-                            s.queue.push_back((key, seq));
+                            s.index.insert(key, Entry { meta, seq, at: At::Pending(data.clone()) });
+                            s.queue.push_back((key, meta, seq, data));
                         }
                     }
                 }
@@ -1074,15 +1190,20 @@ impl NextTier for RemoteTier {
         let inner = &self.inner;
         let seq = inner.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let w = inner.writer.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let waiting = if w.encrypts() {
-            let mut v = inner.buffer();
+        let mut v = inner.buffer();
+        let form = if w.encrypts() && inner.cfg.durability.local() {
             v.extend_from_slice(data);
-            Waiting { bytes: Arc::new(v), sealed: false }
+            Form::Plain
         } else {
-            let mut v = inner.buffer();
             w.seal(key, &meta, seq, data, &mut v);
-            Waiting { bytes: Arc::new(v), sealed: true }
+            if w.encrypts() {
+                Form::Encrypted
+            } else {
+                Form::Mac
+            }
         };
+        let id = w.name_id(key, seq);
+        let waiting = Waiting { bytes: Arc::new(v), form, writer: w, id };
         let size = waiting.bytes.len();
         let mut s = inner.lock();
         // Its last page's local copy lands first (see `copy_locally`).
@@ -1122,8 +1243,8 @@ impl NextTier for RemoteTier {
             }
         }
         s.pending_bytes += size;
-        s.index.insert(key, Entry { meta, seq, at: At::Pending(waiting) });
-        s.queue.push_back((key, seq));
+        s.index.insert(key, Entry { meta, seq, at: At::Pending(waiting.clone()) });
+        s.queue.push_back((key, meta, seq, waiting));
         // The flusher sleeps only with nothing to do. Woken after the
         // lock is let go: woken under it, it would wake only to wait
         // for the lock (a second switch per round).
@@ -1144,8 +1265,7 @@ impl NextTier for RemoteTier {
         let seq = e.seq;
         let (tag, gen, local) = match &e.at {
             At::Pending(d) => {
-                out.clear();
-                out.extend_from_slice(d.plain());
+                d.plain_into(key, &meta, seq, out)?;
                 inner.stats.pending_hits.fetch_add(1, Relaxed);
                 if remove {
                     let e = s.index.remove(&key).expect("found");
@@ -1276,7 +1396,9 @@ impl NextTier for RemoteTier {
 
     fn bytes_used(&self) -> u64 {
         let s = self.inner.lock();
-        s.remote_bytes + s.pending_bytes as u64 + self.inner.fallback.as_ref().map_or(0, |f| f.bytes_used())
+        s.remote_bytes
+            + (s.pending_bytes + s.stale_bytes) as u64
+            + self.inner.fallback.as_ref().map_or(0, |f| f.bytes_used())
     }
 
     fn last_error(&self) -> Option<String> {
@@ -1320,6 +1442,7 @@ impl NextTier for RemoteTier {
         s.queue.clear();
         s.unlinks.clear();
         s.pending_bytes = 0;
+        s.stale_bytes = 0;
         s.remote_bytes = 0;
         s.paused = false;
         s.busy = false;
@@ -1530,4 +1653,18 @@ pub fn remove_dead_runs(cfg: &RemoteConfig) -> Result<Vec<(String, u64)>, Remote
         out.push((run, removed));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_decimal;
+
+    #[test]
+    fn lengths_are_written_in_decimal() {
+        for n in [0usize, 7, 10, 99, 4124, 1 << 20, usize::MAX] {
+            let mut b = b"x".to_vec();
+            push_decimal(&mut b, n);
+            assert_eq!(b, format!("x{n}").into_bytes());
+        }
+    }
 }

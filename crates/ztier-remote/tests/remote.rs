@@ -201,6 +201,77 @@ fn values_changed_behind_the_tiers_back_are_refused() {
     assert!(refused > 100 && good > 0, "{refused} {good}");
 }
 
+/// Pages are sealed when put (MAC, or encrypted; a writer that
+/// encrypts and keeps local copies keeps them plain): while they wait
+/// to be written (the flusher held back, as for a fork), gets return
+/// them right, a replaced one is never written, and its bytes are
+/// counted off once the flusher has passed it; what is written is
+/// exactly the current pages, and their values hold no page in clear
+/// when encrypting.
+#[test]
+fn pages_waiting_to_be_written_come_back_right_and_replaced_ones_are_never_written() {
+    let bed = Testbed::single(&Options::default()).unwrap();
+    let port = bed.servers[0].port;
+    let dir = temp("waiting");
+    for (encrypt, durability) in
+        [(true, Durability::None), (false, Durability::None), (true, Durability::Local)]
+    {
+        bed.cli(port, &["FLUSHALL"]).unwrap();
+        let mut c = config(&bed, durability);
+        c.encrypt = encrypt;
+        let fallback = (durability == Durability::Local)
+            .then(|| Box::new(FileTier::create(&dir.join("spill"), 1 << 30).unwrap()) as Box<dyn NextTier>);
+        let tier = RemoteTier::connect(c, fallback).unwrap();
+        let k = |i| Key { pool: 1, object: 2, index: i };
+        let data = |i: u32, v: u8| vec![b'a' + (i % 20) as u8 + v; 1000 + i as usize];
+        let m = |i: u32| meta(1000 + i as usize);
+        // Held back: nothing is written.
+        assert!(!tier.prepare_fork().unwrap());
+        for i in 0..40 {
+            tier.put(k(i), m(i), &data(i, 0)).unwrap();
+        }
+        // Half of them replaced, a few removed, while waiting.
+        for i in 0..20 {
+            tier.put(k(i), m(i), &data(i, 1)).unwrap();
+        }
+        for i in 35..40 {
+            assert!(tier.remove(k(i)));
+        }
+        let mut out = Vec::new();
+        for i in 0..35 {
+            assert_eq!(tier.get(k(i), &mut out, false).unwrap(), Some(m(i)), "{encrypt} {durability:?}");
+            assert!(
+                out == data(i, (i < 20) as u8),
+                "page {i} waiting came back wrong ({encrypt} {durability:?})"
+            );
+        }
+        assert_eq!(tier.stats().pending_hits, 35);
+        let (queued, bytes) = tier.pending();
+        assert_eq!(queued, 60);
+        // The replaced and removed pages gave their room back at once
+        // (a put never waits for the flusher to pass them).
+        let plain: usize = (0..35).map(|i| 1000 + i).sum();
+        assert!((plain..=plain + 35 * ztier_remote::seal::OVERHEAD).contains(&bytes), "{bytes}");
+        assert_eq!(bed.dbsize(port).unwrap(), 0);
+        tier.parent_after_fork();
+        tier.flush();
+        assert_eq!(tier.pending(), (0, 0), "{encrypt} {durability:?}");
+        let s = tier.stats();
+        assert_eq!(s.remote_puts, 35, "{s:?}");
+        assert_eq!(bed.dbsize(port).unwrap(), 35);
+        for i in 0..35 {
+            assert_eq!(tier.get(k(i), &mut out, false).unwrap(), Some(m(i)));
+            assert!(out == data(i, (i < 20) as u8), "page {i} came back wrong ({encrypt} {durability:?})");
+            let name = String::from_utf8(tier.value_name(k(i)).expect("remote")).unwrap();
+            let raw = bed.cli(port, &["GET", &name]).unwrap();
+            let clear = String::from_utf8(data(i, (i < 20) as u8)[..100].to_vec()).unwrap();
+            assert_eq!(raw.contains(&clear), !encrypt, "{encrypt} {durability:?}");
+        }
+        assert_eq!(tier.stats().local_copies, if durability == Durability::Local { 35 } else { 0 });
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Replies no server would send: errors, never a crash or a page.
 #[test]
 fn malformed_and_oversized_replies_are_errors() {

@@ -296,3 +296,41 @@ fn bench_pressure_gains_a_remote_row() {
     assert!(std::net::TcpStream::connect(addr).is_err(), "the server at {addr} still runs: {err}");
     assert!(!err.contains("process running ("), "{err}");
 }
+
+/// `bench remote --json`: one JSON object, a row per concurrency and
+/// depth with ztier's and redis-benchmark's rates (the server started
+/// here on loopback), the bound on pages waiting to be written, and
+/// every page read back right (the bench checks them and fails if not).
+/// A few hundred pages: about 2 s.
+#[test]
+fn bench_remote_compares_with_redis_benchmark_in_a_steady_state() {
+    let d = tmp("remote-bench");
+    for pending in ["16", "0"] {
+        let o = Command::new(ztier())
+            .args(["bench", "remote", "--clients", "1,4", "--pipelines", "4", "--requests", "400"])
+            .args(["--rounds", "1", "--pending-pages", pending, "--json"])
+            .current_dir(&d)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", said(&o));
+        let j: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(&o)));
+        assert_eq!(j["pending_pages"].as_u64(), Some(pending.parse().unwrap()), "{j}");
+        let rows = j["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 2, "{j}");
+        for (r, c) in rows.iter().zip([1, 4]) {
+            assert_eq!((r["clients"].as_u64(), r["pipeline"].as_u64()), (Some(c), Some(4)), "{r}");
+            for k in [
+                "ztier_put_s",
+                "ztier_get_s",
+                "redis_benchmark_set_s",
+                "redis_benchmark_get_s",
+                "put_ratio",
+                "ztier_put_flusher_cpu_us",
+            ] {
+                let v = r[k].as_f64().unwrap_or(0.0);
+                assert!(v > 0.0 && v.is_finite(), "{k} in {r}");
+            }
+        }
+    }
+}

@@ -23,14 +23,18 @@ redis-server; redis-benchmark from redis-tools). Each round runs redis-benchmark
 ztier at each concurrency and depth; the rates are the medians of the rounds, the ratios\n\
 the medians of each round's ratio (ztier over redis-benchmark in that round), with their range;\n\
 and the CPU time a request costs each client (all its threads) and the server (medians), which a\n\
-loaded machine disturbs less than the rates.\n\
-ztier's put is the tier's put of a 4 KiB page (sealed with its MAC, written behind in\n\
+loaded machine disturbs less than the rates; --json adds the flusher threads' CPU per put\n\
+(ztier_put_flusher_cpu_us: one thread's, so 1e6 over it is the most puts a second it can carry).\n\
+ztier's put is the tier's put of a 4 KiB page (sealed and named in the putting thread, written behind in\n\
 batches of DEPTH pages, one batch per pipeline, until all are written); its get at depth 1\n\
 is the get a fault makes (one GET, MAC checked), at a greater depth get_many (pipelined).\n\
 Each client is a tier of its own (its keys, index, MAC key), as each process of a ztier run\n\
 is; with --flusher shared (the default, what ztier run does) the tiers' writes go through\n\
 one flusher thread and connection, one pipeline for all; with --flusher own each tier has\n\
-its own flusher thread and connection.")]
+its own flusher thread and connection. With --pending-pages N (default: the page buffers a\n\
+process keeps, 1024) the clients' tiers hold at most N pages waiting to be written together (each\n\
+at least two batches): a put waits for room, so the puts go at the writes' pace and the\n\
+measurement is of a steady state, not of a burst queued in memory; 0 leaves each tier its default.")]
 pub struct RemoteBenchArgs {
     /// A server to use (redis://HOST:PORT, no password: ZTIER_REMOTE_PASSWORD); default: one started here.
     #[arg(long)]
@@ -47,6 +51,9 @@ pub struct RemoteBenchArgs {
     /// Pages per measurement.
     #[arg(long, default_value_t = 40000)]
     pub requests: usize,
+    /// Pages waiting to be written, all clients together, at most (a put waits for room, as evictions do; 0: each tier's default).
+    #[arg(long, default_value_t = ztier_remote::pool::KEPT)]
+    pub pending_pages: usize,
     /// Rounds (medians are reported).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
@@ -73,6 +80,9 @@ struct Rate {
     server_cpu: f64,
     /// Minor page faults of the client per request (ztier's only).
     client_faults: f64,
+    /// CPU seconds per request of the flusher threads (ztier's puts
+    /// only): one thread's share, so a rate it can carry at most.
+    flusher_cpu: f64,
 }
 
 struct Rates {
@@ -105,7 +115,38 @@ fn rusage_of(who: i32) -> libc::rusage {
 /// User + system CPU seconds of process `pid` so far (`None`: none to
 /// watch, or gone).
 fn proc_cpu(pid: Option<u32>) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
+    stat_cpu(&std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?)
+}
+
+/// CPU seconds so far of this process's flusher threads (named
+/// `ztier-remote…`: a hub's or a tier's own), to the nanosecond (their
+/// `/proc` stat counts 10 ms ticks).
+fn flushers_cpu() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+    tasks
+        .filter_map(|t| {
+            let t = t.ok()?;
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            comm.starts_with("ztier-remote").then_some(())?;
+            thread_cpu(t.file_name().to_str()?.parse().ok()?)
+        })
+        .sum()
+}
+
+/// CPU seconds of thread `tid` of this process: its CPU-time clock, the
+/// id glibc's `pthread_getcpuclockid` makes from a thread id (the
+/// kernel's per-thread scheduler clock, `(~tid << 3) | 6`).
+fn thread_cpu(tid: i32) -> Option<f64> {
+    let clock: libc::clockid_t = ((!tid) << 3) | 6;
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given; a clock of
+    // a thread gone since is an error (EINVAL), not undefined behaviour.
+    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
+    (r == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9)
+}
+
+/// User + system CPU seconds in a `/proc/.../stat` line.
+fn stat_cpu(stat: &str) -> Option<f64> {
     // Fields after the command's closing parenthesis: utime and stime
     // are the 12th and 13th.
     let rest = &stat[stat.rfind(')')? + 2..];
@@ -158,7 +199,13 @@ fn redis_benchmark(
             .and_then(|l| l.split(',').nth(1))
             .and_then(|v| v.trim_matches('"').parse().ok())
             .with_context(|| format!("no {name} rate in redis-benchmark's output:\n{text}"))?;
-        Ok(Rate { per_s, client_cpu: client / n as f64, server_cpu: srv / n as f64, client_faults: 0.0 })
+        Ok(Rate {
+            per_s,
+            client_cpu: client / n as f64,
+            server_cpu: srv / n as f64,
+            client_faults: 0.0,
+            flusher_cpu: 0.0,
+        })
     };
     Ok(Rates { set: one("set")?, get: one("get")? })
 }
@@ -178,9 +225,11 @@ fn page(i: usize) -> Vec<u8> {
 
 /// ztier's put and get rates (and CPU: this process's, the server's) at
 /// `c` threads and depth `p`, with the get latencies at depth 1 (ns).
+#[allow(clippy::too_many_arguments)]
 fn ztier(
     cfg: &RemoteConfig,
     flusher: Flusher,
+    pending_pages: usize,
     c: usize,
     p: usize,
     n: usize,
@@ -194,6 +243,9 @@ fn ztier(
         let mut cfg = cfg.clone();
         cfg.batch_pages = p;
         cfg.batches_per_round = 1;
+        if pending_pages > 0 {
+            cfg.pending_bytes = (pending_pages / c).max(2 * p) * ztier_remote::pool::CAPACITY;
+        }
         tiers.push(Arc::new(match flusher {
             Flusher::Shared => RemoteTier::connect_shared(cfg, None, &hub)?,
             Flusher::Own => RemoteTier::connect(cfg, None)?,
@@ -205,7 +257,7 @@ fn ztier(
     let metas: Arc<Vec<SpillMeta>> = Arc::new(
         pages.iter().map(|d| SpillMeta { tag: 0, flags: 0, len: 4096, crc: crc32c(d), pattern: 0 }).collect(),
     );
-    let (c0, s0, f0) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults());
+    let (c0, s0, f0, h0) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults(), flushers_cpu());
     let t = Instant::now();
     let hs: Vec<_> = tiers
         .iter()
@@ -226,13 +278,14 @@ fn ztier(
     }
     let set = (per * c) as f64 / t.elapsed().as_secs_f64();
     let total = (per * c) as f64;
-    let (c1, s1, f1) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults());
+    let (c1, s1, f1, h1) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults(), flushers_cpu());
     let srv = |a: Option<f64>, b: Option<f64>| a.zip(b).map_or(0.0, |(a, b)| (b - a) / total);
     let set = Rate {
         per_s: set,
         client_cpu: (c1 - c0) / total,
         server_cpu: srv(s0, s1),
         client_faults: (f1 - f0) / total,
+        flusher_cpu: (h1 - h0) / total,
     };
     for tier in &tiers {
         let s = tier.stats();
@@ -282,6 +335,7 @@ fn ztier(
         client_cpu: (c2 - c1) / total,
         server_cpu: srv(s1, s2),
         client_faults: (f2 - f1) / total,
+        flusher_cpu: 0.0,
     };
     for tier in &tiers {
         for i in 0..per {
@@ -335,7 +389,7 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
             for round in 0..a.rounds {
                 eprintln!("round {}/{}: {c} clients, depth {p}", round + 1, a.rounds);
                 let r = redis_benchmark(node.port, &node.host, c, p, a.requests, server)?;
-                let z = ztier(&cfg, a.flusher, c, p, a.requests, &mut lat, server)?;
+                let z = ztier(&cfg, a.flusher, a.pending_pages, c, p, a.requests, &mut lat, server)?;
                 for (v, x) in sides.iter_mut().zip([r.set, r.get, z.set, z.get]) {
                     v.push(x);
                 }
@@ -366,7 +420,8 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
                 "ztier_put_cpu_us": client(zs), "ztier_get_cpu_us": client(zg),
                 "server_set_cpu_us": srv(rs), "server_get_cpu_us": srv(rg),
                 "server_put_cpu_us": srv(zs), "server_ztier_get_cpu_us": srv(zg),
-                "ztier_put_faults": med(zs, |r| r.client_faults), "ztier_get_faults": med(zg, |r| r.client_faults),
+                "ztier_put_faults": med(zs, |r| r.client_faults),
+                "ztier_put_flusher_cpu_us": med(zs, |r| r.flusher_cpu) * 1e6, "ztier_get_faults": med(zg, |r| r.client_faults),
                 "get_p50_us": quantile(&mut lat, 0.5), "get_p99_us": quantile(&mut lat, 0.99),
             }));
         }
@@ -376,7 +431,7 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "server": node.to_string(), "page_bytes": 4096, "requests": a.requests,
-                "rounds": a.rounds, "rows": rows,
+                "rounds": a.rounds, "rows": rows, "pending_pages": a.pending_pages,
                 "flusher": if a.flusher == Flusher::Shared { "shared" } else { "own" },
             }))?
         );
