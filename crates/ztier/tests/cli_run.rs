@@ -863,11 +863,14 @@ fn a_tree_budget_bounds_every_process_of_the_command_together() {
     // slowly. When it followed each passing surplus up, the pages that
     // came back into it (without their copies in the store) were
     // demoted and compressed again as the others took their share back:
-    // 303 k pages compressed, against 196 k with 8M each and 142 k now.
+    // 303 k pages compressed, against 196 k with 8M each. Since pages on
+    // trial (segmented.rs) both come to ~200 k and either may be the
+    // lower (214 k against 201 k once in ten runs of a build that passed
+    // the rest): no worse than a tenth more, which still fails that bug.
     let (m, third) = managed_with("8M", &["--budget-scope", "process"], &cmd, &d);
     assert!(m.status.success() && m.stdout == n.stdout, "{}", String::from_utf8_lossy(&m.stderr));
     let (a, b) = (compressed(&tree), compressed(&third));
-    assert!(a < b, "24M shared: {a} pages compressed, 8M each: {b}");
+    assert!(a * 10 <= b * 11, "24M shared: {a} pages compressed, 8M each: {b}");
 
     let cmd = ["python3", w, "100000", "3", "kill"];
     let n = native(&cmd, &d);
