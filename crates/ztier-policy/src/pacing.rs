@@ -40,3 +40,8 @@ pub fn reserve_of(budget: usize) -> usize {
 /// the replacement lets go with it ([`crate::replacement::Replacement::clusters`]),
 /// so that a run costs one write-protect call and one release.
 pub const CLUSTER: usize = 16;
+
+/// How long the background evictor waits for a fault service to make its
+/// batch's write protections before it makes them itself (the run
+/// library's near path; the simulator's pipeline uses the same wait).
+pub const NEAR_WAIT: std::time::Duration = std::time::Duration::from_millis(2);

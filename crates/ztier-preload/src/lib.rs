@@ -1164,7 +1164,7 @@ mod near {
     const FAILED: u32 = 4;
 
     /// How long the evictor waits for a fault service to take its job.
-    pub const NEAR_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
+    pub use ztier_policy::pacing::NEAR_WAIT;
 
     static STATE: AtomicU32 = AtomicU32::new(EMPTY);
     /// The posted job: on the evictor's stack, live until it sees DONE or

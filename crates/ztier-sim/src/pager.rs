@@ -101,9 +101,9 @@ pub const ZERO_RUN: usize = MAX_ZERO_RUN;
 const GAP: usize = 32;
 
 /// How long the background evictor waits for a fault service to make
-/// its batch's write protections before it makes them itself: the run
-/// library's `near::NEAR_WAIT` (crates/ztier-preload/src/lib.rs), 2 ms.
-pub const NEAR_WAIT_NS: f64 = 2e6;
+/// its batch's write protections before it makes them itself, in ns
+/// (`ztier_policy::pacing::NEAR_WAIT`, which the run library uses).
+pub const NEAR_WAIT_NS: f64 = ztier_policy::pacing::NEAR_WAIT.as_nanos() as f64;
 
 /// Settings of the model that `ztier run` takes from its options.
 #[derive(Clone, Copy, Debug)]
