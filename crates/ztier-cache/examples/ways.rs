@@ -16,10 +16,14 @@
 //! out of the full cache. PICKS: which segment recycling takes
 //! (`oldest`, `greedy`, `cost-benefit`: `CacheOptions::recycle_pick`);
 //! the lines used and the metadata per cached block are the averages of
-//! the measured third (sampled every 1/64 of it).
+//! the measured third (sampled every 1/64 of it). FILE: the backing's
+//! blocks are the first WS × 32 MiB of this file instead (an image of
+//! real data, e.g. `bench cache --data real`'s ext4 image; `{ws}` in the
+//! name is replaced by the working set); writes still write half-random
+//! blocks, as fio's 50%-compressible buffers in the bench.
 //!
 //! ```text
-//! cargo run --release -p ztier-cache --example ways [-- CODECS WS WAYS WRITES KEEP ZIPF LINES ADMIT PICKS]
+//! cargo run --release -p ztier-cache --example ways [-- CODECS WS WAYS WRITES KEEP ZIPF LINES ADMIT PICKS FILE]
 //! cargo run --release -p ztier-cache --example ways -- lz4,raw 1,2,4 8,16,32,64 0,30 50,80
 //! cargo run --release -p ztier-cache --example ways -- lz4,raw 4 32 30 80 0.5
 //! ```
@@ -94,6 +98,7 @@ fn main() {
     let lines_per_block: f64 = args.next().map_or(2.0, |z| z.parse().expect("lines per block"));
     let admission: Admission = args.next().map_or(Admission::All, |a| a.parse().expect("all or seen"));
     let picks = list(args.next(), "cost-benefit");
+    let file = args.next();
     let size = 32u64 << 20;
     println!(
         "codec  ws  ways  writes  keep  pick          hit    lines used  conflict evictions  capacity evictions  ratio  metadata B/block  copies/fill  not admitted"
@@ -140,8 +145,18 @@ fn main() {
                     v.resize(BLOCK, 0);
                     v
                 };
-                for b in 0..blocks {
-                    backing.poke(b * BLOCK as u64, &block(&mut x));
+                match &file {
+                    None => {
+                        for b in 0..blocks {
+                            backing.poke(b * BLOCK as u64, &block(&mut x));
+                        }
+                    }
+                    Some(f) => {
+                        let f = f.replace("{ws}", &ws.to_string());
+                        let data = std::fs::read(&f).unwrap_or_else(|e| panic!("reading {f}: {e}"));
+                        let n = data.len().min((blocks * BLOCK as u64) as usize);
+                        backing.poke(0, &data[..n]);
+                    }
                 }
                 let opts = CacheOptions {
                     pressure: None,
