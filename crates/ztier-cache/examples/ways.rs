@@ -5,7 +5,8 @@
 //! or with a share of write-through writes (WRITES, in %: 30 is the
 //! bench's 70/30 mix; written blocks are as compressible as the rest).
 //! The read hit ratio is measured over the last third of the requests,
-//! after two thirds warm the cache. KEEP: `CacheOptions::recycle_keep`
+//! after two thirds warm the cache (and, in brackets, over the second
+//! third: how fast the full cache settles). KEEP: `CacheOptions::recycle_keep`
 //! (% of a recycled segment still cached up to which all its lines are
 //! copied); copies/fill is what recycling copied per block filled.
 //! ZIPF: requests drawn from a zipf distribution of that theta (fio's
@@ -101,7 +102,7 @@ fn main() {
     let file = args.next();
     let size = 32u64 << 20;
     println!(
-        "codec  ws  ways  writes  keep  pick          hit    lines used  conflict evictions  capacity evictions  ratio  metadata B/block  copies/fill  not admitted"
+        "codec  ws  ways  writes  keep  pick          hit    (2nd third)  lines used  conflict evictions  capacity evictions  ratio  metadata B/block  copies/fill  not admitted"
     );
     for codec in &codecs {
         let codec = match codec.as_str() {
@@ -172,6 +173,7 @@ fn main() {
                 let mut buf = vec![0u8; BLOCK];
                 let n = 60_000 * ws;
                 let mut mark = (0, 0);
+                let mut mark1 = (0, 0);
                 let (mut used, mut meta, mut samples) = (0u64, 0.0, 0u64);
                 for i in 0..3 * n {
                     if i >= 2 * n && (i - 2 * n) % (n / 64).max(1) == 0 {
@@ -182,6 +184,10 @@ fn main() {
                     }
                     if i % 256 == 0 {
                         c.drain(); // every fill lands: no drop for a full queue
+                    }
+                    if i == n {
+                        let s = c.stats();
+                        mark1 = (s.ssd_hits, s.misses);
                     }
                     if i == 2 * n {
                         let s = c.stats();
@@ -198,10 +204,11 @@ fn main() {
                 let s = c.stats();
                 let (h, m) = (s.ssd_hits - mark.0, s.misses - mark.1);
                 println!(
-                    "{:<6} {ws}x {ways:>5}  {writes:>5}%  {keep:>3}%  {:<12}  {:.3}  {:>5} of {:<5}  {:>18}  {:>18}  {:.2}   {:.2}   {:.2}   {}",
+                    "{:<6} {ws}x {ways:>5}  {writes:>5}%  {keep:>3}%  {:<12}  {:.3}  ({:.3})      {:>5} of {:<5}  {:>18}  {:>18}  {:.2}   {:.2}   {:.2}   {}",
                     format!("{codec:?}").to_lowercase(),
                     format!("{pick:?}").to_lowercase(),
                     h as f64 / (h + m) as f64,
+                    (mark.0 - mark1.0) as f64 / ((mark.0 - mark1.0) + (mark.1 - mark1.1)) as f64,
                     used / samples.max(1),
                     s.lines,
                     s.conflict_evictions,
