@@ -138,13 +138,13 @@ use ztier_policy::split::Split;
 use ztier_store::alloc::AllocatorKind;
 use ztier_store::tier::FileTier;
 use ztier_store::{Key, PoolKind, PoolOptions, PutFlags, Store, StoreConfig, StoreError};
-use ztier_uffd::tree::{Claim, Member};
+use ztier_uffd::tree::Member;
 use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP};
 
 use crate::sys;
 use ztier_run_core::budget::{self, Follow};
 use ztier_run_core::faultlog::{FaultLog, Kind, Row};
-use ztier_run_core::inherit::{self, Claimed, PageMap, Shared, Unshared};
+use ztier_run_core::inherit::{self, PageMap, Shared};
 use ztier_run_core::names::env;
 use ztier_run_core::pins::{Kept, Pins};
 pub use ztier_run_core::pins::{KeptKind, OnFork};
@@ -574,10 +574,6 @@ pub struct Manager {
     /// resident and still shares copy-on-write with its parent, which
     /// holds them, so that they count once ([`Manager::adopt_look`]).
     inherited: Option<Inherited>,
-    /// With the tree scope, in a forked child: the pages it shares with
-    /// its brothers and sisters after their parent dropped them, which it
-    /// claimed and counts for all of them ([`Manager::adopt_unshared`]).
-    claimed: Claimed,
     /// When its last wait for them ([`TREE_WAIT`]) ended with nothing.
     tree_wait_failed: Option<std::time::Instant>,
     /// When a fault last woke the others' evictors for an overdrawn
@@ -696,7 +692,7 @@ impl AdoptLook {
     /// ([`inherit::not_shared`], which says which those are), from this
     /// process's page map and its parent's, up to [`ADOPT_SPAN`] pages per
     /// `pread`.
-    pub fn read(&self) -> Unshared {
+    pub fn read(&self) -> Vec<usize> {
         inherit::not_shared(&self.words, self.base, ADOPT_SPAN, &*self.pagemap, &*self.parent)
     }
 }
@@ -1169,7 +1165,6 @@ impl Manager {
             taken_out: 0,
             tree: join_tree(),
             inherited: None,
-            claimed: Claimed::default(),
             tree_wait_failed: None,
             tree_woken: None,
             tree_forced: 0,
@@ -1835,12 +1830,6 @@ impl Manager {
         if let Some(h) = &mut self.inherited {
             h.pages.take(i);
         }
-        // A claim on it goes back: whoever still maps it claims it next.
-        if self.claimed.take(i) {
-            if let Some(t) = &self.tree {
-                t.unclaim(ztier_uffd::tree::orphan_key(self.claimed.parent, i));
-            }
-        }
     }
 
     /// In a forked child with the tree scope, at most every
@@ -1864,15 +1853,11 @@ impl Manager {
     /// on — mapped here alone (written since by either process, so that
     /// copy-on-write gave one of them a page of its own, or dropped by
     /// the parent) or not mapped — and it holds them (which may evict).
-    /// Those still shared here that the parent no longer maps
-    /// ([`Unshared::orphans`]) it holds if it claims them first
-    /// ([`Member::claim`]); one claimed by a brother or sister stays
-    /// counted as shared (held by that one) until a later look.
     /// A page that left memory since the look is not counted any more
     /// (its bit went then), and one installed since is its own anyway.
     /// A page map that cannot be read makes every inherited page looked
     /// at count as this process's own.
-    pub fn adopt_unshared(&mut self, gone: &Unshared, stats: &Stats) -> io::Result<()> {
+    pub fn adopt_unshared(&mut self, gone: &[usize], stats: &Stats) -> io::Result<()> {
         // A page in an eviction in flight stays its parent's: it leaves
         // memory at the commit, or is adopted by a later look if it stays
         // (before, a process whose resident pages were all in flight
@@ -1880,20 +1865,7 @@ impl Manager {
         let states = &self.states;
         let in_flight = |i: usize| states.get(i).is_some_and(|&s| s & STATE == EVICTING);
         let Some(h) = &mut self.inherited else { return Ok(()) };
-        let mut adopted = gone.own.iter().filter(|&&i| !in_flight(i) && h.pages.take(i)).count();
-        for &i in &gone.orphans {
-            if in_flight(i) || !h.pages.has(i) {
-                continue;
-            }
-            let key = ztier_uffd::tree::orphan_key(self.claimed.parent, i);
-            match self.tree.as_ref().map_or(Claim::NoRoom, |t| t.claim(key)) {
-                Claim::Theirs => continue,
-                Claim::Mine => self.claimed.insert(i),
-                Claim::NoRoom => {}
-            }
-            h.pages.take(i);
-            adopted += 1;
-        }
+        let adopted = gone.iter().filter(|&&i| !in_flight(i) && h.pages.take(i)).count();
         if h.pages.count() == 0 {
             self.inherited = None;
         }
@@ -2961,7 +2933,6 @@ impl Manager {
         // once they are its own ([`Manager::adopt_unshared`]); it holds
         // those it installs from now on at once.
         self.inherited = None;
-        self.claimed = Claimed::default();
         self.store_held = 0;
         if let Some(t) = self.tree.take() {
             self.tree = t.rejoin();
@@ -2980,8 +2951,6 @@ impl Manager {
             let pagemap = std::sync::Arc::new(Pagemap::open());
             let parent = std::sync::Arc::new(Pagemap::open_parent());
             let mut h = Inherited { pages: Shared::new(end), pagemap, parent };
-            // SAFETY: getppid cannot fail.
-            self.claimed = Claimed::new(unsafe { libc::getppid() } as u32, end);
             for i in pages_in(self.pages, used) {
                 if self.st(i) & STATE == RESIDENT {
                     h.pages.insert(i);
@@ -3642,7 +3611,7 @@ mod tests {
         let v = m.take_victims(16, 0, 0).unwrap().expect("victims");
         assert_eq!(v.pages.len(), 16);
         // A look finds all 64 no longer shared.
-        let all = Unshared { own: (0..64).collect(), orphans: vec![] };
+        let all: Vec<usize> = (0..64).collect();
         m.adopt_unshared(&all, &stats).unwrap();
         assert_eq!(seg.adopted.load(Ordering::Acquire), 48, "the 16 in flight stay the parent's");
         assert_eq!(m.inherited.as_ref().map(|h| h.pages.count()), Some(16));
@@ -3759,10 +3728,11 @@ mod tests {
         // still the parent's.
         let ours = std::sync::Arc::new(Pagemap::open());
         let look = AdoptLook { base: base / PAGE, words, pagemap: ours.clone(), parent: ours.clone() };
-        let gone = look.read();
+        let mut gone = look.read();
+        gone.sort_unstable();
         let mut want: Vec<usize> = own.iter().chain(&unmapped).copied().collect();
         want.sort_unstable();
-        assert_eq!((gone.all(), gone.orphans.len()), (want, 0));
+        assert_eq!(gone, want);
         // A page map that cannot be read: every page looked at.
         let blind = AdoptLook {
             base: look.base,
@@ -3770,11 +3740,11 @@ mod tests {
             pagemap: std::sync::Arc::new(Pagemap(-1)),
             parent: ours.clone(),
         };
-        assert_eq!(blind.read().own.len(), n);
+        assert_eq!(blind.read().len(), n);
         // The parent's cannot (it is gone): every page as well.
         let orphan =
             AdoptLook { base: look.base, words: look.words.clone(), pagemap: ours, parent: blind.pagemap };
-        assert_eq!(orphan.read().all().len(), n);
+        assert_eq!(orphan.read().len(), n);
         // SAFETY: unmapping our own mappings.
         unsafe {
             libc::munmap(base as *mut libc::c_void, n * PAGE);
@@ -3844,11 +3814,11 @@ mod tests {
         let words = (0..n / 64).map(|w| (w, u64::MAX)).collect::<Vec<_>>();
         let look =
             AdoptLook { base: base / PAGE, words, pagemap: std::sync::Arc::new(open(kids[0])), parent };
-        let gone = look.read();
+        let mut gone = look.read();
+        gone.sort_unstable();
         let mut want: Vec<usize> = dropped.iter().chain(&written).copied().collect();
         want.sort_unstable();
-        // Still shared by the two children: orphans, to claim once.
-        assert_eq!((gone.all(), gone.own.len()), (want.clone(), 0), "the first child's look");
+        assert_eq!(gone, want, "the first child's look");
         // The same from the second child, and once the first is gone (the
         // second then maps those pages alone).
         let second = AdoptLook {
@@ -3857,20 +3827,17 @@ mod tests {
             pagemap: std::sync::Arc::new(open(kids[1])),
             parent: look.parent.clone(),
         };
-        let gone = second.read();
-        assert_eq!((gone.all(), gone.own.len()), (want.clone(), 0), "the second child's look");
+        let mut gone = second.read();
+        gone.sort_unstable();
+        assert_eq!(gone, want, "the second child's look");
         // SAFETY: ending a child of ours.
         unsafe {
             libc::kill(kids[0], libc::SIGKILL);
             libc::waitpid(kids[0], std::ptr::null_mut(), 0);
         }
-        let gone = second.read();
-        // Mapped by the second alone now: its own.
-        assert_eq!(
-            (gone.own.clone(), gone.orphans.len()),
-            (want, 0),
-            "the second child's look, alone with its parent"
-        );
+        let mut gone = second.read();
+        gone.sort_unstable();
+        assert_eq!(gone, want, "the second child's look, alone with its parent");
         // SAFETY: our end of the pipe; the other child; our mapping.
         unsafe {
             libc::close(pipe[1]);

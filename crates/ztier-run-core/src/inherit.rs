@@ -9,9 +9,7 @@
 //! page ([`Shared`]); a page leaves the set when it leaves memory
 //! ([`Shared::take`]) or when a look at `/proc/self/pagemap` and the
 //! parent's page map finds it no longer shared ([`not_shared`]), and then
-//! the child holds it — or, if its brothers and sisters may still share
-//! it (the parent dropped it), the first of them to claim it does
-//! ([`Unshared::orphans`]; the claims are `ztier_uffd::tree`'s).
+//! the child holds it.
 
 use std::time::{Duration, Instant};
 
@@ -94,40 +92,6 @@ impl Shared {
     }
 }
 
-/// The pages a forked child claimed for the tree ([`Unshared::orphans`]
-/// it counts, which its brothers and sisters leave to it), to give the
-/// claims back when the pages leave its memory; and the parent they were
-/// inherited from (the claims' key is the parent and the page).
-#[derive(Debug, Default)]
-pub struct Claimed {
-    /// The parent's PID (0: not a forked child).
-    pub parent: u32,
-    pages: Shared,
-}
-
-impl Claimed {
-    /// None claimed yet, of pages `[0, end)` inherited from `parent`.
-    pub fn new(parent: u32, end: usize) -> Claimed {
-        Claimed { parent, pages: Shared::new(end) }
-    }
-
-    /// Page `i` (below `end`) is claimed.
-    pub fn insert(&mut self, i: usize) {
-        self.pages.insert(i);
-    }
-
-    /// Page `i` left memory: `true` if it was claimed (the claim is to be
-    /// given back).
-    pub fn take(&mut self, i: usize) -> bool {
-        self.pages.take(i)
-    }
-
-    /// Pages claimed.
-    pub fn count(&self) -> usize {
-        self.pages.count()
-    }
-}
-
 /// A page map (`/proc/PID/pagemap`): 8 bytes per page of the address
 /// space.
 pub trait PageMap {
@@ -143,55 +107,31 @@ pub const EXCLUSIVE: u64 = 1 << 56;
 /// A page map entry: the frame number (0 unless `CAP_SYS_ADMIN`).
 pub const PFN: u64 = (1 << 55) - 1;
 
-/// What a look ([`not_shared`]) found no longer shared with the parent.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Unshared {
-    /// This process's own: mapped here alone, or not at all (or not
-    /// known: its page map could not be read).
-    pub own: Vec<usize>,
-    /// Still shared here, but no longer with the parent (it dropped them,
-    /// maps a page of its own there, or is gone): shared with other
-    /// processes, its brothers and sisters most likely, whose looks find
-    /// them too. Counted in each of them, they took `workers.py` 3–14%
-    /// past its budget; to count once across the tree, the first to claim
-    /// one holds it.
-    pub orphans: Vec<usize>,
-}
-
-impl Unshared {
-    /// All the pages, in ascending order.
-    pub fn all(&self) -> Vec<usize> {
-        let mut v: Vec<usize> = self.own.iter().chain(&self.orphans).copied().collect();
-        v.sort_unstable();
-        v
-    }
-}
-
 /// The pages of a look (`words` from [`Shared::look`], relative to the
 /// arena's first page `base`, a page number) that are no longer shared
-/// with the parent: mapped here alone, or not at all ([`Unshared::own`];
-/// all of them if `mine` cannot be read), or shared only with other
-/// processes ([`Unshared::orphans`]: the parent maps no page there, or a
-/// page of its own; all those still shared here of a span whose entries
-/// in `parents` cannot be read: the parent is gone). Words near each
-/// other are read together, up to `span` pages per read (a multiple of 64).
+/// with the parent: mapped here alone, or not at all, or shared only with
+/// other processes (the parent maps no page there, or a page of its own);
+/// all of them if `mine` cannot be read, and all those of a span whose
+/// entries in `parents` cannot (the parent is gone). Words near each other
+/// are read together, up to `span` pages per read (a multiple of 64).
 ///
-/// None of the children that share an orphan can tell from its page maps
-/// which of the others still maps it (a page map shows the frame number
-/// only to `CAP_SYS_ADMIN`; where it shows it, a frame the parent does not
-/// map there is not the parent's either), hence the claims. Counting such
-/// a page nowhere let the command's processes keep that much more than
-/// the budget resident.
+/// A page that several children share after the parent dropped it counts
+/// in each of them (so more than once, where a memory cgroup charges it
+/// once), as none of them can tell which of the others still maps it (a
+/// page map shows the frame number only to `CAP_SYS_ADMIN`; where it
+/// shows it, a frame the parent does not map there is not the parent's
+/// either). Counting it nowhere let the command's processes keep that much
+/// more than the budget resident.
 pub fn not_shared(
     words: &[(usize, u64)],
     base: usize,
     span: usize,
     mine: &impl PageMap,
     parents: &impl PageMap,
-) -> Unshared {
+) -> Vec<usize> {
     let mut map = vec![0u64; span];
     let mut theirs = vec![0u64; span];
-    let mut gone = Unshared::default();
+    let mut gone = Vec::new();
     let mut k = 0;
     while k < words.len() {
         // A span: the words from this one on, up to `span` pages (within
@@ -217,10 +157,8 @@ pub fn not_shared(
                 let (e, p) = (map[(w - first) * 64 + b], theirs[(w - first) * 64 + b]);
                 let not_parents =
                     !parent_ok || !shared(p) || (e & PFN != 0 && p & PFN != 0 && e & PFN != p & PFN);
-                if !ok || !shared(e) {
-                    gone.own.push(w * 64 + b);
-                } else if not_parents {
-                    gone.orphans.push(w * 64 + b);
+                if !ok || !shared(e) || not_parents {
+                    gone.push(w * 64 + b);
                 }
             }
         }
@@ -249,20 +187,6 @@ mod tests {
         assert!(!s.take(10_000));
         assert_eq!(s.count(), 3);
         assert!(!s.has(63));
-    }
-
-    #[test]
-    fn claimed_pages_are_given_back_once() {
-        let mut c = Claimed::new(42, 100);
-        assert_eq!((c.parent, c.count()), (42, 0));
-        c.insert(7);
-        c.insert(7);
-        c.insert(99);
-        assert_eq!(c.count(), 2);
-        assert!(c.take(7) && !c.take(7) && !c.take(8) && !c.take(1000));
-        assert_eq!(c.count(), 1);
-        // Not a forked child: nothing claimed, nothing to give back.
-        assert!(!Claimed::default().take(0));
     }
 
     #[test]
@@ -347,10 +271,7 @@ mod tests {
         mine.entries[base + 200] = SHARED;
         parents.entries[base + 200] = SHARED;
         let words = [(0, 0b111_1111), (3, 1 << 8)];
-        let gone = not_shared(&words, base, 4096, &mine, &parents);
-        assert_eq!(gone.own, [1, 2], "its own: written here, or not mapped");
-        assert_eq!(gone.orphans, [3, 4, 5], "shared, but not with the parent");
-        assert_eq!(gone.all(), [1, 2, 3, 4, 5]);
+        assert_eq!(not_shared(&words, base, 4096, &mine, &parents), [1, 2, 3, 4, 5]);
         // One read of each map covers both words (4 words' span).
         assert_eq!(mine.reads.borrow().0, 1);
         assert_eq!(parents.reads.borrow().0, 1);
@@ -366,17 +287,16 @@ mod tests {
         // Its own map unreadable: every page looked at.
         let unreadable = Fake::new(256, false);
         let all = not_shared(&words, base, 4096, &unreadable, &mine);
-        assert_eq!((all.own.len(), all.orphans.len()), (65, 0));
+        assert_eq!(all.len(), 65);
         assert_eq!(unreadable.reads.borrow().0, 1);
         assert_eq!(mine.reads.borrow().0, 0, "the parent's is not read then");
         // The parent's unreadable (the parent is gone): all of them too.
         let gone = Fake::new(256, false);
-        let found = not_shared(&words, base, 4096, &mine, &gone);
-        assert_eq!((found.own.len(), found.orphans.len()), (0, 65), "still shared here: orphans");
+        assert_eq!(not_shared(&words, base, 4096, &mine, &gone).len(), 65);
         // Nothing looks shared here: the parent's map is not read.
         let alone = Fake::new(256, true);
         let parents = Fake::new(256, true);
-        assert_eq!(not_shared(&words, base, 4096, &alone, &parents).own.len(), 65);
+        assert_eq!(not_shared(&words, base, 4096, &alone, &parents).len(), 65);
         assert_eq!(parents.reads.borrow().0, 0);
     }
 
@@ -387,7 +307,7 @@ mod tests {
         parents.entries.fill(SHARED);
         // Words 0..10 and, after the look wrapped round, 2 again.
         let words: Vec<(usize, u64)> = (0..10).map(|w| (w, 1)).chain([(2, 1)]).collect();
-        assert_eq!(not_shared(&words, 0, 4 * 64, &mine, &parents), Unshared::default());
+        assert_eq!(not_shared(&words, 0, 4 * 64, &mine, &parents), []);
         let (reads, most) = *mine.reads.borrow();
         assert_eq!(most, 4 * 64, "at most a span per read");
         // 0..4, 4..8, 8..10, then 2 alone (not ascending).

@@ -19,7 +19,7 @@
 //!
 //! ```text
 //!  offset  size
-//!  0       8     magic "ZTTREE06"
+//!  0       8     magic "ZTTREE05"
 //!  8       8     budget, pages
 //!  16      8     reserved: pages held by every slot together (atomic)
 //!  24      8     peak of reserved (atomic)
@@ -42,25 +42,17 @@
 //!                process last said (atomic)
 //!  112     8     peak of everything held: held pages + stored + tables,
 //!                in bytes (atomic)
-//!  120     8     claims: entries of the claims table (a power of two)
-//!  128     8     counted once: pages forked children found shared among
-//!                them after their parent dropped them, left to the one
-//!                that claimed them (atomic)
-//!  136     48×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
+//!  120     40×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
 //!                wake (u32, a futex word: bumped to wake the process's
 //!                background evictor), held pages (u64, atomic), stored
 //!                bytes (u64, atomic), start time (u64, clock ticks after
 //!                boot as `/proc/PID/stat` says; 0 = not known), life
 //!                (u32, a robust futex word: a thread's TID, marked
 //!                FUTEX_OWNER_DIED by the kernel when that thread ends;
-//!                0 = not set), tables (u32, KiB, atomic), claims (u32:
-//!                entries of the claims table it holds, atomic)
-//!  BYTES   8×claims  the claims table ([`Member::claim`]): 0 = empty, or
-//!                a page's key (53 bits, [`orphan_key`]) above its
-//!                claimant's slot + 1 (11 bits)
+//!                0 = not set), tables (u32, KiB, atomic)
 //! ```
 //!
-//! Under `--budget-covers all` (`ztier run`'s default is `resident`) the budget bounds
+//! Under `--budget-covers all` (the default) the budget bounds
 //! everything the library holds for the command, as a memory cgroup's
 //! `memory.max` bounds a program's memory with zswap's pool charged to
 //! it: the pool a process takes resident pages from is the budget less
@@ -75,15 +67,9 @@
 //! own (written since, or dropped by the parent), which the child's
 //! manager finds in `/proc/self/pagemap` and its parent's, and then holds
 //! ([`Member::adopt`] counts them). So a page shared copy-on-write counts
-//! once, as a memory cgroup charges it once. A page that children still
-//! share after their parent dropped it (an eviction of the parent's, or
-//! a write that gave the parent a page of its own) is counted by the
-//! first of them that claims it in the claims table ([`Member::claim`],
-//! keyed by the parent and the page); the others leave it to that one
-//! until it leaves the claimant's memory ([`Member::unclaim`]) or is
-//! theirs alone. (Counted in each of them, as before, such pages took
-//! `workers.py` 3–14% past a 24M budget.) A process that leaves, or is
-//! found gone, gives its claims back with its pages.
+//! once, as a memory cgroup charges it once; a page that children still
+//! share after their parent dropped it counts in each of them that maps
+//! it (none can tell which others do), more than once but not nowhere.
 //!
 //! The compressed stores share `--store` the same way: each process says
 //! what its store uses after each eviction round ([`Member::publish_store`])
@@ -120,7 +106,7 @@ use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// The segment's first eight bytes.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE06");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE05");
 /// Processes that can hold pages at once.
 pub const SLOTS: usize = 1024;
 /// Pages a process takes from the pool beyond what it needs now, so
@@ -150,36 +136,6 @@ pub struct Slot {
     pub life: AtomicU32,
     /// KiB of the library's own tables in this process, as it last said.
     pub tables_kib: AtomicU32,
-    /// Entries of the claims table it holds ([`Member::claim`]).
-    pub claims: AtomicU32,
-}
-
-/// What [`Member::claim`] found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Claim {
-    /// This process claims the page: it counts it.
-    Mine,
-    /// Another live process does: this one leaves it to that one.
-    Theirs,
-    /// No room near its place in the table: nobody claims it.
-    NoRoom,
-}
-
-/// The low bits of a claims table entry: its claimant's slot + 1.
-const CLAIMANT: u64 = (1 << 11) - 1;
-
-/// Places of the claims table a key may take, from its own on.
-pub const CLAIM_PROBE: usize = 8;
-
-/// The key of page `page` (of the arena) inherited from process `parent`
-/// in the claims table ([`Member::claim`]): 53 bits of a hash of both,
-/// never 0.
-pub fn orphan_key(parent: u32, page: usize) -> u64 {
-    // splitmix64's finaliser of the two (pages below 2^40 apart).
-    let mut x = (u64::from(parent) << 40 ^ page as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    ((x ^ (x >> 31)) >> 11).max(1)
 }
 
 /// The bit the kernel sets in a robust futex word whose owner ended.
@@ -219,12 +175,6 @@ pub struct Segment {
     /// The most ever held together: pages held (in bytes), stored bytes
     /// and tables.
     pub total_peak: AtomicU64,
-    /// Entries of the claims table that follows the segment (a power of
-    /// two; [`Member::claim`]).
-    pub claims: u64,
-    /// Pages forked children found shared among them after their parent
-    /// dropped them, and left to the one that claimed them.
-    pub counted_once: AtomicU64,
     /// One per process.
     pub slots: [Slot; SLOTS],
 }
@@ -255,41 +205,10 @@ impl Segment {
         self.stored.fetch_add(bytes, Ordering::AcqRel);
     }
 
-    /// The claims table ([`Member::claim`]).
-    fn claim_table(&self) -> &[AtomicU64] {
-        // SAFETY: every mapping of a segment covers its table too
-        // (`Shared::create` and `open` map BYTES + 8 × claims), which
-        // follows the segment at an 8-aligned offset; atomics are valid
-        // for any bytes.
-        unsafe {
-            std::slice::from_raw_parts(
-                (self as *const Segment).add(1).cast::<AtomicU64>(),
-                self.claims as usize,
-            )
-        }
-    }
-
-    /// Empties the entries of the claims table that slot `k` holds.
-    fn drop_claims(&self, k: usize) {
-        if self.slots[k].claims.swap(0, Ordering::AcqRel) == 0 {
-            return;
-        }
-        let me = k as u64 + 1;
-        for e in self.claim_table() {
-            let v = e.load(Ordering::Relaxed);
-            if v != 0 && v & CLAIMANT == me {
-                let _ = e.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Gives back what slot `k` holds of the budget, of the stores'
-    /// limit and of the claims table (its process is gone, or this is
-    /// the same process after an exec); returns the pages. The caller has
-    /// turned its PID to -1.
-    fn release(&self, k: usize) -> u64 {
-        let s = &self.slots[k];
-        self.drop_claims(k);
+    /// Gives back what slot `s` holds of the budget and of the stores'
+    /// limit (its process is gone, or this is the same process after an
+    /// exec); returns the pages. The caller has turned its PID to -1.
+    fn release(&self, s: &Slot) -> u64 {
         let h = s.held.swap(0, Ordering::AcqRel);
         self.reserved.fetch_sub(h, Ordering::AcqRel);
         let b = s.stored.swap(0, Ordering::AcqRel);
@@ -337,11 +256,8 @@ pub struct Shared {
 
 impl Shared {
     /// A new segment for a budget of `budget_pages` and stores of
-    /// `store_limit` bytes together, with a claims table of twice as many
-    /// entries as the budget has pages ([`claims_for`]).
+    /// `store_limit` bytes together.
     pub fn create(budget_pages: u64, store_limit: u64) -> io::Result<Shared> {
-        let claims = claims_for(budget_pages);
-        let len = BYTES + 8 * claims as usize;
         // SAFETY: a NUL-terminated name and valid flags.
         let fd = unsafe { libc::memfd_create(c"ztier-tree".as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -351,18 +267,17 @@ impl Shared {
         let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
         // SAFETY: resizing our own memfd.
-        if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0 {
+        if unsafe { libc::ftruncate(raw, BYTES as libc::off_t) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let seg = map(raw, len)?;
-        // SAFETY: the mapping is `len` long, zero-filled, ours alone until
-        // the path is handed out; the plain fields are written once,
+        let seg = map(raw)?;
+        // SAFETY: the mapping is BYTES long, zero-filled, ours alone until
+        // the path is handed out; the two plain fields are written once,
         // before any other process maps it.
         unsafe {
             let p = seg as *const Segment as *mut Segment;
             (*p).budget = budget_pages;
             (*p).store_limit = store_limit;
-            (*p).claims = claims;
             (*p).magic = MAGIC;
         }
         Ok(Shared { fd, seg })
@@ -389,24 +304,17 @@ impl Shared {
     }
 }
 
-/// Entries of the claims table for a budget of `pages`: twice as many
-/// (a power of two), at least 1,024 and at most 4 Mi (32 MiB).
-pub fn claims_for(pages: u64) -> u64 {
-    (pages * 2).next_power_of_two().clamp(1 << 10, 1 << 22)
-}
-
-fn map(fd: i32, len: usize) -> io::Result<&'static Segment> {
-    // SAFETY: a new shared mapping of `len` (≥ BYTES) bytes of the
-    // descriptor; it is never unmapped, so the reference lives as long as
-    // the process.
+fn map(fd: i32) -> io::Result<&'static Segment> {
+    // SAFETY: a new shared mapping of BYTES of the descriptor; it is never
+    // unmapped, so the reference lives as long as the process.
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        libc::mmap(std::ptr::null_mut(), BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
     };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: page-aligned, at least BYTES long, and Segment is plain
-    // integers and atomics, valid for any bytes.
+    // SAFETY: page-aligned, BYTES long, and Segment is plain integers
+    // and atomics, valid for any bytes.
     Ok(unsafe { &*(p as *const Segment) })
 }
 
@@ -417,8 +325,8 @@ pub fn open(path: &str) -> io::Result<&'static Segment> {
     if len < BYTES as u64 {
         return Err(io::Error::other(format!("{path} is {len} bytes, not a budget segment")));
     }
-    let seg = map(std::os::fd::AsRawFd::as_raw_fd(&f), len as usize)?;
-    if seg.magic != MAGIC || len < BYTES as u64 + 8 * seg.claims {
+    let seg = map(std::os::fd::AsRawFd::as_raw_fd(&f))?;
+    if seg.magic != MAGIC {
         return Err(io::Error::other(format!("{path} is not a budget segment")));
     }
     Ok(seg)
@@ -648,7 +556,7 @@ impl Member {
             Some(k) => {
                 let s = &seg.slots[k];
                 let was = s.start.load(Ordering::Acquire);
-                let h = seg.release(k);
+                let h = seg.release(s);
                 if was != 0 && start != 0 && was != start {
                     seg.reclaimed.fetch_add(h, Ordering::Relaxed);
                 }
@@ -803,69 +711,6 @@ impl Member {
         self.seg.adopted.fetch_add(k as u64, Ordering::Relaxed);
     }
 
-    /// Claims the page of key `key` ([`orphan_key`]) in the claims table:
-    /// a page this forked child still shares with others (its brothers
-    /// and sisters) though its parent no longer maps it. The first to
-    /// claim it counts it ([`Claim::Mine`]), the others do not
-    /// ([`Claim::Theirs`]); a claim whose claimant left is taken over.
-    /// With no room near its place in the table: [`Claim::NoRoom`] (the
-    /// caller counts it, as before claims: more than once, not nowhere).
-    pub fn claim(&self, key: u64) -> Claim {
-        let t = self.seg.claim_table();
-        if t.is_empty() {
-            return Claim::NoRoom;
-        }
-        let mine = key << 11 | (self.slot as u64 + 1);
-        let at = key as usize;
-        for _ in 0..4 {
-            let (mut empty, mut found) = (None, None);
-            for p in 0..CLAIM_PROBE {
-                let e = &t[(at + p) & (t.len() - 1)];
-                let v = e.load(Ordering::Acquire);
-                if v == 0 {
-                    empty = empty.or(Some(e));
-                } else if v >> 11 == key {
-                    found = Some((e, v));
-                    break;
-                }
-            }
-            let (e, was) = match found {
-                Some((_, v)) if v == mine => return Claim::Mine,
-                Some((e, v)) => {
-                    let k = (v & CLAIMANT) as usize - 1;
-                    if self.seg.slots.get(k).is_some_and(|s| s.pid.load(Ordering::Acquire) > 0) {
-                        self.seg.counted_once.fetch_add(1, Ordering::Relaxed);
-                        return Claim::Theirs;
-                    }
-                    (e, v)
-                }
-                None => match empty {
-                    Some(e) => (e, 0),
-                    None => return Claim::NoRoom,
-                },
-            };
-            if e.compare_exchange(was, mine, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                self.seg.slots[self.slot].claims.fetch_add(1, Ordering::AcqRel);
-                return Claim::Mine;
-            }
-        }
-        Claim::NoRoom
-    }
-
-    /// Gives back this process's claim on the page of key `key` (the page
-    /// left its memory: whoever still maps it claims it next).
-    pub fn unclaim(&self, key: u64) {
-        let t = self.seg.claim_table();
-        let mine = key << 11 | (self.slot as u64 + 1);
-        for p in 0..CLAIM_PROBE.min(t.len()) {
-            let e = &t[(key as usize + p) & (t.len() - 1)];
-            if e.compare_exchange(mine, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                self.seg.slots[self.slot].claims.fetch_sub(1, Ordering::AcqRel);
-                return;
-            }
-        }
-    }
-
     /// Gives back what this process holds beyond `keep` + a [`CHUNK`],
     /// once that is more than two chunks.
     pub fn trim(&mut self, keep: usize) {
@@ -876,7 +721,6 @@ impl Member {
 
     /// Gives everything back and frees the slot (at exit).
     pub fn leave(&mut self) {
-        self.seg.drop_claims(self.slot);
         self.give(self.held);
         self.publish_store(0);
         self.publish_tables(0);
@@ -1033,7 +877,7 @@ impl Member {
                 s.pid.store(pid, Ordering::Release);
                 continue;
             }
-            let h = self.seg.release(k);
+            let h = self.seg.release(s);
             self.seg.reclaimed.fetch_add(h, Ordering::Relaxed);
             s.start.store(0, Ordering::Release);
             s.life.store(0, Ordering::Release);
@@ -1393,76 +1237,6 @@ mod tests {
         a.leave();
         b.leave();
         assert_eq!(seg.reserved.load(Ordering::Relaxed), 0);
-    }
-
-    /// A member standing for another process in slot `k` (as
-    /// [`Segment::fake_member`] makes it).
-    fn stand_in(seg: &'static Segment, k: usize) -> Member {
-        seg.fake_member(k, std::process::id() as i32, 0, 0);
-        Member { seg, slot: k, held: 0, stored: 0, looked: None }
-    }
-
-    /// A page that forked children still share after their parent
-    /// dropped it is claimed once across the tree: the first claim
-    /// counts it, the others leave it to that one until it gives its
-    /// claim back, leaves, or is found gone.
-    #[test]
-    fn a_page_shared_by_brothers_and_sisters_is_claimed_once() {
-        let shared = Shared::create(1000, 0).unwrap();
-        let seg = open(&shared.path()).unwrap();
-        assert_eq!(seg.claims, 2048, "twice the budget's pages");
-        let (a, mut b) = (stand_in(seg, 1), stand_in(seg, 2));
-        let key = orphan_key(1234, 7);
-        assert_eq!(a.claim(key), Claim::Mine);
-        assert_eq!(b.claim(key), Claim::Theirs);
-        assert_eq!(a.claim(key), Claim::Mine, "still its own");
-        assert_eq!(seg.counted_once.load(Ordering::Relaxed), 1);
-        // Another page, or the same page of another parent: claims of their own.
-        assert_eq!(b.claim(orphan_key(1234, 8)), Claim::Mine);
-        assert_eq!(b.claim(orphan_key(1235, 7)), Claim::Mine);
-        // Given back (the page left a's memory): b's to claim.
-        a.unclaim(key);
-        assert_eq!(seg.slots[1].claims.load(Ordering::Relaxed), 0);
-        assert_eq!(b.claim(key), Claim::Mine);
-        assert_eq!(a.claim(key), Claim::Theirs);
-        assert_eq!(seg.slots[2].claims.load(Ordering::Relaxed), 3);
-        // b leaves: its claims go with it.
-        b.leave();
-        assert!(seg.claim_table().iter().all(|e| e.load(Ordering::Relaxed) & CLAIMANT != 3));
-        assert_eq!(a.claim(key), Claim::Mine);
-        // A claim left by a slot freed without giving it back is taken over.
-        let c = stand_in(seg, 3);
-        let lost = orphan_key(99, 1);
-        assert_eq!(c.claim(lost), Claim::Mine);
-        seg.slots[3].pid.store(0, Ordering::Release);
-        assert_eq!(a.claim(lost), Claim::Mine);
-        // A process found gone gives its claims back with its pages.
-        let mut dead = std::process::Command::new("true").spawn().unwrap();
-        dead.wait().unwrap();
-        let d = stand_in(seg, 4);
-        seg.slots[4].held.store(5, Ordering::Release);
-        seg.reserved.fetch_add(5, Ordering::AcqRel);
-        assert_eq!(d.claim(orphan_key(5, 5)), Claim::Mine);
-        seg.slots[4].pid.store(dead.id() as i32, Ordering::Release);
-        assert_eq!(a.reclaim(Look::Full), 5);
-        assert_eq!(a.claim(orphan_key(5, 5)), Claim::Mine, "reclaimed with the slot");
-        // Keys of one place fill its probe: the next finds no room.
-        let place = |j: u64| 5 + j * seg.claims;
-        for j in 0..CLAIM_PROBE as u64 {
-            assert_eq!(a.claim(place(j)), Claim::Mine);
-        }
-        assert_eq!(a.claim(place(CLAIM_PROBE as u64)), Claim::NoRoom);
-        a.unclaim(place(3));
-        assert_eq!(a.claim(place(CLAIM_PROBE as u64)), Claim::Mine, "a place given back is taken");
-        // Keys: 53 bits, never 0, apart for nearby pages and parents.
-        let keys: std::collections::HashSet<u64> =
-            (0..64u32).flat_map(|p| (0..1024).map(move |i| orphan_key(p, i))).collect();
-        assert_eq!(keys.len(), 64 * 1024);
-        assert!(keys.iter().all(|&k| k != 0 && k < 1 << 53));
-        assert_eq!(
-            (claims_for(10), claims_for(3000), claims_for(u64::MAX >> 2)),
-            (1 << 10, 1 << 13, 1 << 22)
-        );
     }
 
     /// Without `--budget-covers all` nothing is ever overdrawn: `settle`

@@ -606,7 +606,6 @@ pub fn run_program(
         stats["tree_over_bytes"] = bytes(&seg.over).into();
         stats["tree_reclaimed_bytes"] = bytes(&seg.reclaimed).into();
         stats["tree_adopted_bytes"] = bytes(&seg.adopted).into();
-        stats["tree_counted_once_bytes"] = bytes(&seg.counted_once).into();
         stats["tree_store_peak_bytes"] = seg.store_peak.load(std::sync::atomic::Ordering::Acquire).into();
         stats["tree_store_limit_bytes"] = seg.store_limit.into();
         // Everything the library held for the command at its most:
