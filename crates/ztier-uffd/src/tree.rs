@@ -52,7 +52,8 @@
 //!                0 = not set), tables (u32, KiB, atomic)
 //! ```
 //!
-//! Under `--budget-covers all` (the default) the budget bounds
+//! Under `--budget-covers all` (`bench pressure`'s; `ztier run`'s
+//! default is still `resident`, `RunArgs::covers`) the budget bounds
 //! everything the library holds for the command, as a memory cgroup's
 //! `memory.max` bounds a program's memory with zswap's pool charged to
 //! it: the pool a process takes resident pages from is the budget less
