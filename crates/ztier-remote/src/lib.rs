@@ -5,7 +5,9 @@
 //!
 //! * [`config`] — the servers, credentials (never from a URL), durability.
 //! * [`link`] — connections: single server or cluster (the `redis`
-//!   crate's blocking client: `MOVED`/`ASK`/`TRYAGAIN`/`CLUSTERDOWN`).
+//!   crate's blocking client: `MOVED`/`ASK`/`TRYAGAIN`/`CLUSTERDOWN`);
+//!   `getter` — a single server's gets over plain TCP, read straight
+//!   into the caller's page buffers.
 //! * [`seal`] — the value format: keyed MAC (BLAKE3) or encryption
 //!   (AES-256-GCM), and names that reveal nothing.
 //! * [`tier`] — [`RemoteTier`]: the index, the pending queue and the
@@ -30,6 +32,8 @@
 pub mod client;
 #[cfg(feature = "server")]
 pub mod config;
+#[cfg(feature = "server")]
+pub(crate) mod getter;
 pub mod hist;
 #[cfg(feature = "server")]
 pub mod hub;

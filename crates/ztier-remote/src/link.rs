@@ -535,6 +535,22 @@ pub(crate) fn pack(buf: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
+/// `n` in decimal, appended to `buf` (the protocol's lengths, for
+/// every page of a round: no formatting machinery).
+pub(crate) fn push_decimal(buf: &mut Vec<u8>, n: usize) {
+    let mut d = [0u8; 20];
+    let (mut i, mut n) = (d.len(), n);
+    loop {
+        i -= 1;
+        d[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&d[i..]);
+}
+
 /// `n` hash tags whose slots are spread evenly over the 16384 (so over
 /// the masters, which hold ranges of them).
 pub fn spread_tags(n: usize) -> Vec<String> {

@@ -32,7 +32,8 @@ use ztier_store::tier::{NextTier, SpillMeta, TierError};
 use ztier_store::Key;
 
 use crate::config::{Durability, RemoteConfig};
-use crate::link::{hash_tag, spread_tags, Connector, Link, Topology};
+use crate::getter::Getter;
+use crate::link::{hash_tag, push_decimal, spread_tags, Connector, Link, Topology};
 use crate::seal::{hex, Writer, OVERHEAD};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::RemoteError;
@@ -232,6 +233,10 @@ pub(crate) struct Inner {
     wake: Condvar,
     done: Condvar,
     links: Mutex<Vec<Link>>,
+    /// Whether gets go through [`Getter`]s (a single server over plain
+    /// TCP), and those kept for the next gets.
+    direct: bool,
+    getters: Mutex<Vec<Getter>>,
     fallback: Option<Box<dyn NextTier>>,
     stats: Stats,
     masters_seen: Mutex<BTreeSet<String>>,
@@ -286,6 +291,7 @@ impl RemoteTier {
             None => random_run_id()?,
         };
         let writer = Arc::new(Writer::random(cfg.encrypt).map_err(|e| RemoteError::Config(e.to_string()))?);
+        let (cfg_tls, conn_cluster) = (cfg.tls, conn.is_cluster());
         let inner = Arc::new(Inner {
             tags: spread_tags(TAGS),
             run,
@@ -315,6 +321,8 @@ impl RemoteTier {
             wake: Condvar::new(),
             done: Condvar::new(),
             links: Mutex::new(Vec::new()),
+            direct: !cfg_tls && !conn_cluster,
+            getters: Mutex::new(Vec::new()),
             fallback,
             stats: Stats::default(),
             masters_seen: Mutex::new(topo.masters.clone()),
@@ -671,26 +679,62 @@ impl Inner {
         }
     }
 
-    /// GET, retried (through a failover) until `deadline`.
-    fn fetch(&self, name: &[u8], deadline: Instant) -> Result<Option<Vec<u8>>, String> {
+    fn take_getter(&self) -> std::io::Result<Getter> {
+        if let Some(g) = self.getters.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(g);
+        }
+        Getter::connect(&self.cfg.nodes[0], &self.cfg.credentials, self.cfg.timeout)
+    }
+
+    fn give_getter(&self, g: Getter) {
+        let mut v = self.getters.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < 16 {
+            v.push(g);
+        }
+    }
+
+    /// GET into `out` (`false`: no such key), retried (through a
+    /// failover) until `deadline`. On an error `out` holds nothing.
+    fn fetch(&self, name: &[u8], deadline: Instant, out: &mut Vec<u8>) -> Result<bool, String> {
         use std::sync::atomic::Ordering::Relaxed;
         let mut wait = Duration::from_millis(5);
         loop {
             let t = Instant::now();
-            let r = self.take_link().and_then(|mut l| {
-                let v = l.get(name)?;
-                self.give_link(l);
-                Ok(v)
-            });
+            // A connection that failed is dropped (it may be out of step).
+            let r = if self.direct {
+                self.take_getter()
+                    .and_then(|mut g| {
+                        let found = g.get(name, out)?;
+                        self.give_getter(g);
+                        Ok(found)
+                    })
+                    .map_err(|e| e.to_string())
+            } else {
+                self.take_link()
+                    .and_then(|mut l| {
+                        let v = l.get(name)?;
+                        self.give_link(l);
+                        Ok(v)
+                    })
+                    .map(|v| match v {
+                        Some(v) => {
+                            *out = v;
+                            true
+                        }
+                        None => false,
+                    })
+                    .map_err(|e| e.to_string())
+            };
             match r {
-                Ok(v) => {
+                Ok(found) => {
                     self.stats.get_ns.record(t.elapsed().as_nanos() as u64);
-                    return Ok(v);
+                    return Ok(found);
                 }
                 Err(e) => {
+                    out.clear();
                     self.stats.errors.fetch_add(1, Relaxed);
                     if Instant::now() + wait > deadline {
-                        return Err(e.to_string());
+                        return Err(e);
                     }
                     std::thread::sleep(wait);
                     wait = (wait * 2).min(Duration::from_millis(200));
@@ -866,22 +910,6 @@ fn unlinks_by_tag<'a>(unlinks: &'a [Vec<u8>], mut emit: impl FnMut(Vec<&'a [u8]>
         i = j;
     }
     n
-}
-
-/// `n` in decimal, appended to `buf` (the protocol's lengths, for
-/// every page of a round: no formatting machinery).
-fn push_decimal(buf: &mut Vec<u8>, n: usize) {
-    let mut d = [0u8; 20];
-    let (mut i, mut n) = (d.len(), n);
-    loop {
-        i -= 1;
-        d[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    buf.extend_from_slice(&d[i..]);
 }
 
 /// A page in a round: key, metadata, sequence number, hash tag, bytes.
@@ -1295,22 +1323,26 @@ impl NextTier for RemoteTier {
         let fetched = if down && local {
             Err("the remote is unavailable".to_string())
         } else {
-            inner.fetch(&name, deadline)
+            inner.fetch(&name, deadline, out)
         };
-        let mut from_local = |why: String| -> Result<Option<SpillMeta>, TierError> {
+        let from_local = |why: String, out: &mut Vec<u8>| -> Result<Option<SpillMeta>, TierError> {
             let f = inner.fallback.as_ref().expect("a local copy has a fallback");
             match f.get(key, out, false)? {
                 Some(m) if m == meta => {
                     inner.stats.fallback_gets.fetch_add(1, Relaxed);
                     Ok(Some(m))
                 }
-                _ => Err(io_err(format!("{why}; and its local copy is gone"))),
+                _ => {
+                    out.clear();
+                    Err(io_err(format!("{why}; and its local copy is gone")))
+                }
             }
         };
+        // The value was read into `out`: it is used only once its MAC
+        // (or AEAD tag) is checked; `open_in_place` clears it otherwise.
         let r = match fetched {
-            Ok(Some(mut v)) => match w.open_in_place(key, &meta, seq, &mut v) {
+            Ok(true) => match w.open_in_place(key, &meta, seq, out) {
                 Ok(()) => {
-                    *out = v;
                     inner.stats.gets.fetch_add(1, Relaxed);
                     inner.stats.get_bytes.fetch_add(out.len() as u64, Relaxed);
                     Ok(Some(meta))
@@ -1325,14 +1357,14 @@ impl NextTier for RemoteTier {
                     return Err(TierError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, msg)));
                 }
             },
-            Ok(None) => {
+            Ok(false) => {
                 inner.stats.lost.fetch_add(1, Relaxed);
                 let why = format!(
                     "remote page (pool {} object {} index {}) is gone from the server",
                     key.pool, key.object, key.index
                 );
                 if local {
-                    from_local(why)
+                    from_local(why, out)
                 } else {
                     inner.lock().last_error = Some(why.clone());
                     Err(io_err(why))
@@ -1341,7 +1373,7 @@ impl NextTier for RemoteTier {
             Err(e) => {
                 let why = format!("the remote did not answer for a page: {e}");
                 if local {
-                    from_local(why)
+                    from_local(why, out)
                 } else {
                     inner.lock().last_error = Some(why.clone());
                     Err(io_err(why))
@@ -1451,6 +1483,7 @@ impl NextTier for RemoteTier {
         drop(s);
         // The parent's sockets: the child closes its copies only.
         self.inner.links.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.inner.getters.lock().unwrap_or_else(|p| p.into_inner()).clear();
         if let Some(f) = &self.inner.fallback {
             f.after_fork()?;
         }
@@ -1473,38 +1506,76 @@ impl RemoteTier {
         use std::sync::atomic::Ordering::Relaxed;
         let inner = &self.inner;
         let mut res = vec![None; keys.len()];
-        let mut remote = Vec::new();
+        // Those on the remote: their place in `keys`, writer, metadata,
+        // sequence number; their names one after another in `names`,
+        // each ending at `ends[j]`.
+        let mut remote = Vec::with_capacity(keys.len());
+        let mut names = Vec::with_capacity(keys.len() * 64);
+        let mut ends = Vec::with_capacity(keys.len());
         {
             let s = inner.lock();
             for (i, k) in keys.iter().enumerate() {
                 if let Some(e) = s.index.get(k) {
                     if let At::Remote { tag, gen, .. } = e.at {
                         let w = s.writers[gen as usize].clone();
-                        remote.push((i, inner.name(&w, tag, *k, e.seq), w, e.meta, e.seq));
+                        inner.name_into(&w, tag, *k, e.seq, &mut names);
+                        ends.push(names.len());
+                        remote.push((i, w, e.meta, e.seq));
                     }
                 }
             }
         }
-        let names: Vec<&[u8]> = remote.iter().map(|r| &r.1[..]).collect();
-        let t = Instant::now();
-        let got = if names.is_empty() {
-            Ok(Vec::new())
-        } else {
-            inner.take_link().and_then(|mut l| {
-                let v = l.get_many(&names)?;
-                inner.give_link(l);
-                Ok(v)
+        let mut start = 0;
+        let names: Vec<&[u8]> = ends
+            .iter()
+            .map(|&end| {
+                let n = &names[start..end];
+                start = end;
+                n
             })
+            .collect();
+        let into: Vec<usize> = remote.iter().map(|r| r.0).collect();
+        let t = Instant::now();
+        // Each value into its caller's buffer (left empty: none).
+        let got: Result<(), String> = if names.is_empty() {
+            Ok(())
+        } else if inner.direct {
+            inner
+                .take_getter()
+                .and_then(|mut g| {
+                    g.mget(&names, &into, outs)?;
+                    inner.give_getter(g);
+                    Ok(())
+                })
+                .map_err(|e| e.to_string())
+        } else {
+            inner
+                .take_link()
+                .and_then(|mut l| {
+                    let v = l.get_many(&names)?;
+                    inner.give_link(l);
+                    Ok(v)
+                })
+                .map(|vals| {
+                    for (&i, v) in into.iter().zip(vals) {
+                        outs[i] = v.unwrap_or_default();
+                    }
+                })
+                .map_err(|e| e.to_string())
         };
         match got {
-            Ok(vals) => {
+            Ok(()) => {
                 if !names.is_empty() {
                     inner.stats.get_ns.record(t.elapsed().as_nanos() as u64);
                 }
-                for ((i, _, w, meta, seq), v) in remote.iter().zip(vals) {
-                    let Some(mut v) = v else { continue };
-                    if w.open_in_place(keys[*i], meta, *seq, &mut v).is_ok() {
-                        outs[*i] = v;
+                for (i, w, meta, seq) in &remote {
+                    // Empty: no such key (or an empty value): asked again
+                    // below, one by one, which tells them apart.
+                    if outs[*i].is_empty() {
+                        continue;
+                    }
+                    // Used only once its MAC is checked (cleared if not).
+                    if w.open_in_place(keys[*i], meta, *seq, &mut outs[*i]).is_ok() {
                         inner.stats.gets.fetch_add(1, Relaxed);
                         inner.stats.get_bytes.fetch_add(outs[*i].len() as u64, Relaxed);
                         res[*i] = Some(*meta);
@@ -1512,6 +1583,9 @@ impl RemoteTier {
                 }
             }
             Err(_) => {
+                for &i in &into {
+                    outs[i].clear();
+                }
                 inner.stats.errors.fetch_add(1, Relaxed);
             }
         }
