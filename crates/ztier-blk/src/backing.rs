@@ -32,6 +32,9 @@ pub trait Backing: Send + Sync {
     fn mapped(&self, _off: u64, _len: usize) -> Option<(&[u8], &Mapped)> {
         None
     }
+    /// Lets go of the pages reads have touched through the mapping, so
+    /// that `posix_fadvise(DONTNEED)` can drop them from the page cache.
+    fn unmap_pages(&self) {}
 }
 
 /// A shared device (tests keep a handle to crash it while the engine runs).
@@ -56,6 +59,9 @@ impl<B: Backing + ?Sized> Backing for std::sync::Arc<B> {
     }
     fn mapped(&self, off: u64, len: usize) -> Option<(&[u8], &Mapped)> {
         (**self).mapped(off, len)
+    }
+    fn unmap_pages(&self) {
+        (**self).unmap_pages()
     }
 }
 
@@ -133,6 +139,14 @@ impl Backing for FileBacking {
         // which the caller learns from `Mapped::faults` and the checksums.
         let b = unsafe { std::slice::from_raw_parts(m.base.add(off as usize), len) };
         Some((b, m))
+    }
+    fn unmap_pages(&self) {
+        if let Some(Some(m)) = self.map.get() {
+            // SAFETY: our own read-only shared file mapping: MADV_DONTNEED
+            // only drops its page-table entries; the next access maps the
+            // file's page again (no data is lost).
+            unsafe { libc::madvise(m.base as *mut libc::c_void, m.len, libc::MADV_DONTNEED) };
+        }
     }
 }
 

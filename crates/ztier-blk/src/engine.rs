@@ -1843,6 +1843,13 @@ impl Engine {
 
     // ---- inspection ----------------------------------------------------
 
+    /// Lets go of the image pages reads have mapped
+    /// ([`Backing::unmap_pages`]), so that `posix_fadvise(DONTNEED)` can
+    /// drop them from the page cache (`ztier bench blk --cold`).
+    pub fn unmap_pages(&self) {
+        self.backing.unmap_pages();
+    }
+
     /// Current statistics.
     pub fn stats(&self) -> Stats {
         let maintenance_pending = self.maintenance_pending();
