@@ -23,6 +23,18 @@ pub trait Backing: Send + Sync {
     fn read_at_nowait(&self, _buf: &mut [u8], _off: u64) -> Option<io::Result<()>> {
         None
     }
+    /// Maps the first `len` bytes of the image for [`Backing::mapped`]
+    /// (a file maps itself read-only; other backings ignore it).
+    fn map(&self, _len: u64) {}
+    /// The image's bytes `off..off + len` in place, from the mapping made
+    /// by [`Backing::map`], with how many bus errors the mapping has taken
+    /// so far ([`Mapped::faults`]); `None` without a mapping.
+    fn mapped(&self, _off: u64, _len: usize) -> Option<(&[u8], &Mapped)> {
+        None
+    }
+    /// Lets go of the pages reads have touched through the mapping, so
+    /// that `posix_fadvise(DONTNEED)` can drop them from the page cache.
+    fn unmap_pages(&self) {}
 }
 
 /// A shared device (tests keep a handle to crash it while the engine runs).
@@ -42,17 +54,29 @@ impl<B: Backing + ?Sized> Backing for std::sync::Arc<B> {
     fn read_at_nowait(&self, buf: &mut [u8], off: u64) -> Option<io::Result<()>> {
         (**self).read_at_nowait(buf, off)
     }
+    fn map(&self, len: u64) {
+        (**self).map(len)
+    }
+    fn mapped(&self, off: u64, len: usize) -> Option<(&[u8], &Mapped)> {
+        (**self).mapped(off, len)
+    }
+    fn unmap_pages(&self) {
+        (**self).unmap_pages()
+    }
 }
 
 /// A regular file.
 pub struct FileBacking {
     file: File,
+    /// Its read-only mapping, once [`Backing::map`] asked for one (`None`
+    /// inside when it could not be made).
+    map: std::sync::OnceLock<Option<Mapped>>,
 }
 
 impl FileBacking {
     /// Wraps an open read/write file.
     pub fn new(file: File) -> Self {
-        FileBacking { file }
+        FileBacking { file, map: std::sync::OnceLock::new() }
     }
 }
 
@@ -98,6 +122,197 @@ impl Backing for FileBacking {
             };
         }
         (n as usize == buf.len()).then_some(Ok(()))
+    }
+    fn map(&self, len: u64) {
+        self.map.get_or_init(|| Mapped::new(&self.file, len));
+    }
+    fn mapped(&self, off: u64, len: usize) -> Option<(&[u8], &Mapped)> {
+        let m = self.map.get()?.as_ref()?;
+        let end = off.checked_add(len as u64)?;
+        if end > m.len as u64 {
+            return None;
+        }
+        // SAFETY: `off..end` lies inside the mapping, which lives as long
+        // as `self`. The engine reads only bytes of sealed extents that no
+        // write changes while it reads them (its reuse lock); a page that
+        // another program truncates away reads as zeros (see `Mapped`),
+        // which the caller learns from `Mapped::faults` and the checksums.
+        let b = unsafe { std::slice::from_raw_parts(m.base.add(off as usize), len) };
+        Some((b, m))
+    }
+    fn unmap_pages(&self) {
+        if let Some(Some(m)) = self.map.get() {
+            // SAFETY: our own read-only shared file mapping: MADV_DONTNEED
+            // only drops its page-table entries; the next access maps the
+            // file's page again (no data is lost).
+            unsafe { libc::madvise(m.base as *mut libc::c_void, m.len, libc::MADV_DONTNEED) };
+        }
+    }
+}
+
+/// A read-only shared mapping of an image file whose bus errors do not
+/// kill the process.
+///
+/// A plain mapping turns a read of a page the file no longer has (the file
+/// truncated by another program) or that the device cannot read into a
+/// SIGBUS, where `pread` gives EIO. Each mapping is registered in a fixed
+/// table; a process-wide SIGBUS handler that finds the faulting address in
+/// a registered mapping puts a zero page over the faulting page (so the
+/// instruction completes, reading zeros) and counts the fault on that
+/// mapping. A reader compares [`Mapped::faults`] before and after using
+/// the bytes: if it moved, the bytes are not trusted (the engine reads
+/// them again with `pread`, which reports the error, and stops using the
+/// mapping). Faults outside every registered mapping go to the handler
+/// that was installed before (Rust's own, or the default action).
+pub struct Mapped {
+    base: *const u8,
+    len: usize,
+    slot: usize,
+}
+
+// SAFETY: the mapping is read-only memory owned by this value until Drop;
+// sharing its address between threads is as safe as sharing `&[u8]`.
+unsafe impl Send for Mapped {}
+// SAFETY: as above; no interior state besides atomics in the slot table.
+unsafe impl Sync for Mapped {}
+
+/// A registered mapping: `[start, end)` (0, 0 when free) and its fault count.
+struct Slot {
+    start: std::sync::atomic::AtomicUsize,
+    end: std::sync::atomic::AtomicUsize,
+    faults: std::sync::atomic::AtomicU64,
+}
+
+const SLOTS: usize = 64;
+#[allow(clippy::declare_interior_mutable_const)]
+const FREE: Slot = Slot {
+    start: std::sync::atomic::AtomicUsize::new(0),
+    end: std::sync::atomic::AtomicUsize::new(0),
+    faults: std::sync::atomic::AtomicU64::new(0),
+};
+static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
+static PAGE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(4096);
+/// The SIGBUS action before ours (written once, before ours is installed).
+static mut PREVIOUS: Option<libc::sigaction> = None;
+static INSTALL: std::sync::Once = std::sync::Once::new();
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    use std::sync::atomic::Ordering;
+    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    for s in &TABLE {
+        let (a, b) = (s.start.load(Ordering::Acquire), s.end.load(Ordering::Acquire));
+        if a != 0 && addr >= a && addr < b {
+            let page = PAGE.load(Ordering::Relaxed);
+            let at = addr & !(page - 1);
+            // SAFETY: replaces one page inside a mapping this process owns
+            // (registered until it is unmapped) by a private zero page;
+            // mmap is async-signal-safe.
+            let r = unsafe {
+                libc::mmap(
+                    at as *mut libc::c_void,
+                    page,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            if r != libc::MAP_FAILED {
+                s.faults.fetch_add(1, Ordering::AcqRel);
+                return;
+            }
+        }
+    }
+    // Not ours: what would have happened without this handler.
+    // SAFETY: PREVIOUS was written before this handler was installed and
+    // never after; the calls below are what the kernel would have made.
+    unsafe {
+        let prev = (*std::ptr::addr_of!(PREVIOUS)).unwrap_or(std::mem::zeroed());
+        let h = prev.sa_sigaction;
+        if h == libc::SIG_DFL || h == libc::SIG_IGN {
+            // The fault repeats on return and takes the default action.
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                std::mem::transmute(h);
+            f(sig, info, ctx);
+        } else {
+            let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
+            f(sig);
+        }
+    }
+}
+
+fn install() {
+    INSTALL.call_once(|| {
+        // SAFETY: sysconf has no preconditions; the sigaction structs are
+        // plain data, PREVIOUS is written here once before our handler can
+        // run.
+        unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE);
+            if page > 0 {
+                PAGE.store(page as usize, std::sync::atomic::Ordering::Relaxed);
+            }
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old);
+            *std::ptr::addr_of_mut!(PREVIOUS) = Some(old);
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction =
+                on_sigbus as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+            act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut());
+        }
+    });
+}
+
+impl Mapped {
+    /// Maps `len` bytes of `file` read-only and registers the mapping;
+    /// `None` if it cannot (no free slot, or mmap failed).
+    fn new(file: &File, len: u64) -> Option<Mapped> {
+        use std::os::fd::AsRawFd;
+        use std::sync::atomic::Ordering;
+        let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
+        install();
+        // SAFETY: a new read-only shared mapping of a descriptor we own;
+        // the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let start = p as usize;
+        for (i, s) in TABLE.iter().enumerate() {
+            if s.start.compare_exchange(0, start, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                s.faults.store(0, Ordering::Release);
+                s.end.store(start + len, Ordering::Release);
+                return Some(Mapped { base: p as *const u8, len, slot: i });
+            }
+        }
+        // SAFETY: the mapping made above, unused.
+        unsafe { libc::munmap(p, len) };
+        None
+    }
+
+    /// Bus errors this mapping has taken (each left a zero page behind).
+    pub fn faults(&self) -> u64 {
+        TABLE[self.slot].faults.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        let s = &TABLE[self.slot];
+        s.end.store(0, Ordering::Release);
+        s.start.store(0, Ordering::Release);
+        // SAFETY: our mapping, no longer registered; no slice of it
+        // outlives `self` (they borrow the backing that owns it).
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
     }
 }
 

@@ -44,7 +44,12 @@
 //! the time, in any order) and reads them in spans of up to 1 MiB, one
 //! `pread` each, with holes of at most 8 KiB inside a span (a neighbouring
 //! extent's header and records, not another extent's blocks); then it
-//! checks and decodes each block from its span.
+//! checks and decodes each block from its span. A file image is mapped
+//! read-only and a span is checked and decoded in place from the mapping
+//! (no `pread` copy); the mapping's bus errors do not kill the process
+//! ([`crate::backing::Mapped`]): a span that took one is read again with
+//! `pread`, which reports the error as EIO, and the mapping is not used
+//! again.
 //!
 //! # Checkpoints
 //!
@@ -354,6 +359,9 @@ pub struct Stats {
     pub enospc: u64,
     /// Reads that found damaged data.
     pub corrupt_reads: u64,
+    /// Spans of stored blocks checked and decoded in place from the
+    /// image's mapping (no `pread` copy).
+    pub mapped_reads: u64,
     /// Extents replayed at open.
     pub recovered_extents: u64,
     /// Whether background work is due or running right now: the cleaner
@@ -381,7 +389,10 @@ struct Counters {
     flushes: AtomicU64,
     enospc: AtomicU64,
     corrupt_reads: AtomicU64,
+    mapped_reads: AtomicU64,
     recovered_extents: AtomicU64,
+    /// Set once the image's mapping took a bus error: reads `pread` from then on.
+    map_off: AtomicBool,
 }
 
 /// What a block holds, for block status.
@@ -553,6 +564,8 @@ impl Engine {
             .map_err(|_| BlkError::BadImage(format!("unknown codec {}", sb.codec)))?;
         let blocks = sb.blocks();
         let area = sb.generation % 2;
+        // Warm reads check and decode stored blocks in place (see decode_run).
+        backing.map(sb.extent_offset(sb.extents));
         let mut table = Vec::with_capacity(blocks as usize);
         {
             let chunk = 256u32;
@@ -874,22 +887,43 @@ impl Engine {
                 j += 1;
             }
             let len = (hi - lo) as usize;
+            let blocks = &stored[i..j];
+            i = j;
+            let decode_all = |span: &[u8], out: &mut [u8]| -> Result<(), BlkError> {
+                for &(p, k) in blocks {
+                    let l = locs[k];
+                    let a = (p - lo) as usize;
+                    self.decode(
+                        lba + k as u64,
+                        &l,
+                        &span[a..a + l.len as usize],
+                        &mut out[k * bs..(k + 1) * bs],
+                    )?;
+                }
+                Ok(())
+            };
+            // In place from the image's mapping: no pread copy. A bus
+            // error under it (the file truncated, the device failing) left
+            // zeros where the bytes were: then the mapping is given up and
+            // the span read again with pread, which reports the error.
+            if !self.counters.map_off.load(Ordering::Relaxed) {
+                if let Some((m, map)) = self.backing.mapped(lo, len) {
+                    let f0 = map.faults();
+                    let r = decode_all(m, out);
+                    if map.faults() == f0 {
+                        self.counters.mapped_reads.fetch_add(1, Ordering::Relaxed);
+                        r?;
+                        continue;
+                    }
+                    self.counters.map_off.store(true, Ordering::Relaxed);
+                }
+            }
             if span.len() < len {
                 span.resize(len, 0);
             }
             let span = &mut span[..len];
             self.backing.read_at(span, lo)?;
-            for &(p, k) in &stored[i..j] {
-                let l = locs[k];
-                let a = (p - lo) as usize;
-                self.decode(
-                    lba + k as u64,
-                    &l,
-                    &span[a..a + l.len as usize],
-                    &mut out[k * bs..(k + 1) * bs],
-                )?;
-            }
-            i = j;
+            decode_all(span, out)?;
         }
         Ok(())
     }
@@ -1809,6 +1843,13 @@ impl Engine {
 
     // ---- inspection ----------------------------------------------------
 
+    /// Lets go of the image pages reads have mapped
+    /// ([`Backing::unmap_pages`]), so that `posix_fadvise(DONTNEED)` can
+    /// drop them from the page cache (`ztier bench blk --cold`).
+    pub fn unmap_pages(&self) {
+        self.backing.unmap_pages();
+    }
+
     /// Current statistics.
     pub fn stats(&self) -> Stats {
         let maintenance_pending = self.maintenance_pending();
@@ -1864,6 +1905,7 @@ impl Engine {
             flushes: g(&c.flushes),
             enospc: g(&c.enospc),
             corrupt_reads: g(&c.corrupt_reads),
+            mapped_reads: g(&c.mapped_reads),
             recovered_extents: g(&c.recovered_extents),
             maintenance_pending,
         }

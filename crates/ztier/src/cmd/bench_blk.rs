@@ -432,6 +432,9 @@ fn bench_fio(a: &BlkBenchArgs, dir: &Path) -> Result<Vec<FioRow>> {
         // `cold`, its image's cache dropped first.
         let mut pass = |uri: &str, img: &Path, pid: u32| -> Result<Pass> {
             if cold {
+                // The ztier server's reads map the image: let go of those
+                // pages first, or they stay cached.
+                engine.unmap_pages();
                 resident = resident.max(drop_cache(img)?);
             }
             let c0 = cpu_ms(pid)?;
