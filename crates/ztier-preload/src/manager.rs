@@ -98,27 +98,12 @@
 //! program releases meanwhile stays OWNED (ABSENT), so nothing can be
 //! installed there before the evictor's late `MADV_DONTNEED` is over.
 //!
-//! Taking a victim back: a write to a victim of the background batch in
-//! flight used to wait for the whole batch (compressing it, releasing
-//! it, the commit: 1.8 ms a wait, 0.69 s of the corpus builder's 24 s at
-//! 256M, with the program's CPU idle). Until the evictor seals its batch
-//! (under the lock, right before releasing it) nothing of it has been
-//! released, so such a write takes the page back instead
-//! ([`Manager::take_back`]): RESIDENT again, unprotected, still OWNED
-//! (nothing releases or evicts it while the evictor may be reading it)
-//! and out of the queues until the commit, which drops what the evictor
-//! stored of it and queues it at the back of probation; the evictor
-//! does not release it. Writes after the seal wait as before, and so do
-//! faults before the batch's protections are all made (the thread that
-//! made them says so under the lock, [`Manager::background_protected`],
-//! before it goes back to the program): a late fault there could take
-//! back a page the protection job then protects.
-//!
-//! ```text
-//!   evictor:  take (lock) ─ protect ─┬─ compress ─ seal (lock) ─ release ─ commit (lock)
-//!                            protected (lock)
-//!   a write:  ├─ waits ─────────────┤├ takes back ┤├─ waits for the commit ────────────┤
-//! ```
+//! Taking a victim back (a write to a victim of the background batch
+//! before the evictor seals it gets the page back at once instead of
+//! waiting for the whole batch), the seal, early commits and the commit
+//! are the eviction handshake, drawn with its states in
+//! [`ztier_run_core::handshake`]; the manager keeps one
+//! ([`Handshake`]) and is the [`Arena`] it works on.
 //!
 //! The handler never touches memory of the arena except pages it knows
 //! resident (eviction reads them), and its own allocations come from
@@ -144,6 +129,8 @@ use ztier_uffd::uffd::{Installed, Uffd, REGISTER_MODE_MISSING, REGISTER_MODE_WP}
 use crate::sys;
 use ztier_run_core::budget::{self, Follow};
 use ztier_run_core::faultlog::{FaultLog, Kind, Row};
+pub use ztier_run_core::handshake::Outcome;
+use ztier_run_core::handshake::{Arena, Handshake};
 use ztier_run_core::inherit::{self, PageMap, Shared};
 use ztier_run_core::names::env;
 use ztier_run_core::pins::{Kept, Pins};
@@ -529,23 +516,9 @@ pub struct Manager {
     /// this process holds for its store's memory (besides one per
     /// resident page): what the store used at the last eviction.
     store_held: usize,
-    evicting: usize,
-    /// The background evictor's batch in flight has not been sealed yet
-    /// ([`Manager::seal_background`]): its victims can still be taken
-    /// back ([`Manager::take_back`]).
-    background_open: bool,
-    /// That batch's write protections are all made
-    /// ([`Manager::background_protected`]).
-    background_protected: bool,
-    /// Victims of that batch taken back since it was picked.
-    taken_back: Vec<usize>,
-    /// The release of the sealed batch in flight has returned
-    /// ([`Manager::background_released`]).
-    background_released: bool,
-    /// The sealed background batch in flight: its victims, each with
-    /// whether a fault may commit it early ([`Manager::commit_early`]);
-    /// empty while none is sealed.
-    sealed: Vec<(usize, Sealed)>,
+    /// The evictions in flight and the background evictor's batch: what
+    /// a write takes back, the seal, early commits, the commit.
+    handshake: Handshake,
     buf: Vec<u8>,
     zero: Vec<u8>,
     cfg: Config,
@@ -1150,12 +1123,7 @@ impl Manager {
             share: budget,
             store_applied: usize::MAX,
             store_held: 0,
-            evicting: 0,
-            background_open: false,
-            background_released: false,
-            background_protected: false,
-            taken_back: Vec::new(),
-            sealed: Vec::new(),
+            handshake: Handshake::new(),
             buf: vec![0; MAX_STORE_RUN * PAGE],
             zero: vec![0; ZERO_RUN * PAGE],
             cfg,
@@ -1544,7 +1512,7 @@ impl Manager {
 
     /// Pages picked by evictions that have not committed yet.
     pub fn evicting(&self) -> usize {
-        self.evicting
+        self.handshake.evicting()
     }
 
     /// Is any page of `[first, first + n)` OWNED by an eviction in flight?
@@ -1723,7 +1691,7 @@ impl Manager {
     /// as before, past the budget if need be).
     fn wait_for_room(&mut self) -> bool {
         let Some(t) = &self.tree else { return false };
-        let own_left = self.evicting == 0 || self.tree_resident() > self.evicting;
+        let own_left = self.evicting() == 0 || self.tree_resident() > self.evicting();
         if !t.covers_all() || own_left || t.free() > 0 || t.held() > self.tree_need() {
             self.room_since = None;
             return false;
@@ -1808,7 +1776,7 @@ impl Manager {
             return lim;
         }
         let held = t.ensure_some(need + lim);
-        budget::run_room(held, own, self.evicting, need, lim)
+        budget::run_room(held, own, self.evicting(), need, lim)
     }
 
     /// Resident pages this process must hold a page of the shared budget
@@ -2115,14 +2083,12 @@ impl Manager {
         self.follow_tree();
         let target = (self.limit() - self.reserve()).min(self.resident - self.tree_excess());
         let least = BACKGROUND_LEAST.min(self.reserve() / 2);
-        if self.refusing() || (!self.evict_wanted() && self.resident < target + self.evicting + least) {
+        if self.refusing() || (!self.evict_wanted() && self.resident < target + self.evicting() + least) {
             return Ok(None);
         }
-        let v = self.take_victims(max, target, self.evicting)?;
+        let v = self.take_victims(max, target, self.evicting())?;
         if v.is_some() {
-            self.background_open = true;
-            self.background_protected = false;
-            self.taken_back.clear();
+            self.handshake.opened();
         }
         Ok(v)
     }
@@ -2142,18 +2108,11 @@ impl Manager {
     /// evictor may still be reading it, and the evictor neither releases
     /// it nor keeps what it made of it. Returns whether it was taken back.
     pub fn take_back(&mut self, i: usize, present: bool, stats: &Stats) -> io::Result<bool> {
-        let s = self.st(i);
-        if !self.background_open || !self.background_protected || !present || !state::in_flight(s) {
-            return Ok(false);
+        let back = self.with_handshake(|h, m| h.take_back(m, i, present))?;
+        if back {
+            stats.taken_back.fetch_add(1, Ordering::Relaxed);
         }
-        if s & CLEAN != 0 {
-            let _ = self.store.flush_page(self.key(i));
-        }
-        self.set(i, state::taken_back(s));
-        self.taken_back.push(i);
-        stats.taken_back.fetch_add(1, Ordering::Relaxed);
-        self.uffd.writeprotect(self.addr(i), PAGE, false)?;
-        Ok(true)
+        Ok(back)
     }
 
     /// The background batch in flight is write-protected, all of it: its
@@ -2170,7 +2129,7 @@ impl Manager {
     /// `--fault-path signal`, for ever: `sort` under `cli_run` spun so
     /// once).
     pub fn background_protected(&mut self) {
-        self.background_protected = true;
+        self.handshake.protected();
     }
 
     /// Ends taking back victims of the background batch in flight, before
@@ -2181,15 +2140,7 @@ impl Manager {
     /// one it has released can be served at once
     /// ([`Manager::commit_early`]).
     pub fn seal_background(&mut self, pages: &[usize], outcome: &[Outcome]) -> Vec<usize> {
-        self.background_open = false;
-        self.background_released = false;
-        let back = std::mem::take(&mut self.taken_back);
-        self.sealed.clear();
-        self.sealed.extend(pages.iter().zip(outcome).map(|(&i, &o)| {
-            // A victim taken back is not released, nor one the store refused.
-            (i, if o == Outcome::Kept || back.contains(&i) { Sealed::Kept } else { Sealed::Released(o) })
-        }));
-        back
+        self.handshake.seal(pages, outcome)
     }
 
     /// A fault on page `i`, a victim of the sealed background batch in
@@ -2220,16 +2171,9 @@ impl Manager {
     /// (the program's own releases wait for OWNED pages,
     /// `lock_unowned`), and a released page is not released again.
     pub fn commit_early(&mut self, i: usize, stats: &Stats) -> bool {
-        if !self.background_released || !state::in_flight(self.st(i)) {
+        if !self.with_handshake(|h, m| h.commit_early(m, i)) {
             return false;
         }
-        let Ok(k) = self.sealed.binary_search_by_key(&i, |e| e.0) else { return false };
-        let Sealed::Released(o) = self.sealed[k].1 else { return false };
-        self.sealed[k].1 = Sealed::Early;
-        self.evicting -= 1;
-        let s = state::disowned(self.st(i));
-        self.set(i, s);
-        self.commit_one(i, s, o);
         stats.committed_early.fetch_add(1, Ordering::Relaxed);
         stats.resident.store(self.resident, Ordering::Relaxed);
         true
@@ -2239,7 +2183,7 @@ impl Manager {
     /// (every TLB flushed): its released victims may be committed early
     /// from now on ([`Manager::commit_early`]).
     pub fn background_released(&mut self) {
-        self.background_released = !self.sealed.is_empty();
+        self.handshake.released();
     }
 
     /// Takes up to `max` victims, oldest first, while the resident count
@@ -2324,7 +2268,7 @@ impl Manager {
         if pages.is_empty() {
             return Ok(None);
         }
-        self.evicting += pages.len();
+        self.handshake.picked(pages.len());
         pages.sort_unstable();
         let clean: Vec<bool> = pages.iter().map(|&i| self.st(i) & CLEAN != 0).collect();
         // Clean pages in write-protect mode are write-protected already.
@@ -2363,47 +2307,20 @@ impl Manager {
     /// OWNED afterwards; the caller then wakes the others
     /// ([`Victims::wake_released`]).
     pub fn commit(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) {
-        self.commit_skipping(v, outcome, &[], stats);
+        self.commit_as(v, outcome, false, stats);
     }
 
     /// [`Manager::commit`] for the background evictor's batch, sealed
     /// with [`Manager::seal_background`]: its victims committed early
     /// ([`Manager::commit_early`]) are done already.
     pub fn commit_background(&mut self, v: &Victims, outcome: &[Outcome], stats: &Stats) {
-        let sealed = std::mem::take(&mut self.sealed);
-        self.background_released = false;
-        self.commit_skipping(v, outcome, &sealed, stats);
+        self.commit_as(v, outcome, true, stats);
     }
 
-    /// [`Manager::commit`], skipping the victims that `sealed` (in the
-    /// same order, or empty) says were committed early.
-    fn commit_skipping(
-        &mut self,
-        v: &Victims,
-        outcome: &[Outcome],
-        sealed: &[(usize, Sealed)],
-        stats: &Stats,
-    ) {
-        for (k, (&i, &o)) in v.pages.iter().zip(outcome).enumerate() {
-            if sealed.get(k) == Some(&(i, Sealed::Early)) {
-                continue;
-            }
-            self.evicting -= 1;
-            let s = state::disowned(self.st(i));
-            self.set(i, s);
-            if s & STATE != EVICTING {
-                // Released (munmap, MADV_DONTNEED) while we compressed it,
-                // or taken back by a write (`take_back`).
-                if o == Outcome::Stored {
-                    let _ = self.store.flush_page(self.key(i));
-                }
-                if s & STATE == RESIDENT {
-                    self.repl.requeue(i);
-                }
-                continue;
-            }
-            self.commit_one(i, s, o);
-        }
+    /// [`Manager::commit`], of the sealed background batch if `background`
+    /// ([`Handshake::commit`]).
+    fn commit_as(&mut self, v: &Victims, outcome: &[Outcome], background: bool, stats: &Stats) {
+        self.with_handshake(|h, m| h.commit(m, &v.pages, outcome, background));
         stats.resident.store(self.resident, Ordering::Relaxed);
         let g = self.repl.gauges();
         stats.demoted.store(g.demoted, Ordering::Relaxed);
@@ -2420,24 +2337,14 @@ impl Manager {
         }
     }
 
-    /// Commits victim `i`, still EVICTING (its state `s`, no longer
-    /// OWNED), by what the evictor made of it.
-    fn commit_one(&mut self, i: usize, s: u8, o: Outcome) {
-        match o {
-            Outcome::Stored | Outcome::Zero | Outcome::Gone => {
-                if o != Outcome::Stored && s & CLEAN != 0 {
-                    let _ = self.store.flush_page(self.key(i));
-                }
-                self.set(i, state::evicted(s, o == Outcome::Stored));
-                self.repl.evicted(i);
-                self.resident -= 1;
-                self.uninherit(i);
-            }
-            Outcome::Kept => {
-                self.set(i, state::resident(s));
-                self.repl.requeue(i);
-            }
-        }
+    /// Runs `f` on the eviction handshake with the manager as the arena
+    /// it works on (the handshake is out of `self` meanwhile; nothing
+    /// [`Arena`] calls looks at it).
+    fn with_handshake<R>(&mut self, f: impl FnOnce(&mut Handshake, &mut Manager) -> R) -> R {
+        let mut h = std::mem::take(&mut self.handshake);
+        let r = f(&mut h, self);
+        self.handshake = h;
+        r
     }
 
     /// A write hit a write-protected page at `addr`. A clean page becomes
@@ -2982,28 +2889,34 @@ fn is_zero(page: &[u8]) -> bool {
     page.chunks_exact(64).all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
 }
 
-/// A victim of the sealed background batch, for [`Manager::commit_early`].
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Sealed {
-    /// Released (or being released) by the evictor, with what it made of it.
-    Released(Outcome),
-    /// Not released: taken back by a write, or refused by the store.
-    Kept,
-    /// Committed early, by a fault on it.
-    Early,
-}
+/// The manager's side of the eviction handshake: the page states, the
+/// store's copies, write protection, the replacement policy's queues.
+impl Arena for Manager {
+    fn state(&self, i: usize) -> u8 {
+        self.st(i)
+    }
 
-/// What became of one victim of a background eviction.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Outcome {
-    /// Compressed into the store.
-    Stored,
-    /// All zero: nothing stored.
-    Zero,
-    /// Not in memory any more (released behind our back).
-    Gone,
-    /// The store refused it: it stays resident.
-    Kept,
+    fn set_state(&mut self, i: usize, s: u8) {
+        self.set(i, s);
+    }
+
+    fn drop_copy(&mut self, i: usize) {
+        let _ = self.store.flush_page(self.key(i));
+    }
+
+    fn unprotect(&mut self, i: usize) -> io::Result<()> {
+        self.uffd.writeprotect(self.addr(i), PAGE, false)
+    }
+
+    fn requeue(&mut self, i: usize) {
+        self.repl.requeue(i);
+    }
+
+    fn left(&mut self, i: usize) {
+        self.repl.evicted(i);
+        self.resident -= 1;
+        self.uninherit(i);
+    }
 }
 
 /// A batch of pages the background evictor works on outside the lock.

@@ -18,11 +18,16 @@
 //! * [`inherit`] — a forked child's pages shared with its parent (the
 //!   tree budget's fork bookkeeping) and the page-map look that finds
 //!   those no longer shared.
+//! * [`handshake`] — the eviction handshake: the evictions in flight,
+//!   and the background evictor's batch (victims taken back by a write,
+//!   the seal, early commits, the commit), through an [`handshake::Arena`]
+//!   the manager implements.
 //! * [`pins`] — the books of what keeps pages resident (pins, memory
 //!   locks, threads' kept pins, holds) and of what a forked child gets.
 
 pub mod budget;
 pub mod faultlog;
+pub mod handshake;
 pub mod inherit;
 pub mod names;
 pub mod pins;
