@@ -116,6 +116,10 @@ pub struct PagerOptions {
     /// The background evictor's pipeline (see the module docs); `None`:
     /// its victims leave memory the moment they are chosen.
     pub pipeline: Option<Pipeline>,
+    /// The background evictor runs (`false`: it never gets a CPU, every
+    /// eviction is a fault's, inline: the other end of what a loaded
+    /// machine does to it).
+    pub background: bool,
 }
 
 /// The clock of the evictor's pipeline: the program's time and the
@@ -146,6 +150,7 @@ impl Default for PagerOptions {
             prefetch: ztier_policy::walk::SHIPPED_PREFETCH,
             verify: true,
             pipeline: Some(Pipeline::default()),
+            background: true,
         }
     }
 }
@@ -329,6 +334,8 @@ struct Pager<'a> {
     sizing: Option<Split>,
     store: StoreModel,
     verify: bool,
+    /// The background evictor runs ([`PagerOptions::background`]).
+    background: bool,
     resident: usize,
     /// Resident pages allowed now.
     budget: usize,
@@ -342,9 +349,51 @@ struct Pager<'a> {
     /// The program's clock, ns (with the pipeline).
     clock: f64,
     flight: Option<Flight>,
+    /// The page-ins and take-backs, when asked for ([`replay_logged`]).
+    log: Option<Vec<LogRow>>,
+}
+
+/// What a logged replay saw happen ([`replay_logged`]), as `ztier run
+/// --fault-log` rows: a page-in or a take-back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogKind {
+    /// A fault served from the store.
+    Store,
+    /// A fault that installed zeros.
+    Zero,
+    /// A write that took a victim of the batch in flight back.
+    TakenBack,
+}
+
+/// One row of a logged replay.
+#[derive(Clone, Copy, Debug)]
+pub struct LogRow {
+    /// References replayed before it.
+    pub reference: u64,
+    /// The program's clock (the pipeline's), ns; 0 without the pipeline.
+    pub clock_ns: f64,
+    /// What happened.
+    pub kind: LogKind,
+    /// The trace's page number of the faulting (or taken back) page.
+    pub page: u64,
+    /// Pages installed (1 for a take-back).
+    pub pages: usize,
 }
 
 impl Pager<'_> {
+    /// Logs a row (its page as a slot: [`replay_logged`] maps it).
+    fn log(&mut self, kind: LogKind, slot: usize, pages: usize) {
+        if let Some(l) = &mut self.log {
+            l.push(LogRow {
+                reference: self.counts.references,
+                clock_ns: self.clock,
+                kind,
+                page: slot as u64,
+                pages,
+            });
+        }
+    }
+
     fn limit(&self) -> usize {
         self.budget
     }
@@ -398,6 +447,7 @@ impl Pager<'_> {
                 }
                 self.repl.refault_done();
                 self.counts.store_faults += 1;
+                self.log(LogKind::Store, i, n);
                 self.counts.prefetched += n as u64 - 1;
                 if walk.lone() {
                     self.counts.lone_faults += 1;
@@ -415,6 +465,7 @@ impl Pager<'_> {
                     self.install(k);
                 }
                 self.counts.zero_faults += 1;
+                self.log(LogKind::Zero, i, n);
             }
         }
         self.background();
@@ -450,13 +501,18 @@ impl Pager<'_> {
     fn make_room(&mut self, n: usize) {
         if self.resident + n > self.limit() {
             let target = self.limit().saturating_sub(EVICT_BATCH);
+            let before = self.resident;
             while self.evict(EVICT_BATCH, target) {}
+            self.counts.evicted_inline += (before - self.resident) as u64;
         }
     }
 
     /// The background evictor, woken above budget − reserve/2: down to
     /// budget − reserve.
     fn background(&mut self) {
+        if !self.background {
+            return;
+        }
         let reserve = reserve_of(self.limit());
         if self.resident > self.limit() - reserve / 2 {
             if self.pipeline.is_some() {
@@ -558,6 +614,7 @@ impl Pager<'_> {
         }
         self.state[i] = (s & !(STATE | CLEAN)) | RESIDENT | TAKEN;
         self.counts.taken_back += 1;
+        self.log(LogKind::TakenBack, i, 1);
     }
 
     /// Would evicting `i` compress it (not all zero, not an unwritten
@@ -669,6 +726,39 @@ pub fn replay(
     costs: Costs,
     opts: PagerOptions,
 ) -> Result<(Counts, f64), SimError> {
+    run_replay(path, summary, layout, memory_pages, spec, costs, opts, None).map(|(c, r, _)| (c, r))
+}
+
+/// [`replay`], with the rows of its page-ins and take-backs, in order
+/// (to set beside a run's `--fault-log`).
+pub fn replay_logged(
+    path: &Path,
+    summary: &TraceSummary,
+    layout: &Layout,
+    memory_pages: usize,
+    spec: &Spec,
+    costs: Costs,
+    opts: PagerOptions,
+) -> Result<(Counts, Vec<LogRow>), SimError> {
+    let (c, _, mut log) =
+        run_replay(path, summary, layout, memory_pages, spec, costs, opts, Some(Vec::new()))?;
+    for r in &mut log {
+        r.page = layout.page[r.page as usize];
+    }
+    Ok((c, log))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_replay(
+    path: &Path,
+    summary: &TraceSummary,
+    layout: &Layout,
+    memory_pages: usize,
+    spec: &Spec,
+    costs: Costs,
+    opts: PagerOptions,
+    log: Option<Vec<LogRow>>,
+) -> Result<(Counts, f64, Vec<LogRow>), SimError> {
     // As the manager: a budget of at least two eviction batches.
     let m = memory_pages.max(EVICT_BATCH * 2);
     let slots = layout.slots();
@@ -697,6 +787,7 @@ pub fn replay(
             cap: None,
         },
         verify: opts.verify,
+        background: opts.background,
         resident: 0,
         budget: m,
         cap: m,
@@ -707,6 +798,7 @@ pub fn replay(
         pipeline: opts.pipeline,
         clock: 0.0,
         flight: None,
+        log,
     };
     if let Some(t) = p.sizing.as_mut().and_then(|s| s.apply(true)) {
         p.resized(t);
@@ -756,9 +848,10 @@ pub fn replay(
     // What is in flight at the end is not counted: the program is gone.
     let secs = start.elapsed().as_secs_f64();
     let (misses, target_sum) = (p.misses, p.target_sum);
+    let log = p.log.take().unwrap_or_default();
     drop(p);
     counts.mean_target_pages = if misses == 0 { 0.0 } else { target_sum / misses as f64 };
-    Ok((counts.clone(), counts.references as f64 / secs.max(1e-9)))
+    Ok((counts.clone(), counts.references as f64 / secs.max(1e-9), log))
 }
 
 #[cfg(test)]
@@ -898,6 +991,39 @@ mod tests {
         assert_eq!(on.taken_back, 0, "committed before the writes: {on:?}");
         assert_eq!(on.compressions, 40, "{on:?}");
         assert!(on.store_faults >= 2, "the 40 come back from the store, by walks: {on:?}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Without the background evictor every eviction is a fault's,
+    /// inline, down to the budget less one batch (not less the reserve):
+    /// nothing is in flight to take back. The logged replay's rows add up
+    /// to its counts.
+    #[test]
+    fn without_the_background_evictor_faults_evict_inline() {
+        let d = dir("inline");
+        let path = d.join("inline.trace");
+        // 8 passes over 1040 pages, every page written, under 1000 pages.
+        let refs: Vec<(u64, bool)> = (0..8).flat_map(|_| (0..1040u64).map(|p| (p * 3, true))).collect();
+        write_trace(&path, &refs, Some(1024));
+        let s = summarize(&path, CodecId::Lz4).unwrap();
+        let spec = Spec::parse("shipped", ztier_policy::Frontend::Sim).unwrap();
+        let layout = Layout::of_trace(&path).unwrap();
+        let on = PagerOptions::default();
+        let off = PagerOptions { background: false, ..on };
+        let (bg, log) = replay_logged(&path, &s, &layout, 1000, &spec, costs(), on).unwrap();
+        let (inline, _) = replay_logged(&path, &s, &layout, 1000, &spec, costs(), off).unwrap();
+        // Evicted inline: every page compressed, and the never-written
+        // neighbours a zero run brought in (evicted as zeros).
+        assert_eq!(inline.taken_back, 0, "{inline:?}");
+        assert!(inline.evicted_inline >= inline.compressions && inline.compressions > 7000, "{inline:?}");
+        assert!(bg.evicted_inline * 2 < inline.evicted_inline, "the evictor evicted most: {bg:?}");
+        let count = |k: LogKind| log.iter().filter(|r| r.kind == k).count() as u64;
+        assert_eq!(
+            (count(LogKind::Store), count(LogKind::Zero), count(LogKind::TakenBack)),
+            (bg.store_faults, bg.zero_faults, bg.taken_back)
+        );
+        assert!(log.windows(2).all(|w| w[0].reference <= w[1].reference));
+        assert!(log.iter().all(|r| r.page % 3 == 0 && r.page < 3120), "trace pages: {:?}", &log[..3]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -114,4 +114,8 @@ pub struct Counts {
     /// took back before they left memory (`ztier run --stats`'
     /// `taken_back`; fault-driven policies with the pipeline modelled).
     pub taken_back: u64,
+    /// Pages evicted inline, by a fault that found no room (`ztier run
+    /// --stats`' `evicted_inline`); the rest the background evictor
+    /// evicted. Fault-driven policies.
+    pub evicted_inline: u64,
 }

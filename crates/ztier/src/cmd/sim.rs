@@ -81,6 +81,13 @@ pub struct SimArgs {
     /// back, counted as `taken_back`).
     #[arg(long)]
     pub no_pipeline: bool,
+    /// Fault-driven policies: the background evictor never runs, every
+    /// eviction is a fault's, inline (down to the budget less one batch
+    /// instead of less the reserve): what a machine too loaded to give
+    /// the evictor a CPU does to `ztier run`. The default and this bound
+    /// the run's store faults on a loaded machine.
+    #[arg(long)]
+    pub no_background: bool,
     /// Stored pages a sequential walk brings in, as `ztier run --prefetch`
     /// (fault-driven policies).
     #[arg(long, default_value_t = ztier_policy::walk::SHIPPED_PREFETCH as u32,
@@ -154,6 +161,7 @@ pub fn run(a: SimArgs) -> Result<i32> {
                 ref_ns: a.ref_ns,
                 ..ztier_sim::pager::Pipeline::default()
             }),
+            background: !a.no_background,
         },
     };
     let pb = std::io::stderr().is_terminal().then(|| {
