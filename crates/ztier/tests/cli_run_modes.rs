@@ -5,6 +5,7 @@
 //! `make test` runs this file once; `cli_run.rs`, whose tests take the
 //! way from the environment, runs once per way.
 
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -450,9 +451,14 @@ fn locked_memory_stays_resident() {
 struct CoresInto {
     old: Option<String>,
     _one: std::sync::MutexGuard<'static, ()>,
+    /// Held (`flock`) while `core_pattern` is ours: test processes run
+    /// at once (two checkouts, or the four ways by hand) would otherwise
+    /// each put back the other's pattern, leaving one of a deleted folder.
+    _across: std::fs::File,
 }
 
-/// One test at a time sets `core_pattern` (each puts back what it found).
+/// One test of this process at a time sets `core_pattern` (each puts back
+/// what it found); the lock file keeps other processes off it too.
 static CORES_INTO: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 const CORE_PATTERN: &str = "/proc/sys/kernel/core_pattern";
@@ -460,18 +466,28 @@ const CORE_PATTERN: &str = "/proc/sys/kernel/core_pattern";
 impl CoresInto {
     fn dir(d: &Path) -> CoresInto {
         let one = CORES_INTO.lock().unwrap_or_else(|e| e.into_inner());
+        // (Read-only when another user made the file: flock needs no more.)
+        let lock = std::env::temp_dir().join("ztier-tests-core-pattern.lock");
+        let across = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&lock)
+            .or_else(|_| std::fs::File::open(&lock))
+            .unwrap();
+        // SAFETY: flock on a descriptor we own; it waits for the other holder.
+        assert_eq!(unsafe { libc::flock(across.as_raw_fd(), libc::LOCK_EX) }, 0, "locking core_pattern");
         let old = std::fs::read_to_string(CORE_PATTERN).unwrap().trim_end().to_string();
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } == 0 {
             std::fs::write(CORE_PATTERN, format!("{}/core.%p", d.display())).unwrap();
-            return CoresInto { old: Some(old), _one: one };
+            return CoresInto { old: Some(old), _one: one, _across: across };
         }
         assert_eq!(
             old, "core",
             "this test needs cores written as files into the crashing program's folder: run it as root \
              (it sets {CORE_PATTERN} for its run) or with core_pattern 'core'"
         );
-        CoresInto { old: None, _one: one }
+        CoresInto { old: None, _one: one, _across: across }
     }
 }
 
