@@ -858,7 +858,23 @@ fn large_reads_span_neighbouring_extents_and_stay_right_under_writes() {
                         let n = 1 + (x >> 32) % 64;
                         for lba in (start..(start + 2 * n).min(blocks)).step_by(2) {
                             ver[lba as usize] += 1;
-                            eng.write(lba * BS as u64, &versioned(lba, ver[lba as usize]), false).unwrap();
+                            // On this thin image two writers on an idle machine
+                            // can outrun the cleaner: a write then gets NoSpace
+                            // until the maintenance thread frees an extent
+                            // (about 1 run in 2 before and after reads through
+                            // a mapping). This test is about reads under writes:
+                            // such a write waits for the cleaner, 10 s at most.
+                            let data = versioned(lba, ver[lba as usize]);
+                            let mut waited = 0;
+                            loop {
+                                match eng.write(lba * BS as u64, &data, false) {
+                                    Err(BlkError::NoSpace) if waited < 10_000 => {
+                                        std::thread::sleep(std::time::Duration::from_millis(1));
+                                        waited += 1;
+                                    }
+                                    r => break r.unwrap(),
+                                }
+                            }
                         }
                         if round % 50 == 49 {
                             eng.flush().unwrap();
