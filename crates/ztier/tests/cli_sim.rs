@@ -268,12 +268,9 @@ fn the_simulator_predicts_the_store_faults_of_a_live_run() {
 /// (docs/measurements/2026-12-06-sim-vs-live-2.md) prediction 5002, two
 /// sets of five runs, sums 4763-5522, medians 5140 and 5019 (-3%, 0%);
 /// under `make test` on a nearly idle machine 6,217-6,568 (prediction
-/// 4,990: -21%). With the pipeline modelled it passed twice, at load 26
-/// and 45 (16 s each); not yet checked on an idle machine, hence still
-/// ignored.
+/// 4,990: -21%). With the pipeline modelled it passed 6 of 6 at load
+/// 20-45 (16 s each) and 8 of 8 on an idle machine (load ~2, 2 s each).
 #[test]
-#[ignore = "the live count moves with load: the old comparison was -21% nearly idle; the pipeline's not yet \
-            checked idle"]
 fn the_simulator_predicts_a_live_run_of_a_program_with_one_heap_block() {
     let d = common::tmp("sim-hotset");
     let exe = common::compile(&d, "hotset");
