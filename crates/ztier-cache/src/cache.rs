@@ -85,7 +85,7 @@ use crate::backend::Backend;
 use crate::dir::Directory;
 use crate::format::{self, Checkpoint, Form, Invalidation, Placement, Policy, SbState, Superblock, BLOCK};
 use crate::journal::{self, Journal, JournalError, JournalStats};
-use crate::log::{self, Item, ItemRead, Log, LogStats, Sealed, Tail};
+use crate::log::{self, Item, ItemRead, Log, LogStats, Pick, Sealed, Tail};
 use crate::pressure::{self, PressureConfig, PressureStats, Watch};
 use crate::ram::{RamCache, RamStats};
 use crate::seq::Sequential;
@@ -157,7 +157,7 @@ pub struct CacheOptions {
     pub fill_queue: usize,
     /// Seal the open segment after this long.
     pub seal_after: Duration,
-    /// Recycling the oldest segment copies every line it still holds
+    /// Recycling a segment copies every line it still holds
     /// when they fill at most this share of it (in %, 50–95; writes and
     /// evictions leave the rest dead): a segment whose blocks were
     /// mostly overwritten gives its space back without evicting. Fuller
@@ -165,6 +165,8 @@ pub struct CacheOptions {
     /// segment). Higher keeps more blocks under writes at the price of
     /// more copies per fill (see docs/cache.md).
     pub recycle_keep: u8,
+    /// Which sealed segment recycling takes.
+    pub recycle_pick: Pick,
     /// Which blocks the SSD cache takes in once full.
     pub admission: Admission,
     /// The machine's boot id (read from the kernel if `None`).
@@ -209,6 +211,9 @@ const REMOTE_QUEUE_MAX: usize = 1 << 20;
 /// at 50 (`--example ways`, docs/measurements/2026-12-06-cache-mix.md).
 pub const RECYCLE_KEEP: u8 = 80;
 
+/// [`CacheOptions::recycle_pick`]'s default (see docs/cache.md).
+pub const RECYCLE_PICK: Pick = Pick::CostBenefit;
+
 /// The remote RAM cache's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct RemoteStats {
@@ -243,6 +248,7 @@ impl Default for CacheOptions {
             fill_queue: 8192,
             seal_after: Duration::from_secs(5),
             recycle_keep: RECYCLE_KEEP,
+            recycle_pick: RECYCLE_PICK,
             admission: Admission::All,
             boot_id: None,
             pressure: Some(PressureConfig::default()),
@@ -1135,11 +1141,13 @@ impl Inner {
         }
     }
 
-    /// Recycles the tail segment: referenced lines copied forward (at
-    /// most half a segment's worth), the others dropped.
+    /// Recycles the segment [`CacheOptions::recycle_pick`] chooses: its
+    /// lines copied forward when few, else the referenced ones (at most
+    /// half a segment's worth) and the others dropped.
     fn recycle_one(&self) -> bool {
         let _m = self.maint.lock();
-        let Some((idx, contents)) = self.log.take_tail() else { return false };
+        let Some(idx) = self.log.choose(&self.dir, self.opts.recycle_pick) else { return false };
+        let contents = self.log.take(idx);
         if let Some(Tail { seq, entries, buf }) = contents {
             if !entries.is_empty() {
                 self.full.store(true, Ordering::Relaxed);
@@ -1158,8 +1166,17 @@ impl Inner {
                 .filter(|e| self.dir.find_at(e.lba, self.log.entry_loc(idx, e)).is_some())
                 .map(|e| format::item_span(e.len as usize, self.geo.loc_unit))
                 .sum();
+            // Against the segment's size, or what its items took when it
+            // was sealed full (less than one more block's room left): a
+            // full segment of few large items (raw blocks in small
+            // segments) with nothing dead is not sparse, and copying it
+            // all would free nothing.
+            let written: usize =
+                entries.iter().map(|e| format::item_span(e.len as usize, self.geo.loc_unit)).sum();
+            let room = seg.saturating_sub(format::SEG_HEADER + entries.len() * format::ENTRY + written);
+            let cap = if room < format::item_span(BLOCK, self.geo.loc_unit) { written } else { seg };
             let keep = self.opts.recycle_keep.clamp(50, 95) as usize;
-            let keep_all = live <= seg * keep / 100;
+            let keep_all = live <= cap * keep / 100;
             if keep_all {
                 budget = budget.max(live);
             }
@@ -1199,7 +1216,7 @@ impl Inner {
                 self.write_segment(s);
             }
         }
-        self.log.release_tail(idx);
+        self.log.release(idx);
         true
     }
 }
@@ -1285,7 +1302,8 @@ impl Cache {
         sb.backing_size = size;
         sb.sb_gen += 1;
         write_superblock(&*dev, &sb)?;
-        let dir = Directory::new(sb.lines, sb.ways as usize, sb.placement, sb.policy);
+        let dir = Directory::new(sb.lines, sb.ways as usize, sb.placement, sb.policy)
+            .count_segments(sb.segments, sb.units_per_segment());
         // Rebuild the directory, oldest segment first.
         found.sort_by_key(|f| f.seq);
         let inval = Invalidations::new(&recs);
