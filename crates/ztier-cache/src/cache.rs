@@ -29,7 +29,10 @@
 //! when it starts (under the stripe's lock, with the block's lines), so a
 //! fill whose data may predate a write finds its token gone and is
 //! dropped — bcache's read race, fixed late there; the test
-//! `fill_racing_a_write_is_dropped` replays it. A write-through fill is
+//! `fill_racing_a_write_is_dropped` replays it. The write's journal
+//! record ("copies older than G are stale") draws G once every block's
+//! lines and reservations are dropped, so an item filled before that is
+//! older than G and a recovery drops it. A write-through fill is
 //! reserved when its write ends, and only if no other write of the block
 //! was in flight at any moment of its own (two overlapping writes leave
 //! the backing with either's data: neither is cached).
@@ -175,6 +178,25 @@ pub struct CacheOptions {
     pub pressure: Option<PressureConfig>,
     /// A remote RAM cache below the RAM cache (needs `ram_cache` > 0).
     pub remote: Option<Remote>,
+    /// Calls at the points where races are decided, for tests.
+    #[doc(hidden)]
+    pub hooks: Hooks,
+}
+
+/// Calls at the points where races are decided, so that tests replay a
+/// race in one order every time (none by default).
+#[doc(hidden)]
+#[derive(Clone, Default)]
+pub struct Hooks {
+    /// A write dropped this block's lines and reservation (the next
+    /// block's are not yet).
+    pub write_dropped: Option<Arc<dyn Fn(u64) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks").field("write_dropped", &self.write_dropped.is_some()).finish()
+    }
 }
 
 /// A remote RAM cache: blocks kept in Redis through a [`RemoteTier`]
@@ -253,6 +275,7 @@ impl Default for CacheOptions {
             boot_id: None,
             pressure: Some(PressureConfig::default()),
             remote: None,
+            hooks: Hooks::default(),
         }
     }
 }
@@ -983,7 +1006,6 @@ impl Inner {
         if let Some(why) = self.broken.lock().as_ref() {
             return Err(io::Error::other(why.clone()));
         }
-        let gen = self.next_gen();
         let ssd = !self.ssd_off.load(Ordering::Acquire);
         let mut blocks = Vec::with_capacity(n as usize);
         for b in first..first + n {
@@ -1010,7 +1032,17 @@ impl Inner {
             }
             drop(st);
             blocks.push(Writing { lba: b, alone, mark });
+            if let Some(h) = &self.opts.hooks.write_dropped {
+                h(b);
+            }
         }
+        // The generation once every block's lines and reservations are
+        // dropped: an item a fill appended before its block's were (its
+        // data read before this write) has a lower one, so the record
+        // invalidates it at recovery. (Taken first, a fill of a later
+        // block appended meanwhile was newer than the record and came
+        // back after a crash: `fill_during_a_writes_drops_is_invalidated_after_a_crash`.)
+        let gen = self.next_gen();
         if ssd {
             if let Err(e) = self.journal_invalidation(gen, first, n) {
                 self.end_write(&blocks, |_| false);
