@@ -5,7 +5,8 @@
 //! or with a share of write-through writes (WRITES, in %: 30 is the
 //! bench's 70/30 mix; written blocks are as compressible as the rest).
 //! The read hit ratio is measured over the last third of the requests,
-//! after two thirds warm the cache. KEEP: `CacheOptions::recycle_keep`
+//! after two thirds warm the cache (and, in brackets, over the second
+//! third: how fast the full cache settles). KEEP: `CacheOptions::recycle_keep`
 //! (% of a recycled segment still cached up to which all its lines are
 //! copied); copies/fill is what recycling copied per block filled.
 //! ZIPF: requests drawn from a zipf distribution of that theta (fio's
@@ -13,10 +14,17 @@
 //! in a random order, instead of uniformly (0). LINES: the directory's
 //! lines per 4 KiB of segment space (`create --lines-per-block`, 2.0).
 //! ADMIT: `all` or `seen` (`serve --admission`); not admitted: fills kept
-//! out of the full cache.
+//! out of the full cache. PICKS: which segment recycling takes
+//! (`oldest`, `greedy`, `cost-benefit`: `CacheOptions::recycle_pick`);
+//! the lines used and the metadata per cached block are the averages of
+//! the measured third (sampled every 1/64 of it). FILE: the backing's
+//! blocks are the first WS × 32 MiB of this file instead (an image of
+//! real data, e.g. `bench cache --data real`'s ext4 image; `{ws}` in the
+//! name is replaced by the working set); writes still write half-random
+//! blocks, as fio's 50%-compressible buffers in the bench.
 //!
 //! ```text
-//! cargo run --release -p ztier-cache --example ways [-- CODECS WS WAYS WRITES KEEP ZIPF LINES ADMIT]
+//! cargo run --release -p ztier-cache --example ways [-- CODECS WS WAYS WRITES KEEP ZIPF LINES ADMIT PICKS FILE]
 //! cargo run --release -p ztier-cache --example ways -- lz4,raw 1,2,4 8,16,32,64 0,30 50,80
 //! cargo run --release -p ztier-cache --example ways -- lz4,raw 4 32 30 80 0.5
 //! ```
@@ -27,7 +35,7 @@ use ztier_blk::backing::CrashBacking;
 use ztier_cache::backend::MemBackend;
 use ztier_cache::cache::{self, CacheOptions};
 use ztier_cache::format::{Geometry, Placement, Policy, BLOCK};
-use ztier_cache::{Admission, Cache};
+use ztier_cache::{Admission, Cache, Pick};
 use ztier_codec::CodecId;
 
 fn rng(x: &mut u64) -> u64 {
@@ -90,9 +98,11 @@ fn main() {
     let theta: f64 = args.next().map_or(0.0, |z| z.parse().expect("a zipf theta"));
     let lines_per_block: f64 = args.next().map_or(2.0, |z| z.parse().expect("lines per block"));
     let admission: Admission = args.next().map_or(Admission::All, |a| a.parse().expect("all or seen"));
+    let picks = list(args.next(), "cost-benefit");
+    let file = args.next();
     let size = 32u64 << 20;
     println!(
-        "codec  ws  ways  writes  keep  hit    lines used  conflict evictions  capacity evictions  ratio  metadata B/block  copies/fill  not admitted"
+        "codec  ws  ways  writes  keep  pick          hit    (2nd third)  lines used  conflict evictions  capacity evictions  ratio  metadata B/block  copies/fill  not admitted"
     );
     for codec in &codecs {
         let codec = match codec.as_str() {
@@ -103,10 +113,14 @@ fn main() {
         for ws in &wss {
             let ws: u64 = ws.parse().expect("a working set multiple");
             let keeps = &keeps;
-            let points = wayss
-                .iter()
-                .flat_map(|w| writess.iter().flat_map(move |p| keeps.iter().map(move |k| (w, p, k))));
-            for (ways, writes, keep) in points {
+            let picks = &picks;
+            let points = wayss.iter().flat_map(|w| {
+                writess.iter().flat_map(move |p| {
+                    keeps.iter().flat_map(move |k| picks.iter().map(move |q| (w, p, k, q)))
+                })
+            });
+            for (ways, writes, keep, pick) in points {
+                let pick: Pick = pick.parse().expect("oldest, greedy or cost-benefit");
                 let ways: u16 = ways.parse().expect("ways");
                 let writes: u64 = writes.parse().expect("a write share in %");
                 let keep: u8 = keep.parse().expect("a share in %");
@@ -132,14 +146,25 @@ fn main() {
                     v.resize(BLOCK, 0);
                     v
                 };
-                for b in 0..blocks {
-                    backing.poke(b * BLOCK as u64, &block(&mut x));
+                match &file {
+                    None => {
+                        for b in 0..blocks {
+                            backing.poke(b * BLOCK as u64, &block(&mut x));
+                        }
+                    }
+                    Some(f) => {
+                        let f = f.replace("{ws}", &ws.to_string());
+                        let data = std::fs::read(&f).unwrap_or_else(|e| panic!("reading {f}: {e}"));
+                        let n = data.len().min((blocks * BLOCK as u64) as usize);
+                        backing.poke(0, &data[..n]);
+                    }
                 }
                 let opts = CacheOptions {
                     pressure: None,
                     sequential_cutoff: 0,
                     seal_after: std::time::Duration::from_millis(50),
                     recycle_keep: keep,
+                    recycle_pick: pick,
                     admission,
                     ..CacheOptions::default()
                 };
@@ -148,9 +173,21 @@ fn main() {
                 let mut buf = vec![0u8; BLOCK];
                 let n = 60_000 * ws;
                 let mut mark = (0, 0);
+                let mut mark1 = (0, 0);
+                let (mut used, mut meta, mut samples) = (0u64, 0.0, 0u64);
                 for i in 0..3 * n {
+                    if i >= 2 * n && (i - 2 * n) % (n / 64).max(1) == 0 {
+                        let s = c.stats();
+                        used += s.lines_used;
+                        meta += s.metadata_bytes_per_cached_block;
+                        samples += 1;
+                    }
                     if i % 256 == 0 {
                         c.drain(); // every fill lands: no drop for a full queue
+                    }
+                    if i == n {
+                        let s = c.stats();
+                        mark1 = (s.ssd_hits, s.misses);
                     }
                     if i == 2 * n {
                         let s = c.stats();
@@ -167,15 +204,17 @@ fn main() {
                 let s = c.stats();
                 let (h, m) = (s.ssd_hits - mark.0, s.misses - mark.1);
                 println!(
-                    "{:<6} {ws}x {ways:>5}  {writes:>5}%  {keep:>3}%  {:.3}  {:>5} of {:<5}  {:>18}  {:>18}  {:.2}   {:.2}   {:.2}   {}",
+                    "{:<6} {ws}x {ways:>5}  {writes:>5}%  {keep:>3}%  {:<12}  {:.3}  ({:.3})      {:>5} of {:<5}  {:>18}  {:>18}  {:.2}   {:.2}   {:.2}   {}",
                     format!("{codec:?}").to_lowercase(),
+                    format!("{pick:?}").to_lowercase(),
                     h as f64 / (h + m) as f64,
-                    s.lines_used,
+                    (mark.0 - mark1.0) as f64 / ((mark.0 - mark1.0) + (mark.1 - mark1.1)) as f64,
+                    used / samples.max(1),
                     s.lines,
                     s.conflict_evictions,
                     s.capacity_evictions,
                     s.ratio,
-                    s.metadata_bytes_per_cached_block,
+                    meta / samples.max(1) as f64,
                     s.reinserted as f64 / s.ssd_fills.max(1) as f64,
                     s.fills_not_admitted
                 );

@@ -29,7 +29,10 @@
 //! when it starts (under the stripe's lock, with the block's lines), so a
 //! fill whose data may predate a write finds its token gone and is
 //! dropped — bcache's read race, fixed late there; the test
-//! `fill_racing_a_write_is_dropped` replays it. A write-through fill is
+//! `fill_racing_a_write_is_dropped` replays it. The write's journal
+//! record ("copies older than G are stale") draws G once every block's
+//! lines and reservations are dropped, so an item filled before that is
+//! older than G and a recovery drops it. A write-through fill is
 //! reserved when its write ends, and only if no other write of the block
 //! was in flight at any moment of its own (two overlapping writes leave
 //! the backing with either's data: neither is cached).
@@ -85,7 +88,7 @@ use crate::backend::Backend;
 use crate::dir::Directory;
 use crate::format::{self, Checkpoint, Form, Invalidation, Placement, Policy, SbState, Superblock, BLOCK};
 use crate::journal::{self, Journal, JournalError, JournalStats};
-use crate::log::{self, Item, ItemRead, Log, LogStats, Sealed, Tail};
+use crate::log::{self, Item, ItemRead, Log, LogStats, Pick, Sealed, Tail};
 use crate::pressure::{self, PressureConfig, PressureStats, Watch};
 use crate::ram::{RamCache, RamStats};
 use crate::seq::Sequential;
@@ -157,7 +160,7 @@ pub struct CacheOptions {
     pub fill_queue: usize,
     /// Seal the open segment after this long.
     pub seal_after: Duration,
-    /// Recycling the oldest segment copies every line it still holds
+    /// Recycling a segment copies every line it still holds
     /// when they fill at most this share of it (in %, 50–95; writes and
     /// evictions leave the rest dead): a segment whose blocks were
     /// mostly overwritten gives its space back without evicting. Fuller
@@ -165,6 +168,8 @@ pub struct CacheOptions {
     /// segment). Higher keeps more blocks under writes at the price of
     /// more copies per fill (see docs/cache.md).
     pub recycle_keep: u8,
+    /// Which sealed segment recycling takes.
+    pub recycle_pick: Pick,
     /// Which blocks the SSD cache takes in once full.
     pub admission: Admission,
     /// The machine's boot id (read from the kernel if `None`).
@@ -173,6 +178,25 @@ pub struct CacheOptions {
     pub pressure: Option<PressureConfig>,
     /// A remote RAM cache below the RAM cache (needs `ram_cache` > 0).
     pub remote: Option<Remote>,
+    /// Calls at the points where races are decided, for tests.
+    #[doc(hidden)]
+    pub hooks: Hooks,
+}
+
+/// Calls at the points where races are decided, so that tests replay a
+/// race in one order every time (none by default).
+#[doc(hidden)]
+#[derive(Clone, Default)]
+pub struct Hooks {
+    /// A write dropped this block's lines and reservation (the next
+    /// block's are not yet).
+    pub write_dropped: Option<Arc<dyn Fn(u64) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks").field("write_dropped", &self.write_dropped.is_some()).finish()
+    }
 }
 
 /// A remote RAM cache: blocks kept in Redis through a [`RemoteTier`]
@@ -209,6 +233,9 @@ const REMOTE_QUEUE_MAX: usize = 1 << 20;
 /// at 50 (`--example ways`, docs/measurements/2026-12-06-cache-mix.md).
 pub const RECYCLE_KEEP: u8 = 80;
 
+/// [`CacheOptions::recycle_pick`]'s default (see docs/cache.md).
+pub const RECYCLE_PICK: Pick = Pick::CostBenefit;
+
 /// The remote RAM cache's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct RemoteStats {
@@ -243,10 +270,12 @@ impl Default for CacheOptions {
             fill_queue: 8192,
             seal_after: Duration::from_secs(5),
             recycle_keep: RECYCLE_KEEP,
+            recycle_pick: RECYCLE_PICK,
             admission: Admission::All,
             boot_id: None,
             pressure: Some(PressureConfig::default()),
             remote: None,
+            hooks: Hooks::default(),
         }
     }
 }
@@ -977,7 +1006,6 @@ impl Inner {
         if let Some(why) = self.broken.lock().as_ref() {
             return Err(io::Error::other(why.clone()));
         }
-        let gen = self.next_gen();
         let ssd = !self.ssd_off.load(Ordering::Acquire);
         let mut blocks = Vec::with_capacity(n as usize);
         for b in first..first + n {
@@ -1004,7 +1032,17 @@ impl Inner {
             }
             drop(st);
             blocks.push(Writing { lba: b, alone, mark });
+            if let Some(h) = &self.opts.hooks.write_dropped {
+                h(b);
+            }
         }
+        // The generation once every block's lines and reservations are
+        // dropped: an item a fill appended before its block's were (its
+        // data read before this write) has a lower one, so the record
+        // invalidates it at recovery. (Taken first, a fill of a later
+        // block appended meanwhile was newer than the record and came
+        // back after a crash: `fill_during_a_writes_drops_is_invalidated_after_a_crash`.)
+        let gen = self.next_gen();
         if ssd {
             if let Err(e) = self.journal_invalidation(gen, first, n) {
                 self.end_write(&blocks, |_| false);
@@ -1135,11 +1173,13 @@ impl Inner {
         }
     }
 
-    /// Recycles the tail segment: referenced lines copied forward (at
-    /// most half a segment's worth), the others dropped.
+    /// Recycles the segment [`CacheOptions::recycle_pick`] chooses: its
+    /// lines copied forward when few, else the referenced ones (at most
+    /// half a segment's worth) and the others dropped.
     fn recycle_one(&self) -> bool {
         let _m = self.maint.lock();
-        let Some((idx, contents)) = self.log.take_tail() else { return false };
+        let Some(idx) = self.log.choose(&self.dir, self.opts.recycle_pick) else { return false };
+        let contents = self.log.take(idx);
         if let Some(Tail { seq, entries, buf }) = contents {
             if !entries.is_empty() {
                 self.full.store(true, Ordering::Relaxed);
@@ -1158,8 +1198,17 @@ impl Inner {
                 .filter(|e| self.dir.find_at(e.lba, self.log.entry_loc(idx, e)).is_some())
                 .map(|e| format::item_span(e.len as usize, self.geo.loc_unit))
                 .sum();
+            // Against the segment's size, or what its items took when it
+            // was sealed full (less than one more block's room left): a
+            // full segment of few large items (raw blocks in small
+            // segments) with nothing dead is not sparse, and copying it
+            // all would free nothing.
+            let written: usize =
+                entries.iter().map(|e| format::item_span(e.len as usize, self.geo.loc_unit)).sum();
+            let room = seg.saturating_sub(format::SEG_HEADER + entries.len() * format::ENTRY + written);
+            let cap = if room < format::item_span(BLOCK, self.geo.loc_unit) { written } else { seg };
             let keep = self.opts.recycle_keep.clamp(50, 95) as usize;
-            let keep_all = live <= seg * keep / 100;
+            let keep_all = live <= cap * keep / 100;
             if keep_all {
                 budget = budget.max(live);
             }
@@ -1199,7 +1248,7 @@ impl Inner {
                 self.write_segment(s);
             }
         }
-        self.log.release_tail(idx);
+        self.log.release(idx);
         true
     }
 }
@@ -1285,7 +1334,8 @@ impl Cache {
         sb.backing_size = size;
         sb.sb_gen += 1;
         write_superblock(&*dev, &sb)?;
-        let dir = Directory::new(sb.lines, sb.ways as usize, sb.placement, sb.policy);
+        let dir = Directory::new(sb.lines, sb.ways as usize, sb.placement, sb.policy)
+            .count_segments(sb.segments, sb.units_per_segment());
         // Rebuild the directory, oldest segment first.
         found.sort_by_key(|f| f.seq);
         let inval = Invalidations::new(&recs);

@@ -9,6 +9,8 @@
 //!                    bits 0-14: a 15-bit hash of lba / sets (0: empty)
 //!  policy[set]: u8   pseudo-LRU tree bits (ways − 1 ≤ 7 of them), or the
 //!                    CLOCK hand (none for direct placement)
+//!  live[segment]: u16 lines pointing into the segment (kept by every
+//!                    change of a location; recycling picks by it)
 //! ```
 //!
 //! A tag is a partial tag: the full block number is in the item's header
@@ -38,6 +40,10 @@ pub struct Directory {
     tags: Box<[AtomicU16]>,
     state: Box<[AtomicU8]>,
     count: AtomicU64,
+    /// Lines pointing into each segment (empty: not counted).
+    live: Box<[AtomicU16]>,
+    /// Location units per segment (to find a location's segment).
+    units_per_segment: u32,
 }
 
 /// A line found by a lookup.
@@ -75,6 +81,39 @@ impl Directory {
             tags: (0..n).map(|_| AtomicU16::new(0)).collect(),
             state: (0..if ways > 1 { sets as usize } else { 0 }).map(|_| AtomicU8::new(0)).collect(),
             count: AtomicU64::new(0),
+            live: Box::new([]),
+            units_per_segment: 1,
+        }
+    }
+
+    /// Counts the lines pointing into each of `segments` segments of
+    /// `units_per_segment` location units ([`Directory::live_in`]).
+    pub fn count_segments(mut self, segments: u32, units_per_segment: u32) -> Directory {
+        assert_eq!(self.count(), 0, "segments are counted from an empty directory");
+        self.live = (0..segments).map(|_| AtomicU16::new(0)).collect();
+        self.units_per_segment = units_per_segment.max(1);
+        self
+    }
+
+    /// Lines pointing into segment `idx` now (0 when not counted).
+    pub fn live_in(&self, idx: u32) -> u32 {
+        self.live.get(idx as usize).map_or(0, |c| c.load(Ordering::Relaxed) as u32)
+    }
+
+    /// A line's location changed from `old` to `new` (either EMPTY).
+    fn moved(&self, old: u32, new: u32) {
+        if self.live.is_empty() || old == new {
+            return;
+        }
+        let seg = |loc: u32| self.live.get((loc / self.units_per_segment) as usize);
+        if let Some(c) = (old != EMPTY).then(|| seg(old)).flatten() {
+            // Never below 0: a segment reused while a line still pointed
+            // into it (an unreadable segment's lines are left to fail
+            // their checks) is counted again from its new items.
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        }
+        if let Some(c) = (new != EMPTY).then(|| seg(new)).flatten() {
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_add(1));
         }
     }
 
@@ -110,7 +149,7 @@ impl Directory {
 
     /// Bytes of RAM the directory takes.
     pub fn memory_bytes(&self) -> u64 {
-        (self.locs.len() * 6 + self.state.len()) as u64
+        (self.locs.len() * 6 + self.state.len() + self.live.len() * 2) as u64
     }
 
     fn set_lines(&self, lba: u64) -> std::ops::Range<usize> {
@@ -180,6 +219,7 @@ impl Directory {
             .or_else(|| lines.clone().find(|&l| self.tags[l].load(Ordering::Relaxed) == 0))
             .unwrap_or_else(|| self.victim(lba));
         let old = self.locs[line].swap(loc, Ordering::AcqRel);
+        self.moved(old, loc);
         self.tags[line].store(t, Ordering::Release);
         if old == EMPTY {
             self.count.fetch_add(1, Ordering::Relaxed);
@@ -234,7 +274,9 @@ impl Directory {
     /// Empties `line`.
     pub fn clear(&self, line: usize) {
         self.tags[line].store(0, Ordering::Release);
-        if self.locs[line].swap(EMPTY, Ordering::AcqRel) != EMPTY {
+        let old = self.locs[line].swap(EMPTY, Ordering::AcqRel);
+        if old != EMPTY {
+            self.moved(old, EMPTY);
             self.count.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -249,7 +291,8 @@ impl Directory {
 
     /// Moves `line` to `loc` and clears its reference bit (a reinsertion).
     pub fn relocate(&self, line: usize, loc: u32) {
-        self.locs[line].store(loc, Ordering::Release);
+        let old = self.locs[line].swap(loc, Ordering::AcqRel);
+        self.moved(old, loc);
         let t = self.tags[line].load(Ordering::Relaxed);
         self.tags[line].store(t & TAG, Ordering::Release);
     }

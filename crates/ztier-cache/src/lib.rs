@@ -49,6 +49,7 @@ use std::io;
 use ztier_blk::engine::{BlkError, BlockState};
 
 pub use cache::{Admission, Cache, CacheOptions, CacheStats, Mode};
+pub use log::Pick;
 
 /// Errors opening or creating a cache.
 #[derive(Debug, thiserror::Error)]

@@ -4,19 +4,21 @@
 //! This is ZBD's idea (blocks compressed one by one, packed into large
 //! units written out of place, a table of where each one is) shaped for a
 //! cache instead of a device: a cache may drop a block, so space comes
-//! back by recycling the oldest segment — its lines that were hit since
-//! they were written are copied forward (second chance, as CLOCK gives),
-//! the others are dropped — and nothing is ever relocated to keep it. No
-//! cleaner, no write amplification beyond those copies, and the table of
-//! where lines are is the directory's 4-byte location per line.
+//! back by recycling a segment — the one LFS's cost-benefit rule picks
+//! ([`Pick`]): much dead space, long unchanged — whose lines still cached
+//! are copied forward when few, else only those hit since they were
+//! written (second chance, as CLOCK gives), the others dropped. The table
+//! of where lines are is the directory's 4-byte location per line; the
+//! directory also counts the lines pointing into each segment.
 //!
 //! ```text
-//!   tail ─► [sealed][sealed][sealed]…[writing][open] ◄─ head      (ring of N segments)
+//!   free list ─► [open] → [writing] → [sealed] … [sealed]   (N segments)
 //!   append: into the open segment's buffer (RAM); when full it is sealed
 //!           (summary written, lines no longer cached marked dead) and
 //!           written with one pwrite, read from its buffer until then
-//!   recycle: the tail segment's summary is read; each line still cached
-//!           is copied to the head if referenced, else dropped
+//!   recycle: a sealed segment is picked and its summary read; its lines
+//!           still cached are copied to the open segment or dropped; it
+//!           goes back to the free list
 //! ```
 //!
 //! Segment states: free, open (in the buffer), writing (buffer kept for
@@ -66,11 +68,43 @@ impl Open {
 
 struct State {
     open: Option<Open>,
-    /// Ring counters: positions [tail, head) are in use.
-    head: u64,
-    tail: u64,
+    /// Segments not in use (state FREE).
+    free: u64,
+    /// Where the search for a free segment starts next.
+    next_free: u32,
     next_seq: u64,
 }
+
+/// Which sealed segment recycling takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pick {
+    /// The oldest (lowest seq): a FIFO ring, the choice before [`Pick::CostBenefit`].
+    Oldest,
+    /// The one with the most dead space (fewest of its items still
+    /// cached, as a share); the oldest among equals.
+    Greedy,
+    /// LFS's cost-benefit: the most (1 − u) × age / (1 + u), u the share
+    /// of its items still cached, age in segments written since it was;
+    /// the oldest when no segment has dead space.
+    CostBenefit,
+}
+
+impl std::str::FromStr for Pick {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Pick, String> {
+        match s {
+            "oldest" => Ok(Pick::Oldest),
+            "greedy" => Ok(Pick::Greedy),
+            "cost-benefit" => Ok(Pick::CostBenefit),
+            _ => Err(format!("unknown recycling choice '{s}' (oldest, greedy, cost-benefit)")),
+        }
+    }
+}
+
+/// Segments looked at for each choice (a window that moves on each
+/// time, over larger caches).
+const PICK_WINDOW: u32 = 4096;
 
 /// An item to append.
 #[derive(Debug, Clone, Copy)]
@@ -159,6 +193,8 @@ pub struct Log {
     writing: Mutex<HashMap<u32, Arc<Vec<u8>>>>,
     writes_in_flight: Mutex<usize>,
     writes_done: Condvar,
+    /// Where the next choice's window starts.
+    cursor: AtomicU32,
     sealed: AtomicU64,
     recycled: AtomicU64,
     reinserted: AtomicU64,
@@ -189,7 +225,7 @@ impl Log {
         let state: Box<[AtomicU8]> = (0..n).map(|_| AtomicU8::new(FREE)).collect();
         let seqs: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
         let acct: Box<[SegAcct]> = (0..n).map(|_| SegAcct::default()).collect();
-        let mut newest: Option<(u64, u32)> = None;
+        let mut newest: Option<u64> = None;
         for f in found {
             state[f.idx as usize].store(SEALED, Ordering::Relaxed);
             seqs[f.idx as usize].store(f.seq, Ordering::Relaxed);
@@ -199,27 +235,25 @@ impl Log {
                 f.entries.iter().map(|e| format::item_span(e.len as usize, sb.loc_unit) as u32).sum(),
                 Ordering::Relaxed,
             );
-            if newest.is_none_or(|(s, _)| f.seq > s) {
-                newest = Some((f.seq, f.idx));
+            if newest.is_none_or(|s| f.seq > s) {
+                newest = Some(f.seq);
             }
         }
-        // The ring starts after the newest segment: everything else is
-        // older (or free), recycled oldest first.
-        let (next_seq, head) = match newest {
-            Some((s, i)) => (s + 1, i as u64 + 1),
-            None => (1, 0),
-        };
-        let (head, tail) = if found.is_empty() { (0, 0) } else { (head + n as u64, head) };
+        // Appends continue after the newest segment; the others found
+        // are sealed, the rest free.
+        let next_seq = newest.map_or(1, |s| s + 1);
+        let free = (n - found.len()) as u64;
         Log {
             dev,
             sb: *sb,
-            st: Mutex::new(State { open: None, head, tail, next_seq }),
+            st: Mutex::new(State { open: None, free, next_free: 0, next_seq }),
             state,
             seqs,
             acct,
             writing: Mutex::new(HashMap::new()),
             writes_in_flight: Mutex::new(0),
             writes_done: Condvar::new(),
+            cursor: AtomicU32::new(0),
             sealed: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
             reinserted: AtomicU64::new(0),
@@ -237,8 +271,7 @@ impl Log {
 
     /// Free segments now.
     pub fn free(&self) -> u64 {
-        let st = self.st.lock();
-        self.n() - (st.head - st.tail)
+        self.st.lock().free
     }
 
     /// Free segments below which recycling starts.
@@ -284,15 +317,24 @@ impl Log {
             sealed = Some(self.seal(o, dir));
         }
         if st.open.is_none() {
-            let free = self.n() - (st.head - st.tail);
+            let free = st.free;
             let keep = if reserve { 0 } else { RESERVE };
             if free <= keep {
                 drop(st);
                 self.low.notify_all();
                 return (None, sealed);
             }
-            let idx = (st.head % self.n()) as u32;
-            st.head += 1;
+            // The next free segment after the last one taken (a free list
+            // would cost 4 bytes of RAM per segment; free segments are
+            // about 1 in 64 when the cache is full, so this looks at
+            // about 64 states).
+            let n = self.sb.segments;
+            let idx = (0..n)
+                .map(|k| (st.next_free + k) % n)
+                .find(|&i| self.state[i as usize].load(Ordering::Acquire) == FREE)
+                .expect("a free segment counted");
+            st.next_free = (idx + 1) % n;
+            st.free -= 1;
             let seq = st.next_seq;
             st.next_seq += 1;
             self.seqs[idx as usize].store(seq, Ordering::Release);
@@ -444,34 +486,50 @@ impl Log {
         }
     }
 
-    /// The tail segment, if it can be recycled now: its index and
-    /// contents (`None` for a free or unreadable one, whose lines are
-    /// simply gone). `None` when there is nothing to recycle now (the
-    /// ring is empty, or the tail is still being written).
-    pub fn take_tail(&self) -> Option<(u32, Option<Tail>)> {
-        let idx = {
-            let st = self.st.lock();
-            if st.tail == st.head {
-                return None;
+    /// The sealed segment `pick` chooses (`dir` counts the lines
+    /// pointing into each), if any. Only one recycler at a time may call
+    /// this (the segment stays sealed until [`Log::release`]).
+    pub fn choose(&self, dir: &Directory, pick: Pick) -> Option<u32> {
+        let n = self.sb.segments;
+        let window = n.min(PICK_WINDOW);
+        let start = if window == n { 0 } else { self.cursor.fetch_add(window, Ordering::Relaxed) % n };
+        let next = self.st.lock().next_seq;
+        // The highest (score, age) wins: age breaks ties, so with no dead
+        // space anywhere every choice is the oldest.
+        let mut best: Option<(f64, u64, u32)> = None;
+        for k in 0..window {
+            let idx = (start + k) % n;
+            if self.state[idx as usize].load(Ordering::Acquire) != SEALED {
+                continue;
             }
-            (st.tail % self.n()) as u32
-        };
-        match self.state[idx as usize].load(Ordering::Acquire) {
-            SEALED => {}
-            FREE => return Some((idx, None)),
-            _ => return None,
+            let age = next.saturating_sub(self.seqs[idx as usize].load(Ordering::Acquire));
+            let items = self.acct[idx as usize].items.load(Ordering::Relaxed) as u32;
+            let u = if items == 0 { 0.0 } else { dir.live_in(idx).min(items) as f64 / items as f64 };
+            let score = match pick {
+                Pick::Oldest => 0.0,
+                Pick::Greedy => 1.0 - u,
+                Pick::CostBenefit => (1.0 - u) * age as f64 / (1.0 + u),
+            };
+            if best.is_none_or(|(s, a, _)| (score, age) > (s, a)) {
+                best = Some((score, age, idx));
+            }
         }
+        best.map(|(_, _, idx)| idx)
+    }
+
+    /// Reads sealed segment `idx`, chosen to recycle: its contents
+    /// (`None` for an unreadable one, whose lines are simply gone).
+    pub fn take(&self, idx: u32) -> Option<Tail> {
+        debug_assert_eq!(self.state[idx as usize].load(Ordering::Acquire), SEALED);
         let seq = self.seqs[idx as usize].load(Ordering::Acquire);
         let mut buf = vec![0u8; self.sb.segment_size as usize];
         if self.dev.read_at(&mut buf, self.sb.segment_offset(idx)).is_err() {
             self.read_errors.fetch_add(1, Ordering::Relaxed);
-            return Some((idx, None));
+            return None;
         }
         match format::parse_summary(&buf, self.sb.segment_size) {
-            Some((s, uuid, entries)) if s == seq && uuid == self.sb.uuid => {
-                Some((idx, Some(Tail { seq, entries, buf })))
-            }
-            _ => Some((idx, None)),
+            Some((s, uuid, entries)) if s == seq && uuid == self.sb.uuid => Some(Tail { seq, entries, buf }),
+            _ => None,
         }
     }
 
@@ -489,15 +547,15 @@ impl Log {
         }
     }
 
-    /// Returns the tail segment (taken with [`Log::take_tail`]) to the free ones.
-    pub fn release_tail(&self, idx: u32) {
+    /// Returns a recycled segment (taken with [`Log::take`]) to the free ones.
+    pub fn release(&self, idx: u32) {
         let mut st = self.st.lock();
-        debug_assert_eq!((st.tail % self.n()) as u32, idx);
+        debug_assert_ne!(self.state[idx as usize].load(Ordering::Acquire), FREE);
         self.state[idx as usize].store(FREE, Ordering::Release);
         let a = &self.acct[idx as usize];
         a.items.store(0, Ordering::Relaxed);
         a.span.store(0, Ordering::Relaxed);
-        st.tail += 1;
+        st.free += 1;
         self.recycled.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -512,7 +570,7 @@ impl Log {
             let st = self.st.lock();
             let o = st.open.as_ref();
             (
-                st.head - st.tail,
+                self.n() - st.free,
                 o.map_or(0, |o| o.entries.len() as u64),
                 o.map_or(0, |o| o.logical),
                 o.map_or(0, |o| (self.sb.segment_size as usize - o.back) as u64),

@@ -59,7 +59,8 @@ pub struct CacheBenchArgs {
     /// lz4-remote (lz4-ram over a local redis-server), raw-NWAY or
     /// lz4-NWAY (N-way CLOCK sets; raw and lz4 use `cache create`'s
     /// default), raw-keepPCT or lz4-keepPCT (`serve --recycle-keep PCT`),
-    /// raw-seen or lz4-seen (`serve --admission seen`).
+    /// raw-seen or lz4-seen (`serve --admission seen`), raw-oldest or
+    /// lz4-oldest (`serve --recycle-pick oldest`).
     #[arg(long, default_value = "backing,nbdkit-cache,raw,lz4,lz4-direct,lz4-ram", value_name = "LIST")]
     pub rows: String,
     /// fio's zipf theta.
@@ -190,8 +191,8 @@ pub struct Ratio {
     pub ws: u64,
     /// Row compared (a compressed row).
     pub row: String,
-    /// The peer: nbdkit-cache, ztier's own raw row, or lz4-8way or
-    /// lz4-keep50 (for lz4).
+    /// The peer: nbdkit-cache, ztier's own raw row, or lz4-8way,
+    /// lz4-keep50 or lz4-oldest (for lz4).
     pub peer: String,
     /// Its hit ratio / the peer's.
     pub hit_ratio_x: f64,
@@ -637,6 +638,9 @@ fn run_row(
             if z.seen {
                 c.args(["--admission", "seen"]);
             }
+            if z.oldest {
+                c.args(["--recycle-pick", "oldest"]);
+            }
             if z.remote {
                 let bed =
                     Testbed::single(&RedisOptions::default()).context("starting a local redis-server")?;
@@ -752,11 +756,14 @@ struct ZtierRow {
     keep: Option<u8>,
     /// `serve --admission seen`.
     seen: bool,
+    /// `serve --recycle-pick oldest`.
+    oldest: bool,
 }
 
 impl ZtierRow {
     /// `raw`, `lz4`, `lz4-direct`, `lz4-ram`, `lz4-remote`, `raw-NWAY`,
-    /// `lz4-NWAY`, `raw-keepPCT`, `lz4-keepPCT`, `raw-seen`, `lz4-seen`;
+    /// `lz4-NWAY`, `raw-keepPCT`, `lz4-keepPCT`, `raw-seen`, `lz4-seen`,
+    /// `raw-oldest`, `lz4-oldest`;
     /// `None` for another row.
     fn parse(row: &str) -> Option<ZtierRow> {
         let (codec, rest) = match row.split_once('-') {
@@ -775,6 +782,7 @@ impl ZtierRow {
             remote: false,
             keep: None,
             seen: false,
+            oldest: false,
         };
         match rest {
             "" => {}
@@ -782,6 +790,7 @@ impl ZtierRow {
             "ram" if codec == "lz4" => z.ram = true,
             "remote" if codec == "lz4" => (z.ram, z.remote) = (true, true),
             "seen" => z.seen = true,
+            "oldest" => z.oldest = true,
             w if w.starts_with("keep") => {
                 let n: u8 = w["keep".len()..].parse().ok()?;
                 z.keep = Some(n);
@@ -881,14 +890,16 @@ pub fn run(a: CacheBenchArgs) -> Result<i32> {
         let peers = |row: &str| -> Vec<&'static str> {
             let mut p = vec!["nbdkit-cache", "raw"];
             match row {
-                "lz4" => p.extend(["lz4-8way", "lz4-keep50"]),
+                "lz4" => p.extend(["lz4-8way", "lz4-keep50", "lz4-oldest"]),
                 "lz4-remote" => p.push("lz4-ram"),
                 "lz4-seen" => p.extend(["raw-seen", "lz4"]),
                 _ => {}
             }
             p
         };
-        for peer in ["nbdkit-cache", "raw", "lz4-8way", "lz4-keep50", "lz4-ram", "raw-seen", "lz4"] {
+        for peer in
+            ["nbdkit-cache", "raw", "lz4-8way", "lz4-keep50", "lz4-oldest", "lz4-ram", "raw-seen", "lz4"]
+        {
             for r in rows.iter().filter(|r| r.row.starts_with("lz4") && peers(&r.row).contains(&peer)) {
                 if let Some(k) = rows.iter().find(|k| {
                     k.row == peer

@@ -154,12 +154,16 @@ pub struct ServeArgs {
     /// Threads that compress and insert lines.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub fillers: usize,
-    /// Recycling the oldest segment keeps all its lines when they fill at
-    /// most PCT% of it (50–95; 50 copies only referenced lines): higher
-    /// keeps more blocks under writes, for more copies per fill.
+    /// Recycling a segment keeps all its lines when they fill at most
+    /// PCT% of it (50–95; 50 copies only referenced lines): higher keeps
+    /// more blocks under writes, for more copies per fill.
     #[arg(long, default_value_t = ztier_cache::cache::RECYCLE_KEEP, value_name = "PCT",
           value_parser = clap::value_parser!(u8).range(50..=95))]
     pub recycle_keep: u8,
+    /// Which segment recycling takes: cost-benefit (most dead space for
+    /// its age, as LFS's cleaner), greedy (most dead space), or oldest.
+    #[arg(long, default_value = "cost-benefit", value_name = "P")]
+    pub recycle_pick: ztier_cache::Pick,
     /// Which blocks the full SSD cache takes in: all, or only those asked
     /// for before, recently (seen; 4 bits of RAM per line).
     #[arg(long, default_value = "all", value_name = "A")]
@@ -378,6 +382,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
         discard: a.discard,
         fillers: a.fillers.max(1),
         recycle_keep: a.recycle_keep,
+        recycle_pick: a.recycle_pick,
         admission: a.admission,
         pressure: (ram > 0).then(PressureConfig::default),
         remote: remote_tier(&a)?,
