@@ -123,6 +123,10 @@ pub const CLEANER_RESERVE: u32 = 8;
 pub const SPLIT_WRITE: usize = 256 << 10;
 /// Bytes of extents the cleaner scans per step.
 pub const CLEAN_WINDOW: u64 = 2 << 20;
+/// Cleaning rounds a write that finds no room runs (or waits for, while
+/// another thread cleans) before it fails with NoSpace, when each round
+/// frees something but not enough for it.
+const MAX_CLEAN_ROUNDS: u32 = 64;
 /// Checkpoint pages copied per hold of the state lock.
 const PAGES_PER_HOLD: usize = 32;
 /// Checkpoint pages a checkpoint that compares an area with the table
@@ -1306,7 +1310,12 @@ impl Engine {
     ) -> Result<parking_lot::MutexGuard<'_, State>, BlkError> {
         let reserve = if cleaner { 0 } else { CLEANER_RESERVE as usize };
         let slots = self.sb.raw_slots();
-        for attempt in 0..3 {
+        // Cleaning rounds in a row that freed nothing, here or elsewhere
+        // (another writer's or the maintenance thread's cleaning, whose
+        // extents another writer may have taken before this one looked).
+        let mut idle = 0;
+        let mut rounds = 0u32;
+        loop {
             let st = self.state.lock();
             Self::check_poison(&st)?;
             let mut new = usize::from(!st.open.iter().any(|o| !o.raw && o.free() >= need));
@@ -1317,7 +1326,20 @@ impl Engine {
                 return Ok(st);
             }
             drop(st);
-            if attempt < 2 && self.clean(true)? == 0 && attempt == 1 {
+            // Full only when cleaning (every extent, after a checkpoint
+            // made the latest ones cleanable) frees nothing twice in a row
+            // and nobody else freed anything meanwhile. The rounds are
+            // bounded as well: each that frees something moves blocks, and
+            // on an image within a few extents of full that could go on.
+            let cleaned = self.counters.extents_cleaned.load(Ordering::Relaxed);
+            let freed = match self.clean(true) {
+                Err(BlkError::NoSpace) => 0,
+                r => r?,
+            };
+            let others = self.counters.extents_cleaned.load(Ordering::Relaxed) - cleaned - freed as u64;
+            idle = if freed > 0 || others > 0 { 0 } else { idle + 1 };
+            rounds += 1;
+            if idle >= 2 || rounds >= MAX_CLEAN_ROUNDS {
                 break;
             }
         }
@@ -1721,16 +1743,17 @@ impl Engine {
                 .collect();
             v.sort_unstable();
             // Victims are freed only at the next checkpoint: move no more
-            // than the free extents (the reserve included) and the open
-            // buffers can take now.
+            // than the free extents (the reserve included) and half the
+            // open buffers' room can take now (placing a run that fits no
+            // open buffer seals the fullest, and its room is lost).
             let cap = es as u64 - EXT_HEADER as u64;
             let mut budget: u64 = st.free.len().saturating_sub(2) as u64 * cap
-                + st.open.iter().filter(|o| !o.raw).map(|o| o.free() as u64).sum::<u64>();
+                + st.open.iter().filter(|o| !o.raw).map(|o| o.free() as u64).sum::<u64>() / 2;
             v.into_iter()
                 .take_while(|&(live, e)| {
                     let raw = st.ext[e as usize].raw;
                     let records = if raw { (live / bs) as u64 * RECORD as u64 } else { 0 };
-                    let need = live as u64 + records + live as u64 / 16;
+                    let need = live as u64 + records + live as u64 / 8;
                     let ok = need <= budget;
                     budget = budget.saturating_sub(need);
                     ok
@@ -1796,7 +1819,21 @@ impl Engine {
         }
         runs.sort_unstable_by_key(|r| std::cmp::Reverse(r.2));
         let mut moved = 0u64;
+        let slots = self.sb.raw_slots() as usize;
         for (s, e, _) in runs {
+            // Stop (the victims left with live blocks stay sealed) before
+            // a run could need more free extents than are left: a cleaner
+            // that ran out mid-window would keep the extents it filled and
+            // free none, and with no free extent left it could never run
+            // again. A run is at most one extent of records and data (two
+            // new log extents, one sealed early) plus raw extents for its
+            // raw blocks.
+            let raw_blocks = live[s..e].iter().filter(|x| x.4 == Kind::Raw).count();
+            let raw_room: usize = st.open.iter().filter(|o| o.raw).map(|o| slots - o.count as usize).sum();
+            let new = 2 + raw_blocks.saturating_sub(raw_room).div_ceil(slots.max(1));
+            if st.free.len() < new {
+                break;
+            }
             for &(lba, vi, offset, len, kind) in &live[s..e] {
                 let bytes = &bufs[vi][offset as usize..offset as usize + len as usize];
                 if kind == Kind::Raw {
