@@ -103,6 +103,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::crc;
 use crc32c::crc32c;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
@@ -127,6 +128,9 @@ pub const CLEAN_WINDOW: u64 = 2 << 20;
 /// another thread cleans) before it fails with NoSpace, when each round
 /// frees something but not enough for it.
 const MAX_CLEAN_ROUNDS: u32 = 64;
+/// Bytes of a span read ahead of the block being checked (see
+/// [`crc::prefetch`]).
+const PREFETCH: usize = 8 << 10;
 /// Checkpoint pages copied per hold of the state lock.
 const PAGES_PER_HOLD: usize = 32;
 /// Checkpoint pages a checkpoint that compares an area with the table
@@ -893,16 +897,39 @@ impl Engine {
             let len = (hi - lo) as usize;
             let blocks = &stored[i..j];
             i = j;
+            // Three blocks at a time: their checksums interleaved (see
+            // `crc`), then each decoded while its bytes are still in cache.
             let decode_all = |span: &[u8], out: &mut [u8]| -> Result<(), BlkError> {
-                for &(p, k) in blocks {
-                    let l = locs[k];
+                let bytes = |&(p, k): &(u64, usize)| {
                     let a = (p - lo) as usize;
-                    self.decode(
-                        lba + k as u64,
-                        &l,
-                        &span[a..a + l.len as usize],
-                        &mut out[k * bs..(k + 1) * bs],
-                    )?;
+                    &span[a..a + locs[k].len as usize]
+                };
+                // Bytes up to here asked for ahead of the checksums.
+                let mut fetched = 0;
+                for group in blocks.chunks(3) {
+                    if let Some(&(p, k)) = group.last() {
+                        let ahead = ((p - lo) as usize + locs[k].len as usize + PREFETCH).min(span.len());
+                        if ahead > fetched {
+                            crc::prefetch(&span[fetched.max(ahead.saturating_sub(PREFETCH))..ahead]);
+                            fetched = ahead;
+                        }
+                    }
+                    let crcs = match group {
+                        [x, y, z] => crc::crc32c_x3(bytes(x), bytes(y), bytes(z)),
+                        _ => {
+                            let mut c = [0; 3];
+                            for (i, b) in group.iter().enumerate() {
+                                c[i] = crc32c(bytes(b));
+                            }
+                            c
+                        }
+                    };
+                    for (i, b) in group.iter().enumerate() {
+                        let k = b.1;
+                        let lba = lba + k as u64;
+                        self.check_crc(lba, &locs[k], crcs[i])?;
+                        self.decode_checked(lba, &locs[k], bytes(b), &mut out[k * bs..(k + 1) * bs])?;
+                    }
                 }
                 Ok(())
             };
@@ -956,10 +983,22 @@ impl Engine {
     }
 
     fn decode(&self, lba: u64, loc: &Loc, stored: &[u8], out: &mut [u8]) -> Result<(), BlkError> {
-        if crc32c(stored) != loc.crc {
+        self.check_crc(lba, loc, crc32c(stored))?;
+        self.decode_checked(lba, loc, stored, out)
+    }
+
+    /// Whether `crc`, computed over a block's stored bytes, is the one its
+    /// record holds.
+    fn check_crc(&self, lba: u64, loc: &Loc, crc: u32) -> Result<(), BlkError> {
+        if crc != loc.crc {
             self.counters.corrupt_reads.fetch_add(1, Ordering::Relaxed);
             return Err(BlkError::Corrupt { lba, why: "checksum mismatch".into() });
         }
+        Ok(())
+    }
+
+    /// Decodes a block whose stored bytes' checksum was checked.
+    fn decode_checked(&self, lba: u64, loc: &Loc, stored: &[u8], out: &mut [u8]) -> Result<(), BlkError> {
         if loc.len as usize == out.len() {
             out.copy_from_slice(stored);
             return Ok(());
