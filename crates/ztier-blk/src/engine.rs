@@ -103,6 +103,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::crc;
 use crc32c::crc32c;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
@@ -123,6 +124,13 @@ pub const CLEANER_RESERVE: u32 = 8;
 pub const SPLIT_WRITE: usize = 256 << 10;
 /// Bytes of extents the cleaner scans per step.
 pub const CLEAN_WINDOW: u64 = 2 << 20;
+/// Cleaning rounds a write that finds no room runs (or waits for, while
+/// another thread cleans) before it fails with NoSpace, when each round
+/// frees something but not enough for it.
+const MAX_CLEAN_ROUNDS: u32 = 64;
+/// Bytes of a span read ahead of the block being checked (see
+/// [`crc::prefetch`]).
+const PREFETCH: usize = 8 << 10;
 /// Checkpoint pages copied per hold of the state lock.
 const PAGES_PER_HOLD: usize = 32;
 /// Checkpoint pages a checkpoint that compares an area with the table
@@ -889,16 +897,39 @@ impl Engine {
             let len = (hi - lo) as usize;
             let blocks = &stored[i..j];
             i = j;
+            // Three blocks at a time: their checksums interleaved (see
+            // `crc`), then each decoded while its bytes are still in cache.
             let decode_all = |span: &[u8], out: &mut [u8]| -> Result<(), BlkError> {
-                for &(p, k) in blocks {
-                    let l = locs[k];
+                let bytes = |&(p, k): &(u64, usize)| {
                     let a = (p - lo) as usize;
-                    self.decode(
-                        lba + k as u64,
-                        &l,
-                        &span[a..a + l.len as usize],
-                        &mut out[k * bs..(k + 1) * bs],
-                    )?;
+                    &span[a..a + locs[k].len as usize]
+                };
+                // Bytes up to here asked for ahead of the checksums.
+                let mut fetched = 0;
+                for group in blocks.chunks(3) {
+                    if let Some(&(p, k)) = group.last() {
+                        let ahead = ((p - lo) as usize + locs[k].len as usize + PREFETCH).min(span.len());
+                        if ahead > fetched {
+                            crc::prefetch(&span[fetched.max(ahead.saturating_sub(PREFETCH))..ahead]);
+                            fetched = ahead;
+                        }
+                    }
+                    let crcs = match group {
+                        [x, y, z] => crc::crc32c_x3(bytes(x), bytes(y), bytes(z)),
+                        _ => {
+                            let mut c = [0; 3];
+                            for (i, b) in group.iter().enumerate() {
+                                c[i] = crc32c(bytes(b));
+                            }
+                            c
+                        }
+                    };
+                    for (i, b) in group.iter().enumerate() {
+                        let k = b.1;
+                        let lba = lba + k as u64;
+                        self.check_crc(lba, &locs[k], crcs[i])?;
+                        self.decode_checked(lba, &locs[k], bytes(b), &mut out[k * bs..(k + 1) * bs])?;
+                    }
                 }
                 Ok(())
             };
@@ -952,10 +983,22 @@ impl Engine {
     }
 
     fn decode(&self, lba: u64, loc: &Loc, stored: &[u8], out: &mut [u8]) -> Result<(), BlkError> {
-        if crc32c(stored) != loc.crc {
+        self.check_crc(lba, loc, crc32c(stored))?;
+        self.decode_checked(lba, loc, stored, out)
+    }
+
+    /// Whether `crc`, computed over a block's stored bytes, is the one its
+    /// record holds.
+    fn check_crc(&self, lba: u64, loc: &Loc, crc: u32) -> Result<(), BlkError> {
+        if crc != loc.crc {
             self.counters.corrupt_reads.fetch_add(1, Ordering::Relaxed);
             return Err(BlkError::Corrupt { lba, why: "checksum mismatch".into() });
         }
+        Ok(())
+    }
+
+    /// Decodes a block whose stored bytes' checksum was checked.
+    fn decode_checked(&self, lba: u64, loc: &Loc, stored: &[u8], out: &mut [u8]) -> Result<(), BlkError> {
         if loc.len as usize == out.len() {
             out.copy_from_slice(stored);
             return Ok(());
@@ -1306,7 +1349,12 @@ impl Engine {
     ) -> Result<parking_lot::MutexGuard<'_, State>, BlkError> {
         let reserve = if cleaner { 0 } else { CLEANER_RESERVE as usize };
         let slots = self.sb.raw_slots();
-        for attempt in 0..3 {
+        // Cleaning rounds in a row that freed nothing, here or elsewhere
+        // (another writer's or the maintenance thread's cleaning, whose
+        // extents another writer may have taken before this one looked).
+        let mut idle = 0;
+        let mut rounds = 0u32;
+        loop {
             let st = self.state.lock();
             Self::check_poison(&st)?;
             let mut new = usize::from(!st.open.iter().any(|o| !o.raw && o.free() >= need));
@@ -1317,7 +1365,20 @@ impl Engine {
                 return Ok(st);
             }
             drop(st);
-            if attempt < 2 && self.clean(true)? == 0 && attempt == 1 {
+            // Full only when cleaning (every extent, after a checkpoint
+            // made the latest ones cleanable) frees nothing twice in a row
+            // and nobody else freed anything meanwhile. The rounds are
+            // bounded as well: each that frees something moves blocks, and
+            // on an image within a few extents of full that could go on.
+            let cleaned = self.counters.extents_cleaned.load(Ordering::Relaxed);
+            let freed = match self.clean(true) {
+                Err(BlkError::NoSpace) => 0,
+                r => r?,
+            };
+            let others = self.counters.extents_cleaned.load(Ordering::Relaxed) - cleaned - freed as u64;
+            idle = if freed > 0 || others > 0 { 0 } else { idle + 1 };
+            rounds += 1;
+            if idle >= 2 || rounds >= MAX_CLEAN_ROUNDS {
                 break;
             }
         }
@@ -1721,16 +1782,17 @@ impl Engine {
                 .collect();
             v.sort_unstable();
             // Victims are freed only at the next checkpoint: move no more
-            // than the free extents (the reserve included) and the open
-            // buffers can take now.
+            // than the free extents (the reserve included) and half the
+            // open buffers' room can take now (placing a run that fits no
+            // open buffer seals the fullest, and its room is lost).
             let cap = es as u64 - EXT_HEADER as u64;
             let mut budget: u64 = st.free.len().saturating_sub(2) as u64 * cap
-                + st.open.iter().filter(|o| !o.raw).map(|o| o.free() as u64).sum::<u64>();
+                + st.open.iter().filter(|o| !o.raw).map(|o| o.free() as u64).sum::<u64>() / 2;
             v.into_iter()
                 .take_while(|&(live, e)| {
                     let raw = st.ext[e as usize].raw;
                     let records = if raw { (live / bs) as u64 * RECORD as u64 } else { 0 };
-                    let need = live as u64 + records + live as u64 / 16;
+                    let need = live as u64 + records + live as u64 / 8;
                     let ok = need <= budget;
                     budget = budget.saturating_sub(need);
                     ok
@@ -1796,7 +1858,21 @@ impl Engine {
         }
         runs.sort_unstable_by_key(|r| std::cmp::Reverse(r.2));
         let mut moved = 0u64;
+        let slots = self.sb.raw_slots() as usize;
         for (s, e, _) in runs {
+            // Stop (the victims left with live blocks stay sealed) before
+            // a run could need more free extents than are left: a cleaner
+            // that ran out mid-window would keep the extents it filled and
+            // free none, and with no free extent left it could never run
+            // again. A run is at most one extent of records and data (two
+            // new log extents, one sealed early) plus raw extents for its
+            // raw blocks.
+            let raw_blocks = live[s..e].iter().filter(|x| x.4 == Kind::Raw).count();
+            let raw_room: usize = st.open.iter().filter(|o| o.raw).map(|o| slots - o.count as usize).sum();
+            let new = 2 + raw_blocks.saturating_sub(raw_room).div_ceil(slots.max(1));
+            if st.free.len() < new {
+                break;
+            }
             for &(lba, vi, offset, len, kind) in &live[s..e] {
                 let bytes = &bufs[vi][offset as usize..offset as usize + len as usize];
                 if kind == Kind::Raw {

@@ -22,6 +22,7 @@
 
 pub mod backing;
 pub mod client;
+mod crc;
 pub mod device;
 pub mod engine;
 pub mod format;
