@@ -23,7 +23,7 @@ redis-server; redis-benchmark from redis-tools). Each round runs redis-benchmark
 ztier at each concurrency and depth; the rates are the medians of the rounds, the ratios\n\
 the medians of each round's ratio (ztier over redis-benchmark in that round), with their range;\n\
 and the CPU time a request costs each client (all its threads) and the server (medians), which a\n\
-loaded machine disturbs less than the rates; --json adds the flusher threads' CPU per put\n\
+loaded machine disturbs less than the rates; --json adds the server's minor faults per request and the flusher threads' CPU per put\n\
 (ztier_put_flusher_cpu_us: one thread's, so 1e6 over it is the most puts a second it can carry).\n\
 ztier's put is the tier's put of a 4 KiB page (sealed and named in the putting thread, written behind in\n\
 batches of DEPTH pages, one batch per pipeline, until all are written); its get at depth 1\n\
@@ -80,6 +80,9 @@ struct Rate {
     server_cpu: f64,
     /// Minor page faults of the client per request (ztier's only).
     client_faults: f64,
+    /// Minor page faults of the server per request (0 if it is not
+    /// ours): the first touch of memory its allocator takes fresh.
+    server_faults: f64,
     /// CPU seconds per request of the flusher threads (ztier's puts
     /// only): one thread's share, so a rate it can carry at most.
     flusher_cpu: f64,
@@ -145,6 +148,13 @@ fn thread_cpu(tid: i32) -> Option<f64> {
     (r == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9)
 }
 
+/// Minor page faults of process `pid` so far (`None`: none to watch).
+fn proc_faults(pid: Option<u32>) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
+    // minflt: the 8th field after the command.
+    stat[stat.rfind(')')? + 2..].split_whitespace().nth(7)?.parse().ok()
+}
+
 /// User + system CPU seconds in a `/proc/.../stat` line.
 fn stat_cpu(stat: &str) -> Option<f64> {
     // Fields after the command's closing parenthesis: utime and stime
@@ -156,15 +166,13 @@ fn stat_cpu(stat: &str) -> Option<f64> {
     Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / hz)
 }
 
-/// CPU seconds of the client (`who`) and the server while `f` runs.
-fn cpu_of<T>(who: i32, server: Option<u32>, f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64)> {
-    let (c, s) = (rusage(who), proc_cpu(server));
+/// CPU seconds of the client (`who`) and the server, and the server's
+/// minor faults, while `f` runs.
+fn cpu_of<T>(who: i32, server: Option<u32>, f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64, f64)> {
+    let (c, s, sf) = (rusage(who), proc_cpu(server), proc_faults(server));
     let r = f()?;
-    let server = match (s, proc_cpu(server)) {
-        (Some(a), Some(b)) => b - a,
-        _ => 0.0,
-    };
-    Ok((r, rusage(who) - c, server))
+    let d = |a: Option<f64>, b: Option<f64>| a.zip(b).map_or(0.0, |(a, b)| b - a);
+    Ok((r, rusage(who) - c, d(s, proc_cpu(server)), d(sf, proc_faults(server))))
 }
 
 /// `redis-benchmark -t TEST` (each test a run of its own, so that each
@@ -185,7 +193,7 @@ fn redis_benchmark(
             // redis-benchmark takes it from the environment like redis-cli.
             cmd.env("REDISCLI_AUTH", pw);
         }
-        let (out, client, srv) = cpu_of(libc::RUSAGE_CHILDREN, server, || {
+        let (out, client, srv, srv_faults) = cpu_of(libc::RUSAGE_CHILDREN, server, || {
             cmd.output().context("running redis-benchmark (Debian's redis-tools)")
         })?;
         if !out.status.success() {
@@ -204,6 +212,7 @@ fn redis_benchmark(
             client_cpu: client / n as f64,
             server_cpu: srv / n as f64,
             client_faults: 0.0,
+            server_faults: srv_faults / n as f64,
             flusher_cpu: 0.0,
         })
     };
@@ -258,6 +267,7 @@ fn ztier(
         pages.iter().map(|d| SpillMeta { tag: 0, flags: 0, len: 4096, crc: crc32c(d), pattern: 0 }).collect(),
     );
     let (c0, s0, f0, h0) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults(), flushers_cpu());
+    let sf0 = proc_faults(server);
     let t = Instant::now();
     let hs: Vec<_> = tiers
         .iter()
@@ -279,12 +289,14 @@ fn ztier(
     let set = (per * c) as f64 / t.elapsed().as_secs_f64();
     let total = (per * c) as f64;
     let (c1, s1, f1, h1) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults(), flushers_cpu());
+    let sf1 = proc_faults(server);
     let srv = |a: Option<f64>, b: Option<f64>| a.zip(b).map_or(0.0, |(a, b)| (b - a) / total);
     let set = Rate {
         per_s: set,
         client_cpu: (c1 - c0) / total,
         server_cpu: srv(s0, s1),
         client_faults: (f1 - f0) / total,
+        server_faults: srv(sf0, sf1),
         flusher_cpu: (h1 - h0) / total,
     };
     for tier in &tiers {
@@ -330,11 +342,13 @@ fn ztier(
     }
     let get = (per * c) as f64 / t.elapsed().as_secs_f64();
     let (c2, s2, f2) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults());
+    let sf2 = proc_faults(server);
     let get = Rate {
         per_s: get,
         client_cpu: (c2 - c1) / total,
         server_cpu: srv(s1, s2),
         client_faults: (f2 - f1) / total,
+        server_faults: srv(sf1, sf2),
         flusher_cpu: 0.0,
     };
     for tier in &tiers {
@@ -421,6 +435,8 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
                 "server_set_cpu_us": srv(rs), "server_get_cpu_us": srv(rg),
                 "server_put_cpu_us": srv(zs), "server_ztier_get_cpu_us": srv(zg),
                 "ztier_put_faults": med(zs, |r| r.client_faults),
+                "server_set_faults": med(rs, |r| r.server_faults), "server_put_faults": med(zs, |r| r.server_faults),
+                "server_get_faults": med(rg, |r| r.server_faults), "server_ztier_get_faults": med(zg, |r| r.server_faults),
                 "ztier_put_flusher_cpu_us": med(zs, |r| r.flusher_cpu) * 1e6, "ztier_get_faults": med(zg, |r| r.client_faults),
                 "get_p50_us": quantile(&mut lat, 0.5), "get_p99_us": quantile(&mut lat, 0.99),
             }));
