@@ -34,7 +34,9 @@ one flusher thread and connection, one pipeline for all; with --flusher own each
 its own flusher thread and connection. With --pending-pages N (default: the page buffers a\n\
 process keeps, 1024) the clients' tiers hold at most N pages waiting to be written together (each\n\
 at least two batches): a put waits for room, so the puts go at the writes' pace and the\n\
-measurement is of a steady state, not of a burst queued in memory; 0 leaves each tier its default.")]
+measurement is of a steady state, not of a burst queued in memory; 0 leaves each tier its default.\n\
+A round's ztier pages are removed just before the next round's puts (which then reuse the memory\n\
+the server freed, as redis-benchmark's SETs, over 100,000 keys, replace theirs).")]
 pub struct RemoteBenchArgs {
     /// A server to use (redis://HOST:PORT, no password: ZTIER_REMOTE_PASSWORD); default: one started here.
     #[arg(long)]
@@ -234,6 +236,15 @@ fn page(i: usize) -> Vec<u8> {
 
 /// ztier's put and get rates (and CPU: this process's, the server's) at
 /// `c` threads and depth `p`, with the get latencies at depth 1 (ns).
+///
+/// `last`: the tiers of the round before, whose pages are removed just
+/// before this round's puts (and this round's tiers are left there for
+/// the next): the puts then take memory the server has just freed, as
+/// redis-benchmark's SETs (100,000 keys, written over from its second
+/// round on) take the memory of the values they replace. Pages removed
+/// at the end of a round left the server's allocator time to give their
+/// memory back to the system, and the next puts paid a page fault per
+/// value (1.3 a put) that the SETs never did.
 #[allow(clippy::too_many_arguments)]
 fn ztier(
     cfg: &RemoteConfig,
@@ -244,8 +255,12 @@ fn ztier(
     n: usize,
     lat: &mut Vec<u64>,
     server: Option<u32>,
+    last: &mut Vec<Arc<RemoteTier>>,
 ) -> Result<Rates> {
     let per = n / c;
+    for tier in last.drain(..) {
+        tier.close();
+    }
     let mut tiers = Vec::new();
     let hub = ztier_remote::Hub::new()?;
     for _ in 0..c {
@@ -351,12 +366,7 @@ fn ztier(
         server_faults: srv(sf1, sf2),
         flusher_cpu: 0.0,
     };
-    for tier in &tiers {
-        for i in 0..per {
-            tier.remove(Key { pool: 0, object: 0, index: i as u32 });
-        }
-        tier.flush();
-    }
+    *last = tiers;
     Ok(Rates { set, get })
 }
 
@@ -400,13 +410,17 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
             // Per round: redis-benchmark's set and get, ztier's put and get.
             let mut sides: [Vec<Rate>; 4] = Default::default();
             let mut lat = Vec::new();
+            let mut last = Vec::new();
             for round in 0..a.rounds {
                 eprintln!("round {}/{}: {c} clients, depth {p}", round + 1, a.rounds);
                 let r = redis_benchmark(node.port, &node.host, c, p, a.requests, server)?;
-                let z = ztier(&cfg, a.flusher, a.pending_pages, c, p, a.requests, &mut lat, server)?;
+                let z = ztier(&cfg, a.flusher, a.pending_pages, c, p, a.requests, &mut lat, server, &mut last)?;
                 for (v, x) in sides.iter_mut().zip([r.set, r.get, z.set, z.get]) {
                     v.push(x);
                 }
+            }
+            for tier in last {
+                tier.close();
             }
             let [rs, rg, zs, zg] = &sides;
             // Each round's ratio: both sides of a round ran back to back,
