@@ -1032,7 +1032,12 @@ impl Inner {
     /// `head`, each value sealed already named in `parts` where it is
     /// (only a value sealed here, by a writer that encrypts and keeps
     /// local copies, goes into `head`). Returns how many commands.
-    pub(crate) fn pack_round_parts<'a>(&self, r: &'a Round, head: &mut Vec<u8>, parts: &mut Vec<Part<'a>>) -> usize {
+    pub(crate) fn pack_round_parts<'a>(
+        &self,
+        r: &'a Round,
+        head: &mut Vec<u8>,
+        parts: &mut Vec<Part<'a>>,
+    ) -> usize {
         let mut from = head.len();
         let n = self.pack_round_with(r, head, |head, v| {
             parts.push(Part::Head(from..head.len()));
