@@ -17,7 +17,7 @@
 //! length over [`MOST`], or a reply cut short is an error, and the
 //! connection is dropped by the caller (it may be out of step).
 //!
-//! The shared flusher ([`crate::hub`]) writes on such connections too:
+//! The shared flusher (`hub.rs`) writes on such connections too:
 //! a pipeline's framing and names in one buffer, each sealed value sent
 //! from its own buffer ([`Getter::send_parts`], `writev`), the status and
 //! integer replies of `MSET` and `UNLINK` read by [`Getter::replies`].
