@@ -123,19 +123,28 @@ fn proc_cpu(pid: Option<u32>) -> Option<f64> {
     stat_cpu(&std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?)
 }
 
-/// CPU seconds so far of this process's flusher threads (named
-/// `ztier-remote…`: a hub's or a tier's own), to the nanosecond (their
-/// `/proc` stat counts 10 ms ticks).
-fn flushers_cpu() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+/// CPU seconds so far of each of this process's flusher threads (named
+/// `ztier-remote…`: a hub's or a tier's own), by thread id, to the
+/// nanosecond (their `/proc` stat counts 10 ms ticks).
+fn flushers_cpu() -> Vec<(i32, f64)> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
     tasks
         .filter_map(|t| {
             let t = t.ok()?;
             let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
             comm.starts_with("ztier-remote").then_some(())?;
-            thread_cpu(t.file_name().to_str()?.parse().ok()?)
+            let tid = t.file_name().to_str()?.parse().ok()?;
+            Some((tid, thread_cpu(tid)?))
         })
-        .sum()
+        .collect()
+}
+
+/// The flusher threads' CPU seconds from `before` to `after`
+/// ([`flushers_cpu`]), of the threads alive at `after` (a thread that
+/// ended meanwhile, the round before's, is left out: its time before
+/// would count against the others').
+fn flushers_between(before: &[(i32, f64)], after: &[(i32, f64)]) -> f64 {
+    after.iter().map(|(t, b)| b - before.iter().find(|(u, _)| u == t).map_or(0.0, |(_, a)| *a)).sum()
 }
 
 /// CPU seconds of thread `tid` of this process: its CPU-time clock, the
@@ -312,7 +321,7 @@ fn ztier(
         server_cpu: srv(s0, s1),
         client_faults: (f1 - f0) / total,
         server_faults: srv(sf0, sf1),
-        flusher_cpu: (h1 - h0) / total,
+        flusher_cpu: flushers_between(&h0, &h1) / total,
     };
     for tier in &tiers {
         let s = tier.stats();
