@@ -16,13 +16,8 @@
 //! an array of those, or an error reply (an error). Anything else, a
 //! length over [`MOST`], or a reply cut short is an error, and the
 //! connection is dropped by the caller (it may be out of step).
-//!
-//! The shared flusher (`hub.rs`) writes on such connections too:
-//! a pipeline's framing and names in one buffer, each sealed value sent
-//! from its own buffer ([`Getter::send_parts`], `writev`), the status and
-//! integer replies of `MSET` and `UNLINK` read by [`Getter::replies`].
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
@@ -219,67 +214,6 @@ impl Getter {
     }
 }
 
-/// A piece of a pipeline sent by [`Getter::send_parts`]: a range of its
-/// header buffer (the protocol's framing and names), or a value sent
-/// from where it is.
-pub(crate) enum Part<'a> {
-    Head(std::ops::Range<usize>),
-    Value(&'a [u8]),
-}
-
-/// The most slices one `writev` takes (Linux's `IOV_MAX`).
-const IOV_MAX: usize = 1024;
-
-impl Getter {
-    /// Sends a pipeline given as `parts` (ranges of `head`, values), with
-    /// `writev`: the values go from their own buffers to the socket, not
-    /// through a copy into one pipeline buffer. Replies are read with
-    /// [`Getter::replies`].
-    pub(crate) fn send_parts(&mut self, head: &[u8], parts: &[Part]) -> io::Result<()> {
-        let mut slices: Vec<IoSlice> = parts
-            .iter()
-            .map(|p| match p {
-                Part::Head(r) => IoSlice::new(&head[r.clone()]),
-                Part::Value(v) => IoSlice::new(v),
-            })
-            .filter(|s| !s.is_empty())
-            .collect();
-        let mut rest = &mut slices[..];
-        while !rest.is_empty() {
-            let k = rest.len().min(IOV_MAX);
-            match self.s.write_vectored(&rest[..k]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => IoSlice::advance_slices(&mut rest, n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads the replies of `n` commands that answer with a status or an
-    /// integer (`MSET`, `UNLINK`); an error reply fails the whole, once
-    /// every reply is read (so the connection stays in step). Any other
-    /// reply is an error, and the connection is out of step.
-    pub(crate) fn replies(&mut self, n: usize) -> io::Result<()> {
-        let mut first = Ok(());
-        for _ in 0..n {
-            let (a, b) = self.line()?;
-            let l = &self.buf[a..b];
-            match l.first() {
-                Some(b'+' | b':') => {}
-                Some(b'-') => {
-                    if first.is_ok() {
-                        first = Err(io::Error::other(format!("the server answered {}", lossy(&l[1..]))));
-                    }
-                }
-                _ => return Err(bad(format!("not a status or integer reply: {:?}", lossy(l)))),
-            }
-        }
-        first
-    }
-}
-
 /// `MGET` of `names`, packed as [`pack`] would, without a slice of
 /// arguments.
 fn pack_mget(buf: &mut Vec<u8>, names: &[&[u8]]) {
@@ -341,54 +275,6 @@ mod tests {
         assert!(outs[2].is_empty());
         assert_eq!(outs[1], b"old");
         t.join().unwrap();
-    }
-
-    /// A server that reads `want` bytes, sends them back through the
-    /// channel, and answers `reply`.
-    fn recording(want: usize, reply: &'static [u8]) -> (Node, std::sync::mpsc::Receiver<Vec<u8>>) {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let (mut c, _) = l.accept().unwrap();
-            let mut got = vec![0u8; want];
-            c.read_exact(&mut got).unwrap();
-            tx.send(got).unwrap();
-            for piece in reply.chunks(2) {
-                c.write_all(piece).unwrap();
-                c.flush().unwrap();
-            }
-        });
-        (Node { host: "127.0.0.1".into(), port }, rx)
-    }
-
-    #[test]
-    fn parts_go_out_in_order_and_status_replies_are_read() {
-        // More slices than one writev takes, values of several sizes.
-        let values: Vec<Vec<u8>> = (0..1500u32).map(|i| vec![i as u8; (i as usize * 7) % 5000]).collect();
-        let mut head = Vec::new();
-        let mut parts = Vec::new();
-        let mut want = Vec::new();
-        for v in &values {
-            let at = head.len();
-            head.extend_from_slice(format!("${}\r\n", v.len()).as_bytes());
-            parts.push(Part::Head(at..head.len()));
-            parts.push(Part::Value(v));
-            want.extend_from_slice(&head[at..]);
-            want.extend_from_slice(v);
-        }
-        let (n, rx) = recording(want.len(), b"+OK\r\n:3\r\n+OK\r\n");
-        let mut g = getter(&n);
-        g.send_parts(&head, &parts).unwrap();
-        assert!(rx.recv().unwrap() == want);
-        g.replies(3).unwrap();
-        // An error reply among them fails the whole, after all are read;
-        // a reply of another kind is an error.
-        let (n, _rx) = recording(0, b"+OK\r\n-ERR full\r\n:1\r\n$1\r\nx\r\n");
-        let mut g = getter(&n);
-        let e = g.replies(3).unwrap_err();
-        assert!(e.to_string().contains("ERR full"), "{e}");
-        assert!(g.replies(1).is_err());
     }
 
     #[test]

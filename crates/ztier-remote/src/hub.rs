@@ -35,7 +35,6 @@ use std::time::{Duration, Instant};
 use ztier_store::tier::NextTier;
 
 use crate::config::RemoteConfig;
-use crate::getter::Getter;
 use crate::link::Link;
 use crate::tier::{Bell, Found, Inner, RemoteTier, Round};
 use crate::RemoteError;
@@ -146,9 +145,7 @@ impl Drop for Hub {
 fn run(sh: Arc<Shared>) {
     // Connection `i` and the pipeline sent on it whose replies are not
     // read yet (at most one each), oldest first.
-    let mut links: Vec<Option<Wire>> = Vec::new();
-    // The connection for pipelines that wait for a replica.
-    let mut waiting: Option<Link> = None;
+    let mut links: Vec<Option<Link>> = Vec::new();
     let mut flights: VecDeque<(usize, Flight)> = VecDeque::new();
     let mut buf = Vec::new();
     // Which tier goes first this time (each in turn).
@@ -208,17 +205,17 @@ fn run(sh: Arc<Shared>) {
             }
         }
         if !rounds.is_empty() && waits {
-            // One pipeline, answered, then WAIT, on a connection of the
-            // `redis` client.
-            if waiting.is_none() {
-                waiting = rounds.first().and_then(|(t, _)| t.conn.connect().ok());
+            // One pipeline, answered, then WAIT, on the first connection.
+            if links.is_empty() {
+                links.push(None);
             }
-            let ok = match waiting.as_mut() {
+            connect(&mut links[0], &rounds);
+            let ok = match links[0].as_mut() {
                 Some(l) => write(l, &rounds, &mut buf),
                 None => Err("cannot connect".to_string()),
             };
             if ok.is_err() {
-                waiting = None;
+                links[0] = None;
             }
             finish(rounds, ok);
         } else if !rounds.is_empty() {
@@ -241,11 +238,14 @@ fn run(sh: Arc<Shared>) {
             connect(&mut links[i], &rounds);
             match links[i].as_mut() {
                 Some(l) => {
+                    buf.clear();
+                    let n: usize = rounds.iter().map(|(t, r)| t.pack_round(r, &mut buf)).sum();
                     let sent_at = Instant::now();
-                    match l.send(&rounds, &mut buf) {
-                        Ok(n) => flights.push_back((i, Flight { rounds, n, sent_at })),
+                    match l.send_packed(&buf) {
+                        Ok(()) => flights.push_back((i, Flight { rounds, n, sent_at })),
                         Err(e) => {
                             links[i] = None;
+                            let e = refused(&rounds, e);
                             finish(rounds, Err(e));
                         }
                     }
@@ -264,59 +264,18 @@ fn run(sh: Arc<Shared>) {
     }
 }
 
-/// A connection of the hub: its own on a single server over plain TCP
-/// (the sealed values sent from their buffers with `writev`, the
-/// replies read without the `redis` crate's parser), else the `redis`
-/// client's (TLS; values copied into the pipeline buffer).
-enum Wire {
-    Own(Getter),
-    Client(Link),
-}
-
-impl Wire {
-    /// Sends `rounds` as one pipeline (`buf`: for the framing, or all
-    /// of it): how many commands, whose replies [`Wire::replies`] reads.
-    fn send(&mut self, rounds: &[(Arc<Inner>, Round)], buf: &mut Vec<u8>) -> Result<usize, String> {
-        buf.clear();
-        match self {
-            Wire::Own(g) => {
-                let mut parts = Vec::new();
-                let n = rounds.iter().map(|(t, r)| t.pack_round_parts(r, buf, &mut parts)).sum();
-                g.send_parts(buf, &parts).map_err(|e| refused(rounds, e))?;
-                Ok(n)
-            }
-            Wire::Client(l) => {
-                let n = rounds.iter().map(|(t, r)| t.pack_round(r, buf)).sum();
-                l.send_packed(buf).map_err(|e| refused(rounds, e))?;
-                Ok(n)
-            }
-        }
-    }
-
-    /// Reads the replies of `n` commands sent; any error fails the whole.
-    fn replies(&mut self, n: usize) -> Result<(), String> {
-        match self {
-            Wire::Own(g) => g.replies(n).map_err(|e| e.to_string()),
-            Wire::Client(l) => l.replies(n).map_err(|e| e.to_string()),
-        }
-    }
-}
-
 /// A connection in `link` if there is none (through the first tier of
 /// `rounds`: all are to the same servers).
-fn connect(link: &mut Option<Wire>, rounds: &[(Arc<Inner>, Round)]) {
+fn connect(link: &mut Option<Link>, rounds: &[(Arc<Inner>, Round)]) {
     if link.is_none() {
-        *link = rounds.first().and_then(|(t, _)| match t.raw_link() {
-            Some(g) => g.ok().map(Wire::Own),
-            None => t.conn.connect().ok().map(Wire::Client),
-        });
+        *link = rounds.first().and_then(|(t, _)| t.conn.connect().ok());
     }
 }
 
 /// Reads the replies of pipeline `f`, sent on `link`, and settles its
 /// rounds; a connection that failed is dropped (its replies may be out
 /// of step).
-fn land_on(link: &mut Option<Wire>, f: Flight) {
+fn land_on(link: &mut Option<Link>, f: Flight) {
     let ok = match link.as_mut() {
         Some(l) => land(l, &f),
         None => Err("the connection was lost".to_string()),
@@ -332,7 +291,7 @@ fn tier_list(rounds: &[(Arc<Inner>, Round)]) -> Vec<Arc<Inner>> {
 }
 
 /// Reads a pipeline's replies, and counts each tier's round.
-fn land(l: &mut Wire, f: &Flight) -> Result<(), String> {
+fn land(l: &mut Link, f: &Flight) -> Result<(), String> {
     match l.replies(f.n) {
         Ok(()) => {
             for (t, r) in &f.rounds {
@@ -365,7 +324,7 @@ fn write(l: &mut Link, rounds: &[(Arc<Inner>, Round)], buf: &mut Vec<u8>) -> Res
 }
 
 /// A pipeline refused or lost: counted by each tier in it.
-fn refused(rounds: &[(Arc<Inner>, Round)], e: impl std::fmt::Display) -> String {
+fn refused(rounds: &[(Arc<Inner>, Round)], e: redis::RedisError) -> String {
     for (t, _) in rounds {
         t.count_error();
     }

@@ -32,7 +32,7 @@ use ztier_store::tier::{NextTier, SpillMeta, TierError};
 use ztier_store::Key;
 
 use crate::config::{Durability, RemoteConfig};
-use crate::getter::{Getter, Part};
+use crate::getter::Getter;
 use crate::link::{hash_tag, push_decimal, spread_tags, Connector, Link, Topology};
 use crate::seal::{hex, Writer, OVERHEAD};
 use crate::stats::{Stats, StatsSnapshot};
@@ -679,13 +679,6 @@ impl Inner {
         }
     }
 
-    /// A connection of its own for a shared flusher that sends values
-    /// with `writev` ([`Getter::send_parts`]): a single server over plain
-    /// TCP only (`None`: the `redis` client's, [`Connector::connect`]).
-    pub(crate) fn raw_link(&self) -> Option<std::io::Result<Getter>> {
-        self.direct.then(|| Getter::connect(&self.cfg.nodes[0], &self.cfg.credentials, self.cfg.timeout))
-    }
-
     fn take_getter(&self) -> std::io::Result<Getter> {
         if let Some(g) = self.getters.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             return Ok(g);
@@ -1025,37 +1018,6 @@ impl Inner {
     /// how many commands. (Appended: a shared flusher packs several
     /// tiers' rounds into one buffer.)
     pub(crate) fn pack_round(&self, r: &Round, buf: &mut Vec<u8>) -> usize {
-        self.pack_round_with(r, buf, |buf, v| buf.extend_from_slice(v))
-    }
-
-    /// [`Inner::pack_round`] for `writev`: the framing and names into
-    /// `head`, each value sealed already named in `parts` where it is
-    /// (only a value sealed here, by a writer that encrypts and keeps
-    /// local copies, goes into `head`). Returns how many commands.
-    pub(crate) fn pack_round_parts<'a>(
-        &self,
-        r: &'a Round,
-        head: &mut Vec<u8>,
-        parts: &mut Vec<Part<'a>>,
-    ) -> usize {
-        let mut from = head.len();
-        let n = self.pack_round_with(r, head, |head, v| {
-            parts.push(Part::Head(from..head.len()));
-            parts.push(Part::Value(v));
-            from = head.len();
-        });
-        parts.push(Part::Head(from..head.len()));
-        n
-    }
-
-    /// [`Inner::pack_round`], each sealed value given to `value` (with
-    /// the buffer) at its place instead of copied.
-    fn pack_round_with<'a>(
-        &self,
-        r: &'a Round,
-        buf: &mut Vec<u8>,
-        mut value: impl FnMut(&mut Vec<u8>, &'a [u8]),
-    ) -> usize {
         let mut n = 0;
         if let Some((_, w)) = &r.writer {
             let mut i = 0;
@@ -1081,7 +1043,7 @@ impl Inner {
                     if d.form == Form::Plain {
                         w.seal(*key, meta, *seq, &d.bytes, buf);
                     } else {
-                        value(buf, &d.bytes);
+                        buf.extend_from_slice(&d.bytes);
                     }
                     buf.extend_from_slice(b"\r\n");
                 }
