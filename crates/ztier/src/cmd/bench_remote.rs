@@ -423,7 +423,8 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
             for round in 0..a.rounds {
                 eprintln!("round {}/{}: {c} clients, depth {p}", round + 1, a.rounds);
                 let r = redis_benchmark(node.port, &node.host, c, p, a.requests, server)?;
-                let z = ztier(&cfg, a.flusher, a.pending_pages, c, p, a.requests, &mut lat, server, &mut last)?;
+                let z =
+                    ztier(&cfg, a.flusher, a.pending_pages, c, p, a.requests, &mut lat, server, &mut last)?;
                 for (v, x) in sides.iter_mut().zip([r.set, r.get, z.set, z.get]) {
                     v.push(x);
                 }
