@@ -5,15 +5,17 @@
 //! ```text
 //!  tier A ─┐ put: queued, sealed (its own keys, names, MAC)
 //!  tier B ─┼─▶ the hub's thread: a round of each tier with work, packed
-//!  tier C ─┘   into ONE pipeline on ONE connection (each tier's MSETs
-//!              under its own names), two pipelines in flight; WAIT 1
-//!              after the pipeline when a tier's durability asks
+//!  tier C ─┘   into ONE pipeline (each tier's MSETs under its own
+//!              names), on one of up to LINKS connections, a pipeline in
+//!              flight on each; WAIT 1 after the pipeline (one at a time)
+//!              when a tier's durability asks
 //! ```
 //!
 //! Why: a tier's own flusher is a thread and a connection per tier, and
 //! a wake-up per round of each; with many tiers on few CPUs the
 //! hand-over between putting threads and flushers is most of the cost
-//! (50 tiers: 100 threads). A hub makes it one thread and one pipeline.
+//! (50 tiers: 100 threads). A hub makes it one thread and one pipeline
+//! at a time.
 //!
 //! What does not change: each tier's index, queue, keys, names and MAC
 //! (a tier's values stay its own: no tier can read or name another's);
@@ -25,6 +27,7 @@
 //! each goes to its own fallback and backs off. A cluster's tiers keep
 //! their own flushers (their commands need routing per node).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,10 +39,18 @@ use crate::link::Link;
 use crate::tier::{Bell, Found, Inner, RemoteTier, Round};
 use crate::RemoteError;
 
+/// Connections the hub writes on, at most, each with one pipeline in
+/// flight: opened as pipelines wait for one. A single server reads at
+/// most 16 KiB from a connection per turn of its event loop: a deep
+/// pipeline on one connection costs it about a fifth more CPU a page
+/// than the same pages over several (see
+/// `docs/measurements/2026-12-07-remote-puts-2.md`).
+pub const LINKS: usize = 4;
 /// Pages one pipeline carries, at most (of all tiers together; each
 /// tier gives it a round of its own size at most: `batch_pages` ×
-/// `batches_per_round`).
-const MOST_PAGES: usize = 1024;
+/// `batches_per_round`): the 1024 pages once carried by two pipelines
+/// in flight, spread over the connections.
+const PIPELINE_PAGES: usize = 2048 / LINKS;
 /// An idle hub looks at its tiers this often (tiers dropped, backoffs).
 const LOOK_EVERY: Duration = Duration::from_millis(500);
 
@@ -132,15 +143,17 @@ impl Drop for Hub {
 
 /// The hub's thread.
 fn run(sh: Arc<Shared>) {
-    let mut link: Option<Link> = None;
+    // Connection `i` and the pipeline sent on it whose replies are not
+    // read yet (at most one each), oldest first.
+    let mut links: Vec<Option<Link>> = Vec::new();
+    let mut flights: VecDeque<(usize, Flight)> = VecDeque::new();
     let mut buf = Vec::new();
-    let mut flight: Option<Flight> = None;
     // Which tier goes first this time (each in turn).
     let mut first = 0usize;
     loop {
         sh.bell.clear();
         let tiers: Vec<Arc<Inner>> = sh.tiers.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if tiers.is_empty() && flight.is_none() && sh.closing.load(Ordering::Acquire) {
+        if tiers.is_empty() && flights.is_empty() && sh.closing.load(Ordering::Acquire) {
             return;
         }
         // A round of each tier with work.
@@ -151,10 +164,10 @@ fn run(sh: Arc<Shared>) {
         first = (first + 1) % k;
         for i in 0..tiers.len() {
             let t = &tiers[(first + i) % k];
-            if pages >= MOST_PAGES {
+            if pages >= PIPELINE_PAGES {
                 break;
             }
-            match t.take_round(MOST_PAGES - pages) {
+            match t.take_round(PIPELINE_PAGES - pages) {
                 Found::Gone => gone.push(t.clone()),
                 Found::Idle => {}
                 Found::Down(at) => wake_at = Some(wake_at.map_or(at, |w| w.min(at))),
@@ -170,80 +183,107 @@ fn run(sh: Arc<Shared>) {
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|t| !gone.iter().any(|g| Arc::ptr_eq(t, g)));
         }
-        if rounds.is_empty() && flight.is_none() {
+        if rounds.is_empty() && flights.is_empty() {
             let d =
                 wake_at.map_or(LOOK_EVERY, |w| w.saturating_duration_since(Instant::now()).min(LOOK_EVERY));
             sh.bell.wait(d);
             continue;
         }
-        if link.is_none() {
-            let conn =
-                rounds.first().or(flight.as_ref().and_then(|f| f.rounds.first())).map(|(t, _)| t.clone());
-            link = conn.and_then(|t| t.conn.connect().ok());
-        }
         let waits = rounds.iter().any(|(t, r)| r.pages() > 0 && t.waits());
         // The tiers whose rounds are settled in this turn.
-        let mut touched: Vec<Arc<Inner>> = flight.as_ref().map_or(Vec::new(), |f| tier_list(&f.rounds));
+        let mut touched: Vec<Arc<Inner>> = flights.iter().flat_map(|(_, f)| tier_list(&f.rounds)).collect();
         touched.extend(tier_list(&rounds));
-        if !rounds.is_empty() && !waits && link.is_some() {
-            // Two in flight: this pipeline goes out before the last
-            // one's replies are read.
-            let l = link.as_mut().expect("checked above");
-            buf.clear();
-            let n: usize = rounds.iter().map(|(t, r)| t.pack_round(r, &mut buf)).sum();
-            let sent_at = Instant::now();
-            let sent = l.send_packed(&buf).map_err(|e| refused(&rounds, e));
-            let mut step = sent.is_ok();
-            if let Some(f) = flight.take() {
-                let ok = match &sent {
-                    Ok(()) => land(l, &f),
-                    Err(e) => Err(e.clone()),
-                };
-                step &= ok.is_ok();
-                finish(f.rounds, ok);
-            }
-            match sent {
-                Ok(()) if step => flight = Some(Flight { rounds, n, sent_at }),
-                Ok(()) => {
-                    link = None;
-                    finish(rounds, Err("the round before it failed on the same connection".into()));
-                }
-                Err(e) => {
-                    link = None;
-                    finish(rounds, Err(e));
+        if rounds.is_empty() || waits {
+            // Nothing to send, or a round that waits for a replica: the
+            // pipelines in flight are answered first (the oldest now;
+            // all, before a pipeline that waits).
+            while let Some((i, f)) = flights.pop_front() {
+                land_on(&mut links[i], f);
+                if !waits {
+                    break;
                 }
             }
-        } else {
-            if let Some(f) = flight.take() {
-                let ok = match link.as_mut() {
-                    Some(l) => land(l, &f),
-                    None => Err("cannot connect".to_string()),
-                };
-                if ok.is_err() {
-                    link = None;
-                }
-                finish(f.rounds, ok);
+        }
+        if !rounds.is_empty() && waits {
+            // One pipeline, answered, then WAIT, on the first connection.
+            if links.is_empty() {
+                links.push(None);
             }
-            if !rounds.is_empty() {
-                let ok = match link.as_mut() {
-                    Some(l) => write(l, &rounds, &mut buf),
-                    None => Err("cannot connect".to_string()),
-                };
-                if ok.is_err() {
-                    link = None;
+            connect(&mut links[0], &rounds);
+            let ok = match links[0].as_mut() {
+                Some(l) => write(l, &rounds, &mut buf),
+                None => Err("cannot connect".to_string()),
+            };
+            if ok.is_err() {
+                links[0] = None;
+            }
+            finish(rounds, ok);
+        } else if !rounds.is_empty() {
+            // On a connection with nothing in flight: a new one while
+            // there are fewer than LINKS, else the oldest pipeline's,
+            // once its replies are read.
+            let free = (0..links.len()).find(|i| !flights.iter().any(|(j, _)| j == i));
+            let i = match free {
+                Some(i) => i,
+                None if links.len() < LINKS => {
+                    links.push(None);
+                    links.len() - 1
                 }
-                finish(rounds, ok);
+                None => {
+                    let (i, f) = flights.pop_front().expect("every connection has a pipeline in flight");
+                    land_on(&mut links[i], f);
+                    i
+                }
+            };
+            connect(&mut links[i], &rounds);
+            match links[i].as_mut() {
+                Some(l) => {
+                    buf.clear();
+                    let n: usize = rounds.iter().map(|(t, r)| t.pack_round(r, &mut buf)).sum();
+                    let sent_at = Instant::now();
+                    match l.send_packed(&buf) {
+                        Ok(()) => flights.push_back((i, Flight { rounds, n, sent_at })),
+                        Err(e) => {
+                            links[i] = None;
+                            let e = refused(&rounds, e);
+                            finish(rounds, Err(e));
+                        }
+                    }
+                }
+                None => finish(rounds, Err("cannot connect".to_string())),
             }
         }
         // Tiers with no round in flight any more are settled (their
         // `flush` may return).
-        let now: Vec<Arc<Inner>> = flight.as_ref().map_or(Vec::new(), |f| tier_list(&f.rounds));
+        let now: Vec<Arc<Inner>> = flights.iter().flat_map(|(_, f)| tier_list(&f.rounds)).collect();
         for t in &touched {
             if !now.iter().any(|x| Arc::ptr_eq(x, t)) {
                 t.settled();
             }
         }
     }
+}
+
+/// A connection in `link` if there is none (through the first tier of
+/// `rounds`: all are to the same servers).
+fn connect(link: &mut Option<Link>, rounds: &[(Arc<Inner>, Round)]) {
+    if link.is_none() {
+        *link = rounds.first().and_then(|(t, _)| t.conn.connect().ok());
+    }
+}
+
+/// Reads the replies of pipeline `f`, sent on `link`, and settles its
+/// rounds; a connection that failed is dropped (its replies may be out
+/// of step).
+fn land_on(link: &mut Option<Link>, f: Flight) {
+    let ok = match link.as_mut() {
+        Some(l) => land(l, &f),
+        None => Err("the connection was lost".to_string()),
+    };
+    if ok.is_err() {
+        *link = None;
+    }
+    finish(f.rounds, ok);
 }
 
 fn tier_list(rounds: &[(Arc<Inner>, Round)]) -> Vec<Arc<Inner>> {

@@ -23,7 +23,7 @@ redis-server; redis-benchmark from redis-tools). Each round runs redis-benchmark
 ztier at each concurrency and depth; the rates are the medians of the rounds, the ratios\n\
 the medians of each round's ratio (ztier over redis-benchmark in that round), with their range;\n\
 and the CPU time a request costs each client (all its threads) and the server (medians), which a\n\
-loaded machine disturbs less than the rates; --json adds the flusher threads' CPU per put\n\
+loaded machine disturbs less than the rates; --json adds the server's minor faults per request and the flusher threads' CPU per put\n\
 (ztier_put_flusher_cpu_us: one thread's, so 1e6 over it is the most puts a second it can carry).\n\
 ztier's put is the tier's put of a 4 KiB page (sealed and named in the putting thread, written behind in\n\
 batches of DEPTH pages, one batch per pipeline, until all are written); its get at depth 1\n\
@@ -34,7 +34,9 @@ one flusher thread and connection, one pipeline for all; with --flusher own each
 its own flusher thread and connection. With --pending-pages N (default: the page buffers a\n\
 process keeps, 1024) the clients' tiers hold at most N pages waiting to be written together (each\n\
 at least two batches): a put waits for room, so the puts go at the writes' pace and the\n\
-measurement is of a steady state, not of a burst queued in memory; 0 leaves each tier its default.")]
+measurement is of a steady state, not of a burst queued in memory; 0 leaves each tier its default.\n\
+A round's ztier pages are removed just before the next round's puts (which then reuse the memory\n\
+the server freed, as redis-benchmark's SETs, over 100,000 keys, replace theirs).")]
 pub struct RemoteBenchArgs {
     /// A server to use (redis://HOST:PORT, no password: ZTIER_REMOTE_PASSWORD); default: one started here.
     #[arg(long)]
@@ -80,6 +82,9 @@ struct Rate {
     server_cpu: f64,
     /// Minor page faults of the client per request (ztier's only).
     client_faults: f64,
+    /// Minor page faults of the server per request (0 if it is not
+    /// ours): the first touch of memory its allocator takes fresh.
+    server_faults: f64,
     /// CPU seconds per request of the flusher threads (ztier's puts
     /// only): one thread's share, so a rate it can carry at most.
     flusher_cpu: f64,
@@ -118,19 +123,28 @@ fn proc_cpu(pid: Option<u32>) -> Option<f64> {
     stat_cpu(&std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?)
 }
 
-/// CPU seconds so far of this process's flusher threads (named
-/// `ztier-remote…`: a hub's or a tier's own), to the nanosecond (their
-/// `/proc` stat counts 10 ms ticks).
-fn flushers_cpu() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+/// CPU seconds so far of each of this process's flusher threads (named
+/// `ztier-remote…`: a hub's or a tier's own), by thread id, to the
+/// nanosecond (their `/proc` stat counts 10 ms ticks).
+fn flushers_cpu() -> Vec<(i32, f64)> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
     tasks
         .filter_map(|t| {
             let t = t.ok()?;
             let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
             comm.starts_with("ztier-remote").then_some(())?;
-            thread_cpu(t.file_name().to_str()?.parse().ok()?)
+            let tid = t.file_name().to_str()?.parse().ok()?;
+            Some((tid, thread_cpu(tid)?))
         })
-        .sum()
+        .collect()
+}
+
+/// The flusher threads' CPU seconds from `before` to `after`
+/// ([`flushers_cpu`]), of the threads alive at `after` (a thread that
+/// ended meanwhile, the round before's, is left out: its time before
+/// would count against the others').
+fn flushers_between(before: &[(i32, f64)], after: &[(i32, f64)]) -> f64 {
+    after.iter().map(|(t, b)| b - before.iter().find(|(u, _)| u == t).map_or(0.0, |(_, a)| *a)).sum()
 }
 
 /// CPU seconds of thread `tid` of this process: its CPU-time clock, the
@@ -145,6 +159,13 @@ fn thread_cpu(tid: i32) -> Option<f64> {
     (r == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9)
 }
 
+/// Minor page faults of process `pid` so far (`None`: none to watch).
+fn proc_faults(pid: Option<u32>) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
+    // minflt: the 8th field after the command.
+    stat[stat.rfind(')')? + 2..].split_whitespace().nth(7)?.parse().ok()
+}
+
 /// User + system CPU seconds in a `/proc/.../stat` line.
 fn stat_cpu(stat: &str) -> Option<f64> {
     // Fields after the command's closing parenthesis: utime and stime
@@ -156,15 +177,13 @@ fn stat_cpu(stat: &str) -> Option<f64> {
     Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / hz)
 }
 
-/// CPU seconds of the client (`who`) and the server while `f` runs.
-fn cpu_of<T>(who: i32, server: Option<u32>, f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64)> {
-    let (c, s) = (rusage(who), proc_cpu(server));
+/// CPU seconds of the client (`who`) and the server, and the server's
+/// minor faults, while `f` runs.
+fn cpu_of<T>(who: i32, server: Option<u32>, f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64, f64)> {
+    let (c, s, sf) = (rusage(who), proc_cpu(server), proc_faults(server));
     let r = f()?;
-    let server = match (s, proc_cpu(server)) {
-        (Some(a), Some(b)) => b - a,
-        _ => 0.0,
-    };
-    Ok((r, rusage(who) - c, server))
+    let d = |a: Option<f64>, b: Option<f64>| a.zip(b).map_or(0.0, |(a, b)| b - a);
+    Ok((r, rusage(who) - c, d(s, proc_cpu(server)), d(sf, proc_faults(server))))
 }
 
 /// `redis-benchmark -t TEST` (each test a run of its own, so that each
@@ -185,7 +204,7 @@ fn redis_benchmark(
             // redis-benchmark takes it from the environment like redis-cli.
             cmd.env("REDISCLI_AUTH", pw);
         }
-        let (out, client, srv) = cpu_of(libc::RUSAGE_CHILDREN, server, || {
+        let (out, client, srv, srv_faults) = cpu_of(libc::RUSAGE_CHILDREN, server, || {
             cmd.output().context("running redis-benchmark (Debian's redis-tools)")
         })?;
         if !out.status.success() {
@@ -204,6 +223,7 @@ fn redis_benchmark(
             client_cpu: client / n as f64,
             server_cpu: srv / n as f64,
             client_faults: 0.0,
+            server_faults: srv_faults / n as f64,
             flusher_cpu: 0.0,
         })
     };
@@ -225,6 +245,15 @@ fn page(i: usize) -> Vec<u8> {
 
 /// ztier's put and get rates (and CPU: this process's, the server's) at
 /// `c` threads and depth `p`, with the get latencies at depth 1 (ns).
+///
+/// `last`: the tiers of the round before, whose pages are removed just
+/// before this round's puts (and this round's tiers are left there for
+/// the next): the puts then take memory the server has just freed, as
+/// redis-benchmark's SETs (100,000 keys, written over from its second
+/// round on) take the memory of the values they replace. Pages removed
+/// at the end of a round left the server's allocator time to give their
+/// memory back to the system, and the next puts paid a page fault per
+/// value (1.3 a put) that the SETs never did.
 #[allow(clippy::too_many_arguments)]
 fn ztier(
     cfg: &RemoteConfig,
@@ -235,8 +264,12 @@ fn ztier(
     n: usize,
     lat: &mut Vec<u64>,
     server: Option<u32>,
+    last: &mut Vec<Arc<RemoteTier>>,
 ) -> Result<Rates> {
     let per = n / c;
+    for tier in last.drain(..) {
+        tier.close();
+    }
     let mut tiers = Vec::new();
     let hub = ztier_remote::Hub::new()?;
     for _ in 0..c {
@@ -258,6 +291,7 @@ fn ztier(
         pages.iter().map(|d| SpillMeta { tag: 0, flags: 0, len: 4096, crc: crc32c(d), pattern: 0 }).collect(),
     );
     let (c0, s0, f0, h0) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults(), flushers_cpu());
+    let sf0 = proc_faults(server);
     let t = Instant::now();
     let hs: Vec<_> = tiers
         .iter()
@@ -279,13 +313,15 @@ fn ztier(
     let set = (per * c) as f64 / t.elapsed().as_secs_f64();
     let total = (per * c) as f64;
     let (c1, s1, f1, h1) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults(), flushers_cpu());
+    let sf1 = proc_faults(server);
     let srv = |a: Option<f64>, b: Option<f64>| a.zip(b).map_or(0.0, |(a, b)| (b - a) / total);
     let set = Rate {
         per_s: set,
         client_cpu: (c1 - c0) / total,
         server_cpu: srv(s0, s1),
         client_faults: (f1 - f0) / total,
-        flusher_cpu: (h1 - h0) / total,
+        server_faults: srv(sf0, sf1),
+        flusher_cpu: flushers_between(&h0, &h1) / total,
     };
     for tier in &tiers {
         let s = tier.stats();
@@ -330,19 +366,16 @@ fn ztier(
     }
     let get = (per * c) as f64 / t.elapsed().as_secs_f64();
     let (c2, s2, f2) = (rusage(libc::RUSAGE_SELF), proc_cpu(server), minor_faults());
+    let sf2 = proc_faults(server);
     let get = Rate {
         per_s: get,
         client_cpu: (c2 - c1) / total,
         server_cpu: srv(s1, s2),
         client_faults: (f2 - f1) / total,
+        server_faults: srv(sf1, sf2),
         flusher_cpu: 0.0,
     };
-    for tier in &tiers {
-        for i in 0..per {
-            tier.remove(Key { pool: 0, object: 0, index: i as u32 });
-        }
-        tier.flush();
-    }
+    *last = tiers;
     Ok(Rates { set, get })
 }
 
@@ -386,13 +419,18 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
             // Per round: redis-benchmark's set and get, ztier's put and get.
             let mut sides: [Vec<Rate>; 4] = Default::default();
             let mut lat = Vec::new();
+            let mut last = Vec::new();
             for round in 0..a.rounds {
                 eprintln!("round {}/{}: {c} clients, depth {p}", round + 1, a.rounds);
                 let r = redis_benchmark(node.port, &node.host, c, p, a.requests, server)?;
-                let z = ztier(&cfg, a.flusher, a.pending_pages, c, p, a.requests, &mut lat, server)?;
+                let z =
+                    ztier(&cfg, a.flusher, a.pending_pages, c, p, a.requests, &mut lat, server, &mut last)?;
                 for (v, x) in sides.iter_mut().zip([r.set, r.get, z.set, z.get]) {
                     v.push(x);
                 }
+            }
+            for tier in last {
+                tier.close();
             }
             let [rs, rg, zs, zg] = &sides;
             // Each round's ratio: both sides of a round ran back to back,
@@ -421,6 +459,8 @@ pub fn run(a: RemoteBenchArgs) -> Result<i32> {
                 "server_set_cpu_us": srv(rs), "server_get_cpu_us": srv(rg),
                 "server_put_cpu_us": srv(zs), "server_ztier_get_cpu_us": srv(zg),
                 "ztier_put_faults": med(zs, |r| r.client_faults),
+                "server_set_faults": med(rs, |r| r.server_faults), "server_put_faults": med(zs, |r| r.server_faults),
+                "server_get_faults": med(rg, |r| r.server_faults), "server_ztier_get_faults": med(zg, |r| r.server_faults),
                 "ztier_put_flusher_cpu_us": med(zs, |r| r.flusher_cpu) * 1e6, "ztier_get_faults": med(zg, |r| r.client_faults),
                 "get_p50_us": quantile(&mut lat, 0.5), "get_p99_us": quantile(&mut lat, 0.99),
             }));
