@@ -951,14 +951,14 @@ fn the_budget_counts_the_stores_and_tables_too() {
 /// The bound itself: everything held stays within the budget, but for
 /// what a process has not yet said its store and tables grew by (64 KiB
 /// each) and pages counted as over it. Not met yet: four `workers.py`
-/// processes at 24M held 26.0–28.8 MB in all at their most (25.2 MB
-/// budget; 5 runs), with no page taken over it: evicted pages go back to an
-/// overdrawn pool, a child sets aside the pages it shares with its
-/// parent, and a fault with its own pages in flight waits for their
-/// commit; what is left likely comes from pages shared copy-on-write
-/// (compressed copies of pages that stay in memory in another process).
+/// processes at 24M held 25.7–27.7 MB in all at their most (25.2 MB
+/// budget; 11 runs). At each peak a child's store grows while the pages
+/// it holds do not move: it pays an adoption debt (pages its parent
+/// evicted while it still mapped them, held by none until it adopts
+/// them) or commits a batch of pages it shares with its parent
+/// (docs/measurements/2026-12-07-budget-all-2.md).
 #[test]
-#[ignore = "not met yet: 26.0-28.8 MB held at --budget 24M (25.2 MB), 3-14% over"]
+#[ignore = "not met yet: 25.7-27.7 MB held at --budget 24M (25.2 MB), 2-10% over"]
 fn everything_held_stays_within_the_budget() {
     let d = tmp("covers-all-bound");
     let spill = d.join("spill");
