@@ -22,6 +22,10 @@
 //!   and the background evictor's batch (victims taken back by a write,
 //!   the seal, early commits, the commit), through an [`handshake::Arena`]
 //!   the manager implements.
+//! * [`victims`] — victim choice: the manager's verdict on each page
+//!   the replacement policy offers (taken, held, set aside, requeued,
+//!   stale) and on its neighbours, for the policy crate's loop
+//!   ([`ztier_policy::pick`]).
 //! * [`pins`] — the books of what keeps pages resident (pins, memory
 //!   locks, threads' kept pins, holds) and of what a forked child gets.
 
@@ -32,3 +36,4 @@ pub mod inherit;
 pub mod names;
 pub mod pins;
 pub mod state;
+pub mod victims;
