@@ -116,8 +116,9 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_128;
 use ztier_codec::CodecId;
+use ztier_policy::pick::pick;
 use ztier_policy::prefetch::{Prefetch, MAX_STORE_RUN, MAX_ZERO_RUN};
-use ztier_policy::replacement::{Replacement, Verdict};
+use ztier_policy::replacement::Replacement;
 use ztier_policy::spec::Parts;
 use ztier_policy::split::Split;
 use ztier_store::alloc::AllocatorKind;
@@ -136,9 +137,10 @@ use ztier_run_core::names::env;
 use ztier_run_core::pins::{Kept, Pins};
 pub use ztier_run_core::pins::{KeptKind, OnFork};
 use ztier_run_core::state;
+use ztier_run_core::victims::{self, Live};
 
 pub use crate::sys::PAGE;
-pub use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, CLUSTER, EVICT_BATCH};
+pub use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, EVICT_BATCH};
 pub use ztier_run_core::state::{ABSENT, CLEAN, EVICTING, NOEVICT, OWNED, RESIDENT, STATE, STORED};
 /// Zero pages installed per fault on a never-touched page, at most (the
 /// prefetch says how many; pins fill this many at a time).
@@ -2188,12 +2190,13 @@ impl Manager {
 
     /// Takes up to `max` victims, oldest first, while the resident count
     /// is above `target` + `in_flight` + those taken; marks them EVICTING
-    /// and OWNED. [`Victims::compress`] write-protects them first.
+    /// and OWNED. [`Victims::compress`] write-protects them first. Which
+    /// pages: the policy's loop ([`ztier_policy::pick`]) over the
+    /// manager's verdicts ([`Live`]).
     fn take_victims(&mut self, max: usize, target: usize, in_flight: usize) -> io::Result<Option<Victims>> {
         if self.frozen() {
             return Ok(None);
         }
-        let mut pages = Vec::with_capacity(max);
         // Under `--budget-covers all`, while the pool is overdrawn, a
         // forked child leaves the pages it shares with its parent: they
         // stay in memory (its parent's) and their compressed copy would
@@ -2202,69 +2205,16 @@ impl Manager {
         if !overdrawn {
             self.requeue_set_aside();
         }
-        // (Out of `self` during the loop, which changes the states.)
-        let shared = if overdrawn { self.inherited.take() } else { None };
-        let inherited = |i: usize| shared.as_ref().is_some_and(|h| h.pages.has(i));
-        // Each queue entry is looked at most once per call (pages that
-        // cannot be evicted go to the back).
-        let mut looks = self.repl.queued();
-        while pages.len() < max && self.resident > target + in_flight + pages.len() && looks > 0 {
-            looks -= 1;
-            let states = &self.states;
-            let Some(i) = self.repl.candidate(&|i| states[i] & STATE == RESIDENT) else { break };
-            let s = self.st(i);
-            let verdict = if s & (STATE | OWNED) == RESIDENT | OWNED {
-                // Taken back from an eviction in flight: out of the queues
-                // until its commit puts it back.
-                Verdict::Owned
-            } else if s & STATE == RESIDENT && s & NOEVICT == 0 && !self.pinned(i) && !inherited(i) {
-                Verdict::Take
-            } else if s & STATE == RESIDENT && s & NOEVICT == 0 && !self.pinned(i) {
-                // Shared with the parent while the pool is overdrawn: out
-                // of the queues until it is not (`set_aside`); requeued,
-                // they would keep the victims behind them (the process's
-                // own pages, in the protected segment) from being looked
-                // at.
-                self.set_aside.push(i);
-                Verdict::Hold
-            } else if s & STATE == RESIDENT && s & NOEVICT == 0 {
-                // Pinned by a system call: out of the queues until it is
-                // unpinned.
-                Verdict::Hold
-            } else if s & STATE == RESIDENT {
-                Verdict::Requeue
-            } else {
-                // A stale entry (the page left memory while queued).
-                Verdict::Stale
-            };
-            self.repl.judge(i, verdict);
-            if verdict != Verdict::Take {
-                continue;
-            }
-            self.set(i, state::picked(s));
-            pages.push(i);
-            // Its resident neighbours that the policy lets go along (in
-            // probation) go with it: a run is write-protected and released
-            // in one call each, and every call costs a TLB shootdown on
-            // the program's CPU. (Their queue entries stay, as stale ones.)
-            let mut j = i + 1;
-            while j < self.pages
-                && j < i + CLUSTER
-                && pages.len() < max
-                && self.resident > target + in_flight + pages.len()
-            {
-                let t = self.st(j);
-                if !state::evictable(t) || !self.repl.clusters(j) || self.pinned(j) || inherited(j) {
-                    break;
-                }
-                self.set(j, state::picked(t));
-                pages.push(j);
-                j += 1;
-            }
-        }
-        if shared.is_some() {
-            self.inherited = shared;
-        }
+        // (The picked victims stay counted resident until the commit.)
+        let want = max.min(self.resident.saturating_sub(target + in_flight));
+        let mut pages = Vec::with_capacity(max);
+        let mut live = Live {
+            states: &mut self.states,
+            pins: &self.pins,
+            shared: self.inherited.as_ref().filter(|_| overdrawn).map(|h| &h.pages),
+            set_aside: &mut self.set_aside,
+        };
+        pick(&mut *self.repl, &mut live, want, &mut pages);
         if pages.is_empty() {
             return Ok(None);
         }
@@ -2291,12 +2241,7 @@ impl Manager {
     /// child's pages shared with its parent, [`Manager::take_victims`])
     /// back in line for eviction, those still resident and evictable.
     fn requeue_set_aside(&mut self) {
-        for i in std::mem::take(&mut self.set_aside) {
-            let s = self.st(i);
-            if s & (STATE | OWNED | NOEVICT) == RESIDENT && !self.pinned(i) {
-                self.repl.requeue(i);
-            }
-        }
+        victims::requeue_set_aside(&mut self.set_aside, &self.states, &self.pins, &mut *self.repl);
     }
 
     /// Finishes an eviction whose memory [`Victims::release`] gave back:
