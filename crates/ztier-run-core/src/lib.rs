@@ -8,6 +8,9 @@
 //! * [`faultlog`] — the fault log's rows, its CSV format, its writer and
 //!   its parser (`ztier run --fault-log`, `ztier faults`, `ztier sim
 //!   --fault-log`).
+//! * [`counters`] — the counters each process keeps while it runs
+//!   (`PID.json`, the control socket's `stats`) and the fault service
+//!   time's histogram.
 //! * [`names`] — the `ZTIER_*` environment variables the command sets
 //!   for the library, and the control socket's requests.
 //! * [`state`] — the page-state byte of the arena and its transitions
@@ -30,6 +33,7 @@
 //!   locks, threads' kept pins, holds) and of what a forked child gets.
 
 pub mod budget;
+pub mod counters;
 pub mod faultlog;
 pub mod handshake;
 pub mod inherit;
