@@ -29,7 +29,9 @@
 //! They are the objects `ztier sim` replays; the manager feeds them the
 //! faults, installs and evictions, and keeps their per-page tables
 //! ([`Table`]). When it evicts, and how many pages at a time, is
-//! [`ztier_policy::pacing`].
+//! [`ztier_policy::pacing`]; victims are asked of the replacement by
+//! [`ztier_policy::pick`], as in `ztier sim`, with the manager's word on
+//! each ([`ztier_run_core::victims`]: pinned, owned, shared pages).
 //!
 //! Clean pages: a page that comes back from the store and goes out again
 //! unwritten need not be compressed again, if the store kept its copy.
