@@ -9,7 +9,8 @@
 //!   leave memory, for a pager that sees faults only:
 //!   [`segmented`] (the one `ztier run` ships: protected and probation
 //!   segments, promotion by refault distance, adaptive aging) and
-//!   [`fifo`] (oldest first). The simulator's `lru` sees every reference
+//!   [`fifo`] (oldest first); [`pick`] is the pager's loop over its
+//!   candidates (victim choice, live and simulated alike). The simulator's `lru` sees every reference
 //!   instead ([`recency::Recency`]: exact LRU stack distances in O(log n)
 //!   per reference, the measure the sizing policies are built on).
 //! * **prefetch** ([`prefetch::Prefetch`]) — what a fault brings in
@@ -36,6 +37,7 @@ pub mod fifo;
 pub mod kaplan;
 pub mod none;
 pub mod pacing;
+pub mod pick;
 pub mod policy;
 pub mod prefetch;
 pub mod pressure;

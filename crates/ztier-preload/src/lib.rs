@@ -2308,21 +2308,7 @@ fn stats_json(g: &Global) -> String {
             m.holders(),
         )
     };
-    let q = |f: f64| -> f64 {
-        let total: u64 = lat.iter().sum();
-        if total == 0 {
-            return 0.0;
-        }
-        let want = ((total as f64) * f).ceil().max(1.0) as u64;
-        let mut seen = 0;
-        for (i, c) in lat.iter().enumerate() {
-            seen += c;
-            if seen >= want {
-                return manager::lat_upper_ns(i) as f64 / 1000.0;
-            }
-        }
-        manager::lat_upper_ns(manager::LAT_BUCKETS - 1) as f64 / 1000.0
-    };
+    let q = |f: f64| ztier_run_core::counters::quantile_us(&lat, f);
     let tree = |f: fn((usize, usize, usize)) -> usize| {
         tree.map_or("null".to_string(), |t| (f(t) * PAGE).to_string())
     };

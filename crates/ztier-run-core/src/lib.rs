@@ -8,6 +8,9 @@
 //! * [`faultlog`] — the fault log's rows, its CSV format, its writer and
 //!   its parser (`ztier run --fault-log`, `ztier faults`, `ztier sim
 //!   --fault-log`).
+//! * [`counters`] — the counters each process keeps while it runs
+//!   (`PID.json`, the control socket's `stats`) and the fault service
+//!   time's histogram.
 //! * [`names`] — the `ZTIER_*` environment variables the command sets
 //!   for the library, and the control socket's requests.
 //! * [`state`] — the page-state byte of the arena and its transitions
@@ -22,13 +25,19 @@
 //!   and the background evictor's batch (victims taken back by a write,
 //!   the seal, early commits, the commit), through an [`handshake::Arena`]
 //!   the manager implements.
+//! * [`victims`] — victim choice: the manager's verdict on each page
+//!   the replacement policy offers (taken, held, set aside, requeued,
+//!   stale) and on its neighbours, for the policy crate's loop
+//!   ([`ztier_policy::pick`]).
 //! * [`pins`] — the books of what keeps pages resident (pins, memory
 //!   locks, threads' kept pins, holds) and of what a forked child gets.
 
 pub mod budget;
+pub mod counters;
 pub mod faultlog;
 pub mod handshake;
 pub mod inherit;
 pub mod names;
 pub mod pins;
 pub mod state;
+pub mod victims;

@@ -40,10 +40,11 @@
 //! resident count above budget − reserve/2.
 //!
 //! Victims are asked of the replacement one by one, each taking its
-//! resident neighbours along (up to [`CLUSTER`]); an evicted page whose
-//! content is zero (its latest compression record says size 0, or it has
-//! none and was never written) leaves nothing stored (its next touch is
-//! a zero fault again, as live); one that came back from the
+//! resident neighbours along (up to [`ztier_policy::pacing::CLUSTER`]:
+//! the policy crate's loop, [`ztier_policy::pick`], as live); an evicted
+//! page whose content is zero (its latest compression record says size
+//! 0, or it has none and was never written) leaves nothing stored (its
+//! next touch is a zero fault again, as live); one that came back from the
 //! store with its copy kept (`--clean verify`: pages bound for probation)
 //! and was not written since costs no compression; any other is
 //! compressed. Without a sizing policy the store is beside the budget
@@ -81,7 +82,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use hashbrown::HashMap;
-use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, CLUSTER, EVICT_BATCH};
+use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, EVICT_BATCH};
+use ztier_policy::pick::{pick, Candidates};
 use ztier_policy::prefetch::{Prefetch, MAX_STORE_RUN, MAX_ZERO_RUN};
 use ztier_policy::recency::PageHasher;
 use ztier_policy::replacement::{Replacement, Verdict};
@@ -255,6 +257,40 @@ const DATA: u8 = 0x10;
 const CLEAN: u8 = 0x20;
 /// Its stored copy went to the backing store (the spill file).
 const SPILLED: u8 = 0x40;
+
+/// The slot states as victim choice sees them (the run library's
+/// `victims::Live`, without pins, locks or pages shared with a parent).
+struct Model<'a>(&'a mut [u8]);
+
+impl Candidates for Model<'_> {
+    fn pages(&self) -> usize {
+        self.0.len()
+    }
+
+    #[inline]
+    fn resident(&self, i: usize) -> bool {
+        self.0[i] & STATE == RESIDENT
+    }
+
+    fn verdict(&mut self, i: usize) -> Verdict {
+        let s = self.0[i];
+        if s & (STATE | TAKEN) == RESIDENT | TAKEN {
+            Verdict::Owned
+        } else if s & STATE == RESIDENT {
+            Verdict::Take
+        } else {
+            Verdict::Stale
+        }
+    }
+
+    fn joins(&self, j: usize) -> bool {
+        self.0[j] & (STATE | TAKEN) == RESIDENT
+    }
+
+    fn take(&mut self, i: usize) {
+        self.0[i] = (self.0[i] & !STATE) | EVICTING;
+    }
+}
 
 /// The compressed store: copies in memory, oldest first, and their bytes.
 struct StoreModel {
@@ -647,44 +683,13 @@ impl Pager<'_> {
     /// The run library's `take_victims`: up to `max` victims into
     /// `pages`, oldest first, each with the resident neighbours the
     /// replacement lets go along, while more than `target` pages (and
-    /// those taken) are resident. The victims are marked EVICTING (still
-    /// counted resident): the caller evicts them or puts them in flight.
+    /// those taken) are resident — the policy crate's loop
+    /// ([`ztier_policy::pick`]) over [`Model`]'s verdicts. The victims are
+    /// marked EVICTING (still counted resident): the caller evicts them
+    /// or puts them in flight.
     fn pick(&mut self, max: usize, target: usize, pages: &mut Vec<usize>) {
-        let first = pages.len();
-        let mut looks = self.repl.queued();
-        while pages.len() - first < max && self.resident > target + pages.len() - first && looks > 0 {
-            looks -= 1;
-            let state = &self.state;
-            let Some(i) = self.repl.candidate(&|i| state[i] & STATE == RESIDENT) else { break };
-            let s = self.state[i];
-            let verdict = if s & (STATE | TAKEN) == RESIDENT | TAKEN {
-                Verdict::Owned
-            } else if s & STATE == RESIDENT {
-                Verdict::Take
-            } else {
-                Verdict::Stale
-            };
-            self.repl.judge(i, verdict);
-            if verdict != Verdict::Take {
-                continue;
-            }
-            self.state[i] = (s & !STATE) | EVICTING;
-            pages.push(i);
-            let mut j = i + 1;
-            while j < self.state.len()
-                && j < i + CLUSTER
-                && pages.len() - first < max
-                && self.resident > target + pages.len() - first
-            {
-                let t = self.state[j];
-                if t & (STATE | TAKEN) != RESIDENT || !self.repl.clusters(j) {
-                    break;
-                }
-                self.state[j] = (t & !STATE) | EVICTING;
-                pages.push(j);
-                j += 1;
-            }
-        }
+        let want = max.min(self.resident.saturating_sub(target));
+        pick(&mut *self.repl, &mut Model(&mut self.state), want, pages);
     }
 
     /// Victim `i` leaves memory.
