@@ -1071,7 +1071,8 @@ mod tests {
         let path = d.join("release.trace");
         let write = |release: bool| {
             let cols = [CodecColumn { codec: CodecId::Lz4, compress_ns: 10_000, decompress_ns: 2_000 }];
-            let mut w = TraceWriter::new(std::io::BufWriter::new(File::create(&path).unwrap()), &cols).unwrap();
+            let mut w =
+                TraceWriter::new(std::io::BufWriter::new(File::create(&path).unwrap()), &cols).unwrap();
             for p in 0..1500u64 {
                 w.sizes(p, &[1024]).unwrap();
                 w.reference(p, true).unwrap();
