@@ -2,7 +2,7 @@
 """Markdown tables of the shipped policy against the seeds' policies:
 for each trace and disk cost, the normalised paging time (x `none`, LRU
 with no compression, at the same memory) per memory size of the best
-static size, `kaplan` and `castro` (over LRU, which sees every
+static size, `kaplan`, `castro` and `pressure` (over LRU, which sees every
 reference: the 1999 model) next to the fault-driven policies replayed
 through the model of `ztier run`'s pager: `shipped` (segmented+walk,
 its store beside the memory, as `ztier run` runs by default), `fifo+walk`
@@ -11,12 +11,13 @@ store by kaplan, with `ztier run`'s floors).
 
 usage: policy-table.py DIR NAME...
 
-Reads DIR/NAME.json (a sweep with none, static:F..., kaplan, castro)
-and DIR/NAME.shipped.json (a sweep with the fault-driven policies)."""
+Reads DIR/NAME.json (a sweep with none, static:F..., kaplan, castro,
+pressure) and DIR/NAME.shipped.json (a sweep with the fault-driven
+policies); a policy missing from a sweep is shown as `–`."""
 import json
 import sys
 
-LRU = ['kaplan', 'castro']
+LRU = ['kaplan', 'castro', 'pressure']
 PAGER = ['shipped', 'fifo+walk', 'shipped+kaplan']
 
 
@@ -63,7 +64,7 @@ def main():
     out, wins, ran = [], {}, set()
     for n in names:
         table(folder, n, out, wins, ran)
-    print('Sizes (of the 10) at which each policy is within 10% of the best static size:\n')
+    print('Sizes at which each policy is within 10% of the best static size (of the sizes swept):\n')
     print('| trace, disk | ' + ' | '.join(LRU + PAGER) + ' |')
     print('|---|' + '---|' * len(LRU + PAGER))
     for n in names:

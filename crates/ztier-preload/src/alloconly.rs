@@ -17,6 +17,17 @@
 //! the dynamic linker allocate for themselves, memory is glibc's, as in a
 //! run.
 //!
+//! Which anonymous memory a run would manage cannot be told from
+//! `/proc/PID/maps` (the dynamic linker's and glibc's own mappings look
+//! like the program's), so with `ZTIER_ALLOC_ONLY_MAPS=FILE` the mode
+//! appends to FILE one line per range that a run would manage, as it is
+//! mapped or unmapped: `PID m LO HI` for the heap and each of the
+//! program's own private anonymous `mmap`s (those a run carves from its
+//! arena), `PID u LO HI` for each of the program's `munmap`s (hex, `HI`
+//! exclusive). `ztier trace record` reads it to mark every other
+//! anonymous page unmanaged. (A program's `mremap` of such a range is not
+//! followed.)
+//!
 //! ```text
 //!  heap (HEAP_BYTES of address space, MAP_NORESERVE, plain anonymous)
 //!  ┌──────────────────────┬──────────────────────────────────────────┐
@@ -25,7 +36,7 @@
 //! ```
 
 use libc::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::manager::PAGE;
@@ -40,6 +51,8 @@ const HEAP_BYTES: usize = 8 << 30;
 /// The mode is on (`ZTIER_ALLOC_ONLY=1` without `ZTIER_BUDGET`).
 static ON: AtomicBool = AtomicBool::new(false);
 static HEAP: OnceLock<Heap> = OnceLock::new();
+/// Where the managed ranges are logged (`ZTIER_ALLOC_ONLY_MAPS`), -1: not.
+static MAPS_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// The mode's allocator state.
 struct Heap {
@@ -57,7 +70,75 @@ pub(crate) fn note_start() {
     let on = std::env::var_os(ztier_run_core::names::env::ALLOC_ONLY).is_some_and(|v| v == "1")
         && std::env::var_os(ztier_run_core::names::env::BUDGET).is_none();
     ON.store(on, Ordering::Release);
+    if let Some(path) = std::env::var_os(ztier_run_core::names::env::ALLOC_ONLY_MAPS).filter(|_| on) {
+        use std::os::fd::IntoRawFd;
+        if let Ok(f) = std::fs::OpenOptions::new().append(true).open(path) {
+            MAPS_FD.store(f.into_raw_fd(), Ordering::Release);
+        }
+    }
 }
+
+/// Appends `PID KIND LO HI` to the maps log, if there is one (one
+/// `write`, so lines of several threads do not interleave).
+fn log_range(kind: u8, lo: usize, len: usize) {
+    let fd = MAPS_FD.load(Ordering::Acquire);
+    if fd < 0 || len == 0 {
+        return;
+    }
+    let mut buf = [0u8; 64];
+    let mut n = 0;
+    let mut put = |buf: &mut [u8; 64], field: Field| {
+        match field {
+            Field::Hex(v) => {
+                let digits = (64 - v.leading_zeros()).div_ceil(4).max(1) as usize;
+                for i in 0..digits {
+                    buf[n + digits - 1 - i] = b"0123456789abcdef"[(v >> (4 * i)) as usize & 15];
+                }
+                n += digits;
+            }
+            Field::Byte(b) => {
+                buf[n] = b;
+                n += 1;
+            }
+        }
+        buf[n] = b' ';
+        n += 1;
+        n
+    };
+    // SAFETY: getpid has no preconditions.
+    put(&mut buf, Field::Hex(unsafe { libc::getpid() } as u64));
+    put(&mut buf, Field::Byte(kind));
+    put(&mut buf, Field::Hex(lo as u64));
+    let n = put(&mut buf, Field::Hex(lo.saturating_add(len.next_multiple_of(PAGE)) as u64));
+    buf[n - 1] = b'\n';
+    let _ = sys::raw(libc::SYS_write, [fd as u64, buf.as_ptr() as u64, n as u64, 0, 0, 0]);
+}
+
+/// The program mapped `[p, p + len)` private and anonymous, memory a run
+/// would manage (its arena's): logged if the mode is on and a run would
+/// have started by now.
+pub(crate) fn note_map(p: *mut c_void, len: usize) {
+    if ON.load(Ordering::Acquire) && crate::started_off() && !crate::inside() {
+        log_range(KIND_MAP, p as usize, len);
+    }
+}
+
+/// The program unmapped `[p, p + len)`: logged if the mode is on.
+pub(crate) fn note_unmap(p: *mut c_void, len: usize) {
+    if ON.load(Ordering::Acquire) && !crate::inside() {
+        log_range(KIND_UNMAP, p as usize, len);
+    }
+}
+
+/// A field of a maps log line.
+enum Field {
+    Hex(u64),
+    Byte(u8),
+}
+
+/// The maps log's kinds: mapped (managed), unmapped.
+const KIND_MAP: u8 = b'm';
+const KIND_UNMAP: u8 = b'u';
 
 /// The heap, when the mode is on and a run would have started the library
 /// by now (the caller asked [`crate::global_for`] first, which counts the
@@ -87,6 +168,7 @@ fn make_heap() -> Heap {
         );
         std::process::abort();
     }
+    log_range(KIND_MAP, p as usize, HEAP_BYTES + SPAN);
     // Aligned to a span, as the run's arena is.
     let base = (p as usize).next_multiple_of(SPAN);
     let span_bytes = HEAP_BYTES / 4;

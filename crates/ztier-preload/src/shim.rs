@@ -1049,6 +1049,10 @@ pub unsafe extern "C" fn mmap(
     if managed && prot == RW && p != libc::MAP_FAILED && crate::GLOBAL.get().is_none() && !crate::inside() {
         remember_early(p as usize, len);
     }
+    if managed && p != libc::MAP_FAILED {
+        // Allocation-only mode: memory a run would have carved from its arena.
+        crate::alloconly::note_map(p, len);
+    }
     p
 }
 
@@ -1326,6 +1330,7 @@ fn fresh_arena_as(g: &Global, first: usize, n: usize, prot: c_int) -> c_int {
 pub unsafe extern "C" fn munmap(a: *mut c_void, len: usize) -> c_int {
     let _sud = crate::sudstate::Allow::new();
     forget_early(a as usize, len);
+    crate::alloconly::note_unmap(a, len);
     if let Some(g) = crate::GLOBAL.get() {
         if let Some((first, n)) = page_range(g, a as usize, len) {
             note_refused(a as usize, len);

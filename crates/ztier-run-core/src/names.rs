@@ -63,6 +63,9 @@ pub mod env {
     /// `1` (without [`BUDGET`]): allocation-only mode, the library's
     /// allocator and nothing else (`ztier trace record` under valgrind).
     pub const ALLOC_ONLY: &str = "ZTIER_ALLOC_ONLY";
+    /// With [`ALLOC_ONLY`]: a file the library appends the ranges a run
+    /// would manage to (`PID m LO HI`, `PID u LO HI`: mapped, unmapped).
+    pub const ALLOC_ONLY_MAPS: &str = "ZTIER_ALLOC_ONLY_MAPS";
     /// Tests only: the fault log's row limit.
     pub const TEST_FAULT_LOG_MAX: &str = "ZTIER_TEST_FAULT_LOG_MAX";
 }

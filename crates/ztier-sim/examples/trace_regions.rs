@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Event::Unmanaged { page } => {
                 unmanaged.insert(page);
             }
-            Event::Sizes { .. } => {}
+            Event::Sizes { .. } | Event::Released { .. } => {}
         }
     }
     let mut pages: Vec<u64> = refs.keys().copied().filter(|p| !unmanaged.contains(p)).collect();

@@ -37,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 unmanaged.insert(page);
                 w.unmanaged(page)?;
             }
+            Event::Released { page } => w.released(page)?,
         }
     }
     let mut more: Vec<u64> = seen

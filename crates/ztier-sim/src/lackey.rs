@@ -45,9 +45,13 @@
 //! heap and private anonymous mappings only, so the simulator's model of
 //! it leaves those pages out. In the run's layout (below) also glibc's own
 //! heap (the client's break) and the `.bss` of each mapped ELF file, which
-//! a run leaves outside its arena ([`unmanaged_pages`]). (With glibc's
-//! layout the program's first MiB of requests, which a run leaves to
-//! glibc, and in both layouts the stacks of threads, cannot be told apart
+//! a run leaves outside its arena ([`unmanaged_pages`]). In the run's
+//! layout the library also logs the ranges a run would manage (its heap
+//! and the program's own private anonymous `mmap`s, less what the program
+//! unmapped: [`ManagedRanges`]); every other anonymous page (the dynamic
+//! linker's and glibc's own mappings, threads' stacks) is then unmanaged
+//! too. (With glibc's layout the program's first MiB of requests, which a
+//! run leaves to glibc, and the stacks of threads, cannot be told apart
 //! here, and count as managed.)
 //!
 //! # Whose heap layout
@@ -243,7 +247,12 @@ pub const CLIENT_STACK: std::ops::Range<u64> = 0x1f_f000_0000..0x20_0000_0000;
 /// file, up to the end of its last `PT_LOAD` segment (read from the
 /// file's program headers). With glibc's layout the break is the
 /// program's heap: managed.
-pub fn unmanaged_pages(maps: &str, pages: &[u64], run_layout: bool) -> Vec<u64> {
+///
+/// With `own` (the ranges the allocation-only library logged, once it has
+/// logged any), a page is managed if it lies in one of them, and every
+/// other page in a mapping is unmanaged: anonymous memory the program did
+/// not map through the library is not a run's.
+pub fn unmanaged_pages(maps: &str, pages: &[u64], run_layout: bool, own: Option<&ManagedRanges>) -> Vec<u64> {
     let mut ranges: Vec<(u64, u64, bool)> = Vec::new();
     // Per mapped file: where its first page lies (offset 0), where its
     // last mapping ends.
@@ -286,14 +295,74 @@ pub fn unmanaged_pages(maps: &str, pages: &[u64], run_layout: bool) -> Vec<u64> 
         .copied()
         .filter(|&p| {
             let a = p << 12;
+            if own.is_some_and(|o| o.contains(p)) {
+                return false;
+            }
             let k = tails.partition_point(|&(lo, _)| lo <= a);
             if k > 0 && a < tails[k - 1].1 {
                 return true;
             }
             let k = ranges.partition_point(|&(lo, _, _)| lo <= a);
-            k > 0 && a < ranges[k - 1].1 && ranges[k - 1].2
+            k > 0 && a < ranges[k - 1].1 && (ranges[k - 1].2 || own.is_some())
         })
         .collect()
+}
+
+/// The ranges `ztier run` would manage, as the allocation-only library
+/// logs them (`ZTIER_ALLOC_ONLY_MAPS`): lines `PID m LO HI` (mapped:
+/// the library's heap, the program's private anonymous `mmap`s) and
+/// `PID u LO HI` (unmapped), hex, `HI` exclusive; lines of other
+/// processes (forked children) are skipped.
+#[derive(Debug, Default, Clone)]
+pub struct ManagedRanges {
+    /// First page -> page after the last, disjoint.
+    ranges: std::collections::BTreeMap<u64, u64>,
+    /// Lines applied.
+    pub lines: u64,
+}
+
+impl ManagedRanges {
+    /// Applies one log line of process `pid`; other lines are ignored.
+    /// Returns the pages an unmap line released (first, after the last).
+    pub fn apply(&mut self, line: &str, pid: u32) -> Option<(u64, u64)> {
+        let mut f = line.split_whitespace();
+        let (Some(p), Some(kind), Some(lo), Some(hi)) = (f.next(), f.next(), f.next(), f.next()) else {
+            return None;
+        };
+        let parse = |x: &str| u64::from_str_radix(x, 16).ok();
+        let (Some(p), Some(lo), Some(hi)) = (parse(p), parse(lo), parse(hi)) else { return None };
+        if p != pid as u64 || hi <= lo || !matches!(kind, "m" | "u") {
+            return None;
+        }
+        let (lo, hi) = (lo >> 12, hi.div_ceil(4096));
+        self.remove(lo, hi);
+        self.lines += 1;
+        if kind == "m" {
+            self.ranges.insert(lo, hi);
+            return None;
+        }
+        Some((lo, hi))
+    }
+
+    /// Takes `[lo, hi)` out, splitting the ranges it cuts.
+    fn remove(&mut self, lo: u64, hi: u64) {
+        let cut: Vec<(u64, u64)> =
+            self.ranges.range(..hi).rev().take_while(|&(_, &e)| e > lo).map(|(&s, &e)| (s, e)).collect();
+        for (s, e) in cut {
+            self.ranges.remove(&s);
+            if s < lo {
+                self.ranges.insert(s, lo);
+            }
+            if e > hi {
+                self.ranges.insert(hi, e);
+            }
+        }
+    }
+
+    /// Is `page` in a managed range?
+    pub fn contains(&self, page: u64) -> bool {
+        self.ranges.range(..=page).next_back().is_some_and(|(_, &e)| page < e)
+    }
 }
 
 /// Where the image of the 64-bit ELF file `path`, its first page mapped at
@@ -333,6 +402,15 @@ struct Snapshotter {
     mem: Option<File>,
     /// Pages already looked up in the maps.
     classified: HashSet<u64>,
+    /// The library's log of managed ranges (run layout), what of it is
+    /// read, and the ranges.
+    maps_log: Option<(File, Vec<u8>)>,
+    own: ManagedRanges,
+    /// Page ranges the program unmapped: read at the last snapshot, and
+    /// since (released at the next snapshot, so never before the last
+    /// references to them that lackey's buffered output still holds).
+    released_due: Vec<(u64, u64)>,
+    released_new: Vec<(u64, u64)>,
     encoders: Vec<PageEncoder>,
     touched: HashSet<u64>,
     page: Vec<u8>,
@@ -344,15 +422,45 @@ struct Snapshotter {
 }
 
 impl Snapshotter {
+    /// Applies the complete lines the library has appended to its maps
+    /// log since the last call.
+    fn read_maps_log(&mut self) -> io::Result<()> {
+        let Some((f, pending)) = self.maps_log.as_mut() else { return Ok(()) };
+        io::Read::read_to_end(f, pending)?;
+        let Some(end) = pending.iter().rposition(|&b| b == b'\n') else { return Ok(()) };
+        for line in pending[..end].split(|&b| b == b'\n') {
+            if let Some(r) = self.own.apply(&String::from_utf8_lossy(line), self.pid) {
+                self.released_new.push(r);
+            }
+        }
+        pending.drain(..=end);
+        Ok(())
+    }
+
     /// Reads every page touched since the last snapshot and writes its
     /// compressed sizes.
     fn snapshot<W: Write>(&mut self, w: &mut TraceWriter<W>, st: &mut ConvertStats) -> io::Result<()> {
+        // Pages unmapped by the last snapshot, that the trace has seen.
+        for (lo, hi) in std::mem::take(&mut self.released_due) {
+            let mut gone: Vec<u64> = if hi - lo <= self.classified.len() as u64 {
+                (lo..hi).filter(|p| self.classified.contains(p)).collect()
+            } else {
+                self.classified.iter().copied().filter(|p| (lo..hi).contains(p)).collect()
+            };
+            gone.sort_unstable();
+            for p in gone {
+                w.released(p)?;
+            }
+        }
+        self.read_maps_log()?;
+        self.released_due = std::mem::take(&mut self.released_new);
         let mut pages: Vec<u64> = self.touched.drain().collect();
         pages.sort_unstable();
         let new: Vec<u64> = pages.iter().copied().filter(|&p| self.classified.insert(p)).collect();
         if !new.is_empty() {
             if let Ok(maps) = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)) {
-                for p in unmanaged_pages(&maps, &new, self.run_layout) {
+                let own = (self.own.lines > 0).then_some(&self.own);
+                for p in unmanaged_pages(&maps, &new, self.run_layout, own) {
                     w.unmanaged(p)?;
                 }
             }
@@ -515,6 +623,10 @@ fn record_in(
     if !mk.success() {
         return Err(io::Error::other("mkfifo failed").into());
     }
+    // The library's log of the ranges a run would manage (run layout).
+    let maps_log = fifo.with_file_name("managed.log");
+    File::create(&maps_log)?;
+    let maps_file = File::open(&maps_log)?;
     let mut log = OsString::from("--log-file=");
     log.push(fifo);
     let mut command = Command::new("valgrind");
@@ -537,6 +649,7 @@ fn record_in(
         command
             .env("LD_PRELOAD", preload)
             .env(ztier_run_core::names::env::ALLOC_ONLY, "1")
+            .env(ztier_run_core::names::env::ALLOC_ONLY_MAPS, &maps_log)
             .env_remove(ztier_run_core::names::env::BUDGET);
     }
     let unmask = guard.old_mask;
@@ -592,6 +705,10 @@ fn record_in(
         run_layout: opts.preload.is_some(),
         mem,
         classified: HashSet::new(),
+        maps_log: opts.preload.is_some().then(|| (maps_file, Vec::new())),
+        own: ManagedRanges::default(),
+        released_due: Vec::new(),
+        released_new: Vec::new(),
         encoders: opts.codecs.iter().map(|&c| PageEncoder::new(c)).collect(),
         touched: HashSet::new(),
         page: vec![0; PAGE_SIZE],
@@ -667,6 +784,45 @@ mod tests {
         assert_eq!(parse_line(" L ffffffffffffffff,8"), Err(BadLine));
     }
 
+    /// The library's log: mapped ranges of this process, less what it
+    /// unmapped (ranges cut in two), other processes' lines ignored; with
+    /// it, anonymous memory outside them is unmanaged, inside it managed.
+    #[test]
+    fn logged_ranges_decide_which_anonymous_pages_are_managed() {
+        let mut own = ManagedRanges::default();
+        for l in [
+            "1f m 58c25000 258c65000",
+            "1f m 4a00000 4a10000",
+            "1f u 4a04000 4a06000",
+            "20 m 4835000 4837000",
+            "1f m 5000000 5004000",
+            "1f u 5000000 5004000",
+            "garbage",
+        ] {
+            own.apply(l, 0x1f);
+        }
+        assert_eq!(own.lines, 5);
+        assert_eq!(own.apply("1f u 4a0f000 4a10800", 0x1f), Some((0x4a0f, 0x4a11)));
+        own.apply("1f m 4a0f000 4a10000", 0x1f);
+        let managed: Vec<u64> = [0x4a00, 0x4a03, 0x4a04, 0x4a05, 0x4a06, 0x4a0f, 0x4a10]
+            .into_iter()
+            .filter(|&p| own.contains(p))
+            .collect();
+        assert_eq!(managed, vec![0x4a00, 0x4a03, 0x4a06, 0x4a0f]);
+        assert!(!own.contains(0x5000) && !own.contains(0x4835));
+        let maps = "\
+04835000-04837000 rw-p 00000000 00:00 0 \n\
+04a00000-04a10000 rw-p 00000000 00:00 0 \n\
+58c25000-258c65000 rw-p 00000000 00:00 0                                 [heap]\n\
+7efd90df1000-7efd90df3000 rw-p 001d3000 fe:00 326279                     /usr/lib/x86_64-linux-gnu/libc.so.6\n";
+        let pages = [0x4835, 0x4a00, 0x4a04, 0x58c40, 0x7efd90df1, 0x9000];
+        // Without the log only the file's page is unmanaged; with it also
+        // the anonymous pages nobody logged (the dynamic linker's, and a
+        // logged range's unmapped middle, mapped again by someone else).
+        assert_eq!(unmanaged_pages(maps, &pages, true, None), vec![0x7efd90df1]);
+        assert_eq!(unmanaged_pages(maps, &pages, true, Some(&own)), vec![0x4835, 0x4a04, 0x7efd90df1]);
+    }
+
     /// A valgrind process's maps (lines of a real one): the program's
     /// file mappings and the client stack are unmanaged, its anonymous
     /// memory (heap, arenas) is not, and a page in no mapping is neither.
@@ -693,7 +849,7 @@ mod tests {
             0x5000,
         ];
         assert_eq!(
-            unmanaged_pages(maps, &pages, false),
+            unmanaged_pages(maps, &pages, false, None),
             vec![0x55a9cc5f3, 0x7efd90df1, 0x1fff000, 0x7ffe336f1]
         );
     }
@@ -730,8 +886,8 @@ mod tests {
              05371000-05675000 rw-p 00000000 00:00 0 \n"
         );
         let pages = [0x400, 0x402, 0x403, 0x406, 0x407, 0x408, 0x4040, 0x5400];
-        let run = unmanaged_pages(&maps, &pages, true);
-        let glibc = unmanaged_pages(&maps, &pages, false);
+        let run = unmanaged_pages(&maps, &pages, true, None);
+        let glibc = unmanaged_pages(&maps, &pages, false, None);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(run, vec![0x400, 0x402, 0x403, 0x406, 0x4040]);
         assert_eq!(glibc, vec![0x400, 0x402]);

@@ -57,8 +57,10 @@
 //! program, a little behind), and no victim is taken back by a write;
 //! with it on, the time between the seal and the commit (the release,
 //! during which reads of a victim still hit live), faults that wait for
-//! a commit, and the evictor's 100 ms naps; pages the program releases (`free`, `munmap`) stay as
-//! they are (a trace holds references only); system calls' pins and the
+//! a commit, and the evictor's 100 ms naps; pages the program releases
+//! stay as they are (a trace holds references only), but for those a
+//! trace records as released (`munmap`s the allocation-only library
+//! logged: [`crate::lackey`]); system calls' pins and the
 //! library's own pages are not there; a page's content is taken from
 //! its compression records.
 //!
@@ -216,7 +218,7 @@ impl Layout {
                 Event::Unmanaged { page } => {
                     seen.insert(page, false);
                 }
-                Event::Sizes { .. } => {}
+                Event::Sizes { .. } | Event::Released { .. } => {}
             }
         }
         let unmanaged = seen.values().filter(|&&m| !m).count();
@@ -692,6 +694,33 @@ impl Pager<'_> {
         pick(&mut *self.repl, &mut Model(&mut self.state), want, pages);
     }
 
+    /// The program released page `i` (`munmap`, which the run library
+    /// serves by dropping the page and its stored copy): out of memory
+    /// and the store, its next touch a zero fault; a victim of the batch
+    /// in flight leaves the batch.
+    fn release(&mut self, i: usize) {
+        let s = self.state[i];
+        match s & STATE {
+            RESIDENT | EVICTING => {
+                if let Some(f) = &mut self.flight {
+                    f.pages.retain(|&p| p != i);
+                }
+                if s & CLEAN != 0 {
+                    self.store.take(i);
+                }
+                self.resident -= 1;
+                self.repl.released(i, true);
+            }
+            STORED => {
+                self.store.take(i);
+                self.repl.released(i, false);
+            }
+            _ => return,
+        }
+        self.state[i] = ABSENT;
+        self.counts.released += 1;
+    }
+
     /// Victim `i` leaves memory.
     fn out(&mut self, i: usize) {
         let s = self.state[i];
@@ -821,6 +850,12 @@ fn run_replay(
                 continue;
             }
             Event::Unmanaged { .. } => continue,
+            Event::Released { page } => {
+                if let Some(&i) = layout.slot.get(&page) {
+                    p.release(i as usize);
+                }
+                continue;
+            }
             Event::Ref { page, write } => (page, write),
         };
         p.counts.references += 1;
@@ -1029,6 +1064,41 @@ mod tests {
         );
         assert!(log.windows(2).all(|w| w[0].reference <= w[1].reference));
         assert!(log.iter().all(|r| r.page % 3 == 0 && r.page < 3120), "trace pages: {:?}", &log[..3]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Pages the program released (`munmap`) leave memory and the store:
+    /// touched again they are new (zero faults), not store faults, and
+    /// while gone they take no room in the budget.
+    #[test]
+    fn released_pages_are_gone_from_memory_and_the_store() {
+        let d = dir("release");
+        let path = d.join("release.trace");
+        let write = |release: bool| {
+            let cols = [CodecColumn { codec: CodecId::Lz4, compress_ns: 10_000, decompress_ns: 2_000 }];
+            let mut w =
+                TraceWriter::new(std::io::BufWriter::new(File::create(&path).unwrap()), &cols).unwrap();
+            for p in 0..1500u64 {
+                w.sizes(p, &[1024]).unwrap();
+                w.reference(p, true).unwrap();
+            }
+            if release {
+                for p in 0..1500u64 {
+                    w.released(p).unwrap();
+                }
+            }
+            for p in 0..1500u64 {
+                w.reference(p, true).unwrap();
+            }
+            w.finish().unwrap();
+        };
+        write(false);
+        let kept = run(&path, 1000, "shipped");
+        write(true);
+        let gone = run(&path, 1000, "shipped");
+        assert!(kept.store_faults > 0 && kept.released == 0, "{kept:?}");
+        assert_eq!((gone.store_faults, gone.released), (0, 1500), "{gone:?}");
+        assert!(gone.zero_faults > kept.zero_faults, "{gone:?} vs {kept:?}");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -118,4 +118,7 @@ pub struct Counts {
     /// --stats`' `evicted_inline`); the rest the background evictor
     /// evicted. Fault-driven policies.
     pub evicted_inline: u64,
+    /// Pages released by the program (a trace's released-page records)
+    /// while resident or stored. Fault-driven policies.
+    pub released: u64,
 }

@@ -140,7 +140,8 @@ fn replay_lru(
                 continue;
             }
             // The 1999 model pages all of a program's memory.
-            Event::Unmanaged { .. } => continue,
+            // The 1999 model keeps every page it has seen.
+            Event::Unmanaged { .. } | Event::Released { .. } => continue,
             Event::Ref { page, write } => (page, write),
         };
         c.references += 1;

@@ -25,6 +25,9 @@
 //!                would not manage (mapped from a file, or the main stack);
 //!                written once per page, when it is first classified
 //!                (version 2; version 1 traces have none and are read too)
+//!             3  released page: page (varint, absolute) — the program
+//!                unmapped it (`munmap`): out of memory and the store from
+//!                here on, a later touch finds it new (version 3)
 //! ```
 //!
 //! Page numbers are virtual addresses >> 12. `compress_ns` and
@@ -39,9 +42,9 @@ use ztier_codec::CodecId;
 
 /// File magic.
 pub const MAGIC: &[u8; 4] = b"ZTRC";
-/// Format version written (version 1, without unmanaged-page records,
-/// is read as well).
-pub const VERSION: u8 = 2;
+/// Format version written (versions 1, without unmanaged-page records,
+/// and 2, without released-page records, are read as well).
+pub const VERSION: u8 = 3;
 /// Page numbers are below this (addresses are 64-bit, pages 4 KiB).
 pub const MAX_PAGE: u64 = 1 << 52;
 
@@ -77,6 +80,12 @@ pub enum Event {
     /// `page` is memory `ztier run` would not manage: mapped from a file
     /// (a program's or a library's data), or the main stack.
     Unmanaged {
+        /// Page number.
+        page: u64,
+    },
+    /// The program released `page` (`munmap`): its content and any copy
+    /// of it are gone; a later reference finds a new page.
+    Released {
         /// Page number.
         page: u64,
     },
@@ -197,6 +206,13 @@ impl<W: Write> TraceWriter<W> {
     pub fn unmanaged(&mut self, page: u64) -> io::Result<()> {
         self.flush_run()?;
         put_varint(&mut self.w, (2 << 2) | 3)?;
+        put_varint(&mut self.w, page)
+    }
+
+    /// Appends a released-page record.
+    pub fn released(&mut self, page: u64) -> io::Result<()> {
+        self.flush_run()?;
+        put_varint(&mut self.w, (3 << 2) | 3)?;
         put_varint(&mut self.w, page)
     }
 
@@ -346,6 +362,11 @@ impl<R: BufRead> TraceReader<R> {
                         self.varint()?.ok_or_else(|| self.corrupt("truncated unmanaged-page record"))?;
                     Ok(Some(Event::Unmanaged { page }))
                 }
+                3 => {
+                    let page =
+                        self.varint()?.ok_or_else(|| self.corrupt("truncated released-page record"))?;
+                    Ok(Some(Event::Released { page }))
+                }
                 k => Err(self.corrupt(&format!("unknown record kind 3/{k}"))),
             },
         }
@@ -370,6 +391,8 @@ pub struct TraceInfo {
     pub size_records: u64,
     /// Pages marked unmanaged (memory `ztier run` would not manage).
     pub unmanaged_pages: u64,
+    /// Released-page records (pages the program unmapped).
+    pub released_pages: u64,
     /// Codec names of the columns.
     pub codecs: Vec<String>,
     /// Mean compressed size per codec column over compression records.
@@ -405,6 +428,7 @@ pub fn info<R: BufRead>(r: R) -> Result<TraceInfo, TraceError> {
                 }
             }
             Event::Unmanaged { .. } => out.unmanaged_pages += 1,
+            Event::Released { .. } => out.released_pages += 1,
         }
     }
     out.distinct_pages = seen.len() as u64;
@@ -430,6 +454,7 @@ mod tests {
             6 => (prop_oneof![0..8u64, 0..MAX_PAGE], any::<bool>()).prop_map(|(page, write)| Event::Ref { page, write }),
             1 => (any::<u64>(), (0..=4096u16, 0..=4096u16)).prop_map(|(page, (a, b))| Event::Sizes { page, sizes: vec![a, b] }),
             1 => any::<u64>().prop_map(|page| Event::Unmanaged { page }),
+            1 => any::<u64>().prop_map(|page| Event::Released { page }),
         ]
     }
 
@@ -442,6 +467,7 @@ mod tests {
                     Event::Ref { page, write } => w.reference(*page, *write).unwrap(),
                     Event::Sizes { page, sizes } => w.sizes(*page, sizes).unwrap(),
                     Event::Unmanaged { page } => w.unmanaged(*page).unwrap(),
+                    Event::Released { page } => w.released(*page).unwrap(),
                 }
             }
             let bytes = w.finish().unwrap();
