@@ -2,6 +2,8 @@
 //! newstyle, injected errors, a server killed and restarted) and against
 //! ztier's own server (holes, TCP, unknown exports, garbage).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -85,14 +87,7 @@ impl Drop for Kit {
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    (0..len).map(|_| (common::xorshift(&mut x) >> 24) as u8).collect()
 }
 
 /// Many threads over four pipelined connections against nbdkit's memory

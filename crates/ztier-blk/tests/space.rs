@@ -1,6 +1,8 @@
 //! NoSpace only when the image is full: writers that outrun the cleaner
 //! clean (or wait for the cleaner) before a write fails for space.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -24,12 +26,7 @@ fn opts(blocks: u64, physical: u64) -> CreateOptions {
 /// when `raw`, else text that compresses about 3:1.
 fn block(lba: u64, ver: u64, raw: bool) -> Vec<u8> {
     let mut x = (lba.wrapping_mul(1_000_003) ^ ver.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = move || common::xorshift(&mut x);
     let mut b = Vec::with_capacity(BS + 16);
     if raw {
         while b.len() < BS {
@@ -72,9 +69,7 @@ fn overwrite_without_nospace(maintenance: bool) {
                     let mut x = 0x2545_F491_4F6C_DD1D_u64 ^ w;
                     let r = (|| {
                         for round in 0..300u64 {
-                            x ^= x << 13;
-                            x ^= x >> 7;
-                            x ^= x << 17;
+                            common::xorshift(&mut x);
                             let start = (x % blocks) & !1 | w;
                             let n = 1 + (x >> 32) % 64;
                             for lba in (start..(start + 2 * n).min(blocks)).step_by(2) {
