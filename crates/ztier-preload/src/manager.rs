@@ -1707,13 +1707,26 @@ impl Manager {
     /// to near what the store uses: resizing down moves the
     /// oldest pages to the spill file, or, without one, makes the store
     /// refuse pages until the faults take some out.
-    fn follow_tree_store(&mut self, used: usize, inherited: usize) {
+    ///
+    /// Under `--budget-covers all` with a next tier, the store first lets
+    /// go of its oldest pages (to the spill file) as far as it outgrew
+    /// the room the pages held, the other stores and the tables leave
+    /// ([`Member::store_overflow`]), so that what all hold stays within
+    /// the budget whatever this process can give back.
+    fn follow_tree_store(&mut self, mut used: usize, inherited: usize) {
         // (A sizing policy sizes the store itself: `set_share`.)
         let need = self.tree_need();
         let Some(t) = self.tree.as_mut().filter(|_| self.sizing.is_none()) else { return };
         let limit = t.store_limit();
         if limit == 0 {
             return;
+        }
+        let spill = if self.store.has_tier() { t.store_overflow(used, need) } else { 0 };
+        if spill > 0 {
+            self.store.set_budget(used - spill + inherited);
+            used = self.store.memory_used().saturating_sub(inherited);
+            // Back to its share at the next call, if that is a step away.
+            self.store_share = used;
         }
         // Said when it moved by 64 KiB (a cache line the processes share).
         if used.abs_diff(t.stored()) >= 64 << 10 || used == 0 {

@@ -1424,6 +1424,11 @@ impl Store {
         Ok(n)
     }
 
+    /// Has the store a next tier (its oldest pages can leave it)?
+    pub fn has_tier(&self) -> bool {
+        self.tier.is_some()
+    }
+
     /// Why the next tier's latest put failed ([`NextTier::last_error`]);
     /// `None` with no next tier or no failure.
     pub fn tier_error(&self) -> Option<String> {

@@ -88,9 +88,12 @@ pub struct RunArgs {
     /// What --budget counts [default: resident; `bench pressure` passes all; all with
     /// a sizing policy in --policy]. all: resident managed pages + the compressed
     /// stores + the library's tables (tree scope; the stores may take up to 3/4 of the
-    /// budget, or --store if smaller, and the pages the budget has no room for stay in
-    /// memory over it without --spill, counted in --stats' tree_over_bytes; with a
-    /// sizing policy, resident pages and the stores as the policy splits them).
+    /// budget, or --store if smaller). With --spill the total stays within the budget
+    /// (but for 64 KiB a process its store may have grown by unsaid): a store that
+    /// outgrows the room the others leave sends its oldest pages to the spill file
+    /// first. Without --spill the pages the budget has no room for stay in memory over
+    /// it, counted in --stats' tree_over_bytes. With a sizing policy: resident pages
+    /// and the stores as the policy splits them.
     /// resident: resident managed pages only, the stores bounded apart by --store
     /// (default half of RAM); not with a sizing policy.
     #[arg(long, value_parser = ["all", "resident"])]
