@@ -2016,7 +2016,7 @@ fn watchdog_loop() -> std::io::Result<()> {
 fn make_ctl_socket() {
     use std::os::fd::{AsRawFd, IntoRawFd};
     use std::os::linux::net::SocketAddrExt;
-    let s = std::os::unix::net::SocketAddr::from_abstract_name(format!("ztier-{}", proc_pid()))
+    let s = std::os::unix::net::SocketAddr::from_abstract_name(control::socket_name(proc_pid()))
         .and_then(|a| std::os::unix::net::UnixDatagram::bind_addr(&a))
         .and_then(|s| s.set_nonblocking(true).map(|()| s));
     if let Ok(s) = s {

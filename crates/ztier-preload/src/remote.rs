@@ -43,7 +43,7 @@ fn connect(name: &str, keep: fn(i32) -> i32) -> io::Result<UnixStream> {
 }
 
 /// `json` (one object, as `stats_json` makes it) with the remote tier's
-/// statistics added as `"remote"`.
+/// statistics added as `"remote"` ([`stats::REMOTE`](ztier_run_core::names::stats::REMOTE)).
 pub fn add_stats(json: String) -> String {
     let Some(t) = TIER.get() else { return json };
     let remote = match t.stats_json() {
@@ -51,7 +51,7 @@ pub fn add_stats(json: String) -> String {
         Err(e) => format!("{{\"error\":{:?}}}", e.to_string()),
     };
     match json.trim_end().strip_suffix('}') {
-        Some(head) => format!("{head},\"remote\":{remote}}}\n"),
+        Some(head) => format!("{head},\"{}\":{remote}}}\n", ztier_run_core::names::stats::REMOTE),
         None => json,
     }
 }

@@ -74,6 +74,12 @@ pub mod env {
 /// datagram each). Any other request is answered with the statistics, as
 /// [`STATS`](control::STATS) is.
 pub mod control {
+    /// The control socket's abstract name is this and the PID: `@ztier-PID`.
+    pub const SOCKET_PREFIX: &str = "ztier-";
+    /// Process `pid`'s control socket's abstract name (without the `@`).
+    pub fn socket_name(pid: u32) -> String {
+        format!("{SOCKET_PREFIX}{pid}")
+    }
     /// The process's statistics, one JSON datagram.
     pub const STATS: &[u8] = b"stats";
     /// No eviction for the lease (5 s) from now; sent again to renew it.
@@ -326,11 +332,93 @@ pub mod stats {
     ];
     /// The list of processes' records in the merged statistics.
     pub const PER_PROCESS: &str = "per_process";
+    /// Under `ztier run --remote`: in a process's record, its view of the
+    /// proxy; in the merged statistics, the run's remote tier.
+    pub const REMOTE: &str = "remote";
+}
+
+/// The keys `ztier run` adds to the statistics it merges ([`stats::SUMMED`]
+/// and the quantiles): the run's own measurements (wall, CPU, peak RSS),
+/// its settings, its notices and, with the tree scope, the shared
+/// budget's figures. `ztier run --stats` writes them; `ztier run
+/// --summary`, `ztier demo` and `ztier bench pressure` read them.
+pub mod merged {
+    /// Wall seconds of the command.
+    pub const WALL_S: &str = "wall_s";
+    /// The command's exit status.
+    pub const EXIT_CODE: &str = "exit_code";
+    /// The largest RSS of the command's processes, in bytes.
+    pub const PEAK_RSS_BYTES: &str = "peak_rss_bytes";
+    /// Major faults of the command's processes.
+    pub const MAJOR_FAULTS: &str = "major_faults";
+    /// CPU seconds (user and system) of the command's processes.
+    pub const CPU_S: &str = "cpu_s";
+    /// `--budget-scope`: `tree` or `process`.
+    pub const BUDGET_SCOPE: &str = "budget_scope";
+    /// `--budget-covers`: `resident` or `all`.
+    pub const BUDGET_COVERS: &str = "budget_covers";
+    /// ztier's own notices about the run, a line each.
+    pub const NOTICES: &str = "notices";
+    /// How many processes wrote statistics.
+    pub const PROCESSES: &str = "processes";
+    /// The mean fault service time over every process, in microseconds.
+    pub const FAULT_MEAN_US: &str = "fault_mean_us";
+    /// [`stats::FAULT_SERVICE_NS`](super::stats::FAULT_SERVICE_NS) summed, in seconds.
+    pub const FAULT_SERVICE_S: &str = "fault_service_s";
+    /// [`stats::FAULT_LOCK_WAIT_NS`](super::stats::FAULT_LOCK_WAIT_NS) summed, in seconds.
+    pub const FAULT_LOCK_WAIT_S: &str = "fault_lock_wait_s";
+    /// [`stats::FAULT_STORE_READ_NS`](super::stats::FAULT_STORE_READ_NS) summed, in seconds.
+    pub const FAULT_STORE_READ_S: &str = "fault_store_read_s";
+    /// [`stats::FAULT_INSTALL_NS`](super::stats::FAULT_INSTALL_NS) summed, in seconds.
+    pub const FAULT_INSTALL_S: &str = "fault_install_s";
+    /// Tree scope: the most pages the processes held together, in bytes.
+    pub const TREE_PEAK_HELD_BYTES: &str = "tree_peak_held_bytes";
+    /// Tree scope: bytes taken past the shared budget.
+    pub const TREE_OVER_BYTES: &str = "tree_over_bytes";
+    /// Tree scope: bytes taken back from processes that died holding them.
+    pub const TREE_RECLAIMED_BYTES: &str = "tree_reclaimed_bytes";
+    /// Tree scope: bytes forked children began to hold once they no longer
+    /// shared them with their parent.
+    pub const TREE_ADOPTED_BYTES: &str = "tree_adopted_bytes";
+    /// Tree scope: the most the stores held together, in bytes.
+    pub const TREE_STORE_PEAK_BYTES: &str = "tree_store_peak_bytes";
+    /// Tree scope: the stores' shared limit (`--store`), in bytes.
+    pub const TREE_STORE_LIMIT_BYTES: &str = "tree_store_limit_bytes";
+    /// Tree scope: the most held in all (resident, stores, tables), in bytes.
+    pub const TREE_PEAK_TOTAL_BYTES: &str = "tree_peak_total_bytes";
+    /// Tree scope: how many processes joined the budget.
+    pub const TREE_PROCESSES: &str = "tree_processes";
+    /// Every key of this module.
+    pub const ALL: [&str; 23] = [
+        WALL_S,
+        EXIT_CODE,
+        PEAK_RSS_BYTES,
+        MAJOR_FAULTS,
+        CPU_S,
+        BUDGET_SCOPE,
+        BUDGET_COVERS,
+        NOTICES,
+        PROCESSES,
+        FAULT_MEAN_US,
+        FAULT_SERVICE_S,
+        FAULT_LOCK_WAIT_S,
+        FAULT_STORE_READ_S,
+        FAULT_INSTALL_S,
+        TREE_PEAK_HELD_BYTES,
+        TREE_OVER_BYTES,
+        TREE_RECLAIMED_BYTES,
+        TREE_ADOPTED_BYTES,
+        TREE_STORE_PEAK_BYTES,
+        TREE_STORE_LIMIT_BYTES,
+        TREE_PEAK_TOTAL_BYTES,
+        TREE_PROCESSES,
+        super::stats::REMOTE,
+    ];
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{control, env, stats};
+    use super::{control, env, merged, stats};
 
     #[test]
     fn the_verbs_differ_and_fit_the_librarys_request_buffer() {
@@ -371,6 +459,8 @@ mod tests {
             env::TEST_EVICTOR_HANG_AFTER,
             env::TEST_NO_UFFD_DEVICE,
             env::TEST_FAULT_LOG_MAX,
+            env::ALLOC_ONLY,
+            env::ALLOC_ONLY_MAPS,
         ];
         for (i, n) in names.iter().enumerate() {
             assert!(
@@ -394,5 +484,32 @@ mod tests {
             assert!(stats::ALL.contains(&k), "{k} summed but not written");
         }
         assert!(!stats::ALL.contains(&stats::PER_PROCESS));
+        assert!(!stats::ALL.contains(&stats::REMOTE));
+    }
+
+    #[test]
+    fn the_merged_keys_differ_from_the_processes_and_the_seconds_are_the_summed_nanoseconds() {
+        for (i, k) in merged::ALL.iter().enumerate() {
+            assert!(!k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'), "{k}");
+            assert!(!merged::ALL[..i].contains(k), "{k} twice");
+            assert!(!stats::ALL.contains(k) && *k != stats::PER_PROCESS, "{k} is a process's key too");
+        }
+        // `ztier run` names a summed `X_ns` counter `X_s` in seconds.
+        let seconds: Vec<String> =
+            stats::SUMMED.iter().filter_map(|k| k.strip_suffix("_ns")).map(|k| format!("{k}_s")).collect();
+        for k in [
+            merged::FAULT_SERVICE_S,
+            merged::FAULT_LOCK_WAIT_S,
+            merged::FAULT_STORE_READ_S,
+            merged::FAULT_INSTALL_S,
+        ] {
+            assert!(seconds.iter().any(|s| s == k), "{k} is not a summed counter in seconds");
+        }
+    }
+
+    #[test]
+    fn the_control_socket_is_named_by_the_pid() {
+        assert_eq!(control::socket_name(1234), "ztier-1234");
+        assert!(control::socket_name(7).starts_with(control::SOCKET_PREFIX));
     }
 }

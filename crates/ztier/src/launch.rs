@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::Value;
-use ztier_run_core::names::{env, stats};
+use ztier_run_core::names::{env, merged, stats};
 
 use crate::units::parse_size;
 
@@ -236,6 +236,9 @@ pub struct RunArgs {
     /// summarises one.
     #[arg(long, value_name = "DIR")]
     pub fault_log: Option<PathBuf>,
+    // (No doc comment: clap would take it for help text; the flattened
+    // options document themselves.)
+    #[allow(missing_docs)]
     #[command(flatten)]
     pub remote: crate::remote_args::RemoteArgs,
     /// The program and its arguments.
@@ -389,6 +392,7 @@ pub struct CatchSignals([libc::sighandler_t; 3]);
 const CAUGHT: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
 impl CatchSignals {
+    /// Catches SIGINT, SIGTERM and SIGHUP until dropped.
     pub fn new() -> CatchSignals {
         // SAFETY: installing an async-signal-safe handler.
         CatchSignals(
@@ -590,32 +594,34 @@ pub fn run_program(
     if let Some(p) = proxy {
         crate::remote_args::end(p, &mut stats);
     }
-    stats["wall_s"] = m.wall_s.into();
-    stats["exit_code"] = code.into();
-    stats["peak_rss_bytes"] = m.maxrss.into();
-    stats["major_faults"] = m.majflt.into();
-    stats["cpu_s"] = m.cpu_s.into();
+    stats[merged::WALL_S] = m.wall_s.into();
+    stats[merged::EXIT_CODE] = code.into();
+    stats[merged::PEAK_RSS_BYTES] = m.maxrss.into();
+    stats[merged::MAJOR_FAULTS] = m.majflt.into();
+    stats[merged::CPU_S] = m.cpu_s.into();
     stats[stats::BUDGET_BYTES] = a.budget.into();
     stats[stats::FAULT_PATH] = taken_fault_path(&stats, &a.fault_path).into();
-    stats["budget_scope"] = a.scope().into();
-    stats["budget_covers"] = covers.into();
+    stats[merged::BUDGET_SCOPE] = a.scope().into();
+    stats[merged::BUDGET_COVERS] = covers.into();
     if let Some((p, from)) = &log {
-        stats["notices"] = read_notices(p, *from).into();
+        stats[merged::NOTICES] = read_notices(p, *from).into();
     }
     if let Some(t) = &tree {
         let seg = t.segment();
         let bytes = |v: &std::sync::atomic::AtomicU64| v.load(std::sync::atomic::Ordering::Acquire) << 12;
-        stats["tree_peak_held_bytes"] = bytes(&seg.peak).into();
-        stats["tree_over_bytes"] = bytes(&seg.over).into();
-        stats["tree_reclaimed_bytes"] = bytes(&seg.reclaimed).into();
-        stats["tree_adopted_bytes"] = bytes(&seg.adopted).into();
-        stats["tree_store_peak_bytes"] = seg.store_peak.load(std::sync::atomic::Ordering::Acquire).into();
-        stats["tree_store_limit_bytes"] = seg.store_limit.into();
+        stats[merged::TREE_PEAK_HELD_BYTES] = bytes(&seg.peak).into();
+        stats[merged::TREE_OVER_BYTES] = bytes(&seg.over).into();
+        stats[merged::TREE_RECLAIMED_BYTES] = bytes(&seg.reclaimed).into();
+        stats[merged::TREE_ADOPTED_BYTES] = bytes(&seg.adopted).into();
+        stats[merged::TREE_STORE_PEAK_BYTES] =
+            seg.store_peak.load(std::sync::atomic::Ordering::Acquire).into();
+        stats[merged::TREE_STORE_LIMIT_BYTES] = seg.store_limit.into();
         // Everything the library held for the command at its most:
         // resident pages held, the stores and the tables (what
         // `--budget-covers all` bounds).
-        stats["tree_peak_total_bytes"] = seg.total_peak.load(std::sync::atomic::Ordering::Acquire).into();
-        stats["tree_processes"] = seg.joined.load(std::sync::atomic::Ordering::Acquire).into();
+        stats[merged::TREE_PEAK_TOTAL_BYTES] =
+            seg.total_peak.load(std::sync::atomic::Ordering::Acquire).into();
+        stats[merged::TREE_PROCESSES] = seg.joined.load(std::sync::atomic::Ordering::Acquire).into();
     }
     Ok(RunOutcome { code, stats, timed_out: m.timed_out })
 }
@@ -638,7 +644,7 @@ fn read_notices(path: &Path, from: u64) -> Vec<String> {
 /// Says `msg`, a notice of ztier's own about the run (see `--log`): on
 /// stderr with `--log -`, else appended to the --log file, and among the
 /// statistics' notices.
-pub(crate) fn say_notice(a: &RunArgs, stats: Option<&mut Value>, msg: String) {
+pub fn say_notice(a: &RunArgs, stats: Option<&mut Value>, msg: String) {
     match a.log.as_deref() {
         Some(p) if p == Path::new("-") => eprintln!("{msg}"),
         Some(p) => {
@@ -646,7 +652,7 @@ pub(crate) fn say_notice(a: &RunArgs, stats: Option<&mut Value>, msg: String) {
         }
         None => {}
     }
-    if let Some(Value::Array(n)) = stats.and_then(|s| s.get_mut("notices")) {
+    if let Some(Value::Array(n)) = stats.and_then(|s| s.get_mut(merged::NOTICES)) {
         n.push(msg.into());
     }
 }
@@ -1005,12 +1011,12 @@ pub fn merge_stats(dir: &Path, first: u32) -> Result<Value> {
     }
     out.insert(stats::FAULT_P50_US.into(), quantile(&hist, 0.5).into());
     out.insert(stats::FAULT_P99_US.into(), quantile(&hist, 0.99).into());
-    out.insert("fault_mean_us".into(), mean_us(&hist).into());
+    out.insert(merged::FAULT_MEAN_US.into(), mean_us(&hist).into());
     // The histogram itself, merged: `[bucket upper bound in ns, count]`
     // pairs of the buckets that counted any fault, in order.
     out.insert(stats::LATENCY_NS.into(), hist.iter().map(|(&b, &c)| serde_json::json!([b, c])).collect());
     out.insert(stats::PEAK_RESIDENT_BYTES.into(), peak.into());
-    out.insert("processes".into(), per.len().into());
+    out.insert(merged::PROCESSES.into(), per.len().into());
     out.insert(stats::PER_PROCESS.into(), Value::Array(per));
     Ok(Value::Object(out))
 }
@@ -1102,7 +1108,7 @@ pub fn service_parts(service: f64, lock: f64, read: f64, install: f64) -> String
 /// status a shell gives, said on stderr the way a shell says it: 127 for
 /// a command not found, 126 for one found but not executable (it was 1,
 /// "starting CMD: No such file or directory").
-pub(crate) fn runnable(cmd: &std::ffi::OsStr) -> std::result::Result<(), i32> {
+pub fn runnable(cmd: &std::ffi::OsStr) -> std::result::Result<(), i32> {
     let shown = cmd.to_string_lossy();
     if cmd.as_encoded_bytes().contains(&b'/') {
         let p = Path::new(cmd);
@@ -1155,7 +1161,7 @@ pub fn fs_type(path: &Path) -> Option<libc::c_long> {
 
 /// Is `path` in `/proc` or `/sys`, whose files take no statistics (a
 /// write there fails at the end, or changes a setting)?
-pub(crate) fn in_proc_or_sys(path: &Path) -> bool {
+pub fn in_proc_or_sys(path: &Path) -> bool {
     let at = if path.exists() {
         path
     } else {

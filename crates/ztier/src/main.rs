@@ -1,14 +1,13 @@
 //! `ztier` — the command-line front end. It parses arguments and wires the
-//! library crates together; the logic lives in those crates. Each subcommand
-//! has its own module under `cmd/`.
+//! library crates together; the logic lives in those crates (launching and
+//! measuring `ztier run` in this package's library, `ztier_launch`). Each
+//! subcommand has its own module under `cmd/`.
 
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
-mod launch;
-mod remote_args;
-mod scratch;
-mod units;
+
+use ztier_launch::{launch, remote_args, scratch, units};
 
 /// ztier: compressed caching in user space.
 ///

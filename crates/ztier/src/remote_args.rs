@@ -79,7 +79,7 @@ impl RemoteArgs {
 }
 
 /// After the run: waits for its processes' tiers to end (said on
-/// stderr while some stay), and puts the totals into `stats["remote"]`.
+/// stderr while some stay), and puts the totals into the statistics' `remote`.
 pub fn end(proxy: Proxy, stats: &mut Value) {
     let run = proxy.run_id().to_string();
     let durability = proxy.durability().name();
@@ -94,5 +94,5 @@ pub fn end(proxy: Proxy, stats: &mut Value) {
     r["durability"] = durability.into();
     r["processes"] = end.processes.into();
     r["removed_at_end"] = end.removed_at_end.into();
-    stats["remote"] = r;
+    stats[ztier_run_core::names::stats::REMOTE] = r;
 }

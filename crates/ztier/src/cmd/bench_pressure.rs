@@ -76,7 +76,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ztier_run_core::names::stats;
+use ztier_run_core::names::{merged, stats};
 
 use crate::launch::{measure, run_program, Measured, RunArgs};
 
@@ -168,10 +168,10 @@ pub(super) struct FaultTime {
 impl FaultTime {
     fn from_stats(s: &serde_json::Value) -> Option<FaultTime> {
         Some(FaultTime {
-            service: s["fault_service_s"].as_f64()?,
-            lock_wait: s["fault_lock_wait_s"].as_f64()?,
-            store_read: s["fault_store_read_s"].as_f64()?,
-            install: s["fault_install_s"].as_f64()?,
+            service: s[merged::FAULT_SERVICE_S].as_f64()?,
+            lock_wait: s[merged::FAULT_LOCK_WAIT_S].as_f64()?,
+            store_read: s[merged::FAULT_STORE_READ_S].as_f64()?,
+            install: s[merged::FAULT_INSTALL_S].as_f64()?,
         })
     }
 }
@@ -1291,7 +1291,7 @@ pub(super) fn measure_program(b: &mut Bench, p: &Program) -> Result<(Vec<Row>, b
                 paired_differs = true;
                 continue;
             }
-            walls.push((m.wall_s, r.stats["wall_s"].as_f64().unwrap_or(0.0)));
+            walls.push((m.wall_s, r.stats[merged::WALL_S].as_f64().unwrap_or(0.0)));
         }
         if let Some(z) = rows.iter_mut().find(|r| r.mode == "ztier run" && r.budget == Some(budget)) {
             z.paired = Paired::of(&walls);
@@ -1318,15 +1318,15 @@ fn ztier_row(
     // What the library's processes wrote at exit: nothing to trust
     // from a run killed at the timeout.
     let lib = if r.timed_out { &serde_json::Value::Null } else { s };
-    let wall = s["wall_s"].as_f64().unwrap_or(0.0);
+    let wall = s[merged::WALL_S].as_f64().unwrap_or(0.0);
     Row {
         mode: mode.into(),
         budget: Some(budget),
         wall_s: wall,
         vs_native: wall / native_wall,
-        cpu_s: s["cpu_s"].as_f64().unwrap_or(0.0),
-        peak_rss_bytes: s["peak_rss_bytes"].as_u64().unwrap_or(0),
-        major_faults: s["major_faults"].as_u64().unwrap_or(0),
+        cpu_s: s[merged::CPU_S].as_f64().unwrap_or(0.0),
+        peak_rss_bytes: s[merged::PEAK_RSS_BYTES].as_u64().unwrap_or(0),
+        major_faults: s[merged::MAJOR_FAULTS].as_u64().unwrap_or(0),
         compressed_orig_bytes: lib[stats::ORIG_BYTES].as_u64(),
         compressed_bytes: lib[stats::STORED_BYTES].as_u64(),
         same_output: r.code == 0 && !r.timed_out && p.difference(native_out, out).is_none(),
@@ -1337,15 +1337,15 @@ fn ztier_row(
         faults: lib[stats::FAULTS].as_u64(),
         fault_p50_us: lib[stats::FAULT_P50_US].as_f64(),
         fault_p99_us: lib[stats::FAULT_P99_US].as_f64(),
-        fault_mean_us: lib["fault_mean_us"].as_f64(),
+        fault_mean_us: lib[merged::FAULT_MEAN_US].as_f64(),
         store_faults: lib[stats::STORE_FAULTS].as_u64(),
         lone_faults: lib[stats::LONE_FAULTS].as_u64(),
         fault_time_s: FaultTime::from_stats(lib),
         further_pages: lib[stats::PREFETCHED].as_u64(),
         fault_path: s[stats::FAULT_PATH].as_str().map(Into::into),
         program: p.name.clone(),
-        peak_total_bytes: s["tree_peak_total_bytes"].as_u64(),
-        budget_scope: lib["budget_scope"].as_str().map(Into::into),
+        peak_total_bytes: s[merged::TREE_PEAK_TOTAL_BYTES].as_u64(),
+        budget_scope: lib[merged::BUDGET_SCOPE].as_str().map(Into::into),
         latency_ns: lib[stats::LATENCY_NS]
             .as_array()
             .map(|h| h.iter().filter_map(|p| Some((p[0].as_u64()?, p[1].as_u64()?))).collect()),
@@ -1380,7 +1380,7 @@ fn remote_row(b: &Bench, p: &Program, budget: u64, native_wall: f64, native_out:
         bail!("interrupted");
     }
     let mut row = ztier_row("ztier run --remote", p, budget, &r, native_wall, native_out, &out);
-    let remote = if r.timed_out { &serde_json::Value::Null } else { &r.stats["remote"] };
+    let remote = if r.timed_out { &serde_json::Value::Null } else { &r.stats[stats::REMOTE] };
     row.remote_puts = remote["remote_puts"].as_u64();
     row.remote_gets = remote["remote_gets"].as_u64();
     row.remote_fallback_puts = remote["fallback_puts"].as_u64();

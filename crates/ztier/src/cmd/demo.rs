@@ -26,7 +26,7 @@ use anyhow::Result;
 use clap::Args;
 use ztier_codec::bench::BenchConfig;
 use ztier_codec::corpus::{synth, Corpus};
-use ztier_run_core::names::stats;
+use ztier_run_core::names::{merged, stats};
 
 use ztier_store::alloc::AllocatorKind;
 use ztier_store::bench::StoreBenchConfig;
@@ -168,15 +168,15 @@ fn run_demo() -> Result<()> {
     println!(
         "{:<22} {:>9.2} {:>9.0} MB {:>10.0} MB max",
         format!("ztier run --budget {}M", BUDGET >> 20),
-        s["wall_s"].as_f64().unwrap_or(0.0),
-        mb(&s["peak_rss_bytes"]),
+        s[merged::WALL_S].as_f64().unwrap_or(0.0),
+        mb(&s[merged::PEAK_RSS_BYTES]),
         mb(&s[stats::PEAK_RESIDENT_BYTES])
     );
     println!(
         "{:<22} {:>9.2} {:>9.0} MB {:>10.0} MB max   (faults served in the faulting thread; output {})",
         "  --fault-path signal",
-        rs.stats["wall_s"].as_f64().unwrap_or(0.0),
-        mb(&rs.stats["peak_rss_bytes"]),
+        rs.stats[merged::WALL_S].as_f64().unwrap_or(0.0),
+        mb(&rs.stats[merged::PEAK_RSS_BYTES]),
         mb(&rs.stats[stats::PEAK_RESIDENT_BYTES]),
         if same_signal { "identical" } else { "DIFFERENT" }
     );
@@ -191,12 +191,12 @@ fn run_demo() -> Result<()> {
         s[stats::FAULTS],
         s[stats::FAULT_P50_US],
         s[stats::FAULT_P99_US],
-        sec("fault_service_s"),
+        sec(merged::FAULT_SERVICE_S),
         crate::launch::service_parts(
-            sec("fault_service_s"),
-            sec("fault_lock_wait_s"),
-            sec("fault_store_read_s"),
-            sec("fault_install_s")
+            sec(merged::FAULT_SERVICE_S),
+            sec(merged::FAULT_LOCK_WAIT_S),
+            sec(merged::FAULT_STORE_READ_S),
+            sec(merged::FAULT_INSTALL_S)
         ),
         if same { "identical to the native run" } else { "DIFFERENT from the native run" }
     );
@@ -259,7 +259,7 @@ fn workers_demo(python: &Path, dir: &Path) -> Result<()> {
         let (label, resident) = match scope {
             "tree" => (
                 format!("ztier run --budget {}M", BUDGET >> 20),
-                format!("{:.0} together", s["tree_peak_held_bytes"].as_f64().unwrap_or(0.0) / 1e6),
+                format!("{:.0} together", s[merged::TREE_PEAK_HELD_BYTES].as_f64().unwrap_or(0.0) / 1e6),
             ),
             _ => (
                 "  --budget-scope process".to_string(),
@@ -272,7 +272,7 @@ fn workers_demo(python: &Path, dir: &Path) -> Result<()> {
         };
         println!(
             "{label:<26} {:>7.2} {resident:>30} {:>17}",
-            s["wall_s"].as_f64().unwrap_or(0.0),
+            s[merged::WALL_S].as_f64().unwrap_or(0.0),
             s[stats::PAGES_COMPRESSED].as_u64().unwrap_or(0)
         );
     }

@@ -65,7 +65,7 @@ impl Control {
         let sock = UnixDatagram::bind_addr(&me).context("binding the socket for the answers")?;
         ztier_uffd::ctl::pass_credentials(sock.as_raw_fd())
             .context("asking for the answers' sender (SO_PASSCRED)")?;
-        let addr = SocketAddr::from_abstract_name(format!("ztier-{pid}"))?;
+        let addr = SocketAddr::from_abstract_name(control::socket_name(pid))?;
         sock.connect_addr(&addr).with_context(|| silent(pid))?;
         Ok(Control { pid, sock })
     }
@@ -211,7 +211,9 @@ fn managed_processes() -> Result<Vec<u32>> {
     let table = std::fs::read_to_string("/proc/net/unix").context("reading /proc/net/unix")?;
     let mut pids: Vec<u32> = table
         .lines()
-        .filter_map(|l| l.split_whitespace().nth(7)?.strip_prefix("@ztier-")?.parse().ok())
+        .filter_map(|l| {
+            l.split_whitespace().nth(7)?.strip_prefix('@')?.strip_prefix(control::SOCKET_PREFIX)?.parse().ok()
+        })
         .collect();
     pids.sort_unstable();
     pids.dedup();

@@ -9,7 +9,7 @@
 //! every process the program starts), runs the program, forwards
 //! SIGINT/SIGTERM/SIGHUP to it, exits with its status, and merges the
 //! per-process statistics into `--stats FILE.json` (that work is
-//! [`crate::launch`]'s, which the demo and the benchmarks share; this
+//! [`ztier_launch::launch`]'s, which the demo and the benchmarks share; this
 //! module checks the arguments and says the outcome):
 //!
 //! ```text
@@ -21,7 +21,7 @@
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
-use ztier_run_core::names::stats;
+use ztier_run_core::names::{merged, stats};
 
 use crate::launch::{
     in_proc_or_sys, out_of_reach, pretty, run_program, runnable, say_notice, service_parts, RunArgs,
@@ -53,14 +53,15 @@ pub fn run(a: RunArgs) -> Result<i32> {
         say_notice(&a, None, msg.clone());
     }
     let mut out = run_program(&a, None, None)?;
-    if let (Some(msg), Some(Value::Array(n))) = (reach, out.stats.get_mut("notices")) {
+    if let (Some(msg), Some(Value::Array(n))) = (reach, out.stats.get_mut(merged::NOTICES)) {
         n.insert(0, msg.into());
     }
     let s = &out.stats;
-    let peak = s["peak_rss_bytes"].as_u64().unwrap_or(0);
+    let peak = s[merged::PEAK_RSS_BYTES].as_u64().unwrap_or(0);
     // With the tree scope, processes that joined its budget started the
     // library, though none may have left statistics (killed by SIGKILL).
-    let started = s["processes"].as_u64().unwrap_or(0) + s["tree_processes"].as_u64().unwrap_or(0);
+    let started =
+        s[merged::PROCESSES].as_u64().unwrap_or(0) + s[merged::TREE_PROCESSES].as_u64().unwrap_or(0);
     if started == 0 && peak > a.budget {
         let msg = format!(
             "ztier: warning: no process of the program started ztier's library, and its peak RSS ({} MiB) \
@@ -82,18 +83,19 @@ pub fn run(a: RunArgs) -> Result<i32> {
     }
     if a.summary {
         if a.log.is_none() {
-            for n in s["notices"].as_array().into_iter().flatten() {
+            for n in s[merged::NOTICES].as_array().into_iter().flatten() {
                 eprintln!("{}", n.as_str().unwrap_or_default());
             }
         }
         let sec = |k: &str| s[k].as_f64().unwrap_or(0.0);
         let mb = |k: &str| s[k].as_f64().unwrap_or(0.0) / 1e6;
         let budget = a.budget as f64 / 1e6;
-        let resident = match (s.get("tree_peak_held_bytes"), s["processes"].as_u64().unwrap_or(0)) {
+        let resident = match (s.get(merged::TREE_PEAK_HELD_BYTES), s[merged::PROCESSES].as_u64().unwrap_or(0))
+        {
             (Some(_), n) if n > 1 => format!(
                 "peak held by its {n} processes together {:.1} MB of the {budget:.1} MB budget (the most \
                  resident in one {:.1} MB)",
-                mb("tree_peak_held_bytes"),
+                mb(merged::TREE_PEAK_HELD_BYTES),
                 mb(stats::PEAK_RESIDENT_BYTES)
             ),
             (None, n) if n > 1 => format!(
@@ -103,20 +105,20 @@ pub fn run(a: RunArgs) -> Result<i32> {
             _ => format!("peak resident {:.1} MB of {budget:.1} MB budget", mb(stats::PEAK_RESIDENT_BYTES)),
         };
         // An explicit --store the processes shared: what they stored together.
-        let resident = match (a.store, s.get("tree_store_peak_bytes")) {
-            (Some(limit), Some(_)) if s["processes"].as_u64().unwrap_or(0) > 1 => format!(
+        let resident = match (a.store, s.get(merged::TREE_STORE_PEAK_BYTES)) {
+            (Some(limit), Some(_)) if s[merged::PROCESSES].as_u64().unwrap_or(0) > 1 => format!(
                 "{resident}, their stores together at most {:.1} MB of the {:.1} MB --store",
-                mb("tree_store_peak_bytes"),
+                mb(merged::TREE_STORE_PEAK_BYTES),
                 limit as f64 / 1e6
             ),
             _ => resident,
         };
         // Everything held together, against the budget it counts toward.
-        let resident = match s["tree_peak_total_bytes"].as_u64() {
+        let resident = match s[merged::TREE_PEAK_TOTAL_BYTES].as_u64() {
             Some(t) => format!(
                 "{resident}, everything held (resident, stores, tables) at most {:.1} MB{}",
                 t as f64 / 1e6,
-                if s["budget_covers"] == "all" {
+                if s[merged::BUDGET_COVERS] == "all" {
                     format!(" of the {budget:.1} MB budget")
                 } else {
                     String::new()
@@ -127,23 +129,23 @@ pub fn run(a: RunArgs) -> Result<i32> {
         eprintln!(
             "ztier run: exit {} in {:.2} s; {} faults ({} from the store, {} of them lone pages off any walk; p50 {} µs, p99 {} µs; served in {:.2} s: {}), {} pages compressed ({:.1} MB → {:.1} MB), {resident}, peak RSS {:.1} MB",
             out.code,
-            s["wall_s"].as_f64().unwrap_or(0.0),
+            s[merged::WALL_S].as_f64().unwrap_or(0.0),
             s[stats::FAULTS],
             s[stats::STORE_FAULTS],
             s[stats::LONE_FAULTS],
             s[stats::FAULT_P50_US],
             s[stats::FAULT_P99_US],
-            sec("fault_service_s"),
+            sec(merged::FAULT_SERVICE_S),
             service_parts(
-                sec("fault_service_s"),
-                sec("fault_lock_wait_s"),
-                sec("fault_store_read_s"),
-                sec("fault_install_s")
+                sec(merged::FAULT_SERVICE_S),
+                sec(merged::FAULT_LOCK_WAIT_S),
+                sec(merged::FAULT_STORE_READ_S),
+                sec(merged::FAULT_INSTALL_S)
             ),
             s[stats::PAGES_COMPRESSED],
             s[stats::ORIG_BYTES].as_f64().unwrap_or(0.0) / 1e6,
             s[stats::STORED_BYTES].as_f64().unwrap_or(0.0) / 1e6,
-            s["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+            s[merged::PEAK_RSS_BYTES].as_f64().unwrap_or(0.0) / 1e6,
         );
     }
     Ok(out.code)
