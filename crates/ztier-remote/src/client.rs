@@ -85,6 +85,8 @@ pub struct ProxyTier {
     /// Gets from the proxy, as this process waits for them (the round
     /// trip to the proxy and the proxy's get).
     get_ns: Arc<Histogram>,
+    /// Those of them the proxy read from the servers.
+    remote_get_ns: Arc<Histogram>,
     /// Puts as this process spent them (the frame sent, the answers come
     /// taken, and a wait for them when `WINDOW` are unanswered).
     put_ns: Arc<Histogram>,
@@ -107,6 +109,7 @@ impl ProxyTier {
             open: Arc::new(open),
             token,
             get_ns: Arc::new(Histogram::default()),
+            remote_get_ns: Arc::new(Histogram::default()),
             put_ns: Arc::new(Histogram::default()),
             st: Arc::new(Mutex::new(Client {
                 sock: None,
@@ -168,7 +171,8 @@ impl ProxyTier {
     /// object: the proxy's (its tier's `StatsSnapshot`), and the gets as
     /// this process waited for them (`proxied_gets`,
     /// `proxied_get_p50_us`, `proxied_get_p99_us`: the round trip to the
-    /// proxy included), and the time a put took this process
+    /// proxy included; `proxied_remote_*`: those the proxy read from the
+    /// servers), and the time a put took this process
     /// (`proxied_put_p50_us`, `proxied_put_p99_us`: the send, and the
     /// wait for answers when too many are outstanding).
     pub fn stats_json(&self) -> io::Result<String> {
@@ -188,12 +192,17 @@ impl ProxyTier {
         };
         let h = &self.get_ns;
         let p = &self.put_ns;
+        let r = &self.remote_get_ns;
         let mine = format!(
             "\"proxied_gets\":{},\"proxied_get_p50_us\":{},\"proxied_get_p99_us\":{},\
+             \"proxied_remote_gets\":{},\"proxied_remote_get_p50_us\":{},\"proxied_remote_get_p99_us\":{},\
              \"proxied_put_p50_us\":{},\"proxied_put_p99_us\":{}",
             h.count(),
             h.quantile(0.5) as f64 / 1000.0,
             h.quantile(0.99) as f64 / 1000.0,
+            r.count(),
+            r.quantile(0.5) as f64 / 1000.0,
+            r.quantile(0.99) as f64 / 1000.0,
             p.quantile(0.5) as f64 / 1000.0,
             p.quantile(0.99) as f64 / 1000.0
         );
@@ -268,6 +277,9 @@ impl Client {
         let Some(s) = self.sock.as_mut() else { return Err(io::ErrorKind::NotConnected.into()) };
         let at = self.rbuf.len();
         self.rbuf.resize(at + (64 << 10), 0);
+        // Blocks (`wait`) without spinning first: the proxy serves a get
+        // on this thread's CPU and spins there itself for the server's
+        // reply (`crate::spin`), so this CPU does not go idle meanwhile.
         let r = if wait {
             loop {
                 match s.read(&mut self.rbuf[at..]) {
@@ -276,24 +288,7 @@ impl Client {
                 }
             }
         } else {
-            // SAFETY: recv into the tail of our buffer, which is that long.
-            let n = unsafe {
-                libc::recv(
-                    s.as_raw_fd(),
-                    self.rbuf[at..].as_mut_ptr().cast(),
-                    self.rbuf.len() - at,
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(usize::MAX),
-                    _ => Err(e),
-                }
-            } else {
-                Ok(n as usize)
-            }
+            crate::spin::recv(s.as_raw_fd(), &mut self.rbuf[at..], Duration::ZERO).unwrap_or(Ok(usize::MAX))
         };
         match r {
             Ok(usize::MAX) => {
@@ -466,8 +461,12 @@ impl NextTier for ProxyTier {
         let r = c.send(&w);
         c.wbuf = w;
         r?;
-        let (kind, _) = c.next_reply()?;
-        self.get_ns.record(t.elapsed().as_nanos() as u64);
+        let (kind, flags) = c.next_reply()?;
+        let ns = t.elapsed().as_nanos() as u64;
+        self.get_ns.record(ns);
+        if kind == reply::VALUE && flags & 1 != 0 {
+            self.remote_get_ns.record(ns);
+        }
         match kind {
             reply::VALUE => {
                 let meta = match wire::page_of(kind, &c.body) {

@@ -465,9 +465,13 @@ fn requests(
                 if let Some(cpu) = body.get(KEY..KEY + 4) {
                     on_cpu.follow(u32::from_le_bytes(cpu.try_into().expect("4 bytes")));
                 }
+                let served = tier.counters().gets.load(Ordering::Relaxed);
                 match tier.get(key, &mut out, flags & 1 != 0) {
                     Ok(Some(meta)) => {
-                        wire::write_frame(w, reply::VALUE, 0, &[&wire::meta_bytes(&meta), &out])?
+                        // Flag 1: read from the servers (not the queue
+                        // or the local copy), for the process's statistics.
+                        let from = (tier.counters().gets.load(Ordering::Relaxed) != served) as u8;
+                        wire::write_frame(w, reply::VALUE, from, &[&wire::meta_bytes(&meta), &out])?
                     }
                     Ok(None) => wire::write_frame(w, reply::ABSENT, 0, &[])?,
                     Err(e) => {
