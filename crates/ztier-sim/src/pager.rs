@@ -14,7 +14,8 @@
 //!                (a compressed hit per fault, a decompression per page;
 //!                from the spill file: a disk fault)
 //!    absent   ─► zero fault: the prefetch's run of never-touched pages, zeros
-//!  then, as the manager: over the budget → evict at once, EVICT_BATCH at a time;
+//!  then, as the manager: over the budget → evict at once, what the fault needs
+//!  (INLINE_LEAST at least);
 //!  above budget − reserve/2 → the background evictor's batches, down to
 //!  budget − reserve ([`ztier_policy::pacing`])
 //! ```
@@ -84,7 +85,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use hashbrown::HashMap;
-use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, EVICT_BATCH};
+use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, EVICT_BATCH, INLINE_LEAST};
 use ztier_policy::pick::{pick, Candidates};
 use ztier_policy::prefetch::{Prefetch, MAX_STORE_RUN, MAX_ZERO_RUN};
 use ztier_policy::recency::PageHasher;
@@ -456,7 +457,7 @@ impl Pager<'_> {
                         self.resized(t);
                     }
                 }
-                let lim = self.prefetch.store_run(walk).min(MAX_STORE_RUN);
+                let lim = self.inline_room(self.prefetch.store_run(walk).min(MAX_STORE_RUN));
                 let mut n = 1;
                 while n < lim && i + n < self.state.len() && self.state[i + n] & STATE == STORED {
                     n += 1;
@@ -493,7 +494,7 @@ impl Pager<'_> {
                 self.prefetch.ran_to(i + n - 1);
             }
             _ => {
-                let lim = self.prefetch.zero_run().min(ZERO_RUN);
+                let lim = self.inline_room(self.prefetch.zero_run().min(ZERO_RUN));
                 let mut n = 1;
                 while n < lim && i + n < self.state.len() && self.state[i + n] & STATE == ABSENT {
                     n += 1;
@@ -534,13 +535,19 @@ impl Pager<'_> {
         self.spilled = out;
     }
 
+    /// The manager's `inline_room`: of a run of `lim` pages, those that
+    /// fit under the budget now, or [`INLINE_LEAST`] (at least 1).
+    fn inline_room(&self, lim: usize) -> usize {
+        lim.min(self.limit().saturating_sub(self.resident).max(INLINE_LEAST)).max(1)
+    }
+
     /// The manager's `make_room`: evicts at once if `n` more pages would
-    /// go over the budget.
+    /// go over the budget, what they need and [`INLINE_LEAST`] at least.
     fn make_room(&mut self, n: usize) {
         if self.resident + n > self.limit() {
-            let target = self.limit().saturating_sub(EVICT_BATCH);
+            let target = self.limit().saturating_sub(n).min(self.resident.saturating_sub(INLINE_LEAST));
             let before = self.resident;
-            while self.evict(EVICT_BATCH, target) {}
+            while self.resident > target && self.evict(EVICT_BATCH, target) {}
             self.counts.evicted_inline += (before - self.resident) as u64;
         }
     }
