@@ -3550,13 +3550,28 @@ mod tests {
             unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, 7, PAGE) };
         }
         assert_eq!(stats.evicted_inline.load(Ordering::Relaxed), 0);
-        // No background evictor here: the fault itself must make room.
+        // No background evictor here: the fault itself must make room,
+        // what it needs and INLINE_LEAST pages at least, not a batch (its
+        // zero run no longer than that: `inline_room`).
         let _ = m.serve(base + 500 * PAGE, &stats).unwrap();
         let inline = stats.evicted_inline.load(Ordering::Relaxed);
-        assert!(inline >= 16, "{inline} pages evicted inline");
+        assert_eq!(inline, INLINE_LEAST as u64, "pages evicted inline");
         assert_eq!(inline, stats.pages_compressed.load(Ordering::Relaxed));
+        assert_eq!(stats.inline_evictions.load(Ordering::Relaxed), 1);
+        let ns = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let parts = ns(&stats.evict_take_ns)
+            + ns(&stats.evict_protect_ns)
+            + ns(&stats.evict_compress_ns)
+            + ns(&stats.evict_release_ns);
+        assert!(parts > 0 && parts <= ns(&stats.evict_ns), "{parts} of {}", ns(&stats.evict_ns));
+        assert_eq!(ns(&stats.evict_tier_ns), 0, "no next tier");
         assert!(m.resident() <= 128, "{} resident", m.resident());
         assert_eq!(m.st(500) & STATE, RESIDENT);
+        // A fault with room evicts nothing.
+        m.budget = 256;
+        let _ = m.serve(base + 600 * PAGE, &stats).unwrap();
+        assert_eq!(stats.inline_evictions.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.evicted_inline.load(Ordering::Relaxed), inline);
     }
 
     #[test]

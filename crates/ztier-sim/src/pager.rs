@@ -990,7 +990,10 @@ mod tests {
         assert!(single.store_faults >= 4096, "{single:?}");
         assert!(walk.store_faults * 8 < single.store_faults, "walk {walk:?} vs single {single:?}");
         assert!(walk.prefetched > 4096, "{walk:?}");
-        assert_eq!(walk.zero_faults * 16, 4096, "first touches in zero runs of 16: {walk:?}");
+        // First touches in zero runs of 16 while they fit under the
+        // budget, then of INLINE_LEAST (the faults evict for them).
+        assert!(walk.zero_faults * 16 >= 4096, "first touches in zero runs of 16 at most: {walk:?}");
+        assert!(walk.zero_faults * INLINE_LEAST as u64 <= 4096, "…and INLINE_LEAST at least: {walk:?}");
         // Never written: all zeros, nothing stored, every pass zero faults.
         let reads: Vec<(u64, bool)> = (0..3).flat_map(|_| (0..4096u64).map(|p| (p, false))).collect();
         write_trace(&path, &reads, None);
@@ -1042,8 +1045,9 @@ mod tests {
     }
 
     /// Without the background evictor every eviction is a fault's,
-    /// inline, down to the budget less one batch (not less the reserve):
-    /// nothing is in flight to take back. The logged replay's rows add up
+    /// inline, what the fault needs (INLINE_LEAST pages at least; not
+    /// down to budget less the reserve): nothing is in flight to take
+    /// back. The logged replay's rows add up
     /// to its counts.
     #[test]
     fn without_the_background_evictor_faults_evict_inline() {
@@ -1062,7 +1066,9 @@ mod tests {
         // Evicted inline: every page compressed, and the never-written
         // neighbours a zero run brought in (evicted as zeros).
         assert_eq!(inline.taken_back, 0, "{inline:?}");
-        assert!(inline.evicted_inline >= inline.compressions && inline.compressions > 7000, "{inline:?}");
+        // (Down to a batch below the budget, 7000+ compressions: the
+        // 32 pages less resident missed on every pass.)
+        assert!(inline.evicted_inline >= inline.compressions && inline.compressions > 2500, "{inline:?}");
         assert!(bg.evicted_inline * 2 < inline.evicted_inline, "the evictor evicted most: {bg:?}");
         let count = |k: LogKind| log.iter().filter(|r| r.kind == k).count() as u64;
         assert_eq!(
