@@ -142,7 +142,9 @@ use ztier_run_core::state;
 use ztier_run_core::victims::{self, Live};
 
 pub use crate::sys::PAGE;
-pub use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, EVICT_BATCH, INLINE_LEAST};
+pub use ztier_policy::pacing::{
+    reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, EVICT_BATCH, INLINE_LEAST, INLINE_RUN,
+};
 use ztier_run_core::counters::Timed;
 pub use ztier_run_core::counters::{lat_upper_ns, Stats, LAT_BUCKETS};
 pub use ztier_run_core::state::{ABSENT, CLEAN, EVICTING, NOEVICT, OWNED, RESIDENT, STATE, STORED};
@@ -1275,12 +1277,12 @@ impl Manager {
 
     /// How many of a fault's run of `lim` pages (the page and those the
     /// prefetch brings along) it installs: those that fit under the
-    /// budget now, or [`INLINE_LEAST`] (at least 1): the fault evicts
-    /// for the run ([`Manager::make_room`]) and waits for that, so with
-    /// no room a run of 16 zero pages cost ~160 µs of evictions. Those
-    /// pages are the prefetch's guess; the next fault brings them.
+    /// budget now, or [`INLINE_RUN`] (at least 1). The fault evicts for
+    /// its run ([`Manager::make_room`]) and waits for that: with no room
+    /// a store run of 64 pages cost it ~600 µs of evictions. The pages
+    /// left out were the prefetch's guess; the next fault brings them.
     fn inline_room(&self, lim: usize) -> usize {
-        lim.min(self.limit().saturating_sub(self.resident).max(INLINE_LEAST)).max(1)
+        lim.min(self.limit().saturating_sub(self.resident).max(INLINE_RUN)).max(1)
     }
 
     /// Evicts first if installing `n` more pages would go over budget, so
@@ -3551,11 +3553,13 @@ mod tests {
         }
         assert_eq!(stats.evicted_inline.load(Ordering::Relaxed), 0);
         // No background evictor here: the fault itself must make room,
-        // what it needs and INLINE_LEAST pages at least, not a batch (its
-        // zero run no longer than that: `inline_room`).
+        // what its run needs (INLINE_RUN at most: `inline_room`) and
+        // INLINE_LEAST pages at least, not a batch below the budget.
         let _ = m.serve(base + 500 * PAGE, &stats).unwrap();
         let inline = stats.evicted_inline.load(Ordering::Relaxed);
-        assert_eq!(inline, INLINE_LEAST as u64, "pages evicted inline");
+        let installed = m.resident() - (128 - inline as usize);
+        assert!(installed >= 1 && installed <= INLINE_RUN, "{installed} installed");
+        assert_eq!(inline as usize, installed.max(INLINE_LEAST), "pages evicted inline");
         assert_eq!(inline, stats.pages_compressed.load(Ordering::Relaxed));
         assert_eq!(stats.inline_evictions.load(Ordering::Relaxed), 1);
         let ns = |c: &AtomicU64| c.load(Ordering::Relaxed);

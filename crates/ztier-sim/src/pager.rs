@@ -85,7 +85,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use hashbrown::HashMap;
-use ztier_policy::pacing::{reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, EVICT_BATCH, INLINE_LEAST};
+use ztier_policy::pacing::{
+    reserve_of, BACKGROUND_BATCH, BACKGROUND_LEAST, EVICT_BATCH, INLINE_LEAST, INLINE_RUN,
+};
 use ztier_policy::pick::{pick, Candidates};
 use ztier_policy::prefetch::{Prefetch, MAX_STORE_RUN, MAX_ZERO_RUN};
 use ztier_policy::recency::PageHasher;
@@ -536,9 +538,9 @@ impl Pager<'_> {
     }
 
     /// The manager's `inline_room`: of a run of `lim` pages, those that
-    /// fit under the budget now, or [`INLINE_LEAST`] (at least 1).
+    /// fit under the budget now, or [`INLINE_RUN`] (at least 1).
     fn inline_room(&self, lim: usize) -> usize {
-        lim.min(self.limit().saturating_sub(self.resident).max(INLINE_LEAST)).max(1)
+        lim.min(self.limit().saturating_sub(self.resident).max(INLINE_RUN)).max(1)
     }
 
     /// The manager's `make_room`: evicts at once if `n` more pages would
@@ -990,10 +992,7 @@ mod tests {
         assert!(single.store_faults >= 4096, "{single:?}");
         assert!(walk.store_faults * 8 < single.store_faults, "walk {walk:?} vs single {single:?}");
         assert!(walk.prefetched > 4096, "{walk:?}");
-        // First touches in zero runs of 16 while they fit under the
-        // budget, then of INLINE_LEAST (the faults evict for them).
-        assert!(walk.zero_faults * 16 >= 4096, "first touches in zero runs of 16 at most: {walk:?}");
-        assert!(walk.zero_faults * INLINE_LEAST as u64 <= 4096, "…and INLINE_LEAST at least: {walk:?}");
+        assert_eq!(walk.zero_faults * 16, 4096, "first touches in zero runs of 16: {walk:?}");
         // Never written: all zeros, nothing stored, every pass zero faults.
         let reads: Vec<(u64, bool)> = (0..3).flat_map(|_| (0..4096u64).map(|p| (p, false))).collect();
         write_trace(&path, &reads, None);
