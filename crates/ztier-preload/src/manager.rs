@@ -3558,7 +3558,7 @@ mod tests {
         let _ = m.serve(base + 500 * PAGE, &stats).unwrap();
         let inline = stats.evicted_inline.load(Ordering::Relaxed);
         let installed = m.resident() - (128 - inline as usize);
-        assert!(installed >= 1 && installed <= INLINE_RUN, "{installed} installed");
+        assert!((1..=INLINE_RUN).contains(&installed), "{installed} installed");
         assert_eq!(inline as usize, installed.max(INLINE_LEAST), "pages evicted inline");
         assert_eq!(inline, stats.pages_compressed.load(Ordering::Relaxed));
         assert_eq!(stats.inline_evictions.load(Ordering::Relaxed), 1);
