@@ -329,11 +329,13 @@ struct FileInner {
 /// The kernel's swap writes and reads past the page cache; a spill file
 /// written and read through it would stay cached whole, memory that no
 /// budget counts (a spill file of 19.5 MiB was 19.5 MiB resident in the
-/// page cache beside a run at `--budget 40M`). So the file is read
-/// without readahead (`POSIX_FADV_RANDOM`) and, every so many bytes of
-/// traffic, its clean pages are dropped and its dirty ones put to
+/// page cache beside a run at `--budget 40M`). So every so many bytes of
+/// traffic its clean pages are dropped and its dirty ones put to
 /// writeback (dropped by the next round): what stays cached is a few
-/// times this much.
+/// times this much, and the kernel's readahead window of a sequential
+/// read back (a random read reads only its page). Readahead stays on:
+/// pages brought back together (`ztier hold`, a fork's, a walk's) were
+/// mostly spilled together.
 pub const CACHE_DROP_EVERY: u64 = 1 << 20;
 
 /// `posix_fadvise(file, 0, 0, advice)`: advice only; a file system that
@@ -356,9 +358,8 @@ impl FileInner {
         }
     }
 
-    /// The file to use from now on, read without readahead.
+    /// The file to use from now on.
     fn set_file(&mut self, file: File) {
-        advise(&file, libc::POSIX_FADV_RANDOM);
         self.file = file;
         self.touched = 0;
     }
@@ -390,7 +391,6 @@ impl FileTier {
     /// A spill file on `file`, open for reading and writing and empty,
     /// holding at most `max_bytes` of file space.
     pub fn from_file(file: File, max_bytes: u64) -> Self {
-        advise(&file, libc::POSIX_FADV_RANDOM);
         FileTier {
             max_bytes,
             reopen: None,
