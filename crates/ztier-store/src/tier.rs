@@ -318,51 +318,6 @@ struct FileInner {
     /// From [`NextTier::prepare_fork`] to the fork: a new spill file
     /// holding every entry at the offset the index gives, for the child.
     for_child: Option<File>,
-    /// Bytes of the file read and written since its cached pages were
-    /// last dropped ([`CACHE_DROP_EVERY`]).
-    touched: u64,
-}
-
-/// Bytes of spill-file traffic after which the file's pages are dropped
-/// from the page cache (`POSIX_FADV_DONTNEED` over the whole file).
-///
-/// The kernel's swap writes and reads past the page cache; a spill file
-/// written and read through it would stay cached whole, memory that no
-/// budget counts (a spill file of 19.5 MiB was 19.5 MiB resident in the
-/// page cache beside a run at `--budget 40M`). So every so many bytes of
-/// traffic its clean pages are dropped and its dirty ones put to
-/// writeback (dropped by the next round): what stays cached is a few
-/// times this much, and the kernel's readahead window of a sequential
-/// read back (a random read reads only its page). Readahead stays on:
-/// pages brought back together (`ztier hold`, a fork's, a walk's) were
-/// mostly spilled together.
-pub const CACHE_DROP_EVERY: u64 = 1 << 20;
-
-/// `posix_fadvise(file, 0, 0, advice)`: advice only; a file system that
-/// takes none (tmpfs keeps its pages) changes nothing.
-fn advise(file: &File, advice: libc::c_int) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: an open descriptor; the call touches no memory of ours.
-    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, advice) };
-}
-
-impl FileInner {
-    /// Counts `bytes` of traffic (a page's worth at least: a read or
-    /// write touches whole cached pages) and drops the file's cached
-    /// pages once there was [`CACHE_DROP_EVERY`] of it.
-    fn touch(&mut self, bytes: u64) {
-        self.touched += bytes.max(4096);
-        if self.touched >= CACHE_DROP_EVERY {
-            self.touched = 0;
-            advise(&self.file, libc::POSIX_FADV_DONTNEED);
-        }
-    }
-
-    /// The file to use from now on.
-    fn set_file(&mut self, file: File) {
-        self.file = file;
-        self.touched = 0;
-    }
 }
 
 /// A spill file: entries kept compressed on a file (de Castro's
@@ -401,7 +356,6 @@ impl FileTier {
                 used: 0,
                 last_error: None,
                 for_child: None,
-                touched: 0,
             }),
         }
     }
@@ -450,7 +404,6 @@ impl NextTier for FileTier {
                 g.last_error = Some(format!("writing the spill file failed: {e}"));
                 return Err(e.into());
             }
-            g.touch(size);
         }
         g.used += size;
         g.index.insert(key, (off, meta));
@@ -462,9 +415,6 @@ impl NextTier for FileTier {
         let Some(&(off, meta)) = g.index.get(&key) else { return Ok(None) };
         out.resize(meta.len as usize, 0);
         g.file.read_exact_at(out, off)?;
-        if meta.len > 0 {
-            g.touch(meta.len as u64);
-        }
         if remove {
             g.index.remove(&key);
             g.free.give(off, Self::units(meta.len));
@@ -569,7 +519,7 @@ impl NextTier for FileTier {
     fn after_fork(&self) -> Result<(), TierError> {
         let mut g = self.inner.lock();
         if let Some(copy) = g.for_child.take() {
-            g.set_file(copy);
+            g.file = copy;
             g.last_error = None;
             return Ok(());
         }
@@ -584,8 +534,7 @@ impl NextTier for FileTier {
                 "the spill file was given ready-made; a forked child cannot open its own",
             )));
         };
-        let file = open()?;
-        g.set_file(file);
+        g.file = open()?;
         g.free = FreeSpace::default();
         g.used = 0;
         g.last_error = None;
@@ -665,54 +614,6 @@ mod tests {
         assert_eq!(full.entries(), 0);
         let why = full.last_error().unwrap();
         assert!(why.starts_with("writing the spill file failed: No space left on device"), "{why}");
-    }
-
-    /// Pages of `file` in the page cache (`mincore` over a mapping of it).
-    fn cached_pages(file: &File) -> usize {
-        use std::os::fd::AsRawFd;
-        let len = file.metadata().unwrap().len() as usize;
-        let pages = len.div_ceil(4096);
-        // SAFETY: a new read-only shared mapping of an open file, unmapped
-        // below; nothing reads through it.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0)
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        let mut vec = vec![0u8; pages];
-        // SAFETY: the mapping above, `pages` long; `vec` has a byte each.
-        assert_eq!(unsafe { libc::mincore(p, len, vec.as_mut_ptr()) }, 0);
-        // SAFETY: the mapping made above.
-        unsafe { libc::munmap(p, len) };
-        vec.iter().filter(|&&b| b & 1 != 0).count()
-    }
-
-    /// The spill file does not stay in the page cache as it is written
-    /// and read (memory no budget would count): at most a few rounds of
-    /// `CACHE_DROP_EVERY` of it. On a disk-backed folder (the build's
-    /// own), as `--spill` folders are: tmpfs keeps its pages.
-    #[test]
-    fn the_spill_file_does_not_stay_in_the_page_cache() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../target")
-            .join(format!("ztier-tier-cache-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let t = FileTier::create(&dir.join("spill"), 1 << 30).unwrap();
-        let k = |i| Key { pool: 0, object: 0, index: i };
-        // 8 MiB of 2 KiB entries written, then read back.
-        let n = 4096u32;
-        for i in 0..n {
-            t.put(k(i), meta(2048), &[i as u8; 2048]).unwrap();
-        }
-        let mut out = Vec::new();
-        for i in 0..n {
-            assert_eq!(t.get(k(i), &mut out, false).unwrap(), Some(meta(2048)));
-            assert_eq!(out, vec![i as u8; 2048]);
-        }
-        let cached = cached_pages(&t.inner.lock().file);
-        std::fs::remove_dir_all(&dir).unwrap();
-        // 3 MiB of the 8: a few rounds of CACHE_DROP_EVERY (1 MiB).
-        let bound = 768;
-        assert!(cached <= bound, "{cached} pages of 2048 cached (at most {bound})");
     }
 
     /// An opener of files 0, 1, 2, ... in `dir`, and how many it opened.
