@@ -133,6 +133,9 @@ pub mod stats {
     pub const STORE_BYTES_NOW: &str = "store_bytes_now";
     /// Bytes in the next tier (spill file or remote).
     pub const SPILLED_BYTES: &str = "spilled_bytes";
+    /// Pages read back from the next tier (spill file or remote), for
+    /// faults and prefetches: the store's gets it did not hold in memory.
+    pub const SPILL_READS: &str = "spill_reads";
     /// Peak resident managed bytes.
     pub const PEAK_RESIDENT_BYTES: &str = "peak_resident_bytes";
     /// Resident managed bytes now.
@@ -246,7 +249,7 @@ pub mod stats {
     /// The fault latency histogram: `[bucket upper bound in ns, count]` pairs.
     pub const LATENCY_NS: &str = "latency_ns";
     /// Every key of a process's record, in the order the library writes them.
-    pub const ALL: [&str; 67] = [
+    pub const ALL: [&str; 68] = [
         PID,
         BUDGET_BYTES,
         FAULTS,
@@ -258,6 +261,7 @@ pub mod stats {
         STORE_ORIG_BYTES_NOW,
         STORE_BYTES_NOW,
         SPILLED_BYTES,
+        SPILL_READS,
         PEAK_RESIDENT_BYTES,
         RESIDENT_BYTES,
         PINNED_BYTES,
@@ -317,13 +321,14 @@ pub mod stats {
     ];
     /// The counters `ztier run` adds up over the processes (a key ending
     /// in `_ns` becomes one ending in `_s`, in seconds).
-    pub const SUMMED: [&str; 39] = [
+    pub const SUMMED: [&str; 40] = [
         FAULTS,
         PAGES_COMPRESSED,
         ORIG_BYTES,
         STORED_BYTES,
         ZERO_FAULTS,
         STORE_FAULTS,
+        SPILL_READS,
         LONE_FAULTS,
         PINNED_CALLS,
         PINNED_IN,
