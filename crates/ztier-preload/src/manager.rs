@@ -1478,15 +1478,24 @@ impl Manager {
         ));
     }
 
-    /// With the tree scope, when the pages no process holds are fewer
-    /// than the reserve: this process's share of the shortfall, in
+    /// With the tree scope, when the pages no process holds and its own
+    /// slack ([`Manager::tree_room`]) are fewer than the reserve: this
+    /// process's share of the shortfall, in
     /// proportion to the pages it holds — what its background evictor
     /// gives back.
     fn tree_excess(&self) -> usize {
         let Some(t) = &self.tree else { return 0 };
         // Under `--budget-covers all` the pool shrinks as the stores grow:
         // what is held past it is short too.
-        budget::excess(t.free(), self.reserve(), t.overdrawn(), t.held(), t.reserved(), self.resident)
+        budget::excess(self.tree_room(), self.reserve(), t.overdrawn(), t.held(), t.reserved(), self.resident)
+    }
+
+    /// With the tree scope, the pages this process can fill without
+    /// evicting: those no process holds and its own slack
+    /// ([`budget::room`]); 0 without it.
+    fn tree_room(&self) -> usize {
+        let Some(t) = &self.tree else { return 0 };
+        budget::room(t.free(), t.held(), self.tree_need(), t.overdrawn())
     }
 
     /// Gives back to the shared budget what this process holds beyond its
@@ -1793,12 +1802,11 @@ impl Manager {
     }
 
     /// Should the background evictor work (resident above budget −
-    /// reserve/2, or with the tree scope, fewer than half a reserve of
-    /// pages held by no process; and eviction neither refused by the store
+    /// reserve/2, or with the tree scope, less than half a reserve of
+    /// room: pages held by no process and its own slack; and eviction neither refused by the store
     /// nor [`Manager::frozen`])?
     pub fn evict_wanted(&self) -> bool {
-        let tree_short =
-            self.tree.as_ref().is_some_and(|t| t.free() < self.reserve() / 2 && self.resident > 0);
+        let tree_short = self.tree.is_some() && self.tree_room() < self.reserve() / 2 && self.resident > 0;
         (self.resident > self.limit() - self.reserve() / 2 || tree_short)
             && !self.refusing()
             && !self.frozen()
