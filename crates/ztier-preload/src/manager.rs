@@ -3026,6 +3026,31 @@ mod tests {
         m.leave_tree();
     }
 
+    /// With the tree scope, a process alone in the pool keeps its reserve
+    /// below the budget, not its chunk further: the pages it holds beyond
+    /// its resident ones are room, not a shortfall its evictor must give
+    /// back (counted short, a prompt evictor took `sort` at 1M down to
+    /// ~140 of 256 pages).
+    #[test]
+    fn a_process_alone_in_the_pool_does_not_evict_for_its_own_slack() {
+        // 4096 pages: a reserve of 256, more than its chunk of slack.
+        let (mut m, _shared, seg) = test_manager_in_tree(4096, 0);
+        let stats = Stats::new();
+        fault_in(&mut m, 3808, &stats);
+        let (resident, held) = (m.resident(), m.tree.as_ref().unwrap().held());
+        let free = m.tree.as_ref().unwrap().free();
+        assert!(resident < 4096 - m.reserve() / 2, "below the evictor's wake-up: {resident}");
+        assert!(free < m.reserve() && free + held - resident >= m.reserve(), "free {free}, held {held}");
+        assert_eq!(m.tree_excess(), 0);
+        assert!(!m.evict_wanted());
+        assert!(m.take_background_victims(BACKGROUND_BATCH).unwrap().is_none());
+        // Another process takes what is free: its slack alone is less
+        // than the reserve, and its evictor is called on.
+        seg.fake_member(seg.slots.len() - 1, 1, 0, free as u64);
+        assert!(m.tree_excess() > 0 && m.evict_wanted());
+        m.leave_tree();
+    }
+
     /// With the tree scope, the budget the protected segment follows
     /// drops at once to what the process can have, and grows back by a
     /// 64th (a batch at least) per [`TREE_GROW_EVERY`].
