@@ -3038,15 +3038,20 @@ mod tests {
         let stats = Stats::new();
         fault_in(&mut m, 3808, &stats);
         let (resident, held) = (m.resident(), m.tree.as_ref().unwrap().held());
+        let slack = held - m.tree_need();
+        assert!(slack > 0 && resident < 4096 - m.reserve() / 2, "slack {slack}, resident {resident}");
+        // Fewer than a reserve free, a reserve with its slack: another
+        // process holds the rest.
         let free = m.tree.as_ref().unwrap().free();
-        assert!(resident < 4096 - m.reserve() / 2, "below the evictor's wake-up: {resident}");
-        assert!(free < m.reserve() && free + held - resident >= m.reserve(), "free {free}, held {held}");
-        assert_eq!(m.tree_excess(), 0);
+        let keep_free = m.reserve() - slack.div_ceil(2);
+        assert!(free >= keep_free, "free {free}");
+        seg.fake_member(seg.slots.len() - 1, 1, 0, (free - keep_free) as u64);
+        assert_eq!(m.tree_excess(), 0, "its slack counted short");
         assert!(!m.evict_wanted());
         assert!(m.take_background_victims(BACKGROUND_BATCH).unwrap().is_none());
-        // Another process takes what is free: its slack alone is less
-        // than the reserve, and its evictor is called on.
-        seg.fake_member(seg.slots.len() - 1, 1, 0, free as u64);
+        // The other takes all that is free: its slack alone is less than
+        // half the reserve, and its evictor is called on.
+        seg.fake_member(seg.slots.len() - 2, 2, 0, keep_free as u64);
         assert!(m.tree_excess() > 0 && m.evict_wanted());
         m.leave_tree();
     }
