@@ -1491,11 +1491,11 @@ impl Manager {
     }
 
     /// With the tree scope, the pages this process can fill without
-    /// evicting: those no process holds and its own slack
-    /// ([`budget::room`]); 0 without it.
+    /// evicting: those no process holds and, alone in the pool, its own
+    /// slack ([`budget::room`]); 0 without it.
     fn tree_room(&self) -> usize {
         let Some(t) = &self.tree else { return 0 };
-        budget::room(t.free(), t.held(), self.tree_need(), t.overdrawn())
+        budget::room(t.free(), t.held(), self.tree_need(), t.reserved(), t.overdrawn())
     }
 
     /// Gives back to the shared budget what this process holds beyond its
@@ -3033,26 +3033,28 @@ mod tests {
     /// ~140 of 256 pages).
     #[test]
     fn a_process_alone_in_the_pool_does_not_evict_for_its_own_slack() {
-        // 4096 pages: a reserve of 256, more than its chunk of slack.
-        let (mut m, _shared, seg) = test_manager_in_tree(4096, 0);
+        // 4000 pages: a reserve of 250, more than its chunk of slack.
+        let (mut m, _shared, seg) = test_manager_in_tree(4000, 0);
         let stats = Stats::new();
-        fault_in(&mut m, 3808, &stats);
-        let (resident, held) = (m.resident(), m.tree.as_ref().unwrap().held());
-        let slack = held - m.tree_need();
-        assert!(slack > 0 && resident < 4096 - m.reserve() / 2, "slack {slack}, resident {resident}");
-        // Fewer than a reserve free, a reserve with its slack: another
-        // process holds the rest.
-        let free = m.tree.as_ref().unwrap().free();
-        let keep_free = m.reserve() - slack.div_ceil(2);
-        assert!(free >= keep_free, "free {free}");
-        seg.fake_member(seg.slots.len() - 1, 1, 0, (free - keep_free) as u64);
+        // Faults in until fewer than a reserve are free but a reserve
+        // with its slack, below the evictor's wake-up.
+        let (mut n, wake) = (3584, 4000 - m.reserve() / 2);
+        loop {
+            fault_in(&mut m, n, &stats);
+            let t = m.tree.as_ref().unwrap();
+            let (slack, free) = (t.held() - m.tree_need(), t.free());
+            assert!(m.resident() < wake, "no such point below {wake}: {n} pages");
+            if free < m.reserve() && free + slack >= m.reserve() {
+                break;
+            }
+            n += 16;
+        }
         assert_eq!(m.tree_excess(), 0, "its slack counted short");
         assert!(!m.evict_wanted());
         assert!(m.take_background_victims(BACKGROUND_BATCH).unwrap().is_none());
-        // The other takes all that is free: its slack alone is less than
-        // half the reserve, and its evictor is called on.
-        seg.fake_member(seg.slots.len() - 2, 2, 0, keep_free as u64);
-        assert!(m.tree_excess() > 0 && m.evict_wanted());
+        // Another process holds a page: the pool is short for it.
+        seg.fake_member(seg.slots.len() - 1, 1, 0, 1);
+        assert!(m.tree_excess() > 0);
         m.leave_tree();
     }
 
