@@ -1527,15 +1527,24 @@ impl Manager {
         ));
     }
 
-    /// With the tree scope, when the pages no process holds are fewer
-    /// than the reserve: this process's share of the shortfall, in
+    /// With the tree scope, when the pages no process holds and its own
+    /// slack ([`Manager::tree_room`]) are fewer than the reserve: this
+    /// process's share of the shortfall, in
     /// proportion to the pages it holds — what its background evictor
     /// gives back.
     fn tree_excess(&self) -> usize {
         let Some(t) = &self.tree else { return 0 };
         // Under `--budget-covers all` the pool shrinks as the stores grow:
         // what is held past it is short too.
-        budget::excess(t.free(), self.reserve(), t.overdrawn(), t.held(), t.reserved(), self.resident)
+        budget::excess(self.tree_room(), self.reserve(), t.overdrawn(), t.held(), t.reserved(), self.resident)
+    }
+
+    /// With the tree scope, the pages this process can fill without
+    /// evicting: those no process holds and, alone in the pool, its own
+    /// slack ([`budget::room`]); 0 without it.
+    fn tree_room(&self) -> usize {
+        let Some(t) = &self.tree else { return 0 };
+        budget::room(t.free(), t.held(), self.tree_need(), t.reserved(), t.overdrawn())
     }
 
     /// Gives back to the shared budget what this process holds beyond its
@@ -1855,12 +1864,11 @@ impl Manager {
     }
 
     /// Should the background evictor work (resident above budget −
-    /// reserve/2, or with the tree scope, fewer than half a reserve of
-    /// pages held by no process; and eviction neither refused by the store
+    /// reserve/2, or with the tree scope, less than half a reserve of
+    /// room: pages held by no process and its own slack; and eviction neither refused by the store
     /// nor [`Manager::frozen`])?
     pub fn evict_wanted(&self) -> bool {
-        let tree_short =
-            self.tree.as_ref().is_some_and(|t| t.free() < self.reserve() / 2 && self.resident > 0);
+        let tree_short = self.tree.is_some() && self.tree_room() < self.reserve() / 2 && self.resident > 0;
         (self.resident > self.limit() - self.reserve() / 2 || tree_short)
             && !self.refusing()
             && !self.frozen()
@@ -3085,6 +3093,38 @@ mod tests {
         assert!(!m.take_room_wait());
         assert_eq!(m.st(100) & STATE, RESIDENT);
         assert_eq!(seg.over.load(Ordering::Acquire), 1);
+        m.leave_tree();
+    }
+
+    /// With the tree scope, a process alone in the pool keeps its reserve
+    /// below the budget, not its chunk further: the pages it holds beyond
+    /// its resident ones are room, not a shortfall its evictor must give
+    /// back (counted short, a prompt evictor took `sort` at 1M down to
+    /// ~140 of 256 pages).
+    #[test]
+    fn a_process_alone_in_the_pool_does_not_evict_for_its_own_slack() {
+        // 4000 pages: a reserve of 250, more than its chunk of slack.
+        let (mut m, _shared, seg) = test_manager_in_tree(4000, 0);
+        let stats = Stats::new();
+        // Faults in until fewer than a reserve are free but a reserve
+        // with its slack, below the evictor's wake-up.
+        let (mut n, wake) = (3584, 4000 - m.reserve() / 2);
+        loop {
+            fault_in(&mut m, n, &stats);
+            let t = m.tree.as_ref().unwrap();
+            let (slack, free) = (t.held() - m.tree_need(), t.free());
+            assert!(m.resident() < wake, "no such point below {wake}: {n} pages");
+            if free < m.reserve() && free + slack >= m.reserve() {
+                break;
+            }
+            n += 16;
+        }
+        assert_eq!(m.tree_excess(), 0, "its slack counted short");
+        assert!(!m.evict_wanted());
+        assert!(m.take_background_victims(BACKGROUND_BATCH).unwrap().is_none());
+        // Another process holds a page: the pool is short for it.
+        seg.fake_member(seg.slots.len() - 1, 1, 0, 1);
+        assert!(m.tree_excess() > 0);
         m.leave_tree();
     }
 
