@@ -277,9 +277,6 @@ impl Client {
         let Some(s) = self.sock.as_mut() else { return Err(io::ErrorKind::NotConnected.into()) };
         let at = self.rbuf.len();
         self.rbuf.resize(at + (64 << 10), 0);
-        // Blocks (`wait`) without spinning first: the proxy serves a get
-        // on this thread's CPU and spins there itself for the server's
-        // reply (`crate::spin`), so this CPU does not go idle meanwhile.
         let r = if wait {
             loop {
                 match s.read(&mut self.rbuf[at..]) {
@@ -288,7 +285,24 @@ impl Client {
                 }
             }
         } else {
-            crate::spin::recv(s.as_raw_fd(), &mut self.rbuf[at..], Duration::ZERO).unwrap_or(Ok(usize::MAX))
+            // SAFETY: recv into the tail of our buffer, which is that long.
+            let n = unsafe {
+                libc::recv(
+                    s.as_raw_fd(),
+                    self.rbuf[at..].as_mut_ptr().cast(),
+                    self.rbuf.len() - at,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(usize::MAX),
+                    _ => Err(e),
+                }
+            } else {
+                Ok(n as usize)
+            }
         };
         match r {
             Ok(usize::MAX) => {

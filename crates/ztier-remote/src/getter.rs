@@ -19,7 +19,6 @@
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use crate::config::{Credentials, Node};
@@ -43,8 +42,6 @@ pub(crate) struct Getter {
     at: usize,
     end: usize,
     req: Vec<u8>,
-    /// Reads left before the next spin (see [`Getter::fill`]).
-    spin_off: u32,
 }
 
 fn bad(msg: String) -> io::Error {
@@ -85,8 +82,7 @@ impl Getter {
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(timeout))?;
         s.set_write_timeout(Some(timeout))?;
-        let mut g =
-            Getter { s, buf: vec![0u8; BUF].into_boxed_slice(), at: 0, end: 0, req: Vec::new(), spin_off: 0 };
+        let mut g = Getter { s, buf: vec![0u8; BUF].into_boxed_slice(), at: 0, end: 0, req: Vec::new() };
         if let Some(p) = &cred.password {
             let mut args: Vec<&[u8]> = vec![b"AUTH"];
             if let Some(u) = &cred.user {
@@ -118,24 +114,7 @@ impl Getter {
             self.end -= self.at;
             self.at = 0;
         }
-        // A reply is due within a round trip: spun for before a
-        // blocking read (which keeps the connection's timeout), unless a
-        // spin came back empty lately (the server slower than the bound,
-        // or waiting for this CPU: see `crate::spin`).
-        let spun = if self.spin_off == 0 {
-            let r = crate::spin::recv(self.s.as_raw_fd(), &mut self.buf[self.end..], crate::spin::FOR_SERVER);
-            if r.is_none() {
-                self.spin_off = crate::spin::OFF_AFTER_MISS;
-            }
-            r
-        } else {
-            self.spin_off -= 1;
-            None
-        };
-        let n = match spun {
-            Some(r) => r?,
-            None => self.s.read(&mut self.buf[self.end..])?,
-        };
+        let n = self.s.read(&mut self.buf[self.end..])?;
         if n == 0 {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the server closed the connection"));
         }

@@ -45,7 +45,6 @@ pub mod pool;
 pub mod proxy;
 #[cfg(feature = "server")]
 pub mod seal;
-pub mod spin;
 #[cfg(feature = "server")]
 pub mod stats;
 #[cfg(feature = "server")]
