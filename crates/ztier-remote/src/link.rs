@@ -360,8 +360,29 @@ impl Link {
     }
 
     /// `WAIT n timeout` on every master this link wrote to (all masters,
-    /// for a cluster): the fewest replicas that acknowledged.
-    pub(crate) fn wait(&mut self, n: usize, timeout: Duration) -> RedisResult<i64> {
+    /// for a cluster): the fewest replicas that acknowledged. The server
+    /// answers when `timeout` is up at the latest, so the link's reads
+    /// wait `timeout` plus `io_timeout` for it, then go back to
+    /// `io_timeout`: a read timeout shorter than the WAIT's (the defaults:
+    /// 500 ms against 1 s) made a slow replica an I/O error with the
+    /// reply still on its way.
+    pub(crate) fn wait(&mut self, n: usize, timeout: Duration, io_timeout: Duration) -> RedisResult<i64> {
+        self.set_read_timeout(timeout + io_timeout)?;
+        let r = self.wait_inner(n, timeout);
+        let back = self.set_read_timeout(io_timeout);
+        let got = r?;
+        back?;
+        Ok(got)
+    }
+
+    fn set_read_timeout(&self, t: Duration) -> RedisResult<()> {
+        match self {
+            Link::Single(c) => c.set_read_timeout(Some(t)),
+            Link::Cluster(c) => c.set_read_timeout(Some(t)),
+        }
+    }
+
+    fn wait_inner(&mut self, n: usize, timeout: Duration) -> RedisResult<i64> {
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(n).arg(timeout.as_millis().max(1) as u64);
         match self {

@@ -529,7 +529,7 @@ impl Inner {
     pub(crate) fn wait_replica(&self, l: &mut Link, also: &[&Inner]) -> Result<(), String> {
         use std::sync::atomic::Ordering::Relaxed;
         let all = || std::iter::once(self).chain(also.iter().copied());
-        let n = l.wait(1, self.cfg.wait_timeout).map_err(|e| {
+        let n = l.wait(1, self.cfg.wait_timeout, self.cfg.timeout).map_err(|e| {
             all().for_each(|t| {
                 t.stats.errors.fetch_add(1, Relaxed);
             });

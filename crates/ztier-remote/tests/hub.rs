@@ -147,13 +147,30 @@ fn a_hub_waits_for_the_replica_and_falls_back_without_it() {
         let info = master.cli(mport, &["INFO", "replication"]).unwrap();
         info.contains("connected_slaves:1") && info.contains("state=online")
     });
+    // "online" is the master's word; after a diskless sync the master
+    // starts the replica's command stream only on its first ACK (up to a
+    // second later; until then a WAIT times out: seen for ~0.9 s in one
+    // run in three). A write, then its acknowledgement, shows it started.
+    master.cli(mport, &["SET", "zt:sync", "1"]).unwrap();
+    master.cli(mport, &["DEL", "zt:sync"]).unwrap();
+    wait_until("the replica acknowledges the master's offset", || {
+        let info = master.cli(mport, &["INFO", "replication"]).unwrap();
+        let master_at =
+            info.lines().find_map(|l| l.trim().strip_prefix("master_repl_offset:")?.parse::<u64>().ok());
+        let acked = info
+            .lines()
+            .find(|l| l.starts_with("slave0:"))
+            .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("offset=")?.parse::<u64>().ok()));
+        matches!((master_at, acked), (Some(m), Some(a)) if a >= m)
+    });
     let dir = std::env::temp_dir().join(format!("ztier-remote-hub-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let hub = Hub::new().unwrap();
     let tiers: Vec<Arc<RemoteTier>> = (0..TIERS)
         .map(|t| {
             let mut c = config(&master, Durability::Replica);
-            c.wait_timeout = Duration::from_millis(100);
+            // Room for a loaded machine; a dead replica costs a few of them.
+            c.wait_timeout = Duration::from_millis(500);
             c.retry_after = Duration::from_millis(50);
             let f = FileTier::create(&dir.join(format!("spill{t}")), 64 << 20).unwrap();
             let tier = RemoteTier::connect_shared(c, Some(Box::new(f)), &hub).unwrap();
