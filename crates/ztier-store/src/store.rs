@@ -361,6 +361,9 @@ pub struct Stats {
     pub compaction_moves: u64,
     /// Entries evicted to the next tier.
     pub evicted_to_tier: u64,
+    /// Time spent on the next tier in puts (pushing the oldest entries
+    /// there, dropping a put key's older copy there), in nanoseconds.
+    pub tier_put_ns: u64,
     /// Entries evicted and dropped (ephemeral or clean).
     pub evicted_dropped: u64,
     /// Refused puts by reason.
@@ -444,6 +447,7 @@ struct Counters {
     compaction_ns: u64,
     compaction_moves: u64,
     evicted_to_tier: u64,
+    tier_put_ns: u64,
     evicted_dropped: u64,
     rejects: [u64; 4],
     checksum_errors: u64,
@@ -728,7 +732,9 @@ impl Shard {
                 crc: e.crc,
                 pattern: if e.tag == TAG_SAME { e.loc } else { 0 },
             };
+            let t0 = Instant::now();
             let r = t.put(e.key(), meta, &buf[..e.len as usize]);
+            self.c.tier_put_ns += t0.elapsed().as_nanos() as u64;
             self.buf = buf;
             match r {
                 Ok(()) => self.c.evicted_to_tier += 1,
@@ -902,10 +908,20 @@ impl Store {
 
     /// Stores `page` (4096 bytes) under `key`, replacing any older copy.
     pub fn put(&self, key: Key, page: &[u8], flags: PutFlags) -> Result<(), StoreError> {
+        self.put_timed(key, page, flags).0
+    }
+
+    /// [`Store::put`], and the nanoseconds it spent pushing older entries
+    /// to the next tier to make room (0 without a tier, or when the page
+    /// fitted).
+    pub fn put_timed(&self, key: Key, page: &[u8], flags: PutFlags) -> (Result<(), StoreError>, u64) {
         if page.len() != PAGE_SIZE {
-            return Err(StoreError::PageSize(page.len()));
+            return (Err(StoreError::PageSize(page.len())), 0);
         }
-        let state = self.pool_state(key.pool)?;
+        let state = match self.pool_state(key.pool) {
+            Ok(s) => s,
+            Err(e) => return (Err(e), 0),
+        };
         let mut scratch = Scratch::take();
         let buf = &mut scratch.0[..PAGE_SIZE];
         let enc = with_encoder(self.cfg.codec, self.cfg.raw_fraction, |e| e.encode(page, buf))
@@ -920,14 +936,35 @@ impl Store {
         let crc = crc32c::crc32c(data);
         let h = hash_key(&key);
         let mut g = self.shard(h).lock();
-        let g = &mut *g;
+        let before = g.c.tier_put_ns;
+        let r = self.put_locked(&mut g, h, key, state, (tag, loc, crc), data, flags);
+        (r, g.c.tier_put_ns - before)
+    }
+
+    /// The part of [`Store::put_timed`] under the shard's lock: `form` is
+    /// the encoded page's tag, location (a same-filled page's pattern)
+    /// and crc32c; `data` its bytes.
+    #[allow(clippy::too_many_arguments)]
+    fn put_locked(
+        &self,
+        g: &mut Shard,
+        h: u64,
+        key: Key,
+        state: u64,
+        form: (u8, u64, u32),
+        data: &[u8],
+        flags: PutFlags,
+    ) -> Result<(), StoreError> {
+        let (tag, loc, crc) = form;
         let tier = self.tier.as_deref();
         // Any older copy goes first, whatever happens to this put.
         if let Some(s) = g.find(h, &key) {
             g.remove(s, &self.pools);
         }
         if let Some(t) = tier {
+            let t0 = Instant::now();
             t.remove(key);
+            g.c.tier_put_ns += t0.elapsed().as_nanos() as u64;
         }
         let pool = &self.pools[key.pool as usize];
         if pool.state.load(Ordering::Acquire) != state {
@@ -945,7 +982,7 @@ impl Store {
             return refuse(g, Refusal::PoolLimit);
         }
         let kind = usize::from(flags.kind == PageKind::File);
-        while g.c.kind_bytes[kind] + enc.len > g.caps[kind] {
+        while g.c.kind_bytes[kind] + data.len() > g.caps[kind] {
             if let Evict::Nothing = g.evict(Some(kind), &self.pools, tier) {
                 pool.pages.fetch_sub(1, Ordering::AcqRel);
                 return refuse(g, Refusal::KindCap);
@@ -1521,6 +1558,7 @@ impl Store {
             s.compaction_ns += c.compaction_ns;
             s.compaction_moves += c.compaction_moves;
             s.evicted_to_tier += c.evicted_to_tier;
+            s.tier_put_ns += c.tier_put_ns;
             s.evicted_dropped += c.evicted_dropped;
             s.rejects.poor_compression += c.rejects[Refusal::PoorCompression as usize];
             s.rejects.budget += c.rejects[Refusal::Budget as usize];
