@@ -2388,6 +2388,13 @@ fn stats_json(g: &Global) -> String {
         (stats::FAULT_LOCK_WAIT_NS, timing[1].to_string()),
         (stats::FAULT_STORE_READ_NS, timing[2].to_string()),
         (stats::FAULT_INSTALL_NS, timing[3].to_string()),
+        (stats::INLINE_EVICTIONS, ld(&s.inline_evictions)),
+        (stats::FAULT_EVICT_NS, ld(&s.evict_ns)),
+        (stats::FAULT_EVICT_TAKE_NS, ld(&s.evict_take_ns)),
+        (stats::FAULT_EVICT_PROTECT_NS, ld(&s.evict_protect_ns)),
+        (stats::FAULT_EVICT_COMPRESS_NS, ld(&s.evict_compress_ns)),
+        (stats::FAULT_EVICT_TIER_NS, ld(&s.evict_tier_ns)),
+        (stats::FAULT_EVICT_RELEASE_NS, ld(&s.evict_release_ns)),
         (stats::DEFERRED_WAIT_NS, ld(&s.deferred_wait_ns)),
         (stats::LATENCY_NS, format!("[{}]", hist.join(","))),
     ];

@@ -94,6 +94,24 @@ pub struct Stats {
     /// fault (the background evictor had not kept up): work on the
     /// program's CPU, with the fault waiting.
     pub evicted_inline: AtomicU64,
+    /// Fault services (and pins) that evicted inline: the faults that
+    /// waited for an eviction of their own.
+    pub inline_evictions: AtomicU64,
+    /// Time those inline evictions took (ns), and its parts: taking the
+    /// victims, write-protecting them, compressing them into the store,
+    /// of that the store's pushes to its next tier (spill file, remote),
+    /// and releasing their memory. The rest is the commit and the wakes.
+    pub evict_ns: AtomicU64,
+    /// … taking the victims.
+    pub evict_take_ns: AtomicU64,
+    /// … write-protecting them.
+    pub evict_protect_ns: AtomicU64,
+    /// … compressing them into the store (the next tier's part included).
+    pub evict_compress_ns: AtomicU64,
+    /// … of that, the store pushing older entries to its next tier.
+    pub evict_tier_ns: AtomicU64,
+    /// … releasing their memory.
+    pub evict_release_ns: AtomicU64,
     /// Evicted pages that were all zero (not stored).
     pub evicted_zero: AtomicU64,
     /// Pages the store refused (they stayed resident).
@@ -186,6 +204,13 @@ impl Stats {
             committed_early: AtomicU64::new(0),
             pages_compressed: AtomicU64::new(0),
             evicted_inline: AtomicU64::new(0),
+            inline_evictions: AtomicU64::new(0),
+            evict_ns: AtomicU64::new(0),
+            evict_take_ns: AtomicU64::new(0),
+            evict_protect_ns: AtomicU64::new(0),
+            evict_compress_ns: AtomicU64::new(0),
+            evict_tier_ns: AtomicU64::new(0),
+            evict_release_ns: AtomicU64::new(0),
             evicted_zero: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             wp_faults: AtomicU64::new(0),
@@ -229,6 +254,13 @@ impl Stats {
             &self.prefetched,
             &self.pages_compressed,
             &self.evicted_inline,
+            &self.inline_evictions,
+            &self.evict_ns,
+            &self.evict_take_ns,
+            &self.evict_protect_ns,
+            &self.evict_compress_ns,
+            &self.evict_tier_ns,
+            &self.evict_release_ns,
             &self.evicted_zero,
             &self.refused,
             &self.wp_faults,

@@ -230,12 +230,26 @@ pub mod stats {
     pub const FAULT_STORE_READ_NS: &str = "fault_store_read_ns";
     /// Of it, installing pages.
     pub const FAULT_INSTALL_NS: &str = "fault_install_ns";
+    /// Faults (and pins) that evicted inline.
+    pub const INLINE_EVICTIONS: &str = "inline_evictions";
+    /// Time of those inline evictions, ns.
+    pub const FAULT_EVICT_NS: &str = "fault_evict_ns";
+    /// Of it, taking the victims.
+    pub const FAULT_EVICT_TAKE_NS: &str = "fault_evict_take_ns";
+    /// Of it, write-protecting them.
+    pub const FAULT_EVICT_PROTECT_NS: &str = "fault_evict_protect_ns";
+    /// Of it, compressing them into the store (next tier included).
+    pub const FAULT_EVICT_COMPRESS_NS: &str = "fault_evict_compress_ns";
+    /// Of that, the store's pushes to its next tier.
+    pub const FAULT_EVICT_TIER_NS: &str = "fault_evict_tier_ns";
+    /// Of it, releasing their memory.
+    pub const FAULT_EVICT_RELEASE_NS: &str = "fault_evict_release_ns";
     /// Time deferred faults waited, ns.
     pub const DEFERRED_WAIT_NS: &str = "deferred_wait_ns";
     /// The fault latency histogram: `[bucket upper bound in ns, count]` pairs.
     pub const LATENCY_NS: &str = "latency_ns";
     /// Every key of a process's record, in the order the library writes them.
-    pub const ALL: [&str; 61] = [
+    pub const ALL: [&str; 68] = [
         PID,
         BUDGET_BYTES,
         FAULTS,
@@ -295,12 +309,19 @@ pub mod stats {
         FAULT_LOCK_WAIT_NS,
         FAULT_STORE_READ_NS,
         FAULT_INSTALL_NS,
+        INLINE_EVICTIONS,
+        FAULT_EVICT_NS,
+        FAULT_EVICT_TAKE_NS,
+        FAULT_EVICT_PROTECT_NS,
+        FAULT_EVICT_COMPRESS_NS,
+        FAULT_EVICT_TIER_NS,
+        FAULT_EVICT_RELEASE_NS,
         DEFERRED_WAIT_NS,
         LATENCY_NS,
     ];
     /// The counters `ztier run` adds up over the processes (a key ending
     /// in `_ns` becomes one ending in `_s`, in seconds).
-    pub const SUMMED: [&str; 33] = [
+    pub const SUMMED: [&str; 40] = [
         FAULTS,
         PAGES_COMPRESSED,
         ORIG_BYTES,
@@ -333,6 +354,13 @@ pub mod stats {
         FAULT_LOCK_WAIT_NS,
         FAULT_STORE_READ_NS,
         FAULT_INSTALL_NS,
+        INLINE_EVICTIONS,
+        FAULT_EVICT_NS,
+        FAULT_EVICT_TAKE_NS,
+        FAULT_EVICT_PROTECT_NS,
+        FAULT_EVICT_COMPRESS_NS,
+        FAULT_EVICT_TIER_NS,
+        FAULT_EVICT_RELEASE_NS,
         DEFERRED_WAIT_NS,
     ];
     /// The list of processes' records in the merged statistics.

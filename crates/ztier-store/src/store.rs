@@ -56,10 +56,13 @@
 //! get may miss) or *persistent* (frontswap: a successful put stays
 //! gettable until flushed). Persistent entries are evicted only to a next
 //! tier; with no next tier they stay, and a put that cannot fit is refused
-//! with [`Refusal::Budget`]. Evicting a *clean* entry of an ephemeral pool
-//! drops it (its content exists elsewhere); dirty entries go to the next
-//! tier. A refused put also removes any older copy under the same handle,
-//! so a get never returns stale data.
+//! with [`Refusal::Budget`]. With a next tier, a put that cannot fit with
+//! nothing left to evict (a share set below what the shard's tables and
+//! allocator take) goes to the tier itself ([`Stats::put_to_tier`]).
+//! Evicting a *clean* entry of an ephemeral pool drops it (its content
+//! exists elsewhere); dirty entries go to the next tier. A refused put
+//! also removes any older copy under the same handle, so a get never
+//! returns stale data.
 //!
 //! Sharding makes the FIFO/LRU order per shard, an approximation of one
 //! global order that keeps every operation on one lock of N.
@@ -220,7 +223,9 @@ impl Default for PutFlags {
 pub enum Refusal {
     /// The page did not compress below the raw threshold.
     PoorCompression,
-    /// No room under the budget, even after compaction and eviction.
+    /// No room under the budget, even after compaction and eviction,
+    /// and no next tier to take the page (none, or it failed; or the
+    /// page is clean and ephemeral, which the tier would not keep).
     Budget,
     /// The pool holds its maximum number of pages.
     PoolLimit,
@@ -361,6 +366,13 @@ pub struct Stats {
     pub compaction_moves: u64,
     /// Entries evicted to the next tier.
     pub evicted_to_tier: u64,
+    /// Puts that went straight to the next tier: no room in RAM, and
+    /// nothing older left to push there (a share below what the shard's
+    /// tables take).
+    pub put_to_tier: u64,
+    /// Time spent on the next tier in puts (pushing the oldest entries
+    /// there, dropping a put key's older copy there), in nanoseconds.
+    pub tier_put_ns: u64,
     /// Entries evicted and dropped (ephemeral or clean).
     pub evicted_dropped: u64,
     /// Refused puts by reason.
@@ -444,6 +456,8 @@ struct Counters {
     compaction_ns: u64,
     compaction_moves: u64,
     evicted_to_tier: u64,
+    put_to_tier: u64,
+    tier_put_ns: u64,
     evicted_dropped: u64,
     rejects: [u64; 4],
     checksum_errors: u64,
@@ -728,7 +742,9 @@ impl Shard {
                 crc: e.crc,
                 pattern: if e.tag == TAG_SAME { e.loc } else { 0 },
             };
+            let t0 = Instant::now();
             let r = t.put(e.key(), meta, &buf[..e.len as usize]);
+            self.c.tier_put_ns += t0.elapsed().as_nanos() as u64;
             self.buf = buf;
             match r {
                 Ok(()) => self.c.evicted_to_tier += 1,
@@ -902,10 +918,20 @@ impl Store {
 
     /// Stores `page` (4096 bytes) under `key`, replacing any older copy.
     pub fn put(&self, key: Key, page: &[u8], flags: PutFlags) -> Result<(), StoreError> {
+        self.put_timed(key, page, flags).0
+    }
+
+    /// [`Store::put`], and the nanoseconds it spent pushing older entries
+    /// to the next tier to make room (0 without a tier, or when the page
+    /// fitted).
+    pub fn put_timed(&self, key: Key, page: &[u8], flags: PutFlags) -> (Result<(), StoreError>, u64) {
         if page.len() != PAGE_SIZE {
-            return Err(StoreError::PageSize(page.len()));
+            return (Err(StoreError::PageSize(page.len())), 0);
         }
-        let state = self.pool_state(key.pool)?;
+        let state = match self.pool_state(key.pool) {
+            Ok(s) => s,
+            Err(e) => return (Err(e), 0),
+        };
         let mut scratch = Scratch::take();
         let buf = &mut scratch.0[..PAGE_SIZE];
         let enc = with_encoder(self.cfg.codec, self.cfg.raw_fraction, |e| e.encode(page, buf))
@@ -920,14 +946,35 @@ impl Store {
         let crc = crc32c::crc32c(data);
         let h = hash_key(&key);
         let mut g = self.shard(h).lock();
-        let g = &mut *g;
+        let before = g.c.tier_put_ns;
+        let r = self.put_locked(&mut g, h, key, state, (tag, loc, crc), data, flags);
+        (r, g.c.tier_put_ns - before)
+    }
+
+    /// The part of [`Store::put_timed`] under the shard's lock: `form` is
+    /// the encoded page's tag, location (a same-filled page's pattern)
+    /// and crc32c; `data` its bytes.
+    #[allow(clippy::too_many_arguments)]
+    fn put_locked(
+        &self,
+        g: &mut Shard,
+        h: u64,
+        key: Key,
+        state: u64,
+        form: (u8, u64, u32),
+        data: &[u8],
+        flags: PutFlags,
+    ) -> Result<(), StoreError> {
+        let (tag, loc, crc) = form;
         let tier = self.tier.as_deref();
         // Any older copy goes first, whatever happens to this put.
         if let Some(s) = g.find(h, &key) {
             g.remove(s, &self.pools);
         }
         if let Some(t) = tier {
+            let t0 = Instant::now();
             t.remove(key);
+            g.c.tier_put_ns += t0.elapsed().as_nanos() as u64;
         }
         let pool = &self.pools[key.pool as usize];
         if pool.state.load(Ordering::Acquire) != state {
@@ -937,6 +984,38 @@ impl Store {
             g.c.rejects[r as usize] += 1;
             Err(StoreError::Refused(r))
         };
+        // No room in RAM and nothing left to push out (the shard is empty,
+        // its share below what its tables take): a page the next tier
+        // would keep (persistent or dirty) goes there itself, as it would
+        // have as the oldest entry a moment later. Only a store without a
+        // tier, or whose tier fails, refuses for its budget.
+        let no_room = |g: &mut Shard| {
+            pool.pages.fetch_sub(1, Ordering::AcqRel);
+            let keep = state & 3 == POOL_PERSISTENT || flags.dirty;
+            if let (true, Some(t)) = (keep, tier) {
+                let file = if flags.kind == PageKind::File { F_FILE } else { 0 };
+                let meta = SpillMeta {
+                    tag,
+                    flags: if flags.dirty { F_DIRTY } else { 0 } | file,
+                    len: data.len() as u16,
+                    crc,
+                    pattern: if tag == TAG_SAME { loc } else { 0 },
+                };
+                let t0 = Instant::now();
+                let r = t.put(key, meta, data);
+                g.c.tier_put_ns += t0.elapsed().as_nanos() as u64;
+                match r {
+                    Ok(()) => {
+                        g.c.put_to_tier += 1;
+                        g.c.puts += 1;
+                        g.c.pool(key.pool).puts += 1;
+                        return Ok(());
+                    }
+                    Err(_) => g.c.tier_errors += 1,
+                }
+            }
+            refuse(g, Refusal::Budget)
+        };
         if tag == TAG_RAW && state & POOL_RAW == 0 {
             return refuse(g, Refusal::PoorCompression);
         }
@@ -945,7 +1024,7 @@ impl Store {
             return refuse(g, Refusal::PoolLimit);
         }
         let kind = usize::from(flags.kind == PageKind::File);
-        while g.c.kind_bytes[kind] + enc.len > g.caps[kind] {
+        while g.c.kind_bytes[kind] + data.len() > g.caps[kind] {
             if let Evict::Nothing = g.evict(Some(kind), &self.pools, tier) {
                 pool.pages.fetch_sub(1, Ordering::AcqRel);
                 return refuse(g, Refusal::KindCap);
@@ -958,8 +1037,7 @@ impl Store {
             if grown <= g.budget {
                 g.slab.reserve_exact(extra);
             } else if let Evict::Nothing = g.evict(None, &self.pools, tier) {
-                pool.pages.fetch_sub(1, Ordering::AcqRel);
-                return refuse(g, Refusal::Budget);
+                return no_room(g);
             }
         }
         while g.table.len() == g.table.capacity() {
@@ -967,8 +1045,7 @@ impl Store {
             if grown <= g.budget {
                 g.table.reserve(1, |&s| hash_key(&g.slab[s as usize].key()));
             } else if let Evict::Nothing = g.evict(None, &self.pools, tier) {
-                pool.pages.fetch_sub(1, Ordering::AcqRel);
-                return refuse(g, Refusal::Budget);
+                return no_room(g);
             }
         }
         let slot = if g.free != NIL {
@@ -1010,8 +1087,7 @@ impl Store {
                 if let Evict::Nothing = g.evict(None, &self.pools, tier) {
                     g.slab[slot as usize].next = g.free;
                     g.free = slot;
-                    pool.pages.fetch_sub(1, Ordering::AcqRel);
-                    return refuse(g, Refusal::Budget);
+                    return no_room(g);
                 }
             }
         }
@@ -1521,6 +1597,8 @@ impl Store {
             s.compaction_ns += c.compaction_ns;
             s.compaction_moves += c.compaction_moves;
             s.evicted_to_tier += c.evicted_to_tier;
+            s.put_to_tier += c.put_to_tier;
+            s.tier_put_ns += c.tier_put_ns;
             s.evicted_dropped += c.evicted_dropped;
             s.rejects.poor_compression += c.rejects[Refusal::PoorCompression as usize];
             s.rejects.budget += c.rejects[Refusal::Budget as usize];

@@ -459,6 +459,45 @@ fn a_full_spill_device_refuses_puts_and_loses_nothing() {
     }
 }
 
+/// A store with a next tier whose share was set below what its tables
+/// take (as `ztier run`'s bound on the stores under `--budget-covers all`
+/// can, when the pages held leave them no room) refuses no page for its
+/// budget: with nothing older left to push out, the page goes to the
+/// tier itself, and reads back. (It refused every put instead, and the
+/// program's pages stayed resident past its budget.)
+#[test]
+fn a_store_with_a_tier_puts_to_it_when_its_share_is_below_its_tables() {
+    for alloc in ALLOCATORS {
+        for share in [0, 1 << 10, 4 << 10] {
+            let store = Store::with_tier(cfg(1 << 20, alloc, 1), Some(Box::new(MemoryTier::new(1 << 30))));
+            let pool = store
+                .create_pool(PoolOptions { store_raw: true, ..PoolOptions::new(PoolKind::Persistent) })
+                .unwrap();
+            let kinds = [Kind::SmallInts, Kind::Pointers, Kind::Text, Kind::Random];
+            let put = |i: u32| {
+                let key = Key { pool, object: 0, index: i };
+                store.put(key, &page(kinds[i as usize % 4], i as u64), PutFlags::default())
+            };
+            for i in 0..200 {
+                put(i).unwrap();
+            }
+            store.set_budget(share);
+            for i in 200..300 {
+                put(i).unwrap_or_else(|e| panic!("{alloc:?}, share {share}: page {i}: {e}"));
+            }
+            let s = store.stats();
+            assert_eq!(s.rejects.budget, 0, "{alloc:?}, share {share}: {s:?}");
+            assert!(s.put_to_tier > 0, "{alloc:?}, share {share}: {s:?}");
+            let mut out = vec![0u8; PAGE];
+            for i in 0..300u32 {
+                let key = Key { pool, object: 0, index: i };
+                assert!(store.get(key, &mut out, true).unwrap(), "{alloc:?}, share {share}: page {i} lost");
+                assert!(out == page(kinds[i as usize % 4], i as u64), "{alloc:?}, share {share}: page {i}");
+            }
+        }
+    }
+}
+
 #[test]
 fn refusal_reasons_poor_compression_and_pool_limit() {
     let store = Store::new(cfg(1 << 20, AllocatorKind::Classes, 2));
