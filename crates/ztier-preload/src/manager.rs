@@ -2270,8 +2270,8 @@ impl Manager {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
         let gone = |e: &Kept| {
-            // SAFETY: signal 0 only checks that the thread exists.
-            let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, e.tid, 0) };
+            // Signal 0 only checks that the thread exists.
+            let r = sys::tgkill(pid, e.tid, 0);
             (r != 0 && sys::errno() == libc::ESRCH) || (e.tid == pid && leader_is_zombie(pid))
         };
         for e in self.pins.take_kept(|e| drop(e) || gone(e)) {
