@@ -241,8 +241,9 @@ pub struct Manager {
     /// written ones.
     clean: CleanMode,
     /// Per arena page: the xxh3-128 hash of the content of its stored
-    /// copy ([`CleanMode::Verify`]).
-    hashes: Table<u128>,
+    /// copy ([`CleanMode::Verify`]), shared with the eviction batches
+    /// ([`Victims`]), which read and write their victims' outside the lock.
+    hashes: Arc<Table<CopyHash>>,
     resident: usize,
     /// Resident pages allowed: what the replacement policy's sizes
     /// follow. With a sizing policy it moves with the policy's split,
@@ -486,11 +487,46 @@ pub struct Table<T: Zeroed> {
     len: usize,
 }
 
-/// Types for which all-zero bytes are a value (what a fresh mapping holds).
-pub trait Zeroed: Copy {}
-impl Zeroed for u8 {}
-impl Zeroed for u32 {}
-impl Zeroed for u128 {}
+/// Types for which all-zero bytes are a value (what a fresh mapping
+/// holds) and that need no drop (the table never drops its elements).
+///
+/// # Safety
+/// An implementor must be valid when all its bytes are zero, have no
+/// drop glue and an alignment of at most a page.
+pub unsafe trait Zeroed {}
+// SAFETY: integers and atomics: zero is a value, no drop, small alignment.
+unsafe impl Zeroed for u8 {}
+// SAFETY: as above.
+unsafe impl Zeroed for u32 {}
+// SAFETY: two `AtomicU64`s, as above.
+unsafe impl Zeroed for CopyHash {}
+
+/// The xxh3-128 hash of a page's stored copy ([`CleanMode::Verify`]), in
+/// two halves read and written with relaxed atomics: an eviction batch
+/// reads and writes its victims' hashes without the manager's lock
+/// ([`Victims::compress_protected`]) while other batches work on theirs.
+/// A victim is OWNED by one batch, and its ownership passes between
+/// threads under the lock, so the halves of one page are never written
+/// by two threads at once and a relaxed load sees the last store; the
+/// atomics only make that sharing safe to write (a relaxed load or
+/// store is a plain move).
+#[derive(Default)]
+pub struct CopyHash([AtomicU64; 2]);
+
+impl CopyHash {
+    /// The hash (zero: none was recorded).
+    #[inline]
+    fn get(&self) -> u128 {
+        (self.0[1].load(Ordering::Relaxed) as u128) << 64 | self.0[0].load(Ordering::Relaxed) as u128
+    }
+
+    /// Records `h`.
+    #[inline]
+    fn set(&self, h: u128) {
+        self.0[0].store(h as u64, Ordering::Relaxed);
+        self.0[1].store((h >> 64) as u64, Ordering::Relaxed);
+    }
+}
 
 impl<T: Zeroed> Table<T> {
     /// A table of `len` zeros.
@@ -522,7 +558,8 @@ impl<T: Zeroed> std::ops::Deref for Table<T> {
     fn deref(&self) -> &[T] {
         // SAFETY: `ptr` is a live mapping of `len` Ts (page-aligned, so
         // aligned for T), zero-filled (a valid T) or written as Ts since,
-        // never unmapped; `&self` excludes writers.
+        // never unmapped; `&self` excludes writers but through a `T`'s
+        // own interior mutability (atomics).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -536,9 +573,12 @@ impl<T: Zeroed> std::ops::DerefMut for Table<T> {
 }
 
 // SAFETY: the table owns its mapping (nothing else refers to it but
-// through the table, or, for the hashes, a victim batch the manager's
-// protocol gives those pages to); moving it to another thread moves that.
+// through the table): moving it to another thread moves that, as for a
+// `Box<[T]>`.
 unsafe impl<T: Zeroed + Send> Send for Table<T> {}
+// SAFETY: a shared table only gives `&[T]` (writes need `&mut`, or a `T`
+// that is `Sync`), as a shared `Box<[T]>` does.
+unsafe impl<T: Zeroed + Sync> Sync for Table<T> {}
 
 /// The replacement, prefetch and sizing policies `spec` names
 /// (`ZTIER_POLICY`; unset: the shipped ones) for an arena of `pages`
@@ -828,7 +868,7 @@ impl Manager {
         // Per-page tables: private, zero-filled, and backed only where
         // touched (the arena is 64 GiB of address space).
         let states = Table::<u8>::new(pages)?;
-        let hashes = Table::<u128>::new(pages)?;
+        let hashes = Arc::new(Table::<CopyHash>::new(pages)?);
         let clean = CleanMode::from_env()?;
         let budget = cfg.budget_pages.max(EVICT_BATCH * 2);
         let prefetch = std::env::var(env::PREFETCH)
@@ -1994,7 +2034,7 @@ impl Manager {
             protect: runs_of(dirty),
             clean,
             mode: self.clean,
-            hashes: self.hashes.as_ptr() as usize,
+            hashes: self.hashes.clone(),
             pages,
             uffd: self.uffd.clone(),
             store: self.store.clone(),
@@ -2641,9 +2681,9 @@ pub struct Victims {
     /// Per page: CLEAN (it came from the store, which kept its copy).
     clean: Vec<bool>,
     mode: CleanMode,
-    /// The manager's per-page hashes of stored copies (the address of a
-    /// mapping that outlives every eviction).
-    hashes: usize,
+    /// The manager's per-page hashes of stored copies: the victims' are
+    /// this batch's to read and write.
+    hashes: Arc<Table<CopyHash>>,
     uffd: Arc<Uffd>,
     store: Arc<Store>,
     pool: u32,
@@ -2748,15 +2788,13 @@ impl Victims {
                 let key = Key { pool: self.pool, object: 0, index: (f + k) as u32 };
                 let verify = self.mode == CleanMode::Verify;
                 let hash = if verify { xxh3_128(page) } else { 0 };
-                // SAFETY: f + k < the arena's pages (a victim), and the
-                // hash mapping has one u128 per page (16-byte aligned: it
-                // starts on a page). The victim is OWNED by this eviction,
-                // so no other thread reads or writes its hash meanwhile.
-                let slot = unsafe { &mut *(self.hashes as *mut u128).add(f + k) };
+                // The victim is OWNED by this eviction, so no other
+                // thread reads or writes its hash meanwhile.
+                let slot = &self.hashes[f + k];
                 if clean {
                     // Verify mode: unchanged since it came back if its hash
                     // is the stored copy's (and the copy is still there).
-                    if *slot == hash && self.store.contains(key) {
+                    if slot.get() == hash && self.store.contains(key) {
                         stats.clean_evicted.fetch_add(1, Ordering::Relaxed);
                         out.push(Outcome::Stored);
                         continue;
@@ -2766,7 +2804,7 @@ impl Victims {
                 match self.store.put(key, page, PutFlags::default()) {
                     Ok(()) => {
                         if verify {
-                            *slot = hash;
+                            slot.set(hash);
                         }
                         stats.pages_compressed.fetch_add(1, Ordering::Relaxed);
                         out.push(Outcome::Stored);
@@ -3594,7 +3632,7 @@ mod tests {
             pages: victims.to_vec(),
             clean: vec![false; victims.len()],
             mode: m.clean,
-            hashes: m.hashes.as_ptr() as usize,
+            hashes: m.hashes.clone(),
             uffd: m.uffd.clone(),
             store: m.store.clone(),
             pool: m.pool,
