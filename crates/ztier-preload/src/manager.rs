@@ -139,6 +139,7 @@ use ztier_run_core::names::env;
 use ztier_run_core::pins::{Kept, Pins};
 pub use ztier_run_core::pins::{KeptKind, OnFork};
 use ztier_run_core::state;
+use ztier_run_core::treewait;
 use ztier_run_core::victims::{self, Live};
 
 pub use crate::sys::PAGE;
@@ -430,15 +431,7 @@ pub static TREE_WAKE: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU32>
 pub static TREE_LIFE: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU32> =
     std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
-/// Longest a process that finds the shared budget empty while most of
-/// its resident pages are shared with its parent waits for the other
-/// processes' evictors, woken, to give pages back, before it evicts its
-/// own.
-pub const TREE_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
-
-/// Longest a wait for the other processes to give back pages
-/// ([`Manager::wait_tree`]) lasts while they keep giving some back.
-pub const TREE_WAIT_MOST: std::time::Duration = std::time::Duration::from_millis(100);
+pub use ztier_run_core::treewait::{TREE_WAIT, TREE_WAIT_MOST};
 
 /// Under `--budget-covers all`, least time between two wakes of the
 /// other processes' evictors by a fault that found the pool overdrawn
@@ -1406,62 +1399,21 @@ impl Manager {
     /// With the tree scope, when the pool cannot give this process `want`
     /// pages: wakes the other processes' evictors (each gives back its
     /// share of the shortfall, [`Manager::tree_excess`]) and waits for the
-    /// pool, up to [`TREE_WAIT`]; whether it holds them now. No wait when
-    /// no other process holds any page, nor for a while after a wait in
-    /// which none gave any back (they may have none they can give: all
-    /// pinned, say, or their stores full).
+    /// pool, up to `tree_wait` ([`TREE_WAIT`]); whether it holds them now
+    /// (when, how long, and when a wait failed: [`treewait::wait`]).
     ///
-    /// Under `--budget-covers all`, where taking pages past the budget is
-    /// the last resort, it waits up to [`TREE_WAIT_MOST`] in all (waking
-    /// the others again every [`TREE_WAIT`]), and a wait counts as failed
-    /// only if what all hold together with the stores and tables did not
-    /// shrink in it: their evictions shrink the pages they hold and grow
-    /// their stores. A forked child whose resident pages are all shared
-    /// with its parent has nothing of its own to evict: with the wait cut
-    /// short after [`TREE_WAIT`] without a page given back (on a loaded
+    /// Under `--budget-covers all` it waits up to [`TREE_WAIT_MOST`] in
+    /// all. A forked child whose resident pages are all shared with its
+    /// parent has nothing of its own to evict: with the wait cut short
+    /// after [`TREE_WAIT`] without a page given back (on a loaded
     /// machine, where the others' evictors wait for a CPU), each of its
     /// faults for the next `20 × TREE_WAIT` took its page past the budget
     /// (`workers.py` at 24M: up to 186 pages, one a fault, with
     /// `--fault-path signal`).
     fn wait_tree(&mut self, want: usize) -> bool {
-        let now = std::time::Instant::now();
-        let backoff = self.tree_wait_failed.is_some_and(|f| now.duration_since(f) < TREE_WAIT * 20);
         let Some(t) = &mut self.tree else { return true };
-        let all = t.covers_all();
-        let taken = |t: &Member| t.reserved() + if all { t.charged() } else { 0 };
-        let before = taken(t);
-        if backoff || t.reserved() <= t.held() {
-            return false;
-        }
-        t.wake_others();
-        let (mut least, mut deadline) = (before, now + self.tree_wait);
-        // Counting resident pages only, the wait is `tree_wait` as before.
-        let most = now + if all { self.tree_wait.max(TREE_WAIT_MOST) } else { self.tree_wait };
-        if all {
-            deadline = most;
-        }
-        let mut woken = now;
-        while std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-            if t.ensure(want) {
-                return true;
-            }
-            if all && woken.elapsed() >= TREE_WAIT {
-                woken = std::time::Instant::now();
-                t.wake_others();
-            }
-            let r = taken(t);
-            if r < least {
-                least = r;
-                if !all {
-                    deadline = (std::time::Instant::now() + self.tree_wait).min(most);
-                }
-            }
-        }
-        if least >= before {
-            self.tree_wait_failed = Some(std::time::Instant::now());
-        }
-        false
+        let mut clock = treewait::RealClock;
+        treewait::wait(&mut TreePool(t), &mut clock, want, self.tree_wait, &mut self.tree_wait_failed)
     }
 
     /// Under `--budget-covers all`: should a fault wait for this
@@ -2667,6 +2619,31 @@ impl Arena for Manager {
         self.repl.evicted(i);
         self.resident -= 1;
         self.uninherit(i);
+    }
+}
+
+/// This process's member of the tree budget, as a wait for it sees it
+/// ([`treewait::wait`]).
+struct TreePool<'a>(&'a mut Member);
+
+impl treewait::Pool for TreePool<'_> {
+    fn covers_all(&self) -> bool {
+        self.0.covers_all()
+    }
+    fn reserved(&self) -> usize {
+        self.0.reserved()
+    }
+    fn held(&self) -> usize {
+        self.0.held()
+    }
+    fn charged(&self) -> usize {
+        self.0.charged()
+    }
+    fn ensure(&mut self, want: usize) -> bool {
+        self.0.ensure(want)
+    }
+    fn wake_others(&self) {
+        self.0.wake_others()
     }
 }
 
