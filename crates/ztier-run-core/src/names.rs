@@ -472,7 +472,8 @@ mod tests {
         ];
         for (i, n) in names.iter().enumerate() {
             assert!(
-                n.strip_prefix(env::PREFIX).is_some_and(|s| s.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')),
+                n.strip_prefix(env::PREFIX)
+                    .is_some_and(|s| s.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')),
                 "{n}"
             );
             assert!(!names[..i].contains(n), "{n} twice");
