@@ -23,7 +23,10 @@ fn main() {
             println!("cargo:rerun-if-changed={}", dir.join("build.rs").display());
         }
     }
+    // The lock file, and the workspace manifest (its
+    // `[workspace.dependencies]` and profiles build the library too).
     println!("cargo:rerun-if-changed={}", ws.join("Cargo.lock").display());
+    println!("cargo:rerun-if-changed={}", ws.join("Cargo.toml").display());
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .args(["build", "--release", "--quiet", "-p", "ztier-preload", "--manifest-path"])

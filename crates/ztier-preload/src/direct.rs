@@ -64,8 +64,7 @@ pub(crate) fn real(table: &[AtomicUsize], slot: usize, name: &str) -> usize {
             let p = lookup(name);
             if p == 0 {
                 let msg = format!("ztier: glibc's {} not found\n", name.trim_end_matches('\0'));
-                // SAFETY: writes a buffer of that length to stderr.
-                unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
+                crate::sys::write_stderr(msg.as_bytes());
                 std::process::abort();
             }
             table[slot].store(p, Ordering::Relaxed);

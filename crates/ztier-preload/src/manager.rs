@@ -139,6 +139,7 @@ use ztier_run_core::names::env;
 use ztier_run_core::pins::{Kept, Pins};
 pub use ztier_run_core::pins::{KeptKind, OnFork};
 use ztier_run_core::state;
+use ztier_run_core::treewait;
 use ztier_run_core::victims::{self, Live};
 
 pub use crate::sys::PAGE;
@@ -243,8 +244,9 @@ pub struct Manager {
     /// written ones.
     clean: CleanMode,
     /// Per arena page: the xxh3-128 hash of the content of its stored
-    /// copy ([`CleanMode::Verify`]).
-    hashes: Table<u128>,
+    /// copy ([`CleanMode::Verify`]), shared with the eviction batches
+    /// ([`Victims`]), which read and write their victims' outside the lock.
+    hashes: Arc<Table<CopyHash>>,
     resident: usize,
     /// Resident pages allowed: what the replacement policy's sizes
     /// follow. With a sizing policy it moves with the policy's split,
@@ -431,15 +433,7 @@ pub static TREE_WAKE: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU32>
 pub static TREE_LIFE: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU32> =
     std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
-/// Longest a process that finds the shared budget empty while most of
-/// its resident pages are shared with its parent waits for the other
-/// processes' evictors, woken, to give pages back, before it evicts its
-/// own.
-pub const TREE_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
-
-/// Longest a wait for the other processes to give back pages
-/// ([`Manager::wait_tree`]) lasts while they keep giving some back.
-pub const TREE_WAIT_MOST: std::time::Duration = std::time::Duration::from_millis(100);
+pub use ztier_run_core::treewait::{TREE_WAIT, TREE_WAIT_MOST};
 
 /// Under `--budget-covers all`, least time between two wakes of the
 /// other processes' evictors by a fault that found the pool overdrawn
@@ -488,11 +482,46 @@ pub struct Table<T: Zeroed> {
     len: usize,
 }
 
-/// Types for which all-zero bytes are a value (what a fresh mapping holds).
-pub trait Zeroed: Copy {}
-impl Zeroed for u8 {}
-impl Zeroed for u32 {}
-impl Zeroed for u128 {}
+/// Types for which all-zero bytes are a value (what a fresh mapping
+/// holds) and that need no drop (the table never drops its elements).
+///
+/// # Safety
+/// An implementor must be valid when all its bytes are zero, have no
+/// drop glue and an alignment of at most a page.
+pub unsafe trait Zeroed {}
+// SAFETY: integers and atomics: zero is a value, no drop, small alignment.
+unsafe impl Zeroed for u8 {}
+// SAFETY: as above.
+unsafe impl Zeroed for u32 {}
+// SAFETY: two `AtomicU64`s, as above.
+unsafe impl Zeroed for CopyHash {}
+
+/// The xxh3-128 hash of a page's stored copy ([`CleanMode::Verify`]), in
+/// two halves read and written with relaxed atomics: an eviction batch
+/// reads and writes its victims' hashes without the manager's lock
+/// ([`Victims::compress_protected`]) while other batches work on theirs.
+/// A victim is OWNED by one batch, and its ownership passes between
+/// threads under the lock, so the halves of one page are never written
+/// by two threads at once and a relaxed load sees the last store; the
+/// atomics only make that sharing safe to write (a relaxed load or
+/// store is a plain move).
+#[derive(Default)]
+pub struct CopyHash([AtomicU64; 2]);
+
+impl CopyHash {
+    /// The hash (zero: none was recorded).
+    #[inline]
+    fn get(&self) -> u128 {
+        (self.0[1].load(Ordering::Relaxed) as u128) << 64 | self.0[0].load(Ordering::Relaxed) as u128
+    }
+
+    /// Records `h`.
+    #[inline]
+    fn set(&self, h: u128) {
+        self.0[0].store(h as u64, Ordering::Relaxed);
+        self.0[1].store((h >> 64) as u64, Ordering::Relaxed);
+    }
+}
 
 impl<T: Zeroed> Table<T> {
     /// A table of `len` zeros.
@@ -524,7 +553,8 @@ impl<T: Zeroed> std::ops::Deref for Table<T> {
     fn deref(&self) -> &[T] {
         // SAFETY: `ptr` is a live mapping of `len` Ts (page-aligned, so
         // aligned for T), zero-filled (a valid T) or written as Ts since,
-        // never unmapped; `&self` excludes writers.
+        // never unmapped; `&self` excludes writers but through a `T`'s
+        // own interior mutability (atomics).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -538,9 +568,12 @@ impl<T: Zeroed> std::ops::DerefMut for Table<T> {
 }
 
 // SAFETY: the table owns its mapping (nothing else refers to it but
-// through the table, or, for the hashes, a victim batch the manager's
-// protocol gives those pages to); moving it to another thread moves that.
+// through the table): moving it to another thread moves that, as for a
+// `Box<[T]>`.
 unsafe impl<T: Zeroed + Send> Send for Table<T> {}
+// SAFETY: a shared table only gives `&[T]` (writes need `&mut`, or a `T`
+// that is `Sync`), as a shared `Box<[T]>` does.
+unsafe impl<T: Zeroed + Sync> Sync for Table<T> {}
 
 /// The replacement, prefetch and sizing policies `spec` names
 /// (`ZTIER_POLICY`; unset: the shipped ones) for an arena of `pages`
@@ -830,7 +863,7 @@ impl Manager {
         // Per-page tables: private, zero-filled, and backed only where
         // touched (the arena is 64 GiB of address space).
         let states = Table::<u8>::new(pages)?;
-        let hashes = Table::<u128>::new(pages)?;
+        let hashes = Arc::new(Table::<CopyHash>::new(pages)?);
         let clean = CleanMode::from_env()?;
         let budget = cfg.budget_pages.max(EVICT_BATCH * 2);
         let prefetch = std::env::var(env::PREFETCH)
@@ -1415,62 +1448,21 @@ impl Manager {
     /// With the tree scope, when the pool cannot give this process `want`
     /// pages: wakes the other processes' evictors (each gives back its
     /// share of the shortfall, [`Manager::tree_excess`]) and waits for the
-    /// pool, up to [`TREE_WAIT`]; whether it holds them now. No wait when
-    /// no other process holds any page, nor for a while after a wait in
-    /// which none gave any back (they may have none they can give: all
-    /// pinned, say, or their stores full).
+    /// pool, up to `tree_wait` ([`TREE_WAIT`]); whether it holds them now
+    /// (when, how long, and when a wait failed: [`treewait::wait`]).
     ///
-    /// Under `--budget-covers all`, where taking pages past the budget is
-    /// the last resort, it waits up to [`TREE_WAIT_MOST`] in all (waking
-    /// the others again every [`TREE_WAIT`]), and a wait counts as failed
-    /// only if what all hold together with the stores and tables did not
-    /// shrink in it: their evictions shrink the pages they hold and grow
-    /// their stores. A forked child whose resident pages are all shared
-    /// with its parent has nothing of its own to evict: with the wait cut
-    /// short after [`TREE_WAIT`] without a page given back (on a loaded
+    /// Under `--budget-covers all` it waits up to [`TREE_WAIT_MOST`] in
+    /// all. A forked child whose resident pages are all shared with its
+    /// parent has nothing of its own to evict: with the wait cut short
+    /// after [`TREE_WAIT`] without a page given back (on a loaded
     /// machine, where the others' evictors wait for a CPU), each of its
     /// faults for the next `20 × TREE_WAIT` took its page past the budget
     /// (`workers.py` at 24M: up to 186 pages, one a fault, with
     /// `--fault-path signal`).
     fn wait_tree(&mut self, want: usize) -> bool {
-        let now = std::time::Instant::now();
-        let backoff = self.tree_wait_failed.is_some_and(|f| now.duration_since(f) < TREE_WAIT * 20);
         let Some(t) = &mut self.tree else { return true };
-        let all = t.covers_all();
-        let taken = |t: &Member| t.reserved() + if all { t.charged() } else { 0 };
-        let before = taken(t);
-        if backoff || t.reserved() <= t.held() {
-            return false;
-        }
-        t.wake_others();
-        let (mut least, mut deadline) = (before, now + self.tree_wait);
-        // Counting resident pages only, the wait is `tree_wait` as before.
-        let most = now + if all { self.tree_wait.max(TREE_WAIT_MOST) } else { self.tree_wait };
-        if all {
-            deadline = most;
-        }
-        let mut woken = now;
-        while std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-            if t.ensure(want) {
-                return true;
-            }
-            if all && woken.elapsed() >= TREE_WAIT {
-                woken = std::time::Instant::now();
-                t.wake_others();
-            }
-            let r = taken(t);
-            if r < least {
-                least = r;
-                if !all {
-                    deadline = (std::time::Instant::now() + self.tree_wait).min(most);
-                }
-            }
-        }
-        if least >= before {
-            self.tree_wait_failed = Some(std::time::Instant::now());
-        }
-        false
+        let mut clock = treewait::RealClock;
+        treewait::wait(&mut TreePool(t), &mut clock, want, self.tree_wait, &mut self.tree_wait_failed)
     }
 
     /// Under `--budget-covers all`: should a fault wait for this
@@ -2043,7 +2035,7 @@ impl Manager {
             protect: runs_of(dirty),
             clean,
             mode: self.clean,
-            hashes: self.hashes.as_ptr() as usize,
+            hashes: self.hashes.clone(),
             pages,
             uffd: self.uffd.clone(),
             store: self.store.clone(),
@@ -2319,8 +2311,8 @@ impl Manager {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
         let gone = |e: &Kept| {
-            // SAFETY: signal 0 only checks that the thread exists.
-            let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, e.tid, 0) };
+            // Signal 0 only checks that the thread exists.
+            let r = sys::tgkill(pid, e.tid, 0);
             (r != 0 && sys::errno() == libc::ESRCH) || (e.tid == pid && leader_is_zombie(pid))
         };
         for e in self.pins.take_kept(|e| drop(e) || gone(e)) {
@@ -2679,6 +2671,31 @@ impl Arena for Manager {
     }
 }
 
+/// This process's member of the tree budget, as a wait for it sees it
+/// ([`treewait::wait`]).
+struct TreePool<'a>(&'a mut Member);
+
+impl treewait::Pool for TreePool<'_> {
+    fn covers_all(&self) -> bool {
+        self.0.covers_all()
+    }
+    fn reserved(&self) -> usize {
+        self.0.reserved()
+    }
+    fn held(&self) -> usize {
+        self.0.held()
+    }
+    fn charged(&self) -> usize {
+        self.0.charged()
+    }
+    fn ensure(&mut self, want: usize) -> bool {
+        self.0.ensure(want)
+    }
+    fn wake_others(&self) {
+        self.0.wake_others()
+    }
+}
+
 /// A batch of pages the background evictor works on outside the lock.
 pub struct Victims {
     /// Page indices, sorted.
@@ -2690,9 +2707,9 @@ pub struct Victims {
     /// Per page: CLEAN (it came from the store, which kept its copy).
     clean: Vec<bool>,
     mode: CleanMode,
-    /// The manager's per-page hashes of stored copies (the address of a
-    /// mapping that outlives every eviction).
-    hashes: usize,
+    /// The manager's per-page hashes of stored copies: the victims' are
+    /// this batch's to read and write.
+    hashes: Arc<Table<CopyHash>>,
     uffd: Arc<Uffd>,
     store: Arc<Store>,
     pool: u32,
@@ -2803,15 +2820,13 @@ impl Victims {
                 let key = Key { pool: self.pool, object: 0, index: (f + k) as u32 };
                 let verify = self.mode == CleanMode::Verify;
                 let hash = if verify { xxh3_128(page) } else { 0 };
-                // SAFETY: f + k < the arena's pages (a victim), and the
-                // hash mapping has one u128 per page (16-byte aligned: it
-                // starts on a page). The victim is OWNED by this eviction,
-                // so no other thread reads or writes its hash meanwhile.
-                let slot = unsafe { &mut *(self.hashes as *mut u128).add(f + k) };
+                // The victim is OWNED by this eviction, so no other
+                // thread reads or writes its hash meanwhile.
+                let slot = &self.hashes[f + k];
                 if clean {
                     // Verify mode: unchanged since it came back if its hash
                     // is the stored copy's (and the copy is still there).
-                    if *slot == hash && self.store.contains(key) {
+                    if slot.get() == hash && self.store.contains(key) {
                         stats.clean_evicted.fetch_add(1, Ordering::Relaxed);
                         out.push(Outcome::Stored);
                         continue;
@@ -2823,7 +2838,7 @@ impl Victims {
                 match put {
                     Ok(()) => {
                         if verify {
-                            *slot = hash;
+                            slot.set(hash);
                         }
                         stats.pages_compressed.fetch_add(1, Ordering::Relaxed);
                         out.push(Outcome::Stored);
@@ -3668,7 +3683,7 @@ mod tests {
             pages: victims.to_vec(),
             clean: vec![false; victims.len()],
             mode: m.clean,
-            hashes: m.hashes.as_ptr() as usize,
+            hashes: m.hashes.clone(),
             uffd: m.uffd.clone(),
             store: m.store.clone(),
             pool: m.pool,

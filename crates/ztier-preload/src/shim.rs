@@ -1870,11 +1870,5 @@ pub unsafe extern "C" fn pkey_mprotect(a: *mut c_void, len: usize, prot: c_int, 
     if let Some(r) = protect_hole(a, len, prot) {
         return r;
     }
-    change_protection(a, len, prot, pkey, || {
-        // SAFETY: plain syscall; the kernel validates the arguments.
-        unsafe {
-            libc::syscall(libc::SYS_pkey_mprotect, a, len, prot as libc::c_long, pkey as libc::c_long)
-                as c_int
-        }
-    })
+    change_protection(a, len, prot, pkey, || sys::pkey_mprotect(a, len, prot, pkey))
 }

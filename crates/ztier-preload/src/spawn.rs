@@ -149,7 +149,7 @@ pub(crate) fn note_start() {
     // dynamic linker's.
     let lib = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes().to_vec();
     let vars = std::env::vars_os()
-        .filter(|(k, _)| k.as_encoded_bytes().starts_with(b"ZTIER_"))
+        .filter(|(k, _)| k.as_encoded_bytes().starts_with(ztier_run_core::names::env::PREFIX.as_bytes()))
         .filter_map(|(k, v)| {
             let mut e = k.into_encoded_bytes();
             e.push(b'=');
@@ -187,7 +187,7 @@ fn completed<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c_char)
         if let Some(v) = e.strip_prefix(b"LD_PRELOAD=") {
             // The dynamic linker takes the last.
             preload = Some(v);
-        } else if e.starts_with(b"ZTIER_") {
+        } else if e.starts_with(ztier_run_core::names::env::PREFIX.as_bytes()) {
             for (k, var) in inh.vars.iter().enumerate() {
                 let var = var.as_bytes();
                 let name = &var[..=var.iter().position(|&c| c == b'=').unwrap_or(var.len() - 1)];

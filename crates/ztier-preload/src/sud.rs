@@ -1114,9 +1114,9 @@ fn reset_one_shot(sig: libc::c_int, h: u64, flags: u64) -> bool {
     let slot = &PROGRAM_HANDLERS[sig as usize][0];
     if h == 0 || slot.compare_exchange(h, 0, Ordering::AcqRel, Ordering::Relaxed).is_err() {
         set_default(sig);
-        // SAFETY: plain calls; the signal is delivered when this handler
-        // returns and the interrupted mask comes back.
-        unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), sig) };
+        // Delivered when this handler returns and the interrupted mask
+        // comes back.
+        crate::sys::signal_this_thread(sig);
         return false;
     }
     // The program's view of the action, as the kernel leaves it after a
@@ -2264,10 +2264,10 @@ fn chain(sig: libc::c_int, slot: &[AtomicU64; 4], info: *mut libc::siginfo_t, ct
             // (with every page in the core, if one is written).
             crate::coredump::before_core(sig);
             set_default(sig);
-            // SAFETY: plain calls; the signal is delivered once the
-            // handler returns and unblocks it (a fault's signal comes
-            // again anyway when the instruction is retried).
-            unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), sig) };
+            // Delivered once the handler returns and unblocks it (a
+            // fault's signal comes again anyway when the instruction is
+            // retried).
+            crate::sys::signal_this_thread(sig);
         }
         f => {
             if a.flags & libc::SA_RESETHAND as u64 != 0 {

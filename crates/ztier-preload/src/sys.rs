@@ -102,6 +102,34 @@ pub fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
     unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot as c_long) as c_int }
 }
 
+/// `pkey_mprotect(2)` by syscall.
+pub fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, pkey: c_int) -> c_int {
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_pkey_mprotect, addr, len, prot as c_long, pkey as c_long) as c_int }
+}
+
+/// `tgkill(2)`: sends `sig` to thread `tid` of process `pid` (signal 0
+/// only checks that the thread exists); -1 and errno on failure.
+pub fn tgkill(pid: libc::pid_t, tid: libc::pid_t, sig: c_int) -> c_int {
+    // SAFETY: plain call; the kernel validates the arguments.
+    unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) as c_int }
+}
+
+/// Sends `sig` to the calling thread (delivered once it is unblocked,
+/// e.g. when the signal handler running now returns).
+pub fn signal_this_thread(sig: c_int) {
+    // SAFETY: getpid and gettid have no preconditions.
+    let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+    tgkill(pid, tid, sig);
+}
+
+/// Writes `msg` to stderr by `write(2)` (no buffering, no lock: usable
+/// before the library is set up and where Rust's stderr is not).
+pub fn write_stderr(msg: &[u8]) {
+    // SAFETY: writes a live buffer of that length to fd 2.
+    unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
+}
+
 /// Whether the page at `addr` (page-aligned) is in memory, by
 /// `mincore(2)`; false if the call fails.
 pub fn present(addr: usize) -> bool {

@@ -18,6 +18,8 @@
 //! * [`budget`] — the arithmetic of a process's part of the tree budget
 //!   (what it owes the pool, how long a run a fault installs, the budget
 //!   its replacement policy follows).
+//! * [`treewait`] — a process's wait for the tree budget's pool (waking
+//!   the others' evictors, how long, when it counts as failed).
 //! * [`inherit`] — a forked child's pages shared with its parent (the
 //!   tree budget's fork bookkeeping) and the page-map look that finds
 //!   those no longer shared.
@@ -40,4 +42,5 @@ pub mod inherit;
 pub mod names;
 pub mod pins;
 pub mod state;
+pub mod treewait;
 pub mod victims;

@@ -8,6 +8,9 @@
 
 /// The `ZTIER_*` environment variables.
 pub mod env {
+    /// What every one of their names starts with (the library hands the
+    /// variables so named on to the programs a process starts).
+    pub const PREFIX: &str = "ZTIER_";
     /// The memory budget in bytes; the library stays off without it.
     pub const BUDGET: &str = "ZTIER_BUDGET";
     /// The compressed store's share of the budget, in bytes.
@@ -497,7 +500,8 @@ mod tests {
         ];
         for (i, n) in names.iter().enumerate() {
             assert!(
-                n.starts_with("ZTIER_") && n[6..].bytes().all(|b| b.is_ascii_uppercase() || b == b'_'),
+                n.strip_prefix(env::PREFIX)
+                    .is_some_and(|s| s.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')),
                 "{n}"
             );
             assert!(!names[..i].contains(n), "{n} twice");

@@ -1,7 +1,7 @@
 //! The userfaultfd API (linux/userfaultfd.h), by raw syscall and ioctls:
 //! open (`/dev/userfaultfd` is not needed: the syscall, falling back to
 //! `UFFD_USER_MODE_ONLY` for unprivileged users), API handshake,
-//! register/unregister, copy, zeropage, wake, and reading events.
+//! register/unregister, copy, wake, and reading events.
 //!
 //! ```text
 //!  struct uffd_msg (32 bytes)
@@ -34,7 +34,6 @@ const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
 const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_aa01;
 const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
 const UFFDIO_COPY: libc::c_ulong = 0xc028_aa03;
-const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
 const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xc018_aa06;
 /// `/dev/userfaultfd`'s one ioctl: a new userfaultfd (`_IO(0xAA, 0)`).
 const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xaa00;
@@ -78,13 +77,6 @@ struct CopyArg {
     len: u64,
     mode: u64,
     copy: i64,
-}
-
-#[repr(C)]
-struct ZeroArg {
-    range: Range,
-    mode: u64,
-    zeropage: i64,
 }
 
 #[repr(C)]
@@ -333,20 +325,6 @@ impl Uffd {
             Ok(()) => Ok(Installed::Done),
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 self.wake(dst, src.len())?;
-                Ok(Installed::AlreadyThere)
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Installed::Retry),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Maps zero pages over `[dst, dst + len)` and wakes.
-    pub fn zeropage(&self, dst: usize, len: usize) -> io::Result<Installed> {
-        let mut z = ZeroArg { range: Range { start: dst as u64, len: len as u64 }, mode: 0, zeropage: 0 };
-        match ioctl(self.fd.as_raw_fd(), UFFDIO_ZEROPAGE, &mut z) {
-            Ok(()) => Ok(Installed::Done),
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                self.wake(dst, len)?;
                 Ok(Installed::AlreadyThere)
             }
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Installed::Retry),
