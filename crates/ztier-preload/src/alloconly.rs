@@ -23,9 +23,12 @@
 //! appends to FILE one line per range that a run would manage, as it is
 //! mapped or unmapped: `PID m LO HI` for the heap and each of the
 //! program's own private anonymous `mmap`s (those a run carves from its
-//! arena), `PID u LO HI` for each of the program's `munmap`s (hex, `HI`
-//! exclusive). `ztier trace record` reads it to mark every other
-//! anonymous page unmanaged. (A program's `mremap` of such a range is not
+//! arena), `PID u LO HI` for each of the program's `munmap`s, `PID r LO
+//! HI` for each large block a `free` (or a moving `realloc`) released
+//! (hex, `HI` exclusive). `ztier trace record` reads it to mark every
+//! other anonymous page unmanaged, and to release the pages of unmapped
+//! ranges and released blocks in the trace, as a run drops them from
+//! memory and the store. (A program's `mremap` of such a range is not
 //! followed.)
 //!
 //! ```text
@@ -136,9 +139,12 @@ enum Field {
     Byte(u8),
 }
 
-/// The maps log's kinds: mapped (managed), unmapped.
+/// The maps log's kinds: mapped (managed), unmapped, released.
 const KIND_MAP: u8 = b'm';
 const KIND_UNMAP: u8 = b'u';
+/// The maps log's kind for a freed large block whose pages were released
+/// (`MADV_DONTNEED`): still managed, but out of memory and the store.
+const KIND_RELEASE: u8 = b'r';
 
 /// The heap, when the mode is on and a run would have started the library
 /// by now (the caller asked [`crate::global_for`] first, which counts the
@@ -275,9 +281,12 @@ impl Heap {
             bad_pointer("free", p);
         }
         if !pa.cache_push(first, n) {
-            // Released, as the run releases a freed range's pages.
+            // Released, as the run releases a freed range's pages (and
+            // logged: the pages leave a run's memory and store here).
             let _ = sys::madvise(p as *mut c_void, n * PAGE, libc::MADV_DONTNEED);
             pa.free(first, n);
+            drop(pa);
+            log_range(KIND_RELEASE, p, n * PAGE);
         }
     }
 

@@ -50,7 +50,11 @@
 //! and the program's own private anonymous `mmap`s, less what the program
 //! unmapped: [`ManagedRanges`]); every other anonymous page (the dynamic
 //! linker's and glibc's own mappings, threads' stacks) is then unmanaged
-//! too. (With glibc's layout the program's first MiB of requests, which a
+//! too. The pages of what the program unmapped, and of each large block
+//! whose pages the library released when the program freed it (as a
+//! run's `free` does: [`ManagedRanges::freed`]), get released-page
+//! records (a block's a little after its log line is read, but those
+//! referenced since: the block handed out again). (With glibc's layout the program's first MiB of requests, which a
 //! run leaves to glibc, and the stacks of threads, cannot be told apart
 //! here, and count as managed.)
 //!
@@ -312,7 +316,9 @@ pub fn unmanaged_pages(maps: &str, pages: &[u64], run_layout: bool, own: Option<
 /// logs them (`ZTIER_ALLOC_ONLY_MAPS`): lines `PID m LO HI` (mapped:
 /// the library's heap, the program's private anonymous `mmap`s) and
 /// `PID u LO HI` (unmapped), hex, `HI` exclusive; lines of other
-/// processes (forked children) are skipped.
+/// processes (forked children) are skipped. Lines `PID r LO HI` (a freed
+/// large block whose pages the library released, still managed) leave
+/// the ranges as they are ([`ManagedRanges::freed`] reads them).
 #[derive(Debug, Default, Clone)]
 pub struct ManagedRanges {
     /// First page -> page after the last, disjoint.
@@ -359,6 +365,21 @@ impl ManagedRanges {
         }
     }
 
+    /// The pages a line `PID r LO HI` of process `pid` says were
+    /// released by a `free` (first, after the last): still managed, but
+    /// out of a run's memory and store, as the library's `free` releases a
+    /// large block's pages (`MADV_DONTNEED`) unless it keeps the block for
+    /// reuse. `None` for any other line.
+    pub fn freed(line: &str, pid: u32) -> Option<(u64, u64)> {
+        let mut f = line.split_whitespace();
+        let (Some(p), Some("r"), Some(lo), Some(hi)) = (f.next(), f.next(), f.next(), f.next()) else {
+            return None;
+        };
+        let parse = |x: &str| u64::from_str_radix(x, 16).ok();
+        let (Some(p), Some(lo), Some(hi)) = (parse(p), parse(lo), parse(hi)) else { return None };
+        (p == pid as u64 && hi > lo).then_some((lo >> 12, hi.div_ceil(4096)))
+    }
+
     /// Is `page` in a managed range?
     pub fn contains(&self, page: u64) -> bool {
         self.ranges.range(..=page).next_back().is_some_and(|(_, &e)| page < e)
@@ -395,6 +416,35 @@ fn elf_image_end(first: u64, path: &str) -> Option<u64> {
     (end > 0).then(|| first.wrapping_sub(lowest).wrapping_add(end).next_multiple_of(4096))
 }
 
+/// References between two reads of the library's maps log (for the
+/// blocks it released on `free`).
+const MAPS_POLL: u64 = 1 << 14;
+/// References after reading a freed block's line before its pages are
+/// released: more than lackey's output the recorder has not read yet when
+/// the program frees (a pipe's and the reader's 1 MiB buffer, ~40k
+/// references), so the block's last references come first.
+const FREED_LAG: u64 = 1 << 17;
+
+/// A freed block whose pages the library released, waiting to be
+/// released in the trace.
+#[derive(Debug)]
+struct Freed {
+    lo: u64,
+    hi: u64,
+    /// The reference count at which it is released.
+    due: u64,
+    /// Its pages referenced since its line was read.
+    since: HashSet<u64>,
+}
+
+impl Freed {
+    /// Its pages to release, in order: those `seen` by the trace, but
+    /// none referenced since its line was read.
+    fn gone(&self, seen: impl Fn(&u64) -> bool) -> Vec<u64> {
+        (self.lo..self.hi).filter(|p| seen(p) && !self.since.contains(p)).collect()
+    }
+}
+
 struct Snapshotter {
     pid: u32,
     /// The program runs with the allocation-only library ([`unmanaged_pages`]).
@@ -411,6 +461,11 @@ struct Snapshotter {
     /// references to them that lackey's buffered output still holds).
     released_due: Vec<(u64, u64)>,
     released_new: Vec<(u64, u64)>,
+    /// Blocks the program freed whose pages the library released
+    /// ([`ManagedRanges::freed`]), read at a poll of the maps log.
+    freed: Vec<Freed>,
+    /// References so far.
+    refs: u64,
     encoders: Vec<PageEncoder>,
     touched: HashSet<u64>,
     page: Vec<u8>,
@@ -429,11 +484,43 @@ impl Snapshotter {
         io::Read::read_to_end(f, pending)?;
         let Some(end) = pending.iter().rposition(|&b| b == b'\n') else { return Ok(()) };
         for line in pending[..end].split(|&b| b == b'\n') {
-            if let Some(r) = self.own.apply(&String::from_utf8_lossy(line), self.pid) {
+            let line = String::from_utf8_lossy(line);
+            if let Some(r) = self.own.apply(&line, self.pid) {
                 self.released_new.push(r);
+            } else if let Some((lo, hi)) = ManagedRanges::freed(&line, self.pid) {
+                self.freed.push(Freed { lo, hi, due: self.refs + FREED_LAG, since: HashSet::new() });
             }
         }
         pending.drain(..=end);
+        Ok(())
+    }
+
+    /// A reference to `page`; every [`MAPS_POLL`] references the maps log
+    /// is read, and freed blocks that are due are released: their pages
+    /// the trace has seen, but those referenced since the line was read
+    /// (a block handed out again; or the freed block's own last
+    /// references, still in lackey's buffered output: kept, as before).
+    fn reference<W: Write>(&mut self, w: &mut TraceWriter<W>, page: u64) -> io::Result<()> {
+        self.refs += 1;
+        self.touched.insert(page);
+        for f in &mut self.freed {
+            if (f.lo..f.hi).contains(&page) {
+                f.since.insert(page);
+            }
+        }
+        if self.refs % MAPS_POLL == 0 && self.maps_log.is_some() {
+            self.read_maps_log()?;
+            let refs = self.refs;
+            let (due, wait): (Vec<Freed>, Vec<Freed>) =
+                std::mem::take(&mut self.freed).into_iter().partition(|f| f.due <= refs);
+            self.freed = wait;
+            for f in due {
+                let seen = |p: &u64| self.classified.contains(p) || self.touched.contains(p);
+                for p in f.gone(seen) {
+                    w.released(p)?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -709,6 +796,8 @@ fn record_in(
         own: ManagedRanges::default(),
         released_due: Vec::new(),
         released_new: Vec::new(),
+        freed: Vec::new(),
+        refs: 0,
         encoders: opts.codecs.iter().map(|&c| PageEncoder::new(c)).collect(),
         touched: HashSet::new(),
         page: vec![0; PAGE_SIZE],
@@ -726,7 +815,7 @@ fn record_in(
         let st_ptr = &mut st;
         let mut local = ConvertStats::default();
         let res = convert(BufReader::with_capacity(1 << 20, reader), &mut w, &mut local, |w, p| {
-            snap.touched.insert(p);
+            snap.reference(w, p)?;
             since += 1;
             if since >= every {
                 since = 0;
@@ -787,6 +876,15 @@ mod tests {
     /// The library's log: mapped ranges of this process, less what it
     /// unmapped (ranges cut in two), other processes' lines ignored; with
     /// it, anonymous memory outside them is unmanaged, inside it managed.
+    /// A freed block's pages are released but those the trace never saw
+    /// and those referenced after its line was read (handed out again).
+    #[test]
+    fn a_freed_block_releases_the_pages_seen_and_not_touched_since() {
+        let mut f = Freed { lo: 0x100, hi: 0x108, due: FREED_LAG, since: HashSet::new() };
+        f.since.insert(0x103);
+        assert_eq!(f.gone(|&p| p != 0x107), vec![0x100, 0x101, 0x102, 0x104, 0x105, 0x106]);
+    }
+
     #[test]
     fn logged_ranges_decide_which_anonymous_pages_are_managed() {
         let mut own = ManagedRanges::default();
@@ -810,6 +908,12 @@ mod tests {
             .collect();
         assert_eq!(managed, vec![0x4a00, 0x4a03, 0x4a06, 0x4a0f]);
         assert!(!own.contains(0x5000) && !own.contains(0x4835));
+        // A freed block's release leaves its pages managed.
+        assert_eq!(own.apply("1f r 4a00000 4a02000", 0x1f), None);
+        assert!(own.contains(0x4a00) && own.contains(0x4a01));
+        assert_eq!(ManagedRanges::freed("1f r 4a00000 4a02000", 0x1f), Some((0x4a00, 0x4a02)));
+        assert_eq!(ManagedRanges::freed("20 r 4a00000 4a02000", 0x1f), None);
+        assert_eq!(ManagedRanges::freed("1f u 4a00000 4a02000", 0x1f), None);
         let maps = "\
 04835000-04837000 rw-p 00000000 00:00 0 \n\
 04a00000-04a10000 rw-p 00000000 00:00 0 \n\

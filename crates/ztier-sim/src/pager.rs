@@ -60,8 +60,9 @@
 //! during which reads of a victim still hit live), faults that wait for
 //! a commit, and the evictor's 100 ms naps; pages the program releases
 //! stay as they are (a trace holds references only), but for those a
-//! trace records as released (`munmap`s the allocation-only library
-//! logged: [`crate::lackey`]); system calls' pins and the
+//! trace records as released (`munmap`s and the large blocks whose
+//! pages a `free` released, as the allocation-only library logged them:
+//! [`crate::lackey`]); system calls' pins and the
 //! library's own pages are not there; a page's content is taken from
 //! its compression records.
 //!

@@ -26,8 +26,9 @@
 //!                written once per page, when it is first classified
 //!                (version 2; version 1 traces have none and are read too)
 //!             3  released page: page (varint, absolute) — the program
-//!                unmapped it (`munmap`): out of memory and the store from
-//!                here on, a later touch finds it new (version 3)
+//!                unmapped it (`munmap`), or freed a large block whose
+//!                pages the run library releases: out of memory and the
+//!                store from here on, a later touch finds it new (version 3)
 //! ```
 //!
 //! Page numbers are virtual addresses >> 12. `compress_ns` and
@@ -83,8 +84,9 @@ pub enum Event {
         /// Page number.
         page: u64,
     },
-    /// The program released `page` (`munmap`): its content and any copy
-    /// of it are gone; a later reference finds a new page.
+    /// The program released `page` (`munmap`, or the `free` of a large
+    /// block whose pages the run library releases): its content and any
+    /// copy of it are gone; a later reference finds a new page.
     Released {
         /// Page number.
         page: u64,

@@ -91,6 +91,33 @@ fn record_traces_the_heap_layout_of_ztier_run_or_of_glibc() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// A large block the program frees leaves a run's memory and store (the
+/// library releases its pages), so its pages get released-page records:
+/// `run_progs/freed_block.c` writes the 256 pages of a 1 MiB block, frees
+/// it, works elsewhere, and writes a block of that size again (the same
+/// pages). Its first pages are released once each, the second block's
+/// (never freed) not at all; with glibc's layout nothing is released.
+#[test]
+fn record_releases_the_pages_of_a_freed_large_block() {
+    let d = tmpdir("freed");
+    let exe = common::compile(&d, "freed_block");
+    let released = |layout: &str| {
+        let t = d.join(format!("{layout}.trace"));
+        let out = ztier()
+            .env("ZTIER_START_AFTER", "0")
+            .args(["trace", "record", "--codecs", "lz4", "--layout", layout, "-o"])
+            .arg(&t)
+            .args(["--", &exe])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        info(&t)["released_pages"].as_u64().unwrap()
+    };
+    assert_eq!(released("run"), 256);
+    assert_eq!(released("glibc"), 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 #[test]
 fn record_passes_on_the_exit_status() {
     let d = tmpdir("status");
