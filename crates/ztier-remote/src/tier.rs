@@ -265,6 +265,15 @@ impl RemoteTier {
         Ok(t)
     }
 
+    /// The CPU on which the server's replies arrive (`SO_INCOMING_CPU`
+    /// of a get connection after a round trip): on loopback the CPU the
+    /// server answered from, where a client is woken without a cross-CPU
+    /// wake-up. Only for a single server over plain TCP (`None`
+    /// otherwise, or if the kernel does not say).
+    pub fn server_cpu(&self) -> Option<u32> {
+        self.inner.server_cpu()
+    }
+
     /// Whether the tier's writes go through a shared flusher.
     pub fn shares_flusher(&self) -> bool {
         self.inner.bell.lock().unwrap_or_else(|p| p.into_inner()).is_some()
@@ -677,6 +686,25 @@ impl Inner {
         if v.len() < 16 {
             v.push(l);
         }
+    }
+
+    /// The CPU on which the server's replies arrive (`SO_INCOMING_CPU`
+    /// of a get connection after a round trip; the last of three): on
+    /// loopback the CPU the server answered from, so a client that runs
+    /// there is woken without a cross-CPU wake-up. Only for a single
+    /// server over plain TCP (`None` otherwise, or if the kernel does not
+    /// say, or the server does not answer).
+    fn server_cpu(&self) -> Option<u32> {
+        if !self.direct {
+            return None;
+        }
+        let mut g = self.take_getter().ok()?;
+        let mut cpu = None;
+        for _ in 0..3 {
+            cpu = g.incoming_cpu().ok()?;
+        }
+        self.give_getter(g);
+        cpu
     }
 
     fn take_getter(&self) -> std::io::Result<Getter> {

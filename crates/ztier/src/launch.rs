@@ -542,9 +542,15 @@ pub fn run_program(
             for (k, v) in p.env() {
                 cmd.env(k, v);
             }
+            // The program's first process pins its fault handler where
+            // the server's replies arrive (its children keep their pick).
+            match p.server_cpu() {
+                Some(c) => cmd.env(env::SERVER_CPU, format!("{c}@{}", std::process::id())),
+                None => cmd.env_remove(env::SERVER_CPU),
+            };
         }
         None => {
-            for k in [env::REMOTE_SOCKET, env::REMOTE_TOKEN] {
+            for k in [env::REMOTE_SOCKET, env::REMOTE_TOKEN, env::SERVER_CPU] {
                 cmd.env_remove(k);
             }
             if let Some(d) = spill {

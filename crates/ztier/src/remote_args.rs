@@ -83,6 +83,7 @@ impl RemoteArgs {
 pub fn end(proxy: Proxy, stats: &mut Value) {
     let run = proxy.run_id().to_string();
     let durability = proxy.durability().name();
+    let server_cpu = proxy.server_cpu();
     let end = proxy.finish(|n| {
         eprintln!("ztier: waiting for {n} processes of the command that keep pages in the remote tier")
     });
@@ -94,5 +95,6 @@ pub fn end(proxy: Proxy, stats: &mut Value) {
     r["durability"] = durability.into();
     r["processes"] = end.processes.into();
     r["removed_at_end"] = end.removed_at_end.into();
+    r["server_cpu"] = server_cpu.into();
     stats[ztier_run_core::names::stats::REMOTE] = r;
 }
