@@ -205,6 +205,37 @@ impl Getter {
         Ok(incoming_cpu(&self.s))
     }
 
+    /// Whether the server is reached over loopback.
+    pub(crate) fn is_loopback(&self) -> bool {
+        self.s.peer_addr().is_ok_and(|a| a.ip().is_loopback())
+    }
+
+    /// The server's process on this machine, if the connection is over
+    /// loopback and `INFO server` names a process that is there (its
+    /// `process_id`, whose name is that of the `executable` it reports:
+    /// a server in another PID namespace is not mistaken for a process
+    /// of ours). `Ok(None)` otherwise.
+    pub(crate) fn local_server_pid(&mut self) -> io::Result<Option<u32>> {
+        if !self.s.peer_addr()?.ip().is_loopback() {
+            return Ok(None);
+        }
+        self.req.clear();
+        pack(&mut self.req, &[b"INFO", b"server"]);
+        self.s.write_all(&self.req)?;
+        let mut info = Vec::new();
+        if !self.bulk(&mut info)? {
+            return Ok(None);
+        }
+        let info = String::from_utf8_lossy(&info);
+        let field = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)).map(str::trim);
+        let Some(pid) = field("process_id:").and_then(|p| p.parse::<u32>().ok()) else { return Ok(None) };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let exe = field("executable:").and_then(|e| e.rsplit('/').next()).unwrap_or("redis-server");
+        // The kernel keeps 15 bytes of a process's name.
+        let same = !comm.trim_end().is_empty() && exe.as_bytes().starts_with(comm.trim_end().as_bytes());
+        Ok(same.then_some(pid))
+    }
+
     /// `MGET names` (one command): the value of `names[j]` into
     /// `outs[into[j]]` (left empty for no such key, or an empty value:
     /// [`Getter::get`] tells them apart). On an error, the buffers hold

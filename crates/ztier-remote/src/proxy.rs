@@ -87,7 +87,7 @@ pub struct Proxy {
     name: String,
     accept: Option<JoinHandle<()>>,
     heartbeat: Option<JoinHandle<()>>,
-    server_cpu: Option<u32>,
+    server_cpu: Option<crate::ServerCpu>,
 }
 
 /// What a run's end found.
@@ -248,11 +248,12 @@ impl Proxy {
         ]
     }
 
-    /// The CPU on which the server's replies arrived when the proxy
-    /// started ([`RemoteTier::server_cpu`]; a single server over plain
-    /// TCP only): where the program's fault handler best runs, so that a
-    /// get's round trip stays on one CPU.
-    pub fn server_cpu(&self) -> Option<u32> {
+    /// Where the server's replies arrived when the proxy started
+    /// ([`RemoteTier::server_cpu`]; a single server over plain TCP only):
+    /// if [worth following](crate::ServerCpu::worth_following), where the
+    /// program's fault handler best runs, so that a get's round trip
+    /// stays on one CPU.
+    pub fn server_cpu(&self) -> Option<crate::ServerCpu> {
         self.server_cpu
     }
 

@@ -543,9 +543,10 @@ pub fn run_program(
                 cmd.env(k, v);
             }
             // The program's first process pins its fault handler where
-            // the server's replies arrive (its children keep their pick).
-            match p.server_cpu() {
-                Some(c) => cmd.env(env::SERVER_CPU, format!("{c}@{}", std::process::id())),
+            // the server's replies arrive (its children keep their pick),
+            // if the server stays there.
+            match p.server_cpu().filter(|c| c.worth_following()) {
+                Some(c) => cmd.env(env::SERVER_CPU, format!("{}@{}", c.cpu, std::process::id())),
                 None => cmd.env_remove(env::SERVER_CPU),
             };
         }
