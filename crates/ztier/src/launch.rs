@@ -153,7 +153,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub stats: Option<PathBuf>,
     /// `main`: the main thread and the fault handler share one CPU (faults are
-    /// served without cross-CPU wake-ups); `off`: no pinning.
+    /// served without cross-CPU wake-ups; with --remote on a server bound to one
+    /// CPU of this machine, that CPU); `off`: no pinning.
     #[arg(long, default_value = "main", value_parser = ["main", "off"])]
     pub pin: String,
     /// Pages installed per fault when faults run sequentially; a fault that
