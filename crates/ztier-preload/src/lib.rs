@@ -958,7 +958,8 @@ fn pin(cpus: &[usize]) {
 /// cross-CPU wake-ups per fault, and the TLB shootdowns of eviction).
 /// So by default (`ZTIER_PIN` unset or `main`) the handler and the thread
 /// that started the library (the main thread) share one CPU, picked by
-/// pid among the allowed ones; threads the program creates later get the
+/// pid among the allowed ones (or, in the run's first process, where a
+/// remote server bound to one CPU answers: [`server_cpu`]); threads the program creates later get the
 /// whole allowed set back (see `pthread_create`). With `ZTIER_PIN=off`
 /// nothing is pinned.
 fn spawn_handlers() {
