@@ -657,9 +657,10 @@ fn env_size(name: &str) -> Option<usize> {
 }
 
 /// The `ZTIER_*` settings read after start-up ([`knob`]).
-const KNOBS: [&str; 8] = [
+const KNOBS: [&str; 9] = [
     env::CPUS,
     env::PIN,
+    env::SERVER_CPU,
     env::SPIN_US,
     env::WATCHDOG_S,
     env::TEST_HANG_AFTER,
@@ -957,7 +958,8 @@ fn pin(cpus: &[usize]) {
 /// cross-CPU wake-ups per fault, and the TLB shootdowns of eviction).
 /// So by default (`ZTIER_PIN` unset or `main`) the handler and the thread
 /// that started the library (the main thread) share one CPU, picked by
-/// pid among the allowed ones; threads the program creates later get the
+/// pid among the allowed ones (or, in the run's first process, where a
+/// remote server bound to one CPU answers: [`server_cpu`]); threads the program creates later get the
 /// whole allowed set back (see `pthread_create`). With `ZTIER_PIN=off`
 /// nothing is pinned.
 fn spawn_handlers() {
@@ -979,7 +981,10 @@ fn spawn_handlers() {
     let cpus = allowed_cpus();
     let pin_main = knob(env::PIN).is_none_or(|v| v != "off") && cpus.len() > 1;
     if pin_main {
-        let cpu = cpus[std::process::id() as usize % cpus.len()];
+        // SAFETY: getppid has no preconditions.
+        let parent = unsafe { libc::getppid() } as u32;
+        let cpu = pick_cpu(&cpus, server_cpu(knob(env::SERVER_CPU).as_deref(), parent), std::process::id());
+        HANDLER_CPU.store(cpu as i64, Ordering::Relaxed);
         pin(&[cpu]);
         // The evictor compresses on the other CPUs: on the handler's it
         // would take turns with the program and the handler, the
@@ -993,6 +998,30 @@ fn spawn_handlers() {
         spawn_handler(None, Role::Evictor);
     }
     spawn_handler(None, Role::Watchdog);
+}
+
+/// The CPU the handler and the main thread were pinned to (-1: none).
+static HANDLER_CPU: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
+
+/// The CPU of `ZTIER_SERVER_CPU` (`CPU@PID`), if it is meant for this
+/// process: the one whose parent is PID (the run's first process; its
+/// children, forked or started, keep the pick by PID, so that the
+/// processes of a program that runs several at once do not all share
+/// one CPU).
+fn server_cpu(value: Option<&str>, parent: u32) -> Option<usize> {
+    let (cpu, pid) = value?.split_once('@')?;
+    (pid.parse::<u32>().ok()? == parent).then_some(())?;
+    cpu.parse().ok()
+}
+
+/// The CPU for the handler and the main thread among the allowed
+/// `cpus` (not empty): the server's (`hint`, see [`server_cpu`]) if
+/// allowed, else one picked by `pid`.
+fn pick_cpu(cpus: &[usize], hint: Option<usize>, pid: u32) -> usize {
+    match hint {
+        Some(c) if cpus.contains(&c) => c,
+        _ => cpus[pid as usize % cpus.len()],
+    }
 }
 
 /// The background evictor sleeps on this eventfd.
@@ -1714,6 +1743,39 @@ mod lock_tests {
 }
 
 #[cfg(test)]
+mod pick_tests {
+    use super::*;
+
+    /// The server's CPU is taken when it is allowed; outside the allowed
+    /// set, or without one, the pick by PID stands.
+    #[test]
+    fn the_servers_cpu_is_taken_only_where_allowed() {
+        let cpus = [2, 3, 5];
+        assert_eq!(pick_cpu(&cpus, Some(5), 7), 5);
+        assert_eq!(pick_cpu(&cpus, Some(2), 7), 2);
+        // 7 % 3 = 1: the second allowed CPU.
+        assert_eq!(pick_cpu(&cpus, Some(4), 7), 3);
+        assert_eq!(pick_cpu(&cpus, Some(0), 9), 2);
+        assert_eq!(pick_cpu(&cpus, None, 7), 3);
+        assert_eq!(pick_cpu(&cpus, None, 8), 5);
+    }
+
+    /// The hint is for the process whose parent it names, and only a
+    /// well-formed one is read.
+    #[test]
+    fn the_hint_is_read_only_by_the_process_it_names() {
+        assert_eq!(server_cpu(Some("1@400"), 400), Some(1));
+        assert_eq!(server_cpu(Some("0@400"), 400), Some(0));
+        // A child of the first process (its parent is not the launcher).
+        assert_eq!(server_cpu(Some("1@400"), 401), None);
+        assert_eq!(server_cpu(None, 400), None);
+        for bad in ["", "1", "@400", "x@400", "1@", "1@x", "-1@400"] {
+            assert_eq!(server_cpu(Some(bad), 400), None, "{bad}");
+        }
+    }
+}
+
+#[cfg(test)]
 mod spread_tests {
     use super::*;
 
@@ -2346,6 +2408,14 @@ fn stats_json(g: &Global) -> String {
         (stats::LONE_FAULTS, ld(&s.lone_faults)),
         (stats::USER_MODE_ONLY, user_mode_only.to_string()),
         (stats::FAULT_PATH, quoted(if manager::signal_path() { "signal" } else { "thread" })),
+        (stats::HANDLER_CPU, {
+            let c = HANDLER_CPU.load(Ordering::Relaxed);
+            if c < 0 {
+                "null".into()
+            } else {
+                c.to_string()
+            }
+        }),
         (stats::PINNED_CALLS, ld(&s.pinned_calls)),
         (stats::PINNED_IN, ld(&s.pinned_in)),
         (stats::DISPATCHED_CALLS, ld(&s.dispatched_calls)),

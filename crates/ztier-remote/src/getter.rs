@@ -189,6 +189,53 @@ impl Getter {
         self.bulk(out)
     }
 
+    /// The CPU on which the server's replies arrive: a `PING` answered,
+    /// then `SO_INCOMING_CPU` of the connection (the CPU whose network
+    /// processing last delivered to it: on loopback the server's own, on
+    /// a network card the receive queue's). `None` if the kernel does
+    /// not say.
+    pub(crate) fn incoming_cpu(&mut self) -> io::Result<Option<u32>> {
+        self.req.clear();
+        pack(&mut self.req, &[b"PING"]);
+        self.s.write_all(&self.req)?;
+        let (a, b) = self.line()?;
+        if &self.buf[a..b] != b"+PONG" {
+            return Err(bad(format!("PING answered {:?}", lossy(&self.buf[a..b]))));
+        }
+        Ok(incoming_cpu(&self.s))
+    }
+
+    /// Whether the server is reached over loopback.
+    pub(crate) fn is_loopback(&self) -> bool {
+        self.s.peer_addr().is_ok_and(|a| a.ip().is_loopback())
+    }
+
+    /// The server's process on this machine, if the connection is over
+    /// loopback and `INFO server` names a process that is there (its
+    /// `process_id`, whose name is that of the `executable` it reports:
+    /// a server in another PID namespace is not mistaken for a process
+    /// of ours). `Ok(None)` otherwise.
+    pub(crate) fn local_server_pid(&mut self) -> io::Result<Option<u32>> {
+        if !self.s.peer_addr()?.ip().is_loopback() {
+            return Ok(None);
+        }
+        self.req.clear();
+        pack(&mut self.req, &[b"INFO", b"server"]);
+        self.s.write_all(&self.req)?;
+        let mut info = Vec::new();
+        if !self.bulk(&mut info)? {
+            return Ok(None);
+        }
+        let info = String::from_utf8_lossy(&info);
+        let field = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)).map(str::trim);
+        let Some(pid) = field("process_id:").and_then(|p| p.parse::<u32>().ok()) else { return Ok(None) };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let exe = field("executable:").and_then(|e| e.rsplit('/').next()).unwrap_or("redis-server");
+        // The kernel keeps 15 bytes of a process's name.
+        let same = !comm.trim_end().is_empty() && exe.as_bytes().starts_with(comm.trim_end().as_bytes());
+        Ok(same.then_some(pid))
+    }
+
     /// `MGET names` (one command): the value of `names[j]` into
     /// `outs[into[j]]` (left empty for no such key, or an empty value:
     /// [`Getter::get`] tells them apart). On an error, the buffers hold
@@ -216,6 +263,26 @@ impl Getter {
 
 /// `MGET` of `names`, packed as [`pack`] would, without a slice of
 /// arguments.
+/// `SO_INCOMING_CPU` of a connection (`None`: not known: never
+/// received, or an old kernel).
+pub(crate) fn incoming_cpu(s: &TcpStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cpu: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cpu`, an int
+    // of that size, on a descriptor `s` keeps open.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_INCOMING_CPU,
+            (&mut cpu as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && cpu >= 0).then_some(cpu as u32)
+}
+
 fn pack_mget(buf: &mut Vec<u8>, names: &[&[u8]]) {
     buf.push(b'*');
     push_decimal(buf, names.len() + 1);

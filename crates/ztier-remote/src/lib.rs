@@ -63,7 +63,7 @@ pub use proxy::{Proxy, Spill};
 #[cfg(feature = "server")]
 pub use stats::StatsSnapshot;
 #[cfg(feature = "server")]
-pub use tier::{remove_dead_runs, remove_run, RemoteTier};
+pub use tier::{remove_dead_runs, remove_run, RemoteTier, ServerCpu};
 
 /// Why a remote tier could not be set up.
 #[derive(Debug, thiserror::Error)]

@@ -87,6 +87,7 @@ pub struct Proxy {
     name: String,
     accept: Option<JoinHandle<()>>,
     heartbeat: Option<JoinHandle<()>>,
+    server_cpu: Option<crate::ServerCpu>,
 }
 
 /// What a run's end found.
@@ -183,6 +184,7 @@ impl Proxy {
         let probe = RemoteTier::connect(cfg.clone(), probe_fallback)?;
         cfg.durability = probe.durability();
         cfg.run_id = Some(probe.run_id().to_string());
+        let server_cpu = probe.server_cpu();
         drop(probe);
         let run = cfg.run_id.clone().expect("set");
         mark_run(&cfg, &run, true)?;
@@ -233,7 +235,7 @@ impl Proxy {
                 })
                 .map_err(|e| RemoteError::Config(e.to_string()))?
         };
-        Ok(Proxy { shared, name, accept: Some(accept), heartbeat: Some(heartbeat) })
+        Ok(Proxy { shared, name, accept: Some(accept), heartbeat: Some(heartbeat), server_cpu })
     }
 
     /// The environment a process of the run needs to reach the proxy:
@@ -244,6 +246,15 @@ impl Proxy {
             (env::REMOTE_SOCKET, self.name.clone()),
             (env::REMOTE_TOKEN, String::from_utf8(self.shared.token.to_vec()).expect("hex")),
         ]
+    }
+
+    /// Where the server's replies arrived when the proxy started
+    /// ([`RemoteTier::server_cpu`]; a single server over plain TCP only):
+    /// if [worth following](crate::ServerCpu::worth_following), where the
+    /// program's fault handler best runs, so that a get's round trip
+    /// stays on one CPU.
+    pub fn server_cpu(&self) -> Option<crate::ServerCpu> {
+        self.server_cpu
     }
 
     /// The run id (the namespace of its values on the servers).

@@ -26,11 +26,13 @@ pub struct Options {
     pub tls: Option<(PathBuf, PathBuf, PathBuf)>,
     /// Server threads for I/O.
     pub io_threads: usize,
+    /// The CPU the servers are bound to (`taskset -c`), if any.
+    pub cpu: Option<usize>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { auth: None, node_timeout_ms: 1000, maxmemory: None, tls: None, io_threads: 1 }
+        Options { auth: None, node_timeout_ms: 1000, maxmemory: None, tls: None, io_threads: 1, cpu: None }
     }
 }
 
@@ -186,12 +188,17 @@ impl Testbed {
             }
             let conf_path = dir.join("redis.conf");
             write_private(&conf_path, conf.as_bytes())?;
-            let child = Command::new("redis-server")
-                .arg(&conf_path)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()?;
+            let mut c = match self.opts.cpu {
+                Some(cpu) => {
+                    need("taskset")?;
+                    let mut c = Command::new("taskset");
+                    c.args(["-c", &cpu.to_string(), "redis-server"]);
+                    c
+                }
+                None => Command::new("redis-server"),
+            };
+            let child =
+                c.arg(&conf_path).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
             let mut s = Server { port, dir, child: Some(child) };
             let t = Instant::now();
             while t.elapsed() < Duration::from_secs(5) {

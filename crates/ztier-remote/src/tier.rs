@@ -244,6 +244,40 @@ pub(crate) struct Inner {
     bell: Mutex<Option<Arc<Bell>>>,
 }
 
+/// Where a single server's replies arrive ([`RemoteTier::server_cpu`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerCpu {
+    /// The CPU (`SO_INCOMING_CPU`).
+    pub cpu: u32,
+    /// The server is reached over loopback (on this machine).
+    pub loopback: bool,
+    /// On loopback, whether the server's process is bound to one CPU
+    /// (`taskset`, Redis's `server_cpulist`): then it stays there. `None`:
+    /// not known (not on loopback, or its process not seen).
+    pub held: Option<bool>,
+}
+
+impl ServerCpu {
+    /// Whether a client does well to run on [`ServerCpu::cpu`]: a server
+    /// on this machine bound to it stays there (one that is not moves
+    /// away from a CPU its client keeps busy), and a network card's
+    /// receive queue stays on its CPU.
+    pub fn worth_following(&self) -> bool {
+        !self.loopback || self.held == Some(true)
+    }
+}
+
+/// How many CPUs process `pid` may run on (`None`: not known).
+fn cpus_of(pid: u32) -> Option<u32> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
+    // fills the set it is given, of that size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let r = libc::sched_getaffinity(pid as libc::pid_t, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+        (r == 0).then(|| libc::CPU_COUNT(&set) as u32)
+    }
+}
+
 /// A next tier on Redis (see the module docs).
 pub struct RemoteTier {
     inner: Arc<Inner>,
@@ -263,6 +297,16 @@ impl RemoteTier {
         let t = Self::new(cfg, fallback)?;
         t.start_flusher()?;
         Ok(t)
+    }
+
+    /// The CPU on which the server's replies arrive (`SO_INCOMING_CPU`
+    /// of a get connection after a round trip, the last of three): on
+    /// loopback the CPU the server answered from, where a client is woken
+    /// without a cross-CPU wake-up; over a network card its receive
+    /// queue's. Only for a single server over plain TCP (`None`
+    /// otherwise, or if the kernel does not say).
+    pub fn server_cpu(&self) -> Option<ServerCpu> {
+        self.inner.server_cpu()
     }
 
     /// Whether the tier's writes go through a shared flusher.
@@ -677,6 +721,26 @@ impl Inner {
         if v.len() < 16 {
             v.push(l);
         }
+    }
+
+    /// See [`RemoteTier::server_cpu`].
+    fn server_cpu(&self) -> Option<ServerCpu> {
+        if !self.direct {
+            return None;
+        }
+        let mut g = self.take_getter().ok()?;
+        let mut cpu = None;
+        for _ in 0..3 {
+            cpu = g.incoming_cpu().ok()?;
+        }
+        let pid = g.local_server_pid();
+        let loopback = g.is_loopback();
+        self.give_getter(g);
+        let held = match pid {
+            Ok(Some(pid)) => cpus_of(pid).map(|n| n == 1),
+            _ => None,
+        };
+        Some(ServerCpu { cpu: cpu?, loopback, held })
     }
 
     fn take_getter(&self) -> std::io::Result<Getter> {

@@ -49,6 +49,11 @@ pub mod env {
     pub const CPUS: &str = "ZTIER_CPUS";
     /// See [`CPUS`].
     pub const PIN: &str = "ZTIER_PIN";
+    /// `CPU@PID` (`--remote`): the CPU on which the server's replies
+    /// arrive. The process whose parent is PID (the one `ztier run`
+    /// started) pins its fault handler and main thread there, if it may
+    /// run there, instead of on the CPU its PID picks.
+    pub const SERVER_CPU: &str = "ZTIER_SERVER_CPU";
     /// The fault handler's spin before it sleeps, in microseconds.
     pub const SPIN_US: &str = "ZTIER_SPIN_US";
     /// How long a fault may wait before the watchdog speaks, in seconds.
@@ -155,6 +160,9 @@ pub mod stats {
     pub const USER_MODE_ONLY: &str = "user_mode_only";
     /// Which thread served faults: `thread` or `signal`.
     pub const FAULT_PATH: &str = "fault_path";
+    /// The CPU the fault handler and the main thread were pinned to
+    /// (null: not pinned).
+    pub const HANDLER_CPU: &str = "handler_cpu";
     /// System calls whose memory was brought back and pinned first.
     pub const PINNED_CALLS: &str = "pinned_calls";
     /// Stored pages brought back for them.
@@ -252,7 +260,7 @@ pub mod stats {
     /// The fault latency histogram: `[bucket upper bound in ns, count]` pairs.
     pub const LATENCY_NS: &str = "latency_ns";
     /// Every key of a process's record, in the order the library writes them.
-    pub const ALL: [&str; 68] = [
+    pub const ALL: [&str; 69] = [
         PID,
         BUDGET_BYTES,
         FAULTS,
@@ -273,6 +281,7 @@ pub mod stats {
         LONE_FAULTS,
         USER_MODE_ONLY,
         FAULT_PATH,
+        HANDLER_CPU,
         PINNED_CALLS,
         PINNED_IN,
         DISPATCHED_CALLS,
@@ -488,6 +497,7 @@ mod tests {
             env::START_AFTER,
             env::CPUS,
             env::PIN,
+            env::SERVER_CPU,
             env::SPIN_US,
             env::WATCHDOG_S,
             env::UFFD_USER_MODE_ONLY,

@@ -153,7 +153,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub stats: Option<PathBuf>,
     /// `main`: the main thread and the fault handler share one CPU (faults are
-    /// served without cross-CPU wake-ups); `off`: no pinning.
+    /// served without cross-CPU wake-ups; with --remote on a server bound to one
+    /// CPU of this machine, that CPU); `off`: no pinning.
     #[arg(long, default_value = "main", value_parser = ["main", "off"])]
     pub pin: String,
     /// Pages installed per fault when faults run sequentially; a fault that
@@ -542,9 +543,16 @@ pub fn run_program(
             for (k, v) in p.env() {
                 cmd.env(k, v);
             }
+            // The program's first process pins its fault handler where
+            // the server's replies arrive (its children keep their pick),
+            // if the server stays there.
+            match p.server_cpu().filter(|c| c.worth_following()) {
+                Some(c) => cmd.env(env::SERVER_CPU, format!("{}@{}", c.cpu, std::process::id())),
+                None => cmd.env_remove(env::SERVER_CPU),
+            };
         }
         None => {
-            for k in [env::REMOTE_SOCKET, env::REMOTE_TOKEN] {
+            for k in [env::REMOTE_SOCKET, env::REMOTE_TOKEN, env::SERVER_CPU] {
                 cmd.env_remove(k);
             }
             if let Some(d) = spill {

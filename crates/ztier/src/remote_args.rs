@@ -83,6 +83,7 @@ impl RemoteArgs {
 pub fn end(proxy: Proxy, stats: &mut Value) {
     let run = proxy.run_id().to_string();
     let durability = proxy.durability().name();
+    let server_cpu = proxy.server_cpu();
     let end = proxy.finish(|n| {
         eprintln!("ztier: waiting for {n} processes of the command that keep pages in the remote tier")
     });
@@ -94,5 +95,11 @@ pub fn end(proxy: Proxy, stats: &mut Value) {
     r["durability"] = durability.into();
     r["processes"] = end.processes.into();
     r["removed_at_end"] = end.removed_at_end.into();
+    // Where the server's replies arrived, whether its process is bound
+    // there (on loopback), and whether the run's first process was
+    // pinned there.
+    r["server_cpu"] = server_cpu.map(|c| c.cpu).into();
+    r["server_held"] = server_cpu.and_then(|c| c.held).into();
+    r["server_cpu_followed"] = server_cpu.is_some_and(|c| c.worth_following()).into();
     stats[ztier_run_core::names::stats::REMOTE] = r;
 }

@@ -111,6 +111,63 @@ fn most_memory_remote_gives_native_output_and_a_fork_its_pages() {
     assert_eq!(bed.dbsize(port).unwrap(), 0);
 }
 
+/// The CPUs this test may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
+    // fills the set it is given, of that size, for this thread (0).
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+        set
+    };
+    // SAFETY: reading a filled set.
+    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+}
+
+/// A server bound to one CPU (`taskset -c N`) answers from it: the run
+/// reads N from its connection (`SO_INCOMING_CPU`), says so in its
+/// statistics and pins the program's fault handler there; a server free
+/// to move is seen as such and not followed.
+#[test]
+fn the_run_follows_a_bound_servers_cpu_and_not_a_free_one() {
+    let d = tmp("remote-cpu");
+    let touch = compile(&d, "touch_times");
+    let cpus = allowed_cpus();
+    // The last allowed CPU: with two or more, not always the one a pick
+    // by PID would give.
+    let n = *cpus.last().unwrap();
+    for (cpu, name) in [(Some(n), "bound.json"), (None, "free.json")] {
+        let bed = Testbed::single(&Options { cpu, ..Options::default() }).unwrap();
+        let url = bed.url();
+        let run = start(
+            &d,
+            &["--budget", "4M", "--store", "2M", "--remote", &url, "--stats", name],
+            &[&touch, "2048"],
+            None,
+        )
+        .wait_with_output()
+        .unwrap();
+        assert!(run.status.success(), "{}", said(&run));
+        let s = stats(&d, name);
+        let (r, handler) = (&s["remote"], &s["per_process"][0]["handler_cpu"]);
+        // Free on one allowed CPU only is bound all the same.
+        let bound = cpu.is_some() || cpus.len() == 1;
+        assert_eq!(r["server_held"].as_bool(), Some(bound), "{r}");
+        assert_eq!(r["server_cpu_followed"].as_bool(), Some(bound), "{r}");
+        let seen = r["server_cpu"].as_u64().expect("a CPU seen") as usize;
+        assert!(cpus.contains(&seen), "{r}");
+        if let Some(c) = cpu {
+            assert_eq!(seen, c, "{r}");
+            // The handler is pinned where two or more CPUs are allowed.
+            if cpus.len() > 1 {
+                assert_eq!(handler.as_u64(), Some(c as u64), "{s}");
+            } else {
+                assert!(handler.is_null(), "{s}");
+            }
+        }
+    }
+}
+
 /// A wrong password is said before the program starts (which never
 /// runs), without the password.
 #[test]
