@@ -109,10 +109,12 @@
 
 mod alloconly;
 mod coredump;
+mod cpus;
 mod direct;
 mod dl;
 mod fds;
 mod manager;
+mod near;
 mod pages;
 mod remote;
 mod shim;
@@ -124,11 +126,15 @@ mod sudstate;
 mod sys;
 mod threads;
 
+#[cfg(test)]
+mod lock_tests;
+
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use cpus::{allowed_cpus, pick_cpu, pin, server_cpu, Spread};
 use manager::{Config, Manager, Stats, PAGE};
 use pages::PageAlloc;
 use small::{Class, CLASSES, SPAN};
@@ -917,49 +923,13 @@ pub(crate) fn filtered(e: &std::io::Error) -> &'static str {
     }
 }
 
-/// CPUs this process may run on (as inherited: `ztier run`'s own mask
-/// in `ZTIER_CPUS` when a parent pinned us).
-fn allowed_cpus() -> Vec<usize> {
-    if let Some(list) = knob(env::CPUS) {
-        let v: Vec<usize> = list.split(',').filter_map(|c| c.parse().ok()).collect();
-        if !v.is_empty() {
-            return v;
-        }
-    }
-    let Some(set) = affinity(0) else { return Vec::new() };
-    // SAFETY: reading a filled set.
-    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
-}
-
-/// The CPUs thread `tid` of this process may run on (0: the calling
-/// thread); `None` if it is gone. Makes no descriptor.
-fn affinity(tid: libc::pid_t) -> Option<libc::cpu_set_t> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: sched_getaffinity fills the set it is given, of that size.
-    let r = unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    (r == 0).then_some(set)
-}
-
-/// Pins the calling thread to `cpus` (all of them).
-fn pin(cpus: &[usize]) {
-    // SAFETY: a zeroed set with the CPUs added, applied to this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cpus {
-            libc::CPU_SET(c, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
 /// Starts the fault handler. A fault costs ~10 µs when the handler runs
 /// on the faulting thread's CPU and several times that across CPUs (two
 /// cross-CPU wake-ups per fault, and the TLB shootdowns of eviction).
 /// So by default (`ZTIER_PIN` unset or `main`) the handler and the thread
 /// that started the library (the main thread) share one CPU, picked by
 /// pid among the allowed ones (or, in the run's first process, where a
-/// remote server bound to one CPU answers: [`server_cpu`]); threads the program creates later get the
+/// remote server bound to one CPU answers: [`cpus::server_cpu`]); threads the program creates later get the
 /// whole allowed set back (see `pthread_create`). With `ZTIER_PIN=off`
 /// nothing is pinned.
 fn spawn_handlers() {
@@ -1002,27 +972,6 @@ fn spawn_handlers() {
 
 /// The CPU the handler and the main thread were pinned to (-1: none).
 static HANDLER_CPU: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
-
-/// The CPU of `ZTIER_SERVER_CPU` (`CPU@PID`), if it is meant for this
-/// process: the one whose parent is PID (the run's first process; its
-/// children, forked or started, keep the pick by PID, so that the
-/// processes of a program that runs several at once do not all share
-/// one CPU).
-fn server_cpu(value: Option<&str>, parent: u32) -> Option<usize> {
-    let (cpu, pid) = value?.split_once('@')?;
-    (pid.parse::<u32>().ok()? == parent).then_some(())?;
-    cpu.parse().ok()
-}
-
-/// The CPU for the handler and the main thread among the allowed
-/// `cpus` (not empty): the server's (`hint`, see [`server_cpu`]) if
-/// allowed, else one picked by `pid`.
-fn pick_cpu(cpus: &[usize], hint: Option<usize>, pid: u32) -> usize {
-    match hint {
-        Some(c) if cpus.contains(&c) => c,
-        _ => cpus[pid as usize % cpus.len()],
-    }
-}
 
 /// The background evictor sleeps on this eventfd.
 static EVICTOR_FD: AtomicI32 = AtomicI32::new(-1);
@@ -1143,175 +1092,6 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
         batch_committed();
         EVICTOR_BATCHES.fetch_add(1, Ordering::Release);
         EVICTOR_BUSY.store(false, Ordering::Release);
-    }
-}
-
-/// Write protections made on the program's CPU.
-///
-/// Every protection change of a page the program may have in its TLB is
-/// a TLB shootdown: made from another CPU, an interrupt on each CPU that
-/// runs the program. On this machine (a nested VM) such an interrupt
-/// costs the interrupted thread 5.6–7.2 µs (`scripts/ipi-cost.c`, two
-/// runs), and the corpus builder at 256M took ~610 k of them, about one
-/// per write-protect call of the background evictor: 3.4–4.4 s of the
-/// program's CPU, a quarter of `ztier run`'s overhead over native. A
-/// CPU whose threads of the process all sleep is lazy and gets none.
-///
-/// So the evictor does not write-protect its victims itself: it posts
-/// the job here and sleeps (a futex), and the next thread to finish a
-/// fault service — the program's own thread with `--fault-path signal`,
-/// or the handler, which runs next to it — makes the calls on its CPU,
-/// then wakes the evictor. The evictor then reads and compresses on its
-/// own CPU as before. The other half of its page-table work, releasing
-/// the victims (`MADV_DONTNEED`, one batched call and one shootdown per
-/// batch), stays on the evictor: done from the program's CPU too, it
-/// removed the last shootdowns, but freeing the pages there cost more
-/// than it saved (28.24 s against 26.64 s, one run each).
-///
-/// ```text
-///   evictor (other CPU)                  program's CPU
-///   take victims ─► post job (POSTED) ─► sleeps
-///                                        fault served ─► TAKEN: signals
-///                                        blocked, UFFDIO_WRITEPROTECT
-///                                        per run ─► DONE / FAILED, wake
-///   ◄────────────────────────────────────
-///   read + compress, MADV_DONTNEED, commit, unprotect + wake writers
-/// ```
-///
-/// If no service takes the job within [`near::NEAR_WAIT`] (the program is not
-/// faulting) the evictor takes it back and makes the calls itself; a job
-/// that failed is made again by the evictor, which reports the error. A
-/// thread runs the job with its asynchronous signals blocked, so no
-/// handler of the program can leave it by a jump half done.
-mod near {
-    use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
-
-    const EMPTY: u32 = 0;
-    const POSTED: u32 = 1;
-    const TAKEN: u32 = 2;
-    const DONE: u32 = 3;
-    const FAILED: u32 = 4;
-
-    /// How long the evictor waits for a fault service to take its job.
-    pub use ztier_policy::pacing::NEAR_WAIT;
-
-    static STATE: AtomicU32 = AtomicU32::new(EMPTY);
-    /// The posted job: on the evictor's stack, live until it sees DONE or
-    /// FAILED, or takes the job back.
-    struct Job<'a>(&'a (dyn Fn() -> std::io::Result<()> + Sync));
-    static JOB: AtomicPtr<Job<'static>> = AtomicPtr::new(std::ptr::null_mut());
-
-    /// In the evictor: has `f` run by the next fault service on the
-    /// program's CPU (returns true), or runs it here after [`NEAR_WAIT`]
-    /// or if it failed there (false).
-    pub fn run_near(f: &(dyn Fn() -> std::io::Result<()> + Sync)) -> std::io::Result<bool> {
-        let job = Job(f);
-        JOB.store(&job as *const Job as *mut Job<'static>, Ordering::Release);
-        STATE.store(POSTED, Ordering::Release);
-        let start = std::time::Instant::now();
-        let nap = libc::timespec { tv_sec: 0, tv_nsec: NEAR_WAIT.as_nanos() as i64 };
-        loop {
-            match STATE.load(Ordering::Acquire) {
-                DONE => {
-                    STATE.store(EMPTY, Ordering::Release);
-                    return Ok(true);
-                }
-                FAILED => {
-                    STATE.store(EMPTY, Ordering::Release);
-                    return f().map(|()| false);
-                }
-                POSTED if start.elapsed() >= NEAR_WAIT => {
-                    if STATE.compare_exchange(POSTED, EMPTY, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                        return f().map(|()| false);
-                    }
-                }
-                // TAKEN: a thread with its signals blocked is making the
-                // calls; it wakes this one when done.
-                seen => crate::sys::futex_wait(&STATE, seen, Some(&nap)),
-            }
-        }
-    }
-
-    /// After a fault service: runs the evictor's posted job, if any.
-    pub fn take_posted() {
-        if STATE.load(Ordering::Relaxed) != POSTED
-            || STATE.compare_exchange(POSTED, TAKEN, Ordering::AcqRel, Ordering::Relaxed).is_err()
-        {
-            return;
-        }
-        let mask = crate::sys::sigprocmask(libc::SIG_BLOCK, crate::sys::ASYNC_SIGNALS);
-        // SAFETY: posted by the evictor, which keeps it live until it sees
-        // the state this sets.
-        let ok = (unsafe { &*JOB.load(Ordering::Acquire) }.0)().is_ok();
-        STATE.store(if ok { DONE } else { FAILED }, Ordering::Release);
-        crate::sys::futex_wake(&STATE, 1);
-        crate::sys::sigprocmask(libc::SIG_SETMASK, mask);
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-        use std::sync::atomic::{AtomicBool, AtomicUsize};
-        use std::sync::Arc;
-
-        /// One test: the mailbox is process-wide.
-        #[test]
-        fn a_job_runs_where_it_is_taken_or_back_in_the_evictor() {
-            // Nobody takes it: the evictor runs it after the wait.
-            let runs = AtomicUsize::new(0);
-            let t = std::time::Instant::now();
-            let near = run_near(&|| {
-                runs.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            })
-            .unwrap();
-            assert!(!near && runs.load(Ordering::Relaxed) == 1 && t.elapsed() >= NEAR_WAIT);
-            assert_eq!(STATE.load(Ordering::Relaxed), EMPTY);
-            take_posted(); // nothing posted: nothing happens
-
-            // A "fault service" that takes jobs: they run on its thread.
-            let stop = Arc::new(AtomicBool::new(false));
-            let taker = {
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        take_posted();
-                        std::hint::spin_loop();
-                    }
-                })
-            };
-            let here = std::thread::current().id();
-            let mut taken = 0;
-            for _ in 0..200 {
-                let elsewhere = AtomicUsize::new(0);
-                let near = run_near(&|| {
-                    elsewhere.fetch_add(usize::from(std::thread::current().id() != here), Ordering::Relaxed);
-                    Ok(())
-                })
-                .unwrap();
-                // Taken in time (the taker spins), or at worst back here.
-                assert_eq!(elsewhere.load(Ordering::Relaxed), usize::from(near));
-                taken += usize::from(near);
-            }
-            assert!(taken > 100, "{taken} of 200 jobs taken by the spinning taker");
-            // A job that fails where it is taken runs again here, and its
-            // error is the evictor's to report.
-            let tries = AtomicUsize::new(0);
-            let r = run_near(&|| {
-                tries.fetch_add(1, Ordering::Relaxed);
-                if std::thread::current().id() == here {
-                    Err(std::io::Error::other("refused here too"))
-                } else {
-                    Err(std::io::Error::other("refused there"))
-                }
-            });
-            stop.store(true, Ordering::Relaxed);
-            taker.join().unwrap();
-            let e = r.unwrap_err();
-            assert_eq!(e.to_string(), "refused here too");
-            assert!((1..=2).contains(&tries.load(Ordering::Relaxed)));
-            assert_eq!(STATE.load(Ordering::Relaxed), EMPTY);
-        }
     }
 }
 
@@ -1633,189 +1413,6 @@ static HANDLER_THREADS: AtomicU32 = AtomicU32::new(0);
 
 /// Handlers on the other CPUs have been started ([`more_handlers`]).
 static MORE_HANDLERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Thread `tid` of this process can run on CPU `mine` alone: the main
-/// thread, pinned next to the first handler, or a thread the program
-/// bound there itself. Its allowed CPUs ([`affinity`]) take no
-/// descriptor; reading the CPU a thread last ran on (its
-/// `/proc/self/task/TID/stat`) took one, the program's lowest free
-/// number, which another of its threads opening a file meanwhile was
-/// owed. `None` if the thread is gone.
-fn kept_on(tid: u32, mine: usize) -> Option<bool> {
-    let set = affinity(tid as libc::pid_t)?;
-    // SAFETY: reading a filled set.
-    Some(unsafe { libc::CPU_COUNT(&set) == 1 && libc::CPU_ISSET(mine, &set) })
-}
-
-/// Where the faults read by the first handler come from, sampled (one
-/// fault in [`SAMPLE_EVERY`]): when a quarter of [`SAMPLES`] were taken
-/// by threads that may run on other CPUs than the handler's own, a
-/// handler is started on each other CPU ([`more_handlers`]), once. The
-/// first handler sits next to the main thread, so a fault of a thread on
-/// another CPU cost a wake-up across CPUs each way:
-/// `examples/workloads/threads.py` (400 threads) at `--budget 16M` took
-/// 10.6× native. Every handler reads the same userfaultfd and all are
-/// woken for each fault; the one on the faulting CPU, idle since its
-/// thread blocked, usually serves it. Started for a single-threaded
-/// program, the extra handler made the corpus builder at 256M 1.20× as
-/// long (wake-ups for nothing on the evictor's CPU), hence the sampling:
-/// that program's faults are all its pinned main thread's ([`kept_on`]).
-/// A thread that may run anywhere counts as elsewhere even when the
-/// scheduler keeps it on the handler's CPU (as when the other CPUs are
-/// busy); then the other handlers are woken for nothing there.
-struct Spread {
-    cpu: Option<usize>,
-    faults: u64,
-    samples: u32,
-    off: u32,
-}
-
-const SAMPLE_EVERY: u64 = 256;
-const SAMPLES: u32 = 16;
-
-impl Spread {
-    fn new(first: bool) -> Spread {
-        // SAFETY: sched_getcpu has no preconditions.
-        let cpu = unsafe { libc::sched_getcpu() };
-        // Only the first handler, pinned (the others are started by it).
-        let pinned = first && cpu >= 0 && ALLOWED.get().is_some_and(|c| c.len() > 1);
-        Spread { cpu: pinned.then_some(cpu as usize), faults: 0, samples: 0, off: 0 }
-    }
-
-    /// A fault of thread `tid` was read.
-    fn fault(&mut self, tid: u32) {
-        let Some(mine) = self.cpu else { return };
-        self.faults += 1;
-        if tid == 0 || self.faults % SAMPLE_EVERY != 0 || MORE_HANDLERS.load(Ordering::Relaxed) {
-            return;
-        }
-        let Some(kept) = kept_on(tid, mine) else { return };
-        self.samples += 1;
-        self.off += u32::from(!kept);
-        if self.samples == SAMPLES {
-            if self.off * 4 >= SAMPLES {
-                more_handlers(mine);
-            }
-            (self.samples, self.off) = (0, 0);
-        }
-    }
-}
-
-#[cfg(test)]
-mod lock_tests {
-    use super::*;
-
-    /// `lock` excludes (a non-atomic count by three threads ends exact,
-    /// with holds long enough that waiters outlast their spin and sleep),
-    /// and takes a poisoned lock as a held one.
-    #[test]
-    fn lock_excludes_and_takes_a_poisoned_lock() {
-        let m = std::sync::Arc::new(std::sync::Mutex::new(0u64));
-        let threads: Vec<_> = (0..3)
-            .map(|_| {
-                let m = m.clone();
-                std::thread::spawn(move || {
-                    for i in 0..5_000 {
-                        let mut g = lock(&m);
-                        let v = std::hint::black_box(*g);
-                        if i % 500 == 0 {
-                            std::thread::sleep(std::time::Duration::from_micros(300));
-                        }
-                        *g = v + 1;
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        assert_eq!(*lock(&m), 15_000);
-        let m2 = m.clone();
-        let _ = std::thread::spawn(move || {
-            let _g = m2.lock().unwrap();
-            panic!("poisoning the lock on purpose");
-        })
-        .join();
-        assert!(m.is_poisoned());
-        *lock(&m) += 1;
-        assert_eq!(*lock(&m), 15_001);
-    }
-}
-
-#[cfg(test)]
-mod pick_tests {
-    use super::*;
-
-    /// The server's CPU is taken when it is allowed; outside the allowed
-    /// set, or without one, the pick by PID stands.
-    #[test]
-    fn the_servers_cpu_is_taken_only_where_allowed() {
-        let cpus = [2, 3, 5];
-        assert_eq!(pick_cpu(&cpus, Some(5), 7), 5);
-        assert_eq!(pick_cpu(&cpus, Some(2), 7), 2);
-        // 7 % 3 = 1: the second allowed CPU.
-        assert_eq!(pick_cpu(&cpus, Some(4), 7), 3);
-        assert_eq!(pick_cpu(&cpus, Some(0), 9), 2);
-        assert_eq!(pick_cpu(&cpus, None, 7), 3);
-        assert_eq!(pick_cpu(&cpus, None, 8), 5);
-    }
-
-    /// The hint is for the process whose parent it names, and only a
-    /// well-formed one is read.
-    #[test]
-    fn the_hint_is_read_only_by_the_process_it_names() {
-        assert_eq!(server_cpu(Some("1@400"), 400), Some(1));
-        assert_eq!(server_cpu(Some("0@400"), 400), Some(0));
-        // A child of the first process (its parent is not the launcher).
-        assert_eq!(server_cpu(Some("1@400"), 401), None);
-        assert_eq!(server_cpu(None, 400), None);
-        for bad in ["", "1", "@400", "x@400", "1@", "1@x", "-1@400"] {
-            assert_eq!(server_cpu(Some(bad), 400), None, "{bad}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod spread_tests {
-    use super::*;
-
-    /// A thread counts as kept on a CPU only while bound to it alone; a
-    /// thread that is gone is not counted at all.
-    #[test]
-    fn a_thread_is_kept_on_a_cpu_only_while_bound_to_it_alone() {
-        let all = allowed_cpus();
-        assert!(!all.is_empty());
-        // In a thread of its own: binding it leaves the test's threads be.
-        let cpus = all.clone();
-        let (tid, seen) = std::thread::spawn(move || {
-            let all = cpus;
-            // SAFETY: gettid has no preconditions.
-            let tid = unsafe { libc::gettid() } as u32;
-            let free: Vec<_> = all.iter().map(|&c| kept_on(tid, c)).collect();
-            pin(&[all[0]]);
-            let bound: Vec<_> = all.iter().map(|&c| kept_on(tid, c)).collect();
-            (tid, (free, bound))
-        })
-        .join()
-        .unwrap();
-        let (free, bound) = seen;
-        // Free to run on every allowed CPU: kept on none of them, unless
-        // there is only one.
-        let one = all.len() == 1;
-        assert!(free.iter().all(|&k| k == Some(one)), "{free:?}");
-        // Bound to the first: kept there, and nowhere else.
-        assert_eq!(bound[0], Some(true));
-        assert!(bound[1..].iter().all(|&k| k == Some(false)), "{bound:?}");
-        // The thread has ended: once the kernel has let it go (a moment
-        // after the join), it is not counted (its ID is not reused so
-        // soon: they are handed out in turn).
-        let t = std::time::Instant::now();
-        while kept_on(tid, all[0]).is_some() {
-            assert!(t.elapsed() < std::time::Duration::from_secs(5), "thread {tid} still counted");
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-    }
-}
 
 /// Has a handler started on each allowed CPU but `mine` (see
 /// [`Spread`]), by the watchdog ([`MORE_HANDLERS_FOR`]).

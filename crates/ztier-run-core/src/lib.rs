@@ -5,6 +5,8 @@
 //! (`ztier-preload`). What they share lives here, testable with plain
 //! `cargo test`:
 //!
+//! * [`classes`] — the size classes of the library's `malloc`: a
+//!   block's class, a class's object size, its free list and span.
 //! * [`faultlog`] — the fault log's rows, its CSV format, its writer and
 //!   its parser (`ztier run --fault-log`, `ztier faults`, `ztier sim
 //!   --fault-log`).
@@ -35,6 +37,7 @@
 //!   locks, threads' kept pins, holds) and of what a forked child gets.
 
 pub mod budget;
+pub mod classes;
 pub mod counters;
 pub mod faultlog;
 pub mod handshake;

@@ -276,6 +276,10 @@ pub struct SimRow {
     pub zero_faults: u64,
     /// Pages brought in by prefetch besides the faulting ones.
     pub prefetched: u64,
+    /// Pages a fault evicted itself for want of room (`ztier run
+    /// --stats`' `evicted_inline`; all of them with `--no-background`);
+    /// 0 for `lru`.
+    pub evicted_inline: u64,
     /// Share of `none`'s run time spent on non-compulsory paging at this
     /// memory size and disk cost (see [`paging_share`]).
     pub none_paging_share: f64,
@@ -633,6 +637,7 @@ pub fn sweep(
                     faults: c.faults,
                     zero_faults: c.zero_faults,
                     prefetched: c.prefetched,
+                    evicted_inline: c.evicted_inline,
                     none_paging_share: share,
                     interesting: INTERESTING.contains(&share),
                 });

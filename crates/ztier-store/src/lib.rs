@@ -36,6 +36,7 @@ pub mod alloc;
 pub mod bench;
 pub mod lock;
 pub mod store;
+mod sys;
 pub mod tier;
 
 pub use store::{

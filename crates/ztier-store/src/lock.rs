@@ -41,6 +41,8 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::sys;
+
 /// A mutex over a [`RawFutexLock`]: `lock()` returns the guard itself (no
 /// poisoning).
 pub type Mutex<T> = lock_api::Mutex<RawFutexLock, T>;
@@ -119,7 +121,9 @@ impl RawFutexLock {
             if state != CONTENDED && self.word.swap(CONTENDED, Ordering::Acquire) == FREE {
                 return;
             }
-            futex_wait(&self.word, CONTENDED);
+            // Woken, or the word changed first (EAGAIN), or a signal:
+            // the loop looks again either way.
+            let _ = sys::futex_wait(&self.word, CONTENDED);
             state = self.spin();
         }
     }
@@ -162,7 +166,8 @@ unsafe impl lock_api::RawMutex for RawFutexLock {
     #[inline]
     unsafe fn unlock(&self) {
         if self.word.swap(FREE, Ordering::Release) == CONTENDED {
-            futex_wake(&self.word);
+            // Nothing to do about a failed wake of a live word.
+            let _ = sys::futex_wake(&self.word, 1);
         }
     }
 
@@ -170,28 +175,6 @@ unsafe impl lock_api::RawMutex for RawFutexLock {
     fn is_locked(&self) -> bool {
         self.word.load(Ordering::Relaxed) != FREE
     }
-}
-
-/// Sleeps while `word` is `expected` (or until woken, or a signal).
-fn futex_wait(word: &AtomicU32, expected: u32) {
-    // SAFETY: FUTEX_WAIT on a live, aligned u32 with no timeout; the
-    // kernel only reads the word.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            std::ptr::null::<libc::timespec>(),
-        )
-    };
-}
-
-/// Wakes one thread sleeping on `word`.
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE on a live, aligned u32; the kernel only looks
-    // the address up.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1) };
 }
 
 #[cfg(test)]

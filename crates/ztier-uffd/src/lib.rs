@@ -12,5 +12,6 @@
 
 pub mod ctl;
 pub mod floor;
+mod sys;
 pub mod tree;
 pub mod uffd;

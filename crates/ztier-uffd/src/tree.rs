@@ -106,6 +106,8 @@
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
+use crate::sys;
+
 /// The segment's first eight bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE05");
 /// Processes that can hold pages at once.
@@ -383,21 +385,17 @@ fn my_start() -> u64 {
 /// Wakes whoever sleeps on `word` ([`sleep`]), in any process.
 pub fn wake(word: &AtomicU32) {
     word.fetch_add(1, Ordering::Release);
-    // SAFETY: a futex wake on a word of a shared mapping (not private:
-    // the sleeper may be another process).
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize) };
+    // A shared futex (the sleeper may be another process); nothing to do
+    // about a failed wake of a live word.
+    let _ = sys::futex_wake(word, u32::MAX);
 }
 
 /// Sleeps on `word` while it still reads `seen` (loaded before the
 /// caller's last look for work), for at most `timeout`.
 pub fn sleep(word: &AtomicU32, seen: u32, timeout: std::time::Duration) {
-    let ts =
-        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
-    // SAFETY: a futex wait on a word of a shared mapping, with a relative
-    // timeout that lives through the call.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, seen, &ts as *const libc::timespec)
-    };
+    // Woken, timed out, the word changed first or a signal: the caller
+    // looks for work again either way.
+    let _ = sys::futex_wait(word, seen, timeout);
 }
 
 /// The kernel's robust futex list (`struct robust_list_head`), with the
@@ -450,9 +448,11 @@ pub fn hold_life(word: &'static AtomicU32) -> bool {
             (*head).futex_offset = (word.as_ptr() as isize).wrapping_sub(entry as isize) as libc::c_long;
             (*head).pending = std::ptr::null();
             (*entry).next = head;
-            libc::syscall(libc::SYS_set_robust_list, head, std::mem::size_of::<RobustHead>())
+            // SAFETY: the list is well formed (above), and the thread's
+            // own: it lives as long as the thread, and `word` for good.
+            sys::set_robust_list(head.cast_const())
         };
-        if r != 0 {
+        if r.is_err() {
             return false;
         }
         // SAFETY: gettid cannot fail.

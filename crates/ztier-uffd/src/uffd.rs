@@ -14,6 +14,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use crate::sys;
+
 /// API version.
 pub const UFFD_API: u64 = 0xAA;
 /// Register for missing-page faults.
@@ -199,34 +201,35 @@ impl Uffd {
         sigbus: impl FnOnce(bool) -> bool,
     ) -> io::Result<Uffd> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-        let mut fd = -1;
+        let mut fd = Err(io::Error::from_raw_os_error(libc::ENOENT));
         let mut umo = user_mode_only;
         if let (false, Some(dev)) = (user_mode_only, dev) {
             // SAFETY: USERFAULTFD_IOC_NEW takes the new descriptor's flags
             // as its integer argument.
-            fd = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW, flags) };
+            let r = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW, flags) };
+            fd = if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                // SAFETY: r is a fresh descriptor we own.
+                Ok(unsafe { OwnedFd::from_raw_fd(r) })
+            };
         }
-        if !user_mode_only && fd < 0 {
-            // SAFETY: plain syscall with integer arguments.
-            fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
+        if !user_mode_only && fd.is_err() {
+            fd = sys::userfaultfd(flags);
         }
-        if fd < 0 {
+        if fd.is_err() {
             umo = true;
-            // SAFETY: as above.
-            fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags | USER_MODE_ONLY) } as RawFd;
+            fd = sys::userfaultfd(flags | USER_MODE_ONLY);
         }
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(
+        let fd = fd.map_err(|e| {
+            io::Error::new(
                 e.kind(),
                 format!(
                     "userfaultfd is not available ({e}); as a non-root user it needs \
                      vm.unprivileged_userfaultfd=1 or kernel support for UFFD_USER_MODE_ONLY"
                 ),
-            ));
-        }
-        // SAFETY: fd is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            )
+        })?;
         let sigbus = sigbus(umo);
         // Faults read from the descriptor name their thread.
         let want = if sigbus { FEATURE_SIGBUS } else { FEATURE_THREAD_ID };
