@@ -166,7 +166,7 @@ pub use crate::treewait::{TREE_WAIT, TREE_WAIT_MOST};
 pub use evict::Victims;
 pub use pinned::{LOCKED_RANGES, PINNED_PAGES, WIPE_RANGES};
 use setup::*;
-pub use setup::{signal_path, MapsLine};
+pub use setup::{signal_path, CleanMode, Config, MapsLine, POLICY_COSTS};
 pub use table::{CopyHash, Table, Zeroed};
 pub use tree::{
     AdoptLook, ADOPT_EVERY, ADOPT_LOOK, ADOPT_SPAN, TREE_GROW_EVERY, TREE_LIFE, TREE_WAKE, TREE_WAKE_EVERY,
@@ -177,64 +177,6 @@ pub const ZERO_RUN: usize = MAX_ZERO_RUN;
 /// How long no eviction is tried after the store refused a victim
 /// ([`Manager::refusing`]).
 pub const REFUSED_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
-/// Settings, from the environment `ztier run` sets.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Resident pages allowed.
-    pub budget_pages: usize,
-    /// Codec of the store.
-    pub codec: CodecId,
-    /// Allocator of the store's compressed bytes.
-    pub allocator: AllocatorKind,
-    /// Bytes the store may use in memory.
-    pub store_bytes: usize,
-    /// Folder for the spill file (`None` = no spill: when the store is
-    /// full, pages stay resident).
-    pub spill_dir: Option<PathBuf>,
-    /// Largest spill file.
-    pub spill_bytes: u64,
-    /// Folder where each process writes `PID.json` at exit.
-    pub stats_dir: Option<PathBuf>,
-    /// Sizing policy (`--policy`): the budget is then resident pages and
-    /// the store's memory together, split live by the policy.
-    pub policy: Option<String>,
-}
-
-/// What the sizing policies are told a page costs here: a fault from the
-/// spill file (read + decompress), compressing and decompressing a page
-/// (this machine's profile of `ztier run` with lz4, rounded).
-pub const POLICY_COSTS: ztier_policy::Costs =
-    ztier_policy::Costs { disk_ns: 50_000.0, compress_ns: 7_000.0, decompress_ns: 2_000.0 };
-
-/// How a page that came back from the store and still has its stored
-/// copy is known to be unchanged when it is evicted again (`ZTIER_CLEAN`,
-/// `ztier run --clean`; see the module docs).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum CleanMode {
-    /// Copies are dropped on fault; every eviction compresses.
-    Off,
-    /// The page is installed write-protected; its first write is a fault.
-    Wp,
-    /// The page is installed writable; at eviction its hash is compared
-    /// with its stored copy's.
-    Verify,
-}
-
-impl CleanMode {
-    /// From `ZTIER_CLEAN` (`verify`, `wp` or `off`; unset: `verify`).
-    pub fn from_env() -> io::Result<CleanMode> {
-        match std::env::var(env::CLEAN).as_deref() {
-            Err(_) | Ok("verify") => Ok(CleanMode::Verify),
-            Ok("wp") => Ok(CleanMode::Wp),
-            Ok("off") => Ok(CleanMode::Off),
-            Ok(v) => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("ZTIER_CLEAN={v}: expected verify, wp or off"),
-            )),
-        }
-    }
-}
-
 /// Progress of the handler and of long manager operations (read by the
 /// watchdog).
 pub static PROGRESS: AtomicU64 = AtomicU64::new(0);

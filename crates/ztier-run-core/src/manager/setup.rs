@@ -1,9 +1,68 @@
-//! What a manager is made of, opened at start-up (and again in a forked
-//! child): the policies, the userfaultfd and the arena's registration, the
-//! fault path, the store and its spill file, the tree budget's segment, the
-//! page maps a forked child reads.
+//! What a manager is made of: its settings ([`Config`], [`CleanMode`]),
+//! and what it opens at start-up (and again in a forked child): the
+//! policies, the userfaultfd and the arena's registration, the fault path,
+//! the store and its spill file, the tree budget's segment, the page maps
+//! a forked child reads.
 
 use super::*;
+
+/// Settings, from the environment `ztier run` sets.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Resident pages allowed.
+    pub budget_pages: usize,
+    /// Codec of the store.
+    pub codec: CodecId,
+    /// Allocator of the store's compressed bytes.
+    pub allocator: AllocatorKind,
+    /// Bytes the store may use in memory.
+    pub store_bytes: usize,
+    /// Folder for the spill file (`None` = no spill: when the store is
+    /// full, pages stay resident).
+    pub spill_dir: Option<PathBuf>,
+    /// Largest spill file.
+    pub spill_bytes: u64,
+    /// Folder where each process writes `PID.json` at exit.
+    pub stats_dir: Option<PathBuf>,
+    /// Sizing policy (`--policy`): the budget is then resident pages and
+    /// the store's memory together, split live by the policy.
+    pub policy: Option<String>,
+}
+
+/// What the sizing policies are told a page costs here: a fault from the
+/// spill file (read + decompress), compressing and decompressing a page
+/// (this machine's profile of `ztier run` with lz4, rounded).
+pub const POLICY_COSTS: ztier_policy::Costs =
+    ztier_policy::Costs { disk_ns: 50_000.0, compress_ns: 7_000.0, decompress_ns: 2_000.0 };
+
+/// How a page that came back from the store and still has its stored
+/// copy is known to be unchanged when it is evicted again (`ZTIER_CLEAN`,
+/// `ztier run --clean`; see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CleanMode {
+    /// Copies are dropped on fault; every eviction compresses.
+    Off,
+    /// The page is installed write-protected; its first write is a fault.
+    Wp,
+    /// The page is installed writable; at eviction its hash is compared
+    /// with its stored copy's.
+    Verify,
+}
+
+impl CleanMode {
+    /// From `ZTIER_CLEAN` (`verify`, `wp` or `off`; unset: `verify`).
+    pub fn from_env() -> io::Result<CleanMode> {
+        match std::env::var(env::CLEAN).as_deref() {
+            Err(_) | Ok("verify") => Ok(CleanMode::Verify),
+            Ok("wp") => Ok(CleanMode::Wp),
+            Ok("off") => Ok(CleanMode::Off),
+            Ok(v) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("ZTIER_CLEAN={v}: expected verify, wp or off"),
+            )),
+        }
+    }
+}
 /// `/proc/self/pagemap`, kept from the program's `close`
 /// (the library's `fds::keep`, [`Host::keep_fd`](crate::host::Host::keep_fd)) until dropped; -1 if it could not be opened.
 /// Opened for each look instead, it took the lowest free number, and a
