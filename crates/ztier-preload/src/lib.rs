@@ -699,6 +699,7 @@ fn knob_size(name: &str) -> Option<usize> {
 /// `ZTIER_BUDGET`; any other failure is fatal: the program was asked to
 /// run under a budget, and silently running without one would lie.
 fn start() -> bool {
+    manager::set_host();
     let Some(budget) = env_size(env::BUDGET) else { return false };
     open_log();
     // Every setting read later, read now (see `knob`).

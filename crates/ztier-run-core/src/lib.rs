@@ -35,15 +35,28 @@
 //!   ([`ztier_policy::pick`]).
 //! * [`pins`] — the books of what keeps pages resident (pins, memory
 //!   locks, threads' kept pins, holds) and of what a forked child gets.
+//! * [`manager`] — the manager that drives these: the arena's page
+//!   states, fault service, eviction into the compressed store, the tree
+//!   budget's waits, pins, fork bookkeeping; its unit tests run over a
+//!   real userfaultfd, without `LD_PRELOAD`.
+//! * [`host`] — what the manager asks of the library it runs in (its own
+//!   system-call entry, kept descriptors, log, settings, core-dump hooks,
+//!   the remote tier), set once by the library at start-up; a plain one
+//!   stands in elsewhere (the tests).
+//! * [`sys`] — plain system calls by `syscall(2)`, for the manager and the
+//!   library.
 
 pub mod budget;
 pub mod classes;
 pub mod counters;
 pub mod faultlog;
 pub mod handshake;
+pub mod host;
 pub mod inherit;
+pub mod manager;
 pub mod names;
 pub mod pins;
 pub mod state;
+pub mod sys;
 pub mod treewait;
 pub mod victims;
