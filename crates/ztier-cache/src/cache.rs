@@ -2351,6 +2351,18 @@ impl Cache {
     /// restart is then warm).
     fn shutdown(&self, clean: bool) -> Result<(), CacheError> {
         let i = &*self.inner;
+        if clean && i.opts.mode == Mode::Writeback && !i.stop.load(Ordering::Acquire) {
+            // The write-back threads copy what is dirty (in parallel) while
+            // they make progress; what is left is written back below.
+            let mut last = (i.dirty.load(Ordering::Acquire), Instant::now());
+            while last.0 > 0 && last.1.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(5));
+                let n = i.dirty.load(Ordering::Acquire);
+                if n < last.0 {
+                    last = (n, Instant::now());
+                }
+            }
+        }
         if i.stop.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
