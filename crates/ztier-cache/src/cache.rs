@@ -241,7 +241,7 @@ const REMOTE_QUEUE_MAX: usize = 1 << 20;
 pub const RECYCLE_KEEP: u8 = 80;
 
 /// [`CacheOptions::writeback_threads`]'s default.
-pub const WRITEBACK_THREADS: usize = 8;
+pub const WRITEBACK_THREADS: usize = 24;
 
 /// Write-back: dirty blocks at most, in % of the blocks the cache
 /// device's segments hold uncompressed (beyond it writes go through):
@@ -332,6 +332,9 @@ struct Stripe {
     fills: HashMap<u64, u64>,
     /// Write-back: dirty line → its block.
     dirty: HashMap<usize, Dirty>,
+    /// Write-back: blocks being copied to the backing now (no other write
+    /// of them may reach the backing meanwhile).
+    busy: Vec<u64>,
 }
 
 /// A dirty line (write-back): newer than the backing.
@@ -1089,7 +1092,7 @@ impl Inner {
         let ssd = !self.ssd_off.load(Ordering::Acquire);
         let mut blocks = Vec::with_capacity(n as usize);
         for b in first..first + n {
-            let mut st = self.stripe(b).lock();
+            let mut st = self.lock_idle(b);
             // Write-back: a dirty block goes to the backing first (a partial
             // write, a trim or zeroing then applies on top of it; the
             // record below makes its copies stale).
@@ -1324,7 +1327,7 @@ impl Inner {
                 if e.dead && self.dir.find_at(e.lba, loc).is_none() {
                     continue;
                 }
-                let mut st = self.stripe(e.lba).lock();
+                let mut st = self.lock_idle(e.lba);
                 let Some(line) = self.dir.find_at(e.lba, loc) else { continue };
                 let span = format::item_span(e.len as usize, self.geo.loc_unit);
                 let mut moved = false;
@@ -1413,8 +1416,20 @@ impl Inner {
     /// dirty. Returns its block and generation.
     fn write_back_locked(&self, st: &Stripe, line: usize) -> io::Result<(u64, u64)> {
         let d = *st.dirty.get(&line).expect("a dirty line");
+        debug_assert!(!st.busy.contains(&d.lba));
+        let blk = self.read_dirty(line, d.lba)?;
+        if let Err(e) = self.backing.write_at(&blk, d.lba * BLOCK as u64, true) {
+            self.c.writeback_errors.fetch_add(1, Ordering::Relaxed);
+            self.c.backing_errors.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
+        Ok((d.lba, d.gen))
+    }
+
+    /// Reads dirty `line`'s block (under its stripe lock); a failure loses it.
+    fn read_dirty(&self, line: usize, lba: u64) -> io::Result<Vec<u8>> {
         let mut blk = vec![0u8; BLOCK];
-        let read = match self.log.read_item(self.dir.loc(line), d.lba, false) {
+        let read = match self.log.read_item(self.dir.loc(line), lba, false) {
             Ok(ItemRead::Found(h, b)) => {
                 decode(&h, &b[format::ITEM_HEADER..format::ITEM_HEADER + h.len as usize], &mut blk)
                     .map_err(io::Error::other)
@@ -1423,15 +1438,23 @@ impl Inner {
             Err(e) => Err(e),
         };
         if let Err(e) = read {
-            self.wb_lose(&format!("reading dirty block {}: {e}", d.lba));
+            self.wb_lose(&format!("reading dirty block {lba}: {e}"));
             return Err(e);
         }
-        if let Err(e) = self.backing.write_at(&blk, d.lba * BLOCK as u64, true) {
-            self.c.writeback_errors.fetch_add(1, Ordering::Relaxed);
-            self.c.backing_errors.fetch_add(1, Ordering::Relaxed);
-            return Err(e);
+        Ok(blk)
+    }
+
+    /// The stripe of `lba`, locked once no copy of it to the backing is
+    /// under way.
+    fn lock_idle(&self, lba: u64) -> parking_lot::MutexGuard<'_, Stripe> {
+        loop {
+            let st = self.stripe(lba).lock();
+            if !st.busy.contains(&lba) {
+                return st;
+            }
+            drop(st);
+            std::thread::sleep(Duration::from_micros(100));
         }
-        Ok((d.lba, d.gen))
     }
 
     /// Marks `line` clean if it still holds generation `gen` (under its
@@ -1477,20 +1500,37 @@ impl Inner {
     /// written again meanwhile. False on a backing error (it stays dirty).
     fn write_back_one(&self, line: usize) -> bool {
         let stripe = self.stripe_of_line(line);
-        let (lba, gen) = {
+        let (lba, gen, blk) = {
             let mut st = stripe.lock();
-            let Some(d) = st.dirty.get_mut(&line) else { return true };
-            d.queued = false;
-            match self.write_back_locked(&st, line) {
-                Ok(x) => x,
-                Err(_) => {
-                    if let Some(d) = st.dirty.get_mut(&line) {
-                        d.queued = true;
-                    }
-                    return false;
-                }
+            let Some(d) = st.dirty.get(&line).copied() else { return true };
+            if st.busy.contains(&d.lba) {
+                // An older copy of it is on its way: this one after.
+                drop(st);
+                std::thread::sleep(Duration::from_micros(200));
+                self.queue_dirty(line);
+                return true;
             }
+            let Ok(blk) = self.read_dirty(line, d.lba) else { return true };
+            st.dirty.get_mut(&line).expect("checked").queued = false;
+            st.busy.push(d.lba);
+            (d.lba, d.gen, blk)
         };
+        // The stripe is free meanwhile: reads, fills and writes of its
+        // blocks go on; a write through of this block (`begin_write`) and
+        // recycling wait for `busy`.
+        let r = self.backing.write_at(&blk, lba * BLOCK as u64, true);
+        {
+            let mut st = stripe.lock();
+            st.busy.retain(|&b| b != lba);
+            if r.is_err() {
+                self.c.writeback_errors.fetch_add(1, Ordering::Relaxed);
+                self.c.backing_errors.fetch_add(1, Ordering::Relaxed);
+                if let Some(d) = st.dirty.get_mut(&line) {
+                    d.queued = true;
+                }
+                return false;
+            }
+        }
         if self.journal_invalidation(gen, lba, 1, false).is_err() {
             // The cache device failed: its dirty blocks are lost (recorded).
             return true;
