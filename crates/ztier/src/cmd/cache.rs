@@ -413,6 +413,14 @@ fn serve(a: ServeArgs) -> Result<i32> {
         r.lines_invalidated,
         r.seconds
     );
+    if r.lines_dirty + r.dirty_written_back > 0 {
+        eprintln!(
+            "ztier cache: {} dirty blocks found (write-back): {} queued to be written back, {} written back at the start",
+            r.lines_dirty + r.dirty_written_back,
+            r.lines_dirty,
+            r.dirty_written_back
+        );
+    }
     let (listener, where_, unbind) = a.at.bind("cache", &a.cache, &a.name)?;
     let cfg = ServeConfig {
         name: a.name.clone(),
