@@ -248,6 +248,10 @@ pub const WRITEBACK_THREADS: usize = 24;
 /// recycling always has clean lines to drop and room to copy dirty ones.
 const DIRTY_MAX_PCT: u64 = 50;
 
+/// RAM per dirty line (its entry in a stripe's map, with the map's
+/// overhead), counted in `metadata_bytes`.
+const DIRTY_ENTRY_BYTES: u64 = 48;
+
 /// [`CacheOptions::recycle_pick`]'s default (see docs/cache.md).
 pub const RECYCLE_PICK: Pick = Pick::CostBenefit;
 
@@ -2480,7 +2484,8 @@ impl Cache {
             + i.door.as_ref().map_or(0, |d| d.memory_bytes())
             + i.log.memory_bytes()
             + (i.stripes.len() * std::mem::size_of::<Mutex<Stripe>>()) as u64
-            + (crate::seq::STREAMS * 24) as u64;
+            + (crate::seq::STREAMS * 24) as u64
+            + i.dirty.load(Ordering::Relaxed) * DIRTY_ENTRY_BYTES;
         let sb = *i.sb.lock();
         CacheStats {
             backing: i.backing.describe(),
