@@ -1,5 +1,6 @@
 //! The cache: reads served from RAM, then the SSD cache, then the
-//! backing; writes through to the backing, never held only here.
+//! backing; writes through to the backing, never held only here — or,
+//! in write-back mode, held dirty in the SSD cache and copied behind.
 //!
 //! ```text
 //!  read(block) ─► RAM cache ─hit─► done
@@ -48,6 +49,22 @@
 //! clean stop seals, checkpoints and records a fingerprint of the backing;
 //! a crash on the same boot loses only the open segment; after a reboot
 //! the cache is kept only if it was served with `--journal-sync`.
+//!
+//! # Write-back
+//!
+//! `Mode::Writeback`: a whole-block write appends its item to the open
+//! segment and points its line at it, marked dirty (a bit in the
+//! directory, read lock-free by a seal, which flags the summary entry
+//! dirty; an entry in the stripe's `dirty` map). A flush or FUA seals,
+//! writes and syncs the open segment. Dirty lines are never replaced
+//! (`Directory::insert_with`'s pinned lines) nor evicted (recycling copies
+//! them forward or writes them back first), never promoted to RAM, and a
+//! fill never takes a reservation for a dirty block. Write-back threads
+//! copy a dirty line's block to the backing (marked busy meanwhile: writes
+//! through and recycling of that block wait), then record "copies older
+//! than its generation are stale" (synced) and mark it clean if not
+//! written again. Recovery takes each block's newest copy by generation;
+//! a dirty one only if its item checks out, and it is dirty again.
 //!
 //! # The remote RAM cache
 //!
