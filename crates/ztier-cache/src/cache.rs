@@ -2117,6 +2117,29 @@ impl Cache {
                 }
             }
         }
+        // A dirty line moved by recycling between a lookup and its item's
+        // read looks like a miss: never from the backing (older), but
+        // read under the stripe lock, where no line moves.
+        if i.dirty.load(Ordering::Acquire) > 0 {
+            let mut lost = false;
+            missing.retain(|&b| {
+                let st = i.stripe(b).lock();
+                let Some(line) = i.dirty_line(&st, b) else { return true };
+                match i.read_dirty(line, b) {
+                    Ok(d) => {
+                        copy_block(b, &d, off, buf);
+                        used_ssd = true;
+                        i.c.ssd_hits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => lost = true,
+                }
+                false
+            });
+            if lost {
+                i.c.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(io::Error::other("a dirty block is unreadable on the cache device"));
+            }
+        }
         if missing.is_empty() {
             let h = if used_remote {
                 &i.lat.remote_hit

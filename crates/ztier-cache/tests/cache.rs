@@ -916,7 +916,7 @@ fn wb_opts() -> CacheOptions {
 }
 
 /// Write-back: dirty lines are never evicted. With the backing refusing
-/// writes, 100 dirty blocks stay while reads of 8x the cache recycle
+/// writes, 200 dirty blocks stay while reads of 8x the cache recycle
 /// every segment several times; each still reads its new data, and once
 /// the backing takes writes they all reach it.
 #[test]
@@ -926,32 +926,33 @@ fn dirty_lines_survive_recycling() {
     let c = open(dev, backing.clone(), wb_opts());
     let segments = c.geometry().segments as u64;
     let new = |b: u64| block(b + 50_000, 1);
-    for b in (0..1000).step_by(10) {
+    for b in (0..1000).step_by(5) {
         c.write(b * B as u64, &new(b), false).unwrap();
     }
-    assert_eq!(c.stats().dirty_blocks, 100);
+    assert_eq!(c.stats().dirty_blocks, 200);
     for round in 0..4 {
         for b in 1000..4096 {
             read_block(&c, b);
         }
         c.drain();
         c.maintain();
-        for b in (0..1000).step_by(10) {
+        for b in (0..1000).step_by(5) {
             assert_eq!(read_block(&c, b), new(b), "round {round}: dirty block {b}");
         }
     }
     let s = c.stats();
     assert!(s.log.recycled > 3 * segments, "{} recycled of {segments}", s.log.recycled);
-    assert!(s.reinserted >= 100, "{s:?}");
-    assert_eq!(s.dirty_blocks, 100);
-    assert!(s.writeback_errors > 0, "the refused copies are counted");
+    assert!(s.reinserted >= 200, "{s:?}");
+    assert_eq!(s.dirty_blocks, 200);
+    // Over half their cap, copies were tried (and refused, counted).
+    assert!(s.writeback_errors > 0, "{s:?}");
     // The backing still has the old data; a flush holds (the cache device has them).
     assert_eq!(&mem.contents()[0..B], &block(0, 1)[..]);
     c.flush().unwrap();
     backing.refuse.store(false, Ordering::Release);
     c.write_back_all().unwrap();
     assert_eq!(c.stats().dirty_blocks, 0);
-    for b in (0..1000).step_by(10) {
+    for b in (0..1000).step_by(5) {
         assert_eq!(&mem.contents()[(b * B as u64) as usize..][..B], &new(b)[..], "block {b} on the backing");
     }
 }
