@@ -58,7 +58,8 @@
 //! dirty; an entry in the stripe's `dirty` map). A flush or FUA seals,
 //! writes and syncs the open segment. Dirty lines are never replaced
 //! (`Directory::insert_with`'s pinned lines) nor evicted (recycling copies
-//! them forward or writes them back first), never promoted to RAM, and a
+//! them forward, synced before their old segment is reused, or writes
+//! them back first), never promoted to RAM, and a
 //! fill never takes a reservation for a dirty block. Write-back threads
 //! copy a dirty line's block to the backing (marked busy meanwhile: writes
 //! through and recycling of that block wait), then record "copies older
@@ -1341,6 +1342,8 @@ impl Inner {
             let mut sealed = Vec::new();
             // Dirty lines written back here, to record as clean.
             let mut cleaned = Vec::new();
+            // Whether a dirty line was copied forward.
+            let mut moved_dirty = false;
             for e in &entries {
                 let loc = self.log.entry_loc(idx, e);
                 // A line still pointing at an item its seal marked dead is
@@ -1364,6 +1367,7 @@ impl Inner {
                             if placed.is_some() {
                                 budget = budget.saturating_sub(span);
                                 moved = true;
+                                moved_dirty |= dirty;
                             }
                         }
                     }
@@ -1390,6 +1394,19 @@ impl Inner {
             }
             for s in sealed {
                 self.write_segment(s);
+            }
+            // Dirty copies made here are durable before their segment is
+            // reused (overwritten): else a crash could keep the new
+            // contents of this segment and lose the copies, and with them
+            // a block flushed to the cache device only.
+            if moved_dirty {
+                if let Some(s) = self.log.seal_open(&self.dir, None) {
+                    self.write_segment(s);
+                }
+                self.log.wait_writes();
+                if let Err(e) = self.dev.sync() {
+                    self.degrade(&format!("syncing the cache device: {e}"), true);
+                }
             }
             // Before the segment is reused (its items then vanish): a
             // restart must not bring back an older copy of a block
@@ -1519,18 +1536,26 @@ impl Inner {
     /// copies are stale (before the line, clean, may be dropped: a
     /// restart must not bring one back) and marks it clean unless it was
     /// written again meanwhile. False on a backing error (it stays dirty).
-    fn write_back_one(&self, line: usize) -> bool {
+    /// `wait`: while a copy of its block is under way, waits for it to end
+    /// (else the line is queued again for a write-back thread).
+    fn write_back_one(&self, line: usize, wait: bool) -> bool {
         let stripe = self.stripe_of_line(line);
         let (lba, gen, blk) = {
             let mut st = stripe.lock();
-            let Some(d) = st.dirty.get(&line).copied() else { return true };
-            if st.busy.contains(&d.lba) {
+            let d = loop {
+                let Some(d) = st.dirty.get(&line).copied() else { return true };
+                if !st.busy.contains(&d.lba) {
+                    break d;
+                }
                 // An older copy of it is on its way: this one after.
                 drop(st);
                 std::thread::sleep(Duration::from_micros(200));
-                self.queue_dirty(line);
-                return true;
-            }
+                if !wait {
+                    self.queue_dirty(line);
+                    return true;
+                }
+                st = stripe.lock();
+            };
             let Ok(blk) = self.read_dirty(line, d.lba) else { return true };
             st.dirty.get_mut(&line).expect("checked").queued = false;
             st.busy.push(d.lba);
@@ -1581,7 +1606,7 @@ impl Inner {
                     self.wb_cv.wait_for(&mut q, Duration::from_millis(100));
                 }
             };
-            if self.write_back_one(line) {
+            if self.write_back_one(line, false) {
                 failures = 0;
             } else {
                 // The backing failed: the line stays dirty and is retried.
@@ -1608,7 +1633,7 @@ impl Inner {
                 return Ok(());
             }
             for line in lines {
-                if !self.write_back_one(line) {
+                if !self.write_back_one(line, true) {
                     return Err(io::Error::other("write-back: the backing refused a write"));
                 }
             }
@@ -2415,7 +2440,8 @@ impl Cache {
         }
     }
 
-    /// Write-back: copies every dirty block to the backing now.
+    /// Write-back: copies every dirty block to the backing now (waiting
+    /// for copies under way).
     pub fn write_back_all(&self) -> io::Result<()> {
         self.inner.write_back_all()
     }
