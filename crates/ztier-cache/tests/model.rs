@@ -25,6 +25,8 @@ use ztier_codec::CodecId;
 
 #[path = "model/block40.rs"]
 mod block40;
+#[path = "model/wb71.rs"]
+mod wb71;
 
 /// Blocks of the backing (4 MiB); the cache holds ~1 MiB of them raw.
 const BLOCKS: u64 = 1024;
@@ -365,15 +367,8 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
-    /// Write-back under random operations. Known to fail now and then
-    /// (about 1 case in 200 with copies made at once, more when dirty
-    /// blocks wait): a dirty block's line is lost or its item unreadable,
-    /// and the read returns the backing's older data. Ignored until that
-    /// is found (`cargo test --release -p ztier-cache --test model --
-    /// --ignored` runs it); `long_runs_of_each_configuration` runs four
-    /// write-back configurations deterministically.
+    /// Write-back under random operations.
     #[test]
-    #[ignore]
     fn never_stale_write_back(cfg in config(), ops in prop::collection::vec(op(), 1..300)) {
         run(Config { back: true, around: false, ..cfg }, ops);
     }
@@ -450,5 +445,17 @@ fn saved_case_of_block_40() {
             let (cfg, ops) = block40::case();
             run_with(cfg, pick, ops);
         }
+    }
+}
+
+/// The write-back case proptest shrank for issue 71: it failed only when
+/// a write-back thread was descheduled mid-copy while the final
+/// `write_back_all` ran (rarely; `write_back_all_waits_for_a_copy_under_way`
+/// in tests/cache.rs replays that in one order), so it is run 100 times.
+#[test]
+fn saved_write_back_case() {
+    for _ in 0..100 {
+        let (cfg, ops) = wb71::case();
+        run(cfg, ops);
     }
 }
