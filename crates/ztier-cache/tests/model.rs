@@ -448,10 +448,12 @@ fn saved_case_of_block_40() {
     }
 }
 
-/// The write-back case proptest shrank for issue 71: it failed only when
-/// a write-back thread was descheduled mid-copy while the final
-/// `write_back_all` ran (rarely; `write_back_all_waits_for_a_copy_under_way`
-/// in tests/cache.rs replays that in one order), so it is run 100 times.
+/// The write-back case proptest shrank for issue 71: it failed, rarely,
+/// with the final `write_back_all` giving up ("blocks kept being
+/// written") while a write-back thread was mid-copy — a matter of
+/// scheduling, so it is run 100 times;
+/// `write_back_all_waits_for_a_copy_under_way` (tests/cache.rs) replays
+/// that in one order.
 #[test]
 fn saved_write_back_case() {
     for _ in 0..100 {
