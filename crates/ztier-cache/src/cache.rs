@@ -1,5 +1,6 @@
 //! The cache: reads served from RAM, then the SSD cache, then the
-//! backing; writes through to the backing, never held only here.
+//! backing; writes through to the backing, never held only here — or,
+//! in write-back mode, held dirty in the SSD cache and copied behind.
 //!
 //! ```text
 //!  read(block) ─► RAM cache ─hit─► done
@@ -49,6 +50,23 @@
 //! a crash on the same boot loses only the open segment; after a reboot
 //! the cache is kept only if it was served with `--journal-sync`.
 //!
+//! # Write-back
+//!
+//! `Mode::Writeback`: a whole-block write appends its item to the open
+//! segment and points its line at it, marked dirty (a bit in the
+//! directory, read lock-free by a seal, which flags the summary entry
+//! dirty; an entry in the stripe's `dirty` map). A flush or FUA seals,
+//! writes and syncs the open segment. Dirty lines are never replaced
+//! (`Directory::insert_with`'s pinned lines) nor evicted (recycling copies
+//! them forward, synced before their old segment is reused, or writes
+//! them back first), never promoted to RAM, and a
+//! fill never takes a reservation for a dirty block. Write-back threads
+//! copy a dirty line's block to the backing (marked busy meanwhile: writes
+//! through and recycling of that block wait), then record "copies older
+//! than its generation are stale" (synced) and mark it clean if not
+//! written again. Recovery takes each block's newest copy by generation;
+//! a dirty one only if its item checks out, and it is dirty again.
+//!
 //! # The remote RAM cache
 //!
 //! With a [`Remote`] (`ztier cache serve --remote redis://...`), blocks
@@ -66,7 +84,7 @@
 //! server process (the tier's run id is new each start); a clean stop
 //! deletes them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -74,7 +92,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 use ztier_blk::backing::Backing;
 use ztier_codec::page::{Form as PageForm, PageEncoder};
@@ -103,6 +121,9 @@ pub enum Mode {
     Writethrough,
     /// Written blocks are only dropped from the caches.
     Writearound,
+    /// Written blocks go to the SSD cache only (dirty) and are copied to
+    /// the backing behind; a flush makes them durable on the cache device.
+    Writeback,
 }
 
 impl std::str::FromStr for Mode {
@@ -111,7 +132,8 @@ impl std::str::FromStr for Mode {
         match s {
             "writethrough" => Ok(Mode::Writethrough),
             "writearound" => Ok(Mode::Writearound),
-            _ => Err(format!("unknown mode '{s}' (writethrough, writearound)")),
+            "writeback" => Ok(Mode::Writeback),
+            _ => Err(format!("unknown mode '{s}' (writethrough, writearound, writeback)")),
         }
     }
 }
@@ -172,6 +194,9 @@ pub struct CacheOptions {
     pub recycle_pick: Pick,
     /// Which blocks the SSD cache takes in once full.
     pub admission: Admission,
+    /// Write-back: threads copying dirty blocks to the backing (each one
+    /// block at a time).
+    pub writeback_threads: usize,
     /// The machine's boot id (read from the kernel if `None`).
     pub boot_id: Option<[u8; 16]>,
     /// The RAM cache's memory pressure watcher (`None`: fixed size).
@@ -233,6 +258,18 @@ const REMOTE_QUEUE_MAX: usize = 1 << 20;
 /// at 50 (`--example ways`, docs/measurements/2026-12-06-cache-mix.md).
 pub const RECYCLE_KEEP: u8 = 80;
 
+/// [`CacheOptions::writeback_threads`]'s default.
+pub const WRITEBACK_THREADS: usize = 24;
+
+/// Write-back: dirty blocks at most, in % of the blocks the cache
+/// device's segments hold uncompressed (beyond it writes go through):
+/// recycling always has clean lines to drop and room to copy dirty ones.
+const DIRTY_MAX_PCT: u64 = 50;
+
+/// RAM per dirty line (its entry in a stripe's map, with the map's
+/// overhead), counted in `metadata_bytes`.
+const DIRTY_ENTRY_BYTES: u64 = 48;
+
 /// [`CacheOptions::recycle_pick`]'s default (see docs/cache.md).
 pub const RECYCLE_PICK: Pick = Pick::CostBenefit;
 
@@ -272,6 +309,7 @@ impl Default for CacheOptions {
             recycle_keep: RECYCLE_KEEP,
             recycle_pick: RECYCLE_PICK,
             admission: Admission::All,
+            writeback_threads: WRITEBACK_THREADS,
             boot_id: None,
             pressure: Some(PressureConfig::default()),
             remote: None,
@@ -293,6 +331,11 @@ pub struct Recovery {
     pub lines_dead: u64,
     /// Lines dropped by journal records.
     pub lines_invalidated: u64,
+    /// Dirty lines found (write-back), queued to be written back.
+    pub lines_dirty: u64,
+    /// Dirty lines written back while opening (no line for them, or not
+    /// served in write-back mode).
+    pub dirty_written_back: u64,
     /// Journal records replayed.
     pub journal_records: u64,
     /// Valid segments found.
@@ -309,6 +352,21 @@ struct Stripe {
     writes: HashMap<u64, (u32, u32)>,
     /// Block → the token of the one fill allowed to insert it.
     fills: HashMap<u64, u64>,
+    /// Write-back: dirty line → its block.
+    dirty: HashMap<usize, Dirty>,
+    /// Write-back: blocks being copied to the backing now (no other write
+    /// of them may reach the backing meanwhile).
+    busy: Vec<u64>,
+}
+
+/// A dirty line (write-back): newer than the backing.
+#[derive(Debug, Clone, Copy)]
+struct Dirty {
+    lba: u64,
+    /// The generation of the item the line points to.
+    gen: u64,
+    /// In the write-back queue.
+    queued: bool,
 }
 
 struct Fill {
@@ -369,6 +427,15 @@ pub(crate) struct Inner {
     degraded: Mutex<Option<String>>,
     recovery: Recovery,
     started: Instant,
+    /// Write-back: dirty lines to copy to the backing.
+    wb_queue: Mutex<VecDeque<usize>>,
+    wb_cv: Condvar,
+    /// Dirty lines now.
+    dirty: AtomicU64,
+    /// Most dirty lines.
+    dirty_max: u64,
+    /// Dirty data was lost (cache device failure): every flush fails.
+    wb_lost: Mutex<Option<String>>,
 }
 
 /// A cache in front of a backing. Shared by reference between threads.
@@ -539,6 +606,18 @@ pub fn inspect(dev: &dyn Backing) -> Result<OfflineStats, CacheError> {
     })
 }
 
+/// A copy of a block found at recovery.
+#[derive(Clone, Copy)]
+struct CopyAt {
+    gen: u64,
+    loc: u32,
+    dirty: bool,
+    /// Its item's offset on the device.
+    at: u64,
+    /// Its segment's seq.
+    seq: u64,
+}
+
 /// Journal invalidations by block, for recovery.
 struct Invalidations {
     by_block: HashMap<u64, u64>,
@@ -650,6 +729,9 @@ enum Level {
     Miss,
     /// In the SSD cache, but reading it would wait for the device.
     WouldBlock,
+    /// Dirty in the SSD cache (write-back) and unreadable: an error, never
+    /// the backing's older copy.
+    Lost,
 }
 
 impl Inner {
@@ -669,7 +751,7 @@ impl Inner {
     /// token, or `None` while a write of the block is in flight.
     fn reserve(&self, lba: u64) -> Option<u64> {
         let mut st = self.stripe(lba).lock();
-        if st.writes.contains_key(&lba) {
+        if st.writes.contains_key(&lba) || self.dirty_line(&st, lba).is_some() {
             return None;
         }
         let t = self.tokens.fetch_add(1, Ordering::Relaxed);
@@ -764,8 +846,8 @@ impl Inner {
     fn ssd_lookup(&self, lba: u64, out: &mut [u8], promote: bool, nowait: bool) -> Level {
         let Some(f) = self.dir.lookup(lba) else { return Level::Miss };
         // Reserved before the item is read: kept in RAM only if no write
-        // of the block starts meanwhile.
-        let token = match (&self.ram, promote) {
+        // of the block starts meanwhile. Dirty lines stay out of RAM.
+        let token = match (&self.ram, promote && !self.dir.is_dirty(f.line)) {
             (Some(_), true) => self.reserve(lba),
             _ => None,
         };
@@ -776,6 +858,8 @@ impl Inner {
                 if decode(&h, data, out).is_ok() {
                     self.dir.touch(f.line);
                     Level::Ssd
+                } else if self.dirty_unreadable(lba, f.line) {
+                    Level::Lost
                 } else {
                     self.c.verify_failures.fetch_add(1, Ordering::Relaxed);
                     self.drop_line(lba, f.loc);
@@ -786,6 +870,7 @@ impl Inner {
             // Recycled or dropped since the lookup (the line points
             // elsewhere now or is gone): a miss, not a failure.
             Ok(ItemRead::Gone) if self.dir.find_at(lba, f.loc).is_none() => Level::Miss,
+            Ok(ItemRead::Gone) | Err(_) if self.dirty_unreadable(lba, f.line) => Level::Lost,
             Ok(ItemRead::Gone) => {
                 self.c.verify_failures.fetch_add(1, Ordering::Relaxed);
                 self.drop_line(lba, f.loc);
@@ -814,8 +899,17 @@ impl Inner {
 
     /// Drops `lba`'s line if it still points at `loc`.
     fn drop_line(&self, lba: u64, loc: u32) {
-        let _st = self.stripe(lba).lock();
+        let mut st = self.stripe(lba).lock();
         if let Some(line) = self.dir.find_at(lba, loc) {
+            match st.dirty.get(&line) {
+                // Another block's dirty line (a partial tag's collision).
+                Some(d) if d.lba != lba => return,
+                Some(_) => {
+                    self.forget_dirty(&mut st, line);
+                    self.wb_lose(&format!("dirty block {lba} dropped (its segment's write failed)"));
+                }
+                None => {}
+            }
             self.dir.clear(line);
         }
     }
@@ -908,16 +1002,24 @@ impl Inner {
                     self.c.fills_dropped_race.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                if ssd {
+                // Dirty lines (write-back) are never replaced by a fill.
+                let pinned = |l: usize| st.dirty.contains_key(&l);
+                let room = ssd && self.dir.can_insert(f.lba, &pinned);
+                if ssd && !room {
+                    self.c.fills_dropped_space.fetch_add(1, Ordering::Relaxed);
+                }
+                if room {
                     let gen = self.next_gen();
                     let it = Item { lba: f.lba, gen, form, codec: self.codec as u8, data: buf };
                     // The line is inserted under the log's lock, with the
                     // item: a seal never finds the item without its line.
-                    let (placed, s) =
-                        self.log.append(&self.dir, it, false, |loc| self.dir.insert(f.lba, loc));
+                    let (placed, s) = self
+                        .log
+                        .append(&self.dir, it, false, |loc| self.dir.insert_with(f.lba, loc, &pinned));
                     sealed = s;
                     match placed {
-                        Some((_, old)) => {
+                        Some(None) => {}
+                        Some(Some((_, old))) => {
                             if old != crate::dir::EMPTY {
                                 self.c.conflict_evictions.fetch_add(1, Ordering::Relaxed);
                             }
@@ -977,6 +1079,9 @@ impl Inner {
         }
         eprintln!("ztier cache: {why}: the SSD cache is off from now on");
         *self.degraded.lock() = Some(why.to_string());
+        if self.dirty.load(Ordering::Acquire) > 0 {
+            self.wb_lose(&format!("{why}: the dirty blocks on the cache device are lost"));
+        }
         self.dir.clear_all();
         // Make the next start discard the device's contents; if even that
         // fails, a restart could trust lines a write made stale: refuse
@@ -1009,7 +1114,23 @@ impl Inner {
         let ssd = !self.ssd_off.load(Ordering::Acquire);
         let mut blocks = Vec::with_capacity(n as usize);
         for b in first..first + n {
-            let mut st = self.stripe(b).lock();
+            let mut st = self.lock_idle(b);
+            // Write-back: a dirty block goes to the backing first (a partial
+            // write, a trim or zeroing then applies on top of it; the
+            // record below makes its copies stale).
+            if let Some(line) = self.dirty_line(&st, b) {
+                match self.write_back_locked(&st, line) {
+                    Ok((_, g)) => {
+                        self.mark_clean(&mut st, line, g);
+                        self.c.written_back.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        drop(st);
+                        self.end_write(&blocks, |_| false);
+                        return Err(e);
+                    }
+                }
+            }
             let e = st.writes.entry(b).or_insert((0, 0));
             let alone = e.0 == 0;
             e.0 += 1;
@@ -1044,7 +1165,7 @@ impl Inner {
         // back after a crash: `fill_during_a_writes_drops_is_invalidated_after_a_crash`.)
         let gen = self.next_gen();
         if ssd {
-            if let Err(e) = self.journal_invalidation(gen, first, n) {
+            if let Err(e) = self.journal_invalidation(gen, first, n, false) {
                 self.end_write(&blocks, |_| false);
                 return Err(e);
             }
@@ -1052,7 +1173,7 @@ impl Inner {
         Ok((gen, blocks))
     }
 
-    fn journal_invalidation(&self, gen: u64, first: u64, n: u64) -> io::Result<()> {
+    fn journal_invalidation(&self, gen: u64, first: u64, n: u64, maint_held: bool) -> io::Result<()> {
         let mut recs = Vec::new();
         let mut at = first;
         while at < first + n {
@@ -1067,7 +1188,8 @@ impl Inner {
                     Ok(t) => break t,
                     Err(JournalError::Full) if tries < 3 => {
                         tries += 1;
-                        if let Err(e) = self.checkpoint() {
+                        let r = if maint_held { self.checkpoint_locked() } else { self.checkpoint() };
+                        if let Err(e) = r {
                             return self.journal_failed(e);
                         }
                     }
@@ -1123,6 +1245,11 @@ impl Inner {
     /// live lines, the journal head from which records are still needed.
     fn checkpoint(&self) -> io::Result<()> {
         let _m = self.maint.lock();
+        self.checkpoint_locked()
+    }
+
+    /// [`Inner::checkpoint`] with the maintenance lock held.
+    fn checkpoint_locked(&self) -> io::Result<()> {
         if self.ssd_off.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -1213,6 +1340,10 @@ impl Inner {
                 budget = budget.max(live);
             }
             let mut sealed = Vec::new();
+            // Dirty lines written back here, to record as clean.
+            let mut cleaned = Vec::new();
+            // Whether a dirty line was copied forward.
+            let mut moved_dirty = false;
             for e in &entries {
                 let loc = self.log.entry_loc(idx, e);
                 // A line still pointing at an item its seal marked dead is
@@ -1220,11 +1351,13 @@ impl Inner {
                 if e.dead && self.dir.find_at(e.lba, loc).is_none() {
                     continue;
                 }
-                let st = self.stripe(e.lba).lock();
+                let mut st = self.lock_idle(e.lba);
                 let Some(line) = self.dir.find_at(e.lba, loc) else { continue };
                 let span = format::item_span(e.len as usize, self.geo.loc_unit);
                 let mut moved = false;
-                if (keep_all || self.dir.referenced(line)) && span <= budget {
+                // A dirty line is copied forward whatever the budget.
+                let dirty = st.dirty.contains_key(&line);
+                if dirty || ((keep_all || self.dir.referenced(line)) && span <= budget) {
                     if let Ok((h, data)) = format::get_item(&buf[e.off as usize..], seq) {
                         if h.lba == e.lba {
                             let it = Item { lba: e.lba, gen: e.gen, form: h.form, codec: h.codec, data };
@@ -1232,13 +1365,28 @@ impl Inner {
                                 self.log.append(&self.dir, it, true, |nl| self.dir.relocate(line, nl));
                             sealed.extend(s);
                             if placed.is_some() {
-                                budget -= span;
+                                budget = budget.saturating_sub(span);
                                 moved = true;
+                                moved_dirty |= dirty;
                             }
                         }
                     }
                 }
                 if !moved {
+                    if dirty {
+                        // No room to copy it: to the backing first.
+                        match self.write_back_locked(&st, line) {
+                            Ok((lba, g)) => {
+                                self.mark_clean(&mut st, line, g);
+                                self.c.written_back.fetch_add(1, Ordering::Relaxed);
+                                cleaned.push((g, lba));
+                            }
+                            Err(err) => {
+                                self.forget_dirty(&mut st, line);
+                                self.wb_lose(&format!("recycling dirty block {}: {err}", e.lba));
+                            }
+                        }
+                    }
                     self.dir.clear(line);
                 }
                 drop(st);
@@ -1247,9 +1395,354 @@ impl Inner {
             for s in sealed {
                 self.write_segment(s);
             }
+            // Dirty copies made here are durable before their segment is
+            // reused (overwritten): else a crash could keep the new
+            // contents of this segment and lose the copies, and with them
+            // a block flushed to the cache device only.
+            if moved_dirty {
+                if let Some(s) = self.log.seal_open(&self.dir, None) {
+                    self.write_segment(s);
+                }
+                self.log.wait_writes();
+                if let Err(e) = self.dev.sync() {
+                    self.degrade(&format!("syncing the cache device: {e}"), true);
+                }
+            }
+            // Before the segment is reused (its items then vanish): a
+            // restart must not bring back an older copy of a block
+            // written back here.
+            for (g, lba) in cleaned {
+                let _ = self.journal_invalidation(g, lba, 1, true);
+            }
         }
         self.log.release(idx);
         true
+    }
+}
+
+/// Write-back (`Mode::Writeback`): dirty lines, their copies to the
+/// backing, and what keeps them from being lost.
+impl Inner {
+    fn stripe_of_line(&self, line: usize) -> &Mutex<Stripe> {
+        &self.stripes[(line / self.dir.ways()) & (self.stripes.len() - 1)]
+    }
+
+    /// The dirty line holding `lba`, if any (under its stripe lock).
+    fn dirty_line(&self, st: &Stripe, lba: u64) -> Option<usize> {
+        if st.dirty.is_empty() {
+            return None;
+        }
+        let f = self.dir.lookup(lba)?;
+        st.dirty.get(&f.line).is_some_and(|d| d.lba == lba).then_some(f.line)
+    }
+
+    /// A lookup of `lba` failed on `line`: whether it is `lba`'s dirty
+    /// line (then the data is lost, recorded: never read from the backing).
+    fn dirty_unreadable(&self, lba: u64, line: usize) -> bool {
+        let st = self.stripe(lba).lock();
+        if st.dirty.get(&line).is_some_and(|d| d.lba == lba) {
+            drop(st);
+            self.c.cache_read_errors.fetch_add(1, Ordering::Relaxed);
+            self.wb_lose(&format!("dirty block {lba} is unreadable on the cache device"));
+            return true;
+        }
+        false
+    }
+
+    /// Copies dirty `line` to the backing (with FUA), under its stripe
+    /// lock so that no other write of the block runs meanwhile; it stays
+    /// dirty. Returns its block and generation.
+    fn write_back_locked(&self, st: &Stripe, line: usize) -> io::Result<(u64, u64)> {
+        let d = *st.dirty.get(&line).expect("a dirty line");
+        debug_assert!(!st.busy.contains(&d.lba));
+        let blk = self.read_dirty(line, d.lba)?;
+        if let Err(e) = self.backing.write_at(&blk, d.lba * BLOCK as u64, true) {
+            self.c.writeback_errors.fetch_add(1, Ordering::Relaxed);
+            self.c.backing_errors.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
+        Ok((d.lba, d.gen))
+    }
+
+    /// Reads dirty `line`'s block (under its stripe lock); a failure loses it.
+    fn read_dirty(&self, line: usize, lba: u64) -> io::Result<Vec<u8>> {
+        let mut blk = vec![0u8; BLOCK];
+        let read = match self.log.read_item(self.dir.loc(line), lba, false) {
+            Ok(ItemRead::Found(h, b)) => {
+                decode(&h, &b[format::ITEM_HEADER..format::ITEM_HEADER + h.len as usize], &mut blk)
+                    .map_err(io::Error::other)
+            }
+            Ok(_) => Err(io::Error::other("its item failed its check")),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = read {
+            self.wb_lose(&format!("reading dirty block {lba}: {e}"));
+            return Err(e);
+        }
+        Ok(blk)
+    }
+
+    /// The stripe of `lba`, locked once no copy of it to the backing is
+    /// under way.
+    fn lock_idle(&self, lba: u64) -> parking_lot::MutexGuard<'_, Stripe> {
+        loop {
+            let st = self.stripe(lba).lock();
+            if !st.busy.contains(&lba) {
+                return st;
+            }
+            drop(st);
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// Marks `line` clean if it still holds generation `gen` (under its
+    /// stripe lock).
+    fn mark_clean(&self, st: &mut Stripe, line: usize, gen: u64) -> bool {
+        match st.dirty.get(&line) {
+            Some(d) if d.gen == gen => {
+                st.dirty.remove(&line);
+                self.dir.set_dirty(line, false);
+                self.dirty.fetch_sub(1, Ordering::AcqRel);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets a dirty line whose data is lost (under its stripe lock).
+    fn forget_dirty(&self, st: &mut Stripe, line: usize) {
+        if st.dirty.remove(&line).is_some() {
+            self.dir.set_dirty(line, false);
+            self.dirty.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Dirty data was lost: every flush fails from now on.
+    fn wb_lose(&self, why: &str) {
+        self.c.writeback_errors.fetch_add(1, Ordering::Relaxed);
+        let mut l = self.wb_lost.lock();
+        if l.is_none() {
+            eprintln!("ztier cache: write-back: {why}: flushes fail from now on");
+            *l = Some(why.to_string());
+        }
+    }
+
+    fn queue_dirty(&self, line: usize) {
+        self.wb_queue.lock().push_back(line);
+        self.wb_cv.notify_one();
+    }
+
+    /// Copies one dirty line to the backing; then records that its older
+    /// copies are stale (before the line, clean, may be dropped: a
+    /// restart must not bring one back) and marks it clean unless it was
+    /// written again meanwhile. False on a backing error (it stays dirty).
+    /// `wait`: while a copy of its block is under way, waits for it to end
+    /// (else the line is queued again for a write-back thread).
+    fn write_back_one(&self, line: usize, wait: bool) -> bool {
+        let stripe = self.stripe_of_line(line);
+        let (lba, gen, blk) = {
+            let mut st = stripe.lock();
+            let d = loop {
+                let Some(d) = st.dirty.get(&line).copied() else { return true };
+                if !st.busy.contains(&d.lba) {
+                    break d;
+                }
+                // An older copy of it is on its way: this one after.
+                drop(st);
+                std::thread::sleep(Duration::from_micros(200));
+                if !wait {
+                    self.queue_dirty(line);
+                    return true;
+                }
+                st = stripe.lock();
+            };
+            let Ok(blk) = self.read_dirty(line, d.lba) else { return true };
+            st.dirty.get_mut(&line).expect("checked").queued = false;
+            st.busy.push(d.lba);
+            (d.lba, d.gen, blk)
+        };
+        // The stripe is free meanwhile: reads, fills and writes of its
+        // blocks go on; a write through of this block (`begin_write`) and
+        // recycling wait for `busy`.
+        let r = self.backing.write_at(&blk, lba * BLOCK as u64, true);
+        {
+            let mut st = stripe.lock();
+            st.busy.retain(|&b| b != lba);
+            if r.is_err() {
+                self.c.writeback_errors.fetch_add(1, Ordering::Relaxed);
+                self.c.backing_errors.fetch_add(1, Ordering::Relaxed);
+                if let Some(d) = st.dirty.get_mut(&line) {
+                    d.queued = true;
+                }
+                return false;
+            }
+        }
+        if self.journal_invalidation(gen, lba, 1, false).is_err() {
+            // The cache device failed: its dirty blocks are lost (recorded).
+            return true;
+        }
+        let mut st = stripe.lock();
+        if self.mark_clean(&mut st, line, gen) {
+            self.c.written_back.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.c.writeback_superseded.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// A write-back thread: dirty lines from the queue, one at a time.
+    fn writeback_loop(&self) {
+        let mut failures = 0u32;
+        loop {
+            let line = {
+                let mut q = self.wb_queue.lock();
+                loop {
+                    if self.stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if let Some(l) = q.pop_front() {
+                        break l;
+                    }
+                    self.wb_cv.wait_for(&mut q, Duration::from_millis(100));
+                }
+            };
+            if self.write_back_one(line, false) {
+                failures = 0;
+            } else {
+                // The backing failed: the line stays dirty and is retried.
+                failures += 1;
+                if failures == 1 {
+                    eprintln!("ztier cache: write-back: the backing refused a write; retrying");
+                }
+                self.queue_dirty(line);
+                std::thread::sleep(Duration::from_millis((10 * failures as u64).min(1000)));
+            }
+        }
+    }
+
+    /// Writes every dirty line back now (a clean stop, tests, opening
+    /// in another mode).
+    fn write_back_all(&self) -> io::Result<()> {
+        for _ in 0..8 {
+            let lines: Vec<usize> = self
+                .stripes
+                .iter()
+                .flat_map(|s| s.lock().dirty.keys().copied().collect::<Vec<_>>())
+                .collect();
+            if lines.is_empty() {
+                return Ok(());
+            }
+            for line in lines {
+                if !self.write_back_one(line, true) {
+                    return Err(io::Error::other("write-back: the backing refused a write"));
+                }
+            }
+        }
+        if self.dirty.load(Ordering::Acquire) == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::other("write-back: blocks kept being written"))
+        }
+    }
+
+    /// Write-back of the whole block `b`: into the SSD cache only, dirty.
+    /// False when it cannot be (no line or room for it, too many dirty):
+    /// the caller writes it through.
+    fn write_dirty(&self, b: u64, data: &[u8], buf: &mut Vec<u8>) -> bool {
+        if self.ssd_off.load(Ordering::Acquire)
+            || !self.cacheable(b)
+            || self.dirty.load(Ordering::Acquire) >= self.dirty_max
+        {
+            return false;
+        }
+        let form = encode(self.codec, data, buf);
+        for attempt in 0..2 {
+            let mut no_room = false;
+            let mut push = None;
+            let sealed;
+            {
+                // A write through of the block in flight (a partial write,
+                // trim, zeroing) ends first.
+                let mut st = loop {
+                    let st = self.stripe(b).lock();
+                    if !st.writes.contains_key(&b) {
+                        break st;
+                    }
+                    drop(st);
+                    std::thread::sleep(Duration::from_micros(100));
+                };
+                st.fills.remove(&b);
+                if let Some(ram) = &self.ram {
+                    ram.remove(b);
+                }
+                if let Some(r) = &self.opts.remote {
+                    r.0.remove(remote_key(b));
+                }
+                let pinned = |l: usize| st.dirty.get(&l).is_some_and(|d| d.lba != b);
+                if !self.dir.can_insert(b, &pinned) {
+                    return false;
+                }
+                let gen = self.next_gen();
+                let it = Item { lba: b, gen, form, codec: self.codec as u8, data: buf };
+                // Line and dirty bit set under the log's lock, with the
+                // item: a seal marks it dirty in the summary.
+                let (placed, s) = self.log.append(&self.dir, it, false, |loc| {
+                    let r = self.dir.insert_with(b, loc, &pinned);
+                    if let Some((line, _)) = r {
+                        self.dir.set_dirty(line, true);
+                    }
+                    r
+                });
+                sealed = s;
+                match placed.flatten() {
+                    Some((line, _)) => {
+                        let prev = st.dirty.insert(line, Dirty { lba: b, gen, queued: true });
+                        match prev {
+                            Some(p) if p.queued => {}
+                            Some(_) => push = Some(line),
+                            None => {
+                                self.dirty.fetch_add(1, Ordering::AcqRel);
+                                push = Some(line);
+                            }
+                        }
+                        self.c.dirty_writes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    None => no_room = true,
+                }
+            }
+            if let Some(s) = sealed {
+                self.write_segment(s);
+            }
+            if let Some(line) = push {
+                self.queue_dirty(line);
+            }
+            if !no_room {
+                return true;
+            }
+            if attempt == 1 || !self.recycle_one() {
+                return false;
+            }
+        }
+        false
+    }
+
+    /// Makes every dirty block written so far durable on the cache
+    /// device: the open segment sealed and written, the device synced.
+    fn sync_dirty(&self) -> io::Result<()> {
+        if let Some(why) = self.wb_lost.lock().as_ref() {
+            return Err(io::Error::other(format!("write-back: {why}")));
+        }
+        if self.dirty.load(Ordering::Acquire) > 0 {
+            if let Some(s) = self.log.seal_open(&self.dir, None) {
+                self.write_segment(s);
+            }
+            self.log.wait_writes();
+            self.dev.sync()?;
+        }
+        if let Some(why) = self.wb_lost.lock().as_ref() {
+            return Err(io::Error::other(format!("write-back: {why}")));
+        }
+        Ok(())
     }
 }
 
@@ -1327,10 +1820,13 @@ impl Cache {
             recs = r;
             journal_next = next;
         }
+        // Write-back keeps the journal synced: a power loss must not
+        // make the next start cold (its dirty blocks would be dropped).
+        let journal_sync = opts.journal_sync || opts.mode == Mode::Writeback;
         // Bind and mark serving before anything new is written.
         sb.state = SbState::Serving;
         sb.boot_id = boot;
-        sb.journal_sync = opts.journal_sync;
+        sb.journal_sync = journal_sync;
         sb.backing_size = size;
         sb.sb_gen += 1;
         write_superblock(&*dev, &sb)?;
@@ -1344,6 +1840,9 @@ impl Cache {
         rec.journal_records = recs.len() as u64;
         rec.segments = found.len() as u64;
         let ups = sb.units_per_segment();
+        // The valid copies of each block, in the order found.
+        let mut copies: HashMap<u64, usize> = HashMap::new();
+        let mut all: Vec<(u64, Vec<CopyAt>)> = Vec::new();
         for f in &found {
             let covered = ckpt.as_ref().is_some_and(|(c, _)| f.seq < c.covered_seq);
             for e in &f.entries {
@@ -1361,12 +1860,68 @@ impl Cache {
                     rec.lines_invalidated += 1;
                     continue;
                 }
-                dir.insert(e.lba, loc);
+                let c = CopyAt {
+                    gen: e.gen,
+                    loc,
+                    dirty: e.dirty,
+                    at: sb.segment_offset(f.idx) + e.off as u64,
+                    seq: f.seq,
+                };
+                match copies.get(&e.lba) {
+                    Some(&k) => all[k].1.push(c),
+                    None => {
+                        copies.insert(e.lba, all.len());
+                        all.push((e.lba, vec![c]));
+                    }
+                }
+            }
+        }
+        // The newest copy of each block (by generation); a dirty one only
+        // if its item checks (a segment written but not synced may be torn
+        // by a power loss: it held nothing flushed, and an older copy is
+        // then the newest the cache holds).
+        let mut cands: Vec<(u64, u64, u32, bool)> = Vec::new();
+        let mut ib = vec![0u8; format::ITEM_HEADER + BLOCK];
+        for (lba, mut cs) in all {
+            cs.sort_by_key(|c| std::cmp::Reverse(c.gen));
+            for c in cs {
+                if c.dirty {
+                    let n = (format::ITEM_HEADER + BLOCK).min((sb.device_size() - c.at) as usize);
+                    dev.read_at(&mut ib[..n], c.at)?;
+                    if !format::get_item(&ib[..n], c.seq).is_ok_and(|(h, _)| h.lba == lba) {
+                        rec.lines_dead += 1;
+                        continue;
+                    }
+                }
+                cands.push((lba, c.gen, c.loc, c.dirty));
+                break;
+            }
+        }
+        // Dirty copies first (a clean one never takes a dirty one's line);
+        // a dirty one without a line is written back below.
+        let mut dirty_lines: HashMap<usize, (u64, u64)> = HashMap::new();
+        let mut unplaced = Vec::new();
+        for &(lba, gen, loc, dirty) in &cands {
+            if !dirty {
+                continue;
+            }
+            match dir.insert_with(lba, loc, &|l| dirty_lines.contains_key(&l)) {
+                Some((line, _)) => {
+                    dir.set_dirty(line, true);
+                    dirty_lines.insert(line, (lba, gen));
+                }
+                None => unplaced.push((lba, loc)),
+            }
+        }
+        for &(lba, _, loc, dirty) in &cands {
+            if !dirty {
+                dir.insert_with(lba, loc, &|l| dirty_lines.contains_key(&l));
             }
         }
         rec.lines_loaded = dir.count();
+        rec.lines_dirty = dirty_lines.len() as u64;
         let log = Log::new(dev.clone(), &sb, &found);
-        let journal = Journal::new(dev.clone(), &sb, opts.journal_sync, journal_next, journal_next);
+        let journal = Journal::new(dev.clone(), &sb, journal_sync, journal_next, journal_next);
         let nstripes = ((sb.lines / 1024) as usize).clamp(64, 4096).next_power_of_two();
         let ram = if opts.ram_cache > 0 {
             Some(Arc::new(
@@ -1376,6 +1931,7 @@ impl Cache {
             None
         };
         let (tx, rx) = mpsc::sync_channel(opts.fill_queue.max(1));
+        let dirty_max = (sb.segments as u64 * sb.segment_size as u64 / BLOCK as u64) * DIRTY_MAX_PCT / 100;
         let mut inner = Inner {
             sb: Mutex::new(sb),
             geo: sb,
@@ -1408,8 +1964,49 @@ impl Cache {
             degraded: Mutex::new(None),
             recovery: Recovery::default(),
             started: Instant::now(),
+            wb_queue: Mutex::new(VecDeque::new()),
+            wb_cv: Condvar::new(),
+            dirty: AtomicU64::new(0),
+            dirty_max,
+            wb_lost: Mutex::new(None),
             opts,
         };
+        // Dirty blocks found: queued to be written back; those without a
+        // line written back now (their segments are intact until the log
+        // appends).
+        for (line, (lba, gen)) in dirty_lines {
+            inner.stripe_of_line(line).lock().dirty.insert(line, Dirty { lba, gen, queued: true });
+            inner.dirty.fetch_add(1, Ordering::AcqRel);
+            inner.wb_queue.lock().push_back(line);
+        }
+        let mut blk = vec![0u8; BLOCK];
+        for (lba, loc) in unplaced {
+            let ok = match inner.log.read_item(loc, lba, false) {
+                Ok(ItemRead::Found(h, b)) => {
+                    decode(&h, &b[format::ITEM_HEADER..format::ITEM_HEADER + h.len as usize], &mut blk)
+                        .is_ok()
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(CacheError::Damaged(format!(
+                    "dirty block {lba} is unreadable on the cache device"
+                )));
+            }
+            inner
+                .backing
+                .write_at(&blk, lba * BLOCK as u64, true)
+                .map_err(|e| CacheError::Backing(format!("writing back dirty block {lba}: {e}")))?;
+            rec.dirty_written_back += 1;
+        }
+        if inner.opts.mode != Mode::Writeback {
+            // Served in another mode now: every dirty block to the backing first.
+            let n = inner.dirty.load(Ordering::Acquire);
+            inner
+                .write_back_all()
+                .map_err(|e| CacheError::Backing(format!("writing back the dirty blocks: {e}")))?;
+            rec.dirty_written_back += n;
+        }
         // A checkpoint of what was recovered: the old journal is no longer needed.
         inner.checkpoint()?;
         rec.seconds = t0.elapsed().as_secs_f64();
@@ -1455,6 +2052,17 @@ impl Cache {
                 })
                 .expect("spawning the maintenance thread"),
         );
+        if self.inner.opts.mode == Mode::Writeback {
+            for k in 0..self.inner.opts.writeback_threads.max(1) {
+                let i = self.inner.clone();
+                th.push(
+                    std::thread::Builder::new()
+                        .name(format!("cache-wb-{k}"))
+                        .spawn(move || i.writeback_loop())
+                        .expect("spawning a write-back thread"),
+                );
+            }
+        }
         if let (Some(ram), Some(p)) = (&self.inner.ram, &self.inner.opts.pressure) {
             th.push(pressure::spawn(
                 p.clone(),
@@ -1514,6 +2122,10 @@ impl Cache {
             let lvl = if cacheable { i.lookup(b, &mut blk, !bypass, false) } else { Level::Miss };
             match lvl {
                 Level::Miss | Level::WouldBlock => missing.push(b),
+                Level::Lost => {
+                    i.c.errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(io::Error::other("a dirty block is unreadable on the cache device"));
+                }
                 l => {
                     match l {
                         Level::Ram => i.c.ram_hits.fetch_add(1, Ordering::Relaxed),
@@ -1528,6 +2140,29 @@ impl Cache {
                     };
                     copy_block(b, &blk, off, buf);
                 }
+            }
+        }
+        // A dirty line moved by recycling between a lookup and its item's
+        // read looks like a miss: never from the backing (older), but
+        // read under the stripe lock, where no line moves.
+        if i.dirty.load(Ordering::Acquire) > 0 {
+            let mut lost = false;
+            missing.retain(|&b| {
+                let st = i.stripe(b).lock();
+                let Some(line) = i.dirty_line(&st, b) else { return true };
+                match i.read_dirty(line, b) {
+                    Ok(d) => {
+                        copy_block(b, &d, off, buf);
+                        used_ssd = true;
+                        i.c.ssd_hits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => lost = true,
+                }
+                false
+            });
+            if lost {
+                i.c.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(io::Error::other("a dirty block is unreadable on the cache device"));
             }
         }
         if missing.is_empty() {
@@ -1605,6 +2240,9 @@ impl Cache {
             match i.lookup(b, &mut blk, !bypass, true) {
                 Level::Ram => ram += 1,
                 Level::Ssd => ssd += 1,
+                Level::Lost => {
+                    return Some(Err(io::Error::other("a dirty block is unreadable on the cache device")))
+                }
                 Level::Remote | Level::Miss | Level::WouldBlock => return None,
             }
             copy_block(b, &blk, off, buf);
@@ -1648,7 +2286,7 @@ impl Cache {
         }
         // Write-through: the whole blocks written, unless the write failed
         // or is part of a sequential stream.
-        let through = r.is_ok() && i.opts.mode == Mode::Writethrough && data.is_some() && !bypass;
+        let through = r.is_ok() && i.opts.mode != Mode::Writearound && data.is_some() && !bypass;
         if r.is_ok() && bypass {
             i.c.bypassed_write_blocks.fetch_add(n, Ordering::Relaxed);
         }
@@ -1685,7 +2323,63 @@ impl Cache {
         let i = &*self.inner;
         i.c.writes.fetch_add(1, Ordering::Relaxed);
         i.c.written_blocks.fetch_add(range_blocks(off, data.len() as u64).1, Ordering::Relaxed);
+        if i.opts.mode == Mode::Writeback && !self.read_only() {
+            return self.write_back_mode(off, data, fua);
+        }
         self.write_op(off, data.len() as u64, || i.backing.write_at(data, off, fua), Some(data))
+    }
+
+    /// A write in write-back mode: whole blocks go to the SSD cache only
+    /// (dirty); the others (partial blocks, or no line or room for them)
+    /// through to the backing. With `fua`, durable on return (on the
+    /// cache device, or the backing).
+    fn write_back_mode(&self, off: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        let i = &*self.inner;
+        let len = data.len() as u64;
+        if off.checked_add(len).is_none_or(|e| e > i.size) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "beyond the end"));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let (first, n) = range_blocks(off, len);
+        let mut buf = Vec::with_capacity(BLOCK);
+        let mut through: Vec<u64> = Vec::new();
+        let mut dirty = false;
+        for b in first..first + n {
+            let boff = b * BLOCK as u64;
+            let whole = boff >= off && boff + BLOCK as u64 <= off + len;
+            if whole && i.write_dirty(b, &data[(boff - off) as usize..][..BLOCK], &mut buf) {
+                dirty = true;
+                continue;
+            }
+            if whole {
+                i.c.writeback_fallbacks.fetch_add(1, Ordering::Relaxed);
+            }
+            through.push(b);
+        }
+        // Runs of blocks written through.
+        let mut k = 0;
+        while k < through.len() {
+            let mut e = k + 1;
+            while e < through.len() && through[e] == through[e - 1] + 1 {
+                e += 1;
+            }
+            let lo = off.max(through[k] * BLOCK as u64);
+            let hi = (off + len).min((through[e - 1] + 1) * BLOCK as u64);
+            let part = &data[(lo - off) as usize..(hi - off) as usize];
+            self.write_op(lo, hi - lo, || i.backing.write_at(part, lo, fua), Some(part))?;
+            k = e;
+        }
+        if dirty && fua {
+            i.sync_dirty()?;
+        }
+        if through.is_empty() {
+            i.lat.write.record(t.elapsed());
+            i.lat.write_cache.record(t.elapsed());
+        }
+        Ok(())
     }
 
     /// Discards a range on the backing (its lines dropped).
@@ -1728,6 +2422,11 @@ impl Cache {
     pub fn flush(&self) -> io::Result<()> {
         let i = &*self.inner;
         i.c.flushes.fetch_add(1, Ordering::Relaxed);
+        if i.opts.mode == Mode::Writeback {
+            i.sync_dirty().inspect_err(|_| {
+                i.c.errors.fetch_add(1, Ordering::Relaxed);
+            })?;
+        }
         i.backing.flush().inspect_err(|_| {
             i.c.backing_errors.fetch_add(1, Ordering::Relaxed);
             i.c.errors.fetch_add(1, Ordering::Relaxed);
@@ -1739,6 +2438,12 @@ impl Cache {
         while self.inner.fills_pending.load(Ordering::Acquire) > 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Write-back: copies every dirty block to the backing now (waiting
+    /// for copies under way).
+    pub fn write_back_all(&self) -> io::Result<()> {
+        self.inner.write_back_all()
     }
 
     /// Writes a checkpoint now.
@@ -1756,12 +2461,25 @@ impl Cache {
     /// restart is then warm).
     fn shutdown(&self, clean: bool) -> Result<(), CacheError> {
         let i = &*self.inner;
+        if clean && i.opts.mode == Mode::Writeback && !i.stop.load(Ordering::Acquire) {
+            // The write-back threads copy what is dirty (in parallel) while
+            // they make progress; what is left is written back below.
+            let mut last = (i.dirty.load(Ordering::Acquire), Instant::now());
+            while last.0 > 0 && last.1.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(5));
+                let n = i.dirty.load(Ordering::Acquire);
+                if n < last.0 {
+                    last = (n, Instant::now());
+                }
+            }
+        }
         if i.stop.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
         // No more fills: the queue ends, fillers finish what is queued.
         i.fill_tx.lock().take();
         i.log.low.notify_all();
+        i.wb_cv.notify_all();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
@@ -1773,6 +2491,10 @@ impl Cache {
         if !clean {
             return Ok(());
         }
+        // Write-back: every dirty block to the backing (a cache stopped
+        // cleanly leaves the backing whole); if that fails, the cache is
+        // not marked clean and the next start finds them dirty.
+        let wb = i.write_back_all().map_err(|e| CacheError::Backing(format!("at the stop: {e}")));
         // The backing's flush may fail (a dead backing): the cache is
         // checkpointed all the same, and the failure reported after.
         let flushed =
@@ -1782,6 +2504,7 @@ impl Cache {
         }
         i.checkpoint()?;
         flushed?;
+        wb?;
         let fp = match fingerprint(&*i.backing) {
             Ok(fp) => fp,
             Err(e) => {
@@ -1827,7 +2550,8 @@ impl Cache {
             + i.door.as_ref().map_or(0, |d| d.memory_bytes())
             + i.log.memory_bytes()
             + (i.stripes.len() * std::mem::size_of::<Mutex<Stripe>>()) as u64
-            + (crate::seq::STREAMS * 24) as u64;
+            + (crate::seq::STREAMS * 24) as u64
+            + i.dirty.load(Ordering::Relaxed) * DIRTY_ENTRY_BYTES;
         let sb = *i.sb.lock();
         CacheStats {
             backing: i.backing.describe(),
@@ -1874,6 +2598,13 @@ impl Cache {
             cache_write_errors: ls.write_errors,
             backing_errors: g(&c.backing_errors),
             checkpoints: g(&c.checkpoints),
+            dirty_blocks: i.dirty.load(Ordering::Relaxed),
+            dirty_writes: g(&c.dirty_writes),
+            written_back: g(&c.written_back),
+            writeback_superseded: g(&c.writeback_superseded),
+            writeback_errors: g(&c.writeback_errors),
+            writeback_fallbacks: g(&c.writeback_fallbacks),
+            writeback_lost: i.wb_lost.lock().clone(),
             ratio,
             stored_bytes: ls.stored_bytes,
             bytes_saved: (lines_used as f64 * BLOCK as f64 * (1.0 - 1.0 / ratio)).max(0.0) as u64,
@@ -2039,6 +2770,22 @@ pub struct CacheStats {
     pub backing_errors: u64,
     /// Checkpoints written.
     pub checkpoints: u64,
+    /// Write-back: dirty blocks now (in the SSD cache, not yet on the backing).
+    pub dirty_blocks: u64,
+    /// Write-back: blocks written to the SSD cache only.
+    pub dirty_writes: u64,
+    /// Write-back: dirty blocks copied to the backing.
+    pub written_back: u64,
+    /// Write-back: copies whose block was written again meanwhile (still dirty).
+    pub writeback_superseded: u64,
+    /// Write-back: failed copies to the backing (kept dirty, retried) and
+    /// dirty blocks lost with the cache device.
+    pub writeback_errors: u64,
+    /// Write-back: whole blocks written through instead (no line or room
+    /// for them, or too many dirty).
+    pub writeback_fallbacks: u64,
+    /// Write-back: why dirty data was lost, if it was (flushes then fail).
+    pub writeback_lost: Option<String>,
     /// Compression ratio of the items on the cache device (4096 per item / bytes taken).
     pub ratio: f64,
     /// Bytes items take on the cache device.

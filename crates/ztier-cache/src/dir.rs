@@ -11,6 +11,8 @@
 //!                    CLOCK hand (none for direct placement)
 //!  live[segment]: u16 lines pointing into the segment (kept by every
 //!                    change of a location; recycling picks by it)
+//!  dirty[line]: 1 bit write-back: the line is newer than the backing
+//!                    (never replaced by another block until written back)
 //! ```
 //!
 //! A tag is a partial tag: the full block number is in the item's header
@@ -39,6 +41,8 @@ pub struct Directory {
     locs: Box<[AtomicU32]>,
     tags: Box<[AtomicU16]>,
     state: Box<[AtomicU8]>,
+    /// One bit per line: dirty (write-back), never replaced by another block.
+    dirty: Box<[AtomicU64]>,
     count: AtomicU64,
     /// Lines pointing into each segment (empty: not counted).
     live: Box<[AtomicU16]>,
@@ -80,6 +84,7 @@ impl Directory {
             locs: (0..n).map(|_| AtomicU32::new(EMPTY)).collect(),
             tags: (0..n).map(|_| AtomicU16::new(0)).collect(),
             state: (0..if ways > 1 { sets as usize } else { 0 }).map(|_| AtomicU8::new(0)).collect(),
+            dirty: (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             count: AtomicU64::new(0),
             live: Box::new([]),
             units_per_segment: 1,
@@ -149,7 +154,7 @@ impl Directory {
 
     /// Bytes of RAM the directory takes.
     pub fn memory_bytes(&self) -> u64 {
-        (self.locs.len() * 6 + self.state.len() + self.live.len() * 2) as u64
+        (self.locs.len() * 6 + self.state.len() + self.live.len() * 2 + self.dirty.len() * 8) as u64
     }
 
     fn set_lines(&self, lba: u64) -> std::ops::Range<usize> {
@@ -209,15 +214,44 @@ impl Directory {
     /// Inserts `lba` at `loc` (under the set's stripe lock): into the line
     /// already holding its tag, else an empty line, else the policy's
     /// victim. Returns the line and the location it held before (EMPTY
-    /// if none).
+    /// if none). Dirty lines are never replaced: use
+    /// [`Directory::insert_with`] where any may be dirty.
     pub fn insert(&self, lba: u64, loc: u32) -> (usize, u32) {
+        self.insert_with(lba, loc, &|_| false).expect("no line is pinned")
+    }
+
+    /// Whether [`Directory::insert_with`] would find a line for `lba`
+    /// (`pinned`: lines that must not be replaced — dirty lines of other
+    /// blocks). Changes nothing.
+    pub fn can_insert(&self, lba: u64, pinned: &dyn Fn(usize) -> bool) -> bool {
         let t = self.tag_of(lba);
         let lines = self.set_lines(lba);
-        let line = lines
-            .clone()
-            .find(|&l| self.tags[l].load(Ordering::Relaxed) & TAG == t)
-            .or_else(|| lines.clone().find(|&l| self.tags[l].load(Ordering::Relaxed) == 0))
-            .unwrap_or_else(|| self.victim(lba));
+        if let Some(l) = lines.clone().find(|&l| self.tags[l].load(Ordering::Relaxed) & TAG == t) {
+            return !pinned(l);
+        }
+        lines.clone().any(|l| self.tags[l].load(Ordering::Relaxed) == 0 || !pinned(l))
+    }
+
+    /// [`Directory::insert`], never replacing a `pinned` line: `None` if
+    /// every candidate is pinned.
+    pub fn insert_with(&self, lba: u64, loc: u32, pinned: &dyn Fn(usize) -> bool) -> Option<(usize, u32)> {
+        let t = self.tag_of(lba);
+        let lines = self.set_lines(lba);
+        let line = match lines.clone().find(|&l| self.tags[l].load(Ordering::Relaxed) & TAG == t) {
+            Some(l) if pinned(l) => return None,
+            Some(l) => l,
+            None => match lines.clone().find(|&l| self.tags[l].load(Ordering::Relaxed) == 0) {
+                Some(l) => l,
+                None => {
+                    let v = self.victim(lba);
+                    if pinned(v) {
+                        lines.clone().find(|&l| !pinned(l))?
+                    } else {
+                        v
+                    }
+                }
+            },
+        };
         let old = self.locs[line].swap(loc, Ordering::AcqRel);
         self.moved(old, loc);
         self.tags[line].store(t, Ordering::Release);
@@ -232,7 +266,22 @@ impl Directory {
                 Ordering::Relaxed,
             );
         }
-        (line, old)
+        Some((line, old))
+    }
+
+    /// Whether `line` is dirty (lock-free).
+    pub fn is_dirty(&self, line: usize) -> bool {
+        self.dirty[line / 64].load(Ordering::Acquire) & (1 << (line % 64)) != 0
+    }
+
+    /// Marks `line` dirty or clean (under the set's stripe lock).
+    pub fn set_dirty(&self, line: usize, dirty: bool) {
+        let bit = 1u64 << (line % 64);
+        if dirty {
+            self.dirty[line / 64].fetch_or(bit, Ordering::AcqRel);
+        } else {
+            self.dirty[line / 64].fetch_and(!bit, Ordering::AcqRel);
+        }
     }
 
     /// The line the policy would replace in `lba`'s full set.
@@ -273,6 +322,7 @@ impl Directory {
 
     /// Empties `line`.
     pub fn clear(&self, line: usize) {
+        self.set_dirty(line, false);
         self.tags[line].store(0, Ordering::Release);
         let old = self.locs[line].swap(EMPTY, Ordering::AcqRel);
         if old != EMPTY {
@@ -393,7 +443,7 @@ mod tests {
         let l = a.find_at(16, 9).unwrap();
         a.relocate(l, 42);
         assert_eq!(a.lookup(16).unwrap().loc, 42);
-        assert_eq!(a.memory_bytes(), 16 * 6 + 4);
+        assert_eq!(a.memory_bytes(), 16 * 6 + 4 + 8);
     }
 
     #[test]
@@ -416,7 +466,38 @@ mod tests {
         for b in (0..64u64).filter(|b| b % 2 == 0) {
             assert!(a.lookup(b).is_some(), "{b}");
         }
-        assert_eq!(a.memory_bytes(), 64 * 6 + 1);
+        assert_eq!(a.memory_bytes(), 64 * 6 + 1 + 8);
+    }
+
+    #[test]
+    fn pinned_lines_are_never_replaced() {
+        // Direct-mapped: a pinned (dirty) line refuses every other block.
+        let d = Directory::new(8, 1, Placement::Direct, Policy::Clock);
+        let (line, _) = d.insert(3, 30);
+        d.set_dirty(line, true);
+        assert!(d.is_dirty(line));
+        let pinned = |l: usize| d.is_dirty(l);
+        assert!(!d.can_insert(11, &pinned));
+        assert!(d.insert_with(11, 110, &pinned).is_none());
+        assert_eq!(d.lookup(3).unwrap().loc, 30);
+        // Two ways, one pinned: the other is replaced whatever the policy says.
+        for policy in [Policy::Lru, Policy::Clock] {
+            let a = Directory::new(2, 2, Placement::Assoc, policy);
+            let (l0, _) = a.insert(0, 1);
+            a.insert(1, 2);
+            a.set_dirty(l0, true);
+            let pinned = |l: usize| a.is_dirty(l);
+            for (k, b) in (2..6u64).enumerate() {
+                assert!(a.can_insert(b, &pinned));
+                let (l, old) = a.insert_with(b, 10 + k as u32, &pinned).unwrap();
+                assert_ne!(l, l0);
+                assert_ne!(old, 1, "{policy:?}");
+            }
+            assert_eq!(a.lookup(0).unwrap().loc, 1);
+            // Cleared, the line is no longer dirty.
+            a.clear(l0);
+            assert!(!a.is_dirty(l0));
+        }
     }
 
     #[test]

@@ -38,7 +38,8 @@
 //!  │ magic "ZCSG" u32 │ version u8 │ 0 u8   │ lba u64 │ gen u64 │ off u32   │      │ item n … │
 //!  │ count u16 │ seq u64 │ uuid u64          │ len u16 │ form u8 │ flags u8  │      │ item 0   │
 //!  │ 32 B reserved │ crc32c u32 (header with │ (flags bit 0: dead — no     │      │          │
-//!  │ crc = 0, then the summary)  │ 4 B     │  longer cached when sealed) │      │          │
+//!  │ crc = 0, then the summary)  │ 4 B     │  longer cached when sealed; │      │          │
+//!  │                             │         │  bit 1: dirty when sealed)  │      │          │
 //!  └─────────────────────────────────────────┴─────────────────────────────┴──────┴──────────┘
 //!
 //!  item (at a multiple of loc_unit): lba u64 │ len u16 │ form u8 │ codec u8 │ crc32c u32 │ data (len)
@@ -545,6 +546,9 @@ pub struct Entry {
     pub form: Form,
     /// Not cached any more when the segment was sealed.
     pub dead: bool,
+    /// Dirty when the segment was sealed (write-back: newer than the
+    /// backing; recovery writes it back).
+    pub dirty: bool,
 }
 
 impl Entry {
@@ -555,7 +559,7 @@ impl Entry {
         put32(b, 16, self.off);
         put16(b, 20, self.len);
         b[22] = self.form as u8;
-        b[23] = u8::from(self.dead);
+        b[23] = u8::from(self.dead) | u8::from(self.dirty) << 1;
     }
     /// Decodes 24 bytes.
     pub fn get(b: &[u8]) -> Result<Entry, String> {
@@ -566,6 +570,7 @@ impl Entry {
             len: u16_at(b, 20),
             form: Form::try_from(b[22])?,
             dead: b[23] & 1 != 0,
+            dirty: b[23] & 2 != 0,
         })
     }
 }
@@ -856,7 +861,15 @@ mod tests {
         let data = [9u8; 1000];
         let off = seg.len() - item_span(data.len(), 32);
         put_item(&mut seg[off..], 12, 77, Form::Compressed, 4, &data);
-        let e = Entry { lba: 77, gen: 5, off: off as u32, len: 1000, form: Form::Compressed, dead: false };
+        let e = Entry {
+            lba: 77,
+            gen: 5,
+            off: off as u32,
+            len: 1000,
+            form: Form::Compressed,
+            dead: false,
+            dirty: true,
+        };
         e.put(&mut seg[SEG_HEADER..]);
         seal_segment(&mut seg, 1, 12, 99);
         let (seq, uuid, es) = parse_summary(&seg, 128 << 10).unwrap();

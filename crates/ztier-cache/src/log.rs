@@ -357,7 +357,15 @@ impl Log {
         o.back -= span;
         let off = o.back;
         format::put_item(&mut o.buf[off..], o.seq, lba, form, codec, data);
-        o.entries.push(Entry { lba, gen, off: off as u32, len: data.len() as u16, form, dead: false });
+        o.entries.push(Entry {
+            lba,
+            gen,
+            off: off as u32,
+            len: data.len() as u16,
+            form,
+            dead: false,
+            dirty: false,
+        });
         o.logical += BLOCK as u64;
         let loc = self.loc_of(o.idx, off);
         (Some(place(loc)), sealed)
@@ -368,7 +376,9 @@ impl Log {
     fn seal(&self, mut o: Open, dir: &Directory) -> Sealed {
         for (i, e) in o.entries.iter_mut().enumerate() {
             let loc = self.loc_of(o.idx, e.off as usize);
-            e.dead = dir.find_at(e.lba, loc).is_none();
+            let line = dir.find_at(e.lba, loc);
+            e.dead = line.is_none();
+            e.dirty = line.is_some_and(|l| dir.is_dirty(l));
             e.put(&mut o.buf[SEG_HEADER + i * ENTRY..]);
         }
         format::seal_segment(&mut o.buf, o.entries.len(), o.seq, self.sb.uuid);

@@ -58,6 +58,18 @@ pub struct Counters {
     pub remote_rests: AtomicU64,
     /// Blocks read from the backing.
     pub misses: AtomicU64,
+    /// Write-back: blocks written to the cache only (dirty).
+    pub dirty_writes: AtomicU64,
+    /// Write-back: dirty blocks copied to the backing.
+    pub written_back: AtomicU64,
+    /// Write-back: copies to the backing whose block was written again
+    /// meanwhile (still dirty: only the newest goes back).
+    pub writeback_superseded: AtomicU64,
+    /// Write-back: failed copies to the backing (the block stays dirty).
+    pub writeback_errors: AtomicU64,
+    /// Write-back: blocks written through instead (no line, no room, or
+    /// too many dirty).
+    pub writeback_fallbacks: AtomicU64,
     /// Blocks put into the SSD cache.
     pub ssd_fills: AtomicU64,
     /// Blocks put into the RAM cache.

@@ -3,12 +3,16 @@
 //! maintenance, checkpoints and crashes of three kinds (clean stop, a
 //! killed process, a power loss with torn writes), over every placement,
 //! the raw and a compressing codec, with and without the RAM cache, in
-//! both write modes. Every read must equal the model: no stale block,
-//! ever. Small caches, so lines are evicted and segments recycled all the
-//! time.
+//! the three write modes. Every read must equal the model: no stale
+//! block, ever. In write-back, a crash may lose what was written since the
+//! last flush (NBD's promise): after one, each block written since must
+//! read as the flushed version or one written after it, and the backing
+//! must equal the model once every dirty block is written back. Small
+//! caches, so lines are evicted and segments recycled all the time.
 
 mod common;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::*;
@@ -21,6 +25,8 @@ use ztier_codec::CodecId;
 
 #[path = "model/block40.rs"]
 mod block40;
+#[path = "model/wb71.rs"]
+mod wb71;
 
 /// Blocks of the backing (4 MiB); the cache holds ~1 MiB of them raw.
 const BLOCKS: u64 = 1024;
@@ -85,19 +91,31 @@ struct Config {
     raw: bool,
     ram: bool,
     around: bool,
+    /// Write-back (instead of `around`'s mode).
+    back: bool,
     sync: bool,
     /// `Admission::Seen`.
     seen: bool,
 }
 
 fn config() -> impl Strategy<Value = Config> {
-    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>())
-        .prop_map(|(direct, policy_lru, raw, ram, around, sync, seen)| Config {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(direct, policy_lru, raw, ram, around, sync, seen, back)| Config {
             direct,
             policy_lru,
             raw,
             ram,
-            around,
+            around: around && !back,
+            back,
             sync,
             seen,
         })
@@ -132,6 +150,9 @@ struct Seen {
     lines_reloaded: u64,
     invalidated_at_recovery: u64,
     races: u64,
+    dirty_writes: u64,
+    written_back: u64,
+    dirty_reloaded: u64,
 }
 
 fn add(seen: &mut Seen, s: &ztier_cache::CacheStats) {
@@ -140,6 +161,8 @@ fn add(seen: &mut Seen, s: &ztier_cache::CacheStats) {
     seen.recycled += s.log.recycled;
     seen.reinserted += s.reinserted;
     seen.races += s.fills_dropped_race;
+    seen.dirty_writes += s.dirty_writes;
+    seen.written_back += s.written_back;
 }
 
 fn run(cfg: Config, ops: Vec<Op>) -> Seen {
@@ -167,7 +190,11 @@ fn run_with(cfg: Config, pick: Pick, ops: Vec<Op>) -> Seen {
     let mut model = vec![0u8; (BLOCKS * B as u64) as usize];
     let o = || ztier_cache::CacheOptions {
         ram_cache: if cfg.ram { 256 << 10 } else { 0 },
-        mode: if cfg.around { Mode::Writearound } else { Mode::Writethrough },
+        mode: match (cfg.back, cfg.around) {
+            (true, _) => Mode::Writeback,
+            (false, true) => Mode::Writearound,
+            (false, false) => Mode::Writethrough,
+        },
         journal_sync: cfg.sync,
         sequential_cutoff: 64 << 10,
         admission: if cfg.seen { Admission::Seen } else { Admission::All },
@@ -177,6 +204,9 @@ fn run_with(cfg: Config, pick: Pick, ops: Vec<Op>) -> Seen {
     let mut dev = shape.device();
     let mut cache = open(dev.clone(), backing.clone(), o());
     let mut boot = 1u8;
+    // Write-back: for each block changed since the last flush, the
+    // versions a crash may leave (the flushed one first).
+    let mut pending: HashMap<u64, Vec<Vec<u8>>> = HashMap::new();
     for (i, op) in ops.into_iter().enumerate() {
         let what = format!("op {i} {op:?} ({cfg:?})");
         match op {
@@ -199,20 +229,24 @@ fn run_with(cfg: Config, pick: Pick, ops: Vec<Op>) -> Seen {
                 } else {
                     (block * B as u64, data)
                 };
-                cache.write(off, &data, seed % 5 == 0).unwrap();
-                model[off as usize..off as usize + data.len()].copy_from_slice(&data);
+                let fua = seed % 5 == 0;
+                cache.write(off, &data, fua).unwrap();
+                changed(&mut pending, &mut model, off, &data, fua);
             }
             Op::Trim { block, n } => {
                 let n = n.min(BLOCKS - block);
                 cache.trim(block * B as u64, n * B as u64, false).unwrap();
-                model[(block * B as u64) as usize..((block + n) * B as u64) as usize].fill(0);
+                changed(&mut pending, &mut model, block * B as u64, &vec![0u8; n as usize * B], false);
             }
             Op::Zero { block, n } => {
                 let n = n.min(BLOCKS - block);
                 cache.write_zeroes(block * B as u64, n * B as u64, false, false).unwrap();
-                model[(block * B as u64) as usize..((block + n) * B as u64) as usize].fill(0);
+                changed(&mut pending, &mut model, block * B as u64, &vec![0u8; n as usize * B], false);
             }
-            Op::Flush => cache.flush().unwrap(),
+            Op::Flush => {
+                cache.flush().unwrap();
+                pending.clear();
+            }
             Op::Drain => cache.drain(),
             Op::Maintain => cache.maintain(),
             Op::Checkpoint => cache.checkpoint().unwrap(),
@@ -249,12 +283,35 @@ fn run_with(cfg: Config, pick: Pick, ops: Vec<Op>) -> Seen {
                     seen.lines_reloaded += r.lines_loaded;
                     seen.invalidated_at_recovery += r.lines_invalidated;
                 }
-                if kind == 2 && !cfg.sync {
+                if kind == 2 && !cfg.sync && !cfg.back {
                     assert_eq!(r.kind, "cold", "{what}: {r:?}");
                 }
                 if kind == 0 {
                     assert_eq!(r.kind, "clean", "{what}: {r:?}");
                 }
+                seen.dirty_reloaded += r.lines_dirty;
+                if cfg.back {
+                    // Never cold: dirty blocks would be lost.
+                    assert_ne!(r.kind, "cold", "{what}: {r:?}");
+                }
+                if cfg.back && kind != 0 {
+                    // What was written since the last flush may be lost,
+                    // block by block: the flushed version or a later one.
+                    let mut blocks: Vec<u64> = pending.keys().copied().collect();
+                    blocks.sort_unstable();
+                    for b in blocks {
+                        let mut got = vec![0u8; B];
+                        cache.read(b * B as u64, &mut got).unwrap();
+                        assert!(
+                            pending[&b].contains(&got),
+                            "{what}: block {b} after the crash is neither its flushed version nor a later one"
+                        );
+                        model[(b * B as u64) as usize..((b + 1) * B as u64) as usize].copy_from_slice(&got);
+                    }
+                    // What was read is what the model expects from now on.
+                    cache.flush().unwrap();
+                }
+                pending.clear();
             }
         }
         assert_eq!(backing.contents().len(), model.len());
@@ -264,11 +321,36 @@ fn run_with(cfg: Config, pick: Pick, ops: Vec<Op>) -> Seen {
     for b in 0..BLOCKS {
         check(&cache, &model, b * B as u64, B, "final sweep");
     }
+    if cfg.back {
+        cache.write_back_all().unwrap();
+        assert_eq!(cache.stats().dirty_blocks, 0);
+    }
     assert!(backing.contents() == model, "the backing differs from the model");
     let s = cache.stats();
     assert_eq!(s.errors, 0, "{s:?}");
     add(&mut seen, &s);
     seen
+}
+
+fn blk(m: &[u8], b: u64) -> Vec<u8> {
+    m[(b * B as u64) as usize..((b + 1) * B as u64) as usize].to_vec()
+}
+
+/// `bytes` written at `off` in the model; `pending` keeps the versions a
+/// write-back crash may leave of each block (none once `durable`).
+fn changed(pending: &mut HashMap<u64, Vec<Vec<u8>>>, m: &mut [u8], off: u64, bytes: &[u8], durable: bool) {
+    let (first, last) = (off / B as u64, (off + bytes.len() as u64).div_ceil(B as u64));
+    for b in first..last {
+        pending.entry(b).or_insert_with(|| vec![blk(m, b)]);
+    }
+    m[off as usize..off as usize + bytes.len()].copy_from_slice(bytes);
+    for b in first..last {
+        if durable {
+            pending.remove(&b);
+        } else {
+            pending.get_mut(&b).expect("just added").push(blk(m, b));
+        }
+    }
 }
 
 fn block_data(seed: u64, kind: u8) -> Vec<u8> {
@@ -279,7 +361,16 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
     #[test]
     fn never_stale(cfg in config(), ops in prop::collection::vec(op(), 1..300)) {
-        run(cfg, ops);
+        run(Config { back: false, ..cfg }, ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    /// Write-back under random operations.
+    #[test]
+    fn never_stale_write_back(cfg in config(), ops in prop::collection::vec(op(), 1..300)) {
+        run(Config { back: true, around: false, ..cfg }, ops);
     }
 }
 
@@ -287,13 +378,16 @@ proptest! {
 /// journal wraps than the random cases reach).
 #[test]
 fn long_runs_of_each_configuration() {
-    for bits in 0..8u8 {
+    // 8..12: write-back.
+    for bits in 0..12u8 {
+        let back = bits >= 8;
         let cfg = Config {
             direct: bits & 1 != 0,
             policy_lru: bits & 2 != 0,
-            raw: bits & 4 != 0,
+            raw: if back { bits >= 10 } else { bits & 4 != 0 },
             ram: bits & 1 == 0,
-            around: bits & 2 == 0,
+            around: bits & 2 == 0 && !back,
+            back,
             sync: bits & 4 == 0,
             seen: bits % 3 == 1,
         };
@@ -328,6 +422,12 @@ fn long_runs_of_each_configuration() {
         if cfg.ram {
             assert!(seen.ram_hits > 100, "{cfg:?}: {seen:?}");
         }
+        if back {
+            // Blocks were written dirty, written back, and found dirty
+            // again after crashes.
+            assert!(seen.dirty_writes > 1000 && seen.written_back > 100, "{cfg:?}: {seen:?}");
+            assert!(seen.dirty_reloaded > 0, "{cfg:?}: {seen:?}");
+        }
         eprintln!("{cfg:?}: {seen:?}");
     }
 }
@@ -345,5 +445,19 @@ fn saved_case_of_block_40() {
             let (cfg, ops) = block40::case();
             run_with(cfg, pick, ops);
         }
+    }
+}
+
+/// The write-back case proptest shrank for issue 71: it failed, rarely,
+/// with the final `write_back_all` giving up ("blocks kept being
+/// written") while a write-back thread was mid-copy — a matter of
+/// scheduling, so it is run 100 times;
+/// `write_back_all_waits_for_a_copy_under_way` (tests/cache.rs) replays
+/// that in one order.
+#[test]
+fn saved_write_back_case() {
+    for _ in 0..100 {
+        let (cfg, ops) = wb71::case();
+        run(cfg, ops);
     }
 }

@@ -340,6 +340,59 @@ fn kill_9_of_the_cache_server_then_nothing_stale() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// Write-back: nbdcopy writes a file through the cache and flushes; the
+/// server is killed (-9) at once, while the slow backing (50 ms a write)
+/// still lacks most blocks. Restarted, it finds them dirty and serves
+/// them; a clean stop writes them all back, and the backing then equals
+/// the file. Then qemu-img compare through the cache in write-back mode.
+#[test]
+fn write_back_kill_9_after_a_flush_loses_nothing() {
+    for t in ["nbdcopy", "qemu-img"] {
+        need(t);
+    }
+    let d = tmpdir("kill-wb");
+    let img = d.join("backing.img");
+    std::fs::File::create(&img).unwrap().set_len(16 << 20).unwrap();
+    let kit = nbdkit(&d.join("b.sock"), &["--filter=delay", "file", img.to_str().unwrap(), "wdelay=50ms"]);
+    let cache = create_cache(&d, "32M", &[]);
+    let wb = ["--mode", "writeback", "--writeback-threads", "2"];
+    let srv = serve(&d, &cache, &kit.uri(), &wb);
+    // 8 MiB of half-compressible data.
+    let src = d.join("src.img");
+    let mut data = vec![0u8; 8 << 20];
+    let mut x = 0x1234_5678_9abc_def0u64;
+    for (i, c) in data.chunks_mut(8).enumerate() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if i % 2 == 0 {
+            c.copy_from_slice(&x.to_le_bytes());
+        }
+    }
+    std::fs::write(&src, &data).unwrap();
+    run(Command::new("nbdcopy").arg("--flush").arg(&src).arg(srv.uri()));
+    srv.kill9();
+    let on_backing = std::fs::read(&img).unwrap();
+    assert!(on_backing[..8 << 20] != data[..], "the backing has it all already: the test proves nothing");
+    let stats = d.join("stats.json");
+    // More threads now: the clean stop writes every dirty block back.
+    let args = ["--mode", "writeback", "--writeback-threads", "32", "--stats", stats.to_str().unwrap()];
+    let srv = serve(&d, &cache, &kit.uri(), &args);
+    let log = serve_log(&d);
+    assert!(log.contains(" dirty blocks found (write-back)"), "{log}");
+    let through = read_all(&d, &srv.uri());
+    assert!(through[..8 << 20] == data[..], "what was flushed reads back after kill -9");
+    run(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw"]).arg(&src).arg(srv.uri()));
+    assert_eq!(srv.stop().code(), Some(0));
+    let s = stats_file(&d);
+    assert_eq!(s["dirty_blocks"].as_u64(), Some(0), "{s}");
+    assert!(s["written_back"].as_u64().unwrap() > 0, "{s}");
+    let on_backing = std::fs::read(&img).unwrap();
+    assert!(on_backing[..8 << 20] == data[..], "a clean stop writes every dirty block back");
+    drop(kit);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 /// kill -9 of the backing's server mid-run: I/O errors reach the client;
 /// once it is back, the cache reconnects and nothing read is stale.
 #[test]

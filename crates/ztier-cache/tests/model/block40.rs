@@ -14,6 +14,7 @@ pub fn case() -> (Config, Vec<Op>) {
             raw: true,
             ram: true,
             around: true,
+            back: false,
             sync: true,
             seen: false,
         },

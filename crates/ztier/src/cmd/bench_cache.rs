@@ -60,7 +60,8 @@ pub struct CacheBenchArgs {
     /// lz4-NWAY (N-way CLOCK sets; raw and lz4 use `cache create`'s
     /// default), raw-keepPCT or lz4-keepPCT (`serve --recycle-keep PCT`),
     /// raw-seen or lz4-seen (`serve --admission seen`), raw-oldest or
-    /// lz4-oldest (`serve --recycle-pick oldest`).
+    /// lz4-oldest (`serve --recycle-pick oldest`), raw-wb or lz4-wb
+    /// (`serve --mode writeback`).
     #[arg(long, default_value = "backing,nbdkit-cache,raw,lz4,lz4-direct,lz4-ram", value_name = "LIST")]
     pub rows: String,
     /// fio's zipf theta.
@@ -641,6 +642,9 @@ fn run_row(
             if z.oldest {
                 c.args(["--recycle-pick", "oldest"]);
             }
+            if z.wb {
+                c.args(["--mode", "writeback"]);
+            }
             if z.remote {
                 let bed =
                     Testbed::single(&RedisOptions::default()).context("starting a local redis-server")?;
@@ -684,7 +688,17 @@ fn run_row(
                     notes.push(format!("server {k}: {}", n(k)));
                 }
             }
-            for k in ["degraded", "writes_refused"] {
+            if n("dirty_writes") > 0 {
+                notes.push(format!(
+                    "write-back: {} blocks written dirty, {} written back ({} superseded), {} written through, {} write-back errors",
+                    n("dirty_writes"),
+                    n("written_back"),
+                    n("writeback_superseded"),
+                    n("writeback_fallbacks"),
+                    n("writeback_errors")
+                ));
+            }
+            for k in ["degraded", "writes_refused", "writeback_lost"] {
                 if let Some(why) = s[k].as_str() {
                     notes.push(format!("server {k}: {why}"));
                 }
@@ -758,12 +772,14 @@ struct ZtierRow {
     seen: bool,
     /// `serve --recycle-pick oldest`.
     oldest: bool,
+    /// `serve --mode writeback`.
+    wb: bool,
 }
 
 impl ZtierRow {
     /// `raw`, `lz4`, `lz4-direct`, `lz4-ram`, `lz4-remote`, `raw-NWAY`,
     /// `lz4-NWAY`, `raw-keepPCT`, `lz4-keepPCT`, `raw-seen`, `lz4-seen`,
-    /// `raw-oldest`, `lz4-oldest`;
+    /// `raw-oldest`, `lz4-oldest`, `raw-wb`, `lz4-wb` (write-back);
     /// `None` for another row.
     fn parse(row: &str) -> Option<ZtierRow> {
         let (codec, rest) = match row.split_once('-') {
@@ -783,6 +799,7 @@ impl ZtierRow {
             keep: None,
             seen: false,
             oldest: false,
+            wb: false,
         };
         match rest {
             "" => {}
@@ -791,6 +808,7 @@ impl ZtierRow {
             "remote" if codec == "lz4" => (z.ram, z.remote) = (true, true),
             "seen" => z.seen = true,
             "oldest" => z.oldest = true,
+            "wb" => z.wb = true,
             w if w.starts_with("keep") => {
                 let n: u8 = w["keep".len()..].parse().ok()?;
                 z.keep = Some(n);
@@ -893,13 +911,22 @@ pub fn run(a: CacheBenchArgs) -> Result<i32> {
                 "lz4" => p.extend(["lz4-8way", "lz4-keep50", "lz4-oldest"]),
                 "lz4-remote" => p.push("lz4-ram"),
                 "lz4-seen" => p.extend(["raw-seen", "lz4"]),
+                "lz4-wb" => p.extend(["raw-wb", "lz4"]),
                 _ => {}
             }
             p
         };
-        for peer in
-            ["nbdkit-cache", "raw", "lz4-8way", "lz4-keep50", "lz4-oldest", "lz4-ram", "raw-seen", "lz4"]
-        {
+        for peer in [
+            "nbdkit-cache",
+            "raw",
+            "lz4-8way",
+            "lz4-keep50",
+            "lz4-oldest",
+            "lz4-ram",
+            "raw-seen",
+            "lz4",
+            "raw-wb",
+        ] {
             for r in rows.iter().filter(|r| r.row.starts_with("lz4") && peers(&r.row).contains(&peer)) {
                 if let Some(k) = rows.iter().find(|k| {
                     k.row == peer

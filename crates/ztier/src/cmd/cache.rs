@@ -119,9 +119,17 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 200, value_name = "MS", requires = "remote")]
     pub remote_timeout: u64,
     /// writethrough: written blocks are cached once the backing has them;
-    /// writearound: written blocks are only dropped from the caches.
+    /// writearound: written blocks are only dropped from the caches;
+    /// writeback: written blocks go to the SSD cache only (dirty) and to
+    /// the backing behind — a FLUSH or FUA makes them durable on the cache
+    /// device, not on the backing; losing the cache device loses them
+    /// (see docs/cache.md).
     #[arg(long, default_value = "writethrough", value_name = "M")]
     pub mode: Mode,
+    /// Write-back: threads copying dirty blocks to the backing (blocks in
+    /// flight to it at most).
+    #[arg(long, default_value_t = ztier_cache::cache::WRITEBACK_THREADS, value_name = "N")]
+    pub writeback_threads: usize,
     #[command(flatten)]
     pub at: serving::ListenArgs,
     /// Refuse writes.
@@ -384,6 +392,7 @@ fn serve(a: ServeArgs) -> Result<i32> {
         recycle_keep: a.recycle_keep,
         recycle_pick: a.recycle_pick,
         admission: a.admission,
+        writeback_threads: a.writeback_threads.max(1),
         pressure: (ram > 0).then(PressureConfig::default),
         remote: remote_tier(&a)?,
         ..CacheOptions::default()
@@ -404,6 +413,14 @@ fn serve(a: ServeArgs) -> Result<i32> {
         r.lines_invalidated,
         r.seconds
     );
+    if r.lines_dirty + r.dirty_written_back > 0 {
+        eprintln!(
+            "ztier cache: {} dirty blocks found (write-back): {} queued to be written back, {} written back at the start",
+            r.lines_dirty + r.dirty_written_back,
+            r.lines_dirty,
+            r.dirty_written_back
+        );
+    }
     let (listener, where_, unbind) = a.at.bind("cache", &a.cache, &a.name)?;
     let cfg = ServeConfig {
         name: a.name.clone(),
