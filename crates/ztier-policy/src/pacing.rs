@@ -29,7 +29,7 @@ pub const INLINE_LEAST: usize = 8;
 /// a fault installs when it must evict for it: what fits under the
 /// budget now, or this many (a fault evicts for its whole run). Store
 /// runs reach 64 pages; a zero run (16) is never shortened.
-pub const INLINE_RUN: usize = 16;
+pub const INLINE_RUN: usize = 8;
 
 /// Victims the background evictor takes at a time. Fewer write-protect
 /// calls (TLB shootdowns on the program's CPU) per page than smaller
