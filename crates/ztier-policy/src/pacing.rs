@@ -23,7 +23,7 @@ pub const EVICT_BATCH: usize = 32;
 /// evictor's. A fault that evicted a whole [`EVICT_BATCH`] waited
 /// ~300 µs for it; with 4, faults evicted 5 times as often and pyapp
 /// at 40M took ~15% more CPU (8: ~2%).
-pub const INLINE_LEAST: usize = 8;
+pub const INLINE_LEAST: usize = 4;
 
 /// Longest run (the faulting page and those the prefetch brings along)
 /// a fault installs when it must evict for it: what fits under the
