@@ -539,9 +539,13 @@ impl Pager<'_> {
     }
 
     /// The manager's `inline_room`: of a run of `lim` pages, those that
-    /// fit under the budget now, or [`INLINE_RUN`] (at least 1).
+    /// fit under the budget now, or [`INLINE_RUN`]; with no room at all,
+    /// only the faulting page.
     fn inline_room(&self, lim: usize) -> usize {
-        lim.min(self.limit().saturating_sub(self.resident).max(INLINE_RUN)).max(1)
+        match self.limit().saturating_sub(self.resident) {
+            0 => 1,
+            room => lim.min(room.max(INLINE_RUN)).max(1),
+        }
     }
 
     /// The manager's `make_room`: evicts at once if `n` more pages would
