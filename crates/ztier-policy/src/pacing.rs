@@ -28,7 +28,9 @@ pub const INLINE_LEAST: usize = 4;
 /// Longest run (the faulting page and those the prefetch brings along)
 /// a fault installs when it must evict for it: what fits under the
 /// budget now, or this many (a fault evicts for its whole run). Store
-/// runs reach 64 pages; a zero run (16) is never shortened.
+/// runs reach 64 pages, zero runs 16: both are shortened. With 16 a
+/// fault with no room evicted 10-16 pages, ~15-25 µs each with LZ4 and
+/// a remote tier: the remote fault's p99.
 pub const INLINE_RUN: usize = 8;
 
 /// Victims the background evictor takes at a time. Fewer write-protect
