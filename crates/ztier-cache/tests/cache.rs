@@ -869,13 +869,29 @@ fn recycling_takes_the_segment_with_the_most_dead_space() {
 }
 
 /// A backing whose writes fail while `refuse` is set (write-back: dirty
-/// blocks then stay dirty).
-struct Refusing {
+/// blocks then stay dirty) and wait while `hold` is set (`waiting`: how
+/// many do).
+struct Hooked {
     mem: Arc<MemBackend>,
     refuse: std::sync::atomic::AtomicBool,
+    hold: std::sync::Mutex<bool>,
+    open: std::sync::Condvar,
+    waiting: std::sync::atomic::AtomicU64,
 }
 
-impl Backend for Refusing {
+impl Hooked {
+    fn new(mem: &Arc<MemBackend>, refuse: bool, hold: bool) -> Arc<Hooked> {
+        Arc::new(Hooked {
+            mem: mem.clone(),
+            refuse: std::sync::atomic::AtomicBool::new(refuse),
+            hold: std::sync::Mutex::new(hold),
+            open: std::sync::Condvar::new(),
+            waiting: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+}
+
+impl Backend for Hooked {
     fn size(&self) -> u64 {
         self.mem.size()
     }
@@ -886,6 +902,13 @@ impl Backend for Refusing {
         if self.refuse.load(Ordering::Acquire) {
             return Err(std::io::Error::other("refused"));
         }
+        let mut h = self.hold.lock().unwrap();
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        while *h {
+            h = self.open.wait(h).unwrap();
+        }
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        drop(h);
         self.mem.write_at(data, off, fua)
     }
     fn flush(&self) -> std::io::Result<()> {
@@ -901,13 +924,13 @@ impl Backend for Refusing {
         false
     }
     fn describe(&self) -> String {
-        "refusing".into()
+        "hooked".into()
     }
 }
 
-fn refusing(blocks: u64) -> (Arc<MemBackend>, Arc<Refusing>) {
+fn refusing(blocks: u64) -> (Arc<MemBackend>, Arc<Hooked>) {
     let mem = filled(blocks, 1);
-    let r = Arc::new(Refusing { mem: mem.clone(), refuse: std::sync::atomic::AtomicBool::new(true) });
+    let r = Hooked::new(&mem, true, false);
     (mem, r)
 }
 
@@ -1009,48 +1032,6 @@ fn write_back_survives_a_kill_and_a_power_loss() {
     }
 }
 
-/// A backing whose writes wait while `hold` is set (`waiting`: how many do).
-struct Gated {
-    mem: Arc<MemBackend>,
-    hold: std::sync::Mutex<bool>,
-    open: std::sync::Condvar,
-    waiting: std::sync::atomic::AtomicU64,
-}
-
-impl Backend for Gated {
-    fn size(&self) -> u64 {
-        self.mem.size()
-    }
-    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        self.mem.read_at(buf, off)
-    }
-    fn write_at(&self, data: &[u8], off: u64, fua: bool) -> std::io::Result<()> {
-        let mut h = self.hold.lock().unwrap();
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        while *h {
-            h = self.open.wait(h).unwrap();
-        }
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        drop(h);
-        self.mem.write_at(data, off, fua)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.mem.flush()
-    }
-    fn trim(&self, off: u64, len: u64) -> std::io::Result<()> {
-        self.mem.trim(off, len)
-    }
-    fn write_zeroes(&self, off: u64, len: u64, fast: bool) -> std::io::Result<()> {
-        self.mem.write_zeroes(off, len, fast)
-    }
-    fn read_only(&self) -> bool {
-        false
-    }
-    fn describe(&self) -> String {
-        "gated".into()
-    }
-}
-
 /// Write-back: `write_back_all` while a write-back thread is copying a
 /// block (the block busy, its backing write held) waits for that copy and
 /// writes everything back. (It gave up after a few retries of 200 µs
@@ -1060,12 +1041,7 @@ impl Backend for Gated {
 #[test]
 fn write_back_all_waits_for_a_copy_under_way() {
     let mem = filled(256, 1);
-    let backing = Arc::new(Gated {
-        mem: mem.clone(),
-        hold: std::sync::Mutex::new(true),
-        open: std::sync::Condvar::new(),
-        waiting: std::sync::atomic::AtomicU64::new(0),
-    });
+    let backing = Hooked::new(&mem, false, true);
     let c = open(shape_dev(), backing.clone(), wb_opts());
     let new = |b: u64| block(b + 70_000, 1);
     for b in [7u64, 8] {
