@@ -261,8 +261,6 @@ impl Getter {
     }
 }
 
-/// `MGET` of `names`, packed as [`pack`] would, without a slice of
-/// arguments.
 /// `SO_INCOMING_CPU` of a connection (`None`: not known: never
 /// received, or an old kernel).
 pub(crate) fn incoming_cpu(s: &TcpStream) -> Option<u32> {
@@ -283,6 +281,8 @@ pub(crate) fn incoming_cpu(s: &TcpStream) -> Option<u32> {
     (r == 0 && cpu >= 0).then_some(cpu as u32)
 }
 
+/// `MGET` of `names`, packed as [`pack`] would, without a slice of
+/// arguments.
 fn pack_mget(buf: &mut Vec<u8>, names: &[&[u8]]) {
     buf.push(b'*');
     push_decimal(buf, names.len() + 1);

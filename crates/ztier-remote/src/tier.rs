@@ -735,7 +735,11 @@ impl Inner {
         }
         let pid = g.local_server_pid();
         let loopback = g.is_loopback();
-        self.give_getter(g);
+        // A connection whose `INFO` failed part-way may hold half a
+        // reply: it is dropped, not handed back.
+        if pid.is_ok() {
+            self.give_getter(g);
+        }
         let held = match pid {
             Ok(Some(pid)) => cpus_of(pid).map(|n| n == 1),
             _ => None,
