@@ -895,7 +895,8 @@ impl Member {
             return (false, self.store_limit());
         }
         let step = (self.seg.budget << 12) / 32;
-        let grow = u128::from(tier_hits) * u128::from(STEER_DISK_NS) > u128::from(hits) * u128::from(STEER_STORE_NS);
+        let grow =
+            u128::from(tier_hits) * u128::from(STEER_DISK_NS) > u128::from(hits) * u128::from(STEER_STORE_NS);
         let r = self.seg.store_limit.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
             Some(if grow { (l + step).min(most) } else { l.saturating_sub(step).max(least) })
         });

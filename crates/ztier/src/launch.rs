@@ -281,7 +281,7 @@ impl RunArgs {
     /// of the budget, so that a quarter stays for resident pages), and,
     /// under `--budget-covers all` with a next tier and no `--store`, the
     /// bounds the processes steer it between ([`STORE_STEER`]: it starts
-    /// at half the budget, `ztier_uffd::tree::Member::steer_store`). With
+    /// at the most, `ztier_uffd::tree::Member::steer_store`). With
     /// a sizing policy none (0): each process sizes its own store,
     /// holding pages of the shared budget for it.
     fn tree_store_limit(&self) -> anyhow::Result<(u64, Option<(u64, u64)>)> {
@@ -295,7 +295,8 @@ impl RunArgs {
         Ok(match self.covers()? {
             _ if sizing => (0, None),
             "all" if self.store.is_none() && next_tier => {
-                (self.budget / 2, Some((self.budget / least, self.budget / most.1 * most.0)))
+                let most = self.budget / most.1 * most.0;
+                (most, Some((self.budget / least, most)))
             }
             "all" => (asked.min(self.budget / 4 * 3), None),
             _ => (asked, None),
@@ -338,7 +339,7 @@ impl RunArgs {
 
 /// Under `--budget-covers all` with a next tier and no `--store`: the
 /// stores' limit is steered between a budget over the first (an 8th)
-/// and the fraction the second gives (3/4)
+/// and the fraction the second gives (3/4), from the second
 /// (docs/measurements/2026-12-07-store-split.md).
 pub const STORE_STEER: (u64, (u64, u64)) = (8, (3, 4));
 
@@ -642,7 +643,8 @@ pub fn run_program(
         stats[merged::TREE_ADOPTED_BYTES] = bytes(&seg.adopted).into();
         stats[merged::TREE_STORE_PEAK_BYTES] =
             seg.store_peak.load(std::sync::atomic::Ordering::Acquire).into();
-        stats[merged::TREE_STORE_LIMIT_BYTES] = seg.store_limit.load(std::sync::atomic::Ordering::Acquire).into();
+        stats[merged::TREE_STORE_LIMIT_BYTES] =
+            seg.store_limit.load(std::sync::atomic::Ordering::Acquire).into();
         // Everything the library held for the command at its most:
         // resident pages held, the stores and the tables (what
         // `--budget-covers all` bounds).
@@ -1202,7 +1204,7 @@ mod tests {
     use super::*;
 
     /// `--budget-covers all` with a next tier steers the stores' limit
-    /// from half the budget between an 8th and 3/4 of it; `--store`
+    /// from 3/4 of the budget between an 8th and 3/4 of it; `--store`
     /// fixes it (at most 3/4: the old default is `--store` of 3/4), as
     /// does no next tier (3/4) and `resident` (`--store`, half of RAM).
     #[test]
@@ -1212,7 +1214,7 @@ mod tests {
         a.budget_covers = Some("all".into());
         assert_eq!(a.tree_store_limit().unwrap(), (48 * M, None), "no next tier: 3/4, fixed");
         a.spill = Some("/tmp".into());
-        assert_eq!(a.tree_store_limit().unwrap(), (32 * M, Some((8 * M, 48 * M))));
+        assert_eq!(a.tree_store_limit().unwrap(), (48 * M, Some((8 * M, 48 * M))));
         a.store = Some(20 * M);
         assert_eq!(a.tree_store_limit().unwrap(), (20 * M, None));
         a.store = Some(48 * M);

@@ -951,8 +951,8 @@ fn the_budget_counts_the_stores_and_tables_too() {
 }
 
 /// Under `--budget-covers all` with a spill folder and no `--store`, the
-/// stores' limit is steered between an 8th and 3/4 of the budget from
-/// half of it: a program whose faults the store serves from memory (24
+/// stores' limit is steered between an 8th and 3/4 of the budget,
+/// starting at 3/4: a program whose faults the store serves from memory (24
 /// MiB of compressible pages walked six times at 16M) shrinks it, so
 /// more pages stay resident; one whose pages are incompressible (random
 /// bytes: the store holds few, and its faults read the spill file)
@@ -983,7 +983,8 @@ fn the_stores_share_of_the_budget_follows_where_their_faults_are_served() {
     let mut limits = Vec::new();
     for kind in ["random", "text"] {
         let cmd = ["python3", "walk.py", kind];
-        let (m, s) = managed_with("16M", &["--budget-covers", "all", "--spill", spill.to_str().unwrap()], &cmd, &d);
+        let (m, s) =
+            managed_with("16M", &["--budget-covers", "all", "--spill", spill.to_str().unwrap()], &cmd, &d);
         assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
         if kind == "text" {
             let n = native(&cmd, &d);
@@ -995,10 +996,10 @@ fn the_stores_share_of_the_budget_follows_where_their_faults_are_served() {
         assert!(total <= 16 * M + processes * (128 << 10), "held {total} bytes in all: {s}");
         limits.push(s["tree_store_limit_bytes"].as_u64().unwrap());
     }
-    // Steered a 32nd of the budget (0.5 MiB) at a time, from 8 MiB, to
+    // Steered a 32nd of the budget (0.5 MiB) at a time, from 12 MiB, to
     // 12 MiB at most and 2 MiB at least.
     assert!(limits[0] >= 10 * M && limits[0] <= 12 * M, "random pages: the store grew: {limits:?}");
-    assert!(limits[1] <= 4 * M && limits[1] >= 2 * M, "compressible pages: the store shrank: {limits:?}");
+    assert!(limits[1] <= 6 * M && limits[1] >= 2 * M, "compressible pages: the store shrank: {limits:?}");
 }
 
 /// The bound itself: everything held stays within the budget, but for
