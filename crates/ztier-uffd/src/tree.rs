@@ -85,11 +85,11 @@
 //! Under `--budget-covers all` without `--store` the limit is *steered*
 //! ([`Member::steer_store`]): each process looks at its store's gets
 //! after each eviction round, and once it has seen [`STEER_GETS`] of
-//! them moves the shared limit by a 32nd of the budget up if the
+//! them moves the shared limit by a 32nd of the budget, up if the
 //! pages it read back from the next tier (each a disk read,
 //! [`STEER_DISK_NS`]) cost more than those it found in memory (each a
-//! fault resident pages would have spared, [`STEER_STORE_NS`]), a 64th
-//! down otherwise, between the bounds `ztier run` set (Wilson and Kaplan's
+//! fault resident pages would have spared, [`STEER_STORE_NS`]), down
+//! otherwise, between the bounds `ztier run` set (Wilson and Kaplan's
 //! rule: the store grows while its hits would otherwise be disk reads,
 //! and shrinks while its faults would have been resident hits).
 //!
@@ -886,7 +886,7 @@ impl Member {
     /// tier (`tier_hits`) since it last steered, at least [`STEER_GETS`]
     /// of them, moves the stores' limit a 32nd of the budget up if the
     /// tier's reads cost more than the faults the store served
-    /// ([`STEER_DISK_NS`] against [`STEER_STORE_NS`] each), a 64th down
+    /// ([`STEER_DISK_NS`] against [`STEER_STORE_NS`] each), down
     /// otherwise, within its bounds. Returns whether it looked (the
     /// counts are then spent), and the limit after.
     pub fn steer_store(&self, hits: u64, tier_hits: u64) -> (bool, usize) {
@@ -894,15 +894,15 @@ impl Member {
         if least == 0 || hits + tier_hits < STEER_GETS {
             return (false, self.store_limit());
         }
-        // Down by half as much as up: what a smaller limit sends to the
-        // next tier stays there until faulted, whatever the limit does
-        // after.
         let step = (self.seg.budget << 12) / 32;
         let grow =
             u128::from(tier_hits) * u128::from(STEER_DISK_NS) > u128::from(hits) * u128::from(STEER_STORE_NS);
-        let next = |l: u64| if grow { (l + step).min(most) } else { l.saturating_sub(step / 2).max(least) };
-        let r = self.seg.store_limit.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| Some(next(l)));
-        (true, next(r.unwrap_or_else(|l| l)) as usize)
+        let r = self.seg.store_limit.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
+            Some(if grow { (l + step).min(most) } else { l.saturating_sub(step).max(least) })
+        });
+        let was = r.unwrap_or_else(|l| l);
+        let now = if grow { (was + step).min(most) } else { was.saturating_sub(step).max(least) };
+        (true, now as usize)
     }
 
     fn take(&mut self, k: usize) -> bool {
@@ -1018,9 +1018,9 @@ mod tests {
         assert_eq!(a.slot, b.slot);
     }
 
-    /// A steered limit moves a 32nd of the budget a look up while the
-    /// next tier's reads cost more than the store's own hits, a 64th down
-    /// while they cost less, within its bounds; a fixed one never moves.
+    /// A steered limit moves a 32nd of the budget a look: up while the
+    /// next tier's reads cost more than the store's own hits, down while
+    /// they cost less, within its bounds; a fixed one never moves.
     #[test]
     fn the_stores_limit_is_steered_by_where_their_gets_came_from() {
         const M: usize = 1 << 20;
@@ -1033,16 +1033,12 @@ mod tests {
         // store grows while more than ~22% of its gets went to the tier.
         assert_eq!(me.steer_store(800, 224), (true, 17 * M), "the tier's reads cost more: grows");
         assert_eq!(me.store_share(), Some(17 * M));
-        assert_eq!(
-            me.steer_store(900, 124),
-            (true, 16 * M + M / 2),
-            "the store's hits cost more: shrinks, by half a step"
-        );
+        assert_eq!(me.steer_store(900, 124), (true, 16 * M), "the store's hits cost more: shrinks");
         for _ in 0..20 {
             me.steer_store(0, 2000);
         }
         assert_eq!(me.store_limit(), 24 * M, "no higher than its most");
-        for _ in 0..80 {
+        for _ in 0..40 {
             me.steer_store(5000, 0);
         }
         assert_eq!(me.store_limit(), 4 * M, "no lower than its least");
