@@ -409,6 +409,8 @@ struct FileInner {
     blocks: Aligned,
     /// Bytes of live entries (`Place::foot`).
     used: u64,
+    /// Segments sealed.
+    sealed: u64,
     io: FileStats,
     /// Why the latest failed put failed.
     last_error: Option<String>,
@@ -529,6 +531,7 @@ impl FileTier {
                 last_read: NO_SEGMENT,
                 blocks: Aligned::new(FILE_BLOCK),
                 used: 0,
+                sealed: 0,
                 io: FileStats { direct, ..FileStats::default() },
                 last_error: None,
                 for_child: None,
@@ -645,6 +648,7 @@ impl FileInner {
         self.io.writes += 1;
         self.io.write_bytes += len as u64;
         self.segs[s as usize].state = SegState::Sealed;
+        self.sealed += 1;
         self.open = None;
         self.fill = 0;
         Ok(())
@@ -757,6 +761,7 @@ impl FileInner {
             }
             SegState::Sealed => {
                 seg.state = SegState::Free;
+                self.sealed -= 1;
                 if self.seg_cached == Some(p.seg) {
                     self.seg_cached = None;
                 }
@@ -850,8 +855,7 @@ impl FileInner {
     /// two segments a call, so that no call takes long).
     fn compact(&mut self) {
         for _ in 0..2 {
-            let sealed = self.segs.iter().filter(|s| s.state == SegState::Sealed).count() as u64;
-            if sealed * FILE_SEGMENT as u64 <= self.used + self.used / 2 + COMPACT_SLACK {
+            if self.sealed * FILE_SEGMENT as u64 <= self.used + self.used / 2 + COMPACT_SLACK {
                 return;
             }
             let Some(s) = (0..self.segs.len())
@@ -1086,6 +1090,7 @@ impl NextTier for FileTier {
         g.seg_cached = None;
         g.last_read = NO_SEGMENT;
         g.used = 0;
+        g.sealed = 0;
         g.last_error = None;
         Ok(())
     }
