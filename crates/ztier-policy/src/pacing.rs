@@ -21,20 +21,15 @@ pub const EVICT_BATCH: usize = 32;
 /// Fewest pages a fault that finds no room evicts itself (it evicts
 /// what it needs, at least these): the rest is the background
 /// evictor's. A fault that evicted a whole [`EVICT_BATCH`] waited
-/// ~300 µs for it; with 4 (and a whole run of 16 installed), faults
-/// evicted 5 times as often and pyapp at 40M took ~15% more CPU (8:
-/// ~2%). With [`INLINE_RUN`] 8 and only the faulting page installed
-/// where there is no room, 4 left pyapp's and a sort's CPU as they
-/// were (paired A/Bs, 5 and 7 pairs) and cut the remote fault's p99.
-pub const INLINE_LEAST: usize = 4;
+/// ~300 µs for it; with 4, faults evicted 5 times as often and pyapp
+/// at 40M took ~15% more CPU (8: ~2%).
+pub const INLINE_LEAST: usize = 8;
 
 /// Longest run (the faulting page and those the prefetch brings along)
 /// a fault installs when it must evict for it: what fits under the
 /// budget now, or this many (a fault evicts for its whole run). Store
-/// runs reach 64 pages, zero runs 16: both are shortened. With 16 a
-/// fault with no room evicted 10-16 pages, ~15-25 µs each with LZ4 and
-/// a remote tier: the remote fault's p99.
-pub const INLINE_RUN: usize = 8;
+/// runs reach 64 pages; a zero run (16) is never shortened.
+pub const INLINE_RUN: usize = 16;
 
 /// Victims the background evictor takes at a time. Fewer write-protect
 /// calls (TLB shootdowns on the program's CPU) per page than smaller

@@ -22,16 +22,12 @@ impl Manager {
 
     /// How many of a fault's run of `lim` pages (the page and those the
     /// prefetch brings along) it installs: those that fit under the
-    /// budget now, or [`INLINE_RUN`]; with no room at all, only the
-    /// faulting page. The fault evicts for its run ([`Manager::make_room`])
-    /// and waits for that: with no room a store run of 64 pages cost it
-    /// ~600 µs of evictions. The pages left out were the prefetch's
-    /// guess; the next fault brings them.
+    /// budget now, or [`INLINE_RUN`] (at least 1). The fault evicts for
+    /// its run ([`Manager::make_room`]) and waits for that: with no room
+    /// a store run of 64 pages cost it ~600 µs of evictions. The pages
+    /// left out were the prefetch's guess; the next fault brings them.
     pub(super) fn inline_room(&self, lim: usize) -> usize {
-        match self.limit().saturating_sub(self.resident) {
-            0 => 1,
-            room => lim.min(room.max(INLINE_RUN)).max(1),
-        }
+        lim.min(self.limit().saturating_sub(self.resident).max(INLINE_RUN)).max(1)
     }
 
     /// Evicts first if installing `n` more pages would go over budget, so

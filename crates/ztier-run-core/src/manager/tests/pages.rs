@@ -61,13 +61,12 @@ fn a_fault_at_the_budget_evicts_inline_and_counts_it() {
     }
     assert_eq!(stats.evicted_inline.load(Ordering::Relaxed), 0);
     // No background evictor here: the fault itself must make room,
-    // what its run needs (with no room at all, its own page only:
-    // `inline_room`) and INLINE_LEAST pages at least, not a batch below
-    // the budget.
+    // what its run needs (INLINE_RUN at most: `inline_room`) and
+    // INLINE_LEAST pages at least, not a batch below the budget.
     let _ = m.serve(base + 500 * PAGE, &stats).unwrap();
     let inline = stats.evicted_inline.load(Ordering::Relaxed);
     let installed = m.resident() - (128 - inline as usize);
-    assert_eq!(installed, 1, "no room: the faulting page only");
+    assert!((1..=INLINE_RUN).contains(&installed), "{installed} installed");
     assert_eq!(inline as usize, installed.max(INLINE_LEAST), "pages evicted inline");
     assert_eq!(inline, stats.pages_compressed.load(Ordering::Relaxed));
     assert_eq!(stats.inline_evictions.load(Ordering::Relaxed), 1);
