@@ -26,7 +26,7 @@
 //!   (selector BLOCK,                  buf ∩ arena: stored pages back, pinned
 //!    outside the region)              ztier_sud_syscall6(read, …)  (in region)
 //!                                     unpin; rax = result; selector BLOCK
-//!  continues after the syscall ◄──  return through ztier_sud_sigreturn (in region)
+//!  continues after the syscall ◄──  return through ztier_sud_sigaction_return (in region)
 //! ```
 //!
 //! Which arguments are memory is known per call (below: buffers with a
@@ -142,7 +142,7 @@
 //!                                           no:  the program's own SIGBUS
 //!                                                action (kept aside), with
 //!                                                the selector as it was
-//!  the load again, now a hit  ◄────────  return through ztier_sud_sigreturn
+//!  the load again, now a hit  ◄────────  return through ztier_sud_sigaction_return
 //! ```
 //!
 //! - The program's `SIGBUS` action (the JVM's, for faults in mapped
@@ -222,7 +222,7 @@ use crate::sudstate::{
     KSigaction, ACTIVE, ALLOW, BLOCK, DEPTH, ENABLED, GUARDS, OVER_LIBRARY, PROGRAM_SIGBUS, PROGRAM_SIGSYS,
     SA_RESTORER, SIGBUS_ON, TID,
 };
-use crate::sys::{raw, ztier_sud_begin, ztier_sud_end, ztier_sud_sigreturn};
+use crate::sys::{raw, ztier_sud_begin, ztier_sud_end, ztier_sud_sigaction_return};
 
 const PR_SET_SYSCALL_USER_DISPATCH: libc::c_int = 59;
 const PR_SYS_DISPATCH_ON: libc::c_ulong = 1;
@@ -505,7 +505,7 @@ std::arch::global_asm!(
     "mov rdi, r12",
     "call {child}",
     "mov rsp, r12",
-    "jmp ztier_sud_sigreturn",
+    "jmp ztier_sud_sigaction_return",
     ".popsection",
     child = sym ztier_sud_clone_child,
 );
@@ -926,7 +926,7 @@ fn wrapped(sig: libc::c_int, mut k: KSigaction) -> KSigaction {
         // run, not by the kernel when it delivers the signal: a delivery
         // put aside (see `hold`) must still find the handler.
         k.flags &= !(libc::SA_RESETHAND as u64);
-        k.restorer = ztier_sud_sigreturn as *const () as usize as u64;
+        k.restorer = ztier_sud_sigaction_return as *const () as usize as u64;
     }
     k
 }
@@ -1145,7 +1145,7 @@ fn take_over(
         handler: handler as *const () as usize as u64,
         // SA_ONSTACK: frames on the library's stack (`crate::sigstack`).
         flags: libc::SA_SIGINFO as u64 | SA_RESTORER | libc::SA_ONSTACK as u64 | extra,
-        restorer: ztier_sud_sigreturn as *const () as usize as u64,
+        restorer: ztier_sud_sigaction_return as *const () as usize as u64,
         mask,
     };
     let mut old = KSigaction::default();
@@ -2362,7 +2362,7 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         let (rax, rip) = (libc::REG_RAX as usize, libc::REG_RIP as usize);
         match nr {
             libc::SYS_rt_sigreturn => {
-                uc.uc_mcontext.gregs[rip] = ztier_sud_sigreturn as *const () as usize as i64;
+                uc.uc_mcontext.gregs[rip] = ztier_sud_sigaction_return as *const () as usize as i64;
             }
             libc::SYS_clone | libc::SYS_clone3 | libc::SYS_fork | libc::SYS_vfork => {
                 if vfork_like(nr, a) {

@@ -11,7 +11,7 @@
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::sys::{raw, ztier_sud_sigreturn};
+use crate::sys::{raw, ztier_sud_sigaction_return};
 
 pub(crate) const ALLOW: u8 = 0;
 
@@ -117,7 +117,7 @@ pub(crate) fn library_action(handler: Handler, mask: u64) -> KSigaction {
     KSigaction {
         handler: handler as *const () as usize as u64,
         flags: libc::SA_SIGINFO as u64 | SA_RESTORER | libc::SA_ONSTACK as u64,
-        restorer: ztier_sud_sigreturn as *const () as usize as u64,
+        restorer: ztier_sud_sigaction_return as *const () as usize as u64,
         mask: mask & !ours(),
     }
 }

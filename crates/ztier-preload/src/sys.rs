@@ -19,7 +19,14 @@ pub use ztier_run_core::sys::{errno, madvise, mmap, mprotect, tgkill, PAGE};
 // The region system calls are always allowed from: a six-argument
 // system call (the number in rdi, as `syscall(2)`'s C signature), and
 // `rt_sigreturn` (the restorer of our handler, and where a program's
-// signal return is sent).
+// signal return is sent). The restorer is glibc's `__restore_rt` to a
+// debugger: gdb takes a return address for a signal frame only in a
+// function whose name has "sigaction" in it (or is `__restore_rt`) and
+// whose code is `mov rax, 15; syscall` with that encoding
+// (48 c7 c0 0f 00 00 00 0f 05). With `mov eax, 15` a backtrace of a
+// thread in a dispatched call ended at the handler ("?? ()"): the
+// program's frames under it — which futex a waiting thread waits on —
+// were out of sight.
 std::arch::global_asm!(
     ".pushsection .text.ztier_sud,\"ax\",@progbits",
     ".balign 64",
@@ -39,10 +46,11 @@ std::arch::global_asm!(
     "syscall",
     "ret",
     ".balign 16",
-    ".globl ztier_sud_sigreturn",
-    ".hidden ztier_sud_sigreturn",
-    "ztier_sud_sigreturn:",
-    "mov eax, 15",
+    ".globl ztier_sud_sigaction_return",
+    ".hidden ztier_sud_sigaction_return",
+    "ztier_sud_sigaction_return:",
+    // `mov rax, 15`, spelled out so no assembler shortens it.
+    ".byte 0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00",
     "syscall",
     "ud2",
     ".globl ztier_sud_end",
@@ -54,7 +62,7 @@ std::arch::global_asm!(
 extern "C" {
     pub(crate) fn ztier_sud_begin();
     pub(crate) fn ztier_sud_end();
-    pub(crate) fn ztier_sud_sigreturn();
+    pub(crate) fn ztier_sud_sigaction_return();
     pub(crate) fn ztier_sud_syscall6(nr: i64, a0: u64, a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> i64;
 }
 
@@ -184,4 +192,17 @@ pub fn sigprocmask(how: c_int, set: u64) -> u64 {
         libc::syscall(libc::SYS_rt_sigprocmask, how as c_long, &set as *const u64, &mut old as *mut u64, 8)
     };
     old
+}
+
+#[cfg(test)]
+mod tests {
+    /// A debugger must see the restorer as a signal trampoline (see the
+    /// region above): gdb's test for one on x86-64 Linux is this code.
+    #[test]
+    fn the_restorer_is_the_code_a_debugger_knows_as_a_signal_return() {
+        let at = super::ztier_sud_sigaction_return as *const () as *const [u8; 9];
+        // SAFETY: the restorer's first nine bytes, in the region's code.
+        let code = unsafe { at.read() };
+        assert_eq!(code, [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05]);
+    }
 }
