@@ -1071,10 +1071,21 @@ fn evictor_loop(g: &Global) -> std::io::Result<()> {
         let outcome = v.compress_protected(&g.stats)?;
         // Victims written meanwhile were taken back: not released.
         let mut release = outcome.clone();
-        for i in lock(&g.mgr).seal_background(&v.pages, &outcome) {
-            if let Ok(k) = v.pages.binary_search(&i) {
-                release[k] = manager::Outcome::Kept;
+        let look = {
+            let mut m = lock(&g.mgr);
+            for i in m.seal_background(&v.pages, &outcome) {
+                if let Ok(k) = v.pages.binary_search(&i) {
+                    release[k] = manager::Outcome::Kept;
+                }
             }
+            m.victims_look(&v.pages)
+        };
+        // In a forked child: victims that are its own already, though
+        // still counted as shared with its parent, are adopted as they
+        // leave (read while they are in memory, without the lock).
+        if let Some(look) = look {
+            let own = look.read();
+            lock(&g.mgr).victims_own(own);
         }
         if hang_after.is_some_and(|n| EVICTOR_BATCHES.load(Ordering::Relaxed) + 1 >= n as u64) {
             loop {

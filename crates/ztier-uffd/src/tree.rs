@@ -707,7 +707,8 @@ impl Member {
     /// Counts `k` pages a forked child takes over from its parent: pages
     /// it inherited resident and shared, which its parent held, and which
     /// are its own now (written since, or dropped by the parent). The
-    /// caller holds them next ([`Member::ensure`] or [`Member::force`]).
+    /// caller holds them next ([`Member::ensure`] or [`Member::force`]),
+    /// unless they are leaving memory (an eviction's victims).
     pub fn adopt(&self, k: usize) {
         self.seg.adopted.fetch_add(k as u64, Ordering::Relaxed);
     }

@@ -92,6 +92,11 @@ impl Manager {
             stats.evict_tier_ns.fetch_add(tier, Ordering::Relaxed);
             o?
         };
+        // Victims already its own count as adopted when they leave.
+        if let Some(look) = self.victims_look(&v.pages) {
+            let own = look.read();
+            self.victims_own(own);
+        }
         {
             let _t = Timed::start(&stats.evict_release_ns);
             v.release(&outcome)?;
@@ -396,6 +401,9 @@ impl Manager {
     /// ([`Handshake::commit`]).
     pub(super) fn commit_as(&mut self, v: &Victims, outcome: &[Outcome], background: bool, stats: &Stats) {
         self.with_handshake(|h, m| h.commit(m, &v.pages, outcome, background));
+        if !self.left_own.is_empty() {
+            self.left_own.retain(|i| v.pages.binary_search(i).is_err());
+        }
         stats.resident.store(self.resident, Ordering::Relaxed);
         let g = self.repl.gauges();
         stats.demoted.store(g.demoted, Ordering::Relaxed);

@@ -275,6 +275,11 @@ pub struct Manager {
     /// its parent taken out of the victims' queues while the pool was
     /// overdrawn ([`Manager::take_victims`]), to requeue once it is not.
     set_aside: Vec<usize>,
+    /// In a forked child: victims of the evictions in flight that its
+    /// page map showed as its own before they were released, though
+    /// still counted as shared with its parent (sorted;
+    /// [`Manager::victims_own`]).
+    left_own: Vec<usize>,
     /// A fault left to wait for the eviction in flight
     /// ([`Manager::wait_for_room`]), and since when faults have waited so.
     room_wait: bool,
@@ -373,6 +378,7 @@ impl Manager {
             tree_forced: 0,
             tree_forced_said: false,
             set_aside: Vec::new(),
+            left_own: Vec::new(),
             room_wait: false,
             room_since: None,
             tree_wait: TREE_WAIT,
@@ -797,7 +803,11 @@ impl Arena for Manager {
     fn left(&mut self, i: usize) {
         self.repl.evicted(i);
         self.resident -= 1;
-        self.uninherit(i);
+        if self.uninherit(i) && self.left_own.binary_search(&i).is_ok() {
+            if let Some(t) = &self.tree {
+                t.adopt(1);
+            }
+        }
     }
 }
 

@@ -429,6 +429,54 @@ fn pages_in_an_eviction_in_flight_are_not_taken_over_from_the_parent() {
     m.leave_tree();
 }
 
+/// Victims a forked child still counts as shared with its parent, that
+/// its page map shows as its own before they are released, count as
+/// adopted when they leave; those it shares stay uncounted. Before, all
+/// left uncounted: a child whose evictor took the pages it wrote before
+/// a look found them its own was said to have taken over 13 MiB of 20.
+#[test]
+fn victims_already_a_childs_own_count_as_adopted_when_they_leave() {
+    let (mut m, _shared, seg) = test_manager_in_tree(1024, 0);
+    let stats = Stats::new();
+    for f in (0..64).step_by(16) {
+        let _ = m.install(f, 16, true, false, &stats).unwrap();
+    }
+    for i in 0..64 {
+        // SAFETY: resident, writable pages of our mapping.
+        unsafe { std::ptr::write_bytes((m.base + i * PAGE) as *mut u8, 1 + i as u8, PAGE) };
+    }
+    // Pages 8.. inherited (page maps that cannot be read: every page
+    // looked at is the child's own).
+    let mut pages = Shared::new(64);
+    (8..64).for_each(|i| pages.insert(i));
+    m.inherited = Some(Inherited { pages, pagemap: Arc::new(Pagemap(-1)), parent: Arc::new(Pagemap(-1)) });
+    let v = m.take_victims(16, 0, 0).unwrap().expect("victims");
+    let shared = v.pages.iter().filter(|&&i| i >= 8).count();
+    assert!(shared > 0 && shared < v.pages.len(), "{:?}", v.pages);
+    let look = m.victims_look(&v.pages).expect("inherited victims");
+    let own = look.read();
+    assert_eq!(own.len(), shared, "only the inherited victims are looked at: {own:?}");
+    m.victims_own(own);
+    let outcome = v.compress(&stats).unwrap();
+    v.release(&outcome).unwrap();
+    v.unprotect_kept(&outcome).unwrap();
+    m.commit(&v, &outcome, &stats);
+    v.wake_released(&outcome).unwrap();
+    assert_eq!(seg.adopted.load(Ordering::Acquire), shared as u64);
+    assert_eq!(m.inherited.as_ref().map(|h| h.pages.count()), Some(56 - shared));
+    assert!(m.left_own.is_empty(), "the commit forgets its victims");
+    // Without the look, inherited victims leave uncounted.
+    let v = m.take_victims(16, 0, 0).unwrap().expect("victims");
+    let outcome = v.compress(&stats).unwrap();
+    v.release(&outcome).unwrap();
+    v.unprotect_kept(&outcome).unwrap();
+    m.commit(&v, &outcome, &stats);
+    v.wake_released(&outcome).unwrap();
+    assert_eq!(seg.adopted.load(Ordering::Acquire), shared as u64);
+    assert_eq!(m.inherited.as_ref().map(|h| h.pages.count()), Some(56 - shared - 16));
+    m.leave_tree();
+}
+
 /// A store's share of the command's `--store` is followed when it
 /// moved by a 32nd of the limit, and at once when it shrank to near
 /// what the store uses (the others grow into what it gave up: the
