@@ -132,6 +132,37 @@ fn test_manager_in_tree_all(
     (m, shared, seg)
 }
 
+/// Compresses, releases and commits the batch `v` of `m` (one eviction,
+/// as the background evictor makes it, with nothing written meanwhile).
+fn evict_batch(m: &mut Manager, v: &Victims, stats: &Stats) {
+    let outcome = v.compress(stats).unwrap();
+    v.release(&outcome).unwrap();
+    v.unprotect_kept(&outcome).unwrap();
+    m.commit(v, &outcome, stats);
+    v.wake_released(&outcome).unwrap();
+}
+
+/// A forked child in a tree of 1024 pages: pages 0..64 resident, page i
+/// filled with 1 + i, those of `inherited` counted as shared with its
+/// parent (page maps that cannot be read: a look finds each its own).
+fn child_with_inherited(
+    inherited: std::ops::Range<usize>,
+) -> (Manager, ztier_uffd::tree::Shared, &'static ztier_uffd::tree::Segment, Stats) {
+    let (mut m, shared, seg) = test_manager_in_tree(1024, 0);
+    let stats = Stats::new();
+    for f in (0..64).step_by(16) {
+        let _ = m.install(f, 16, true, false, &stats).unwrap();
+    }
+    for i in 0..64 {
+        // SAFETY: resident, writable pages of our mapping.
+        unsafe { std::ptr::write_bytes((m.base + i * PAGE) as *mut u8, 1 + i as u8, PAGE) };
+    }
+    let mut pages = Shared::new(64);
+    inherited.for_each(|i| pages.insert(i));
+    m.inherited = Some(Inherited { pages, pagemap: Arc::new(Pagemap(-1)), parent: Arc::new(Pagemap(-1)) });
+    (m, shared, seg, stats)
+}
+
 /// Faults pages `0..n` in (fault by fault) and writes each.
 fn fault_in(m: &mut Manager, n: usize, stats: &Stats) {
     for k in 0..n {
@@ -399,19 +430,8 @@ fn under_covers_all_a_process_with_nothing_to_evict_waits_for_slow_givers() {
 /// took them past the budget (48 at once under `sharedkids`).
 #[test]
 fn pages_in_an_eviction_in_flight_are_not_taken_over_from_the_parent() {
-    let (mut m, _shared, seg) = test_manager_in_tree(1024, 0);
-    let stats = Stats::new();
-    for f in (0..64).step_by(16) {
-        let _ = m.install(f, 16, true, false, &stats).unwrap();
-    }
-    for i in 0..64 {
-        // SAFETY: resident, writable pages of our mapping.
-        unsafe { std::ptr::write_bytes((m.base + i * PAGE) as *mut u8, 1 + i as u8, PAGE) };
-    }
     // All 64 inherited from a parent (the page maps are not read here).
-    let mut pages = Shared::new(64);
-    (0..64).for_each(|i| pages.insert(i));
-    m.inherited = Some(Inherited { pages, pagemap: Arc::new(Pagemap(-1)), parent: Arc::new(Pagemap(-1)) });
+    let (mut m, _shared, seg, stats) = child_with_inherited(0..64);
     let v = m.take_victims(16, 0, 0).unwrap().expect("victims");
     assert_eq!(v.pages.len(), 16);
     // A look finds all 64 no longer shared.
@@ -419,11 +439,7 @@ fn pages_in_an_eviction_in_flight_are_not_taken_over_from_the_parent() {
     m.adopt_unshared(&all, &stats).unwrap();
     assert_eq!(seg.adopted.load(Ordering::Acquire), 48, "the 16 in flight stay the parent's");
     assert_eq!(m.inherited.as_ref().map(|h| h.pages.count()), Some(16));
-    let outcome = v.compress(&stats).unwrap();
-    v.release(&outcome).unwrap();
-    v.unprotect_kept(&outcome).unwrap();
-    m.commit(&v, &outcome, &stats);
-    v.wake_released(&outcome).unwrap();
+    evict_batch(&mut m, &v, &stats);
     assert_eq!(m.inherited.as_ref().map_or(0, |h| h.pages.count()), 0, "gone with the commit");
     assert_eq!(seg.over.load(Ordering::Acquire), 0);
     m.leave_tree();
@@ -436,20 +452,8 @@ fn pages_in_an_eviction_in_flight_are_not_taken_over_from_the_parent() {
 /// a look found them its own was said to have taken over 13 MiB of 20.
 #[test]
 fn victims_already_a_childs_own_count_as_adopted_when_they_leave() {
-    let (mut m, _shared, seg) = test_manager_in_tree(1024, 0);
-    let stats = Stats::new();
-    for f in (0..64).step_by(16) {
-        let _ = m.install(f, 16, true, false, &stats).unwrap();
-    }
-    for i in 0..64 {
-        // SAFETY: resident, writable pages of our mapping.
-        unsafe { std::ptr::write_bytes((m.base + i * PAGE) as *mut u8, 1 + i as u8, PAGE) };
-    }
-    // Pages 8.. inherited (page maps that cannot be read: every page
-    // looked at is the child's own).
-    let mut pages = Shared::new(64);
-    (8..64).for_each(|i| pages.insert(i));
-    m.inherited = Some(Inherited { pages, pagemap: Arc::new(Pagemap(-1)), parent: Arc::new(Pagemap(-1)) });
+    // Pages 8.. inherited (every page looked at is the child's own).
+    let (mut m, _shared, seg, stats) = child_with_inherited(8..64);
     let v = m.take_victims(16, 0, 0).unwrap().expect("victims");
     let shared = v.pages.iter().filter(|&&i| i >= 8).count();
     assert!(shared > 0 && shared < v.pages.len(), "{:?}", v.pages);
@@ -457,21 +461,13 @@ fn victims_already_a_childs_own_count_as_adopted_when_they_leave() {
     let own = look.read();
     assert_eq!(own.len(), shared, "only the inherited victims are looked at: {own:?}");
     m.victims_own(own);
-    let outcome = v.compress(&stats).unwrap();
-    v.release(&outcome).unwrap();
-    v.unprotect_kept(&outcome).unwrap();
-    m.commit(&v, &outcome, &stats);
-    v.wake_released(&outcome).unwrap();
+    evict_batch(&mut m, &v, &stats);
     assert_eq!(seg.adopted.load(Ordering::Acquire), shared as u64);
     assert_eq!(m.inherited.as_ref().map(|h| h.pages.count()), Some(56 - shared));
     assert!(m.left_own.is_empty(), "the commit forgets its victims");
     // Without the look, inherited victims leave uncounted.
     let v = m.take_victims(16, 0, 0).unwrap().expect("victims");
-    let outcome = v.compress(&stats).unwrap();
-    v.release(&outcome).unwrap();
-    v.unprotect_kept(&outcome).unwrap();
-    m.commit(&v, &outcome, &stats);
-    v.wake_released(&outcome).unwrap();
+    evict_batch(&mut m, &v, &stats);
     assert_eq!(seg.adopted.load(Ordering::Acquire), shared as u64);
     assert_eq!(m.inherited.as_ref().map(|h| h.pages.count()), Some(56 - shared - 16));
     m.leave_tree();

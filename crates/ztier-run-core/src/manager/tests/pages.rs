@@ -14,22 +14,14 @@ fn demoted_pages_that_fault_back_are_regretted() {
     let v = m.take_victims(32, 0, 0).unwrap().expect("victims");
     let demoted: Vec<usize> = (0..2048).filter(|&i| seg(&mut m).demoted(i)).collect();
     assert!(!demoted.is_empty(), "over its share, the protected segment sheds pages");
-    let outcome = v.compress(&stats).unwrap();
-    v.release(&outcome).unwrap();
-    v.unprotect_kept(&outcome).unwrap();
-    m.commit(&v, &outcome, &stats);
-    v.wake_released(&outcome).unwrap();
+    evict_batch(&mut m, &v, &stats);
     // Evict a demoted page, then fault it back: one regret, mark gone.
     let i = demoted[0];
     seg(&mut m).set_protected_max(2048);
     let mut gone = false;
     for _ in 0..64 {
         let v = m.take_victims(64, 0, 0).unwrap().expect("victims");
-        let outcome = v.compress(&stats).unwrap();
-        v.release(&outcome).unwrap();
-        v.unprotect_kept(&outcome).unwrap();
-        m.commit(&v, &outcome, &stats);
-        v.wake_released(&outcome).unwrap();
+        evict_batch(&mut m, &v, &stats);
         if m.st(i) & STATE != RESIDENT {
             gone = true;
             break;
@@ -337,11 +329,7 @@ fn a_fault_on_a_victim_the_sealed_batch_has_released_is_served_once_the_release_
 /// a time).
 fn evict_all(m: &mut Manager, stats: &Stats) {
     while let Some(v) = m.take_victims(64, 0, 0).unwrap() {
-        let outcome = v.compress(stats).unwrap();
-        v.release(&outcome).unwrap();
-        v.unprotect_kept(&outcome).unwrap();
-        m.commit(&v, &outcome, stats);
-        v.wake_released(&outcome).unwrap();
+        evict_batch(m, &v, stats);
     }
 }
 
@@ -688,11 +676,7 @@ fn a_page_touched_once_while_a_loop_ages_the_protected_segment_goes_cold() {
     let demoted = m.repl.gauges().demoted;
     while m.repl.gauges().demoted == demoted {
         let v = m.take_victims(1, 0, 0).unwrap().expect("a victim");
-        let outcome = v.compress(&stats).unwrap();
-        v.release(&outcome).unwrap();
-        v.unprotect_kept(&outcome).unwrap();
-        m.commit(&v, &outcome, &stats);
-        v.wake_released(&outcome).unwrap();
+        evict_batch(&mut m, &v, &stats);
     }
     // The command: a page never touched before, faulted in now.
     let cmd = 3000;
