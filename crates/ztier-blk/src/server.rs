@@ -731,6 +731,24 @@ fn transmission<D: Device + ?Sized>(
                     continue;
                 }
             }
+            // Writes the device takes at once, likewise (a worker's wake-up
+            // and its hand-back cost more than the write).
+            if req.kind == cmd::WRITE && req.length as usize <= FAST_WRITE_MAX {
+                let fua = req.flags & cflag::FUA != 0;
+                if let Some(r) = engine.write_fast(req.offset, &payload, fua) {
+                    let (n, err) = match r {
+                        Ok(()) => (ok(&s, &req, &mut fast), false),
+                        Err(e) => (put(&mut fast, &error_reply(&s, &req, errno_of(&e), &e.to_string())), true),
+                    };
+                    writer.lock().expect("writer lock").write_all(&fast[..n])?;
+                    stats.record(&req, at.elapsed(), err);
+                    let mut sp = spare.lock().expect("spare lock");
+                    if sp.len() < SPARE_PAYLOADS && payload.capacity() <= SPARE_MAX {
+                        sp.push(payload);
+                    }
+                    continue;
+                }
+            }
             push(Job { req, payload, at });
         }
     })();
@@ -797,6 +815,8 @@ fn run<D: Device + ?Sized>(engine: &D, s: &Session, job: &Job, buf: &mut Vec<u8>
 
 /// Largest read tried on [`Device::read_fast`].
 const FAST_READ_MAX: u32 = 64 << 10;
+/// Largest write tried on [`Device::write_fast`].
+const FAST_WRITE_MAX: usize = 64 << 10;
 
 /// A read the device serves at once (see [`Device::read_fast`]): the
 /// reply in `buf[..n]` (one data chunk, or a simple reply) and whether it

@@ -1647,8 +1647,9 @@ impl Inner {
 
     /// Write-back of the whole block `b`: into the SSD cache only, dirty.
     /// False when it cannot be (no line or room for it, too many dirty):
-    /// the caller writes it through.
-    fn write_dirty(&self, b: u64, data: &[u8], buf: &mut Vec<u8>) -> bool {
+    /// the caller writes it through. `nowait`: false rather than wait for
+    /// a write through of the block or recycle a segment for room.
+    fn write_dirty(&self, b: u64, data: &[u8], buf: &mut Vec<u8>, nowait: bool) -> bool {
         if self.ssd_off.load(Ordering::Acquire)
             || !self.cacheable(b)
             || self.dirty.load(Ordering::Acquire) >= self.dirty_max
@@ -1669,6 +1670,9 @@ impl Inner {
                         break st;
                     }
                     drop(st);
+                    if nowait {
+                        return false;
+                    }
                     std::thread::sleep(Duration::from_micros(100));
                 };
                 st.fills.remove(&b);
@@ -1719,7 +1723,7 @@ impl Inner {
             if !no_room {
                 return true;
             }
-            if attempt == 1 || !self.recycle_one() {
+            if nowait || attempt == 1 || !self.recycle_one() {
                 return false;
             }
         }
@@ -2329,6 +2333,48 @@ impl Cache {
         self.write_op(off, data.len() as u64, || i.backing.write_at(data, off, fua), Some(data))
     }
 
+    /// Serves a write at once when it needs no waiting: in write-back
+    /// mode, whole blocks without FUA that go dirty into the SSD cache
+    /// with no segment to recycle first. `None` otherwise, with nothing
+    /// done (the ordinary write follows).
+    pub fn write_fast(&self, off: u64, data: &[u8], fua: bool) -> Option<io::Result<()>> {
+        let i = &*self.inner;
+        let len = data.len() as u64;
+        let bs = BLOCK as u64;
+        if i.opts.mode != Mode::Writeback
+            || fua
+            || self.read_only()
+            || len == 0
+            || off % bs != 0
+            || len % bs != 0
+            || off.checked_add(len).is_none_or(|e| e > i.size)
+            || i.ssd_off.load(Ordering::Acquire)
+            || i.dirty.load(Ordering::Acquire) + len / bs > i.dirty_max
+            || i.log.free() <= crate::log::RESERVE + 1
+        {
+            return None;
+        }
+        let t = Instant::now();
+        let mut buf = Vec::with_capacity(BLOCK);
+        let first = off / bs;
+        if !i.write_dirty(first, &data[..BLOCK], &mut buf, true) {
+            return None;
+        }
+        i.c.writes.fetch_add(1, Ordering::Relaxed);
+        i.c.written_blocks.fetch_add(len / bs, Ordering::Relaxed);
+        // The first block is in: the rest must follow, the ordinary way
+        // if one of them cannot at once.
+        for k in 1..len / bs {
+            let at = (k * bs) as usize;
+            if !i.write_dirty(first + k, &data[at..at + BLOCK], &mut buf, true) {
+                return Some(self.write_back_mode(off + k * bs, &data[at..], false));
+            }
+        }
+        i.lat.write.record(t.elapsed());
+        i.lat.write_cache.record(t.elapsed());
+        Some(Ok(()))
+    }
+
     /// A write in write-back mode: whole blocks go to the SSD cache only
     /// (dirty); the others (partial blocks, or no line or room for them)
     /// through to the backing. With `fua`, durable on return (on the
@@ -2350,7 +2396,7 @@ impl Cache {
         for b in first..first + n {
             let boff = b * BLOCK as u64;
             let whole = boff >= off && boff + BLOCK as u64 <= off + len;
-            if whole && i.write_dirty(b, &data[(boff - off) as usize..][..BLOCK], &mut buf) {
+            if whole && i.write_dirty(b, &data[(boff - off) as usize..][..BLOCK], &mut buf, false) {
                 dirty = true;
                 continue;
             }

@@ -122,4 +122,7 @@ impl ztier_blk::device::Device for Cache {
     fn read_fast(&self, off: u64, buf: &mut [u8]) -> Option<Result<(), BlkError>> {
         Cache::read_fast(self, off, buf).map(|r| r.map_err(blk_err))
     }
+    fn write_fast(&self, off: u64, data: &[u8], fua: bool) -> Option<Result<(), BlkError>> {
+        Cache::write_fast(self, off, data, fua).map(|r| r.map_err(blk_err))
+    }
 }

@@ -230,7 +230,11 @@ fn run_with(cfg: Config, pick: Pick, ops: Vec<Op>) -> Seen {
                     (block * B as u64, data)
                 };
                 let fua = seed % 5 == 0;
-                cache.write(off, &data, fua).unwrap();
+                // The server's two ways: at once when it needs no waiting.
+                match cache.write_fast(off, &data, fua) {
+                    Some(r) => r.unwrap(),
+                    None => cache.write(off, &data, fua).unwrap(),
+                }
                 changed(&mut pending, &mut model, off, &data, fua);
             }
             Op::Trim { block, n } => {
