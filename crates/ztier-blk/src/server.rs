@@ -668,6 +668,7 @@ fn transmission<D: Device + ?Sized>(
                 }
                 drop(w);
                 stats.record(&job.req, job.at.elapsed(), err);
+                engine.after_reply();
                 if job.payload.capacity() > 0 && job.payload.capacity() <= SPARE_MAX {
                     let mut sp = spare.lock().expect("spare lock");
                     if sp.len() < SPARE_PAYLOADS {

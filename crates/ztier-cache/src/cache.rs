@@ -369,6 +369,15 @@ struct Dirty {
     queued: bool,
 }
 
+thread_local! {
+    /// Set while [`Cache::read_deferring_fills`] runs: its fills are kept
+    /// in `DEFERRED` (counted in `fills_pending`) instead of queued.
+    static DEFER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static DEFERRED: std::cell::RefCell<Vec<Fill>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// This thread's fills left for [`Cache::run_deferred_fills`].
+    static LATER: std::cell::RefCell<Vec<(Arc<Inner>, Fill)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 struct Fill {
     lba: u64,
     data: Vec<u8>,
@@ -915,6 +924,11 @@ impl Inner {
     }
 
     fn queue_fill(&self, f: Fill) {
+        if DEFER.with(|d| d.get()) {
+            self.fills_pending.fetch_add(1, Ordering::AcqRel);
+            DEFERRED.with(|d| d.borrow_mut().push(f));
+            return;
+        }
         let (lba, token) = (f.lba, f.token);
         let sent = {
             let tx = self.fill_tx.lock();
@@ -2219,6 +2233,32 @@ impl Cache {
         }
         i.lat.miss.record(t.elapsed());
         Ok(())
+    }
+
+    /// [`Cache::read`], its fills left to this thread: they run at its
+    /// next [`Cache::run_deferred_fills`] (a server's worker, once it has
+    /// sent the reply: no filler thread to wake and put to sleep again).
+    /// Until then they count as pending ([`Cache::drain`] waits for them).
+    pub fn read_deferring_fills(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        DEFER.with(|d| d.set(true));
+        let r = self.read(off, buf);
+        DEFER.with(|d| d.set(false));
+        let fills = DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()));
+        if !fills.is_empty() {
+            LATER.with(|l| l.borrow_mut().extend(fills.into_iter().map(|f| (self.inner.clone(), f))));
+        }
+        r
+    }
+
+    /// Runs the fills this thread's [`Cache::read_deferring_fills`] left
+    /// (of any cache).
+    pub fn run_deferred_fills(&self) {
+        let later = LATER.with(|l| std::mem::take(&mut *l.borrow_mut()));
+        let mut buf = Vec::with_capacity(BLOCK);
+        for (i, f) in later {
+            i.fill(f, &mut buf);
+            i.fills_pending.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Serves a read at once if every block is in RAM, or in the SSD

@@ -1119,6 +1119,33 @@ fn flushed_dirty_blocks_survive_recycling_and_a_power_loss() {
     }
 }
 
+/// A server's worker reads with its fills left to itself, run once the
+/// reply is sent: until then nothing is cached (and a drain would wait);
+/// a write of the block in between wins over the late fill.
+#[test]
+fn deferred_fills_run_on_their_thread_and_lose_a_race() {
+    let backing = filled(64, 0);
+    let c = open(shape_dev(), backing.clone(), opts());
+    let mut got = vec![0u8; B];
+    c.read_deferring_fills(5 * B as u64, &mut got).unwrap();
+    assert_eq!(got, block(5, 0));
+    assert_eq!(c.stats().ssd_fills, 0, "a deferred fill ran before its thread ran it");
+    assert!(c.read_fast(5 * B as u64, &mut got).is_none(), "cached before its fill ran");
+    c.run_deferred_fills();
+    assert_eq!(c.stats().ssd_fills, 1);
+    got.fill(0);
+    c.read_fast(5 * B as u64, &mut got).expect("a hit once filled").unwrap();
+    assert_eq!(got, block(5, 0));
+    // A write of the block between the miss and its fill.
+    c.read_deferring_fills(6 * B as u64, &mut got).unwrap();
+    let new = block(99, 0);
+    c.write(6 * B as u64, &new, false).unwrap();
+    c.run_deferred_fills();
+    c.drain();
+    assert!(c.stats().fills_dropped_race >= 1, "{:?}", c.stats());
+    assert_eq!(read_block(&c, 6), new, "the late fill of the old data was cached");
+}
+
 /// Writes served at once are write-back writes of whole blocks without
 /// FUA; they go dirty into the cache and reach the backing later. Any
 /// other write is left to the ordinary path, with nothing done.
