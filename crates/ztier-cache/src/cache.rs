@@ -425,7 +425,11 @@ pub(crate) struct Inner {
     codec: CodecId,
     pub(crate) c: Counters,
     pub(crate) lat: Latencies,
-    maint: Mutex<()>,
+    /// Held while recycling or checkpointing (I/O, milliseconds): a std
+    /// mutex, whose waiters sleep on a futex (`parking_lot`'s call
+    /// `sched_yield` about ten times each first; every worker filling
+    /// after its reply may wait here).
+    maint: std::sync::Mutex<()>,
     ckpt_seq: AtomicU64,
     stop: Arc<AtomicBool>,
     /// The SSD level is off (the cache device failed).
@@ -1059,7 +1063,7 @@ impl Inner {
             if !no_room {
                 return;
             }
-            if attempt == 1 || !self.recycle_one() {
+            if attempt == 1 || !self.recycle_for_room() {
                 self.c.fills_dropped_space.fetch_add(1, Ordering::Relaxed);
                 if attempt == 0 {
                     let mut st = self.stripe(f.lba).lock();
@@ -1258,7 +1262,7 @@ impl Inner {
     /// Seals and writes the open segment, then writes a checkpoint: the
     /// live lines, the journal head from which records are still needed.
     fn checkpoint(&self) -> io::Result<()> {
-        let _m = self.maint.lock();
+        let _m = self.maint.lock().unwrap_or_else(|p| p.into_inner());
         self.checkpoint_locked()
     }
 
@@ -1314,11 +1318,23 @@ impl Inner {
         }
     }
 
+    /// A fill found no free segment: recycles one, unless another thread
+    /// freed one meanwhile (fills run on many workers at once).
+    fn recycle_for_room(&self) -> bool {
+        {
+            let _m = self.maint.lock().unwrap_or_else(|p| p.into_inner());
+            if self.log.free() > crate::log::RESERVE {
+                return true;
+            }
+        }
+        self.recycle_one()
+    }
+
     /// Recycles the segment [`CacheOptions::recycle_pick`] chooses: its
     /// lines copied forward when few, else the referenced ones (at most
     /// half a segment's worth) and the others dropped.
     fn recycle_one(&self) -> bool {
-        let _m = self.maint.lock();
+        let _m = self.maint.lock().unwrap_or_else(|p| p.into_inner());
         let Some(idx) = self.log.choose(&self.dir, self.opts.recycle_pick) else { return false };
         let contents = self.log.take(idx);
         if let Some(Tail { seq, entries, buf }) = contents {
@@ -1974,7 +1990,7 @@ impl Cache {
             codec,
             c: Counters::default(),
             lat: Latencies::default(),
-            maint: Mutex::new(()),
+            maint: std::sync::Mutex::new(()),
             ckpt_seq: AtomicU64::new(ckpt.as_ref().map_or(0, |c| c.0.ckpt_seq)),
             stop: Arc::new(AtomicBool::new(false)),
             ssd_off: AtomicBool::new(false),
