@@ -765,7 +765,9 @@ fn transmission<D: Device + ?Sized>(
                 if let Some(r) = engine.write_fast(req.offset, &payload, fua) {
                     let (n, err) = match r {
                         Ok(()) => (ok(&s, &req, &mut fast), false),
-                        Err(e) => (put(&mut fast, &error_reply(&s, &req, errno_of(&e), &e.to_string())), true),
+                        Err(e) => {
+                            (put(&mut fast, &error_reply(&s, &req, errno_of(&e), &e.to_string())), true)
+                        }
                     };
                     out.extend_from_slice(&fast[..n]);
                     answered.push((req, at, err));
