@@ -949,8 +949,10 @@ fn the_budget_counts_the_stores_and_tables_too() {
 }
 
 /// The bound itself: everything held stays within the budget, but for
-/// what a process has not yet said its store and tables grew by (64 KiB
-/// each) and pages counted as over it. A store grows only into the room
+/// pages counted as over it and what a look at the shared counters finds
+/// while another process is between two of its changes (a store's
+/// growth said, the pages given back for it not yet: up to 44 KiB in
+/// one run of three, docs/measurements/2026-12-07-peak-total.md). A store grows only into the room
 /// the pages held, the other stores and the tables leave; past it, its
 /// oldest pages go to the spill file first. Before, four `workers.py`
 /// processes at 24M held 25.7-27.7 MB in all at their most (25.2 MB
