@@ -144,7 +144,9 @@ impl Manager {
     /// program's first fill took them past the budget uncounted (121 KiB
     /// at 16M).
     pub(super) fn tables_due(&self, n: usize) -> Option<(usize, usize)> {
-        tables_due_of(self.tree.as_ref()?, self.table_chunks_used, n)
+        // (With a sizing policy the tables are not counted.)
+        let t = self.tree.as_ref().filter(|_| self.sizing.is_none())?;
+        tables_due_of(t, self.table_chunks_used, n)
     }
 
     /// With the tree scope, when the pool cannot give this process `want`
