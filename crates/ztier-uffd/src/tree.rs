@@ -779,23 +779,49 @@ impl Member {
     /// grew its store with nothing given back, and four `workers.py`
     /// processes held 25.7-27.7 MB at `--budget 24M` (25.2 MB).
     pub fn store_overflow(&self, bytes: usize, keep: usize) -> usize {
+        self.store_room(keep).map_or(0, |room| bytes.saturating_sub(room))
+    }
+
+    /// Under `--budget-covers all`: the most this process's store may
+    /// say it uses, once this process has given back what it holds
+    /// beyond `keep` ([`Member::store_overflow`]); `None` without `all`.
+    pub fn store_room(&self, keep: usize) -> Option<usize> {
         if self.seg.covers_all == 0 {
-            return 0;
+            return None;
         }
         let others = (self.seg.stored.load(Ordering::Acquire) as usize).saturating_sub(self.stored);
         let tables = self.seg.tables.load(Ordering::Acquire) as usize;
         let held = self.reserved().saturating_sub(self.held.saturating_sub(keep));
-        let room = ((self.seg.budget as usize) << 12).saturating_sub((held << 12) + others + tables);
-        bytes.saturating_sub(room)
+        Some(((self.seg.budget as usize) << 12).saturating_sub((held << 12) + others + tables))
     }
 
     /// Says that the library's tables take `bytes` in this process now
     /// (counted in KiB, rounded up).
     pub fn publish_tables(&mut self, bytes: usize) {
+        self.publish_tables_keeping(bytes, usize::MAX);
+    }
+
+    /// [`Member::publish_tables`], and under `--budget-covers all` gives
+    /// back at once what this process holds beyond `keep` while the pool
+    /// is overdrawn ([`Member::settle`]), before the total is noted (as
+    /// [`Member::publish_store_keeping`] does): a process that holds the
+    /// pages for its tables' growth first ([`Member::ensure`]) says it
+    /// without the total passing the budget. Before, the tables were said
+    /// only after an eviction, with nothing given back: a program's first
+    /// fill of a 16M budget took 121 KiB of tables uncounted, said at once
+    /// past it.
+    pub fn publish_tables_keeping(&mut self, bytes: usize, keep: usize) {
         let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
         let was = self.seg.slots[self.slot].tables_kib.swap(kib, Ordering::AcqRel);
-        self.seg.tables.fetch_add(u64::from(kib) << 10, Ordering::AcqRel);
-        self.seg.tables.fetch_sub(u64::from(was) << 10, Ordering::AcqRel);
+        // Down first, then up: never counted twice.
+        if kib >= was {
+            self.seg.tables.fetch_add(u64::from(kib - was) << 10, Ordering::AcqRel);
+        } else {
+            self.seg.tables.fetch_sub(u64::from(was - kib) << 10, Ordering::AcqRel);
+        }
+        if keep != usize::MAX {
+            self.settle(keep);
+        }
         self.seg.note_total();
     }
 

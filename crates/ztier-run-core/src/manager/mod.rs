@@ -169,7 +169,8 @@ use setup::*;
 pub use setup::{signal_path, CleanMode, Config, MapsLine, POLICY_COSTS};
 pub use table::{CopyHash, Table, Zeroed};
 pub use tree::{
-    AdoptLook, ADOPT_EVERY, ADOPT_LOOK, ADOPT_SPAN, TREE_GROW_EVERY, TREE_LIFE, TREE_WAKE, TREE_WAKE_EVERY,
+    AdoptLook, ADOPT_EVERY, ADOPT_LOOK, ADOPT_SPAN, STORE_AHEAD, TABLES_AHEAD, TREE_GROW_EVERY, TREE_LIFE,
+    TREE_WAKE, TREE_WAKE_EVERY,
 };
 /// Zero pages installed per fault on a never-touched page, at most (the
 /// prefetch says how many; pins fill this many at a time).

@@ -49,6 +49,15 @@ pub const TREE_WAKE_EVERY: std::time::Duration = std::time::Duration::from_milli
 /// segment follows may grow (by a 64th; [`Manager::follow_tree`]).
 pub const TREE_GROW_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// Runs of 256 arena pages whose tables ([`tables_bytes`]: 64 KiB for
+/// 12) a process says ahead of those it uses ([`Manager::tables_due`]).
+pub const TABLES_AHEAD: usize = 12;
+
+/// Bytes a process says its store uses beyond what it uses
+/// ([`Manager::follow_tree_store`]): the store grows into them between
+/// two says.
+pub const STORE_AHEAD: usize = 64 << 10;
+
 /// Least time between two looks at which inherited pages are no longer
 /// shared ([`Manager::adopt_unshared`]).
 pub const ADOPT_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
@@ -80,15 +89,21 @@ impl Manager {
         loop {
             let want = self.tree_need() + n;
             let shared = self.inherited.as_ref().map_or(0, |h| h.pages.count());
+            let tables = self.tables_due(n);
             let Some(t) = &mut self.tree else { return Ok(()) };
-            if t.settle(want) > 0 {
+            // The tables' growth is held for first, and said once held.
+            let extra = tables.map_or(0, |(_, pages)| pages);
+            if t.settle(want + extra) > 0 {
                 let now = std::time::Instant::now();
                 if self.tree_woken.is_none_or(|w| now.duration_since(w) >= TREE_WAKE_EVERY) {
                     self.tree_woken = Some(now);
                     t.wake_others();
                 }
             }
-            if t.ensure(want) {
+            if t.ensure(want + extra) {
+                if let Some((bytes, _)) = tables {
+                    t.publish_tables_keeping(bytes, want);
+                }
                 return Ok(());
             }
             if !waited && shared > self.resident / 2 {
@@ -103,14 +118,35 @@ impl Manager {
             }
             // Nothing of its own can go now.
             let want = self.tree_need() + n;
-            if !self.wait_tree(want) {
+            let tables = self.tables_due(n);
+            let extra = tables.map_or(0, |(_, pages)| pages);
+            if !self.wait_tree(want + extra) {
                 if let Some(t) = &mut self.tree {
-                    self.tree_forced += t.force(want);
+                    self.tree_forced += t.force(want + extra);
                 }
                 self.forced_notice();
             }
+            if let (Some(t), Some((bytes, _))) = (&mut self.tree, tables) {
+                t.publish_tables_keeping(bytes, want);
+            }
             return Ok(());
         }
+    }
+
+    /// With the tree scope, before `n` pages are installed: if the
+    /// library's tables ([`tables_bytes`]), with those the run may
+    /// begin, take more than this process said, what to say now — the
+    /// tables of [`TABLES_AHEAD`] runs of 256 arena pages more, so that
+    /// it is said again only after as many — and, under `--budget-covers
+    /// all`, the pages of the pool that takes ([`Manager::hold_tree`]
+    /// holds them first). The tables grow as pages are first installed
+    /// in a run of 256; said only after an eviction, as they were, a
+    /// program's first fill took them past the budget uncounted (121 KiB
+    /// at 16M).
+    pub(super) fn tables_due(&self, n: usize) -> Option<(usize, usize)> {
+        // (With a sizing policy the tables are not counted.)
+        let t = self.tree.as_ref().filter(|_| self.sizing.is_none())?;
+        tables_due_of(t, self.table_chunks_used, n)
     }
 
     /// With the tree scope, when the pool cannot give this process `want`
@@ -402,21 +438,39 @@ impl Manager {
         if limit == 0 {
             return;
         }
-        let spill = if self.store.has_tier() { t.store_overflow(used, need) } else { 0 };
+        // The tables first, which `--budget-covers all` counts (KiB): said
+        // before faults install pages ([`Manager::hold_tree`]), so here
+        // only if they grew some other way (a forked child's, its
+        // parent's until then) and the pool has the pages for them now;
+        // if not, its next fault holds for them first.
+        if let Some((bytes, pages)) = tables_due_of(t, self.table_chunks_used, 0) {
+            if t.ensure(need + pages) {
+                t.publish_tables_keeping(bytes, need);
+            }
+        }
+        let room = if self.store.has_tier() { t.store_room(need) } else { None };
+        let spill = room.map_or(0, |r| used.saturating_sub(r));
         if spill > 0 {
             self.store.set_budget(used - spill + inherited);
             used = self.store.memory_used().saturating_sub(inherited);
             // Back to its share at the next call, if that is a step away.
             self.store_share = used;
         }
-        // Said when it moved by 64 KiB (a cache line the processes share).
-        if used.abs_diff(t.stored()) >= 64 << 10 || used == 0 {
-            t.publish_store_keeping(used, need);
-        }
-        // The tables too, which `--budget-covers all` counts (KiB).
-        let tables = tables_bytes(self.table_chunks_used);
-        if tables.abs_diff((t.tables_kib() as usize) << 10) >= 64 << 10 {
-            t.publish_tables(tables);
+        // Under `--budget-covers all` with a next tier, said
+        // [`STORE_AHEAD`] ahead of what it uses (in the room the others
+        // leave), when it outgrew what it said or shrank well below it:
+        // between two says it grows into what it said, which the budget
+        // counted already. Otherwise (nothing could leave it anyway) said
+        // when it moved by as much. (A cache line the processes share,
+        // written once a batch at most.)
+        let said = t.stored();
+        match room {
+            Some(r) if used > said || said > used + 2 * STORE_AHEAD || used == 0 => {
+                let say = if used == 0 { 0 } else { (used + STORE_AHEAD).min(r.max(used)) };
+                t.publish_store_keeping(say, need);
+            }
+            None if used.abs_diff(said) >= STORE_AHEAD || used == 0 => t.publish_store_keeping(used, need),
+            _ => {}
         }
         let Some(share) = t.store_share() else { return };
         // Followed when it moved by a 32nd of the limit, and at once when
@@ -485,6 +539,19 @@ impl Manager {
         };
         self.set_share(b, false);
     }
+}
+
+/// [`Manager::tables_due`] of member `t` with tables for `used` runs
+/// of 256 pages, before `n` pages are installed.
+fn tables_due_of(t: &Member, used: usize, n: usize) -> Option<(usize, usize)> {
+    let said = (t.tables_kib() as usize) << 10;
+    let chunks = used + n.div_ceil(256) + usize::from(n > 0);
+    if tables_bytes(chunks) <= said {
+        return None;
+    }
+    let bytes = tables_bytes(chunks + TABLES_AHEAD);
+    let pages = if t.covers_all() { (bytes - said).div_ceil(PAGE) + 1 } else { 0 };
+    Some((bytes, pages))
 }
 
 /// This process's member of the tree budget, as a wait for it sees it

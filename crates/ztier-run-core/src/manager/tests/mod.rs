@@ -187,10 +187,10 @@ fn evicted_pages_go_back_to_an_overdrawn_pool() {
     let held = m.tree.as_ref().unwrap().held();
     assert!(held >= 64);
     // Another process's store grows: the pool is 256 - 224 = 32
-    // pages, fewer than this one holds.
+    // pages (with this one's tables), fewer than this one holds.
     let other = seg.slots.len() - 1;
     seg.fake_member(other, 1, 0, 0);
-    seg.fake_stored(other, 224 << 12);
+    seg.fake_stored(other, (224 << 12) - seg.tables.load(Ordering::Acquire));
     assert_eq!(m.tree.as_ref().unwrap().overdrawn(), held - 32);
     assert!(m.evict_batch(32, &stats).unwrap());
     let t = m.tree.as_ref().unwrap();
@@ -198,6 +198,40 @@ fn evicted_pages_go_back_to_an_overdrawn_pool() {
     // All it evicted went back (the overdraft was more).
     assert_eq!((t.held(), m.tree_need()), (32, 32));
     assert_eq!(t.overdrawn(), 0, "it held {held}, now {}", t.held());
+    m.leave_tree();
+}
+
+/// Under `--budget-covers all` the library's tables are held for before
+/// the pages that grow them are installed, and said ahead of their
+/// use: everything held stays within the budget from the first fill
+/// on. Before, they were said only at an eviction's commit, with
+/// nothing given back for them: a first fill of 16 runs of 256 pages
+/// (the budget's 256 pages, 84 KiB of tables unsaid) went past it by
+/// the tables' bytes at the first commit (a 16M program: 121 KiB).
+#[test]
+fn the_tables_are_held_for_before_they_grow() {
+    let (mut m, _) = test_manager(64 * 256);
+    let shared = ztier_uffd::tree::Shared::create(256, 192 << 12).unwrap().covering_all();
+    let seg = ztier_uffd::tree::open(&shared.path()).unwrap();
+    m.tree = Some(Member::join(seg).unwrap());
+    let stats = Stats::new();
+    // 16 pages in each of 40 runs of 256: past the budget after 16.
+    for c in 0..40 {
+        for k in (c * 256)..(c * 256 + 16) {
+            if m.st(k) & STATE != RESIDENT {
+                let _ = m.serve(m.base + k * PAGE, &stats).unwrap();
+            }
+            // SAFETY: page k is resident now.
+            unsafe { std::ptr::write_bytes((m.base + k * PAGE) as *mut u8, k as u8 | 1, 64) };
+            let total = seg.total_peak.load(Ordering::Acquire);
+            assert!(total <= 256 << 12, "page {k}: {total} held at most, {} over", total - (256 << 12));
+            let t = m.tree.as_ref().unwrap();
+            let said = (t.tables_kib() as usize) << 10;
+            assert!(said >= tables_bytes(m.table_chunks_used), "page {k}: said {said}");
+        }
+    }
+    assert!(stats.evicted_inline.load(Ordering::Relaxed) > 0, "it evicted");
+    assert_eq!(seg.over.load(Ordering::Acquire), 0);
     m.leave_tree();
 }
 
@@ -211,9 +245,12 @@ fn evicted_pages_go_back_to_an_overdrawn_pool() {
 fn a_fault_with_its_own_pages_in_flight_waits_for_their_commit() {
     let (mut m, _shared, seg) = test_manager_in_tree_all(256, 1 << 20);
     let stats = Stats::new();
-    // Another process holds all but 32 pages; this one takes those.
+    // Another process holds all but 32 pages (and this one's tables,
+    // said ahead as its first fault would); this one takes those.
+    m.tree.as_mut().unwrap().publish_tables(tables_bytes(TABLES_AHEAD + 2));
+    let tables = m.tree.as_ref().unwrap().charged() as u64;
     let other = seg.slots.len() - 1;
-    seg.fake_member(other, 1, 0, 224);
+    seg.fake_member(other, 1, 0, 224 - tables);
     fault_in(&mut m, 32, &stats);
     assert_eq!((m.resident(), m.tree.as_ref().unwrap().held()), (32, 32));
     assert_eq!(seg.over.load(Ordering::Acquire), 0);
