@@ -593,22 +593,23 @@ fn verify_mode_trusts_a_copy_the_store_pushed_on_to_its_next_tier() {
     let mut m = Manager::new(base, pages, cfg).unwrap();
     m.clean = CleanMode::Verify;
     let stats = Stats::new();
-    // 256 pages of 1 KiB of noise each (about 1 KiB compressed): four
-    // times what the 64 KiB store holds.
+    // 512 pages of 1 KiB of noise each (about 1 KiB compressed): eight
+    // times what the 64 KiB store holds. (Half the budget: they come
+    // back at a long refault distance, bound for probation.)
     let byte =
         |i: usize, j: usize| if j < 1024 { ((i * 7919 + j * 104_729) >> 3) as u8 ^ (j as u8) } else { 0 };
-    for f in (0..256).step_by(16) {
+    for f in (0..512).step_by(16) {
         let _ = m.install(f, 16, true, false, &stats).unwrap();
     }
-    for i in 0..256 {
+    for i in 0..512 {
         for j in 0..PAGE {
             // SAFETY: resident, writable pages of our mapping.
             unsafe { *((base + i * PAGE + j) as *mut u8) = byte(i, j) };
         }
     }
     evict_all(&mut m, &stats);
-    assert_eq!(stats.pages_compressed.load(Ordering::Relaxed), 256);
-    assert!(m.store.tier_entries() > 128, "{} in the tier", m.store.tier_entries());
+    assert_eq!(stats.pages_compressed.load(Ordering::Relaxed), 512);
+    assert!(m.store.tier_entries() > 256, "{} in the tier", m.store.tier_entries());
     // Pages 0..32 went out first: their copies are in the tier. Bound for
     // probation, they come back keeping them.
     seg(&mut m).set_protected_max(0);
