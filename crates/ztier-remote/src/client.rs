@@ -526,6 +526,13 @@ impl NextTier for ProxyTier {
         found
     }
 
+    /// Held by the proxy (as far as this process knows: a page the
+    /// remote lost is found out by its get) or given back.
+    fn contains(&self, key: Key) -> bool {
+        let c = self.lock();
+        c.held.contains_key(&key) || c.returned.contains_key(&key)
+    }
+
     fn remove_object(&self, pool: u32, object: u64) -> usize {
         let mut c = self.lock();
         let keys: Vec<Key> = c

@@ -1379,6 +1379,20 @@ impl Store {
         self.shard(h).lock().find(h, &key).is_some()
     }
 
+    /// Whether `key` is held in RAM or by the next tier
+    /// ([`NextTier::contains`]): a get would find it. `ztier run` asks it
+    /// of a clean page it evicts, whose copy may have gone on to the next
+    /// tier since the page came back (a get that keeps the copy leaves it
+    /// there): the copy is still the page's, so it need not be
+    /// compressed and put again.
+    pub fn holds(&self, key: Key) -> bool {
+        let h = hash_key(&key);
+        let g = self.shard(h).lock();
+        // The tier is asked under the shard's lock, as every call of it
+        // about this key is made.
+        g.find(h, &key).is_some() || self.tier.as_ref().is_some_and(|t| t.contains(key))
+    }
+
     /// Entries held by the next tier (0 without one).
     pub fn tier_entries(&self) -> usize {
         self.tier.as_ref().map_or(0, |t| t.entries())

@@ -66,6 +66,13 @@ pub trait NextTier: Send + Sync {
     fn get(&self, key: Key, out: &mut Vec<u8>, remove: bool) -> Result<Option<SpillMeta>, TierError>;
     /// Deletes the entry for `key`; returns whether there was one.
     fn remove(&self, key: Key) -> bool;
+    /// Whether a [`NextTier::get`] of `key` would find it now, without
+    /// reading it. The default says no: a caller then treats the entry
+    /// as absent (the store's [`crate::Store::holds`]: a clean page is
+    /// compressed again rather than trusted to a copy it cannot see).
+    fn contains(&self, _key: Key) -> bool {
+        false
+    }
     /// Deletes every entry of `object` in `pool`; returns how many.
     fn remove_object(&self, pool: u32, object: u64) -> usize;
     /// Deletes every entry of `pool`; returns how many.
@@ -231,6 +238,10 @@ impl NextTier for MemoryTier {
             }
             None => false,
         }
+    }
+
+    fn contains(&self, key: Key) -> bool {
+        self.inner.lock().0.contains_key(&key)
     }
 
     fn remove_object(&self, pool: u32, object: u64) -> usize {
@@ -433,6 +444,10 @@ impl NextTier for FileTier {
             }
             None => false,
         }
+    }
+
+    fn contains(&self, key: Key) -> bool {
+        self.inner.lock().index.contains_key(&key)
     }
 
     fn remove_object(&self, pool: u32, object: u64) -> usize {

@@ -379,14 +379,22 @@ fn spill_all_and_read_back(tier: Box<dyn NextTier>) {
     assert_eq!(s.evicted_dropped, 0);
     assert_eq!(s.pages + s.tier_entries, n as u64);
     let mut out = vec![0u8; PAGE];
+    let in_tier: Vec<u32> = (0..n).filter(|&i| !store.contains(Key { pool, object: 0, index: i })).collect();
+    assert_eq!(in_tier.len() as u64, s.tier_entries);
     for i in 0..n {
         assert!(store.get(Key { pool, object: 0, index: i }, &mut out, false).unwrap(), "page {i}");
         assert_eq!(out, data(i), "page {i}");
+        // A get that keeps the copy leaves it where it was: in RAM, or in
+        // the tier, where only `holds` sees it.
+        let key = Key { pool, object: 0, index: i };
+        assert_eq!(store.contains(key), !in_tier.contains(&i), "page {i}");
+        assert!(store.holds(key), "page {i}");
     }
     assert!(store.stats().tier_hits > 0);
     // Exclusive gets empty both levels.
     for i in 0..n {
         assert!(store.get(Key { pool, object: 0, index: i }, &mut out, true).unwrap());
+        assert!(!store.holds(Key { pool, object: 0, index: i }), "page {i}");
     }
     let s = store.stats();
     assert_eq!((s.pages, s.tier_entries, s.tier_bytes), (0, 0, 0));

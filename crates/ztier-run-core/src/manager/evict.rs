@@ -620,8 +620,10 @@ impl Victims {
                 let slot = &self.hashes[f + k];
                 if clean {
                     // Verify mode: unchanged since it came back if its hash
-                    // is the stored copy's (and the copy is still there).
-                    if slot.get() == hash && self.store.contains(key) {
+                    // is the stored copy's (and the copy is still there, in
+                    // the store or gone on to its next tier: a get that
+                    // keeps the copy leaves a tier's where it is).
+                    if slot.get() == hash && self.store.holds(key) {
                         stats.clean_evicted.fetch_add(1, Ordering::Relaxed);
                         out.push(Outcome::Stored);
                         continue;

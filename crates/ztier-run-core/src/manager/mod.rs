@@ -42,7 +42,8 @@
 //!   reads them without removing their copies and installs them writable,
 //!   marked CLEAN. Every compression records the page's xxh3-128 hash (16
 //!   bytes per arena page, in a mapping of its own). A CLEAN victim is
-//!   hashed; if the hash is its copy's (and the copy is still there) it
+//!   hashed; if the hash is its copy's (and the copy is still there, in
+//!   the store or its next tier) it
 //!   is only released, else it is compressed as usual and counted
 //!   `dirtied`. No fault is added anywhere: the cost is a hash per
 //!   eviction (~0.3 µs, against a compression's ~3) on the evictor's CPU.

@@ -561,6 +561,89 @@ fn faults_that_continue_no_walk_are_counted_lone() {
     assert_eq!(stats.lone_faults.load(Ordering::Relaxed), 3);
 }
 
+/// A clean page whose copy the store has since pushed on to its next
+/// tier (a spill file here, the remote in `--remote` runs: a get that
+/// keeps the copy leaves it there) is still told unwritten by its hash
+/// and only released; a written one is compressed again. Before, such a
+/// page was compressed and put again as if written: half the
+/// compressions of a remote run that reads its pages back.
+#[test]
+fn verify_mode_trusts_a_copy_the_store_pushed_on_to_its_next_tier() {
+    let dir = std::env::temp_dir().join(format!("ztier-run-core-clean-tier-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pages = 1024;
+    let base = sys::mmap(
+        std::ptr::null_mut(),
+        pages * PAGE,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+        -1,
+        0,
+    ) as usize;
+    let cfg = Config {
+        budget_pages: pages,
+        codec: CodecId::Lz4,
+        allocator: AllocatorKind::Classes,
+        store_bytes: 64 << 10,
+        spill_dir: Some(dir.clone()),
+        spill_bytes: 1 << 30,
+        stats_dir: None,
+        policy: None,
+    };
+    let mut m = Manager::new(base, pages, cfg).unwrap();
+    m.clean = CleanMode::Verify;
+    let stats = Stats::new();
+    // 512 pages of 1 KiB of noise each (about 1 KiB compressed): eight
+    // times what the 64 KiB store holds. (Half the budget: they come
+    // back at a long refault distance, bound for probation.)
+    let byte =
+        |i: usize, j: usize| if j < 1024 { ((i * 7919 + j * 104_729) >> 3) as u8 ^ (j as u8) } else { 0 };
+    for f in (0..512).step_by(16) {
+        let _ = m.install(f, 16, true, false, &stats).unwrap();
+    }
+    for i in 0..512 {
+        for j in 0..PAGE {
+            // SAFETY: resident, writable pages of our mapping.
+            unsafe { *((base + i * PAGE + j) as *mut u8) = byte(i, j) };
+        }
+    }
+    evict_all(&mut m, &stats);
+    assert_eq!(stats.pages_compressed.load(Ordering::Relaxed), 512);
+    assert!(m.store.tier_entries() > 256, "{} in the tier", m.store.tier_entries());
+    // Pages 0..32 went out first: their copies are in the tier. Bound for
+    // probation, they come back keeping them.
+    seg(&mut m).set_protected_max(0);
+    for i in 0..32 {
+        if m.st(i) & STATE == STORED {
+            let _ = m.serve(base + i * PAGE, &stats).unwrap();
+        }
+    }
+    let back: Vec<usize> = (0..pages).filter(|&i| m.st(i) & STATE == RESIDENT).collect();
+    for &i in &back {
+        assert_eq!(m.st(i) & CLEAN, CLEAN, "page {i}");
+        assert!(!m.store.contains(m.key(i)) && m.store.holds(m.key(i)), "page {i}: its copy is the tier's");
+    }
+    // Page 3 changes.
+    // SAFETY: a resident, writable page of our mapping.
+    unsafe { *((base + 3 * PAGE + 2000) as *mut u8) = 0xee };
+    let compressed = stats.pages_compressed.load(Ordering::Relaxed);
+    evict_all(&mut m, &stats);
+    assert_eq!(stats.pages_compressed.load(Ordering::Relaxed) - compressed, 1, "only page 3");
+    assert_eq!(stats.clean_evicted.load(Ordering::Relaxed), back.len() as u64 - 1);
+    assert_eq!(stats.dirtied.load(Ordering::Relaxed), 1);
+    for &i in &back {
+        if m.st(i) & STATE == STORED {
+            let _ = m.serve(base + i * PAGE, &stats).unwrap();
+        }
+        for j in 0..PAGE {
+            let want = if i == 3 && j == 2000 { 0xee } else { byte(i, j) };
+            // SAFETY: page i is resident again.
+            assert_eq!(unsafe { *((base + i * PAGE + j) as *const u8) }, want, "page {i} byte {j}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn verify_mode_drops_unchanged_pages_and_compresses_written_ones() {
     let (mut m, base) = test_manager(1024);
