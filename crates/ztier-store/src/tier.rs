@@ -428,7 +428,7 @@ struct FileInner {
 /// entry (from the write buffer if it is there); two gets in a row from
 /// one segment read it whole, and the next gets from it are served from
 /// that copy. Removed entries leave holes; when the file's written
-/// segments exceed 1.5× the live bytes plus [`COMPACT_SLACK`], the
+/// segments exceed 1.5× the live bytes plus 4 segments of slack, the
 /// segment with the fewest live bytes is read and its live entries
 /// appended again. Where the file system refuses `O_DIRECT`, the file
 /// is read and written through the page cache and each range dropped
@@ -509,7 +509,7 @@ impl FileTier {
 
     /// A spill file on `file`, open for reading and writing and empty,
     /// holding at most `max_bytes` of entries (the file itself may reach
-    /// 1.5× that and [`COMPACT_SLACK`] before segments are compacted).
+    /// 1.5× that and 4 segments of slack before segments are compacted).
     pub fn from_file(file: File, max_bytes: u64) -> Self {
         let direct = set_direct(&file);
         if !direct {
