@@ -1392,6 +1392,26 @@ impl Store {
         self.tier.as_ref().map_or(0, |t| t.entries())
     }
 
+    /// Reads the next tier's entries of `keys` ahead of their gets, in
+    /// few large reads and taking no shard's lock ([`NextTier::stage`]):
+    /// for a bring-back of many pages, whose gets then find the bytes in
+    /// memory. Keys held in RAM or nowhere are passed over. How many
+    /// entries were staged (0 without a tier); [`Store::unstage_tier`]
+    /// lets go of those no get took.
+    pub fn stage_tier(&self, keys: &[Key]) -> Result<usize, StoreError> {
+        match &self.tier {
+            Some(t) => Ok(t.stage(keys)?),
+            None => Ok(0),
+        }
+    }
+
+    /// Lets go of what [`Store::stage_tier`] read and no get took.
+    pub fn unstage_tier(&self) {
+        if let Some(t) = &self.tier {
+            t.unstage();
+        }
+    }
+
     /// Before `fork`: takes every shard's lock and keeps it, so that no
     /// store operation is half done in the memory the child gets a copy
     /// of. [`Store::unlock_after_fork`] lets them go, in the parent and in
