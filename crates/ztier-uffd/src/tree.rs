@@ -19,7 +19,7 @@
 //!
 //! ```text
 //!  offset  size
-//!  0       8     magic "ZTTREE06"
+//!  0       8     magic "ZTTREE05"
 //!  8       8     budget, pages
 //!  16      8     reserved: pages held by every slot together (atomic)
 //!  24      8     peak of reserved (atomic)
@@ -30,8 +30,7 @@
 //!  56      8     adopted: pages forked children began to hold once no
 //!                longer shared with their parent (atomic)
 //!  64      8     store limit: bytes all the processes' compressed stores
-//!                may use together now (`--store`, or steered between
-//!                the bounds at 120 and 128) (atomic)
+//!                may use together (`--store`)
 //!  72      8     stored: bytes the stores use, as each process last
 //!                said (atomic)
 //!  80      8     peak of stored (atomic)
@@ -43,10 +42,7 @@
 //!                process last said (atomic)
 //!  112     8     peak of everything held: held pages + stored + tables,
 //!                in bytes (atomic)
-//!  120     8     least store limit the steering may set (0: the limit
-//!                is fixed)
-//!  128     8     most store limit the steering may set
-//!  136     40×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
+//!  120     40×SLOTS  slots: pid (i32, 0 = free, -1 = being reclaimed),
 //!                wake (u32, a futex word: bumped to wake the process's
 //!                background evictor), held pages (u64, atomic), stored
 //!                bytes (u64, atomic), start time (u64, clock ticks after
@@ -82,17 +78,6 @@
 //! part of what no store uses, or, once they use more than the limit
 //! together, its part of the limit in proportion to what it uses.
 //!
-//! Under `--budget-covers all` without `--store` the limit is *steered*
-//! ([`Member::steer_store`]): each process looks at its store's gets
-//! after each eviction round, and once it has seen [`STEER_GETS`] of
-//! them moves the shared limit by a 32nd of the budget, up if the
-//! pages it read back from the next tier (each a disk read,
-//! [`STEER_DISK_NS`]) cost more than those it found in memory (each a
-//! fault resident pages would have spared, [`STEER_STORE_NS`]), down
-//! otherwise, between the bounds `ztier run` set (Wilson and Kaplan's
-//! rule: the store grows while its hits would otherwise be disk reads,
-//! and shrinks while its faults would have been resident hits).
-//!
 //! A process takes a slot when it starts (a slot of its own PID is from
 //! before an `exec` of the same process, whose memory is gone: taken over
 //! with its pages given back) and gives its pages back at exit. One
@@ -124,7 +109,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use crate::sys;
 
 /// The segment's first eight bytes.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE06");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"ZTTREE05");
 /// Processes that can hold pages at once.
 pub const SLOTS: usize = 1024;
 /// Pages a process takes from the pool beyond what it needs now, so
@@ -156,18 +141,6 @@ pub struct Slot {
     pub tables_kib: AtomicU32,
 }
 
-/// Gets a store has served since it last steered the stores' limit
-/// before it steers again ([`Member::steer_store`]).
-pub const STEER_GETS: u64 = 1024;
-/// What a page read back from the next tier costs, in ns, as the
-/// steering prices it: a disk read (a 4 KiB `O_DIRECT` random read on
-/// the development VM, 51 µs mean; kernel swap's time above native per
-/// major fault, ~60 µs).
-pub const STEER_DISK_NS: u64 = 60_000;
-/// What a page found in the store's memory costs, in ns, against one
-/// left resident: its fault's service and its next compression.
-pub const STEER_STORE_NS: u64 = 13_000;
-
 /// The bit the kernel sets in a robust futex word whose owner ended.
 pub const FUTEX_OWNER_DIED: u32 = 0x4000_0000;
 
@@ -190,8 +163,8 @@ pub struct Segment {
     /// Pages forked children began to hold once no longer shared with
     /// their parent ([`Member::adopt`]).
     pub adopted: AtomicU64,
-    /// Bytes all the compressed stores may use together now.
-    pub store_limit: AtomicU64,
+    /// Bytes all the compressed stores may use together.
+    pub store_limit: u64,
     /// Bytes the stores use together, as each last said.
     pub stored: AtomicU64,
     /// The most of `stored` ever.
@@ -205,11 +178,6 @@ pub struct Segment {
     /// The most ever held together: pages held (in bytes), stored bytes
     /// and tables.
     pub total_peak: AtomicU64,
-    /// The least `store_limit` [`Member::steer_store`] sets (0: the
-    /// limit is fixed).
-    pub store_least: u64,
-    /// The most `store_limit` [`Member::steer_store`] sets.
-    pub store_most: u64,
     /// One per process.
     pub slots: [Slot; SLOTS],
 }
@@ -312,7 +280,7 @@ impl Shared {
         unsafe {
             let p = seg as *const Segment as *mut Segment;
             (*p).budget = budget_pages;
-            (*p).store_limit = AtomicU64::new(store_limit);
+            (*p).store_limit = store_limit;
             (*p).magic = MAGIC;
         }
         Ok(Shared { fd, seg })
@@ -324,19 +292,6 @@ impl Shared {
     pub fn covering_all(self) -> Shared {
         // SAFETY: as in `create`: no other process has mapped it yet.
         unsafe { (*(self.seg as *const Segment as *mut Segment)).covers_all = 1 };
-        self
-    }
-
-    /// Lets the processes steer the stores' limit between `least` and
-    /// `most` bytes ([`Member::steer_store`]), from the limit `create`
-    /// was given. Called before the path is handed out.
-    pub fn steering(self, least: u64, most: u64) -> Shared {
-        // SAFETY: as in `create`: no other process has mapped it yet.
-        unsafe {
-            let p = self.seg as *const Segment as *mut Segment;
-            (*p).store_least = least.min(most);
-            (*p).store_most = most;
-        }
         self
     }
 
@@ -858,7 +813,7 @@ impl Member {
     /// a process whose store is empty can still store pages while the
     /// others give theirs back.
     pub fn store_share(&self) -> Option<usize> {
-        let limit = self.store_limit();
+        let limit = self.seg.store_limit as usize;
         if limit == 0 {
             return None;
         }
@@ -879,31 +834,7 @@ impl Member {
 
     /// The limit of all the stores together (0: none).
     pub fn store_limit(&self) -> usize {
-        self.seg.store_limit.load(Ordering::Acquire) as usize
-    }
-
-    /// With a steered limit ([`Shared::steering`]): given the gets this
-    /// process's store served from memory (`hits`) and from its next
-    /// tier (`tier_hits`) since it last steered, at least [`STEER_GETS`]
-    /// of them, moves the stores' limit a 32nd of the budget up if the
-    /// tier's reads cost more than the faults the store served
-    /// ([`STEER_DISK_NS`] against [`STEER_STORE_NS`] each), down
-    /// otherwise, within its bounds. Returns whether it looked (the
-    /// counts are then spent), and the limit after.
-    pub fn steer_store(&self, hits: u64, tier_hits: u64) -> (bool, usize) {
-        let (least, most) = (self.seg.store_least, self.seg.store_most);
-        if least == 0 || hits + tier_hits < STEER_GETS {
-            return (false, self.store_limit());
-        }
-        let step = (self.seg.budget << 12) / 32;
-        let grow =
-            u128::from(tier_hits) * u128::from(STEER_DISK_NS) > u128::from(hits) * u128::from(STEER_STORE_NS);
-        let r = self.seg.store_limit.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
-            Some(if grow { (l + step).min(most) } else { l.saturating_sub(step).max(least) })
-        });
-        let was = r.unwrap_or_else(|l| l);
-        let now = if grow { (was + step).min(most) } else { was.saturating_sub(step).max(least) };
-        (true, now as usize)
+        self.seg.store_limit as usize
     }
 
     fn take(&mut self, k: usize) -> bool {
@@ -1017,38 +948,6 @@ mod tests {
         assert_eq!(seg.slots[b.slot].pid.load(Ordering::Relaxed), 0);
         // `a` lost its slot to `b` (as an image replaced by exec would).
         assert_eq!(a.slot, b.slot);
-    }
-
-    /// A steered limit moves a 32nd of the budget a look: up while the
-    /// next tier's reads cost more than the store's own hits, down while
-    /// they cost less, within its bounds; a fixed one never moves.
-    #[test]
-    fn the_stores_limit_is_steered_by_where_their_gets_came_from() {
-        const M: usize = 1 << 20;
-        // A budget of 32 MiB: a step of 1 MiB; 4 to 24 MiB.
-        let shared = Shared::create(8192, 16 << 20).unwrap().steering(4 << 20, 24 << 20);
-        let seg = open(&shared.path()).unwrap();
-        let me = Member::join(seg).unwrap();
-        assert_eq!(me.steer_store(1000, 23), (false, 16 * M), "too few gets to tell");
-        // Reads from the next tier at 60 µs against hits at 13 µs: the
-        // store grows while more than ~22% of its gets went to the tier.
-        assert_eq!(me.steer_store(800, 224), (true, 17 * M), "the tier's reads cost more: grows");
-        assert_eq!(me.store_share(), Some(17 * M));
-        assert_eq!(me.steer_store(900, 124), (true, 16 * M), "the store's hits cost more: shrinks");
-        for _ in 0..20 {
-            me.steer_store(0, 2000);
-        }
-        assert_eq!(me.store_limit(), 24 * M, "no higher than its most");
-        for _ in 0..40 {
-            me.steer_store(5000, 0);
-        }
-        assert_eq!(me.store_limit(), 4 * M, "no lower than its least");
-        // Without steering the limit is fixed.
-        let fixed = Shared::create(8192, 16 << 20).unwrap();
-        let seg = open(&fixed.path()).unwrap();
-        let me = Member::join(seg).unwrap();
-        assert_eq!(me.steer_store(0, 5000), (false, 16 * M));
-        assert_eq!(me.store_limit(), 16 * M);
     }
 
     #[test]

@@ -87,9 +87,8 @@ pub struct RunArgs {
     pub budget: u64,
     /// What --budget counts [default: resident; `bench pressure` passes all; all with
     /// a sizing policy in --policy]. all: resident managed pages + the compressed
-    /// stores + the library's tables (tree scope; with --spill or --remote and no
-    /// --store the stores' share is steered by where their faults are served, between
-    /// an 8th and 3/4 of the budget; otherwise up to 3/4, or --store if smaller). With --spill the total stays within the budget
+    /// stores + the library's tables (tree scope; the stores may take up to 3/4 of the
+    /// budget, or --store if smaller). With --spill the total stays within the budget
     /// (but for 64 KiB a process its store may have grown by unsaid): a store that
     /// outgrows the room the others leave sends its oldest pages to the spill file
     /// first. Without --spill the pages the budget has no room for stay in memory over
@@ -278,28 +277,19 @@ impl RunArgs {
 
     /// With the tree scope: the bytes all the stores may use together
     /// (`--store`, or half of RAM; under `--budget-covers all` at most 3/4
-    /// of the budget, so that a quarter stays for resident pages), and,
-    /// under `--budget-covers all` with a next tier and no `--store`, the
-    /// bounds the processes steer it between ([`STORE_STEER`]: it starts
-    /// at the most, `ztier_uffd::tree::Member::steer_store`). With
-    /// a sizing policy none (0): each process sizes its own store,
-    /// holding pages of the shared budget for it.
-    fn tree_store_limit(&self) -> anyhow::Result<(u64, Option<(u64, u64)>)> {
+    /// of the budget, so that a quarter stays for resident pages). With a
+    /// sizing policy none (0): each process sizes its own store, holding
+    /// pages of the shared budget for it.
+    fn tree_store_limit(&self) -> anyhow::Result<u64> {
         let sizing = ztier_policy::Spec::parse(&self.policy, ztier_policy::Frontend::Run)
             .map_err(|e| anyhow::anyhow!("--policy: {e}"))?
             .sizing
             .is_some();
         let asked = self.store.unwrap_or(physical_memory() / 2);
-        let next_tier = self.spill.is_some() || self.remote.remote.is_some();
-        let (least, most) = STORE_STEER;
         Ok(match self.covers()? {
-            _ if sizing => (0, None),
-            "all" if self.store.is_none() && next_tier => {
-                let most = self.budget / most.1 * most.0;
-                (most, Some((self.budget / least, most)))
-            }
-            "all" => (asked.min(self.budget / 4 * 3), None),
-            _ => (asked, None),
+            _ if sizing => 0,
+            "all" => asked.min(self.budget / 4 * 3),
+            _ => asked,
         })
     }
 
@@ -336,12 +326,6 @@ impl RunArgs {
         }
     }
 }
-
-/// Under `--budget-covers all` with a next tier and no `--store`: the
-/// stores' limit is steered between a budget over the first (an 8th)
-/// and the fraction the second gives (3/4), from the second
-/// (docs/measurements/2026-12-07-store-split.md).
-pub const STORE_STEER: (u64, (u64, u64)) = (8, (3, 4));
 
 /// Writes the embedded library to a per-user cache folder (once per
 /// content) and returns its path.
@@ -507,13 +491,9 @@ pub fn run_program(
         // With a sizing policy the stores are held as pages of the shared
         // budget already: the segment charges only the pages held.
         "tree" => {
-            let (limit, steer) = a.tree_store_limit()?;
-            let t = ztier_uffd::tree::Shared::create(a.budget >> 12, limit).context("--budget-scope tree")?;
-            let t = if covers == "all" && policy.sizing.is_none() { t.covering_all() } else { t };
-            Some(match steer {
-                Some((least, most)) => t.steering(least, most),
-                None => t,
-            })
+            let t = ztier_uffd::tree::Shared::create(a.budget >> 12, a.tree_store_limit()?)
+                .context("--budget-scope tree")?;
+            Some(if covers == "all" && policy.sizing.is_none() { t.covering_all() } else { t })
         }
         _ => None,
     };
@@ -643,8 +623,7 @@ pub fn run_program(
         stats[merged::TREE_ADOPTED_BYTES] = bytes(&seg.adopted).into();
         stats[merged::TREE_STORE_PEAK_BYTES] =
             seg.store_peak.load(std::sync::atomic::Ordering::Acquire).into();
-        stats[merged::TREE_STORE_LIMIT_BYTES] =
-            seg.store_limit.load(std::sync::atomic::Ordering::Acquire).into();
+        stats[merged::TREE_STORE_LIMIT_BYTES] = seg.store_limit.into();
         // Everything the library held for the command at its most:
         // resident pages held, the stores and the tables (what
         // `--budget-covers all` bounds).
@@ -1202,32 +1181,6 @@ pub fn in_proc_or_sys(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `--budget-covers all` with a next tier steers the stores' limit
-    /// from 3/4 of the budget between an 8th and 3/4 of it; `--store`
-    /// fixes it (at most 3/4: the old default is `--store` of 3/4), as
-    /// does no next tier (3/4) and `resident` (`--store`, half of RAM).
-    #[test]
-    fn the_stores_limit_is_steered_under_covers_all_with_a_next_tier() {
-        const M: u64 = 1 << 20;
-        let mut a = RunArgs::defaults(64 * M, "lz4", vec!["true".into()]);
-        a.budget_covers = Some("all".into());
-        assert_eq!(a.tree_store_limit().unwrap(), (48 * M, None), "no next tier: 3/4, fixed");
-        a.spill = Some("/tmp".into());
-        assert_eq!(a.tree_store_limit().unwrap(), (48 * M, Some((8 * M, 48 * M))));
-        a.store = Some(20 * M);
-        assert_eq!(a.tree_store_limit().unwrap(), (20 * M, None));
-        a.store = Some(48 * M);
-        assert_eq!(a.tree_store_limit().unwrap(), (48 * M, None), "the old default");
-        a.store = Some(60 * M);
-        assert_eq!(a.tree_store_limit().unwrap(), (48 * M, None), "at most 3/4");
-        a.budget_covers = Some("resident".into());
-        assert_eq!(a.tree_store_limit().unwrap(), (60 * M, None));
-        a.store = None;
-        a.budget_covers = Some("all".into());
-        a.policy = "castro".into();
-        assert_eq!(a.tree_store_limit().unwrap(), (0, None), "a sizing policy sizes each store");
-    }
 
     #[test]
     fn pretty_json_puts_each_pair_on_a_line() {

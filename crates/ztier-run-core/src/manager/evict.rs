@@ -167,7 +167,6 @@ impl Manager {
         if self.sizing.is_some() && self.tree.is_some() {
             self.store_held = (used as usize).div_ceil(PAGE);
         }
-        self.steer_tree_store(st.hits, st.tier_hits);
         self.follow_tree_store(used as usize, inherited as usize);
         if used >= stats.peak_store_bytes.load(Ordering::Relaxed) {
             let orig = st.orig_bytes + st.tier_entries * PAGE as u64;

@@ -293,9 +293,6 @@ pub struct Manager {
     /// With the tree scope, the store's share of the command's `--store`
     /// last applied ([`Manager::follow_tree_store`]).
     store_share: usize,
-    /// The store's gets from memory and from its next tier when this
-    /// process last steered the stores' limit ([`Manager::steer_tree_store`]).
-    steered_at: (u64, u64),
     /// Per 256 arena pages (a page of the hash table), whether one of
     /// them was ever resident: the per-page tables are backed there
     /// ([`tables_bytes`]); and how many are.
@@ -387,7 +384,6 @@ impl Manager {
             tree_wait: TREE_WAIT,
             tree_grown: std::time::Instant::now(),
             store_share: usize::MAX,
-            steered_at: (0, 0),
             table_chunks: vec![0; pages.div_ceil(256 * 64)],
             table_chunks_used: 0,
         };

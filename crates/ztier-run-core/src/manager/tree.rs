@@ -380,19 +380,6 @@ impl Manager {
         self.publish_wake_word();
     }
 
-    /// With the tree scope and a steered store limit (`--budget-covers
-    /// all` without `--store`): steers the limit of all the stores by
-    /// the gets this store served from memory and from its next tier
-    /// (`hits`, `tier_hits`: counts since it began) since it last did
-    /// ([`Member::steer_store`]).
-    pub(super) fn steer_tree_store(&mut self, hits: u64, tier_hits: u64) {
-        let Some(t) = self.tree.as_ref().filter(|_| self.sizing.is_none()) else { return };
-        let (h, th) = self.steered_at;
-        if t.steer_store(hits.saturating_sub(h), tier_hits.saturating_sub(th)).0 {
-            self.steered_at = (hits, tier_hits);
-        }
-    }
-
     /// With the tree scope: says that this process's store uses `used`
     /// bytes (besides the `inherited` a forked child's store began with,
     /// shared with its parent's), and sizes the store to its share of the
