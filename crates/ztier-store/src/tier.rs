@@ -1161,7 +1161,7 @@ impl NextTier for FileTier {
     /// marked as being staged by this call (those in the write buffer,
     /// and of no bytes, are left to their gets); then the segments
     /// holding them are read whole, in the file's order, runs of them
-    /// ([`STAGE_READ`] at most, a free segment between two read through)
+    /// (1 MiB at most, a free segment between two read through)
     /// in one read each, with the lock let go (through a descriptor of
     /// its own, `O_DIRECT` as the tier's is), and each run's entries
     /// staged under it if still marked by this call. A put or removal of

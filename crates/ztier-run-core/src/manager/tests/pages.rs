@@ -445,7 +445,9 @@ fn a_bring_back_in_parts_takes_spilled_pages_from_what_was_read_ahead() {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     for i in 0..n {
         for w in 0..PAGE / 8 {
-            (x ^= x << 13, x ^= x >> 7, x ^= x << 17);
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
             // SAFETY: resident, writable pages of our mapping.
             unsafe { *((base + i * PAGE + w * 8) as *mut u64) = if w == 0 { i as u64 } else { x } };
         }
@@ -456,11 +458,12 @@ fn a_bring_back_in_parts_takes_spilled_pages_from_what_was_read_ahead() {
     assert!(spilled > 128, "{spilled} pages spilled");
     let reads = m.store().stats().tier_file.map(|f| f.reads);
     assert!(m.hold(7, std::time::Instant::now() + std::time::Duration::from_secs(60)));
-    let used = [0..pages];
+    let all = 0..pages;
+    let used = std::slice::from_ref(&all);
     let store = m.store_shared();
     let (mut from, mut parts, mut staged, mut stored) = (0, 0, 0, 0);
     loop {
-        let (part, keys, next) = m.stored_part(&used, from, 100);
+        let (part, keys, next) = m.stored_part(used, from, 100);
         assert!(keys.len() <= 100 && part.iter().all(|r| r.start >= from), "{part:?}");
         stored += keys.len();
         staged += store.stage_tier(&keys).unwrap();
