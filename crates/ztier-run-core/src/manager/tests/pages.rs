@@ -409,6 +409,92 @@ fn held_pages_stay_until_the_last_hold_ends_or_lapses() {
     assert!(!m.release_holds(None, now), "none was in force");
 }
 
+/// A bring-back in parts, as a hold's (`bring_all_back` of the
+/// library): each part's spill file entries read ahead, then the part
+/// brought back, which takes them from what was read; every page comes
+/// back whole, every entry leaves the spill file.
+#[test]
+fn a_bring_back_in_parts_takes_spilled_pages_from_what_was_read_ahead() {
+    let pages = 1024;
+    let base = sys::mmap(
+        std::ptr::null_mut(),
+        pages * PAGE,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+        -1,
+        0,
+    ) as usize;
+    let dir = std::env::temp_dir().join(format!("ztier-bring-back-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = Config {
+        budget_pages: pages,
+        codec: CodecId::Lz4,
+        allocator: AllocatorKind::Classes,
+        store_bytes: 1 << 20,
+        spill_dir: Some(dir.clone()),
+        spill_bytes: 64 << 20,
+        stats_dir: None,
+        policy: None,
+    };
+    let mut m = Manager::new(base, pages, cfg).unwrap();
+    let stats = Stats::new();
+    // 2 MiB of bytes that do not compress against a 1 MiB store: it
+    // spills. Page i begins with i.
+    let n = 512;
+    fill_pages(&mut m, base, n, &stats, |_| 0);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..n {
+        for w in 0..PAGE / 8 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // SAFETY: resident, writable pages of our mapping.
+            unsafe { *((base + i * PAGE + w * 8) as *mut u64) = if w == 0 { i as u64 } else { x } };
+        }
+    }
+    m.budget = 64;
+    evict_all(&mut m, &stats);
+    let (spilled, out) = (m.store().tier_entries(), n - m.resident());
+    assert!(spilled > 128, "{spilled} pages spilled");
+    let reads = m.store().stats().tier_file.map(|f| f.reads);
+    assert!(m.hold(7, std::time::Instant::now() + std::time::Duration::from_secs(60)));
+    let all = 0..pages;
+    let used = std::slice::from_ref(&all);
+    let store = m.store_shared();
+    let (mut from, mut parts, mut staged, mut stored) = (0, 0, 0, 0);
+    loop {
+        let (part, keys, next) = m.stored_part(used, from, 100);
+        assert!(keys.len() <= 100 && part.iter().all(|r| r.start >= from), "{part:?}");
+        stored += keys.len();
+        staged += store.stage_tier(&keys).unwrap();
+        m.bring_back(&part, &stats).unwrap();
+        store.unstage_tier();
+        parts += 1;
+        match next {
+            Some(f) => from = f,
+            None => break,
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!((stored, parts), (out, out.div_ceil(100)));
+    // All but those still in the spill file's write buffer (a segment:
+    // 16 raw pages at most), which their gets copy from it.
+    assert!(staged <= spilled && staged + 16 >= spilled, "{staged} of {spilled} spilled pages read ahead");
+    assert_eq!(store.tier_entries(), 0);
+    assert_eq!(m.resident(), n);
+    for i in 0..n {
+        // SAFETY: a resident page of our mapping.
+        assert_eq!(unsafe { *((base + i * PAGE) as *const u64) }, i as u64, "page {i}");
+    }
+    // Read a run of segments a part or two (the gets alone read a block
+    // or a segment for every 8 pages or so).
+    let reads = m.store().stats().tier_file.map(|f| f.reads).zip(reads).map(|(a, b)| a - b);
+    assert!(
+        reads.is_some_and(|r| r <= 2 * parts as u64),
+        "{reads:?} reads for {spilled} entries in {parts} parts"
+    );
+}
+
 /// A store that is full (1 MiB, no next tier) refuses victims: they
 /// stay resident, readable, writable and unprotected, nothing is
 /// lost, and evictions pause until pages leave the store (or
