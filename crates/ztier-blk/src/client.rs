@@ -49,6 +49,8 @@ const OLDSTYLE_MAGIC: u64 = 0x0000_4202_8186_1253;
 const MAX_OPTION_REPLY: u32 = 1 << 20;
 /// Largest error message kept.
 const MAX_MESSAGE: usize = 4096;
+/// A connection's receive buffer for replies.
+const REPLY_BUFFER: usize = 64 << 10;
 
 /// Errors of the client. Each message says what a user can act on.
 #[derive(Debug, thiserror::Error)]
@@ -925,7 +927,9 @@ impl Conn {
         let info = handshake(&mut s, &uri.export, &to)?;
         s.set_read_timeout(None).map_err(|err| ClientError::Connect { to: to.clone(), err })?;
         let clone = |s: &Stream| s.try_clone().map_err(|err| ClientError::Connect { to: to.clone(), err });
-        let mut reader = clone(&s)?;
+        // Replies are read through a buffer: one receive takes every reply
+        // (header, offset, data) the server has sent, not one per field.
+        let mut reader = io::BufReader::with_capacity(REPLY_BUFFER, clone(&s)?);
         let control = clone(&s)?;
         let inflight = Arc::new(Mutex::new(HashMap::new()));
         let dead = Arc::new(Mutex::new(None));
@@ -949,10 +953,7 @@ impl Conn {
                 };
                 // Fail everything in flight, and what comes after.
                 *dead.lock().expect("dead lock") = Some(why.clone());
-                let _ = match &reader {
-                    Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
-                    Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
-                };
+                reader.get_ref().shutdown();
                 let pending: Vec<_> =
                     inflight.lock().expect("inflight lock").drain().map(|(_, s)| s).collect();
                 for s in pending {

@@ -42,6 +42,18 @@ pub trait Device: Send + Sync + 'static {
     fn read_fast(&self, _off: u64, _buf: &mut [u8]) -> Option<Result<(), BlkError>> {
         None
     }
+    /// Work the requests this thread served left for after their replies
+    /// (a cache's fills of the blocks it read from the backing). The
+    /// server's workers call it once a reply is sent; whoever calls
+    /// [`Device::read`] must call it after.
+    fn after_reply(&self) {}
+    /// Serves a write at once if that needs no waiting (a write-back
+    /// cache taking it into memory and its cache device's page cache,
+    /// say): the server then answers it from the connection's own thread.
+    /// `None`: nothing was done; write it the ordinary way.
+    fn write_fast(&self, _off: u64, _data: &[u8], _fua: bool) -> Option<Result<(), BlkError>> {
+        None
+    }
 }
 
 impl Device for Engine {

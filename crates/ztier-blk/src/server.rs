@@ -1,6 +1,10 @@
-//! The NBD server: one thread reads each connection's requests, a pool of
-//! workers per connection runs them on the engine (reads first), replies
-//! go out under a per-connection writer lock in completion order.
+//! The NBD server: one thread reads each connection's requests (through a
+//! buffer), a pool of workers per connection runs them on the engine
+//! (reads first), replies go out under a per-connection writer lock in
+//! completion order. Requests the device serves without waiting
+//! ([`Device::read_fast`], [`Device::write_fast`]) are answered by the
+//! reading thread itself, their replies sent together once no more
+//! requests are buffered.
 //!
 //! Malformed input never takes the server down: a bad option is answered
 //! with an error reply, a bad request with an error reply, a wrong magic or
@@ -629,7 +633,7 @@ fn errno_of(e: &BlkError) -> u32 {
 }
 
 fn transmission<D: Device + ?Sized>(
-    mut c: Conn,
+    c: Conn,
     engine: &Arc<D>,
     s: Session,
     cfg: &ServeConfig,
@@ -668,6 +672,7 @@ fn transmission<D: Device + ?Sized>(
                 }
                 drop(w);
                 stats.record(&job.req, job.at.elapsed(), err);
+                engine.after_reply();
                 if job.payload.capacity() > 0 && job.payload.capacity() <= SPARE_MAX {
                     let mut sp = spare.lock().expect("spare lock");
                     if sp.len() < SPARE_PAYLOADS {
@@ -687,15 +692,35 @@ fn transmission<D: Device + ?Sized>(
         }
         cv.notify_one();
     };
-    // Reads the device serves at once are answered from this thread.
+    // Requests the device serves at once are answered from this thread.
+    // Requests are read through a buffer (one receive takes all the client
+    // has sent) and the replies answered here go out together once the
+    // buffer is empty (one send for the lot), before this thread waits.
+    let mut rd = io::BufReader::with_capacity(READ_BUFFER, c.try_clone()?);
     let mut fast = Vec::new();
+    let mut out: Vec<u8> = Vec::new();
+    let mut answered: Vec<(Request, Instant, bool)> = Vec::new();
+    let send_answered = |out: &mut Vec<u8>, answered: &mut Vec<(Request, Instant, bool)>| -> io::Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let r = writer.lock().expect("writer lock").write_all(out);
+        out.clear();
+        for (req, at, err) in answered.drain(..) {
+            stats.record(&req, at.elapsed(), err);
+        }
+        r
+    };
     let result = (|| -> io::Result<()> {
         loop {
             if failed.load(Ordering::Acquire) {
                 return Err(io::Error::new(io::ErrorKind::BrokenPipe, "reply write failed"));
             }
+            if rd.buffer().len() < nbd::REQUEST_LEN || out.len() >= SEND_BATCH_MAX {
+                send_answered(&mut out, &mut answered)?;
+            }
             let mut h = [0u8; nbd::REQUEST_LEN];
-            match c.read_exact(&mut h) {
+            match rd.read_exact(&mut h) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()), // client went away
                 Err(e) => return Err(e),
@@ -713,12 +738,14 @@ fn transmission<D: Device + ?Sized>(
                 }
                 // Zeroes only bytes a recycled buffer never held.
                 payload.resize(req.length as usize, 0);
-                c.read_exact(&mut payload)?;
+                if rd.buffer().len() < payload.len() {
+                    send_answered(&mut out, &mut answered)?;
+                }
+                rd.read_exact(&mut payload)?;
             }
             if let Err(e) = nbd::validate(&req, &s) {
-                let out = error_reply(&s, &req, e, "invalid request");
-                writer.lock().expect("writer lock").write_all(&out)?;
-                stats.record(&req, at.elapsed(), true);
+                out.extend_from_slice(&error_reply(&s, &req, e, "invalid request"));
+                answered.push((req, at, true));
                 continue;
             }
             if req.kind == cmd::DISC {
@@ -726,14 +753,37 @@ fn transmission<D: Device + ?Sized>(
             }
             if req.kind == cmd::READ {
                 if let Some((n, err)) = fast_read(&**engine, &s, &req, &mut fast) {
-                    writer.lock().expect("writer lock").write_all(&fast[..n])?;
-                    stats.record(&req, at.elapsed(), err);
+                    out.extend_from_slice(&fast[..n]);
+                    answered.push((req, at, err));
+                    continue;
+                }
+            }
+            // Writes the device takes at once, likewise (a worker's wake-up
+            // and its hand-back cost more than the write).
+            if req.kind == cmd::WRITE && req.length as usize <= FAST_WRITE_MAX {
+                let fua = req.flags & cflag::FUA != 0;
+                if let Some(r) = engine.write_fast(req.offset, &payload, fua) {
+                    let (n, err) = match r {
+                        Ok(()) => (ok(&s, &req, &mut fast), false),
+                        Err(e) => {
+                            (put(&mut fast, &error_reply(&s, &req, errno_of(&e), &e.to_string())), true)
+                        }
+                    };
+                    out.extend_from_slice(&fast[..n]);
+                    answered.push((req, at, err));
+                    let mut sp = spare.lock().expect("spare lock");
+                    if sp.len() < SPARE_PAYLOADS && payload.capacity() <= SPARE_MAX {
+                        sp.push(payload);
+                    }
                     continue;
                 }
             }
             push(Job { req, payload, at });
         }
     })();
+    // What was answered here goes out even when the client left (it may
+    // only have shut down its sending side).
+    let _ = send_answered(&mut out, &mut answered);
     {
         let (m, cv) = &*queue;
         m.lock().expect("queue lock").closed = true;
@@ -797,6 +847,13 @@ fn run<D: Device + ?Sized>(engine: &D, s: &Session, job: &Job, buf: &mut Vec<u8>
 
 /// Largest read tried on [`Device::read_fast`].
 const FAST_READ_MAX: u32 = 64 << 10;
+/// Largest write tried on [`Device::write_fast`].
+const FAST_WRITE_MAX: usize = 64 << 10;
+/// The connection's receive buffer.
+const READ_BUFFER: usize = 128 << 10;
+/// Replies answered by the reader thread are sent once they reach this
+/// many bytes, even with more requests buffered.
+const SEND_BATCH_MAX: usize = 256 << 10;
 
 /// A read the device serves at once (see [`Device::read_fast`]): the
 /// reply in `buf[..n]` (one data chunk, or a simple reply) and whether it

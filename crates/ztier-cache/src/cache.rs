@@ -369,6 +369,15 @@ struct Dirty {
     queued: bool,
 }
 
+thread_local! {
+    /// Set while [`Cache::read_deferring_fills`] runs: its fills are kept
+    /// in `DEFERRED` (counted in `fills_pending`) instead of queued.
+    static DEFER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static DEFERRED: std::cell::RefCell<Vec<Fill>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// This thread's fills left for [`Cache::run_deferred_fills`].
+    static LATER: std::cell::RefCell<Vec<(Arc<Inner>, Fill)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 struct Fill {
     lba: u64,
     data: Vec<u8>,
@@ -416,7 +425,11 @@ pub(crate) struct Inner {
     codec: CodecId,
     pub(crate) c: Counters,
     pub(crate) lat: Latencies,
-    maint: Mutex<()>,
+    /// Held while recycling or checkpointing (I/O, milliseconds): a std
+    /// mutex, whose waiters sleep on a futex (`parking_lot`'s call
+    /// `sched_yield` about ten times each first; every worker filling
+    /// after its reply may wait here).
+    maint: std::sync::Mutex<()>,
     ckpt_seq: AtomicU64,
     stop: Arc<AtomicBool>,
     /// The SSD level is off (the cache device failed).
@@ -915,6 +928,11 @@ impl Inner {
     }
 
     fn queue_fill(&self, f: Fill) {
+        if DEFER.with(|d| d.get()) {
+            self.fills_pending.fetch_add(1, Ordering::AcqRel);
+            DEFERRED.with(|d| d.borrow_mut().push(f));
+            return;
+        }
         let (lba, token) = (f.lba, f.token);
         let sent = {
             let tx = self.fill_tx.lock();
@@ -1045,7 +1063,7 @@ impl Inner {
             if !no_room {
                 return;
             }
-            if attempt == 1 || !self.recycle_one() {
+            if attempt == 1 || !self.recycle_for_room() {
                 self.c.fills_dropped_space.fetch_add(1, Ordering::Relaxed);
                 if attempt == 0 {
                     let mut st = self.stripe(f.lba).lock();
@@ -1244,7 +1262,7 @@ impl Inner {
     /// Seals and writes the open segment, then writes a checkpoint: the
     /// live lines, the journal head from which records are still needed.
     fn checkpoint(&self) -> io::Result<()> {
-        let _m = self.maint.lock();
+        let _m = self.maint.lock().unwrap_or_else(|p| p.into_inner());
         self.checkpoint_locked()
     }
 
@@ -1300,11 +1318,23 @@ impl Inner {
         }
     }
 
+    /// A fill found no free segment: recycles one, unless another thread
+    /// freed one meanwhile (fills run on many workers at once).
+    fn recycle_for_room(&self) -> bool {
+        {
+            let _m = self.maint.lock().unwrap_or_else(|p| p.into_inner());
+            if self.log.free() > crate::log::RESERVE {
+                return true;
+            }
+        }
+        self.recycle_one()
+    }
+
     /// Recycles the segment [`CacheOptions::recycle_pick`] chooses: its
     /// lines copied forward when few, else the referenced ones (at most
     /// half a segment's worth) and the others dropped.
     fn recycle_one(&self) -> bool {
-        let _m = self.maint.lock();
+        let _m = self.maint.lock().unwrap_or_else(|p| p.into_inner());
         let Some(idx) = self.log.choose(&self.dir, self.opts.recycle_pick) else { return false };
         let contents = self.log.take(idx);
         if let Some(Tail { seq, entries, buf }) = contents {
@@ -1647,8 +1677,9 @@ impl Inner {
 
     /// Write-back of the whole block `b`: into the SSD cache only, dirty.
     /// False when it cannot be (no line or room for it, too many dirty):
-    /// the caller writes it through.
-    fn write_dirty(&self, b: u64, data: &[u8], buf: &mut Vec<u8>) -> bool {
+    /// the caller writes it through. `nowait`: false rather than wait for
+    /// a write through of the block or recycle a segment for room.
+    fn write_dirty(&self, b: u64, data: &[u8], buf: &mut Vec<u8>, nowait: bool) -> bool {
         if self.ssd_off.load(Ordering::Acquire)
             || !self.cacheable(b)
             || self.dirty.load(Ordering::Acquire) >= self.dirty_max
@@ -1669,6 +1700,9 @@ impl Inner {
                         break st;
                     }
                     drop(st);
+                    if nowait {
+                        return false;
+                    }
                     std::thread::sleep(Duration::from_micros(100));
                 };
                 st.fills.remove(&b);
@@ -1719,7 +1753,7 @@ impl Inner {
             if !no_room {
                 return true;
             }
-            if attempt == 1 || !self.recycle_one() {
+            if nowait || attempt == 1 || !self.recycle_one() {
                 return false;
             }
         }
@@ -1956,7 +1990,7 @@ impl Cache {
             codec,
             c: Counters::default(),
             lat: Latencies::default(),
-            maint: Mutex::new(()),
+            maint: std::sync::Mutex::new(()),
             ckpt_seq: AtomicU64::new(ckpt.as_ref().map_or(0, |c| c.0.ckpt_seq)),
             stop: Arc::new(AtomicBool::new(false)),
             ssd_off: AtomicBool::new(false),
@@ -2217,6 +2251,32 @@ impl Cache {
         Ok(())
     }
 
+    /// [`Cache::read`], its fills left to this thread: they run at its
+    /// next [`Cache::run_deferred_fills`] (a server's worker, once it has
+    /// sent the reply: no filler thread to wake and put to sleep again).
+    /// Until then they count as pending ([`Cache::drain`] waits for them).
+    pub fn read_deferring_fills(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        DEFER.with(|d| d.set(true));
+        let r = self.read(off, buf);
+        DEFER.with(|d| d.set(false));
+        let fills = DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()));
+        if !fills.is_empty() {
+            LATER.with(|l| l.borrow_mut().extend(fills.into_iter().map(|f| (self.inner.clone(), f))));
+        }
+        r
+    }
+
+    /// Runs the fills this thread's [`Cache::read_deferring_fills`] left
+    /// (of any cache).
+    pub fn run_deferred_fills(&self) {
+        let later = LATER.with(|l| std::mem::take(&mut *l.borrow_mut()));
+        let mut buf = Vec::with_capacity(BLOCK);
+        for (i, f) in later {
+            i.fill(f, &mut buf);
+            i.fills_pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
     /// Serves a read at once if every block is in RAM, or in the SSD
     /// cache and readable without waiting for the device; `None`
     /// otherwise (nothing counted: the ordinary read follows).
@@ -2329,6 +2389,48 @@ impl Cache {
         self.write_op(off, data.len() as u64, || i.backing.write_at(data, off, fua), Some(data))
     }
 
+    /// Serves a write at once when it needs no waiting: in write-back
+    /// mode, whole blocks without FUA that go dirty into the SSD cache
+    /// with no segment to recycle first. `None` otherwise, with nothing
+    /// done (the ordinary write follows).
+    pub fn write_fast(&self, off: u64, data: &[u8], fua: bool) -> Option<io::Result<()>> {
+        let i = &*self.inner;
+        let len = data.len() as u64;
+        let bs = BLOCK as u64;
+        if i.opts.mode != Mode::Writeback
+            || fua
+            || self.read_only()
+            || len == 0
+            || off % bs != 0
+            || len % bs != 0
+            || off.checked_add(len).is_none_or(|e| e > i.size)
+            || i.ssd_off.load(Ordering::Acquire)
+            || i.dirty.load(Ordering::Acquire) + len / bs > i.dirty_max
+            || i.log.free() <= crate::log::RESERVE + 1
+        {
+            return None;
+        }
+        let t = Instant::now();
+        let mut buf = Vec::with_capacity(BLOCK);
+        let first = off / bs;
+        if !i.write_dirty(first, &data[..BLOCK], &mut buf, true) {
+            return None;
+        }
+        i.c.writes.fetch_add(1, Ordering::Relaxed);
+        i.c.written_blocks.fetch_add(len / bs, Ordering::Relaxed);
+        // The first block is in: the rest must follow, the ordinary way
+        // if one of them cannot at once.
+        for k in 1..len / bs {
+            let at = (k * bs) as usize;
+            if !i.write_dirty(first + k, &data[at..at + BLOCK], &mut buf, true) {
+                return Some(self.write_back_mode(off + k * bs, &data[at..], false));
+            }
+        }
+        i.lat.write.record(t.elapsed());
+        i.lat.write_cache.record(t.elapsed());
+        Some(Ok(()))
+    }
+
     /// A write in write-back mode: whole blocks go to the SSD cache only
     /// (dirty); the others (partial blocks, or no line or room for them)
     /// through to the backing. With `fua`, durable on return (on the
@@ -2350,7 +2452,7 @@ impl Cache {
         for b in first..first + n {
             let boff = b * BLOCK as u64;
             let whole = boff >= off && boff + BLOCK as u64 <= off + len;
-            if whole && i.write_dirty(b, &data[(boff - off) as usize..][..BLOCK], &mut buf) {
+            if whole && i.write_dirty(b, &data[(boff - off) as usize..][..BLOCK], &mut buf, false) {
                 dirty = true;
                 continue;
             }

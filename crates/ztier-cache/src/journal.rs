@@ -56,7 +56,11 @@ pub struct Journal {
     appended: AtomicU64,
     /// In sync mode: every append up to this position is on the device.
     durable: AtomicU64,
-    sync_lock: Mutex<()>,
+    /// Held through a group commit's `fdatasync` (milliseconds): a std
+    /// mutex, whose waiters sleep on a futex; `parking_lot`'s would call
+    /// `sched_yield` about ten times each first (a context switch each
+    /// with the write-back threads all waiting here).
+    sync_lock: std::sync::Mutex<()>,
     syncs: AtomicU64,
 }
 
@@ -90,7 +94,7 @@ impl Journal {
             st: Mutex::new(State { seq: next, recs: Vec::new(), head, failed: None }),
             appended: AtomicU64::new(0),
             durable: AtomicU64::new(0),
-            sync_lock: Mutex::new(()),
+            sync_lock: std::sync::Mutex::new(()),
             syncs: AtomicU64::new(0),
         }
     }
@@ -140,7 +144,7 @@ impl Journal {
         if !self.sync || self.durable.load(Ordering::Acquire) >= t.0 {
             return Ok(());
         }
-        let _g = self.sync_lock.lock();
+        let _g = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
         if self.durable.load(Ordering::Acquire) >= t.0 {
             return Ok(());
         }

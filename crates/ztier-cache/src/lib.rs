@@ -101,8 +101,12 @@ impl ztier_blk::device::Device for Cache {
     fn read_only(&self) -> bool {
         Cache::read_only(self)
     }
+    /// Its fills run in [`Device::after_reply`], on the same thread.
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), BlkError> {
-        Cache::read(self, off, buf).map_err(blk_err)
+        Cache::read_deferring_fills(self, off, buf).map_err(blk_err)
+    }
+    fn after_reply(&self) {
+        Cache::run_deferred_fills(self)
     }
     fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), BlkError> {
         Cache::write(self, off, data, fua).map_err(blk_err)
@@ -121,5 +125,8 @@ impl ztier_blk::device::Device for Cache {
     }
     fn read_fast(&self, off: u64, buf: &mut [u8]) -> Option<Result<(), BlkError>> {
         Cache::read_fast(self, off, buf).map(|r| r.map_err(blk_err))
+    }
+    fn write_fast(&self, off: u64, data: &[u8], fua: bool) -> Option<Result<(), BlkError>> {
+        Cache::write_fast(self, off, data, fua).map(|r| r.map_err(blk_err))
     }
 }

@@ -1118,3 +1118,55 @@ fn flushed_dirty_blocks_survive_recycling_and_a_power_loss() {
         c2.abandon();
     }
 }
+
+/// A server's worker reads with its fills left to itself, run once the
+/// reply is sent: until then nothing is cached (and a drain would wait);
+/// a write of the block in between wins over the late fill.
+#[test]
+fn deferred_fills_run_on_their_thread_and_lose_a_race() {
+    let backing = filled(64, 0);
+    let c = open(shape_dev(), backing.clone(), opts());
+    let mut got = vec![0u8; B];
+    c.read_deferring_fills(5 * B as u64, &mut got).unwrap();
+    assert_eq!(got, block(5, 0));
+    assert_eq!(c.stats().ssd_fills, 0, "a deferred fill ran before its thread ran it");
+    assert!(c.read_fast(5 * B as u64, &mut got).is_none(), "cached before its fill ran");
+    c.run_deferred_fills();
+    assert_eq!(c.stats().ssd_fills, 1);
+    got.fill(0);
+    c.read_fast(5 * B as u64, &mut got).expect("a hit once filled").unwrap();
+    assert_eq!(got, block(5, 0));
+    // A write of the block between the miss and its fill.
+    c.read_deferring_fills(6 * B as u64, &mut got).unwrap();
+    let new = block(99, 0);
+    c.write(6 * B as u64, &new, false).unwrap();
+    c.run_deferred_fills();
+    c.drain();
+    assert!(c.stats().fills_dropped_race >= 1, "{:?}", c.stats());
+    assert_eq!(read_block(&c, 6), new, "the late fill of the old data was cached");
+}
+
+/// Writes served at once are write-back writes of whole blocks without
+/// FUA; they go dirty into the cache and reach the backing later. Any
+/// other write is left to the ordinary path, with nothing done.
+#[test]
+fn write_fast_takes_only_whole_block_write_back_writes() {
+    let backing = filled(64, 0);
+    let through = open(shape_dev(), backing.clone(), opts());
+    let two: Vec<u8> = [block(70, 0), block(71, 0)].concat();
+    assert!(through.write_fast(8 * B as u64, &two, false).is_none(), "write-through served at once");
+    drop(through);
+    let c = open(shape_dev(), backing.clone(), wb_opts());
+    assert!(c.write_fast(8 * B as u64, &two, true).is_none(), "FUA served at once");
+    assert!(c.write_fast(8 * B as u64 + 512, &two[..B], false).is_none(), "unaligned served at once");
+    assert!(c.write_fast(8 * B as u64, &two[..1000], false).is_none(), "partial block served at once");
+    assert_eq!(c.stats().writes, 0, "a refused write was counted");
+    c.write_fast(8 * B as u64, &two, false).expect("served at once").unwrap();
+    let s = c.stats();
+    assert_eq!((s.writes, s.dirty_writes), (1, 2), "{s:?}");
+    assert_eq!(read_block(&c, 8), block(70, 0));
+    assert_eq!(read_block(&c, 9), block(71, 0));
+    c.flush().unwrap();
+    c.write_back_all().unwrap();
+    assert_eq!(backing.contents()[8 * B..10 * B], two[..], "the backing misses the written blocks");
+}

@@ -123,10 +123,11 @@ fn config() -> impl Strategy<Value = Config> {
 
 fn check(cache: &Cache, model: &[u8], off: u64, len: usize, what: &str) {
     let mut got = vec![0u8; len];
-    // The server's two ways: at once when cached, else the ordinary read.
+    // The server's two ways: at once when cached, else the ordinary read
+    // with its fills left to this thread (run after the next op: see `run_with`).
     match cache.read_fast(off, &mut got) {
         Some(r) => r.unwrap(),
-        None => cache.read(off, &mut got).unwrap(),
+        None => cache.read_deferring_fills(off, &mut got).unwrap(),
     }
     let want = &model[off as usize..off as usize + len];
     if got != want {
@@ -209,6 +210,13 @@ fn run_with(cfg: Config, pick: Pick, ops: Vec<Op>) -> Seen {
     let mut pending: HashMap<u64, Vec<Vec<u8>>> = HashMap::new();
     for (i, op) in ops.into_iter().enumerate() {
         let what = format!("op {i} {op:?} ({cfg:?})");
+        // The fills a read left run after the next op when it changes
+        // blocks (a write of the block may come between, as on a server),
+        // else before it (a read leaves its own; a drain waits for them).
+        let late = !matches!(op, Op::Read { .. } | Op::Drain | Op::Crash { .. });
+        if !late {
+            cache.run_deferred_fills();
+        }
         match op {
             Op::Read { block, n, skew } => {
                 let n = n.min(BLOCKS - block);
@@ -230,7 +238,11 @@ fn run_with(cfg: Config, pick: Pick, ops: Vec<Op>) -> Seen {
                     (block * B as u64, data)
                 };
                 let fua = seed % 5 == 0;
-                cache.write(off, &data, fua).unwrap();
+                // The server's two ways: at once when it needs no waiting.
+                match cache.write_fast(off, &data, fua) {
+                    Some(r) => r.unwrap(),
+                    None => cache.write(off, &data, fua).unwrap(),
+                }
                 changed(&mut pending, &mut model, off, &data, fua);
             }
             Op::Trim { block, n } => {
@@ -315,7 +327,11 @@ fn run_with(cfg: Config, pick: Pick, ops: Vec<Op>) -> Seen {
             }
         }
         assert_eq!(backing.contents().len(), model.len());
+        if late {
+            cache.run_deferred_fills();
+        }
     }
+    cache.run_deferred_fills();
     cache.drain();
     // Everything, block by block, then the backing itself.
     for b in 0..BLOCKS {
