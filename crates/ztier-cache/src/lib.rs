@@ -101,7 +101,7 @@ impl ztier_blk::device::Device for Cache {
     fn read_only(&self) -> bool {
         Cache::read_only(self)
     }
-    /// Its fills run in [`Device::after_reply`], on the same thread.
+    /// Its fills run in [`ztier_blk::device::Device::after_reply`], on the same thread.
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), BlkError> {
         Cache::read_deferring_fills(self, off, buf).map_err(blk_err)
     }
