@@ -241,7 +241,7 @@ fn bring_back() -> Result<(), String> {
         .ok_or_else(crate::lock_stayed_taken)?
         .lock_all(true, &[], &g.stats)
         .map_err(|e| e.to_string())?;
-    crate::bring_all_back(g, until, None).map(|_| ())
+    crate::bring_all_back(g, until).map(|_| ())
 }
 
 /// glibc's `sigaction` and `signal`, looked up when the library is loaded

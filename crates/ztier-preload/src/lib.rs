@@ -1942,7 +1942,6 @@ fn stats_json(g: &Global) -> String {
         now_stored,
         spilled,
         spill_reads,
-        spill_file,
         policy,
         names,
         resident_budget,
@@ -1973,7 +1972,6 @@ fn stats_json(g: &Global) -> String {
             st.memory_used,
             st.tier_bytes,
             st.tier_hits,
-            st.tier_file,
             m.sizing(),
             m.policy_names(),
             m.budget() * PAGE,
@@ -2011,9 +2009,6 @@ fn stats_json(g: &Global) -> String {
         (stats::STORE_BYTES_NOW, now_stored.to_string()),
         (stats::SPILLED_BYTES, spilled.to_string()),
         (stats::SPILL_READS, spill_reads.to_string()),
-        (stats::SPILL_DISK_READ_BYTES, spill_file.map_or(0, |f| f.read_bytes).to_string()),
-        (stats::SPILL_DISK_WRITE_BYTES, spill_file.map_or(0, |f| f.write_bytes).to_string()),
-        (stats::SPILL_CACHED, spill_file.map_or("null".into(), |f| (!f.direct).to_string())),
         (stats::PEAK_RESIDENT_BYTES, (s.peak_resident.load(Ordering::Relaxed) * PAGE).to_string()),
         (stats::RESIDENT_BYTES, (s.resident.load(Ordering::Relaxed) * PAGE).to_string()),
         (stats::PINNED_BYTES, (manager::PINNED_PAGES.load(Ordering::Relaxed) * PAGE).to_string()),
@@ -2616,11 +2611,16 @@ fn mem_available() -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// The manager's lock, taken once no eviction is in flight (a batch in
-/// flight may have released pages it has not committed yet), waited for
-/// until `until`.
-fn lock_settled(g: &Global, until: std::time::Instant) -> Result<std::sync::MutexGuard<'_, Manager>, String> {
+/// Brings every stored page of the arena back into memory, the spill
+/// file's too, once no eviction is in flight: for a core dump
+/// ([`coredump`]) and a hold ([`hold`]). Eviction must be stopped first
+/// ([`Manager::frozen`]). Each lock is waited for until `until`. Refused,
+/// with nothing brought back, where that would take more than the memory
+/// available (`MemAvailable`, and the store's own memory, freed as the
+/// pages leave it). The bytes brought back.
+pub(crate) fn bring_all_back(g: &Global, until: std::time::Instant) -> Result<u64, String> {
     let mut m = lock_until(&g.mgr, until).ok_or_else(lock_stayed_taken)?;
+    // A batch in flight may have released pages it has not committed yet.
     while m.evicting() > 0 {
         drop(m);
         // The evictor may be waiting for a fault service to protect its
@@ -2629,37 +2629,6 @@ fn lock_settled(g: &Global, until: std::time::Instant) -> Result<std::sync::Mute
         std::thread::sleep(std::time::Duration::from_micros(50));
         m = lock_until(&g.mgr, until).ok_or_else(lock_stayed_taken)?;
     }
-    Ok(m)
-}
-
-/// Stored pages [`bring_all_back`] brings back in one part: their spill
-/// file entries read ahead with the manager's lock let go, then the part
-/// brought back under it.
-const BRING_BACK_PART: usize = 4096;
-
-/// Brings every stored page of the arena back into memory, the spill
-/// file's too, once no eviction is in flight: for a core dump
-/// ([`coredump`]) and a hold ([`hold`]). Eviction must be stopped first
-/// ([`Manager::frozen`]). Each lock is waited for until `until`. Refused,
-/// with nothing brought back, where that would take more than the memory
-/// available (`MemAvailable`, and the store's own memory, freed as the
-/// pages leave it). The bytes brought back.
-///
-/// In parts of [`BRING_BACK_PART`] stored pages: each part's entries in
-/// the spill file are read ahead, whole segments in a few large reads in
-/// the file's order ([`ztier_store::Store::stage_tier`]), without the
-/// manager's lock, which faults and the other handlers need meanwhile;
-/// then the part is brought back under it, its pages' states looked at
-/// again (a fault may have brought some back meanwhile). Read one entry
-/// at a time under the lock, 40 MiB of a spill file read past the page
-/// cache took longer than a hold's lease on a loaded machine. With
-/// `renew`, that process's hold is renewed ([`HOLD_LEASE`]) at each part.
-pub(crate) fn bring_all_back(
-    g: &Global,
-    until: std::time::Instant,
-    renew: Option<i32>,
-) -> Result<u64, String> {
-    let mut m = lock_settled(g, until)?;
     let used = used(g, &*lock_until(&g.pages, until).ok_or_else(lock_stayed_taken)?);
     let need = stored_bytes(&m);
     let room = mem_available().saturating_add(m.store().stats().memory_used);
@@ -2670,34 +2639,8 @@ pub(crate) fn bring_all_back(
             room >> 20
         ));
     }
-    let store = m.store_shared();
-    let mut from = 0;
-    loop {
-        let (part, keys, next) = m.stored_part(&used, from, BRING_BACK_PART);
-        if m.store().tier_entries() > 0 && !keys.is_empty() {
-            drop(m);
-            // A read that fails is read again by the bring-back's gets,
-            // which say why.
-            let _ = store.stage_tier(&keys);
-            m = match lock_settled(g, until) {
-                Ok(m) => m,
-                Err(why) => {
-                    store.unstage_tier();
-                    return Err(why);
-                }
-            };
-        }
-        if let Some(by) = renew {
-            m.hold(by, std::time::Instant::now() + HOLD_LEASE);
-        }
-        let r = m.bring_back(&part, &g.stats);
-        store.unstage_tier();
-        r.map_err(|e| e.to_string())?;
-        match next {
-            Some(n) => from = n,
-            None => return Ok(need),
-        }
-    }
+    m.bring_back(&used, &g.stats).map_err(|e| e.to_string())?;
+    Ok(need)
 }
 
 /// How long a hold (`ztier hold`) lasts unless renewed. `ztier hold`
@@ -2719,13 +2662,8 @@ const HOLD_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 fn hold(g: &Global, by: i32) -> String {
     let new = lock(&g.mgr).hold(by, std::time::Instant::now() + HOLD_LEASE);
     let brought = if new {
-        match bring_all_back(g, std::time::Instant::now() + HOLD_LOCK_WAIT, Some(by)) {
-            Ok(bytes) => {
-                // The lease runs from the answer, which its renewals
-                // follow.
-                lock(&g.mgr).hold(by, std::time::Instant::now() + HOLD_LEASE);
-                bytes
-            }
+        match bring_all_back(g, std::time::Instant::now() + HOLD_LOCK_WAIT) {
+            Ok(bytes) => bytes,
             Err(why) => {
                 lock(&g.mgr).release_holds(Some(by), std::time::Instant::now());
                 return format!(

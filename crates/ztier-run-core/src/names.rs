@@ -144,14 +144,6 @@ pub mod stats {
     /// Pages read back from the next tier (spill file or remote), for
     /// faults and prefetches: the store's gets it did not hold in memory.
     pub const SPILL_READS: &str = "spill_reads";
-    /// Bytes the spill file read from its medium (whole blocks and
-    /// segments: more than the entries it gave back).
-    pub const SPILL_DISK_READ_BYTES: &str = "spill_disk_read_bytes";
-    /// Bytes the spill file wrote to its medium (its segments).
-    pub const SPILL_DISK_WRITE_BYTES: &str = "spill_disk_write_bytes";
-    /// Whether the spill file goes through the page cache (its file
-    /// system refused `O_DIRECT`); null without one.
-    pub const SPILL_CACHED: &str = "spill_cached";
     /// Peak resident managed bytes.
     pub const PEAK_RESIDENT_BYTES: &str = "peak_resident_bytes";
     /// Resident managed bytes now.
@@ -268,7 +260,7 @@ pub mod stats {
     /// The fault latency histogram: `[bucket upper bound in ns, count]` pairs.
     pub const LATENCY_NS: &str = "latency_ns";
     /// Every key of a process's record, in the order the library writes them.
-    pub const ALL: [&str; 72] = [
+    pub const ALL: [&str; 69] = [
         PID,
         BUDGET_BYTES,
         FAULTS,
@@ -281,9 +273,6 @@ pub mod stats {
         STORE_BYTES_NOW,
         SPILLED_BYTES,
         SPILL_READS,
-        SPILL_DISK_READ_BYTES,
-        SPILL_DISK_WRITE_BYTES,
-        SPILL_CACHED,
         PEAK_RESIDENT_BYTES,
         RESIDENT_BYTES,
         PINNED_BYTES,
@@ -344,7 +333,7 @@ pub mod stats {
     ];
     /// The counters `ztier run` adds up over the processes (a key ending
     /// in `_ns` becomes one ending in `_s`, in seconds).
-    pub const SUMMED: [&str; 42] = [
+    pub const SUMMED: [&str; 40] = [
         FAULTS,
         PAGES_COMPRESSED,
         ORIG_BYTES,
@@ -352,8 +341,6 @@ pub mod stats {
         ZERO_FAULTS,
         STORE_FAULTS,
         SPILL_READS,
-        SPILL_DISK_READ_BYTES,
-        SPILL_DISK_WRITE_BYTES,
         LONE_FAULTS,
         PINNED_CALLS,
         PINNED_IN,

@@ -385,12 +385,6 @@ pub struct Stats {
     pub tier_entries: u64,
     /// Bytes used on the next tier's medium.
     pub tier_bytes: u64,
-    /// Of `memory_used`, the next tier's I/O buffers (a spill file's write
-    /// buffer and read buffers: [`crate::tier::NextTier::memory_bytes`]).
-    pub tier_memory_bytes: u64,
-    /// A spill file's counters, if the next tier is one.
-    #[serde(skip)]
-    pub tier_file: Option<crate::tier::FileStats>,
     /// Per-pool counters (live pools).
     pub pools: Vec<PoolStats>,
 }
@@ -831,10 +825,8 @@ impl Store {
     pub fn with_tier(cfg: StoreConfig, tier: Option<Box<dyn NextTier>>) -> Self {
         let n = cfg.shards.clamp(1, 1024).next_power_of_two();
         let caps = [cfg.anon_cap.unwrap_or(usize::MAX) / n, cfg.file_cap.unwrap_or(usize::MAX) / n];
-        // The next tier's buffers are part of the budget.
-        let shards_budget = cfg.budget.saturating_sub(tier.as_ref().map_or(0, |t| t.memory_bytes() as usize));
         let shards =
-            (0..n).map(|_| Mutex::new(Shard::new(cfg.allocator.build(), shards_budget / n, caps))).collect();
+            (0..n).map(|_| Mutex::new(Shard::new(cfg.allocator.build(), cfg.budget / n, caps))).collect();
         let pools = (0..MAX_POOLS)
             .map(|_| PoolSlot {
                 state: AtomicU64::new(0),
@@ -1406,26 +1398,6 @@ impl Store {
         self.tier.as_ref().map_or(0, |t| t.entries())
     }
 
-    /// Reads the next tier's entries of `keys` ahead of their gets, in
-    /// few large reads and taking no shard's lock ([`NextTier::stage`]):
-    /// for a bring-back of many pages, whose gets then find the bytes in
-    /// memory. Keys held in RAM or nowhere are passed over. How many
-    /// entries were staged (0 without a tier); [`Store::unstage_tier`]
-    /// lets go of those no get took.
-    pub fn stage_tier(&self, keys: &[Key]) -> Result<usize, StoreError> {
-        match &self.tier {
-            Some(t) => Ok(t.stage(keys)?),
-            None => Ok(0),
-        }
-    }
-
-    /// Lets go of what [`Store::stage_tier`] read and no get took.
-    pub fn unstage_tier(&self) {
-        if let Some(t) = &self.tier {
-            t.unstage();
-        }
-    }
-
     /// Before `fork`: takes every shard's lock and keeps it, so that no
     /// store operation is half done in the memory the child gets a copy
     /// of. [`Store::unlock_after_fork`] lets them go, in the parent and in
@@ -1564,12 +1536,10 @@ impl Store {
     pub fn set_budget(&self, bytes: usize) -> bool {
         self.budget.store(bytes, Ordering::Relaxed);
         let n = self.shards.len();
-        // The next tier's buffers are the store's memory too.
-        let shards = bytes.saturating_sub(self.tier_memory());
         let mut ok = true;
         for sh in self.shards.iter() {
             let mut g = sh.lock();
-            g.budget = shards / n;
+            g.budget = bytes / n;
             ok &= g.shrink_to_budget(&self.pools, self.tier.as_deref());
         }
         ok
@@ -1580,15 +1550,9 @@ impl Store {
         self.shards.iter().map(|s| s.lock().compact()).sum()
     }
 
-    /// Memory used by the store: allocators and metadata, all shards, and
-    /// the next tier's buffers ([`crate::tier::NextTier::memory_bytes`]).
+    /// Memory used by the store: allocators and metadata, all shards.
     pub fn memory_used(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().memory()).sum::<usize>() + self.tier_memory()
-    }
-
-    /// The next tier's buffers ([`crate::tier::NextTier::memory_bytes`]).
-    fn tier_memory(&self) -> usize {
-        self.tier.as_ref().map_or(0, |t| t.memory_bytes() as usize)
+        self.shards.iter().map(|s| s.lock().memory()).sum()
     }
 
     /// (memory used, budget) of every shard.
@@ -1669,9 +1633,6 @@ impl Store {
         if let Some(t) = &self.tier {
             s.tier_entries = t.entries() as u64;
             s.tier_bytes = t.bytes_used();
-            s.tier_memory_bytes = t.memory_bytes();
-            s.memory_used += s.tier_memory_bytes;
-            s.tier_file = t.file_stats();
         }
         for (i, p) in self.pools.iter().enumerate() {
             let st = p.state.load(Ordering::Acquire) & 3;

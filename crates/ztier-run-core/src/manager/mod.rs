@@ -459,12 +459,6 @@ impl Manager {
         &self.store
     }
 
-    /// The store, to use without the manager's lock (see
-    /// [`Manager::stored_part`]).
-    pub fn store_shared(&self) -> Arc<Store> {
-        self.store.clone()
-    }
-
     #[inline]
     fn st(&self, i: usize) -> u8 {
         self.states[i]

@@ -280,37 +280,6 @@ impl Manager {
         Ok(())
     }
 
-    /// The next part of a bring-back of `used` ([`Manager::bring_back`])
-    /// from page `from` on, up to `max` stored pages: the page ranges of
-    /// the part, the keys of its stored pages (for
-    /// [`Store::stage_tier`], with the manager's lock let go; the
-    /// bring-back of the part then takes them from memory), and the page
-    /// where the next part begins (`None`: none).
-    pub fn stored_part(
-        &self,
-        used: &[std::ops::Range<usize>],
-        from: usize,
-        max: usize,
-    ) -> (Vec<std::ops::Range<usize>>, Vec<Key>, Option<usize>) {
-        let (mut part, mut keys) = (Vec::new(), Vec::new());
-        for r in used {
-            let (f, e) = (r.start.max(from).min(self.pages), r.end.min(self.pages));
-            for i in f..e {
-                if self.st(i) & STATE == STORED {
-                    keys.push(self.key(i));
-                    if keys.len() == max {
-                        part.push(f..i + 1);
-                        return (part, keys, Some(i + 1));
-                    }
-                }
-            }
-            if f < e {
-                part.push(f..e);
-            }
-        }
-        (part, keys, None)
-    }
-
     /// A hold by process `by` (`ztier hold`) until `until`, or its renewal:
     /// no eviction while any hold is in force. The caller brings the stored
     /// pages back ([`Manager::bring_back`]) once nothing is in flight.

@@ -365,17 +365,8 @@ pub(super) fn open_store(cfg: &Config) -> io::Result<(Arc<Store>, u32)> {
         _ if remote.is_some() => remote,
         // A forked child opens a spill file of its own the same way.
         Some(dir) => {
-            let d = dir.clone();
-            let t = FileTier::reopenable(Box::new(move || open_spill(&d)), cfg.spill_bytes)?;
-            if !t.file_stats().direct {
-                (host().notice)(format_args!(
-                    "ztier: process {}: the file system of {} refuses O_DIRECT: the spill file is \
-                     written and read through the page cache, each range dropped from it after use",
-                    std::process::id(),
-                    dir.display()
-                ));
-            }
-            Some(Box::new(t))
+            let dir = dir.clone();
+            Some(Box::new(FileTier::reopenable(Box::new(move || open_spill(&dir)), cfg.spill_bytes)?))
         }
         None => None,
     };
