@@ -85,6 +85,17 @@ fn seg(m: &mut Manager) -> &mut Seg {
 }
 
 fn test_manager(pages: usize) -> (Manager, usize) {
+    test_manager_with(pages, 1 << 20, None, 0)
+}
+
+/// A manager of `pages` fresh pages, a store of `store_bytes` and a
+/// spill file of up to `spill_bytes` in `spill_dir` (if any).
+fn test_manager_with(
+    pages: usize,
+    store_bytes: usize,
+    spill_dir: Option<PathBuf>,
+    spill_bytes: u64,
+) -> (Manager, usize) {
     let base = sys::mmap(
         std::ptr::null_mut(),
         pages * PAGE,
@@ -97,9 +108,9 @@ fn test_manager(pages: usize) -> (Manager, usize) {
         budget_pages: pages,
         codec: CodecId::Lz4,
         allocator: AllocatorKind::Classes,
-        store_bytes: 1 << 20,
-        spill_dir: None,
-        spill_bytes: 0,
+        store_bytes,
+        spill_dir,
+        spill_bytes,
         stats_dir: None,
         policy: None,
     };

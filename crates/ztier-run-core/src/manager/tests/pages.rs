@@ -572,25 +572,7 @@ fn verify_mode_trusts_a_copy_the_store_pushed_on_to_its_next_tier() {
     let dir = std::env::temp_dir().join(format!("ztier-run-core-clean-tier-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pages = 1024;
-    let base = sys::mmap(
-        std::ptr::null_mut(),
-        pages * PAGE,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-        -1,
-        0,
-    ) as usize;
-    let cfg = Config {
-        budget_pages: pages,
-        codec: CodecId::Lz4,
-        allocator: AllocatorKind::Classes,
-        store_bytes: 64 << 10,
-        spill_dir: Some(dir.clone()),
-        spill_bytes: 1 << 30,
-        stats_dir: None,
-        policy: None,
-    };
-    let mut m = Manager::new(base, pages, cfg).unwrap();
+    let (mut m, base) = test_manager_with(pages, 64 << 10, Some(dir.clone()), 1 << 30);
     m.clean = CleanMode::Verify;
     let stats = Stats::new();
     // 512 pages of 1 KiB of noise each (about 1 KiB compressed): eight
