@@ -769,22 +769,24 @@ impl Member {
     }
 
     /// Under `--budget-covers all`: how many bytes this process's store,
-    /// about to say that it uses `bytes`, must let go of first (its oldest
-    /// pages, to the next tier) for the pages held, the stores and the
-    /// tables to stay within the budget, once this process has given back
-    /// what it holds beyond `keep` ([`Member::settle`]); 0 when they fit,
-    /// and without `all`. A store may grow only into the room the others
-    /// leave: before, a forked child that evicted pages it did not hold
-    /// (shared with its parent, or adopted once its parent dropped them)
-    /// grew its store with nothing given back, and four `workers.py`
-    /// processes held 25.7-27.7 MB at `--budget 24M` (25.2 MB).
+    /// about to say that it uses `bytes`, must let go of first for the
+    /// budget to hold ([`Member::store_room`]'s excess); 0 when they fit,
+    /// and without `all`. (The manager asks `store_room` itself.)
+    #[cfg(test)]
     pub fn store_overflow(&self, bytes: usize, keep: usize) -> usize {
         self.store_room(keep).map_or(0, |room| bytes.saturating_sub(room))
     }
 
-    /// Under `--budget-covers all`: the most this process's store may
-    /// say it uses, once this process has given back what it holds
-    /// beyond `keep` ([`Member::store_overflow`]); `None` without `all`.
+    /// Under `--budget-covers all`: the most this process's store may say
+    /// it uses (its oldest pages go to the next tier beyond it) for the
+    /// pages held, the stores and the tables to stay within the budget,
+    /// once this process has given back what it holds beyond `keep`
+    /// ([`Member::settle`]); `None` without `all`. A store may grow only
+    /// into the room the others leave: before, a forked child that
+    /// evicted pages it did not hold (shared with its parent, or adopted
+    /// once its parent dropped them) grew its store with nothing given
+    /// back, and four `workers.py` processes held 25.7-27.7 MB at
+    /// `--budget 24M` (25.2 MB).
     pub fn store_room(&self, keep: usize) -> Option<usize> {
         if self.seg.covers_all == 0 {
             return None;
@@ -813,7 +815,7 @@ impl Member {
     pub fn publish_tables_keeping(&mut self, bytes: usize, keep: usize) {
         let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
         let was = self.seg.slots[self.slot].tables_kib.swap(kib, Ordering::AcqRel);
-        // Down first, then up: never counted twice.
+        // One step by the difference: never counted twice for a moment.
         if kib >= was {
             self.seg.tables.fetch_add(u64::from(kib - was) << 10, Ordering::AcqRel);
         } else {
