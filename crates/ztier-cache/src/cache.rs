@@ -1262,7 +1262,7 @@ impl Inner {
     /// Seals and writes the open segment, then writes a checkpoint: the
     /// live lines, the journal head from which records are still needed.
     fn checkpoint(&self) -> io::Result<()> {
-        let _m = self.maint.lock().unwrap_or_else(|p| p.into_inner());
+        let _m = self.maint();
         self.checkpoint_locked()
     }
 
@@ -1318,11 +1318,17 @@ impl Inner {
         }
     }
 
+    /// The maintenance lock (a panic while it was held poisons nothing
+    /// it guards: it guards no data).
+    fn maint(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.maint.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A fill found no free segment: recycles one, unless another thread
     /// freed one meanwhile (fills run on many workers at once).
     fn recycle_for_room(&self) -> bool {
         {
-            let _m = self.maint.lock().unwrap_or_else(|p| p.into_inner());
+            let _m = self.maint();
             if self.log.free() > crate::log::RESERVE {
                 return true;
             }
@@ -1334,7 +1340,7 @@ impl Inner {
     /// lines copied forward when few, else the referenced ones (at most
     /// half a segment's worth) and the others dropped.
     fn recycle_one(&self) -> bool {
-        let _m = self.maint.lock().unwrap_or_else(|p| p.into_inner());
+        let _m = self.maint();
         let Some(idx) = self.log.choose(&self.dir, self.opts.recycle_pick) else { return false };
         let contents = self.log.take(idx);
         if let Some(Tail { seq, entries, buf }) = contents {
