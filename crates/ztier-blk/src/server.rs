@@ -673,12 +673,7 @@ fn transmission<D: Device + ?Sized>(
                 drop(w);
                 stats.record(&job.req, job.at.elapsed(), err);
                 engine.after_reply();
-                if job.payload.capacity() > 0 && job.payload.capacity() <= SPARE_MAX {
-                    let mut sp = spare.lock().expect("spare lock");
-                    if sp.len() < SPARE_PAYLOADS {
-                        sp.push(job.payload);
-                    }
-                }
+                give_back(&spare, job.payload);
             })
         })
         .collect();
@@ -771,10 +766,7 @@ fn transmission<D: Device + ?Sized>(
                     };
                     out.extend_from_slice(&fast[..n]);
                     answered.push((req, at, err));
-                    let mut sp = spare.lock().expect("spare lock");
-                    if sp.len() < SPARE_PAYLOADS && payload.capacity() <= SPARE_MAX {
-                        sp.push(payload);
-                    }
+                    give_back(&spare, payload);
                     continue;
                 }
             }
@@ -842,6 +834,17 @@ fn run<D: Device + ?Sized>(engine: &D, s: &Session, job: &Job, buf: &mut Vec<u8>
     match res {
         Ok(n) => (n, false),
         Err(e) => (put(buf, &error_reply(s, r, errno_of(&e), &e.to_string())), true),
+    }
+}
+
+/// Keeps a write's payload buffer for a later request's, if it is one
+/// worth keeping and fewer than [`SPARE_PAYLOADS`] are kept.
+fn give_back(spare: &Mutex<Vec<Vec<u8>>>, payload: Vec<u8>) {
+    if payload.capacity() > 0 && payload.capacity() <= SPARE_MAX {
+        let mut sp = spare.lock().expect("spare lock");
+        if sp.len() < SPARE_PAYLOADS {
+            sp.push(payload);
+        }
     }
 }
 
