@@ -428,7 +428,7 @@ impl Manager {
     /// Under `--budget-covers all` with a next tier, the store first lets
     /// go of its oldest pages (to the spill file) as far as it outgrew
     /// the room the pages held, the other stores and the tables leave
-    /// ([`Member::store_overflow`]), so that what all hold stays within
+    /// ([`Member::store_room`]), so that what all hold stays within
     /// the budget whatever this process can give back.
     pub(super) fn follow_tree_store(&mut self, mut used: usize, inherited: usize) {
         // (A sizing policy sizes the store itself: `set_share`.)
