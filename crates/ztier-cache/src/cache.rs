@@ -1338,7 +1338,9 @@ impl Inner {
 
     /// Recycles the segment [`CacheOptions::recycle_pick`] chooses: its
     /// lines copied forward when few, else the referenced ones (at most
-    /// half a segment's worth) and the others dropped.
+    /// half a segment's worth) and the others dropped. `false` when
+    /// nothing was freed: no sealed segment, or a dirty line that could be
+    /// neither copied forward nor written back kept its segment.
     fn recycle_one(&self) -> bool {
         let _m = self.maint();
         let Some(idx) = self.log.choose(&self.dir, self.opts.recycle_pick) else { return false };
@@ -1374,12 +1376,30 @@ impl Inner {
             let keep_all = live <= cap * keep / 100;
             if keep_all {
                 budget = budget.max(live);
+            } else {
+                // Dirty lines are copied whatever the budget: what they
+                // take comes out of the referenced lines' share, so that
+                // the copies never need more than one segment (the open
+                // one's room and the reserve hold that much).
+                let dirty: usize = entries
+                    .iter()
+                    .filter_map(|e| {
+                        let line = self.dir.find_at(e.lba, self.log.entry_loc(idx, e))?;
+                        self.dir.is_dirty(line).then(|| format::item_span(e.len as usize, self.geo.loc_unit))
+                    })
+                    .sum();
+                budget = budget.saturating_sub(dirty);
             }
             let mut sealed = Vec::new();
             // Dirty lines written back here, to record as clean.
             let mut cleaned = Vec::new();
             // Whether a dirty line was copied forward.
             let mut moved_dirty = false;
+            // A dirty line neither copied forward nor written back: the
+            // segment is kept (sealed, its remaining lines still in it)
+            // rather than reused over the only copy of a block.
+            let mut stuck = false;
+            self.log.recycling(true);
             for e in &entries {
                 let loc = self.log.entry_loc(idx, e);
                 // A line still pointing at an item its seal marked dead is
@@ -1417,9 +1437,11 @@ impl Inner {
                                 self.c.written_back.fetch_add(1, Ordering::Relaxed);
                                 cleaned.push((g, lba));
                             }
-                            Err(err) => {
-                                self.forget_dirty(&mut st, line);
-                                self.wb_lose(&format!("recycling dirty block {}: {err}", e.lba));
+                            Err(_) => {
+                                // Counted in `writeback_errors`; the block
+                                // stays dirty and is tried again later.
+                                stuck = true;
+                                break;
                             }
                         }
                     }
@@ -1428,6 +1450,7 @@ impl Inner {
                 drop(st);
                 self.log.count_recycled_line(moved);
             }
+            self.log.recycling(false);
             for s in sealed {
                 self.write_segment(s);
             }
@@ -1449,6 +1472,9 @@ impl Inner {
             // written back here.
             for (g, lba) in cleaned {
                 let _ = self.journal_invalidation(g, lba, 1, true);
+            }
+            if stuck {
+                return false;
             }
         }
         self.log.release(idx);

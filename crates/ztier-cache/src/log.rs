@@ -73,6 +73,8 @@ struct State {
     /// Where the search for a free segment starts next.
     next_free: u32,
     next_seq: u64,
+    /// A recycle is copying lines forward (see [`Log::recycling`]).
+    recycling: bool,
 }
 
 /// Which sealed segment recycling takes.
@@ -246,7 +248,7 @@ impl Log {
         Log {
             dev,
             sb: *sb,
-            st: Mutex::new(State { open: None, free, next_free: 0, next_seq }),
+            st: Mutex::new(State { open: None, free, next_free: 0, next_seq, recycling: false }),
             state,
             seqs,
             acct,
@@ -311,6 +313,14 @@ impl Log {
         let Item { lba, gen, form, codec, data } = it;
         let span = format::item_span(data.len(), self.sb.loc_unit);
         let mut st = self.st.lock();
+        // While a recycle copies lines forward with the reserve all that
+        // is free, the open segment's room is its: another append taking
+        // it could leave a dirty copy nowhere to go.
+        if !reserve && st.recycling && st.free <= RESERVE {
+            drop(st);
+            self.low.notify_all();
+            return (None, None);
+        }
         let mut sealed = None;
         if st.open.as_ref().is_some_and(|o| !o.fits(span)) {
             let o = st.open.take().expect("checked");
@@ -527,6 +537,14 @@ impl Log {
         best.map(|(_, _, idx)| idx)
     }
 
+    /// Marks a recycle's copying as under way (`true`) or done: meanwhile,
+    /// with no more than the reserve free, only appends with `reserve`
+    /// (the recycle's copies) are placed, so that copies of one segment's
+    /// lines always fit in the open segment's room and the reserve.
+    pub fn recycling(&self, on: bool) {
+        self.st.lock().recycling = on;
+    }
+
     /// Reads sealed segment `idx`, chosen to recycle: its contents
     /// (`None` for an unreadable one, whose lines are simply gone).
     pub fn take(&self, idx: u32) -> Option<Tail> {
@@ -670,5 +688,43 @@ mod tests {
         let (_, _, entries) = format::parse_summary(&s.buf, sb.segment_size).unwrap();
         let dead: Vec<(u64, bool)> = entries.iter().map(|e| (e.lba, e.dead)).collect();
         assert_eq!(dead, [(1, true), (2, false)]);
+    }
+
+    /// While a recycle copies lines forward with only the reserve free,
+    /// an ordinary append is refused even where the open segment has
+    /// room: that room is the copies'. (A fill taking it once left a
+    /// recycled dirty block nowhere to go.)
+    #[test]
+    fn a_recycles_copies_keep_the_open_segments_room() {
+        let sb = Geometry {
+            size: 2 << 20,
+            segment_size: 16 << 10,
+            lines_per_block: 2.0,
+            placement: Placement::Assoc,
+            ways: 4,
+            policy: Policy::Clock,
+            codec: 0,
+            journal_size: Some(64 << 10),
+        }
+        .superblock(7, 0)
+        .unwrap();
+        let log = Log::new(Arc::new(CrashBacking::new()), &sb, &[]);
+        let dir = Directory::new(sb.lines, 4, Placement::Assoc, Policy::Clock);
+        let data = vec![9u8; BLOCK];
+        let it = |lba| Item { lba, gen: lba, form: Form::Raw, codec: 0, data: &data };
+        let mut lba = 0;
+        while log.append(&dir, it(lba), false, |loc| loc).0.is_some() {
+            lba += 1;
+        }
+        assert_eq!(log.free(), RESERVE, "ordinary appends stop at the reserve");
+        log.recycling(true);
+        assert!(log.append(&dir, it(lba), true, |loc| loc).0.is_some(), "a copy takes the reserve");
+        assert_eq!(log.free(), 0);
+        assert!(log.append(&dir, it(lba + 1), false, |loc| loc).0.is_none(), "a fill took the copies' room");
+        log.recycling(false);
+        assert!(
+            log.append(&dir, it(lba + 1), false, |loc| loc).0.is_some(),
+            "the open segment's room refused after"
+        );
     }
 }
