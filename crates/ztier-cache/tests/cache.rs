@@ -1224,7 +1224,11 @@ fn write_back_batches_keep_blocks_written_during_their_copy() {
     assert!(syncs * 2 < copies, "{syncs} journal syncs for {copies} copies");
     for b in 0..n {
         assert_eq!(read_block(&c, b), v2(b), "block {b}");
-        assert_eq!(&backing.mem.contents()[(b * B as u64) as usize..][..B], &v2(b)[..], "block {b} on the backing");
+        assert_eq!(
+            &backing.mem.contents()[(b * B as u64) as usize..][..B],
+            &v2(b)[..],
+            "block {b} on the backing"
+        );
     }
     c.close().unwrap();
 }
