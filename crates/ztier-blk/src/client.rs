@@ -1289,7 +1289,10 @@ impl Client {
     /// durable. One result per write, in order.
     pub fn write_many(&self, writes: &[(u64, &[u8])]) -> Vec<Result<(), ClientError>> {
         let max = self.max_request();
-        let sent: Vec<Result<Option<(Arc<Conn>, u64, Arc<Slot>)>, ClientError>> = writes
+        // A write sent (its connection, cookie and slot), or `None` for
+        // one too large for a single request (written on its own below).
+        type Sent = Option<(Arc<Conn>, u64, Arc<Slot>)>;
+        let sent: Vec<Result<Sent, ClientError>> = writes
             .iter()
             .map(|&(off, data)| {
                 if self.info.read_only() {
@@ -1297,7 +1300,7 @@ impl Client {
                 }
                 self.check(off, data.len() as u64)?;
                 if data.len() > max {
-                    return Ok(None); // written on its own below
+                    return Ok(None);
                 }
                 let c = self.pick()?;
                 let (cookie, slot) = c.send(cmd::WRITE, 0, off, data.len() as u32, data)?;
