@@ -369,6 +369,9 @@ impl Manager {
             store: self.store.clone(),
             pool: self.pool,
             base: self.base,
+            waiters: std::sync::Mutex::new(Vec::new()),
+            wakes: AtomicUsize::new(0),
+            mincores: AtomicUsize::new(0),
         }))
     }
 
@@ -404,6 +407,18 @@ impl Manager {
         if !self.left_own.is_empty() {
             self.left_own.retain(|i| v.pages.binary_search(i).is_err());
         }
+        if !self.waiters.is_empty() {
+            let mut w = lock_waiters(v);
+            self.waiters.retain(|&i| {
+                let mine = v.pages.binary_search(&i).is_ok();
+                if mine {
+                    w.push(i);
+                }
+                !mine
+            });
+            w.sort_unstable();
+            w.dedup();
+        }
         stats.resident.store(self.resident, Ordering::Relaxed);
         let g = self.repl.gauges();
         stats.demoted.store(g.demoted, Ordering::Relaxed);
@@ -438,7 +453,9 @@ impl Manager {
         if s & STATE == EVICTING {
             // Taken back if its batch is not sealed yet (that also wakes
             // the writer), else the evictor wakes it after the commit.
-            self.take_back(i, true, stats)?;
+            if !self.take_back(i, true, stats)? {
+                self.waiters.push(i);
+            }
             return Ok(());
         }
         if s & STATE == RESIDENT && s & CLEAN != 0 {
@@ -509,6 +526,36 @@ pub struct Victims {
     pub(super) store: Arc<Store>,
     pub(super) pool: u32,
     pub(super) base: usize,
+    /// The victims whose faults wait for the commit, handed over by it
+    /// (sorted): [`Victims::wake_released`] wakes only those.
+    pub(super) waiters: std::sync::Mutex<Vec<usize>>,
+    /// `UFFDIO_WAKE` calls [`Victims::wake_released`] made.
+    pub(super) wakes: AtomicUsize,
+    /// `mincore` calls [`Victims::compress`] made.
+    pub(super) mincores: AtomicUsize,
+}
+
+/// The waiters handed to `v` ([`Manager::commit`]); a poisoned lock
+/// still holds them.
+fn lock_waiters(v: &Victims) -> std::sync::MutexGuard<'_, Vec<usize>> {
+    v.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs of victims less than this many pages apart are looked up by one
+/// `mincore` ([`Victims::compress`]).
+const MINCORE_GAP: usize = 256;
+
+/// Per page of `[addr, addr + n pages)`: in memory (bit 0), by the
+/// kernel's `mincore`, not the library's export (which fails on free
+/// pages, and victims may be free).
+fn in_memory(addr: usize, n: usize) -> io::Result<Vec<u8>> {
+    let mut inmem = vec![0u8; n];
+    let r =
+        (host().raw)(libc::SYS_mincore, [addr as u64, (n * PAGE) as u64, inmem.as_mut_ptr() as u64, 0, 0, 0]);
+    if r < 0 {
+        return Err(io::Error::from_raw_os_error(-r as i32));
+    }
+    Ok(inmem)
 }
 
 /// Contiguous runs of ascending page indices: (first page, pages).
@@ -574,19 +621,10 @@ impl Victims {
         let runs = self.runs();
         let mut out = Vec::with_capacity(self.pages.len());
         let mut at = 0;
+        let inmem = self.in_memory()?;
         for &(f, n) in &runs {
             let addr = self.base + f * PAGE;
-            let mut inmem = vec![0u8; n];
-            // The kernel's `mincore`, not the library's export (which
-            // fails on free pages, and victims may be free).
-            let r = (host().raw)(
-                libc::SYS_mincore,
-                [addr as u64, (n * PAGE) as u64, inmem.as_mut_ptr() as u64, 0, 0, 0],
-            );
-            if r < 0 {
-                return Err(io::Error::from_raw_os_error(-r as i32));
-            }
-            for (k, &present) in inmem.iter().enumerate() {
+            for (k, &present) in inmem[at..at + n].iter().enumerate() {
                 let clean = self.clean[at];
                 at += 1;
                 if present & 1 == 0 {
@@ -651,6 +689,42 @@ impl Victims {
         Ok(out)
     }
 
+    /// Which victims are in memory (bit 0 of each byte, in the order of
+    /// the victims). One `mincore` covers each cluster of runs of victims
+    /// less than [`MINCORE_GAP`] pages apart, not one per run (the pages
+    /// between are looked at too, and cost less than a system call); a
+    /// cluster with a hole (unmapped by the program) gets a call per run.
+    fn in_memory(&self) -> io::Result<Vec<u8>> {
+        let runs = self.runs();
+        let mut out = Vec::with_capacity(self.pages.len());
+        let mut c = 0;
+        while c < runs.len() {
+            let first = runs[c].0;
+            let mut end = c + 1;
+            while end < runs.len() && runs[end].0 - (runs[end - 1].0 + runs[end - 1].1) < MINCORE_GAP {
+                end += 1;
+            }
+            let last = runs[end - 1].0 + runs[end - 1].1;
+            self.mincores.fetch_add(1, Ordering::Relaxed);
+            match in_memory(self.base + first * PAGE, last - first) {
+                Ok(v) => {
+                    for &(f, n) in &runs[c..end] {
+                        out.extend_from_slice(&v[f - first..f - first + n]);
+                    }
+                }
+                Err(_) if end > c + 1 => {
+                    for &(f, n) in &runs[c..end] {
+                        self.mincores.fetch_add(1, Ordering::Relaxed);
+                        out.extend(in_memory(self.base + f * PAGE, n)?);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+            c = end;
+        }
+        Ok(out)
+    }
+
     /// Gives the memory of the compressed (and all-zero) victims back,
     /// without the manager's lock: they are OWNED, so nothing else is
     /// installed there meanwhile. Pages the store refused stay; pages the
@@ -685,22 +759,38 @@ impl Victims {
         Ok(())
     }
 
-    /// Wakes the writers of the other victims, after the commit (their
-    /// retried writes find the page STORED or ABSENT and fault it back).
-    /// Their memory was released, and `MADV_DONTNEED` on anonymous memory
-    /// drops the write-protect bit with the page: no page-table change.
-    /// A wake needs no registered range.
-    pub fn wake_released(&self, outcome: &[Outcome]) -> io::Result<()> {
-        let released = self.pages.iter().zip(outcome).filter(|(_, &o)| o != Outcome::Kept);
-        for (f, n) in runs_of(released.map(|(&i, _)| i)) {
+    /// Wakes the threads whose faults on the victims were left waiting
+    /// for the commit (the waiters the commit handed over, a call per
+    /// run of them), after it: their retried accesses find the page
+    /// STORED or ABSENT and fault it back. A fault read after the commit
+    /// is served and woken as any other, so the other victims need no
+    /// call (there was one per run of victims, most waking nobody).
+    /// Released memory needs no unprotecting: `MADV_DONTNEED` on
+    /// anonymous memory drops the write-protect bit with the page. A wake
+    /// needs no registered range.
+    pub fn wake_released(&self, _outcome: &[Outcome]) -> io::Result<()> {
+        let waiters = std::mem::take(&mut *lock_waiters(self));
+        for (f, n) in runs_of(waiters) {
             let addr = self.base + f * PAGE;
+            self.wakes.fetch_add(1, Ordering::Relaxed);
             self.uffd.wake(addr, n * PAGE).map_err(|e| {
                 io::Error::new(
                     e.kind(),
-                    format!("waking the writers of {addr:#x}+{:#x} after eviction: {e}", n * PAGE),
+                    format!("waking the waiters of {addr:#x}+{:#x} after eviction: {e}", n * PAGE),
                 )
             })?;
         }
         Ok(())
+    }
+
+    /// The `UFFDIO_WAKE` calls [`Victims::wake_released`] made.
+    pub fn wakes(&self) -> usize {
+        self.wakes.load(Ordering::Relaxed)
+    }
+
+    /// The victims whose faults wait for the commit, as handed over by
+    /// it (sorted); woken by [`Victims::wake_released`].
+    pub fn waiters(&self) -> Vec<usize> {
+        lock_waiters(self).clone()
     }
 }

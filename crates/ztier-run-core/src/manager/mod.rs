@@ -282,6 +282,12 @@ pub struct Manager {
     /// still counted as shared with its parent (sorted;
     /// [`Manager::victims_own`]).
     left_own: Vec<usize>,
+    /// Pages whose fault (missing page or write) was left waiting for the
+    /// commit of the eviction that owns them: the only victims the
+    /// evictor wakes after its commit ([`Victims::wake_released`]). A
+    /// fault read later finds the page committed and is served (and
+    /// woken) as any other.
+    waiters: Vec<usize>,
     /// A fault left to wait for the eviction in flight
     /// ([`Manager::wait_for_room`]), and since when faults have waited so.
     room_wait: bool,
@@ -381,6 +387,7 @@ impl Manager {
             tree_forced_said: false,
             set_aside: Vec::new(),
             left_own: Vec::new(),
+            waiters: Vec::new(),
             room_wait: false,
             room_since: None,
             tree_wait: TREE_WAIT,
@@ -597,6 +604,7 @@ impl Manager {
             // Released by an eviction that has not committed yet: the
             // evictor wakes this fault after its commit (see the module
             // docs); the retry finds the page stored.
+            self.waiters.push(i);
             stats.deferred.fetch_add(1, Ordering::Relaxed);
             self.log_row(t0, Kind::Deferred, i, 0, None, false);
             return Ok(None);

@@ -123,6 +123,9 @@ fn victims_are_protected_run_by_run_and_their_neighbours_are_not() {
         store: m.store.clone(),
         pool: m.pool,
         base: m.base,
+        waiters: Default::default(),
+        wakes: Default::default(),
+        mincores: Default::default(),
     };
     v.protect(&stats).unwrap();
     assert_eq!(stats.wp_calls.load(Ordering::Relaxed), 3, "one call per run");
@@ -136,6 +139,48 @@ fn victims_are_protected_run_by_run_and_their_neighbours_are_not() {
     unsafe { *((base + 6 * PAGE) as *mut u8) = 1 };
     // SAFETY: as above.
     assert_eq!(unsafe { *((base + 6 * PAGE) as *const u8) }, 1);
+    // The three runs are looked up in memory by one `mincore`: all in
+    // memory (zeros: nothing stored), each in its place.
+    let outcome = v.compress_protected(&stats).unwrap();
+    assert_eq!(v.mincores.load(Ordering::Relaxed), 1, "one mincore for runs close together");
+    assert_eq!(outcome, vec![Outcome::Zero; victims.len()]);
+}
+
+#[test]
+fn victims_out_of_memory_are_gone_and_runs_far_apart_get_a_mincore_each() {
+    let (mut m, base) = test_manager(4096);
+    let stats = Stats::new();
+    let _ = m.install(0, 4, true, false, &stats).unwrap();
+    let _ = m.install(3000, 2, true, false, &stats).unwrap();
+    for i in [0, 1, 3, 3000, 3001] {
+        // SAFETY: resident, writable pages of our mapping.
+        unsafe { std::ptr::write_bytes((base + i * PAGE) as *mut u8, 7, PAGE) };
+    }
+    // Page 1 leaves memory behind the manager's back; pages 1 and 2
+    // between the victims 0 and 3 are looked at by the same call.
+    sys::madvise((base + PAGE) as *mut libc::c_void, PAGE, libc::MADV_DONTNEED);
+    let victims = [0, 1, 3, 3000, 3001];
+    for &i in &victims {
+        m.set(i, (m.st(i) & !STATE) | EVICTING);
+    }
+    let v = Victims {
+        protect: runs_of(victims),
+        pages: victims.to_vec(),
+        clean: vec![false; victims.len()],
+        mode: m.clean,
+        hashes: m.hashes.clone(),
+        uffd: m.uffd.clone(),
+        store: m.store.clone(),
+        pool: m.pool,
+        base: m.base,
+        waiters: Default::default(),
+        wakes: Default::default(),
+        mincores: Default::default(),
+    };
+    let outcome = v.compress(&stats).unwrap();
+    assert_eq!(v.mincores.load(Ordering::Relaxed), 2, "a call per cluster of runs");
+    let s = Outcome::Stored;
+    assert_eq!(outcome, vec![s, Outcome::Gone, s, s, s]);
 }
 
 fn present(addr: usize) -> bool {
@@ -175,7 +220,14 @@ fn faults_on_pages_an_eviction_released_wait_for_its_commit() {
     assert!(!present(base + b * PAGE));
     v.unprotect_kept(&outcome).unwrap();
     m.commit(&v, &outcome, &stats);
+    // The commit hands over the two faults left waiting, and only those
+    // are woken: one call for a and b if adjacent, else two.
+    let mut waiting = vec![a, b];
+    waiting.sort_unstable();
+    assert_eq!(v.waiters(), waiting);
     v.wake_released(&outcome).unwrap();
+    assert_eq!(v.wakes(), if b == a + 1 { 1 } else { 2 });
+    assert!(v.waiters().is_empty());
     assert_eq!(m.st(a) & (STATE | OWNED), STORED);
     assert_eq!(m.st(b) & (STATE | OWNED), ABSENT);
     assert!(!m.store.contains(m.key(b)), "the released page's copy is dropped");
@@ -226,16 +278,21 @@ fn a_write_takes_back_a_victim_until_its_batch_is_sealed() {
         w.unprotect_kept(&wo).unwrap();
         m.commit(&w, &wo, &stats);
         w.wake_released(&wo).unwrap();
+        assert_eq!(w.wakes(), 0, "a batch no fault waited for wakes nobody");
     }
     // Sealed: b stays with its batch.
     assert_eq!(m.seal_background(&v.pages, &outcome), vec![a]);
     assert!(!m.take_back(b, true, &stats).unwrap());
+    // A write to b now waits for the commit, which wakes it.
+    m.write_fault(base + b * PAGE, &stats).unwrap();
     let mut release = outcome.clone();
     release[0] = Outcome::Kept;
     v.release(&release).unwrap();
     v.unprotect_kept(&outcome).unwrap();
     m.commit_background(&v, &outcome, &stats);
+    assert_eq!(v.waiters(), vec![b], "the writer of b waits; a was given back at once");
     v.wake_released(&outcome).unwrap();
+    assert_eq!(v.wakes(), 1);
     assert_eq!(stats.taken_back.load(Ordering::Relaxed), 1);
     assert_eq!(m.st(a) & (STATE | OWNED), RESIDENT);
     assert!(present(base + a * PAGE));
