@@ -93,8 +93,8 @@
 //! service on the corpus builder at 256M with them under the lock, 0.14
 //! s without). While a page is OWNED, a
 //! missing-page fault on it is not served (its content is between memory
-//! and the store) but left waiting: the evictor wakes every victim after
-//! the commit, and the retried fault finds the page STORED (unless the
+//! and the store) but left waiting (the page is recorded): the evictor
+//! wakes those after the commit, and the retried fault finds the page STORED (unless the
 //! page is one of a sealed background batch whose release by the evictor
 //! has returned: that one is committed early, see
 //! [`Manager::commit_early`]). A page the
