@@ -996,19 +996,6 @@ impl Conn {
         payload: &[u8],
         timeout: Option<Duration>,
     ) -> Result<Vec<u8>, ClientError> {
-        let (cookie, slot) = self.send(kind, flags, offset, len, payload)?;
-        self.wait(cookie, &slot, timeout)
-    }
-
-    /// Sends one request: its cookie and slot, for [`Conn::wait`].
-    fn send(
-        &self,
-        kind: u16,
-        flags: u16,
-        offset: u64,
-        len: u32,
-        payload: &[u8],
-    ) -> Result<(u64, Arc<Slot>), ClientError> {
         if let Some(why) = self.dead() {
             return Err(ClientError::Disconnected(why));
         }
@@ -1031,12 +1018,6 @@ impl Conn {
             self.inflight.lock().expect("inflight lock").remove(&cookie);
             return Err(ClientError::Disconnected(e.to_string()));
         }
-        Ok((cookie, slot))
-    }
-
-    /// Waits for the reply of a request [`Conn::send`] sent (at most
-    /// `timeout` from now). Returns the read data.
-    fn wait(&self, cookie: u64, slot: &Slot, timeout: Option<Duration>) -> Result<Vec<u8>, ClientError> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut s = slot.st.lock().expect("slot lock");
         while !s.done {
@@ -1281,39 +1262,6 @@ impl Client {
             self.flush()?;
         }
         Ok(())
-    }
-
-    /// Writes each `(off, data)` of `writes`, every one sent before any
-    /// reply is waited for (spread over the connections): one caller keeps
-    /// them all in flight. No FUA: [`Client::flush`] after makes them
-    /// durable. One result per write, in order.
-    pub fn write_many(&self, writes: &[(u64, &[u8])]) -> Vec<Result<(), ClientError>> {
-        let max = self.max_request();
-        // A write sent (its connection, cookie and slot), or `None` for
-        // one too large for a single request (written on its own below).
-        type Sent = Option<(Arc<Conn>, u64, Arc<Slot>)>;
-        let sent: Vec<Result<Sent, ClientError>> = writes
-            .iter()
-            .map(|&(off, data)| {
-                if self.info.read_only() {
-                    return Err(ClientError::ReadOnly);
-                }
-                self.check(off, data.len() as u64)?;
-                if data.len() > max {
-                    return Ok(None);
-                }
-                let c = self.pick()?;
-                let (cookie, slot) = c.send(cmd::WRITE, 0, off, data.len() as u32, data)?;
-                Ok(Some((c, cookie, slot)))
-            })
-            .collect();
-        sent.into_iter()
-            .zip(writes)
-            .map(|(s, &(off, data))| match s? {
-                Some((c, cookie, slot)) => c.wait(cookie, &slot, self.opts.timeout).map(|_| ()),
-                None => self.write(off, data, false),
-            })
-            .collect()
     }
 
     /// Makes every completed write durable (a no-op if the server has no FLUSH).

@@ -147,49 +147,6 @@ fn round_trips_against_nbdkit_from_many_threads() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// `write_many` sends every write before waiting for a reply: behind a
-/// 1 s write delay, nbdkit's log shows all 16 started before the first
-/// one ended. Each write has its own result (one beyond the end is
-/// refused alone), and the data is there after a flush.
-#[test]
-fn write_many_keeps_every_write_in_flight() {
-    let d = tmpdir("many");
-    let log = d.join("log.txt");
-    let logarg = format!("logfile={}", log.display());
-    let kit = Kit::start(
-        &d.join("k.sock"),
-        &["--filter=log", "--filter=delay", "memory", "8M", &logarg, "wdelay=1000ms"],
-    );
-    let c = Client::connect(&kit.uri(), ClientOptions::default()).unwrap();
-    let data: Vec<Vec<u8>> = (0..17u64).map(|k| pattern(k, 4096)).collect();
-    let writes: Vec<(u64, &[u8])> = data
-        .iter()
-        .enumerate()
-        .map(|(k, p)| (if k == 8 { 8 << 20 } else { k as u64 * 8192 }, &p[..]))
-        .collect();
-    let res = c.write_many(&writes);
-    assert_eq!(res.len(), 17);
-    for (k, r) in res.iter().enumerate() {
-        match k {
-            8 => assert!(matches!(r, Err(ClientError::OutOfRange { .. })), "write {k}: {r:?}"),
-            _ => assert!(r.is_ok(), "write {k}: {r:?}"),
-        }
-    }
-    c.flush().unwrap();
-    for (k, p) in data.iter().enumerate().filter(|&(k, _)| k != 8) {
-        let mut b = vec![0u8; 4096];
-        c.read(k as u64 * 8192, &mut b).unwrap();
-        assert!(b == *p, "write {k}");
-    }
-    drop(c);
-    drop(kit);
-    let text = std::fs::read_to_string(&log).unwrap();
-    let ended = text.find("...Write").expect("a write ended");
-    let started = text[..ended].matches(" Write id=").count();
-    assert_eq!(started, 16, "writes started before the first ended:\n{text}");
-    std::fs::remove_dir_all(&d).unwrap();
-}
-
 /// Without structured replies (simple replies carry read data) and
 /// without fixed newstyle (EXPORT_NAME, no options).
 #[test]

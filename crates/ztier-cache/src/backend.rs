@@ -20,13 +20,6 @@ pub trait Backend: Send + Sync {
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()>;
     /// Writes all of `data` at `off`; with `fua`, durable on return.
     fn write_at(&self, data: &[u8], off: u64, fua: bool) -> io::Result<()>;
-    /// Writes each `(off, data)` of `writes` (not durable until
-    /// [`Backend::flush`]); one result per write, in order. A backend that
-    /// can keep several writes in flight from one caller does (an NBD
-    /// export: all sent, then every reply waited for).
-    fn write_many(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
-        writes.iter().map(|&(off, data)| self.write_at(data, off, false)).collect()
-    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Discards a range (advisory; may do nothing).
@@ -150,9 +143,6 @@ impl Backend for NbdBackend {
     }
     fn write_at(&self, data: &[u8], off: u64, fua: bool) -> io::Result<()> {
         Ok(self.client.write(off, data, fua)?)
-    }
-    fn write_many(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
-        self.client.write_many(writes).into_iter().map(|r| r.map_err(io::Error::from)).collect()
     }
     fn flush(&self) -> io::Result<()> {
         Ok(self.client.flush()?)

@@ -194,8 +194,8 @@ pub struct CacheOptions {
     pub recycle_pick: Pick,
     /// Which blocks the SSD cache takes in once full.
     pub admission: Admission,
-    /// Write-back: threads copying dirty blocks to the backing (each up
-    /// to [`WRITEBACK_BATCH`] blocks at a time).
+    /// Write-back: threads copying dirty blocks to the backing (each one
+    /// block at a time).
     pub writeback_threads: usize,
     /// The machine's boot id (read from the kernel if `None`).
     pub boot_id: Option<[u8; 16]>,
@@ -259,12 +259,7 @@ const REMOTE_QUEUE_MAX: usize = 1 << 20;
 pub const RECYCLE_KEEP: u8 = 80;
 
 /// [`CacheOptions::writeback_threads`]'s default.
-pub const WRITEBACK_THREADS: usize = 4;
-
-/// A write-back thread copies up to this many dirty lines at a time:
-/// their backing writes all in flight together, then one flush of the
-/// backing and one journal append (one sync) for the lot.
-pub const WRITEBACK_BATCH: usize = 16;
+pub const WRITEBACK_THREADS: usize = 24;
 
 /// Write-back: dirty blocks at most, in % of the blocks the cache
 /// device's segments hold uncompressed (beyond it writes go through):
@@ -1204,12 +1199,6 @@ impl Inner {
             recs.push(Invalidation { gen, lba: at, n: k });
             at += k;
         }
-        self.journal_records(&recs, maint_held)
-    }
-
-    /// Appends invalidation records to the journal and waits until they
-    /// are durable (in sync mode).
-    fn journal_records(&self, recs: &[Invalidation], maint_held: bool) -> io::Result<()> {
         for chunk in recs.chunks(format::RECORDS_PER_SECTOR) {
             let mut tries = 0;
             let t = loop {
@@ -1609,8 +1598,9 @@ impl Inner {
     /// copies are stale (before the line, clean, may be dropped: a
     /// restart must not bring one back) and marks it clean unless it was
     /// written again meanwhile. False on a backing error (it stays dirty).
-    /// While a copy of its block is under way, waits for it to end.
-    fn write_back_one(&self, line: usize) -> bool {
+    /// `wait`: while a copy of its block is under way, waits for it to end
+    /// (else the line is queued again for a write-back thread).
+    fn write_back_one(&self, line: usize, wait: bool) -> bool {
         let stripe = self.stripe_of_line(line);
         let (lba, gen, blk) = {
             let mut st = stripe.lock();
@@ -1622,6 +1612,10 @@ impl Inner {
                 // An older copy of it is on its way: this one after.
                 drop(st);
                 std::thread::sleep(Duration::from_micros(200));
+                if !wait {
+                    self.queue_dirty(line);
+                    return true;
+                }
                 st = stripe.lock();
             };
             let Ok(blk) = self.read_dirty(line, d.lba) else { return true };
@@ -1658,108 +1652,31 @@ impl Inner {
         true
     }
 
-    /// Copies dirty `lines` to the backing together, as
-    /// [`Inner::write_back_one`] does one: each read under its stripe lock
-    /// and marked busy; all written (in flight together), the backing
-    /// flushed once; one journal append (one sync) records that their
-    /// older copies are stale; each marked clean unless written again
-    /// meanwhile. Returns the lines whose copy failed (they stay dirty,
-    /// marked queued: the caller queues them again). A line whose block
-    /// is being copied already is queued again, for after that copy.
-    fn write_back_batch(&self, lines: &[usize]) -> Vec<usize> {
-        // (line, block, generation, data)
-        let mut took: Vec<(usize, u64, u64, Vec<u8>)> = Vec::with_capacity(lines.len());
-        let mut later = Vec::new();
-        for &line in lines {
-            let mut st = self.stripe_of_line(line).lock();
-            let Some(d) = st.dirty.get(&line).copied() else { continue };
-            if st.busy.contains(&d.lba) {
-                later.push(line);
-                continue;
-            }
-            let Ok(blk) = self.read_dirty(line, d.lba) else { continue };
-            st.dirty.get_mut(&line).expect("checked").queued = false;
-            st.busy.push(d.lba);
-            took.push((line, d.lba, d.gen, blk));
-        }
-        let mut failed = Vec::new();
-        let mut copied = Vec::with_capacity(took.len());
-        if !took.is_empty() {
-            // The stripes are free meanwhile: reads, fills and writes of
-            // their blocks go on; a write through of these blocks
-            // (`begin_write`) and recycling wait for `busy`.
-            let writes: Vec<(u64, &[u8])> = took.iter().map(|t| (t.1 * BLOCK as u64, &t.3[..])).collect();
-            let res = self.backing.write_many(&writes);
-            let flushed = res.iter().any(|r| r.is_ok()) && self.backing.flush().is_ok();
-            for ((line, lba, gen, _), r) in took.iter().zip(res) {
-                let mut st = self.stripe_of_line(*line).lock();
-                st.busy.retain(|b| b != lba);
-                if r.is_ok() && flushed {
-                    copied.push((*line, *lba, *gen));
-                    continue;
-                }
-                self.c.writeback_errors.fetch_add(1, Ordering::Relaxed);
-                self.c.backing_errors.fetch_add(1, Ordering::Relaxed);
-                if let Some(d) = st.dirty.get_mut(line) {
-                    d.queued = true;
-                }
-                failed.push(*line);
-            }
-        } else if !later.is_empty() {
-            // Only lines whose older copies are on their way: not at once again.
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        for line in later {
-            self.queue_dirty(line);
-        }
-        let recs: Vec<Invalidation> =
-            copied.iter().map(|&(_, lba, gen)| Invalidation { gen, lba, n: 1 }).collect();
-        if recs.is_empty() || self.journal_records(&recs, false).is_err() {
-            // Nothing copied, or the cache device failed: its dirty blocks
-            // are lost (recorded).
-            return failed;
-        }
-        for (line, _, gen) in copied {
-            let mut st = self.stripe_of_line(line).lock();
-            if self.mark_clean(&mut st, line, gen) {
-                self.c.written_back.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.c.writeback_superseded.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        failed
-    }
-
-    /// A write-back thread: dirty lines from the queue, up to
-    /// [`WRITEBACK_BATCH`] at a time.
+    /// A write-back thread: dirty lines from the queue, one at a time.
     fn writeback_loop(&self) {
         let mut failures = 0u32;
         loop {
-            let lines: Vec<usize> = {
+            let line = {
                 let mut q = self.wb_queue.lock();
                 loop {
                     if self.stop.load(Ordering::Acquire) {
                         return;
                     }
-                    if !q.is_empty() {
-                        let n = q.len().min(WRITEBACK_BATCH);
-                        break q.drain(..n).collect();
+                    if let Some(l) = q.pop_front() {
+                        break l;
                     }
                     self.wb_cv.wait_for(&mut q, Duration::from_millis(100));
                 }
             };
-            let failed = self.write_back_batch(&lines);
-            if failed.is_empty() {
+            if self.write_back_one(line, false) {
                 failures = 0;
             } else {
-                // The backing failed: the lines stay dirty and are retried.
+                // The backing failed: the line stays dirty and is retried.
                 failures += 1;
                 if failures == 1 {
                     eprintln!("ztier cache: write-back: the backing refused a write; retrying");
                 }
-                for line in failed {
-                    self.queue_dirty(line);
-                }
+                self.queue_dirty(line);
                 std::thread::sleep(Duration::from_millis((10 * failures as u64).min(1000)));
             }
         }
@@ -1778,7 +1695,7 @@ impl Inner {
                 return Ok(());
             }
             for line in lines {
-                if !self.write_back_one(line) {
+                if !self.write_back_one(line, true) {
                     return Err(io::Error::other("write-back: the backing refused a write"));
                 }
             }

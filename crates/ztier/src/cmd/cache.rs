@@ -126,8 +126,8 @@ pub struct ServeArgs {
     /// (see docs/cache.md).
     #[arg(long, default_value = "writethrough", value_name = "M")]
     pub mode: Mode,
-    /// Write-back: threads copying dirty blocks to the backing (each with
-    /// up to 16 blocks in flight to it).
+    /// Write-back: threads copying dirty blocks to the backing (blocks in
+    /// flight to it at most).
     #[arg(long, default_value_t = ztier_cache::cache::WRITEBACK_THREADS, value_name = "N")]
     pub writeback_threads: usize,
     #[command(flatten)]
