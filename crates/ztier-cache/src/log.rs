@@ -647,14 +647,9 @@ mod tests {
     use crate::format::{Geometry, Placement, Policy};
     use ztier_blk::backing::CrashBacking;
 
-    /// A seal racing an append waits until the item's line points at it:
-    /// the item is live in the summary. (Inserting the line after
-    /// `append` returned let a seal in between mark the item dead; the
-    /// segment's recycling then skipped its line, which was left pointing
-    /// into the segment's next contents.)
-    #[test]
-    fn a_seal_racing_an_append_sees_the_items_line() {
-        let sb = Geometry {
+    /// A 2 MiB cache of 16 KiB segments (three raw blocks each).
+    fn small() -> Superblock {
+        Geometry {
             size: 2 << 20,
             segment_size: 16 << 10,
             lines_per_block: 2.0,
@@ -665,7 +660,17 @@ mod tests {
             journal_size: Some(64 << 10),
         }
         .superblock(7, 0)
-        .unwrap();
+        .unwrap()
+    }
+
+    /// A seal racing an append waits until the item's line points at it:
+    /// the item is live in the summary. (Inserting the line after
+    /// `append` returned let a seal in between mark the item dead; the
+    /// segment's recycling then skipped its line, which was left pointing
+    /// into the segment's next contents.)
+    #[test]
+    fn a_seal_racing_an_append_sees_the_items_line() {
+        let sb = small();
         let log = Arc::new(Log::new(Arc::new(CrashBacking::new()), &sb, &[]));
         let dir = Arc::new(Directory::new(sb.lines, 4, Placement::Assoc, Policy::Clock));
         let data = vec![9u8; BLOCK];
@@ -696,18 +701,7 @@ mod tests {
     /// recycled dirty block nowhere to go.)
     #[test]
     fn a_recycles_copies_keep_the_open_segments_room() {
-        let sb = Geometry {
-            size: 2 << 20,
-            segment_size: 16 << 10,
-            lines_per_block: 2.0,
-            placement: Placement::Assoc,
-            ways: 4,
-            policy: Policy::Clock,
-            codec: 0,
-            journal_size: Some(64 << 10),
-        }
-        .superblock(7, 0)
-        .unwrap();
+        let sb = small();
         let log = Log::new(Arc::new(CrashBacking::new()), &sb, &[]);
         let dir = Directory::new(sb.lines, 4, Placement::Assoc, Policy::Clock);
         let data = vec![9u8; BLOCK];

@@ -291,7 +291,7 @@ impl RunArgs {
             _ if sizing => 0,
             // With a next tier, 3/8: what a smaller store no longer
             // holds is read back from the next tier, and a larger resident
-            // share takes fewer faults (six suite programs, 0.73–0.97× the
+            // share takes fewer faults (six suite programs, 0.65–0.97× the
             // wall time at 3/4 with an uncached spill file; see
             // docs/measurements/2026-12-08-store-share.md). Without one,
             // 3/4: what the store cannot take stays resident over the budget.

@@ -21,7 +21,9 @@ fn ztier() -> Command {
 
 fn wait_socket(p: &Path, child: &mut Child, what: &str) {
     let t = Instant::now();
-    while !p.exists() {
+    // Until a connection is taken: the socket's file exists from its
+    // bind, before the server listens (a connection then is refused).
+    while std::os::unix::net::UnixStream::connect(p).is_err() {
         if let Some(st) = child.try_wait().unwrap() {
             let mut err = String::new();
             if let Some(mut e) = child.stderr.take() {

@@ -98,6 +98,24 @@ fn released_unreadable_pages_stay_out_of_zero_runs() {
     assert_eq!(m.st(6) & STATE, ABSENT);
 }
 
+/// A batch of dirty victims `pages` of `m`, protected in `protect`'s runs.
+fn dirty_victims(m: &Manager, protect: Vec<(usize, usize)>, pages: &[usize]) -> Victims {
+    Victims {
+        protect,
+        pages: pages.to_vec(),
+        clean: vec![false; pages.len()],
+        mode: m.clean,
+        hashes: m.hashes.clone(),
+        uffd: m.uffd.clone(),
+        store: m.store.clone(),
+        pool: m.pool,
+        base: m.base,
+        waiters: Default::default(),
+        wakes: Default::default(),
+        mincores: Default::default(),
+    }
+}
+
 #[test]
 fn victims_are_protected_run_by_run_and_their_neighbours_are_not() {
     let pages = 2048;
@@ -113,20 +131,7 @@ fn victims_are_protected_run_by_run_and_their_neighbours_are_not() {
     }
     let runs = runs_of(victims);
     assert_eq!(runs, vec![(3, 3), (20, 1), (39, 1)]);
-    let v = Victims {
-        protect: runs.clone(),
-        pages: victims.to_vec(),
-        clean: vec![false; victims.len()],
-        mode: m.clean,
-        hashes: m.hashes.clone(),
-        uffd: m.uffd.clone(),
-        store: m.store.clone(),
-        pool: m.pool,
-        base: m.base,
-        waiters: Default::default(),
-        wakes: Default::default(),
-        mincores: Default::default(),
-    };
+    let v = dirty_victims(&m, runs.clone(), &victims);
     v.protect(&stats).unwrap();
     assert_eq!(stats.wp_calls.load(Ordering::Relaxed), 3, "one call per run");
     for i in 0..40 {
@@ -163,20 +168,7 @@ fn victims_out_of_memory_are_gone_and_runs_far_apart_get_a_mincore_each() {
     for &i in &victims {
         m.set(i, (m.st(i) & !STATE) | EVICTING);
     }
-    let v = Victims {
-        protect: runs_of(victims),
-        pages: victims.to_vec(),
-        clean: vec![false; victims.len()],
-        mode: m.clean,
-        hashes: m.hashes.clone(),
-        uffd: m.uffd.clone(),
-        store: m.store.clone(),
-        pool: m.pool,
-        base: m.base,
-        waiters: Default::default(),
-        wakes: Default::default(),
-        mincores: Default::default(),
-    };
+    let v = dirty_victims(&m, runs_of(victims), &victims);
     let outcome = v.compress(&stats).unwrap();
     assert_eq!(v.mincores.load(Ordering::Relaxed), 2, "a call per cluster of runs");
     let s = Outcome::Stored;
