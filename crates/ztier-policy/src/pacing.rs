@@ -28,11 +28,8 @@ pub const INLINE_LEAST: usize = 8;
 /// Longest run (the faulting page and those the prefetch brings along)
 /// a fault installs when it must evict for it: what fits under the
 /// budget now, or this many (a fault evicts for its whole run). Store
-/// runs reach 64 pages, zero runs 16. As many as [`INLINE_LEAST`], so
-/// that a fault with no room evicts no more than that: with 16, a zero
-/// run's fault evicted ~11–16 pages (~12 µs each to a remote tier, a
-/// fault of 200–300 µs), the slowest 1% of a remote run's faults.
-pub const INLINE_RUN: usize = INLINE_LEAST;
+/// runs reach 64 pages; a zero run (16) is never shortened.
+pub const INLINE_RUN: usize = 16;
 
 /// Victims the background evictor takes at a time. Fewer write-protect
 /// calls (TLB shootdowns on the program's CPU) per page than smaller

@@ -60,9 +60,6 @@ fn a_fault_at_the_budget_evicts_inline_and_counts_it() {
     let installed = m.resident() - (128 - inline as usize);
     assert!((1..=INLINE_RUN).contains(&installed), "{installed} installed");
     assert_eq!(inline as usize, installed.max(INLINE_LEAST), "pages evicted inline");
-    // A zero run (16 pages of nothing resident) shortened to what the
-    // fault may evict for: it waits for INLINE_LEAST evictions, no more.
-    assert_eq!(inline as usize, INLINE_LEAST, "{installed} installed");
     assert_eq!(inline, stats.pages_compressed.load(Ordering::Relaxed));
     assert_eq!(stats.inline_evictions.load(Ordering::Relaxed), 1);
     let ns = |c: &AtomicU64| c.load(Ordering::Relaxed);
