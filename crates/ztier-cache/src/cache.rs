@@ -1358,11 +1358,16 @@ impl Inner {
             // chance), at most half a segment. (The share is an estimate
             // without the stripe locks: each line is checked again under
             // its lock below.)
-            let live: usize = entries
-                .iter()
-                .filter(|e| self.dir.find_at(e.lba, self.log.entry_loc(idx, e)).is_some())
-                .map(|e| format::item_span(e.len as usize, self.geo.loc_unit))
-                .sum();
+            // What its live lines take, and of that its dirty lines.
+            let (live, dirty) = entries.iter().fold((0, 0), |(live, dirty), e| {
+                match self.dir.find_at(e.lba, self.log.entry_loc(idx, e)) {
+                    Some(line) => {
+                        let span = format::item_span(e.len as usize, self.geo.loc_unit);
+                        (live + span, if self.dir.is_dirty(line) { dirty + span } else { dirty })
+                    }
+                    None => (live, dirty),
+                }
+            });
             // Against the segment's size, or what its items took when it
             // was sealed full (less than one more block's room left): a
             // full segment of few large items (raw blocks in small
@@ -1381,13 +1386,6 @@ impl Inner {
                 // take comes out of the referenced lines' share, so that
                 // the copies never need more than one segment (the open
                 // one's room and the reserve hold that much).
-                let dirty: usize = entries
-                    .iter()
-                    .filter_map(|e| {
-                        let line = self.dir.find_at(e.lba, self.log.entry_loc(idx, e))?;
-                        self.dir.is_dirty(line).then(|| format::item_span(e.len as usize, self.geo.loc_unit))
-                    })
-                    .sum();
                 budget = budget.saturating_sub(dirty);
             }
             let mut sealed = Vec::new();
